@@ -1,0 +1,40 @@
+"""posenc: transformer positional encodings behind one API.
+
+>>> import posenc
+>>> rope = posenc.create("rope", head_dim=64)
+>>> out = posenc.attention(q, k, v, rope, causal=True)        # doctest: +SKIP
+
+``import posenc`` needs only torch and numpy; figures, the CLI and interop import their
+libraries when used.
+"""
+
+from __future__ import annotations
+
+from .attention import BACKENDS, attention
+from .encodings import (
+    REGISTRY,
+    ALiBi,
+    LearnedAbsolute,
+    NoPE,
+    PositionalEncoding,
+    RoPE,
+    ScoreBias,
+    Sinusoidal,
+    T5RelativeBias,
+    alibi_slopes,
+    apply_rotary,
+    available,
+    create,
+    create_for_model,
+    rope_frequencies,
+    sinusoidal_table,
+    t5_relative_position_bucket,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__", "attention", "BACKENDS", "available", "create", "create_for_model", "REGISTRY",
+    "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
+    "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "apply_rotary",
+]

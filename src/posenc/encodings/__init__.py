@@ -1,0 +1,59 @@
+"""The encodings and their registry: one line per encoding in :data:`REGISTRY`."""
+
+from __future__ import annotations
+
+from .absolute import LearnedAbsolute, Sinusoidal, sinusoidal_table
+from .base import NoPE, PositionalEncoding
+from .bias import ALiBi, ScoreBias, T5RelativeBias, alibi_slopes, t5_relative_position_bucket
+from .rotary import RoPE, apply_rotary, rope_frequencies
+
+#: name -> encoding class. A new encoding is one file (or one class in its family's file)
+#: and one line here.
+REGISTRY: dict[str, type[PositionalEncoding]] = {
+    cls.name: cls
+    for cls in (NoPE, Sinusoidal, LearnedAbsolute, RoPE, ALiBi, T5RelativeBias)
+}
+
+
+def available() -> list[str]:
+    """The registered encoding names, in registry order."""
+    return list(REGISTRY)
+
+
+def encoding_class(name: str) -> type[PositionalEncoding]:
+    """The class registered under ``name``.
+
+    Raises:
+        ValueError: an unknown name; the message lists the available ones.
+    """
+    if not isinstance(name, str) or name not in REGISTRY:
+        raise ValueError(f"unknown encoding {name!r}; available: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def create(name: str, **kwargs) -> PositionalEncoding:
+    """Build the encoding registered under ``name`` with its constructor's arguments,
+    e.g. ``create("rope", head_dim=64)``, ``create("alibi", num_heads=8)``.
+
+    Raises:
+        ValueError: an unknown name (the message lists the available ones), or an invalid
+            argument. TypeError: a missing or unexpected argument.
+    """
+    return encoding_class(name)(**kwargs)
+
+
+def create_for_model(
+    name: str, *, d_model: int, num_heads: int, head_dim: int, max_positions: int, causal: bool = True, **kwargs
+) -> PositionalEncoding:
+    """Build ``name`` sized for a transformer (each encoding takes the sizes it needs);
+    ``kwargs`` are the encoding's own options."""
+    return encoding_class(name).for_model(
+        d_model=d_model, num_heads=num_heads, head_dim=head_dim, max_positions=max_positions, causal=causal, **kwargs
+    )
+
+
+__all__ = [
+    "REGISTRY", "available", "create", "create_for_model", "encoding_class",
+    "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
+    "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "apply_rotary",
+]

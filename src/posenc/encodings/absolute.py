@@ -1,0 +1,135 @@
+"""Absolute encodings, added to token embeddings: sinusoidal and learned.
+
+Shapes: B batch, T sequence length, d d_model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .base import PositionalEncoding, check_even, check_positions, check_positive_int
+
+SINUSOIDAL_LAYOUTS = ("interleaved", "concat")
+
+
+def sinusoidal_angles(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
+    """Angles p * base^(-2i/dim), computed in float64: positions (...) -> (..., dim // 2)."""
+    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim)
+    return positions.to(torch.float64).unsqueeze(-1) * inv_freq
+
+
+def sinusoidal_encode(positions: Tensor, dim: int, base: float = 10000.0, layout: str = "interleaved") -> Tensor:
+    """Sinusoidal vectors for integer ``positions`` (...), float32 (..., dim).
+
+    ``layout="interleaved"`` is Vaswani et al. (2017, section 3.5): PE(p, 2i) = sin(p w_i),
+    PE(p, 2i+1) = cos(p w_i), w_i = base^(-2i/dim). ``layout="concat"`` is the
+    [sin || cos] layout of fairseq, x-transformers and Transformer-XL.
+    """
+    angles = sinusoidal_angles(positions, dim, base)
+    sin, cos = angles.sin(), angles.cos()
+    if layout == "interleaved":
+        table = torch.stack((sin, cos), dim=-1).flatten(-2)
+    elif layout == "concat":
+        table = torch.cat((sin, cos), dim=-1)
+    else:
+        raise ValueError(f"layout must be one of {SINUSOIDAL_LAYOUTS}, got {layout!r}")
+    return table.to(torch.float32)
+
+
+def sinusoidal_table(num_positions: int, dim: int, base: float = 10000.0) -> Tensor:
+    """The sinusoidal table of Vaswani et al. (2017), eq. in section 3.5.
+
+    Returns a float32 tensor (num_positions, dim) with ``PE[p, 2i] = sin(p / base^(2i/dim))``
+    and ``PE[p, 2i+1] = cos(p / base^(2i/dim))`` (even columns sin, odd columns cos). Angles
+    are computed in float64 and cast at the end.
+
+    Raises:
+        ValueError: ``num_positions`` < 1, or ``dim`` not a positive even integer.
+    """
+    check_positive_int(num_positions, "num_positions")
+    check_even(dim, "dim")
+    return sinusoidal_encode(torch.arange(num_positions), dim, base)
+
+
+class Sinusoidal(PositionalEncoding):
+    """Fixed sinusoidal absolute encoding (Vaswani et al., 2017, section 3.5), added to x.
+
+    Args:
+        dim: d_model, the width of the vectors (positive, even).
+        base: the wavelength base, 10000 in the paper.
+        layout: "interleaved" (Vaswani, default) or "concat" ([sin || cos], fairseq).
+
+    Hook: ``embed``. Unbounded: any non-negative position has a vector.
+    """
+
+    name = "sinusoidal"
+    hooks = frozenset({"embed"})
+
+    def __init__(self, dim: int, *, base: float = 10000.0, layout: str = "interleaved") -> None:
+        super().__init__()
+        check_even(dim, "dim")
+        if layout not in SINUSOIDAL_LAYOUTS:
+            raise ValueError(f"layout must be one of {SINUSOIDAL_LAYOUTS}, got {layout!r}")
+        if not base > 1:
+            raise ValueError(f"base must be > 1, got {base!r}")
+        self.dim, self.base, self.layout = dim, float(base), layout
+
+    @classmethod
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+        return cls(d_model, **kwargs)
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"x must have last dimension dim={self.dim}, got {x.shape[-1]}")
+        pe = sinusoidal_encode(positions.to(x.device), self.dim, self.base, self.layout)
+        return x + pe.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, base={self.base}, layout={self.layout!r}"
+
+
+class LearnedAbsolute(PositionalEncoding):
+    """A learned table of absolute position vectors (GPT-2 / BERT style), added to x.
+
+    Args:
+        num_positions: rows in the table; positions must be < num_positions.
+        dim: d_model.
+        init_std: the normal initialisation's standard deviation (GPT-2 uses 0.01-0.02).
+
+    Hook: ``embed``. Raises ValueError, naming the table size, for positions past the table.
+    """
+
+    name = "learned"
+    hooks = frozenset({"embed"})
+
+    def __init__(self, num_positions: int, dim: int, *, init_std: float = 0.02) -> None:
+        super().__init__()
+        check_positive_int(num_positions, "num_positions")
+        check_positive_int(dim, "dim")
+        if not init_std >= 0 or math.isinf(init_std):
+            raise ValueError(f"init_std must be a finite number >= 0, got {init_std!r}")
+        self.weight = nn.Parameter(torch.randn(num_positions, dim) * init_std)
+
+    @classmethod
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+        kwargs.setdefault("num_positions", max_positions)
+        return cls(dim=d_model, **kwargs)
+
+    @property
+    def max_positions(self) -> int:
+        return self.weight.shape[0]
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        check_positions(positions)
+        if positions.numel() and int(positions.max()) >= self.max_positions:
+            raise ValueError(
+                f"positions: the learned table holds positions 0..{self.max_positions - 1}, "
+                f"got {int(positions.max())}; build it with a larger num_positions"
+            )
+        return x + self.weight[positions].to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"num_positions={self.weight.shape[0]}, dim={self.weight.shape[1]}"

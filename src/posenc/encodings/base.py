@@ -1,0 +1,146 @@
+"""The encoding protocol: the four hooks through which position enters attention.
+
+Every positional encoding in posenc is a ``torch.nn.Module`` subclass of
+:class:`PositionalEncoding` and overrides one or more of four hooks (DESIGN.md):
+
+========== ============================================== ===============================
+hook       contract                                       used by
+========== ============================================== ===============================
+embed      x (B, T, d_model), positions -> x'             sinusoidal, learned
+rotate     q (B, H, Tq, D), k (B, H, Tk, D) -> q', k'     rope, xpos
+score_bias -> bias broadcastable to (B, H, Tq, Tk), fp32  alibi, t5, kerple, fire
+content    query-dependent terms on scores and values     shaw, transformer_xl
+========== ============================================== ===============================
+
+The class attribute :attr:`PositionalEncoding.hooks` names the hooks an encoding uses, so
+the attention and the model consume any encoding without knowing its name.
+
+Positions are always explicit integer tensors, shape (T,) shared by the batch or (B, T) per
+row: query positions and key positions are separate, which gives KV-cache offsets, left
+padding and packed sequences to every encoding without a special case.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+HOOKS = ("embed", "rotate", "score_bias", "content")
+
+
+def check_positions(positions: Tensor, argname: str = "positions") -> None:
+    """Raise if ``positions`` is not a 1-D or 2-D integer tensor of non-negative values.
+
+    Raises:
+        TypeError: ``positions`` is not a tensor of an integer dtype.
+        ValueError: it has the wrong rank or a negative entry.
+    """
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"{argname} must be an integer torch.Tensor, got {type(positions).__name__}")
+    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
+        raise TypeError(f"{argname} must have an integer dtype (e.g. torch.long), got {positions.dtype}")
+    if positions.dim() not in (1, 2):
+        raise ValueError(f"{argname} must have shape (T,) or (B, T), got {tuple(positions.shape)}")
+    if positions.numel() and int(positions.min()) < 0:
+        raise ValueError(f"{argname} must be >= 0, got a minimum of {int(positions.min())}")
+
+
+def check_even(value: int, argname: str) -> None:
+    """Raise ValueError unless ``value`` is a positive even int (pairs of dimensions)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 2 or value % 2:
+        raise ValueError(f"{argname} must be a positive even integer, got {value!r}")
+
+
+def check_positive_int(value: int, argname: str) -> None:
+    """Raise ValueError unless ``value`` is an int >= 1."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{argname} must be an integer >= 1, got {value!r}")
+
+
+def relative_positions(q_positions: Tensor, k_positions: Tensor) -> Tensor:
+    """``k_positions[j] - q_positions[i]`` (key minus query, T5's convention).
+
+    Shapes: (Tq,), (Tk,) -> (Tq, Tk); (B, Tq), (B, Tk) -> (B, Tq, Tk) (a 1-D side broadcasts).
+    """
+    return k_positions.unsqueeze(-2) - q_positions.unsqueeze(-1)
+
+
+class PositionalEncoding(nn.Module):
+    """Base class: every hook is the identity, so an encoding overrides only what it uses.
+
+    Subclasses set :attr:`name` (the registry name) and :attr:`hooks`, and override the
+    matching methods. :attr:`max_positions` is the number of positions an encoding can
+    represent (``None``: unbounded); the evaluation reports longer lengths as not
+    applicable instead of calling it.
+    """
+
+    name: ClassVar[str] = ""
+    hooks: ClassVar[frozenset[str]] = frozenset()
+
+    @property
+    def max_positions(self) -> int | None:
+        return None
+
+    @classmethod
+    def for_model(
+        cls,
+        *,
+        d_model: int,
+        num_heads: int,
+        head_dim: int,
+        max_positions: int,
+        causal: bool = True,
+        **kwargs,
+    ) -> PositionalEncoding:
+        """Build the encoding for a transformer of the given size.
+
+        The model calls this for whatever encoding it is given, so each subclass picks the
+        sizes it needs (``head_dim`` for RoPE, ``num_heads`` for ALiBi, ...); ``kwargs`` are
+        the user's own options and pass through to the constructor.
+        """
+        return cls(**kwargs)
+
+    # -- hooks -----------------------------------------------------------------------------
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x (B, T, d_model), positions (T,) or (B, T) -> x with position added."""
+        return x
+
+    def rotate(
+        self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """q (B, H, Tq, D), k (B, H, Tk, D) -> (q', k'), same shapes and dtypes."""
+        return q, k
+
+    def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+        """Additive logit bias b(h, i, j), float32, shape (H, Tq, Tk) or (B, H, Tq, Tk).
+
+        Added after the 1/sqrt(D) scaling of q.k (ALiBi and T5 are not scaled).
+        """
+        return None
+
+    def content_scores(
+        self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor
+    ) -> Tensor | None:
+        """Query-dependent extra logits (B, H, Tq, Tk), added to q.k *before* the 1/sqrt(D) scale."""
+        return None
+
+    def content_values(self, probs: Tensor, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+        """Extra attention output (B, H, Tq, D) from the attention probabilities (B, H, Tq, Tk)."""
+        return None
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}"
+
+
+class NoPE(PositionalEncoding):
+    """No positional encoding (Kazemnejad et al., NeurIPS 2023, "The Impact of Positional
+    Encoding on Length Generalization in Transformers").
+
+    Uses no hook. Order reaches the model only through the causal mask; a bidirectional
+    encoder without positions is permutation-equivariant.
+    """
+
+    name = "nope"
+    hooks = frozenset()

@@ -1,0 +1,214 @@
+"""Score-bias encodings: a per-head scalar b(h, i, j) added to the attention logits.
+
+Each encoding writes its math once, as :meth:`ScoreBias.bias`, an elementwise function of
+(query position, key position, head) on broadcastable tensors. Every backend derives its
+form from that one function: :meth:`ScoreBias.score_bias` materializes (H, Tq, Tk) for the
+eager and SDPA backends; :meth:`ScoreBias.score_mod` is the FlexAttention form.
+
+Conventions: relative position = key - query (T5); the bias is added *after* the 1/sqrt(D)
+scaling of q.k and is not itself scaled (ALiBi, Press et al. 2022, section 3).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from .base import PositionalEncoding, check_positive_int
+
+
+class ScoreBias(PositionalEncoding):
+    """Base for encodings that only add b(h, i, j) to the logits. Subclasses define
+    :attr:`num_heads` and :meth:`bias`."""
+
+    hooks = frozenset({"score_bias"})
+    num_heads: int
+
+    def bias(self, q_positions: Tensor, k_positions: Tensor, head: Tensor) -> Tensor:
+        """b(h, i, j) elementwise on broadcastable integer tensors -> float32 tensor."""
+        raise NotImplementedError
+
+    def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+        """Materialized bias: (Tq,), (Tk,) -> (H, Tq, Tk); (B, Tq), (B, Tk) -> (B, H, Tq, Tk)."""
+        q = q_positions.unsqueeze(-1).unsqueeze(-3)  # (..., 1, Tq, 1)
+        k = k_positions.unsqueeze(-2).unsqueeze(-3)  # (..., 1, 1, Tk)
+        head = torch.arange(self.num_heads, device=q_positions.device).view(-1, 1, 1)
+        return self.bias(q, k, head)
+
+    def score_mod(
+        self, q_positions: Tensor | None = None, k_positions: Tensor | None = None
+    ) -> Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]:
+        """A FlexAttention ``score_mod(score, b, h, q_idx, kv_idx) -> score``.
+
+        Without positions, token indices are the positions (q_idx, kv_idx). With positions of
+        shape (T,) or (B, T) they are looked up, e.g. for a KV-cache offset or packed rows.
+        """
+
+        def lookup(positions: Tensor | None, b: Tensor, idx: Tensor) -> Tensor:
+            if positions is None:
+                return idx
+            return positions[b, idx] if positions.dim() == 2 else positions[idx]
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + self.bias(lookup(q_positions, b, q_idx), lookup(k_positions, b, kv_idx), h)
+
+        return score_mod
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """ALiBi head slopes (Press et al., ICLR 2022, section 3), float32 (num_heads,).
+
+    For n a power of two, m_h = 2^(-8h/n), h = 1..n (a geometric sequence starting at
+    2^(-8/n)). Otherwise, with n0 = 2^floor(log2 n): the n0 slopes of the n0-head set,
+    followed by every other slope of the 2*n0-head set (the odd h, 2^(-8h/(2 n0))) until
+    there are n.
+
+    Raises:
+        ValueError: ``num_heads`` is not an integer >= 1.
+    """
+    check_positive_int(num_heads, "num_heads")
+    n0 = 2 ** int(math.floor(math.log2(num_heads)))
+    exponents = [-8.0 * h / n0 for h in range(1, n0 + 1)]
+    exponents += [-8.0 * h / (2 * n0) for h in range(1, 2 * (num_heads - n0), 2)]
+    return torch.tensor([2.0**e for e in exponents], dtype=torch.float64).to(torch.float32)
+
+
+class ALiBi(ScoreBias):
+    """Attention with Linear Biases (Press et al., ICLR 2022, section 3).
+
+    b(h, i, j) = -m_h * (i - j) for the causal form (valid under a causal mask, where
+    j <= i), or -m_h * |i - j| for the symmetric form used by bidirectional encoders;
+    i, j are absolute query and key positions (flash-attn's bottom-right alignment follows
+    from explicit positions).
+
+    Args:
+        num_heads: H; slopes from :func:`alibi_slopes`.
+        bidirectional: the symmetric form -m|i - j|; default False (causal form).
+
+    Hook: ``score_bias``. No parameters.
+    """
+
+    name = "alibi"
+
+    def __init__(self, num_heads: int, *, bidirectional: bool = False) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.bidirectional = bool(bidirectional)
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+
+    @classmethod
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+        kwargs.setdefault("bidirectional", not causal)
+        return cls(num_heads, **kwargs)
+
+    def bias(self, q_positions, k_positions, head):
+        distance = (q_positions - k_positions).to(torch.float32)
+        if self.bidirectional:
+            distance = distance.abs()
+        return -self.slopes[head] * distance
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, bidirectional={self.bidirectional}"
+
+
+def t5_relative_position_bucket(
+    relative_position: Tensor, *, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
+) -> Tensor:
+    """T5's bucket of each relative position (Raffel et al., JMLR 2020, section 2.1; the
+    ``_relative_position_bucket`` of the T5 and Hugging Face code).
+
+    ``relative_position = key - query``. Bidirectional: half the buckets for keys after the
+    query (rel > 0), the sign dropped. Causal: only n = max(-rel, 0) (keys before or at the
+    query). Distances below num_buckets/2 (of the half, when bidirectional) get a bucket
+    each; larger ones share logarithmically spaced buckets up to ``max_distance``, past
+    which all fall in the last bucket. The logarithm runs in float32, as in T5.
+
+    Args:
+        relative_position: an integer tensor of any shape.
+
+    Returns:
+        LongTensor of the same shape with values in [0, num_buckets).
+
+    Raises:
+        ValueError: num_buckets < 2 (bidirectional: < 4), or max_distance not larger than
+            the exact range.
+    """
+    check_positive_int(num_buckets, "num_buckets")
+    check_positive_int(max_distance, "max_distance")
+    buckets = torch.zeros_like(relative_position, dtype=torch.long)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).long() * num_buckets
+        n = relative_position.abs()
+    else:
+        n = (-relative_position).clamp(min=0)
+    max_exact = num_buckets // 2
+    if max_exact < 1 or max_distance <= max_exact:
+        raise ValueError(
+            f"num_buckets={num_buckets * (2 if bidirectional else 1)} and max_distance={max_distance} "
+            "leave no logarithmic range: need num_buckets >= 2 (4 if bidirectional) and max_distance > num_buckets/2"
+        )
+    n = n.long()
+    is_small = n < max_exact
+    # n is clamped below at max_exact only to keep log() finite where is_small discards it.
+    large = max_exact + (
+        torch.log(n.clamp(min=max_exact).float() / max_exact)
+        / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).long()
+    large = large.clamp(max=num_buckets - 1)
+    return buckets + torch.where(is_small, n, large)
+
+
+class T5RelativeBias(ScoreBias):
+    """T5 bucketed relative position bias (Raffel et al., JMLR 2020, section 2.1).
+
+    b(h, i, j) = table[bucket(j - i), h], a learned scalar per bucket and head; T5 shares one
+    table across layers (so does the posenc model: one encoding instance per model).
+
+    Args:
+        num_heads: H.
+        num_buckets: 32 in T5.
+        max_distance: 128 in T5; larger distances share the last bucket.
+        bidirectional: encoder-style buckets for both signs; False (a causal decoder) folds
+            future keys into bucket 0.
+
+    Hook: ``score_bias``. Parameters: ``relative_attention_bias``, an embedding (num_buckets, H).
+    """
+
+    name = "t5"
+
+    def __init__(
+        self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
+    ) -> None:
+        super().__init__()
+        check_positive_int(num_heads, "num_heads")
+        self.num_heads, self.num_buckets, self.max_distance = num_heads, num_buckets, max_distance
+        self.bidirectional = bool(bidirectional)
+        t5_relative_position_bucket(torch.zeros(1, dtype=torch.long), bidirectional=self.bidirectional,
+                                    num_buckets=num_buckets, max_distance=max_distance)  # validates now
+        self.relative_attention_bias = nn.Embedding(num_buckets, num_heads)
+        nn.init.normal_(self.relative_attention_bias.weight, std=0.02)
+
+    @classmethod
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+        kwargs.setdefault("bidirectional", not causal)
+        return cls(num_heads, **kwargs)
+
+    def bias(self, q_positions, k_positions, head):
+        bucket = t5_relative_position_bucket(
+            k_positions - q_positions,
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
+        return self.relative_attention_bias.weight[bucket, head].to(torch.float32)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, "
+            f"max_distance={self.max_distance}, bidirectional={self.bidirectional}"
+        )
