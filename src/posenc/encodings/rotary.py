@@ -64,30 +64,139 @@ def rotate_every_two(x: Tensor) -> Tensor:
     return torch.stack((-x2, x1), dim=-1).flatten(-2)
 
 
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False) -> Tensor:
+#: Elements per chunk of :func:`apply_rotary`'s fast path (2 MiB of float32): big enough
+#: that the per-op overhead of the few ops per chunk is small, small enough that a chunk
+#: stays in cache between those ops, so each element crosses main memory about once each
+#: way. Measured best of 2^15 .. 2^24 on a 2-core AVX2 CPU (benchmarks/bench_rope.py).
+_CHUNK_ELEMENTS = 1 << 19
+
+
+def _pair_views(t: Tensor, interleaved: bool) -> tuple[Tensor, Tensor]:
+    """The two members of each rotated pair, as views: halves (i, i + D/2) or (2i, 2i+1)."""
+    if interleaved:
+        return t[..., 0::2], t[..., 1::2]
+    half = t.shape[-1] // 2
+    return t[..., :half], t[..., half:]
+
+
+def _rows(t: Tensor, start: int, stop: int, num_rows: int) -> Tensor:
+    """Rows start:stop of dimension -2 when t has all num_rows of them (else t broadcasts)."""
+    if t.dim() >= 2 and t.shape[-2] == num_rows:
+        return t[..., start:stop, :]
+    return t
+
+
+def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: bool) -> Tensor:
+    """out = x * cos + rotate(x) * sin, chunked over dimension -2, no autograd.
+
+    Per chunk: one product over the full width, then one ``addcmul_`` per pair member,
+    ``out_1 -= x_2 * sin_1`` and ``out_2 += x_1 * sin_2``: the products and sums of the
+    formula without building rotate(x). Narrower inputs (bf16, fp16) are widened per chunk
+    into a cache-sized scratch, reused across chunks, and the result is rounded once into
+    ``out``.
+    """
+    wide = torch.promote_types(x.dtype, torch.promote_types(cos.dtype, sin.dtype))
+    cos, sin = cos.to(wide), sin.to(wide)
+    if x.dim() < 2:  # a single row
+        x, out, cos, sin = x.unsqueeze(0), out.unsqueeze(0), cos.unsqueeze(0), sin.unsqueeze(0)
+    num_rows = x.shape[-2]
+    step = max(1, min(num_rows, _CHUNK_ELEMENTS * num_rows // max(1, x.numel())))
+    chunk_shape = x.shape[:-2] + (step, x.shape[-1])
+    widen = x.dtype != wide
+    direct = out.dtype == wide and out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    x_scratch = torch.empty(chunk_shape, dtype=wide, device=x.device) if widen else None
+    out_scratch = None if direct else torch.empty(chunk_shape, dtype=wide, device=x.device)
+    for start in range(0, num_rows, step):
+        stop = min(num_rows, start + step)
+        xs, os_ = x[..., start:stop, :], out[..., start:stop, :]
+        c, s = _rows(cos, start, stop, num_rows), _rows(sin, start, stop, num_rows)
+        if widen:
+            xs = x_scratch[..., : stop - start, :].copy_(xs)
+        dst = os_ if direct else out_scratch[..., : stop - start, :]
+        torch.mul(xs, c, out=dst)
+        x1, x2 = _pair_views(xs, interleaved)
+        d1, d2 = _pair_views(dst, interleaved)
+        s1, s2 = _pair_views(s, interleaved)
+        d1.addcmul_(x2, s1, value=-1)
+        d2.addcmul_(x1, s2)
+        if not direct:
+            os_.copy_(dst)
+    return out
+
+
+class _ApplyRotary(torch.autograd.Function):
+    """The fast path with its gradient: the transpose of a rotation, itself a rotation."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, interleaved):
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved = interleaved
+        return _rotate_into(x, cos, sin, torch.empty_like(x, memory_format=torch.contiguous_format), interleaved)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        cos, sin = ctx.saved_tensors
+        # out_1 = x_1 c_1 - x_2 s_1, out_2 = x_2 c_2 + x_1 s_2  =>  grad_x_1 = g_1 c_1 + g_2 s_2,
+        # grad_x_2 = g_2 c_2 - g_1 s_1: the same rotation with sin' = -(s_2, s_1) (swapped members).
+        s1, s2 = _pair_views(sin, ctx.interleaved)
+        sin_t = torch.empty_like(sin, memory_format=torch.contiguous_format)
+        t1, t2 = _pair_views(sin_t, ctx.interleaved)
+        torch.neg(s2, out=t1)
+        torch.neg(s1, out=t2)
+        grad = _rotate_into(grad_out, cos, sin_t, torch.empty_like(grad_out), ctx.interleaved)
+        return grad, None, None, None
+
+
+def apply_rotary(
+    x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False, out: Tensor | None = None
+) -> Tensor:
     """Rotate pairs of x's last dimension: ``x * cos + rotate(x) * sin``.
+
+    ``rotate`` is ``rotate_half`` (half-split: (x_1, x_2) -> (-x_2, x_1)) or, interleaved,
+    ``rotate_every_two`` ((x_0, x_1, ...) -> (-x_1, x_0, ...)). The fast path computes the
+    same products and sums without building ``rotate(x)``: one pass over x per chunk of
+    rows, so it runs near memory bandwidth (``benchmarks/bench_rope.py``).
 
     Args:
         x: (..., T, D), D even.
         cos, sin: broadcastable to x, full width D: half-split repeats the half
             ``[c_0 .. c_{D/2-1}, c_0 .. c_{D/2-1}]``; interleaved duplicates each pair
-            ``[c_0, c_0, c_1, c_1, ...]``.
+            ``[c_0, c_0, c_1, c_1, ...]``. Every entry is read, as in the formula.
         interleaved: pair (2i, 2i+1) instead of (i, i + D/2).
+        out: optional preallocated result of x's shape and dtype (no autograd); it may be x
+            itself, for an in-place rotation.
 
     Returns:
-        A new tensor of x's shape and dtype; the arithmetic runs in the wider of x's and
-        cos's dtypes.
+        A new tensor of x's shape and dtype (or ``out``); the arithmetic runs in the widest
+        of x's, cos's and sin's dtypes (float32 for a bf16 x with float32 tables) and is
+        rounded to x's dtype once. Differentiable in x; if cos or sin require grad, the
+        plain formula runs instead.
 
     Raises:
-        ValueError: odd D, or cos/sin whose last dimension is not D.
+        ValueError: odd D, cos/sin whose last dimension is not D or that do not broadcast to
+            x's shape, or an ``out`` of another shape or dtype.
     """
     d = x.shape[-1]
     if d % 2:
         raise ValueError(f"x: the last dimension must be even to form pairs, got {d}")
     if cos.shape[-1] != d or sin.shape[-1] != d:
         raise ValueError(f"cos and sin must have last dimension {d} (full width), got {cos.shape[-1]} and {sin.shape[-1]}")
-    rotated = rotate_every_two(x) if interleaved else rotate_half(x)
-    return (x * cos + rotated * sin).to(x.dtype)
+    try:
+        shape = torch.broadcast_shapes(x.shape, cos.shape, sin.shape)
+    except RuntimeError as err:
+        raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must broadcast to x {tuple(x.shape)}") from err
+    if shape != x.shape:
+        raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must broadcast to x {tuple(x.shape)}")
+    if out is not None:
+        if out.shape != x.shape or out.dtype != x.dtype:
+            raise ValueError(f"out must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got {tuple(out.shape)}, {out.dtype}")
+        return _rotate_into(x, cos, sin, out, interleaved)
+    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        rotated = rotate_every_two(x) if interleaved else rotate_half(x)
+        return (x * cos + rotated * sin).to(x.dtype)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _ApplyRotary.apply(x, cos, sin, interleaved)
+    return _rotate_into(x, cos, sin, torch.empty_like(x, memory_format=torch.contiguous_format), interleaved)
 
 
 def _full_width(half: Tensor, interleaved: bool) -> Tensor:
