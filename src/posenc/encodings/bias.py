@@ -199,13 +199,27 @@ class T5RelativeBias(ScoreBias):
         return cls(num_heads, **kwargs)
 
     def bias(self, q_positions, k_positions, head):
-        bucket = t5_relative_position_bucket(
-            k_positions - q_positions,
+        weight = self.relative_attention_bias.weight
+        relative = k_positions - q_positions
+        if relative.numel() <= 4096 or torch.compiler.is_compiling():
+            return weight[self._bucket(relative), head].to(torch.float32)
+        # A tile of relative positions spans few distinct values: bucket those once (the
+        # logarithm is the costly part), then look each entry up. Same values and gradients.
+        low = int(k_positions.min()) - int(q_positions.max())
+        high = int(k_positions.max()) - int(q_positions.min())
+        table = weight[self._bucket(torch.arange(low, high + 1, device=relative.device))].t()  # (H, span)
+        shape = torch.broadcast_shapes(head.shape, relative.shape)
+        per_head = table[head].expand(*shape, table.shape[-1])  # a view: (..., span) per entry
+        index = (relative - low).expand(shape).unsqueeze(-1)
+        return per_head.gather(-1, index).squeeze(-1).to(torch.float32)
+
+    def _bucket(self, relative_position: Tensor) -> Tensor:
+        return t5_relative_position_bucket(
+            relative_position,
             bidirectional=self.bidirectional,
             num_buckets=self.num_buckets,
             max_distance=self.max_distance,
         )
-        return self.relative_attention_bias.weight[bucket, head].to(torch.float32)
 
     def extra_repr(self) -> str:
         return (
