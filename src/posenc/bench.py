@@ -245,3 +245,71 @@ def main_attention(argv: list[str] | None = None) -> None:
         tuple(args.backends.split(",")), repeats=args.repeats, threads=args.threads,
     )
     print_table(f"causal attention, H=8, D=64, fp32, {args.threads} thread(s)", rows, ATTENTION_COLUMNS, notes)
+
+
+# --- LM training throughput ---------------------------------------------------------------
+
+def throughput_benchmark(
+    encodings: tuple[str, ...] | None = None,
+    d_model: int = 64,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    seq_len: int = 64,
+    batch_size: int = 32,
+    steps: int = 5,
+    repeats: int = 3,
+    threads: int | None = None,
+) -> tuple[list[dict], list[str]]:
+    """Training tokens per second of :class:`~posenc.model.TransformerLM` per encoding (AdamW
+    steps on random bytes), interleaved across encodings, as a ratio to NoPE.
+
+    Returns rows ``{"encoding", "tokens_per_s", "vs_nope"}`` and notes.
+    """
+    from .model import LMConfig, TransformerLM
+
+    if threads:
+        torch.set_num_threads(threads)
+    if encodings is None:
+        encodings = tuple(REGISTRY)
+    config = LMConfig(d_model=d_model, num_layers=num_layers, num_heads=num_heads, max_positions=max(seq_len, 1024))
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, config.vocab_size, (batch_size, seq_len + 1), generator=g)
+    runs = {}
+    for name in encodings:
+        torch.manual_seed(0)
+        model = TransformerLM(config, name)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def train(model=model, optimizer=optimizer):
+            for _ in range(steps):
+                logits = model(tokens[:, :-1])
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+
+        runs[name] = train
+    times = _median_times(runs, repeats)
+    per_second = {name: batch_size * seq_len * steps / seconds for name, seconds in times.items()}
+    base = per_second.get("nope")
+    rows = [{"encoding": name, "tokens_per_s": tps, "vs_nope": tps / base if base else None}
+            for name, tps in per_second.items()]
+    notes = [f"d_model {d_model}, {num_layers} layers, {num_heads} heads, seq len {seq_len}, batch {batch_size}, "
+             f"{steps} steps per timing, median of {repeats}"]
+    return rows, notes
+
+
+THROUGHPUT_COLUMNS = [("encoding", "encoding", ""), ("tokens_per_s", "tokens/s", ".0f"), ("vs_nope", "x nope", ".2f")]
+
+
+def main_throughput(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="LM training tokens/s per encoding vs NoPE")
+    parser.add_argument("--encodings", default=None)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    rows, notes = throughput_benchmark(tuple(args.encodings.split(",")) if args.encodings else None,
+                                       steps=args.steps, repeats=args.repeats)
+    print_table("LM training throughput", rows, THROUGHPUT_COLUMNS, notes)
