@@ -202,18 +202,23 @@ class RoPE(PositionalEncoding):
         return ("length", seq_len)
 
     def _angles(self, regime: tuple, n: int, device: torch.device) -> Tensor:
-        """position * inv_freq in float64, (n, r/2), for positions 0 .. n-1 in ``regime``."""
+        """position * inv_freq in float64, (n, r/2), for positions 0 .. n-1 in ``regime``.
+
+        The frequencies are taken in float64 too (not the rounded float32 ``inv_freq``), so
+        the angle at position p is exact to float64 rounding even at p = 2^20.
+        """
         positions = torch.arange(n, device=device, dtype=torch.float64).unsqueeze(-1)
+        f64 = dict(dtype=torch.float64)
         if regime[0] == "frozen":
-            inv_freq = inv_freq_per_position(self.rotary_dim, self.base, self.scaling, n)
+            inv_freq = inv_freq_per_position(self.rotary_dim, self.base, self.scaling, n, **f64)
         elif regime[0] == "long":
             length = int(self.scaling["original_max_position_embeddings"]) + 1
-            inv_freq, _ = rope_frequencies(self.rotary_dim, base=self.base, scaling=self.scaling, seq_len=length)
+            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, length, **f64)
         elif regime[0] == "length":
-            inv_freq, _ = rope_frequencies(self.rotary_dim, base=self.base, scaling=self.scaling, seq_len=regime[1])
+            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, regime[1], **f64)
         else:
-            inv_freq = self.inv_freq
-        return positions * inv_freq.to(device=device, dtype=torch.float64)
+            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, None, **f64)
+        return positions * inv_freq.to(device=device)
 
     def _tables(
         self, num_positions: int, device: torch.device, dtype: torch.dtype, seq_len: int | None = None
