@@ -240,7 +240,7 @@ def fire_bias_fn(enc):
     """Li et al. 2024: f_theta(psi(i - j) / psi(max(L, i))), psi(x) = ln(|c x| + 1), eps 1e-6."""
     w1, b1 = enc.mlp[0].weight[:, 0].tolist(), enc.mlp[0].bias.tolist()
     w2, b2 = enc.mlp[2].weight.tolist(), enc.mlp[2].bias.tolist()
-    c, big_l = float(enc.c), abs(float(enc.L_multiplier) * 512.0)
+    c, big_l = enc.c.item(), abs(enc.L_multiplier.item() * 512.0)
 
     def bias(h, i, j):
         x = math.log(abs(c * (i - j)) + 1.0) / (math.log(abs(c * max(big_l, i)) + 1.0) + 1e-6)

@@ -109,6 +109,15 @@ class Shaw(PositionalEncoding):
         rel = k_positions.unsqueeze(-2) - q_positions.unsqueeze(-1)
         return rel.clamp(-k, k) + k
 
+    def relative_table(self, max_distance: int) -> tuple[Tensor, Tensor, str]:
+        """For figures: key distances j - i in [-m, m], m = min(max_distance, k + 8), the key
+        vectors w^K_{clip(j - i, k)} they use (2m + 1, D), and a title."""
+        m = min(max_distance, self.max_relative_position + 8)
+        distances = torch.arange(-m, m + 1)
+        index = distances.clamp(-self.max_relative_position, self.max_relative_position) + self.max_relative_position
+        title = f"learned key vectors w^K_clip(j-i, k), k={self.max_relative_position}"
+        return distances, self.relative_key.detach()[index], title
+
     def _check_dim(self, x: Tensor, argname: str) -> None:
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"{argname} must have head_dim={self.head_dim}, got {x.shape[-1]}")
@@ -200,6 +209,13 @@ class TransformerXL(PositionalEncoding):
         table = sinusoidal_encode(distances, self.d_model, self.base, layout="concat")  # (N, d_model)
         projected = table.to(self.r_net.weight.dtype) @ self.r_net.weight.t()
         return projected.float().unflatten(-1, (self.num_heads, self.head_dim)).transpose(0, 1)
+
+    def relative_table(self, max_distance: int) -> tuple[Tensor, Tensor, str]:
+        """For figures: distances 0 .. max_distance, their R_d (max_distance + 1, d_model) in
+        [sin || cos] layout, and a title."""
+        distances = torch.arange(max_distance + 1)
+        table = sinusoidal_encode(distances, self.d_model, self.base, layout="concat")
+        return distances, table, "sinusoidal R_(i-j), [sin || cos] layout"
 
     def content_scores(self, q, k, q_positions, k_positions):
         """(b) + (c) + (d): (B, H, Tq, Tk) float32, before the 1/sqrt(D) scale."""
