@@ -250,26 +250,24 @@ def fire_bias_fn(enc):
     return bias
 
 
-def test_fire_matches_paper_formula_under_a_cache_offset():
+@pytest.mark.parametrize("q_start", [20, 600])  # below and past the threshold L = 512
+def test_fire_matches_paper_formula_under_a_cache_offset(q_start):
     torch.manual_seed(0)
-    enc = posenc.create("fire", num_heads=H, init_L=4.0)  # small L so that max(L, i) switches inside the test
+    enc = posenc.create("fire", num_heads=H)
     with torch.no_grad():
         enc.c.fill_(0.7)
-        enc.L_multiplier.fill_(-1.0)  # |L_mult * 512| with a negative multiplier, as the paper's abs
-    enc.init_L.fill_(512.0)
-    enc2 = posenc.create("fire", num_heads=H)
-    enc2.load_state_dict(enc.state_dict())
+        enc.L_multiplier.fill_(-1.0)  # L = |L_mult * 512|: the paper's abs makes this L = 512
     q, k, v = qkv(3, 8)
-    qp, kp = torch.tensor([600, 601, 602]), torch.arange(595, 603)  # queries past L = 512
-    fb = fire_bias_fn(enc2)
+    qp, kp = torch.arange(q_start, q_start + 3), torch.arange(q_start - 5, q_start + 3)  # a cache of 5 keys
+    fb = fire_bias_fn(enc)
 
     def logit(b, h, i, j):
         return dot(q[b, h, i], k[b, h, j]) / math.sqrt(D) + fb(h, int(qp[i]), int(kp[j]))
 
     ref = naive_attention(q, k, v, logit, q_pos=qp, k_pos=kp)
-    torch.testing.assert_close(run(enc2, q, k, v, qp, kp).double(), ref, atol=ATOL, rtol=0)
-    torch.testing.assert_close(run(enc2, q, k, v, qp, kp, backend="sdpa").double(), ref, atol=ATOL, rtol=0)
-    bias = enc2.score_bias(qp, kp)
+    torch.testing.assert_close(run(enc, q, k, v, qp, kp).double(), ref, atol=ATOL, rtol=0)
+    torch.testing.assert_close(run(enc, q, k, v, qp, kp, backend="sdpa").double(), ref, atol=ATOL, rtol=0)
+    bias = enc.score_bias(qp, kp).detach()
     for h in range(H):
         for i in range(3):
             for j in range(8):
@@ -286,11 +284,11 @@ def test_fire_normalizer_is_absolute_as_the_paper_specifies():
     # to a smaller input, and the key at 0 always maps to ~1 (progressive interpolation into [0, 1])
     psi = lambda x: math.log(0.1 * x + 1.0)  # noqa: E731
     for i in (600, 1000, 5000):
-        x = enc.normalized_distance(torch.tensor([i]), torch.tensor([i - 10, 0]))
+        x = enc.normalized_distance(torch.tensor([i]), torch.tensor([i - 10, 0])).detach()
         assert abs(float(x[0]) - psi(10) / (psi(i) + 1e-6)) < 1e-6
         assert abs(float(x[1]) - 1.0) < 1e-5
-    far = enc.normalized_distance(torch.tensor([2000]), torch.tensor([1990]))
-    near = enc.normalized_distance(torch.tensor([1000]), torch.tensor([990]))
+    far = enc.normalized_distance(torch.tensor([2000]), torch.tensor([1990])).detach()
+    near = enc.normalized_distance(torch.tensor([1000]), torch.tensor([990])).detach()
     assert float(far) < float(near)
     # so the bias is not shift invariant once i > L, by design
     assert not torch.allclose(enc.score_bias(pos + 1000, pos + 1000), enc.score_bias(pos, pos))
