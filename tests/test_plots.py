@@ -31,3 +31,15 @@ def test_encoding_options_pass_through_and_unknown_names_fail(tmp_path):
 def test_import_posenc_does_not_import_matplotlib():
     code = "import sys, posenc, posenc.plots; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cli_plot_writes_the_png_and_rejects_unknown_names(tmp_path, capsys):
+    from posenc.cli import main
+
+    out = tmp_path / "alibi.png"
+    assert main(["plot", "alibi", "--out", str(out)]) == 0
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    assert main(["plot", "bogus", "--out", str(tmp_path / "b.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posenc: error: unknown encoding 'bogus'") and "\n" not in err

@@ -10,6 +10,7 @@ libraries when used.
 
 from __future__ import annotations
 
+from . import rope
 from .attention import BACKENDS, attention
 from .encodings import (
     REGISTRY,
