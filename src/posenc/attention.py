@@ -159,8 +159,9 @@ def attention(
             def content_scores(q_, k_):
                 return encoding.content_scores(q_, k_, q_positions, k_positions)
 
-            def content_values(probs):
-                return encoding.content_values(probs, q_positions, k_positions)
+            if encoding.content_on_values:
+                def content_values(probs):
+                    return encoding.content_values(probs, q_positions, k_positions)
 
     mask = causal_mask(num_queries, num_keys, q.device) if causal else None
     return _BACKEND_FNS[name](

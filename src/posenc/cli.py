@@ -163,6 +163,18 @@ def extrapolate(
     console.print(f"wrote {out / 'results.json'}, {out / 'results.csv'}, {figure} in {time.perf_counter() - started:.0f}s")
 
 
+@app.command()
+def plot(
+    name: str = typer.Argument(..., help="A registered encoding (see `posenc list`)."),
+    out: Optional[Path] = typer.Option(None, help="The PNG to write (default: NAME.png)."),
+) -> None:
+    """Draw what an encoding does: its position table, rotary decay, bias or relative vectors."""
+    from .plots import plot_encoding
+
+    path = plot_encoding(name, out if out is not None else Path(f"{name}.png"))  # unknown name: ValueError
+    console.print(f"wrote {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app; turn every argument error into one line and exit code 2."""
     from .checkpoint import CheckpointMismatch
