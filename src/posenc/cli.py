@@ -129,6 +129,7 @@ def extrapolate(
     seeds: Optional[str] = typer.Option(None, help="Comma-separated seeds, e.g. 0,1,2."),
     out: Path = typer.Option(Path("results/extrapolate"), help="Output folder (results.json, results.csv, figure, checkpoints)."),
     device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)."),
 ) -> None:
     """Train each encoding at length L on real text, evaluate at L, 2L, ... 16L: which still works?
 
@@ -138,6 +139,12 @@ def extrapolate(
     from .experiments.extrapolation import preset_config, run_extrapolation
     from .plots import plot_extrapolation
 
+    if threads is not None:
+        if threads < 1:
+            raise UsageError(f"--threads must be an integer >= 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
     config = preset_config(
         preset,
         encodings=_split_list(encodings, "--encodings"),
