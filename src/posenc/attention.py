@@ -69,21 +69,23 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
 
 
 def _eager(q, k, v, *, bias, mask, scale, content_scores, content_values) -> Tensor:
-    """Reference backend: explicit logits in float32, softmax, weighted sum."""
-    logits = q.float() @ k.float().transpose(-2, -1)
+    """Reference backend: explicit logits in float32 (float64 for float64 inputs), softmax,
+    weighted sum."""
+    wide = torch.promote_types(q.dtype, torch.float32)
+    logits = q.to(wide) @ k.to(wide).transpose(-2, -1)
     if content_scores is not None:
-        logits = logits + content_scores(q, k).float()
+        logits = logits + content_scores(q, k).to(wide)
     logits = logits * scale
     if bias is not None:
         logits = logits + bias
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    out = probs @ v.float()
+    out = probs @ v.to(wide)
     if content_values is not None:
         extra = content_values(probs)
         if extra is not None:
-            out = out + extra.float()
+            out = out + extra.to(wide)
     return out.to(q.dtype)
 
 
@@ -278,8 +280,9 @@ def attention(
             def content_scores(q_, k_):
                 return encoding.content_scores(q_, k_, q_positions, k_positions)
 
-            def content_values(probs):
-                return encoding.content_values(probs, q_positions, k_positions)
+            if encoding.content_on_values:
+                def content_values(probs):
+                    return encoding.content_values(probs, q_positions, k_positions)
 
     mask = causal_mask(num_queries, num_keys, q.device) if causal else None
     return _BACKEND_FNS[name](

@@ -3,17 +3,48 @@
 Each ``rope_type`` is one function ``(dim, base, scaling, seq_len) -> (inv_freq,
 attention_factor)`` in :data:`ROPE_INIT_FUNCTIONS` (the shape of Hugging Face's
 ``modeling_rope_utils``, with plain arguments instead of a model config). ``inv_freq`` is
-float32 of shape (dim // 2,), computed in float64 and rounded once; ``attention_factor`` is
-the factor Hugging Face multiplies cos and sin by.
+computed in float64 and rounded once to float32 by :func:`compute_rope_parameters`;
+``attention_factor`` is the factor Hugging Face multiplies cos and sin by (so the logits
+scale by its square).
+
+Notation: d = ``dim`` (the rotary dimension), b = ``base`` (rope_theta), s = ``factor``,
+L0 = ``original_max_position_embeddings`` (the pre-training context), L = ``seq_len``.
+
+The scaling dict uses Hugging Face's key names and defaults (transformers v5
+``rope_parameters``; the v4 ``rope_scaling`` spelling ``"type"`` is read too). Where
+Hugging Face reads a value from the model config rather than from the dict, posenc reads
+it from the dict, so that these functions need no config object:
+
+- ``dynamic``: L0 is the dict's ``original_max_position_embeddings`` (Hugging Face uses
+  ``config.max_position_embeddings``; :func:`posenc.rope.from_hf_config` fills it in).
+- ``yarn`` / ``longrope`` / ``llama3``: L0 is the dict's ``original_max_position_embeddings``
+  (required, as in v5). For ``yarn`` the explicit ``factor`` is used, as in v5 (v4.4x let
+  ``original_max_position_embeddings`` override it: transformers issue #38224).
+- ``longrope`` without ``factor``: Hugging Face derives s = max_position_embeddings / L0;
+  :func:`posenc.rope.from_hf_config` fills it in. It is needed only for the default
+  attention factor.
+
+Errors: a missing required key raises KeyError naming it; a bad value (factor < 1,
+beta_fast < beta_slow, high_freq_factor <= low_freq_factor, a longrope list whose length
+is not d/2, ...) raises ValueError naming the key and the allowed values; an unknown
+rope_type raises ValueError listing the known ones. Hugging Face only logs warnings for
+most of these; posenc refuses them, since the result would be silently wrong.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+import numbers
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
+
+#: Keys every scaling dict may carry whatever its type (v5 ``rope_parameters`` carries the
+#: last two; the rotary dimension and base are given to the functions separately).
+_COMMON_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
 
 
 def default_inv_freq_f64(dim: int, base: float) -> Tensor:
@@ -21,35 +52,473 @@ def default_inv_freq_f64(dim: int, base: float) -> Tensor:
     return 1.0 / (float(base) ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
 
 
+# -- reading and checking the dict -----------------------------------------------------------
+def _required(scaling: Mapping[str, Any], key: str, rope_type: str) -> Any:
+    if key not in scaling or scaling[key] is None:
+        raise KeyError(f"scaling: rope_type {rope_type!r} requires the key {key!r}")
+    return scaling[key]
+
+
+def _number(value: Any, key: str, *, minimum: float | None = None, strict: bool = False) -> float:
+    """A finite real number (not a bool), optionally >= (or >) ``minimum``."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+    if ok and minimum is not None:
+        ok = float(value) > minimum if strict else float(value) >= minimum
+    if not ok:
+        bound = "" if minimum is None else f" {'>' if strict else '>='} {minimum:g}"
+        raise ValueError(f"scaling[{key!r}] must be a finite number{bound}, got {value!r}")
+    return float(value)
+
+
+def _factor(scaling: Mapping[str, Any], rope_type: str) -> float:
+    return _number(_required(scaling, "factor", rope_type), "factor", minimum=1.0)
+
+
+def _context_length(scaling: Mapping[str, Any], rope_type: str) -> int:
+    """L0 = ``original_max_position_embeddings``, a positive integer."""
+    value = _required(scaling, "original_max_position_embeddings", rope_type)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"scaling['original_max_position_embeddings'] must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _ntk_exponent(dim: int, rope_type: str) -> float:
+    """d / (d - 2), the exponent of NTK-aware base scaling; undefined for d = 2."""
+    if dim <= 2:
+        raise ValueError(f"rope_type {rope_type!r} rescales the base by factor^(d/(d-2)): the rotary dim must be > 2, got {dim}")
+    return dim / (dim - 2)
+
+
+def _check_keys(scaling: Mapping[str, Any], rope_type: str, allowed: frozenset[str]) -> None:
+    """Warn (as Hugging Face does) about keys this rope_type does not read."""
+    unknown = set(scaling) - allowed - _COMMON_KEYS
+    if unknown:
+        warnings.warn(
+            f"scaling: keys {sorted(unknown)} are not used by rope_type {rope_type!r} (it reads {sorted(allowed)})",
+            stacklevel=4,
+        )
+
+
+# -- one function per rope_type ------------------------------------------------------------------
 def _default(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
     return default_inv_freq_f64(dim, base), 1.0
+
+
+def _linear(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """Position Interpolation (Chen et al. 2023, eq. 2; kaiokendev): m -> m/s, i.e. theta_i / s."""
+    _check_keys(scaling, "linear", frozenset({"factor"}))
+    return default_inv_freq_f64(dim, base) / _factor(scaling, "linear"), 1.0
+
+
+def _ntk(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """Static NTK-aware scaling (bloc97, 2023): base' = b * s^(d/(d-2)).
+
+    The exponent makes the lowest frequency exactly theta_{d/2-1} / s (interpolated) while
+    the highest stays 1 (extrapolated). Same as x-transformers' ``base_rescale_factor`` and
+    rotary-embedding-torch's ``theta_rescale_factor``. Not a Hugging Face rope_type: it equals
+    Hugging Face's ``dynamic`` with factor 1 at seq_len = s * L0.
+    """
+    _check_keys(scaling, "ntk", frozenset({"factor"}))
+    factor = _factor(scaling, "ntk")
+    return default_inv_freq_f64(dim, base * factor ** _ntk_exponent(dim, "ntk")), 1.0
+
+
+def dynamic_ntk_base(base: float, factor: float, seq_len: Any, context_length: int, dim: int) -> Any:
+    """Dynamic NTK base (emozilla, 2023; Hugging Face ``_compute_dynamic_ntk_parameters``).
+
+    base' = b * (s * L / L0 - (s - 1))^(d/(d-2)) with L = max(seq_len, L0), so base' = b for
+    L <= L0. ``seq_len`` may be a float64 tensor of lengths (then a tensor is returned).
+    """
+    exponent = _ntk_exponent(dim, "dynamic")
+    if isinstance(seq_len, Tensor):
+        length = seq_len.clamp(min=context_length)
+    else:
+        length = max(seq_len, context_length)
+    return base * (factor * length / context_length - (factor - 1)) ** exponent
+
+
+def _dynamic(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """Dynamic NTK: the NTK base recomputed from the current length (see :func:`dynamic_ntk_base`).
+
+    seq_len None or <= L0 gives the original frequencies.
+    """
+    _check_keys(scaling, "dynamic", frozenset({"factor", "original_max_position_embeddings"}))
+    factor = _factor(scaling, "dynamic")
+    context_length = _context_length(scaling, "dynamic")
+    length = context_length if seq_len is None else seq_len
+    return default_inv_freq_f64(dim, dynamic_ntk_base(base, factor, length, context_length, dim)), 1.0
+
+
+def yarn_get_mscale(factor: float, mscale: float = 1.0) -> float:
+    """sqrt(1/t) = 0.1 * mscale * ln(s) + 1 for s > 1, else 1 (YaRN, Peng et al. 2023, eq. 22)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_correction_dim(num_rotations: float, dim: int, base: float, context_length: int) -> float:
+    """The (fractional) pair index whose wavelength fits ``num_rotations`` times into L0.
+
+    dim_of(r) = d * ln(L0 / (2 pi r)) / (2 ln b) (YaRN, eq. 17 solved for the dimension).
+    ``num_rotations = 1`` gives the critical dimension: pairs below it complete a full
+    rotation within L0.
+    """
+    return dim * math.log(context_length / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
+
+
+def _yarn(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """YaRN "NTK-by-parts" interpolation plus attention temperature (Peng et al. 2023, sec. 3.2-3.4),
+    as Hugging Face ``_compute_yarn_parameters`` (v5) computes it.
+
+    low = floor(dim_of(beta_fast)), high = ceil(dim_of(beta_slow)) (no rounding when
+    ``truncate`` is False), clamped to [0, d-1]; ramp_i = clamp((i - low)/(high - low), 0, 1)
+    (high += 0.001 when equal); inv_i = theta_i / s * ramp_i + theta_i * (1 - ramp_i).
+    attention_factor defaults to 0.1 ln s + 1, or, when both ``mscale`` and ``mscale_all_dim``
+    are set (DeepSeek), g(s, mscale) / g(s, mscale_all_dim) with g = :func:`yarn_get_mscale`.
+    """
+    keys = {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+            "mscale", "mscale_all_dim", "truncate"}
+    _check_keys(scaling, "yarn", frozenset(keys))
+    factor = _factor(scaling, "yarn")
+    context_length = _context_length(scaling, "yarn")
+    # Hugging Face reads `.get(key) or default`, so None means the default.
+    beta_fast = _number(scaling.get("beta_fast") or 32, "beta_fast", minimum=0.0, strict=True)
+    beta_slow = _number(scaling.get("beta_slow") or 1, "beta_slow", minimum=0.0, strict=True)
+    if beta_fast < beta_slow:
+        raise ValueError(f"scaling: beta_fast must be >= beta_slow, got beta_fast={beta_fast:g}, beta_slow={beta_slow:g}")
+    truncate = scaling.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise ValueError(f"scaling['truncate'] must be True or False, got {truncate!r}")
+
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is not None:
+        attention_factor = _number(attention_factor, "attention_factor", minimum=0.0, strict=True)
+    else:
+        mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            mscale = _number(mscale, "mscale", minimum=0.0, strict=True)
+            mscale_all_dim = _number(mscale_all_dim, "mscale_all_dim", minimum=0.0, strict=True)
+            attention_factor = yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = yarn_get_mscale(factor)
+
+    low = yarn_correction_dim(beta_fast, dim, base, context_length)
+    high = yarn_correction_dim(beta_slow, dim, base, context_length)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # Hugging Face's guard against a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)
+    theta = default_inv_freq_f64(dim, base)
+    return theta / factor * ramp + theta * (1.0 - ramp), float(attention_factor)
+
+
+def _llama3(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """Llama 3.1 frequency scaling (Meta's ``apply_scaling``; Hugging Face ``_compute_llama3_parameters``).
+
+    With lambda_i = 2 pi / theta_i: lambda < L0/high_freq_factor keeps theta; lambda >
+    L0/low_freq_factor divides it by s; in between, smooth = (L0/lambda - low)/(high - low)
+    and inv = (1 - smooth) theta / s + smooth theta. attention_factor = 1.
+    """
+    keys = frozenset({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+    _check_keys(scaling, "llama3", keys)
+    factor = _factor(scaling, "llama3")
+    low = _number(_required(scaling, "low_freq_factor", "llama3"), "low_freq_factor", minimum=0.0, strict=True)
+    high = _number(_required(scaling, "high_freq_factor", "llama3"), "high_freq_factor", minimum=0.0, strict=True)
+    if high <= low:
+        raise ValueError(f"scaling: high_freq_factor must be > low_freq_factor, got high_freq_factor={high:g}, low_freq_factor={low:g}")
+    context_length = _context_length(scaling, "llama3")
+
+    theta = default_inv_freq_f64(dim, base)
+    wavelength = 2 * math.pi / theta
+    smooth = (context_length / wavelength - low) / (high - low)
+    scaled = torch.where(wavelength > context_length / low, theta / factor, (1 - smooth) * theta / factor + smooth * theta)
+    return torch.where(wavelength < context_length / high, theta, scaled), 1.0
+
+
+def _factor_list(scaling: Mapping[str, Any], key: str, dim: int) -> Tensor:
+    value = _required(scaling, key, "longrope")
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != dim // 2:
+        length = len(value) if isinstance(value, Sequence) else type(value).__name__
+        raise ValueError(f"scaling[{key!r}] must be a list of dim/2 = {dim // 2} numbers, got {length}")
+    for x in value:
+        _number(x, key, minimum=0.0, strict=True)
+    return torch.tensor([float(x) for x in value], dtype=torch.float64)
+
+
+def _longrope(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """LongRoPE (Ding et al. 2024; Phi-3), as Hugging Face ``_compute_longrope_parameters``.
+
+    inv_i = 1 / (ext_i * b^(2i/d)) with ext = ``long_factor`` when seq_len > L0, else
+    ``short_factor`` (seq_len None: short). attention_factor defaults to
+    sqrt(1 + ln s / ln L0) (1 when s <= 1), whatever the length: Hugging Face applies it to
+    the short factors too.
+    """
+    keys = frozenset({"short_factor", "long_factor", "original_max_position_embeddings", "factor", "attention_factor"})
+    _check_keys(scaling, "longrope", keys)
+    short_factor = _factor_list(scaling, "short_factor", dim)
+    long_factor = _factor_list(scaling, "long_factor", dim)
+    context_length = _context_length(scaling, "longrope")
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is not None:
+        attention_factor = _number(attention_factor, "attention_factor", minimum=0.0, strict=True)
+    else:
+        if scaling.get("factor") is None:
+            raise KeyError(
+                "scaling: rope_type 'longrope' requires the key 'factor' (or 'attention_factor'); Hugging Face "
+                "derives it as max_position_embeddings / original_max_position_embeddings (posenc.rope.from_hf_config does too)"
+            )
+        factor = _factor(scaling, "longrope")
+        attention_factor = math.sqrt(1 + math.log(factor) / math.log(context_length)) if factor > 1 else 1.0
+    ext = long_factor if seq_len is not None and seq_len > context_length else short_factor
+    return default_inv_freq_f64(dim, base) / ext, float(attention_factor)
 
 
 RopeInitFn = Callable[[int, float, Mapping[str, Any], "int | None"], tuple[Tensor, float]]
 
 #: rope_type -> function(dim, base, scaling dict, seq_len) -> (inv_freq float64, attention_factor).
-ROPE_INIT_FUNCTIONS: dict[str, RopeInitFn] = {"default": _default}
+ROPE_INIT_FUNCTIONS: dict[str, RopeInitFn] = {
+    "default": _default,
+    "linear": _linear,
+    "ntk": _ntk,
+    "dynamic": _dynamic,
+    "yarn": _yarn,
+    "llama3": _llama3,
+    "longrope": _longrope,
+}
+
+#: rope_types whose frequencies depend on the current length (``seq_len``).
+LENGTH_DEPENDENT = frozenset({"dynamic", "longrope"})
+
+
+def rope_type_of(scaling: Mapping[str, Any] | None) -> str:
+    """``scaling["rope_type"]`` (or the v4 ``"type"``), ``"default"`` for None."""
+    if scaling is None:
+        return "default"
+    if not isinstance(scaling, Mapping):
+        raise TypeError(f"scaling must be a dict in the Hugging Face rope_scaling form, got {type(scaling).__name__}")
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+def _check_seq_len(seq_len: Any) -> int | None:
+    if seq_len is None:
+        return None
+    if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 1:
+        raise ValueError(f"seq_len must be None or an integer >= 1, got {seq_len!r}")
+    return int(seq_len)
 
 
 def compute_rope_parameters(
-    dim: int, base: float, scaling: Mapping[str, Any] | None, seq_len: int | None
+    dim: int, base: float, scaling: Mapping[str, Any] | None, seq_len: int | None, *, dtype: torch.dtype = torch.float32
 ) -> tuple[Tensor, float]:
     """Dispatch on ``scaling["rope_type"]`` (``"type"`` is read too, as Hugging Face does).
 
-    Returns (inv_freq float32 (dim // 2,), attention_factor float).
+    Returns (inv_freq (dim // 2,) of ``dtype``, attention_factor float). The public value is
+    float32 (Hugging Face's ``inv_freq``); the rope encoding asks for float64 so that
+    position * inv_freq keeps full precision at long positions.
 
     Raises:
-        ValueError: an unknown rope_type (the message lists the known ones).
+        ValueError: an unknown rope_type (the message lists the known ones), a bad value,
+            a ``rope_theta`` in ``scaling`` that disagrees with ``base``, or a bad seq_len.
+        KeyError: a required key is missing (the message names it).
         TypeError: ``scaling`` is not a mapping.
     """
-    if scaling is None:
-        rope_type = "default"
-        scaling = {}
-    else:
-        if not isinstance(scaling, Mapping):
-            raise TypeError(f"scaling must be a dict in the Hugging Face rope_scaling form, got {type(scaling).__name__}")
-        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    rope_type = rope_type_of(scaling)
+    scaling = {} if scaling is None else scaling
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError(f"scaling: unknown rope_type {rope_type!r}; known: {sorted(ROPE_INIT_FUNCTIONS)}")
+    theta = scaling.get("rope_theta")
+    if theta is not None and float(theta) != float(base):
+        raise ValueError(f"scaling['rope_theta']={theta!r} disagrees with base={base!r}; pass one value")
+    seq_len = _check_seq_len(seq_len)
     inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](dim, base, scaling, seq_len)
-    return inv_freq.to(torch.float32), float(attention_factor)
+    return inv_freq.to(dtype), float(attention_factor)
+
+
+def inv_freq_per_position(
+    dim: int, base: float, scaling: Mapping[str, Any], num_positions: int, *, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """(num_positions, dim // 2) of ``dtype``: row p holds the frequencies at length p + 1.
+
+    The "rotate once" convention for length-dependent scalings under a KV cache: the token
+    at position p is rotated with the frequencies in force when it was the last token
+    (Hugging Face's behaviour when decoding token by token). Static types repeat one row.
+    """
+    rope_type = rope_type_of(scaling)
+    if rope_type == "dynamic":
+        inv_freq, _ = compute_rope_parameters(dim, base, scaling, None)  # validates the dict
+        factor, context_length = _factor(scaling, "dynamic"), _context_length(scaling, "dynamic")
+        lengths = torch.arange(1, num_positions + 1, dtype=torch.float64)
+        bases = dynamic_ntk_base(base, factor, lengths, context_length, dim)
+        exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+        return (1.0 / bases.unsqueeze(-1) ** exponents).to(dtype)
+    if rope_type == "longrope":
+        context_length = _context_length(scaling, "longrope")
+        short, _ = compute_rope_parameters(dim, base, scaling, None, dtype=dtype)
+        long, _ = compute_rope_parameters(dim, base, scaling, context_length + 1, dtype=dtype)
+        is_long = torch.arange(1, num_positions + 1).unsqueeze(-1) > context_length
+        return torch.where(is_long, long, short)
+    inv_freq, _ = compute_rope_parameters(dim, base, scaling, None, dtype=dtype)
+    return inv_freq.expand(num_positions, -1).clone()
+
+
+# -- Hugging Face config.json import / export -------------------------------------------------------
+#: The config.json fields that determine a model's RoPE (read by :func:`read_hf_config`).
+HF_ROPE_FIELDS = (
+    "rope_theta", "rope_scaling", "rope_parameters", "head_dim", "hidden_size", "num_attention_heads",
+    "partial_rotary_factor", "max_position_embeddings", "original_max_position_embeddings",
+)
+_NEEDS_CONTEXT = frozenset({"dynamic", "yarn", "llama3", "longrope"})
+_MISSING = "<missing>"
+
+
+def _scaling_container(config: Mapping[str, Any], layer_type: str | None) -> tuple[str | None, Any]:
+    """(key, dict) of the rope dict: v5 ``rope_parameters`` first, then v4 ``rope_scaling``."""
+    for key in ("rope_parameters", "rope_scaling"):
+        if key in config:
+            value = config[key]
+            if isinstance(value, Mapping) and value and all(isinstance(v, Mapping) or v is None for v in value.values()):
+                # v5 per-layer dict: {"full_attention": {...}, "sliding_attention": {...}}
+                if layer_type not in value:
+                    raise ValueError(f"config[{key!r}] holds one rope dict per layer type {sorted(value)}; pass layer_type=one of them")
+                return key, value[layer_type]
+            if value is not None and not isinstance(value, Mapping):
+                raise ValueError(f"config[{key!r}] must be a dict or null, got {type(value).__name__}")
+            return key, value
+    return None, None
+
+
+def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read the RoPE of a Hugging Face ``config.json`` dict.
+
+    Fields: ``rope_theta`` (default 10000), ``rope_parameters`` (v5, may carry rope_theta and
+    partial_rotary_factor) or ``rope_scaling`` (v4), ``head_dim`` (else hidden_size //
+    num_attention_heads), ``partial_rotary_factor``, ``max_position_embeddings`` and Phi-3's
+    top-level ``original_max_position_embeddings``. Values that Hugging Face takes from the
+    config rather than the rope dict are filled into the returned scaling as v5's
+    ``standardize_rope_params`` does: L0 for dynamic/yarn/llama3/longrope (Phi-3's top-level
+    value first, else max_position_embeddings), yarn's ``factor: null`` and longrope's missing
+    ``factor`` as max_position_embeddings / L0.
+
+    Returns:
+        (kwargs for :class:`~posenc.RoPE` (head_dim, base, scaling, partial_rotary_factor),
+        layout: how the config spelled things, for :func:`write_hf_config`).
+
+    Raises:
+        TypeError: config is not a dict. KeyError: no head_dim nor hidden_size and
+        num_attention_heads, or a context length that cannot be found. ValueError: a
+        per-layer rope dict without ``layer_type``.
+    """
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a dict (a parsed config.json), got {type(config).__name__}")
+    present = {key: config[key] for key in HF_ROPE_FIELDS if key in config}
+    container, params = _scaling_container(config, layer_type)
+    params = dict(params) if params is not None else None
+
+    if config.get("head_dim") is not None:
+        head_dim = config["head_dim"]
+    elif config.get("hidden_size") is not None and config.get("num_attention_heads") is not None:
+        head_dim = config["hidden_size"] // config["num_attention_heads"]
+    else:
+        raise KeyError("config: needs 'head_dim', or 'hidden_size' and 'num_attention_heads'")
+
+    base = config.get("rope_theta", 10000.0)
+    prf = config.get("partial_rotary_factor")
+    scaling = None
+    implicit: dict[str, Any] = {}
+    if params is not None:
+        base = params.pop("rope_theta", base)
+        prf = params.pop("partial_rotary_factor", prf)
+        if rope_type_of(params) != "default":
+            scaling = params
+    if scaling is not None:
+        rope_type = rope_type_of(scaling)
+        max_pos = config.get("max_position_embeddings")
+        if rope_type in _NEEDS_CONTEXT:
+            top = config.get("original_max_position_embeddings") if rope_type != "dynamic" else None
+            if top is not None or scaling.get("original_max_position_embeddings") is None:
+                context = top if top is not None else max_pos
+                if context is None:
+                    raise KeyError(f"config: rope_type {rope_type!r} needs 'original_max_position_embeddings' or 'max_position_embeddings'")
+                if scaling.get("original_max_position_embeddings") != context:
+                    implicit["original_max_position_embeddings"] = scaling.get("original_max_position_embeddings", _MISSING)
+                    scaling["original_max_position_embeddings"] = context
+            context = scaling["original_max_position_embeddings"]
+            derive_factor = (rope_type == "yarn" and "factor" in scaling and scaling["factor"] is None) or (
+                rope_type == "longrope" and scaling.get("factor") is None and scaling.get("attention_factor") is None
+            )
+            if derive_factor and max_pos is not None:
+                implicit["factor"] = scaling.get("factor", _MISSING)
+                scaling["factor"] = max_pos / context
+    layout = {"present": present, "container": container, "layer_type": layer_type, "implicit": implicit,
+              "partial_rotary_factor": prf}
+    kwargs = {"head_dim": head_dim, "base": float(base), "scaling": scaling,
+              "partial_rotary_factor": None if prf is None or prf == 1.0 else prf}
+    return kwargs, layout
+
+
+def write_hf_config(
+    *, head_dim: int, rotary_dim: int, base: float, scaling: Mapping[str, Any] | None, layout: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The RoPE fields of a config.json, the inverse of :func:`read_hf_config`.
+
+    Writes the current values in the spelling recorded in ``layout`` (v4 ``rope_scaling`` or
+    v5 ``rope_parameters``, ``type`` or ``rope_type``, head_dim or hidden_size /
+    num_attention_heads, implicit keys dropped again), so that
+    ``write(read(config)) == {k: config[k] for k in HF_ROPE_FIELDS if k in config}``.
+    Without a layout: ``rope_theta``, ``head_dim``, ``partial_rotary_factor`` (when
+    partial) and ``rope_scaling``.
+
+    Raises:
+        ValueError: the recorded hidden_size / num_attention_heads disagree with head_dim.
+    """
+    if layout is None:
+        out: dict[str, Any] = {"rope_theta": base, "head_dim": head_dim}
+        if rotary_dim != head_dim:
+            out["partial_rotary_factor"] = rotary_dim / head_dim
+        out["rope_scaling"] = dict(scaling) if scaling is not None else None
+        return out
+    present = layout["present"]
+    out = dict(present)  # keys RoPE does not own (hidden_size, max_position_embeddings) as read
+    if "head_dim" in present and present["head_dim"] is not None:
+        out["head_dim"] = head_dim
+    elif present.get("hidden_size") is not None and present["hidden_size"] // present["num_attention_heads"] != head_dim:
+        raise ValueError(f"hidden_size // num_attention_heads != head_dim={head_dim}; write head_dim instead")
+    prf = layout["partial_rotary_factor"]
+    if prf is None or int(head_dim * prf) != rotary_dim:
+        prf = None if rotary_dim == head_dim else rotary_dim / head_dim
+    rope_dict: dict[str, Any] | None = None if scaling is None else dict(scaling)
+    if rope_dict is not None:
+        for key, original in layout["implicit"].items():
+            if original == _MISSING:
+                rope_dict.pop(key, None)
+            else:
+                rope_dict[key] = original
+    container = layout["container"]
+    original_params = present.get(container) if container else None
+    if container is not None and layout["layer_type"] is not None:
+        original_params = original_params[layout["layer_type"]]
+    if rope_dict is None and original_params is not None:  # an explicit {"rope_type": "default"}
+        rope_dict = {k: original_params[k] for k in ("rope_type", "type") if k in original_params}
+    if container == "rope_parameters" and original_params is not None:
+        # v5 keeps rope_theta / partial_rotary_factor inside the dict when they were there
+        if "rope_theta" in original_params:
+            rope_dict["rope_theta"] = base
+        if "partial_rotary_factor" in original_params:
+            rope_dict["partial_rotary_factor"] = prf if prf is not None else 1.0
+    if "rope_theta" in present:
+        out["rope_theta"] = base
+    elif container != "rope_parameters" or original_params is None or "rope_theta" not in original_params:
+        if base != 10000.0:
+            out["rope_theta"] = base
+    if "partial_rotary_factor" in present:
+        out["partial_rotary_factor"] = prf if prf is not None else 1.0
+    elif prf is not None and not (original_params is not None and "partial_rotary_factor" in original_params):
+        out["partial_rotary_factor"] = prf
+    if container is None:
+        if rope_dict is not None:
+            out["rope_scaling"] = rope_dict
+    elif layout["layer_type"] is not None:
+        out[container] = {**present[container], layout["layer_type"]: rope_dict}
+    else:
+        out[container] = rope_dict
+    return out

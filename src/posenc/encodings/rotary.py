@@ -1,4 +1,5 @@
-"""Rotary position embedding (RoPE; Su et al. 2021, "RoFormer", section 3.4).
+"""Rotary position embedding (RoPE; Su et al. 2021, "RoFormer", section 3.4) and xPos
+(Sun et al. 2022), RoPE with a per-pair exponential decay.
 
 Shapes: B batch, H heads, T sequence length, D head_dim, r rotary_dim (r <= D, even).
 
@@ -15,6 +16,7 @@ Conventions (they differ between codebases):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,7 +24,7 @@ import torch
 from torch import Tensor
 
 from .base import PositionalEncoding, check_even
-from .rope_scaling import compute_rope_parameters
+from .rope_scaling import LENGTH_DEPENDENT, compute_rope_parameters, inv_freq_per_position, rope_type_of, write_hf_config
 
 
 def rope_frequencies(
@@ -35,21 +37,31 @@ def rope_frequencies(
     """RoPE inverse frequencies and attention factor.
 
     ``inv_freq[i] = base^(-2i/head_dim)`` for i < head_dim / 2 (RoFormer eq. 15), modified by
-    ``scaling``, a Hugging Face ``rope_scaling`` dict (``{"rope_type": ..., "factor": ...}``).
-    Pass the rotary dimension as ``head_dim`` for partial rotary.
+    ``scaling``, a Hugging Face ``rope_scaling`` dict (``{"rope_type": ..., "factor": ...}``):
+    ``linear``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``, ``longrope`` (formulas, sources and
+    where posenc departs from Hugging Face: :mod:`posenc.encodings.rope_scaling`). ``seq_len``,
+    the current length, matters for ``dynamic`` (frequencies recomputed for seq_len > L0) and
+    ``longrope`` (long factors for seq_len > L0); None means "within L0". Pass the rotary
+    dimension as ``head_dim`` for partial rotary.
 
     Returns:
         (inv_freq, attention_factor): float32 tensor (head_dim // 2,) in radians per token,
         and the float that Hugging Face multiplies cos and sin by (1.0 without scaling).
 
     Raises:
-        ValueError: ``head_dim`` not a positive even integer, ``base`` <= 1, or an unknown
-            rope_type. KeyError: a required scaling key is missing.
+        ValueError: ``head_dim`` not a positive even integer, ``base`` <= 1, an unknown
+            rope_type (the message lists the known ones), a bad scaling value (factor < 1,
+            beta_fast < beta_slow, ...; the message names the key) or seq_len < 1.
+        KeyError: a required scaling key is missing (the message names it).
     """
     check_even(head_dim, "head_dim")
     if not isinstance(base, (int, float)) or not base > 1:
         raise ValueError(f"base (rope_theta) must be a number > 1, got {base!r}")
     return compute_rope_parameters(head_dim, float(base), scaling, seq_len)
+
+
+#: Values of ``RoPE(dynamic_cache=...)``.
+DYNAMIC_CACHE_MODES = ("rerotate", "frozen")
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -206,6 +218,14 @@ def _full_width(half: Tensor, interleaved: bool) -> Tensor:
     return torch.cat((half, half), dim=-1)
 
 
+def _short_repr(scaling: Mapping[str, Any] | None) -> str:
+    """The scaling dict with its long lists (longrope factors) abbreviated."""
+    if scaling is None:
+        return "None"
+    items = (f"{k!r}: [{len(v)} values]" if isinstance(v, (list, tuple)) else f"{k!r}: {v!r}" for k, v in scaling.items())
+    return "{" + ", ".join(items) + "}"
+
+
 class RoPE(PositionalEncoding):
     """Rotary position embedding (Su et al. 2021, RoFormer, section 3.4.2, eq. 34).
 
@@ -218,10 +238,24 @@ class RoPE(PositionalEncoding):
         partial_rotary_factor: alternatively r = int(head_dim * factor) (Hugging Face).
         base: rope_theta, 10000 in the paper.
         interleaved: pair (2i, 2i+1) (RoFormer / GPT-J) instead of (i, i + r/2) (NeoX / HF).
-        scaling: a Hugging Face ``rope_scaling`` dict, or None.
+        scaling: a Hugging Face ``rope_scaling`` dict, or None (see :func:`rope_frequencies`).
+            cos and sin are multiplied by its attention_factor, as Hugging Face does.
+        dynamic_cache: for the length-dependent scalings (``dynamic``, ``longrope``), which
+            frequencies rotate a token (other types ignore it):
 
-    Hook: ``rotate``. Raises ValueError on an odd head_dim or rotary_dim, or rotary_dim >
-    head_dim.
+            - ``"rerotate"`` (default): every q and k of a call is rotated with the
+              frequencies of the current length L = max(q and k positions) + 1. Exact for a
+              full forward pass; under a KV cache, cache *unrotated* keys (as
+              :func:`posenc.attention` does: it rotates all the keys it is given) so that old
+              keys are re-rotated with the frequencies of the moment.
+            - ``"frozen"``: the token at position p is rotated with the frequencies at length
+              p + 1, whatever the call; a key's rotation never changes, so caching rotated
+              keys is exact. This is what Hugging Face computes when decoding token by token
+              (it caches rotated keys); a Hugging Face prefill longer than L0 uses the
+              prefill's length for all its tokens instead.
+
+    Hook: ``rotate``. Raises ValueError on an odd head_dim or rotary_dim, rotary_dim >
+    head_dim, or an unknown dynamic_cache; scaling errors as :func:`rope_frequencies`.
     """
 
     name = "rope"
@@ -236,6 +270,7 @@ class RoPE(PositionalEncoding):
         base: float = 10000.0,
         interleaved: bool = False,
         scaling: Mapping[str, Any] | None = None,
+        dynamic_cache: str = "rerotate",
     ) -> None:
         super().__init__()
         check_even(head_dim, "head_dim")
@@ -254,38 +289,94 @@ class RoPE(PositionalEncoding):
         self.scaling = dict(scaling) if scaling is not None else None
         inv_freq, self.attention_factor = rope_frequencies(rotary_dim, base=base, scaling=self.scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self._cache: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor]] = {}
+        if dynamic_cache not in DYNAMIC_CACHE_MODES:
+            raise ValueError(f"dynamic_cache must be one of {DYNAMIC_CACHE_MODES}, got {dynamic_cache!r}")
+        self.dynamic_cache = dynamic_cache
+        self.length_dependent = rope_type_of(self.scaling) in LENGTH_DEPENDENT
+        self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
 
     @classmethod
     def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
         return cls(head_dim, **kwargs)
 
-    def _tables(self, num_positions: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos and sin for positions 0 .. n-1, full width r, built once and grown by doubling."""
-        key = (device, dtype)
+    def _regime(self, seq_len: int | None) -> tuple:
+        """Which frequencies a call of length ``seq_len`` uses: one cos/sin table per regime."""
+        if not self.length_dependent:
+            return ("static",)
+        if self.dynamic_cache == "frozen":
+            return ("frozen",)
+        context_length = int(self.scaling["original_max_position_embeddings"])
+        if seq_len is None or seq_len <= context_length:
+            return ("static",)  # the original (dynamic) or short (longrope) frequencies
+        if rope_type_of(self.scaling) == "longrope":
+            return ("long",)
+        return ("length", seq_len)
+
+    def _angles(self, regime: tuple, n: int, device: torch.device) -> Tensor:
+        """position * inv_freq in float64, (n, r/2), for positions 0 .. n-1 in ``regime``.
+
+        The frequencies are taken in float64 too (not the rounded float32 ``inv_freq``), so
+        the angle at position p is exact to float64 rounding even at p = 2^20.
+        """
+        positions = torch.arange(n, device=device, dtype=torch.float64).unsqueeze(-1)
+        f64 = dict(dtype=torch.float64)
+        if regime[0] == "frozen":
+            inv_freq = inv_freq_per_position(self.rotary_dim, self.base, self.scaling, n, **f64)
+        elif regime[0] == "long":
+            length = int(self.scaling["original_max_position_embeddings"]) + 1
+            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, length, **f64)
+        elif regime[0] == "length":
+            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, regime[1], **f64)
+        else:
+            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, None, **f64)
+        return positions * inv_freq.to(device=device)
+
+    def _tables(
+        self, num_positions: int, device: torch.device, dtype: torch.dtype, seq_len: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """cos and sin for positions 0 .. n-1, full width r, at length ``seq_len``.
+
+        A table per (device, dtype, regime), grown by doubling; a dynamic-NTK table holds one
+        length's frequencies, so only the last few lengths are kept.
+        """
+        regime = self._regime(seq_len)
+        key = (device, dtype, regime)
         cached = self._cache.get(key)
         if cached is not None and cached[0].shape[0] >= num_positions:
             return cached
         n = max(num_positions, 2 * cached[0].shape[0] if cached is not None else 0, 256)
-        inv_freq = self.inv_freq.to(device=device, dtype=torch.float64)
-        angles = torch.arange(n, device=device, dtype=torch.float64).unsqueeze(-1) * inv_freq
+        angles = self._angles(regime, n, device)
         cos = _full_width(angles.cos() * self.attention_factor, self.interleaved)
         sin = _full_width(angles.sin() * self.attention_factor, self.interleaved)
+        if regime[0] == "length":
+            stale = [k for k in self._cache if k[2][0] == "length"]
+            for k in stale[: max(0, len(stale) - 3)]:
+                del self._cache[k]
         self._cache[key] = (cos.to(dtype), sin.to(dtype))
         return self._cache[key]
 
-    def cos_sin(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    def cos_sin(
+        self, positions: Tensor, dtype: torch.dtype = torch.float32, seq_len: int | None = None
+    ) -> tuple[Tensor, Tensor]:
         """cos and sin (attention factor included) at integer positions (T,) or (B, T).
+
+        ``seq_len``: the current length for the length-dependent scalings (dynamic,
+        longrope); default max(positions) + 1.
 
         Returns two tensors (T, r) or (B, T, r) of ``dtype`` in this encoding's layout.
         """
         n = int(positions.max()) + 1 if positions.numel() else 1
-        cos, sin = self._tables(n, positions.device, dtype)
+        seq_len = n if seq_len is None else max(seq_len, n)
+        cos, sin = self._tables(n, positions.device, dtype, seq_len)
         return cos[positions], sin[positions]
 
-    def _rotate_one(self, x: Tensor, positions: Tensor) -> Tensor:
-        cos, sin = self.cos_sin(positions, torch.promote_types(x.dtype, torch.float32))
-        if positions.dim() == 2:  # (B, T, r) -> (B, 1, T, r) to broadcast over heads
+    def _rotate_one(self, x: Tensor, positions: Tensor, seq_len: int | None = None) -> Tensor:
+        cos, sin = self.cos_sin(positions, torch.promote_types(x.dtype, torch.float32), seq_len)
+        return self._apply_tables(x, cos, sin)
+
+    def _apply_tables(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Rotate x (B, H, T, D) with cos/sin (T, r) or (B, T, r); the tail past r passes through."""
+        if cos.dim() == 3:  # (B, T, r) -> (B, 1, T, r) to broadcast over heads
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         r = self.rotary_dim
         if r == x.shape[-1]:
@@ -296,10 +387,163 @@ class RoPE(PositionalEncoding):
     def rotate(self, q, k, q_positions, k_positions):
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(f"q and k must have head_dim={self.head_dim}, got {q.shape[-1]} and {k.shape[-1]}")
-        return self._rotate_one(q, q_positions), self._rotate_one(k, k_positions)
+        seq_len = self._seq_len(q_positions, k_positions)
+        return self._rotate_one(q, q_positions, seq_len), self._rotate_one(k, k_positions, seq_len)
+
+    def _seq_len(self, q_positions: Tensor, k_positions: Tensor) -> int | None:
+        """The call's length for the length-dependent scalings (dynamic, longrope), else None."""
+        if self.length_dependent and q_positions.numel() and k_positions.numel():
+            # dynamic / longrope: one length for q and k, the furthest position seen + 1
+            return max(int(q_positions.max()), int(k_positions.max())) + 1
+        return None
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The RoPE fields of a Hugging Face config.json (rope_theta, rope_scaling, head_dim, ...).
+
+        An encoding built by :func:`posenc.rope.from_hf_config` writes them back in the
+        config's own spelling (v4 or v5), so the round trip is the identity; see
+        :func:`~posenc.encodings.rope_scaling.write_hf_config`.
+        """
+        return write_hf_config(
+            head_dim=self.head_dim, rotary_dim=self.rotary_dim, base=self.base, scaling=self.scaling,
+            layout=getattr(self, "hf_layout", None),
+        )
 
     def extra_repr(self) -> str:
         return (
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
-            f"interleaved={self.interleaved}, scaling={self.scaling}"
+            f"interleaved={self.interleaved}, scaling={_short_repr(self.scaling)}"
+            + (f", dynamic_cache={self.dynamic_cache!r}" if self.length_dependent else "")
         )
+
+
+def xpos_zeta(rotary_dim: int, gamma: float = 0.4) -> Tensor:
+    """xPos per-pair decay rates, float64 (rotary_dim // 2,).
+
+    zeta_i = (2i / r + gamma) / (1 + gamma), i = 0 .. r/2 - 1 (Sun et al. 2022, section 3.2;
+    torchscale's ``(arange(0, r, 2) + 0.4 r) / (1.4 r)``): from gamma / (1 + gamma) ~ 0.286 for
+    the fastest-rotating pair up to ~0.986 for the slowest one, which therefore decays least.
+    """
+    check_even(rotary_dim, "rotary_dim")
+    return (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim + gamma) / (1.0 + gamma)
+
+
+#: Headroom (as a natural log) kept below the dtype's range for the size of q and k themselves:
+#: a scale factor of at most finfo.max / 256 (and at least finfo.tiny * 256) is accepted.
+_XPOS_HEADROOM = math.log(256.0)
+
+
+class XPos(RoPE):
+    """Extrapolatable position embedding, xPos (Sun et al. 2022, "A Length-Extrapolatable
+    Transformer", section 3.2, eq. for f_q / f_k).
+
+    RoPE with a per-pair exponential decay: with zeta_i = (2i/r + gamma)/(1 + gamma)
+    (:func:`xpos_zeta`), query n and key m get
+
+        q'_n = R(n theta) q_n * zeta^((n - c)/B),    k'_m = R(m theta) k_m * zeta^(-(m - c)/B),
+
+    so q'_n . k'_m = sum_i zeta_i^((n - m)/B) [rotation by (n - m) theta_i]: a function of n - m
+    only, decaying with distance for n >= m (causal use, as in the paper).
+
+    The centre c. The paper writes c = 0; torchscale and rotary-embedding-torch centre each
+    call at len // 2 to keep zeta^(+-n/B) inside the float range. c cancels in q'.k' only if
+    the queries and keys of a score were scaled with the *same* c, so posenc uses a **fixed**
+    centre by default (``center=0``, an int): the product then depends only on n - m however
+    the calls are split, e.g. keys rotated once into a KV cache and queries rotated in later
+    calls. The factors stay inside float32/bfloat16 range for |position - center| up to about
+    33,000 (B = 512): ln(3.4e38 / 256) / |ln 0.286| * 512. Past the safe range ``rotate``
+    raises ValueError; choose a ``center`` near the positions in use, or ``center="call"``:
+    torchscale's per-call centre (the midpoint of the smallest and largest position among the
+    call's queries *and* keys, shared by both), which allows a span of about 66,000 positions
+    anywhere but is exact only when q and k are rotated in the same call; a KV cache must then
+    cache *unrotated* keys and re-rotate them with the queries (as :func:`posenc.attention`
+    does when given the full k).
+
+    Args:
+        head_dim: D (positive, even).
+        scale_base: B, 512 in the paper.
+        gamma: 0.4 in the paper.
+        center: an int (fixed centre, default 0) or "call" (see above).
+        rotary_dim, partial_rotary_factor, base, interleaved, scaling: as :class:`RoPE`;
+            zeta uses r = rotary_dim and the tail past r is neither rotated nor scaled.
+            Default layout half-split (x-transformers); torchscale pairs (2i, 2i+1)
+            (``interleaved=True``). The layouts are the same map up to a permutation.
+
+    Hook: ``rotate``. Shapes as :class:`RoPE`; the scale is computed in float64 and the
+    product in float32 (or wider), cast back to x's dtype.
+
+    Raises:
+        ValueError: scale_base <= 0, gamma <= 0, a bad center (at construction); positions so
+            far from the centre that zeta^((n - c)/B) would leave x's dtype's range (at call).
+    """
+
+    name = "xpos"
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        scale_base: float = 512.0,
+        gamma: float = 0.4,
+        center: int | str = 0,
+        **rope_kwargs: Any,
+    ) -> None:
+        super().__init__(head_dim, **rope_kwargs)
+        if isinstance(scale_base, bool) or not isinstance(scale_base, (int, float)) or not scale_base > 0 \
+                or math.isinf(scale_base):
+            raise ValueError(f"scale_base must be a finite number > 0, got {scale_base!r}")
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not gamma > 0 or math.isinf(gamma):
+            raise ValueError(f"gamma must be a finite number > 0, got {gamma!r}")
+        if not (center == "call" or (isinstance(center, int) and not isinstance(center, bool))):
+            raise ValueError(f"center must be an int (a fixed centre) or 'call', got {center!r}")
+        self.scale_base, self.gamma, self.center = float(scale_base), float(gamma), center
+        self._log_zeta = xpos_zeta(self.rotary_dim, self.gamma).log()  # float64, kept off the module's .to()
+
+    def _centre(self, q_positions: Tensor, k_positions: Tensor) -> int:
+        if self.center != "call":
+            return self.center
+        lo = min(int(q_positions.min()), int(k_positions.min()))
+        hi = max(int(q_positions.max()), int(k_positions.max()))
+        return (lo + hi) // 2
+
+    def _check_range(self, positions: Tensor, centre: int, dtype: torch.dtype, argname: str) -> None:
+        if not positions.numel():
+            return
+        farthest = max(abs(int(positions.max()) - centre), abs(int(positions.min()) - centre))
+        finfo = torch.finfo(dtype)
+        limit = min(math.log(finfo.max), -math.log(finfo.tiny)) - _XPOS_HEADROOM
+        if farthest / self.scale_base * float(-self._log_zeta[0]) > limit:
+            max_offset = int(limit / float(-self._log_zeta[0]) * self.scale_base)
+            raise ValueError(
+                f"{argname}: xPos scale zeta^((n - center)/{self.scale_base:g}) leaves the {dtype} range for "
+                f"|position - center| = {farthest} (center={centre}; at most {max_offset} is safe): "
+                "pass a center near the positions in use, or center='call'"
+            )
+
+    def xpos_scale(self, positions: Tensor, centre: int, sign: float, dtype: torch.dtype) -> Tensor:
+        """zeta^(sign (n - centre) / B) at positions (T,) or (B, T) -> (T, r) or (B, T, r) of dtype,
+        full width in this encoding's layout; sign +1 for queries, -1 for keys."""
+        exponent = (positions.to(torch.float64) - centre) * (sign / self.scale_base)
+        log_scale = exponent.unsqueeze(-1) * self._log_zeta.to(positions.device)
+        return _full_width(log_scale.exp(), self.interleaved).to(dtype)
+
+    def _rotate_scaled(self, x: Tensor, positions: Tensor, centre: int, sign: float, seq_len: int | None) -> Tensor:
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        cos, sin = self.cos_sin(positions, dtype, seq_len)
+        scale = self.xpos_scale(positions, centre, sign, dtype)
+        return self._apply_tables(x, cos * scale, sin * scale)
+
+    def rotate(self, q, k, q_positions, k_positions):
+        if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
+            raise ValueError(f"q and k must have head_dim={self.head_dim}, got {q.shape[-1]} and {k.shape[-1]}")
+        centre = self._centre(q_positions, k_positions)
+        self._check_range(q_positions, centre, q.dtype, "q_positions")
+        self._check_range(k_positions, centre, k.dtype, "k_positions")
+        seq_len = self._seq_len(q_positions, k_positions)
+        return (
+            self._rotate_scaled(q, q_positions, centre, 1.0, seq_len),
+            self._rotate_scaled(k, k_positions, centre, -1.0, seq_len),
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, scale_base={self.scale_base}, gamma={self.gamma}, center={self.center!r}"

@@ -1,0 +1,207 @@
+"""The ``posenc`` command.
+
+Bad arguments, whatever their source (the parser, a config check, a missing corpus), print one
+line on stderr, ``posenc: error: ...``, and exit with code 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+app = typer.Typer(
+    name="posenc",
+    help="Transformer positional encodings: list them, compare their length extrapolation on real text.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+
+
+class UsageError(typer.BadParameter):
+    """A bad argument found after parsing; shown as one line, exit code 2."""
+
+
+def _split_list(value: str | None, argname: str, cast=str) -> tuple | None:
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise UsageError(f"{argname}: give a comma-separated list, got {value!r}")
+    try:
+        return tuple(cast(v) for v in items)
+    except ValueError:
+        raise UsageError(f"{argname}: every item must be {cast.__name__}, got {value!r}") from None
+
+
+@app.command("list")
+def list_encodings() -> None:
+    """List the registered encodings with the hooks each uses."""
+    from .encodings import REGISTRY
+
+    table = Table("name", "hooks", "class", title="posenc encodings")
+    for name, cls in REGISTRY.items():
+        table.add_row(name, ", ".join(sorted(cls.hooks)) or "(none)", cls.__name__)
+    console.print(table)
+
+
+class RichReporter:
+    """Draws a training bar and an evaluation bar per (encoding, seed)."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task = None
+
+    def _replace(self, description: str, total: int, completed: int = 0) -> None:
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        self.task = self.progress.add_task(description, total=max(total, 1), completed=completed, loss="")
+
+    def run_started(self, encoding, seed, steps, resumed_step):
+        note = f" (resumed at {resumed_step})" if resumed_step else ""
+        self._replace(f"train {encoding} seed {seed}{note}", steps, resumed_step)
+
+    def train_step(self, step, loss):
+        self.progress.update(self.task, completed=step + 1, loss=f"loss {loss / 0.6931471805599453:.3f} bpb")
+
+    def eval_started(self, encoding, seed, total_windows):
+        self._replace(f"eval  {encoding} seed {seed}", total_windows)
+
+    def eval_advanced(self, windows):
+        self.progress.advance(self.task, windows)
+
+    def run_finished(self, encoding, seed, record, skipped):
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+            self.task = None
+        cells = " ".join(f"{n}:{c['bits_per_byte']:.3f}" for n, c in record["eval"].items())
+        state = "already done" if skipped else f"{record['train_seconds']:.0f}s train"
+        self.progress.console.print(f"[bold]{encoding}[/] seed {seed} ({state}) bits/byte at {cells}")
+
+
+def results_table(summary: dict, key: str = "bits_per_byte", title: str | None = None) -> Table:
+    """Rows: encodings; columns: evaluation lengths; cells: mean bits per byte (± seed spread)."""
+    config = summary["config"]
+    train_len = config["train_len"]
+    lengths = config["eval_lengths"]
+    table = Table(title=title or f"validation loss, bits per byte (train L={train_len})")
+    table.add_column("encoding", style="bold")
+    for n in lengths:
+        table.add_column(f"{n} ({n // train_len}L)", justify="right")
+    table.add_column(f"{lengths[-1] // train_len}L / L", justify="right")
+    for encoding, res in summary["results"].items():
+        row = []
+        for n in lengths:
+            cell = res["eval"].get(str(n))
+            if cell is None:
+                row.append("[dim]n/a[/]")
+                continue
+            spread = f" ±{cell['loss_std'] / 0.6931471805599453:.2f}" if cell.get("seeds", 1) > 1 else ""
+            row.append(f"{cell[key]:.3f}{spread}")
+        first, last = res["eval"].get(str(lengths[0])), res["eval"].get(str(lengths[-1]))
+        row.append(f"{last[key] / first[key]:.2f}x" if first and last else "[dim]n/a[/]")
+        table.add_row(encoding, *row)
+    return table
+
+
+@app.command()
+def extrapolate(
+    encodings: Optional[str] = typer.Option(None, help="Comma-separated encoding names (default: the preset's)."),
+    preset: str = typer.Option("default", help="quick | default | full (every registered encoding)."),
+    corpus: Optional[Path] = typer.Option(None, help="A text file or a folder of text files (default: the Python stdlib source)."),
+    train_len: Optional[int] = typer.Option(None, help="Training length L in tokens (bytes)."),
+    steps: Optional[int] = typer.Option(None, help="Training steps per run."),
+    batch_size: Optional[int] = typer.Option(None, help="Training batch size."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate."),
+    d_model: Optional[int] = typer.Option(None, help="Model width."),
+    layers: Optional[int] = typer.Option(None, help="Number of transformer blocks."),
+    heads: Optional[int] = typer.Option(None, help="Attention heads."),
+    eval_factors: Optional[str] = typer.Option(None, help="Evaluation lengths as multiples of L, e.g. 1,2,4,8,16."),
+    eval_tokens: Optional[int] = typer.Option(None, help="Validation tokens read at every length."),
+    seeds: Optional[str] = typer.Option(None, help="Comma-separated seeds, e.g. 0,1,2."),
+    out: Path = typer.Option(Path("results/extrapolate"), help="Output folder (results.json, results.csv, figure, checkpoints)."),
+    device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)."),
+) -> None:
+    """Train each encoding at length L on real text, evaluate at L, 2L, ... 16L: which still works?
+
+    Rerun with the same arguments to resume an interrupted sweep: finished runs are reused.
+    """
+    from .data import load_corpus
+    from .experiments.extrapolation import preset_config, run_extrapolation
+    from .plots import plot_extrapolation
+
+    if threads is not None:
+        if threads < 1:
+            raise UsageError(f"--threads must be an integer >= 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
+    config = preset_config(
+        preset,
+        encodings=_split_list(encodings, "--encodings"),
+        train_len=train_len, steps=steps, batch_size=batch_size, lr=lr, d_model=d_model,
+        num_layers=layers, num_heads=heads, eval_factors=_split_list(eval_factors, "--eval-factors", int),
+        eval_tokens=eval_tokens, seeds=_split_list(seeds, "--seeds", int), device=device,
+    )
+    data = load_corpus(corpus)
+    console.print(f"[bold]corpus[/] {data.describe()}")
+    console.print(
+        f"[bold]runs[/] {', '.join(config.encodings)} x seeds {list(config.seeds)}; L={config.train_len}, "
+        f"eval {config.eval_lengths}; d_model {config.d_model}, {config.num_layers} layers, {config.num_heads} heads; "
+        f"{config.steps} steps x batch {config.batch_size}, lr {config.lr}"
+    )
+    started = time.perf_counter()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        summary = run_extrapolation(config, data, out, RichReporter(progress))
+    figure = plot_extrapolation(summary, out / "extrapolation.png")
+    console.print(results_table(summary))
+    console.print(results_table(summary, "bits_per_byte_last", f"last {config.train_len} tokens of each window, bits per byte"))
+    console.print(f"wrote {out / 'results.json'}, {out / 'results.csv'}, {figure} in {time.perf_counter() - started:.0f}s")
+
+
+@app.command()
+def plot(
+    name: str = typer.Argument(..., help="A registered encoding (see `posenc list`)."),
+    out: Optional[Path] = typer.Option(None, help="The PNG to write (default: NAME.png)."),
+) -> None:
+    """Draw what an encoding does: its position table, rotary decay, bias or relative vectors."""
+    from .plots import plot_encoding
+
+    path = plot_encoding(name, out if out is not None else Path(f"{name}.png"))  # unknown name: ValueError
+    console.print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the app; turn every argument error into one line and exit code 2."""
+    from .checkpoint import CheckpointMismatch
+
+    try:
+        app(args=argv, prog_name="posenc", standalone_mode=False)
+    except typer.Exit as exit_:
+        return exit_.exit_code
+    except typer.Abort:
+        print("posenc: interrupted", file=sys.stderr)
+        return 130
+    except typer.TyperException as err:  # the parser's usage errors
+        print(f"posenc: error: {err.format_message()}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, KeyError, FileNotFoundError, CheckpointMismatch) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"posenc: error: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Corpora and byte-level batching.
+
+The embedded default corpus is the Python standard library source of the running
+interpreter: real text, megabytes of it, on every machine with no download. Text is a byte
+sequence (vocabulary 256); the train/validation split is by file, decided by a stable hash of
+each file's relative path, so it does not change between runs or machines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+#: Folder names left out of the stdlib corpus: test suites (much generated, repetitive
+#: text) and third-party packages.
+EXCLUDED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
+
+
+class CorpusError(ValueError):
+    """A corpus path that does not exist, or holds no text."""
+
+
+@dataclass
+class Corpus:
+    """Train and validation bytes (uint8 tensors) and a description of where they came from."""
+
+    train: Tensor
+    val: Tensor
+    info: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        i = self.info
+        return (
+            f"{i['name']}: {i['files']} files, {i['bytes']:,} bytes; split by {i['split']}: "
+            f"train {i['train_files']} files / {i['train_bytes']:,} bytes, "
+            f"validation {i['val_files']} files / {i['val_bytes']:,} bytes"
+        )
+
+
+def is_validation(relative_path: str, val_fraction: float) -> bool:
+    """Stable split: the first 8 bytes of sha256(path) as a fraction of 2^64."""
+    digest = hashlib.sha256(relative_path.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
+
+
+def _looks_like_text(data: bytes) -> bool:
+    if not data or b"\x00" in data[:8192]:
+        return False
+    try:
+        data[:8192].decode("utf-8")
+    except UnicodeDecodeError as err:
+        return err.start > 8180  # a multi-byte character cut at the sample's end
+    return True
+
+
+def _stdlib_files() -> tuple[Path, list[Path]]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [
+        p for p in sorted(root.rglob("*.py"))
+        if not EXCLUDED_DIRS.intersection(p.relative_to(root).parts[:-1]) and p.is_file()
+    ]
+    return root, files
+
+
+def _split_files(name: str, root: Path, files: list[Path], val_fraction: float) -> Corpus:
+    parts: dict[bool, list[bytes]] = {False: [], True: []}
+    counts = {False: 0, True: 0}
+    for path in files:
+        data = path.read_bytes()
+        if not _looks_like_text(data):
+            continue
+        val = is_validation(path.relative_to(root).as_posix(), val_fraction)
+        parts[val].append(data)
+        counts[val] += 1
+    if counts[False] + counts[True] == 0:
+        raise CorpusError(f"corpus: no text files under {root}")
+    if counts[False] == 0 or counts[True] == 0:
+        # Too few files for a by-file split: fall back to the last fraction of the bytes.
+        return _split_bytes(name, b"".join(parts[False] + parts[True]), val_fraction, counts[False] + counts[True])
+    train, val = b"".join(parts[False]), b"".join(parts[True])
+    info = {
+        "name": name, "files": counts[False] + counts[True], "bytes": len(train) + len(val),
+        "split": f"file (sha256 of relative path, val_fraction={val_fraction})",
+        "train_files": counts[False], "val_files": counts[True], "train_bytes": len(train), "val_bytes": len(val),
+    }
+    return Corpus(_to_tensor(train), _to_tensor(val), info)
+
+
+def _split_bytes(name: str, data: bytes, val_fraction: float, files: int = 1) -> Corpus:
+    cut = int(len(data) * (1 - val_fraction))
+    if cut < 2 or len(data) - cut < 2:
+        raise CorpusError(f"corpus: {name} holds too little text to split ({len(data)} bytes)")
+    info = {
+        "name": name, "files": files, "bytes": len(data),
+        "split": f"bytes (last {val_fraction:.0%} is validation)",
+        "train_files": files, "val_files": files, "train_bytes": cut, "val_bytes": len(data) - cut,
+    }
+    return Corpus(_to_tensor(data[:cut]), _to_tensor(data[cut:]), info)
+
+
+def _to_tensor(data: bytes) -> Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def load_corpus(path: str | Path | None = None, *, val_fraction: float = 0.1) -> Corpus:
+    """Load a corpus of bytes and split it into train and validation.
+
+    Args:
+        path: None for the embedded default (the Python standard library's ``.py`` files,
+            test folders and site-packages excluded), a text file (split by bytes: the last
+            ``val_fraction`` is validation), or a folder of text files (split by file; binary
+            files skipped).
+        val_fraction: share of files (or bytes) for validation, in (0, 1).
+
+    Raises:
+        CorpusError (a ValueError): the path does not exist, or holds no text.
+    """
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+    if path is None:
+        root, files = _stdlib_files()
+        return _split_files(f"python-stdlib ({root})", root, files, val_fraction)
+    path = Path(path)
+    if not path.exists():
+        raise CorpusError(f"corpus: {path} does not exist")
+    if path.is_file():
+        data = path.read_bytes()
+        if not _looks_like_text(data):
+            raise CorpusError(f"corpus: {path} holds no text (empty or binary)")
+        return _split_bytes(str(path), data, val_fraction)
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    return _split_files(str(path), path, files, val_fraction)
+
+
+def random_windows(data: Tensor, batch_size: int, length: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """A batch of random windows: inputs and next-byte targets, both int64 (B, length).
+
+    Raises:
+        ValueError: the data is shorter than one window of ``length + 1`` bytes.
+    """
+    if data.numel() < length + 1:
+        raise ValueError(f"the training data ({data.numel()} bytes) is shorter than one window of {length + 1}")
+    starts = torch.randint(0, data.numel() - length, (batch_size,), generator=generator)
+    window = data[starts.unsqueeze(1) + torch.arange(length + 1)].long()
+    return window[:, :-1], window[:, 1:]

@@ -1,0 +1,1 @@
+"""Named experiments built from the model, data, training and evaluation."""

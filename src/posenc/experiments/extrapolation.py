@@ -1,0 +1,318 @@
+"""Train short, test long: which encodings keep working past their training length.
+
+For each (encoding, seed): train the byte-level LM at length L, then measure validation loss
+at L, 2L, 4L, ... (non-overlapping windows; all tokens, and the last L tokens of each window).
+Each finished run is written atomically under ``out/runs/`` and training checkpoints under
+``out/checkpoints/``, so an interrupted sweep resumes where it stopped and never retrains what
+it finished; the same arguments give the same results on CPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from ..data import Corpus
+from ..encodings import REGISTRY, encoding_class
+from ..encodings.base import check_positive_int
+from ..evaluate import LengthResult, evaluate_length
+from ..model import LMConfig, TransformerLM
+from ..train import TrainConfig, train_lm
+from ..checkpoint import CheckpointMismatch, atomic_write_json, read_json
+
+#: The six encodings of the default run.
+CORE_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")
+
+
+@dataclass(frozen=True)
+class ExtrapolationConfig:
+    """Everything that determines the results of ``posenc extrapolate``.
+
+    ``learned_positions`` sizes the learned absolute table (default: the longest evaluation
+    length, so rows past L exist but are never trained); lengths past the table are reported
+    as not applicable.
+    """
+
+    encodings: tuple[str, ...] = CORE_ENCODINGS
+    train_len: int = 64
+    eval_factors: tuple[int, ...] = (1, 2, 4, 8, 16)
+    steps: int = 1500
+    batch_size: int = 32
+    lr: float = 3e-3
+    d_model: int = 64
+    num_layers: int = 4
+    num_heads: int = 4
+    seeds: tuple[int, ...] = (0,)
+    eval_tokens: int = 65536
+    learned_positions: int | None = None
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not self.encodings:
+            raise ValueError("encodings: give at least one encoding")
+        for name in self.encodings:
+            encoding_class(name)  # unknown names raise, listing the available ones
+        if len(set(self.encodings)) != len(self.encodings):
+            raise ValueError(f"encodings: each name once, got {list(self.encodings)}")
+        for name in ("train_len", "steps", "batch_size", "d_model", "num_layers", "num_heads", "eval_tokens"):
+            check_positive_int(getattr(self, name), name)
+        if not self.eval_factors or any(not isinstance(f, int) or f < 1 for f in self.eval_factors):
+            raise ValueError(
+                f"eval lengths must be multiples of train_len >= 1x (no evaluation shorter than L), got factors {self.eval_factors}"
+            )
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: give one or more distinct integers, got {self.seeds}")
+        if self.eval_tokens < max(self.eval_lengths):
+            raise ValueError(f"eval_tokens={self.eval_tokens} must be >= the longest eval length {max(self.eval_lengths)}")
+        if self.learned_positions is not None:
+            check_positive_int(self.learned_positions, "learned_positions")
+        LMConfig(d_model=self.d_model, num_layers=self.num_layers, num_heads=self.num_heads)  # validates sizes
+
+    @property
+    def eval_lengths(self) -> list[int]:
+        return sorted({self.train_len * f for f in self.eval_factors})
+
+    def model_config(self) -> LMConfig:
+        return LMConfig(
+            d_model=self.d_model, num_layers=self.num_layers, num_heads=self.num_heads,
+            max_positions=self.learned_positions or max(self.eval_lengths),
+        )
+
+    def train_config(self, seed: int) -> TrainConfig:
+        return TrainConfig(steps=self.steps, batch_size=self.batch_size, seq_len=self.train_len, lr=self.lr, seed=seed)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["eval_lengths"] = self.eval_lengths
+        return d
+
+
+#: Named sizes. "default" reproduces the prototype's setting (< 15 min on 2 cores);
+#: "quick" is a smoke run (< 3 min); "full" is the default size over every encoding.
+PRESETS: dict[str, dict] = {
+    "quick": dict(steps=300, num_layers=2, eval_factors=(1, 2, 4, 8), eval_tokens=16384),
+    "default": {},
+    "full": dict(encodings=None),
+}
+
+
+def preset_config(preset: str = "default", **overrides) -> ExtrapolationConfig:
+    """The preset's config with ``overrides`` (None values ignored) applied.
+
+    Raises:
+        ValueError: an unknown preset (the message lists them) or an invalid override.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {list(PRESETS)}, got {preset!r}")
+    values = dict(PRESETS[preset])
+    if "encodings" in values and values["encodings"] is None:
+        values["encodings"] = tuple(REGISTRY)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return ExtrapolationConfig(**values)
+
+
+class Reporter:
+    """Progress callbacks of a sweep; the default does nothing (the CLI draws rich bars)."""
+
+    def run_started(self, encoding: str, seed: int, steps: int, resumed_step: int) -> None: ...
+    def train_step(self, step: int, loss: float) -> None: ...
+    def eval_started(self, encoding: str, seed: int, total_windows: int) -> None: ...
+    def eval_advanced(self, windows: int) -> None: ...
+    def run_finished(self, encoding: str, seed: int, record: dict, skipped: bool) -> None: ...
+
+
+@dataclass
+class RunPaths:
+    out: Path
+    runs: Path = field(init=False)
+    checkpoints: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.runs, self.checkpoints = self.out / "runs", self.out / "checkpoints"
+
+    def run(self, encoding: str, seed: int) -> Path:
+        return self.runs / f"{encoding}-seed{seed}.json"
+
+    def checkpoint(self, encoding: str, seed: int) -> Path:
+        return self.checkpoints / f"{encoding}-seed{seed}.pt"
+
+
+def fingerprint(config: ExtrapolationConfig, corpus: Corpus, encoding: str, seed: int) -> dict:
+    """What a run's result depends on; a stored run is reused only if this matches exactly."""
+    return {
+        "posenc_version": __version__,
+        "encoding": encoding,
+        "seed": seed,
+        "model": config.model_config().to_dict(),
+        "train": config.train_config(seed).to_dict(),
+        "eval_lengths": config.eval_lengths,
+        "eval_tokens": config.eval_tokens,
+        "corpus": {k: corpus.info[k] for k in ("name", "bytes", "train_bytes", "val_bytes")},
+    }
+
+
+def _windows_at(length: int, config: ExtrapolationConfig, corpus: Corpus) -> int:
+    return min(config.eval_tokens, corpus.val.numel() - 1) // length
+
+
+def run_one(
+    config: ExtrapolationConfig, corpus: Corpus, encoding: str, seed: int, paths: RunPaths, reporter: Reporter
+) -> dict:
+    """Train and evaluate one (encoding, seed), or load its finished record."""
+    expected = fingerprint(config, corpus, encoding, seed)
+    run_path = paths.run(encoding, seed)
+    if run_path.exists():
+        record = read_json(run_path)
+        if record.get("fingerprint") != expected:
+            raise CheckpointMismatch(
+                f"--out: {run_path} holds a run with other arguments or another posenc version; "
+                "use another --out folder or delete it"
+            )
+        reporter.run_finished(encoding, seed, record, skipped=True)
+        return record
+
+    torch.manual_seed(seed)
+    model = TransformerLM(config.model_config(), encoding).to(config.device)
+    train_config = config.train_config(seed)
+    started = time.perf_counter()
+    losses = train_lm(
+        model, corpus.train, train_config,
+        on_step=reporter.train_step,
+        checkpoint_path=paths.checkpoint(encoding, seed),
+        fingerprint=expected,
+        on_resume=lambda step: reporter.run_started(encoding, seed, train_config.steps, step),
+    )
+    train_seconds = time.perf_counter() - started
+
+    total_windows = sum(
+        _windows_at(n, config, corpus) for n in config.eval_lengths if _applicable(model, n)
+    )
+    reporter.eval_started(encoding, seed, total_windows)
+    evals, not_applicable = {}, {}
+    for length in config.eval_lengths:
+        if not _applicable(model, length):
+            not_applicable[str(length)] = f"the encoding represents at most {model.max_positions} positions"
+            continue
+        done_before = 0
+
+        def advance(done: int) -> None:
+            nonlocal done_before
+            reporter.eval_advanced(done - done_before)
+            done_before = done
+
+        result = evaluate_length(model, corpus.val, length, config.train_len, max_tokens=config.eval_tokens, on_batch=advance)
+        evals[str(length)] = _length_record(result)
+    record = {
+        "fingerprint": expected,
+        "encoding": encoding,
+        "seed": seed,
+        "train_len": config.train_len,
+        "parameters": model.num_parameters(),
+        "train_seconds": round(train_seconds, 3),
+        "tokens_per_second": round(train_config.steps * train_config.batch_size * train_config.seq_len / max(train_seconds, 1e-9)),
+        "final_train_loss": sum(losses[-50:]) / len(losses[-50:]) if losses else None,
+        "eval": evals,
+        "not_applicable": not_applicable,
+    }
+    atomic_write_json(run_path, record)
+    reporter.run_finished(encoding, seed, record, skipped=False)
+    return record
+
+
+def _applicable(model: TransformerLM, length: int) -> bool:
+    return model.max_positions is None or length <= model.max_positions
+
+
+def _length_record(result: LengthResult) -> dict:
+    return {
+        "loss": result.loss, "ppl": result.ppl, "loss_last": result.loss_last,
+        "bits_per_byte": result.bits_per_byte, "windows": result.windows, "tokens": result.tokens,
+    }
+
+
+def aggregate(config: ExtrapolationConfig, records: Sequence[dict]) -> dict:
+    """Per encoding: mean over seeds of every metric, the seeds' spread, and each run."""
+    results: dict[str, dict] = {}
+    for encoding in config.encodings:
+        runs = [r for r in records if r["encoding"] == encoding]
+        evals: dict[str, dict] = {}
+        for length in map(str, config.eval_lengths):
+            cells = [r["eval"][length] for r in runs if length in r["eval"]]
+            if not cells:
+                continue
+            loss = statistics.fmean(c["loss"] for c in cells)
+            loss_last = statistics.fmean(c["loss_last"] for c in cells)
+            evals[length] = {
+                "loss": loss, "ppl": math.exp(loss), "loss_last": loss_last,
+                "bits_per_byte": loss / math.log(2), "bits_per_byte_last": loss_last / math.log(2),
+                "loss_std": statistics.stdev(c["loss"] for c in cells) if len(cells) > 1 else 0.0,
+                "seeds": len(cells),
+            }
+        not_applicable = {k: v for r in runs for k, v in r["not_applicable"].items()}
+        results[encoding] = {
+            "train_len": config.train_len,
+            "eval": evals,
+            "not_applicable": not_applicable,
+            "tokens_per_second": statistics.fmean(r["tokens_per_second"] for r in runs),
+            "parameters": runs[0]["parameters"],
+            "runs": {str(r["seed"]): r["eval"] for r in runs},
+        }
+    return results
+
+
+def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, reporter: Reporter | None = None) -> dict:
+    """Run (or resume) the sweep; write results.json, results.csv; return the results dict
+    ``{"config": ..., "corpus": ..., "results": {encoding: {"train_len", "eval": {length: {"loss", "ppl", ...}}}}}``
+    with losses in nats per token."""
+    reporter = reporter or Reporter()
+    paths = RunPaths(Path(out))
+    min_val = max(config.eval_lengths) + 1
+    if corpus.val.numel() < min_val:
+        raise ValueError(f"corpus: the validation split ({corpus.val.numel()} bytes) is shorter than the longest eval length + 1 ({min_val})")
+    if corpus.train.numel() < config.train_len + 1:
+        raise ValueError(f"corpus: the training split ({corpus.train.numel()} bytes) is shorter than train_len + 1")
+    records = [
+        run_one(config, corpus, encoding, seed, paths, reporter)
+        for encoding in config.encodings
+        for seed in config.seeds
+    ]
+    summary = {
+        "config": {**config.to_dict(), "posenc_version": __version__},
+        "corpus": corpus.info,
+        "results": aggregate(config, records),
+    }
+    atomic_write_json(paths.out / "results.json", summary)
+    write_csv(paths.out / "results.csv", summary)
+    return summary
+
+
+def write_csv(path: Path, summary: dict) -> None:
+    """One row per (encoding, length): mean losses (nats), perplexity, bits per byte."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["encoding", "train_len", "eval_len", "loss", "loss_last", "ppl", "bits_per_byte", "loss_std", "seeds"])
+        for encoding, res in summary["results"].items():
+            for length in summary["config"]["eval_lengths"]:
+                cell = res["eval"].get(str(length))
+                if cell is None:
+                    writer.writerow([encoding, res["train_len"], length, "", "", "", "", "", 0])
+                    continue
+                writer.writerow([
+                    encoding, res["train_len"], length, f"{cell['loss']:.6f}", f"{cell['loss_last']:.6f}",
+                    f"{cell['ppl']:.6f}", f"{cell['bits_per_byte']:.6f}", f"{cell['loss_std']:.6f}", cell["seeds"],
+                ])
+    tmp.replace(path)
+
+
+def with_overrides(config: ExtrapolationConfig, **changes) -> ExtrapolationConfig:
+    return replace(config, **changes)

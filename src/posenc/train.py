@@ -1,0 +1,132 @@
+"""The training loop: AdamW, linear warm-up then cosine decay, gradient clipping."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .checkpoint import atomic_save, load_checkpoint
+from .data import random_windows
+from .encodings.base import check_positive_int
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters of :func:`train_lm`. ``lr`` is the peak learning rate."""
+
+    steps: int = 1500
+    batch_size: int = 32
+    seq_len: int = 64
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    warmup_frac: float = 0.05
+    min_lr_frac: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "seq_len"):
+            check_positive_int(getattr(self, name), name)
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
+        if not 0 <= self.warmup_frac < 1 or not 0 <= self.min_lr_frac <= 1:
+            raise ValueError("warmup_frac must be in [0, 1) and min_lr_frac in [0, 1]")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    """Learning rate at ``step`` (0-based): linear warm-up, then cosine to min_lr_frac * lr."""
+    warmup = max(1, int(config.warmup_frac * config.steps))
+    if step < warmup:
+        return config.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, config.steps - warmup)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return config.lr * (config.min_lr_frac + (1 - config.min_lr_frac) * cosine)
+
+
+def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices only; biases, norms and 1-D position parameters are not decayed."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def train_lm(
+    model: nn.Module,
+    data: Tensor,
+    config: TrainConfig,
+    on_step: Callable[[int, float], None] | None = None,
+    *,
+    checkpoint_path: Path | None = None,
+    checkpoint_every: int = 250,
+    fingerprint: dict | None = None,
+    on_resume: Callable[[int], None] | None = None,
+) -> list[float]:
+    """Train ``model`` on random windows of ``data`` (uint8 bytes) for next-byte prediction.
+
+    Args:
+        model: maps tokens (B, T) -> logits (B, T, V).
+        data: 1-D uint8 tensor of training bytes.
+        config: steps, batch size, window length, optimizer settings, seed.
+        on_step: called after each step with (step, loss in nats per token).
+        checkpoint_path: if given, the model, optimizer, batch generator and losses are saved
+            there atomically every ``checkpoint_every`` steps and at the end, and a run finds
+            and continues from it: an interrupted run resumes where it stopped, with the same
+            batches, so it ends where an uninterrupted run would.
+        fingerprint: what the checkpoint must have been made with (arguments, version).
+        on_resume: called once with the step training starts from (0 when fresh).
+
+    Returns:
+        The training loss (nats per token) of every step.
+
+    Raises:
+        posenc.checkpoint.CheckpointMismatch: a checkpoint made with other arguments, or corrupt.
+    """
+    generator = torch.Generator().manual_seed(config.seed)
+    device = next(model.parameters()).device
+    optimizer = torch.optim.AdamW(_param_groups(model, config.weight_decay), lr=config.lr, betas=(0.9, 0.95))
+    losses: list[float] = []
+    start = 0
+    fingerprint = {"train": config.to_dict(), **(fingerprint or {})}
+    if checkpoint_path is not None and Path(checkpoint_path).exists():
+        state = load_checkpoint(checkpoint_path, fingerprint)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        generator.set_state(state["generator"])
+        losses, start = list(state["losses"]), state["step"]
+
+    def save(step: int) -> None:
+        atomic_save(checkpoint_path, {
+            "fingerprint": fingerprint, "step": step, "losses": losses, "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
+        })
+
+    if on_resume is not None:
+        on_resume(start)
+    model.train()
+    for step in range(start, config.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, config)
+        inputs, targets = random_windows(data, config.batch_size, config.seq_len, generator)
+        inputs, targets = inputs.to(device), targets.to(device)
+        logits = model(inputs)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+        if on_step is not None:
+            on_step(step, losses[-1])
+        if checkpoint_path is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == config.steps):
+            save(step + 1)
+    model.eval()
+    return losses

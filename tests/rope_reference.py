@@ -1,0 +1,70 @@
+"""Independent float64 references for the RoPE scalings: explicit loops, the math module only."""
+
+from __future__ import annotations
+
+import math
+
+
+def ref_default(d, b):
+    return [b ** (-(2 * i) / d) for i in range(d // 2)]
+
+
+def ref_inv_freq(d, b, sc, seq_len=None):
+    """(inv_freq list, attention_factor), each rope_type's formula from its paper / HF doc."""
+    t = sc.get("rope_type", sc.get("type"))
+    theta = ref_default(d, b)
+    if t == "linear":
+        return [x / sc["factor"] for x in theta], 1.0
+    if t == "ntk":
+        return ref_default(d, b * sc["factor"] ** (d / (d - 2))), 1.0
+    if t == "dynamic":
+        L0 = sc["original_max_position_embeddings"]
+        L = L0 if seq_len is None else max(seq_len, L0)
+        s = sc["factor"]
+        return ref_default(d, b * (s * L / L0 - (s - 1)) ** (d / (d - 2))), 1.0
+    if t == "yarn":
+        s, L0 = sc["factor"], sc["original_max_position_embeddings"]
+        bf, bs = sc.get("beta_fast") or 32, sc.get("beta_slow") or 1
+
+        def dim_of(r):
+            return d * math.log(L0 / (r * 2 * math.pi)) / (2 * math.log(b))
+
+        lo, hi = dim_of(bf), dim_of(bs)
+        if sc.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, d - 1)
+        if lo == hi:
+            hi += 0.001
+        out = []
+        for i in range(d // 2):
+            ramp = min(max((i - lo) / (hi - lo), 0.0), 1.0)
+            out.append(theta[i] / s * ramp + theta[i] * (1 - ramp))
+        if sc.get("attention_factor") is not None:
+            af = sc["attention_factor"]
+        elif sc.get("mscale") and sc.get("mscale_all_dim"):
+            af = (0.1 * sc["mscale"] * math.log(s) + 1) / (0.1 * sc["mscale_all_dim"] * math.log(s) + 1)
+        else:
+            af = 0.1 * math.log(s) + 1 if s > 1 else 1.0
+        return out, af
+    if t == "llama3":
+        s, lo, hi, L0 = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"], sc["original_max_position_embeddings"]
+        out = []
+        for x in theta:
+            lam = 2 * math.pi / x
+            if lam < L0 / hi:
+                out.append(x)
+            elif lam > L0 / lo:
+                out.append(x / s)
+            else:
+                sm = (L0 / lam - lo) / (hi - lo)
+                out.append((1 - sm) * x / s + sm * x)
+        return out, 1.0
+    if t == "longrope":
+        L0 = sc["original_max_position_embeddings"]
+        ext = sc["long_factor"] if seq_len is not None and seq_len > L0 else sc["short_factor"]
+        af = sc.get("attention_factor")
+        if af is None:
+            s = sc["factor"]
+            af = math.sqrt(1 + math.log(s) / math.log(L0)) if s > 1 else 1.0
+        return [x / e for x, e in zip(theta, ext)], af
+    raise AssertionError(t)
