@@ -14,6 +14,13 @@ H, D = 4, 8
 BIAS_ENCODINGS = [name for name, cls in posenc.REGISTRY.items() if "score_bias" in cls.hooks]
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """flex_attention traces through dynamo even uncompiled; with the caches of earlier tests,
+    torch 2.13 raises KeyError('init_L') while explaining a recompilation. Start clean."""
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("name", BIAS_ENCODINGS)
 @pytest.mark.parametrize("with_positions", [False, True])
 def test_user_flex_attention_with_score_mod(name, with_positions):

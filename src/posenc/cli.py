@@ -182,6 +182,33 @@ def plot(
     console.print(f"wrote {path}")
 
 
+@app.command()
+def bench(
+    what: str = typer.Argument("all", help="rope, attention, throughput or all."),
+    quick: bool = typer.Option(False, help="Small sizes, seconds instead of minutes (a smoke run)."),
+    threads: int = typer.Option(1, help="torch threads for every side of the comparison."),
+) -> None:
+    """Speed and memory of posenc side by side with its baselines, in one run, as ratios."""
+    from . import bench as benchmarks
+
+    choices = ("rope", "attention", "throughput", "all")
+    if what not in choices:
+        raise UsageError(f"what must be one of {', '.join(choices)}, got {what!r}")
+    if threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {threads}")
+    if what in ("rope", "all"):
+        shape = (1, 4, 256, 64) if quick else (1, 32, 2048, 128)
+        rows, notes = benchmarks.rope_benchmark(shape, repeats=3 if quick else 7, threads=threads)
+        benchmarks.print_table(f"RoPE on q and k {shape}", rows, benchmarks.ROPE_COLUMNS, notes)
+    if what in ("attention", "all"):
+        lengths = (256, 512) if quick else (1024, 2048, 4096, 8192)
+        rows, notes = benchmarks.attention_benchmark(lengths, repeats=1 if quick else 2, threads=threads)
+        benchmarks.print_table("causal attention, H=8, D=64, fp32", rows, benchmarks.ATTENTION_COLUMNS, notes)
+    if what in ("throughput", "all"):
+        rows, notes = benchmarks.throughput_benchmark(steps=1 if quick else 5, repeats=1 if quick else 3, threads=threads)
+        benchmarks.print_table("LM training throughput", rows, benchmarks.THROUGHPUT_COLUMNS, notes)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app; turn every argument error into one line and exit code 2."""
     from .checkpoint import CheckpointMismatch

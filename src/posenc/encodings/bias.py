@@ -49,11 +49,12 @@ class ScoreBias(PositionalEncoding):
 
         def lookup(positions: Tensor | None, b: Tensor, idx: Tensor) -> Tensor:
             if positions is None:
-                return idx
-            return positions[b, idx] if positions.dim() == 2 else positions[idx]
+                return idx.long()
+            return (positions[b, idx] if positions.dim() == 2 else positions[idx]).long()
 
         def score_mod(score, b, h, q_idx, kv_idx):
-            return score + self.bias(lookup(q_positions, b, q_idx), lookup(k_positions, b, kv_idx), h)
+            # FlexAttention passes int32 indices; bias() gets int64 like every other hook.
+            return score + self.bias(lookup(q_positions, b, q_idx), lookup(k_positions, b, kv_idx), h.long())
 
         return score_mod
 
