@@ -17,13 +17,15 @@ positions restart at 0 in each document), :func:`key_padding_mask`, :func:`docum
 The KV cache (:class:`KVCache`) stores, per layer, the keys *before* the encoding's rotate
 (just after the projection) and the values, plus every cached key's position. Each step
 calls :func:`posenc.attention` on the new queries and *all* keys with their explicit
-positions, so the encoding sees every position as in a full pass: dynamic-NTK RoPE in its
+positions, so the encoding sees every position as in a full pass: xPos with
+``center="call"`` re-centres, FIRE normalizes by the absolute query position, Shaw /
+Transformer-XL index their relative tables by the true distances, and dynamic-NTK RoPE in its
 default ``dynamic_cache="rerotate"`` mode re-rotates old keys with the frequencies of the
-current length, xPos with ``center="call"`` re-centres, FIRE normalizes by the absolute query
-position, and Shaw / Transformer-XL index their relative tables by the true distances; no
-special case anywhere. The price: every step re-applies ``rotate`` to all Tk cached keys,
-O(Tk D) per layer and head, the same order as the step's q.k^T itself (caching rotated keys,
-as Hugging Face does, saves that rotation but is exact only for encodings whose key
+current length; no special case anywhere. (That last one is exact in the first layer only:
+deeper layers cache hidden states computed at a shorter length; see :class:`KVCache` and
+``PositionalEncoding.call_invariant``.) The price: every step re-applies ``rotate`` to all Tk
+cached keys, O(Tk D) per layer and head, the same order as the step's q.k^T itself (caching
+rotated keys, as Hugging Face does, saves that rotation but is exact only for encodings whose key
 transform never changes, i.e. not for dynamic NTK "rerotate" nor xPos "call").
 """
 
@@ -181,6 +183,13 @@ class KVCache:
     :meth:`TransformerLM.forward` with ``cache=`` reads it and, once the whole call has
     succeeded, appends the call's tokens (a failed call leaves it as it was). Why the keys are
     kept unrotated, and what it costs: see the module docstring.
+
+    Exact (cached decoding = a full pass) when ``encoding.call_invariant`` is True, which holds
+    for every registered encoding with its defaults. When it is False (dynamic NTK or longrope
+    RoPE in ``dynamic_cache="rerotate"`` mode) the first layer is still exact, since its keys
+    are re-rotated, but deeper layers' cached keys and values were computed from hidden states
+    at a shorter length; :meth:`TransformerLM.generate` then decodes without a cache, and
+    ``dynamic_cache="frozen"`` is the cache-exact choice.
     """
 
     def __init__(self, num_layers: int) -> None:
@@ -368,7 +377,9 @@ class TransformerLM(nn.Module):
         generator: torch.Generator | None = None,
         padding_mask: Tensor | None = None,
     ) -> Tensor:
-        """Continue ``tokens`` by ``max_new_tokens`` tokens, one at a time with a :class:`KVCache`.
+        """Continue ``tokens`` by ``max_new_tokens`` tokens, one at a time with a :class:`KVCache`
+        (without one if ``encoding.call_invariant`` is False: each step then re-runs the whole
+        sequence, O(T) times the cost, to stay exact).
 
         Greedy (argmax, the first maximum on ties) when ``temperature`` and ``top_k`` are both
         None; otherwise samples from softmax(logits / temperature) (temperature 1.0 if only
@@ -426,18 +437,23 @@ class TransformerLM(nn.Module):
                 f"needs positions up to {last}, the encoding holds 0..{self.max_positions - 1}"
             )
 
-        cache = KVCache(self.config.num_layers)
+        # An encoding that reads the whole call (encoding.call_invariant False, e.g. dynamic NTK
+        # in "rerotate" mode) makes cached hidden states stale as the text grows: recompute the
+        # whole sequence each step instead, so every step equals a full pass over its prefix.
+        cache = KVCache(self.config.num_layers) if self.encoding.call_invariant else None
         logits = self(tokens, positions, mask=key_padding_mask(real), cache=cache)[:, -1]
-        out = [tokens]
         for step in range(max_new_tokens):
             new = self._next_token(logits, temperature, top_k, generator)  # (B, 1)
-            out.append(new)
+            tokens = torch.cat((tokens, new), dim=1)
+            real = torch.cat((real, torch.ones_like(new, dtype=torch.bool)), dim=1)
             if step + 1 == max_new_tokens:
                 break
-            real = torch.cat((real, torch.ones_like(new, dtype=torch.bool)), dim=1)
-            logits = self(new, next_position, mask=key_padding_mask(real), cache=cache)[:, -1]
-            next_position = next_position + 1
-        return torch.cat(out, dim=1)
+            if cache is not None:
+                logits = self(new, next_position, mask=key_padding_mask(real), cache=cache)[:, -1]
+                next_position = next_position + 1
+            else:
+                logits = self(tokens, positions_from_padding_mask(real), mask=key_padding_mask(real))[:, -1]
+        return tokens
 
     @staticmethod
     def _next_token(logits: Tensor, temperature: float | None, top_k: int | None, generator) -> Tensor:
