@@ -5,7 +5,10 @@ its ``score_bias`` and ``content`` terms, and runs one of the backends; it never
 the encoding's name. Shapes: B batch, H heads, Tq queries, Tk keys, D head_dim.
 
 Masking convention: a causal query i sees key j iff j <= i + (Tk - Tq), i.e. the queries
-are the last Tq of the Tk keys (bottom-right alignment, as with a KV cache).
+are the last Tq of the Tk keys (bottom-right alignment, as with a KV cache). An optional
+boolean ``mask`` (True = may attend: document masks of packed rows, key padding) is combined
+with it by logical and. A query left with no key to attend (a left-padding query) gets an
+output of zeros, never NaN: see :func:`combine_masks`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,39 @@ def causal_mask(num_queries: int, num_keys: int, device: torch.device | None = N
     """Boolean (Tq, Tk), True where query i may attend key j (j <= i + Tk - Tq)."""
     q_idx = torch.arange(num_queries, device=device).unsqueeze(-1) + (num_keys - num_queries)
     return torch.arange(num_keys, device=device) <= q_idx
+
+
+def _check_mask(mask: Tensor, batch: int, heads: int, num_queries: int, num_keys: int) -> Tensor:
+    """Validate a user mask and bring it to 4-D (B or 1, H or 1, Tq or 1, Tk)."""
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        kind = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a boolean tensor (True = may attend), got {kind}")
+    allowed = f"(Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk) with B={batch}, H={heads}, Tq={num_queries}, Tk={num_keys} (or 1 to broadcast)"
+    if mask.dim() not in (2, 3, 4):
+        raise ValueError(f"mask must have shape {allowed}, got {tuple(mask.shape)}")
+    full = mask[None, None] if mask.dim() == 2 else mask[:, None] if mask.dim() == 3 else mask
+    if full.shape[-1] != num_keys or full.shape[-2] not in (1, num_queries) \
+            or full.shape[0] not in (1, batch) or full.shape[1] not in (1, heads):
+        raise ValueError(f"mask must have shape {allowed}, got {tuple(mask.shape)}")
+    return full
+
+
+def combine_masks(causal: Tensor | None, mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """The mask the backends get, and which query rows have no key at all.
+
+    Returns ``(combined, has_key)``: ``combined`` = causal and mask, 4-D when a user mask is
+    given (a 2-D mask reaching a backend is the plain causal mask, which SDPA may run as
+    ``is_causal``); ``has_key`` (..., Tq, 1) is None when every query sees at least one key.
+    Rows without a key are opened to every key so that no backend computes a softmax over
+    nothing (NaN); :func:`attention` then sets their output to zero.
+    """
+    if mask is None:
+        return causal, None
+    combined = mask if causal is None else mask & causal
+    has_key = combined.any(dim=-1, keepdim=True)
+    if bool(has_key.all()):
+        return combined, None
+    return combined | ~has_key, has_key
 
 
 def _default_positions(positions: Tensor | None, length: int, offset: int, device, argname: str, batch: int) -> Tensor:
@@ -99,7 +135,8 @@ def _sdpa(q, k, v, *, bias, mask, scale, content_scores, content_values) -> Tens
     if bias is not None:
         extra = bias if extra is None else extra + bias
     if extra is None:
-        is_causal = mask is not None and q.shape[2] == k.shape[2]
+        # a 2-D mask is the plain causal one (combine_masks makes user masks 4-D)
+        is_causal = mask is not None and mask.dim() == 2 and q.shape[2] == k.shape[2]
         attn_mask = None if is_causal else mask
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
     if mask is not None:
@@ -115,12 +152,13 @@ def _as_4d(mask: Tensor) -> Tensor:
     return mask
 
 
-def _blocked(q, k, v, *, score_bias, q_positions, k_positions, causal, scale) -> Tensor:
+def _blocked(q, k, v, *, score_bias, q_positions, k_positions, causal, scale, user_mask=None) -> Tensor:
     """Query blocks: per block, SDPA with a bias tile from the encoding's ``score_bias`` hook
     on that block's positions, never the whole (H, Tq, Tk) bias.
 
     Under a causal mask a block's queries see only keys ``< block end + Tk - Tq``: later key
     blocks are skipped, and only the block's diagonal slab of the tile needs the -inf mask.
+    ``user_mask`` (4-D boolean, the causal mask already folded in) is sliced per block.
     """
     _, num_heads, num_queries, _ = q.shape
     num_keys = k.shape[2]
@@ -132,7 +170,11 @@ def _blocked(q, k, v, *, score_bias, q_positions, k_positions, causal, scale) ->
         stop = min(num_queries, start + block)
         key_end = stop + offset if causal else num_keys
         tile = score_bias(q_positions[..., start:stop], k_positions[..., :key_end])
-        if tile is None:
+        if user_mask is not None:
+            rows = user_mask if user_mask.shape[-2] == 1 else user_mask[..., start:stop, :]
+            allowed = rows[..., :key_end]
+            mask = allowed if tile is None else _as_4d(tile.masked_fill(~allowed, float("-inf")).to(q.dtype))
+        elif tile is None:
             mask = causal_mask(stop - start, key_end, q.device) if causal else None
         else:
             mask = _mask_future(tile, stop - start, key_end) if causal else tile
@@ -226,6 +268,7 @@ def attention(
     q_positions: Tensor | None = None,
     k_positions: Tensor | None = None,
     backend: str = "auto",
+    mask: Tensor | None = None,
 ) -> Tensor:
     """Scaled dot-product attention with a positional encoding.
 
@@ -249,14 +292,21 @@ def attention(
             blocked was 1.4-1.8x bias-free causal SDPA at T=4096-8192 on CPU against 2.5x
             for the materialized bias, and flex needs a compile). "blocked" and "flex" take
             no content encodings; they may write into the tensor ``score_bias`` returns.
+        mask: optional boolean tensor, True where query i may attend key j, of shape
+            (Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk), any of B, H, Tq may be 1 to broadcast
+            (a key-padding mask is (B, 1, Tk)). Combined with the causal mask by logical and.
+            Used for document masks of packed rows and for padding
+            (:func:`posenc.model.document_mask`, :func:`posenc.model.key_padding_mask`).
+            A query that may attend no key at all (e.g. a left-padding query) gets an output
+            of zeros, Shaw's value term included: no NaN. Every backend but "flex" takes it.
 
     Returns:
         (B, H, Tq, D) in q's dtype.
 
     Raises:
         ValueError: wrong ranks or mismatched shapes, dtypes or devices; causal with Tq > Tk;
-            negative or mis-shaped positions; an unknown backend. TypeError: integer q/k/v or
-            float positions.
+            negative or mis-shaped positions; a mis-shaped mask; an unknown backend.
+            TypeError: integer q/k/v, float positions, a mask that is not boolean.
     """
     _check_qkv(q, k, v, causal)
     batch, num_heads, num_queries, head_dim = q.shape
@@ -265,10 +315,23 @@ def attention(
     name = _resolve_backend(backend, encoding, bias_rows * num_heads * num_queries * num_keys)
     q_positions = _default_positions(q_positions, num_queries, num_keys - num_queries, q.device, "q_positions", batch)
     k_positions = _default_positions(k_positions, num_keys, 0, q.device, "k_positions", batch)
+    if mask is not None:
+        mask = _check_mask(mask, batch, num_heads, num_queries, num_keys).to(q.device)
+    causal_part = causal_mask(num_queries, num_keys, q.device) if causal else None
+    mask, has_key = combine_masks(causal_part, mask)
     if name in _LAZY_BIAS_BACKEND_FNS:
-        return _lazy_bias_attention(name, q, k, v, encoding, causal, q_positions, k_positions)
+        # a 2-D mask is the plain causal one, which these backends build per block themselves
+        user_mask = mask if mask is not None and mask.dim() == 4 else None
+        out = _lazy_bias_attention(name, q, k, v, encoding, causal, q_positions, k_positions, user_mask)
+    else:
+        out = _hooked_attention(name, q, k, v, encoding, q_positions, k_positions, mask)
+    return out if has_key is None else out.masked_fill(~has_key, 0.0)
 
+
+def _hooked_attention(name, q, k, v, encoding, q_positions, k_positions, mask) -> Tensor:
+    """Apply the encoding's hooks and run a backend that takes a materialized bias."""
     bias = content_scores = content_values = None
+    batch = q.shape[0]
     if encoding is not None:
         if "rotate" in encoding.hooks:
             q, k = encoding.rotate(q, k, q_positions, k_positions)
@@ -284,15 +347,14 @@ def attention(
                 def content_values(probs):
                     return encoding.content_values(probs, q_positions, k_positions)
 
-    mask = causal_mask(num_queries, num_keys, q.device) if causal else None
     return _BACKEND_FNS[name](
         q, k, v,
-        bias=bias, mask=mask, scale=1.0 / math.sqrt(head_dim),
+        bias=bias, mask=mask, scale=1.0 / math.sqrt(q.shape[-1]),
         content_scores=content_scores, content_values=content_values,
     )
 
 
-def _lazy_bias_attention(name, q, k, v, encoding, causal, q_positions, k_positions) -> Tensor:
+def _lazy_bias_attention(name, q, k, v, encoding, causal, q_positions, k_positions, user_mask) -> Tensor:
     """Dispatch to a backend that evaluates the bias per tile ("blocked") or per score ("flex")."""
     hooks = encoding.hooks if encoding is not None else frozenset()
     if "content" in hooks:
@@ -301,6 +363,8 @@ def _lazy_bias_attention(name, q, k, v, encoding, causal, q_positions, k_positio
         q, k = encoding.rotate(q, k, q_positions, k_positions)
     scale = 1.0 / math.sqrt(q.shape[-1])
     if name == "flex":
+        if user_mask is not None:
+            raise ValueError("backend='flex' does not take mask=; use backend='blocked', 'sdpa', 'eager' or 'auto'")
         score_mod = None
         if "score_bias" in hooks:
             if not callable(getattr(encoding, "score_mod", None)):
@@ -310,4 +374,4 @@ def _lazy_bias_attention(name, q, k, v, encoding, causal, q_positions, k_positio
                      causal=causal, scale=scale)
     score_bias = encoding.score_bias if "score_bias" in hooks else (lambda q_pos, k_pos: None)
     return _blocked(q, k, v, score_bias=score_bias, q_positions=q_positions, k_positions=k_positions,
-                    causal=causal, scale=scale)
+                    causal=causal, scale=scale, user_mask=user_mask)

@@ -209,6 +209,33 @@ def bench(
         benchmarks.print_table("LM training throughput", rows, benchmarks.THROUGHPUT_COLUMNS, notes)
 
 
+@app.command()
+def generate(
+    checkpoint: Path = typer.Argument(..., help="A training checkpoint, e.g. OUT/checkpoints/rope-seed0.pt from `posenc extrapolate`."),
+    prompt: str = typer.Option(..., help="The text to continue (encoded as UTF-8 bytes)."),
+    max_new_tokens: int = typer.Option(200, help="How many bytes to generate (>= 1)."),
+    temperature: Optional[float] = typer.Option(None, help="Sample at this temperature (> 0); default greedy."),
+    top_k: Optional[int] = typer.Option(None, help="Sample from the K most likely bytes (>= 1); default greedy."),
+    seed: int = typer.Option(0, help="Seed of the sampling generator (same seed, same text)."),
+) -> None:
+    """Continue a prompt with a trained checkpoint: greedy, or sampling with --temperature / --top-k.
+
+    Prints the continuation only; bytes that are not valid UTF-8 print as U+FFFD.
+    """
+    import torch
+
+    from .data import decode_bytes, encode_text
+    from .model import TransformerLM
+
+    if not prompt:
+        raise UsageError("--prompt: give at least one character to continue")
+    model = TransformerLM.from_checkpoint(checkpoint)  # missing: FileNotFoundError; unreadable: ValueError
+    tokens = encode_text(prompt).unsqueeze(0)
+    generator = torch.Generator().manual_seed(seed)
+    out = model.generate(tokens, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
+    print(decode_bytes(out[0, tokens.shape[1]:]))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app; turn every argument error into one line and exit code 2."""
     from .checkpoint import CheckpointMismatch

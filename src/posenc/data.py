@@ -148,3 +148,20 @@ def random_windows(data: Tensor, batch_size: int, length: int, generator: torch.
     starts = torch.randint(0, data.numel() - length, (batch_size,), generator=generator)
     window = data[starts.unsqueeze(1) + torch.arange(length + 1)].long()
     return window[:, :-1], window[:, 1:]
+
+
+def encode_text(text: str) -> Tensor:
+    """The byte tokenizer: ``text`` as UTF-8 bytes, int64 (T,), values in [0, 256).
+
+    Raises:
+        TypeError: ``text`` is not a str.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
+
+
+def decode_bytes(tokens: Tensor) -> str:
+    """Byte tokens (T,) back to text; bytes that are not valid UTF-8 (a character cut by the
+    end of a generation) become U+FFFD (``errors="replace"``)."""
+    return bytes(tokens.tolist()).decode("utf-8", errors="replace")

@@ -87,6 +87,15 @@ class PositionalEncoding(nn.Module):
     def max_positions(self) -> int | None:
         return None
 
+    @property
+    def call_invariant(self) -> bool:
+        """True when the hooks' terms for a (query position, key position) pair do not depend
+        on the other positions of the call. A token's hidden states then never change once
+        computed, so a KV cache of them is exact (:class:`posenc.model.KVCache`). False for an
+        encoding that reads the whole call, e.g. dynamic NTK RoPE in "rerotate" mode (every
+        token rotated with the frequencies of the call's length)."""
+        return True
+
     @classmethod
     def for_model(
         cls,

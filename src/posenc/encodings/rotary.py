@@ -248,6 +248,9 @@ class RoPE(PositionalEncoding):
               full forward pass; under a KV cache, cache *unrotated* keys (as
               :func:`posenc.attention` does: it rotates all the keys it is given) so that old
               keys are re-rotated with the frequencies of the moment.
+              In a multi-layer model that is exact for the first layer only: deeper layers'
+              keys and values come from hidden states computed at a shorter length, so
+              :attr:`call_invariant` is False and posenc's ``generate()`` re-runs the prefix.
             - ``"frozen"``: the token at position p is rotated with the frequencies at length
               p + 1, whatever the call; a key's rotation never changes, so caching rotated
               keys is exact. This is what Hugging Face computes when decoding token by token
@@ -298,6 +301,12 @@ class RoPE(PositionalEncoding):
     @classmethod
     def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
         return cls(head_dim, **kwargs)
+
+    @property
+    def call_invariant(self) -> bool:
+        """False for dynamic / longrope in "rerotate" mode: a longer call changes the
+        frequencies of every token, so hidden states cached at a shorter length go stale."""
+        return not (self.length_dependent and self.dynamic_cache == "rerotate")
 
     def _regime(self, seq_len: int | None) -> tuple:
         """Which frequencies a call of length ``seq_len`` uses: one cos/sin table per regime."""
