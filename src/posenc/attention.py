@@ -90,6 +90,11 @@ def _sdpa(q, k, v, *, bias, mask, scale, content_scores, content_values) -> Tens
         is_causal = mask is not None and q.shape[2] == k.shape[2]
         attn_mask = None if is_causal else mask
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+    # The float mask must be in q's dtype: a bias past its range (ALiBi at a distance of a
+    # million in float16) is clamped to the largest finite value, a zero weight either way,
+    # so that only masked entries are -inf (docs/precision.md).
+    limit = torch.finfo(q.dtype).max
+    extra = extra.clamp(-limit, limit)
     if mask is not None:
         extra = extra.masked_fill(~mask, float("-inf"))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=extra.to(q.dtype), scale=scale)

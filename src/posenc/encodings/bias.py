@@ -349,8 +349,8 @@ class FIRE(ScoreBias):
     def normalized_distance(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
         """psi(i - j) / (psi(max(L, i)) + eps), float32, broadcast shape of the positions."""
         i = q_positions.to(torch.float32)
-        j = k_positions.to(torch.float32)
-        numerator = torch.log((self.c * (i - j)).abs() + 1.0)
+        distance = (q_positions - k_positions).to(torch.float32)  # int64 difference: exact below 2^24
+        numerator = torch.log((self.c * distance).abs() + 1.0)
         denominator = torch.log((self.c * torch.maximum(i, self.threshold)).abs() + 1.0) + self.eps
         return numerator / denominator
 
