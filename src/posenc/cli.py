@@ -66,6 +66,7 @@ class RichReporter:
         self.task = self.progress.add_task(description, total=max(total, 1), completed=completed, loss="")
 
     def run_started(self, encoding, seed, steps, resumed_step):
+        self.resumed_step = resumed_step
         note = f" (resumed at {resumed_step})" if resumed_step else ""
         self._replace(f"train {encoding} seed {seed}{note}", steps, resumed_step)
 
@@ -84,6 +85,8 @@ class RichReporter:
             self.task = None
         cells = " ".join(f"{n}:{c['bits_per_byte']:.3f}" for n, c in record["eval"].items())
         state = "already done" if skipped else f"{record['train_seconds']:.0f}s train"
+        if not skipped and getattr(self, "resumed_step", 0):
+            state += f", resumed at step {self.resumed_step}"
         self.progress.console.print(f"[bold]{encoding}[/] seed {seed} ({state}) bits/byte at {cells}")
 
 
