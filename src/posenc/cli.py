@@ -136,10 +136,16 @@ def extrapolate(
     """Train each encoding at length L on real text, evaluate at L, 2L, ... 16L: which still works?
 
     Rerun with the same arguments to resume an interrupted sweep: finished runs are reused.
+    Under `torchrun --nproc-per-node N`, the (encoding, seed) runs are split across the N
+    processes and rank 0 writes the merged results.
     """
     from .data import load_corpus
+    from .experiments import distributed
     from .experiments.extrapolation import preset_config, run_extrapolation
     from .plots import plot_extrapolation
+
+    device = distributed.init_from_env(device)  # under torchrun: this rank does its share of the runs
+    console.quiet = not distributed.current().is_main  # rank 0 reports; the others print only errors
 
     config = preset_config(
         preset,
@@ -160,6 +166,8 @@ def extrapolate(
                TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         summary = run_extrapolation(config, data, out, RichReporter(progress))
+    if summary is None:  # not rank 0: rank 0 merges the runs and reports
+        return
     figure = plot_extrapolation(summary, out / "extrapolation.png")
     console.print(results_table(summary))
     console.print(results_table(summary, "bits_per_byte_last", f"last {config.train_len} tokens of each window, bits per byte"))

@@ -29,6 +29,7 @@ from ..evaluate import LengthResult, evaluate_length
 from ..model import LMConfig, TransformerLM
 from ..train import TrainConfig, train_lm
 from ..checkpoint import CheckpointMismatch, atomic_write_json, read_json
+from . import distributed
 
 #: The six encodings of the default run.
 CORE_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")
@@ -176,19 +177,33 @@ def _windows_at(length: int, config: ExtrapolationConfig, corpus: Corpus) -> int
     return min(config.eval_tokens, corpus.val.numel() - 1) // length
 
 
+def stored_run(config: ExtrapolationConfig, corpus: Corpus, encoding: str, seed: int, paths: RunPaths) -> dict | None:
+    """The finished record of (encoding, seed) under ``paths``, or None if there is none.
+
+    Raises:
+        CheckpointMismatch: the record is corrupt, or was made with other arguments or
+            another posenc version.
+    """
+    run_path = paths.run(encoding, seed)
+    if not run_path.exists():
+        return None
+    record = read_json(run_path)
+    if record.get("fingerprint") != fingerprint(config, corpus, encoding, seed):
+        raise CheckpointMismatch(
+            f"--out: {run_path} holds a run with other arguments or another posenc version; "
+            "use another --out folder or delete it"
+        )
+    return record
+
+
 def run_one(
     config: ExtrapolationConfig, corpus: Corpus, encoding: str, seed: int, paths: RunPaths, reporter: Reporter
 ) -> dict:
     """Train and evaluate one (encoding, seed), or load its finished record."""
     expected = fingerprint(config, corpus, encoding, seed)
     run_path = paths.run(encoding, seed)
-    if run_path.exists():
-        record = read_json(run_path)
-        if record.get("fingerprint") != expected:
-            raise CheckpointMismatch(
-                f"--out: {run_path} holds a run with other arguments or another posenc version; "
-                "use another --out folder or delete it"
-            )
+    record = stored_run(config, corpus, encoding, seed, paths)
+    if record is not None:
         reporter.run_finished(encoding, seed, record, skipped=True)
         return record
 
@@ -285,10 +300,14 @@ def aggregate(config: ExtrapolationConfig, records: Sequence[dict]) -> dict:
     return results
 
 
-def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, reporter: Reporter | None = None) -> dict:
+def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, reporter: Reporter | None = None) -> dict | None:
     """Run (or resume) the sweep; write results.json, results.csv; return the results dict
     ``{"config": ..., "corpus": ..., "results": {encoding: {"train_len", "eval": {length: {"loss", "ppl", ...}}}}}``
-    with losses in nats per token."""
+    with losses in nats per token.
+
+    In a torch.distributed group (torchrun, see :mod:`posenc.experiments.distributed`) each
+    rank does its share of the (encoding, seed) runs; rank 0 merges them after a barrier and
+    returns the dict, the other ranks return None."""
     reporter = reporter or Reporter()
     paths = RunPaths(Path(out))
     min_val = max(config.eval_lengths) + 1
@@ -296,11 +315,16 @@ def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, re
         raise ValueError(f"corpus: the validation split ({corpus.val.numel()} bytes) is shorter than the longest eval length + 1 ({min_val})")
     if corpus.train.numel() < config.train_len + 1:
         raise ValueError(f"corpus: the training split ({corpus.train.numel()} bytes) is shorter than train_len + 1")
-    records = [
-        run_one(config, corpus, encoding, seed, paths, reporter)
-        for encoding in config.encodings
-        for seed in config.seeds
-    ]
+    pairs = [(encoding, seed) for encoding in config.encodings for seed in config.seeds]
+    shard = distributed.current()  # rank 0 of 1 unless under torchrun
+    mine = {pair: run_one(config, corpus, *pair, paths, reporter) for pair in shard.take(pairs)}
+    distributed.barrier()
+    if not shard.is_main:
+        return None
+    records = [mine[pair] if pair in mine else stored_run(config, corpus, *pair, paths) for pair in pairs]
+    missing = [f"{e}-seed{s}" for (e, s), r in zip(pairs, records) if r is None]
+    if missing:
+        raise RuntimeError(f"runs missing after every rank finished: {missing}")
     summary = {
         "config": {**config.to_dict(), "posenc_version": __version__},
         "corpus": corpus.info,
