@@ -39,7 +39,9 @@ def _default_positions(positions: Tensor | None, length: int, offset: int, devic
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
     for argname, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, Tensor) or x.dim() != 4:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{argname} must be a floating-point torch.Tensor (B, H, T, D), got {type(x).__name__}")
+        if x.dim() != 4:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"{argname} must be a 4-D tensor (B, H, T, D), got {shape}")
         if not x.is_floating_point():
@@ -144,10 +146,18 @@ def attention(
 
     Raises:
         ValueError: wrong ranks or mismatched shapes, dtypes or devices; causal with Tq > Tk;
-            negative or mis-shaped positions; an unknown backend. TypeError: integer q/k/v or
-            float positions.
+            negative or mis-shaped positions; an unknown backend. TypeError: q/k/v not
+            floating-point tensors, float positions, causal not a bool, an encoding that is
+            not a PositionalEncoding. NaN or inf in q, k, v are not checked (that would
+            synchronize the device on every call): they propagate to the outputs they reach.
     """
     _check_qkv(q, k, v, causal)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if encoding is not None and not isinstance(encoding, PositionalEncoding):
+        raise TypeError(
+            f"encoding must be a posenc.PositionalEncoding (posenc.create(name, ...)) or None, got {type(encoding).__name__}"
+        )
     name = _resolve_backend(backend, encoding)
     batch, _, num_queries, head_dim = q.shape
     num_keys = k.shape[2]

@@ -102,6 +102,8 @@ class TransformerLM(nn.Module):
 
     def __init__(self, config: LMConfig, encoding: PositionalEncoding | str) -> None:
         super().__init__()
+        if not isinstance(config, LMConfig):
+            raise TypeError(f"config must be a posenc.model.LMConfig, got {type(config).__name__}")
         if isinstance(encoding, str):
             encoding = create_for_model(
                 encoding, d_model=config.d_model, num_heads=config.num_heads, head_dim=config.head_dim,
@@ -132,8 +134,14 @@ class TransformerLM(nn.Module):
 
     def forward(self, tokens: Tensor, positions: Tensor | None = None) -> Tensor:
         """tokens (B, T) int64; positions (T,) or (B, T), default arange(T) -> logits (B, T, V)."""
+        if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype.is_complex \
+                or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must be an integer tensor, got {getattr(tokens, 'dtype', type(tokens).__name__)}")
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have shape (B, T), got {tuple(tokens.shape)}")
+        if tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.config.vocab_size:
+            bad = int(tokens.max()) if int(tokens.max()) >= self.config.vocab_size else int(tokens.min())
+            raise ValueError(f"tokens must be in [0, {self.config.vocab_size}), got {bad}")
         if positions is None:
             positions = torch.arange(tokens.shape[1], device=tokens.device)
         else:

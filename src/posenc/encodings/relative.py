@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .absolute import sinusoidal_encode
-from .base import PositionalEncoding, check_positive_int
+from .base import PositionalEncoding, check_number, check_positive_int
 
 
 def _per_batch(index: Tensor) -> Tensor:
@@ -189,10 +189,8 @@ class TransformerXL(PositionalEncoding):
             check_positive_int(value, argname)
         if d_model % 2:
             raise ValueError(f"d_model must be even ([sin || cos] halves), got {d_model}")
-        if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
-            raise ValueError(f"base must be a number > 1, got {base!r}")
-        if not init_std >= 0 or math.isinf(init_std):
-            raise ValueError(f"init_std must be a finite number >= 0, got {init_std!r}")
+        check_number(base, "base", gt=1)
+        check_number(init_std, "init_std", ge=0)
         self.d_model, self.num_heads, self.head_dim, self.base = d_model, num_heads, head_dim, float(base)
         self.r_net = nn.Linear(d_model, num_heads * head_dim, bias=False)
         self.r_w_bias = nn.Parameter(torch.empty(num_heads, head_dim))

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import PositionalEncoding, check_even
+from .base import PositionalEncoding, check_bool, check_even, check_number
 from .rope_scaling import LENGTH_DEPENDENT, compute_rope_parameters, inv_freq_per_position, rope_type_of, write_hf_config
 
 
@@ -55,8 +55,7 @@ def rope_frequencies(
         KeyError: a required scaling key is missing (the message names it).
     """
     check_even(head_dim, "head_dim")
-    if not isinstance(base, (int, float)) or not base > 1:
-        raise ValueError(f"base (rope_theta) must be a number > 1, got {base!r}")
+    check_number(base, "base (rope_theta)", gt=1)
     return compute_rope_parameters(head_dim, float(base), scaling, seq_len)
 
 
@@ -91,13 +90,31 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
         cos's dtypes.
 
     Raises:
-        ValueError: odd D, or cos/sin whose last dimension is not D.
+        TypeError: x, cos or sin not a floating-point tensor; interleaved not a bool.
+        ValueError: odd D, cos/sin whose last dimension is not D, that do not broadcast to
+            x's shape, or on another device.
     """
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point torch.Tensor, got {x.dtype if isinstance(x, Tensor) else type(x).__name__}")
+    for t in (cos, sin):
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            got = t.dtype if isinstance(t, Tensor) else type(t).__name__
+            raise TypeError(f"cos and sin must be floating-point torch.Tensors, got {got}")
+    check_bool(interleaved, "interleaved")
     d = x.shape[-1]
     if d % 2:
         raise ValueError(f"x: the last dimension must be even to form pairs, got {d}")
     if cos.shape[-1] != d or sin.shape[-1] != d:
         raise ValueError(f"cos and sin must have last dimension {d} (full width), got {cos.shape[-1]} and {sin.shape[-1]}")
+    for t in (cos, sin):
+        try:
+            broadcast = torch.broadcast_shapes(t.shape, x.shape) == x.shape
+        except RuntimeError:
+            broadcast = False
+        if not broadcast:
+            raise ValueError(f"cos and sin must broadcast to x's shape {tuple(x.shape)}, got {tuple(t.shape)}")
+        if t.device != x.device:
+            raise ValueError(f"cos and sin must be on x's device {x.device}, got {t.device}")
     rotated = rotate_every_two(x) if interleaved else rotate_half(x)
     return (x * cos + rotated * sin).to(x.dtype)
 
@@ -176,7 +193,7 @@ class RoPE(PositionalEncoding):
         if rotary_dim > head_dim:
             raise ValueError(f"rotary_dim must be <= head_dim={head_dim}, got {rotary_dim}")
         self.head_dim, self.rotary_dim = head_dim, rotary_dim
-        self.base, self.interleaved = float(base), bool(interleaved)
+        self.base, self.interleaved = float(base), check_bool(interleaved, "interleaved")
         self.scaling = dict(scaling) if scaling is not None else None
         inv_freq, self.attention_factor = rope_frequencies(rotary_dim, base=base, scaling=self.scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -393,11 +410,8 @@ class XPos(RoPE):
         **rope_kwargs: Any,
     ) -> None:
         super().__init__(head_dim, **rope_kwargs)
-        if isinstance(scale_base, bool) or not isinstance(scale_base, (int, float)) or not scale_base > 0 \
-                or math.isinf(scale_base):
-            raise ValueError(f"scale_base must be a finite number > 0, got {scale_base!r}")
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not gamma > 0 or math.isinf(gamma):
-            raise ValueError(f"gamma must be a finite number > 0, got {gamma!r}")
+        check_number(scale_base, "scale_base", gt=0)
+        check_number(gamma, "gamma", gt=0)
         if not (center in XPOS_CENTERS or (isinstance(center, int) and not isinstance(center, bool))):
             raise ValueError(f"center must be an int (a fixed centre) or one of {XPOS_CENTERS}, got {center!r}")
         self.scale_base, self.gamma, self.center = float(scale_base), float(gamma), center

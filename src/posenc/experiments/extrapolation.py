@@ -59,6 +59,8 @@ class ExtrapolationConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        if isinstance(self.encodings, str) or not isinstance(self.encodings, (tuple, list)):
+            raise TypeError(f"encodings must be a sequence of encoding names, e.g. ('rope', 'alibi'), got {self.encodings!r}")
         if not self.encodings:
             raise ValueError("encodings: give at least one encoding")
         for name in self.encodings:
@@ -67,17 +69,24 @@ class ExtrapolationConfig:
             raise ValueError(f"encodings: each name once, got {list(self.encodings)}")
         for name in ("train_len", "steps", "batch_size", "d_model", "num_layers", "num_heads", "eval_tokens"):
             check_positive_int(getattr(self, name), name)
-        if not self.eval_factors or any(not isinstance(f, int) or f < 1 for f in self.eval_factors):
+        if not self.eval_factors or any(not isinstance(f, int) or isinstance(f, bool) or f < 1 for f in self.eval_factors):
             raise ValueError(
-                f"eval lengths must be multiples of train_len >= 1x (no evaluation shorter than L), got factors {self.eval_factors}"
+                "eval_factors: evaluation lengths are whole multiples >= 1 of train_len (no evaluation shorter than L), "
+                f"got {self.eval_factors}"
             )
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds: give one or more distinct integers, got {self.seeds}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) \
+                or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
+            raise ValueError(f"seeds: give one or more distinct integers >= 0, got {self.seeds}")
         if self.eval_tokens < max(self.eval_lengths):
             raise ValueError(f"eval_tokens={self.eval_tokens} must be >= the longest eval length {max(self.eval_lengths)}")
         if self.learned_positions is not None:
             check_positive_int(self.learned_positions, "learned_positions")
         LMConfig(d_model=self.d_model, num_layers=self.num_layers, num_heads=self.num_heads)  # validates sizes
+        self.train_config(self.seeds[0])  # validates lr
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda', got {self.device!r}") from None
 
     @property
     def eval_lengths(self) -> list[int]:
