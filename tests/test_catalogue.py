@@ -167,9 +167,9 @@ def test_xpos_float32_safe_at_16k_positions(center, offset):
 
 
 def test_xpos_out_of_range_raises_and_names_the_argument():
-    enc = posenc.create("xpos", head_dim=8)  # fixed centre 0: about 33k positions are safe in float32
+    enc = posenc.create("xpos", head_dim=8, center=0)  # fixed centre 0: about 33k positions are safe in float32
     q = torch.randn(1, 1, 2, 8)
-    with pytest.raises(ValueError, match="positions.*center"):
+    with pytest.raises(ValueError, match="k_positions.*center"):
         enc.rotate(q, q, torch.tensor([100_000, 100_001]), torch.tensor([100_000, 100_001]))
     with pytest.raises(ValueError, match="k_positions"):
         enc.rotate(q.half(), q.half(), torch.tensor([0, 1]), torch.tensor([9000, 9001]))

@@ -87,7 +87,9 @@ def _default_positions(positions: Tensor | None, length: int, offset: int, devic
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
     for argname, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, Tensor) or x.dim() != 4:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{argname} must be a floating-point torch.Tensor (B, H, T, D), got {type(x).__name__}")
+        if x.dim() != 4:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"{argname} must be a 4-D tensor (B, H, T, D), got {shape}")
         if not x.is_floating_point():
@@ -139,9 +141,20 @@ def _sdpa(q, k, v, *, bias, mask, scale, content_scores, content_values) -> Tens
         is_causal = mask is not None and mask.dim() == 2 and q.shape[2] == k.shape[2]
         attn_mask = None if is_causal else mask
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+    extra = _finite_in(extra, q.dtype)
     if mask is not None:
         extra = extra.masked_fill(~mask, float("-inf"))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=_as_4d(extra.to(q.dtype)), scale=scale)
+
+
+def _finite_in(bias: Tensor, dtype: torch.dtype) -> Tensor:
+    """The float mask must be in q's dtype: a bias past its range (ALiBi at a distance of a
+    million in float16) is clamped to the largest finite value, a zero weight either way, so
+    that only masked entries are -inf (docs/precision.md)."""
+    limit = torch.finfo(dtype).max
+    if not bias.is_floating_point() or limit >= torch.finfo(bias.dtype).max:
+        return bias  # the cast cannot overflow
+    return bias.clamp(-limit, limit)
 
 
 def _as_4d(mask: Tensor) -> Tensor:
@@ -170,6 +183,8 @@ def _blocked(q, k, v, *, score_bias, q_positions, k_positions, causal, scale, us
         stop = min(num_queries, start + block)
         key_end = stop + offset if causal else num_keys
         tile = score_bias(q_positions[..., start:stop], k_positions[..., :key_end])
+        if tile is not None:
+            tile = _finite_in(tile, q.dtype)
         if user_mask is not None:
             rows = user_mask if user_mask.shape[-2] == 1 else user_mask[..., start:stop, :]
             allowed = rows[..., :key_end]
@@ -306,15 +321,24 @@ def attention(
     Raises:
         ValueError: wrong ranks or mismatched shapes, dtypes or devices; causal with Tq > Tk;
             negative or mis-shaped positions; a mis-shaped mask; an unknown backend.
-            TypeError: integer q/k/v, float positions, a mask that is not boolean.
+            TypeError: q/k/v not floating-point tensors, float positions, a mask that is not
+            boolean, causal not a bool, an encoding that is not a PositionalEncoding. NaN or
+            inf in q, k, v are not checked (that would synchronize the device on every call):
+            they propagate to the outputs they reach.
     """
     _check_qkv(q, k, v, causal)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if encoding is not None and not isinstance(encoding, PositionalEncoding):
+        raise TypeError(
+            f"encoding must be a posenc.PositionalEncoding (posenc.create(name, ...)) or None, got {type(encoding).__name__}"
+        )
     batch, num_heads, num_queries, head_dim = q.shape
     num_keys = k.shape[2]
-    bias_rows = batch if any(p is not None and p.dim() == 2 for p in (q_positions, k_positions)) else 1
-    name = _resolve_backend(backend, encoding, bias_rows * num_heads * num_queries * num_keys)
     q_positions = _default_positions(q_positions, num_queries, num_keys - num_queries, q.device, "q_positions", batch)
     k_positions = _default_positions(k_positions, num_keys, 0, q.device, "k_positions", batch)
+    bias_rows = batch if q_positions.dim() == 2 or k_positions.dim() == 2 else 1
+    name = _resolve_backend(backend, encoding, bias_rows * num_heads * num_queries * num_keys)
     if mask is not None:
         mask = _check_mask(mask, batch, num_heads, num_queries, num_keys).to(q.device)
     causal_part = causal_mask(num_queries, num_keys, q.device) if causal else None

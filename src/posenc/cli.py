@@ -66,6 +66,7 @@ class RichReporter:
         self.task = self.progress.add_task(description, total=max(total, 1), completed=completed, loss="")
 
     def run_started(self, encoding, seed, steps, resumed_step):
+        self.resumed_step = resumed_step
         note = f" (resumed at {resumed_step})" if resumed_step else ""
         self._replace(f"train {encoding} seed {seed}{note}", steps, resumed_step)
 
@@ -84,6 +85,8 @@ class RichReporter:
             self.task = None
         cells = " ".join(f"{n}:{c['bits_per_byte']:.3f}" for n, c in record["eval"].items())
         state = "already done" if skipped else f"{record['train_seconds']:.0f}s train"
+        if not skipped and getattr(self, "resumed_step", 0):
+            state += f", resumed at step {self.resumed_step}"
         self.progress.console.print(f"[bold]{encoding}[/] seed {seed} ({state}) bits/byte at {cells}")
 
 
@@ -134,8 +137,11 @@ def extrapolate(
     """Train each encoding at length L on real text, evaluate at L, 2L, ... 16L: which still works?
 
     Rerun with the same arguments to resume an interrupted sweep: finished runs are reused.
+    Under `torchrun --nproc-per-node N`, the (encoding, seed) runs are split across the N
+    processes and rank 0 writes the merged results.
     """
     from .data import load_corpus
+    from .experiments import distributed
     from .experiments.extrapolation import preset_config, run_extrapolation
     from .plots import plot_extrapolation
 
@@ -145,6 +151,10 @@ def extrapolate(
         import torch
 
         torch.set_num_threads(threads)
+
+    device = distributed.init_from_env(device)  # under torchrun: this rank does its share of the runs
+    console.quiet = not distributed.current().is_main  # rank 0 reports; the others print only errors
+
     config = preset_config(
         preset,
         encodings=_split_list(encodings, "--encodings"),
@@ -164,6 +174,8 @@ def extrapolate(
                TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         summary = run_extrapolation(config, data, out, RichReporter(progress))
+    if summary is None:  # not rank 0: rank 0 merges the runs and reports
+        return
     figure = plot_extrapolation(summary, out / "extrapolation.png")
     console.print(results_table(summary))
     console.print(results_table(summary, "bits_per_byte_last", f"last {config.train_len} tokens of each window, bits per byte"))

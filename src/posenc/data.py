@@ -9,6 +9,7 @@ each file's relative path, so it does not change between runs or machines.
 from __future__ import annotations
 
 import hashlib
+import os
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,7 +72,7 @@ def _split_files(name: str, root: Path, files: list[Path], val_fraction: float) 
     parts: dict[bool, list[bytes]] = {False: [], True: []}
     counts = {False: 0, True: 0}
     for path in files:
-        data = path.read_bytes()
+        data = _read(path)
         if not _looks_like_text(data):
             continue
         val = is_validation(path.relative_to(root).as_posix(), val_fraction)
@@ -103,6 +104,13 @@ def _split_bytes(name: str, data: bytes, val_fraction: float, files: int = 1) ->
     return Corpus(_to_tensor(data[:cut]), _to_tensor(data[cut:]), info)
 
 
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise CorpusError(f"corpus: {path} cannot be read ({err.strerror or type(err).__name__})") from err
+
+
 def _to_tensor(data: bytes) -> Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
@@ -118,10 +126,13 @@ def load_corpus(path: str | Path | None = None, *, val_fraction: float = 0.1) ->
         val_fraction: share of files (or bytes) for validation, in (0, 1).
 
     Raises:
-        CorpusError (a ValueError): the path does not exist, or holds no text.
+        CorpusError (a ValueError): the path does not exist, cannot be read, or holds no text.
+        ValueError: val_fraction not in (0, 1). TypeError: path not a str or path.
     """
-    if not 0 < val_fraction < 1:
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike (a file or folder), got {type(path).__name__}")
     if path is None:
         root, files = _stdlib_files()
         return _split_files(f"python-stdlib ({root})", root, files, val_fraction)
@@ -129,7 +140,7 @@ def load_corpus(path: str | Path | None = None, *, val_fraction: float = 0.1) ->
     if not path.exists():
         raise CorpusError(f"corpus: {path} does not exist")
     if path.is_file():
-        data = path.read_bytes()
+        data = _read(path)
         if not _looks_like_text(data):
             raise CorpusError(f"corpus: {path} holds no text (empty or binary)")
         return _split_bytes(str(path), data, val_fraction)

@@ -290,6 +290,8 @@ class TransformerLM(nn.Module):
 
     def __init__(self, config: LMConfig, encoding: PositionalEncoding | str) -> None:
         super().__init__()
+        if not isinstance(config, LMConfig):
+            raise TypeError(f"config must be a posenc.model.LMConfig, got {type(config).__name__}")
         if isinstance(encoding, str):
             encoding = create_for_model(
                 encoding, d_model=config.d_model, num_heads=config.num_heads, head_dim=config.head_dim,
@@ -345,8 +347,14 @@ class TransformerLM(nn.Module):
             ValueError / TypeError: bad shapes or dtypes of tokens, positions or mask;
                 positions past a learned table.
         """
-        if not isinstance(tokens, Tensor) or tokens.dim() != 2:
-            raise ValueError(f"tokens must have shape (B, T), got {tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__}")
+        if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype.is_complex \
+                or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must be an integer tensor, got {getattr(tokens, 'dtype', type(tokens).__name__)}")
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must have shape (B, T), got {tuple(tokens.shape)}")
+        if tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.config.vocab_size:
+            bad = int(tokens.max()) if int(tokens.max()) >= self.config.vocab_size else int(tokens.min())
+            raise ValueError(f"tokens must be in [0, {self.config.vocab_size}), got {bad}")
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a posenc.model.KVCache or None, got {type(cache).__name__}")
         batch, length = tokens.shape

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from .checkpoint import atomic_save, load_checkpoint
 from .data import random_windows
-from .encodings.base import check_positive_int
+from .encodings.base import check_number, check_positive_int, is_real_number
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,15 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len"):
             check_positive_int(getattr(self, name), name)
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
-        if not 0 <= self.warmup_frac < 1 or not 0 <= self.min_lr_frac <= 1:
-            raise ValueError("warmup_frac must be in [0, 1) and min_lr_frac in [0, 1]")
+        check_number(self.lr, "lr", gt=0)
+        if not (is_real_number(self.warmup_frac) and 0 <= self.warmup_frac < 1):
+            raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac!r}")
+        if not (is_real_number(self.min_lr_frac) and 0 <= self.min_lr_frac <= 1):
+            raise ValueError(f"min_lr_frac must be in [0, 1], got {self.min_lr_frac!r}")
+        check_number(self.grad_clip, "grad_clip", gt=0)
+        check_number(self.weight_decay, "weight_decay", ge=0)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -10,7 +10,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .base import PositionalEncoding, check_even, check_positions, check_positive_int
+from .base import PositionalEncoding, check_even, check_number, check_positions, check_positive_int
 
 SINUSOIDAL_LAYOUTS = ("interleaved", "concat")
 
@@ -47,10 +47,12 @@ def sinusoidal_table(num_positions: int, dim: int, base: float = 10000.0) -> Ten
     are computed in float64 and cast at the end.
 
     Raises:
-        ValueError: ``num_positions`` < 1, or ``dim`` not a positive even integer.
+        ValueError: ``num_positions`` < 1, ``dim`` not a positive even integer, or ``base`` not
+            a finite number > 1.
     """
     check_positive_int(num_positions, "num_positions")
     check_even(dim, "dim")
+    check_number(base, "base", gt=1)
     return sinusoidal_encode(torch.arange(num_positions), dim, base)
 
 
@@ -73,8 +75,7 @@ class Sinusoidal(PositionalEncoding):
         check_even(dim, "dim")
         if layout not in SINUSOIDAL_LAYOUTS:
             raise ValueError(f"layout must be one of {SINUSOIDAL_LAYOUTS}, got {layout!r}")
-        if not base > 1:
-            raise ValueError(f"base must be > 1, got {base!r}")
+        check_number(base, "base", gt=1)
         self.dim, self.base, self.layout = dim, float(base), layout
 
     @classmethod
@@ -84,6 +85,7 @@ class Sinusoidal(PositionalEncoding):
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         if x.shape[-1] != self.dim:
             raise ValueError(f"x must have last dimension dim={self.dim}, got {x.shape[-1]}")
+        check_positions(positions)
         pe = sinusoidal_encode(positions.to(x.device), self.dim, self.base, self.layout)
         return x + pe.to(x.dtype)
 
@@ -109,8 +111,7 @@ class LearnedAbsolute(PositionalEncoding):
         super().__init__()
         check_positive_int(num_positions, "num_positions")
         check_positive_int(dim, "dim")
-        if not init_std >= 0 or math.isinf(init_std):
-            raise ValueError(f"init_std must be a finite number >= 0, got {init_std!r}")
+        check_number(init_std, "init_std", ge=0)
         self.weight = nn.Parameter(torch.randn(num_positions, dim) * init_std)
 
     @classmethod

@@ -22,6 +22,7 @@ padding and packed sequences to every encoding without a special case.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import torch
@@ -57,6 +58,28 @@ def check_positive_int(value: int, argname: str) -> None:
     """Raise ValueError unless ``value`` is an int >= 1."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{argname} must be an integer >= 1, got {value!r}")
+
+
+def is_real_number(value) -> bool:
+    """True for an int or float that is not a bool (True is not a size or a rate)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_number(value, argname: str, *, gt: float | None = None, ge: float | None = None) -> float:
+    """Return ``value`` as a float; raise ValueError unless it is a finite real number (not a
+    bool) with value > gt and >= ge (when given). The message names the argument and the range."""
+    bound = f" > {gt:g}" if gt is not None else f" >= {ge:g}" if ge is not None else ""
+    if not is_real_number(value) or not math.isfinite(value) or (gt is not None and not value > gt) \
+            or (ge is not None and not value >= ge):
+        raise ValueError(f"{argname} must be a finite number{bound}, got {value!r}")
+    return float(value)
+
+
+def check_bool(value, argname: str) -> bool:
+    """Raise TypeError unless ``value`` is a bool (a truthy string is not an answer)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{argname} must be a bool (True or False), got {value!r}")
+    return value
 
 
 def relative_positions(q_positions: Tensor, k_positions: Tensor) -> Tensor:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from .base import PositionalEncoding, check_positive_int
+from .base import PositionalEncoding, check_bool, check_number, check_positive_int
 
 
 class ScoreBias(PositionalEncoding):
@@ -97,7 +97,7 @@ class ALiBi(ScoreBias):
     def __init__(self, num_heads: int, *, bidirectional: bool = False) -> None:
         super().__init__()
         self.num_heads = num_heads
-        self.bidirectional = bool(bidirectional)
+        self.bidirectional = check_bool(bidirectional, "bidirectional")
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 
     @classmethod
@@ -134,9 +134,14 @@ def t5_relative_position_bucket(
         LongTensor of the same shape with values in [0, num_buckets).
 
     Raises:
+        TypeError: relative_position not an integer tensor.
         ValueError: num_buckets < 2 (bidirectional: < 4), or max_distance not larger than
             the exact range.
     """
+    if not isinstance(relative_position, Tensor) or relative_position.dtype.is_floating_point \
+            or relative_position.dtype.is_complex or relative_position.dtype == torch.bool:
+        got = relative_position.dtype if isinstance(relative_position, Tensor) else type(relative_position).__name__
+        raise TypeError(f"relative_position must be an integer torch.Tensor (key - query), got {got}")
     check_positive_int(num_buckets, "num_buckets")
     check_positive_int(max_distance, "max_distance")
     buckets = torch.zeros_like(relative_position, dtype=torch.long)
@@ -188,7 +193,7 @@ class T5RelativeBias(ScoreBias):
         super().__init__()
         check_positive_int(num_heads, "num_heads")
         self.num_heads, self.num_buckets, self.max_distance = num_heads, num_buckets, max_distance
-        self.bidirectional = bool(bidirectional)
+        self.bidirectional = check_bool(bidirectional, "bidirectional")
         t5_relative_position_bucket(torch.zeros(1, dtype=torch.long), bidirectional=self.bidirectional,
                                     num_buckets=num_buckets, max_distance=max_distance)  # validates now
         self.relative_attention_bias = nn.Embedding(num_buckets, num_heads)
@@ -331,7 +336,8 @@ class FIRE(ScoreBias):
     memory and time (per batch row with (B, T) positions), versus O(H Tq Tk) for ALiBi.
 
     Raises:
-        ValueError: num_heads or mlp_width not an int >= 1, init_L <= 0, eps < 0.
+        ValueError: num_heads or mlp_width not an int >= 1, init_L not a finite number > 0,
+            init_c not finite, eps not a finite number >= 0.
     """
 
     name = "fire"
@@ -342,10 +348,9 @@ class FIRE(ScoreBias):
         super().__init__()
         check_positive_int(num_heads, "num_heads")
         check_positive_int(mlp_width, "mlp_width")
-        if not init_L > 0 or math.isinf(init_L):
-            raise ValueError(f"init_L must be a finite number > 0, got {init_L!r}")
-        if not eps >= 0:
-            raise ValueError(f"eps must be >= 0, got {eps!r}")
+        check_number(init_L, "init_L", gt=0)
+        check_number(init_c, "init_c")
+        check_number(eps, "eps", ge=0)
         self.num_heads, self.mlp_width, self.eps = num_heads, mlp_width, float(eps)
         self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, num_heads))
         self.c = nn.Parameter(torch.tensor(float(init_c)))
@@ -364,8 +369,8 @@ class FIRE(ScoreBias):
     def normalized_distance(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
         """psi(i - j) / (psi(max(L, i)) + eps), float32, broadcast shape of the positions."""
         i = q_positions.to(torch.float32)
-        j = k_positions.to(torch.float32)
-        numerator = torch.log((self.c * (i - j)).abs() + 1.0)
+        distance = (q_positions - k_positions).to(torch.float32)  # int64 difference: exact below 2^24
+        numerator = torch.log((self.c * distance).abs() + 1.0)
         denominator = torch.log((self.c * torch.maximum(i, self.threshold)).abs() + 1.0) + self.eps
         return numerator / denominator
 

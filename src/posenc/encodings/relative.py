@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .absolute import sinusoidal_encode
-from .base import PositionalEncoding, check_positive_int
+from .base import PositionalEncoding, check_number, check_positive_int
 
 
 def _per_batch(index: Tensor) -> Tensor:
@@ -155,8 +155,8 @@ class TransformerXL(PositionalEncoding):
     The (b)+(d) terms, (q_i + v) . W R_d, are computed for the Tq + Tk - 1 distances d spanned
     by the call, then moved to (i, j) with :func:`relative_shift` when the query and key
     positions are runs of consecutive integers (a cache or memory before the queries gives
-    Tq < Tk, handled exactly), or gathered by distance otherwise (packed or padded (B, T)
-    positions). Keys after the query (bidirectional use) get R of a negative distance,
+    Tq < Tk, handled exactly), or for the distinct distances that occur, gathered by distance,
+    otherwise (packed or padded (B, T) positions, gaps). Keys after the query (bidirectional use) get R of a negative distance,
     sin(-x) = -sin(x), the natural extension; the reference is causal only.
 
     In the posenc LM one encoding instance serves every layer, so r_net, u and v are shared by
@@ -189,10 +189,8 @@ class TransformerXL(PositionalEncoding):
             check_positive_int(value, argname)
         if d_model % 2:
             raise ValueError(f"d_model must be even ([sin || cos] halves), got {d_model}")
-        if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
-            raise ValueError(f"base must be a number > 1, got {base!r}")
-        if not init_std >= 0 or math.isinf(init_std):
-            raise ValueError(f"init_std must be a finite number >= 0, got {init_std!r}")
+        check_number(base, "base", gt=1)
+        check_number(init_std, "init_std", ge=0)
         self.d_model, self.num_heads, self.head_dim, self.base = d_model, num_heads, head_dim, float(base)
         self.r_net = nn.Linear(d_model, num_heads * head_dim, bias=False)
         self.r_w_bias = nn.Parameter(torch.empty(num_heads, head_dim))
@@ -226,15 +224,16 @@ class TransformerXL(PositionalEncoding):
                     f"got shape {tuple(x.shape)}"
                 )
         num_queries, num_keys = q.shape[2], k.shape[2]
-        d_hi = int(q_positions.max()) - int(k_positions.min())
-        d_lo = int(q_positions.min()) - int(k_positions.max())
-        distances = torch.arange(d_hi, d_lo - 1, -1, device=q.device)  # descending, as the reference
-        rel = self.relative_embeddings(distances)  # (H, N, D)
-        bd_full = (q.float() + self.r_r_bias.float()[:, None, :]) @ rel.transpose(-2, -1)  # (B, H, Tq, N)
+        query_plus_v = q.float() + self.r_r_bias.float()[:, None, :]
         if _is_arange(q_positions) and _is_arange(k_positions):
-            bd = relative_shift(bd_full, num_keys)
+            d_hi = int(q_positions.max()) - int(k_positions.min())
+            distances = torch.arange(d_hi, d_hi - num_queries - num_keys + 1, -1, device=q.device)  # descending
+            bd = relative_shift(query_plus_v @ self.relative_embeddings(distances).transpose(-2, -1), num_keys)
         else:
-            column = d_hi - (q_positions.unsqueeze(-1) - k_positions.unsqueeze(-2))  # (.., Tq, Tk)
+            # Only the distances that occur (at most Tq * Tk, however far apart the positions:
+            # packed rows, padding, a key at 0 and a query at a million).
+            distances, column = torch.unique(q_positions.unsqueeze(-1) - k_positions.unsqueeze(-2), return_inverse=True)
+            bd_full = query_plus_v @ self.relative_embeddings(distances).transpose(-2, -1)  # (B, H, Tq, N)
             column = _per_batch(column).expand(q.shape[0], q.shape[1], num_queries, num_keys)
             bd = bd_full.gather(-1, column)
         uk = (k.float() @ self.r_w_bias.float().unsqueeze(-1)).transpose(-2, -1)  # (B, H, 1, Tk)

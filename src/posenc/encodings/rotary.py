@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import PositionalEncoding, check_even
+from .base import PositionalEncoding, check_bool, check_even, check_number
 from .rope_scaling import LENGTH_DEPENDENT, compute_rope_parameters, inv_freq_per_position, rope_type_of, write_hf_config
 
 
@@ -55,8 +55,7 @@ def rope_frequencies(
         KeyError: a required scaling key is missing (the message names it).
     """
     check_even(head_dim, "head_dim")
-    if not isinstance(base, (int, float)) or not base > 1:
-        raise ValueError(f"base (rope_theta) must be a number > 1, got {base!r}")
+    check_number(base, "base (rope_theta)", gt=1)
     return compute_rope_parameters(head_dim, float(base), scaling, seq_len)
 
 
@@ -185,9 +184,17 @@ def apply_rotary(
         plain formula runs instead.
 
     Raises:
-        ValueError: odd D, cos/sin whose last dimension is not D or that do not broadcast to
-            x's shape, or an ``out`` of another shape or dtype.
+        TypeError: x, cos or sin not a floating-point tensor; interleaved not a bool.
+        ValueError: odd D, cos/sin whose last dimension is not D, that do not broadcast to
+            x's shape or are on another device, or an ``out`` of another shape or dtype.
     """
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point torch.Tensor, got {x.dtype if isinstance(x, Tensor) else type(x).__name__}")
+    for t in (cos, sin):
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            got = t.dtype if isinstance(t, Tensor) else type(t).__name__
+            raise TypeError(f"cos and sin must be floating-point torch.Tensors, got {got}")
+    check_bool(interleaved, "interleaved")
     d = x.shape[-1]
     if d % 2:
         raise ValueError(f"x: the last dimension must be even to form pairs, got {d}")
@@ -196,9 +203,11 @@ def apply_rotary(
     try:
         shape = torch.broadcast_shapes(x.shape, cos.shape, sin.shape)
     except RuntimeError as err:
-        raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must broadcast to x {tuple(x.shape)}") from err
+        raise ValueError(f"cos and sin must broadcast to x's shape {tuple(x.shape)}, got {tuple(cos.shape)} and {tuple(sin.shape)}") from err
     if shape != x.shape:
-        raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must broadcast to x {tuple(x.shape)}")
+        raise ValueError(f"cos and sin must broadcast to x's shape {tuple(x.shape)}, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if cos.device != x.device or sin.device != x.device:
+        raise ValueError(f"cos and sin must be on x's device {x.device}, got {cos.device} and {sin.device}")
     if out is not None:
         if out.shape != x.shape or out.dtype != x.dtype:
             raise ValueError(f"out must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got {tuple(out.shape)}, {out.dtype}")
@@ -288,7 +297,7 @@ class RoPE(PositionalEncoding):
         if rotary_dim > head_dim:
             raise ValueError(f"rotary_dim must be <= head_dim={head_dim}, got {rotary_dim}")
         self.head_dim, self.rotary_dim = head_dim, rotary_dim
-        self.base, self.interleaved = float(base), bool(interleaved)
+        self.base, self.interleaved = float(base), check_bool(interleaved, "interleaved")
         self.scaling = dict(scaling) if scaling is not None else None
         inv_freq, self.attention_factor = rope_frequencies(rotary_dim, base=base, scaling=self.scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -441,6 +450,9 @@ def xpos_zeta(rotary_dim: int, gamma: float = 0.4) -> Tensor:
 #: a scale factor of at most finfo.max / 256 (and at least finfo.tiny * 256) is accepted.
 _XPOS_HEADROOM = math.log(256.0)
 
+#: The named centres of :class:`XPos` (an int is a fixed centre).
+XPOS_CENTERS = ("query", "call")
+
 
 class XPos(RoPE):
     """Extrapolatable position embedding, xPos (Sun et al. 2022, "A Length-Extrapolatable
@@ -454,25 +466,34 @@ class XPos(RoPE):
     so q'_n . k'_m = sum_i zeta_i^((n - m)/B) [rotation by (n - m) theta_i]: a function of n - m
     only, decaying with distance for n >= m (causal use, as in the paper).
 
-    The centre c. The paper writes c = 0; torchscale and rotary-embedding-torch centre each
-    call at len // 2 to keep zeta^(+-n/B) inside the float range. c cancels in q'.k' only if
-    the queries and keys of a score were scaled with the *same* c, so posenc uses a **fixed**
-    centre by default (``center=0``, an int): the product then depends only on n - m however
-    the calls are split, e.g. keys rotated once into a KV cache and queries rotated in later
-    calls. The factors stay inside float32/bfloat16 range for |position - center| up to about
-    33,000 (B = 512): ln(3.4e38 / 256) / |ln 0.286| * 512. Past the safe range ``rotate``
-    raises ValueError; choose a ``center`` near the positions in use, or ``center="call"``:
-    torchscale's per-call centre (the midpoint of the smallest and largest position among the
-    call's queries *and* keys, shared by both), which allows a span of about 66,000 positions
-    anywhere but is exact only when q and k are rotated in the same call; a KV cache must then
-    cache *unrotated* keys and re-rotate them with the queries (as :func:`posenc.attention`
-    does when given the full k).
+    The centre c cancels in q'.k' as long as the queries and keys of a score were scaled with
+    the *same* c, so c is a choice about floating-point range, not about the math. The paper
+    writes c = 0, which overflows past ~33,000 positions in float32/bfloat16 (zeta_0^(-n/B)
+    with zeta_0 ~ 0.286 grows by e^1.25 every B = 512 positions); torchscale centres each call
+    at len // 2. posenc's default, ``center="query"``, centres each call at the midpoint of its
+    *query* positions (per batch row for (B, T) positions): every key before the query block is
+    then only ever *decayed*, zeta^((c - m)/B) <= 1, and a factor that underflows to 0 is the
+    correct limit of a vanishing weight; only the query block's own half-span (and keys inside
+    it) can grow a factor, by at most zeta_0^(-span/(2B)). So a decoding step at position
+    1,048,576 over a cache of a million keys is finite in float32, bfloat16 and float16, and a
+    block of queries may span about 68,000 positions in float32/bfloat16 and about 4,500 in
+    float16 (positions of its keys unrestricted). Past that, ``rotate`` raises ValueError
+    naming the argument, never inf or NaN (docs/precision.md). Because c follows the queries,
+    keys must be re-scaled with each call's queries: a KV cache holds *unrotated* keys and
+    passes them all to :func:`posenc.attention`, which rotates every key it is given.
+
+    Other centres: an int is a **fixed** centre (``center=0`` is the paper's): keys rotated
+    once into a cache stay exact for later queries, but
+    |position - center| must stay under ~33,000 (float32/bfloat16) or ~2,200 (float16) for the
+    growing side. ``center="call"`` is torchscale's: the midpoint of all the call's query and
+    key positions, exact only within one call.
 
     Args:
         head_dim: D (positive, even).
         scale_base: B, 512 in the paper.
         gamma: 0.4 in the paper.
-        center: an int (fixed centre, default 0) or "call" (see above).
+        center: "query" (default: the midpoint of each call's query positions), an int (a
+            fixed centre) or "call" (the midpoint of the call's query and key positions).
         rotary_dim, partial_rotary_factor, base, interleaved, scaling: as :class:`RoPE`;
             zeta uses r = rotary_dim and the tail past r is neither rotated nor scaled.
             Default layout half-split (x-transformers); torchscale pairs (2i, 2i+1)
@@ -483,7 +504,8 @@ class XPos(RoPE):
 
     Raises:
         ValueError: scale_base <= 0, gamma <= 0, a bad center (at construction); positions so
-            far from the centre that zeta^((n - c)/B) would leave x's dtype's range (at call).
+            far on the growing side of the centre that a scale factor would leave x's dtype's
+            range (at call). A decaying factor is never an error: it may underflow to 0.
     """
 
     name = "xpos"
@@ -494,49 +516,58 @@ class XPos(RoPE):
         *,
         scale_base: float = 512.0,
         gamma: float = 0.4,
-        center: int | str = 0,
+        center: int | str = "query",
         **rope_kwargs: Any,
     ) -> None:
         super().__init__(head_dim, **rope_kwargs)
-        if isinstance(scale_base, bool) or not isinstance(scale_base, (int, float)) or not scale_base > 0 \
-                or math.isinf(scale_base):
-            raise ValueError(f"scale_base must be a finite number > 0, got {scale_base!r}")
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not gamma > 0 or math.isinf(gamma):
-            raise ValueError(f"gamma must be a finite number > 0, got {gamma!r}")
-        if not (center == "call" or (isinstance(center, int) and not isinstance(center, bool))):
-            raise ValueError(f"center must be an int (a fixed centre) or 'call', got {center!r}")
+        check_number(scale_base, "scale_base", gt=0)
+        check_number(gamma, "gamma", gt=0)
+        if not (center in XPOS_CENTERS or (isinstance(center, int) and not isinstance(center, bool))):
+            raise ValueError(f"center must be an int (a fixed centre) or one of {XPOS_CENTERS}, got {center!r}")
         self.scale_base, self.gamma, self.center = float(scale_base), float(gamma), center
         self._log_zeta = xpos_zeta(self.rotary_dim, self.gamma).log()  # float64, kept off the module's .to()
 
-    def _centre(self, q_positions: Tensor, k_positions: Tensor) -> int:
-        if self.center != "call":
-            return self.center
-        lo = min(int(q_positions.min()), int(k_positions.min()))
-        hi = max(int(q_positions.max()), int(k_positions.max()))
-        return (lo + hi) // 2
+    def _centre(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+        """The centre c as an int64 tensor: 0-d, or (B, 1) per row for "query" with (B, T) positions."""
+        if self.center == "query":
+            if q_positions.numel() == 0:
+                return torch.zeros((), dtype=torch.long, device=q_positions.device)
+            lo = q_positions.min(dim=-1, keepdim=True).values if q_positions.dim() == 2 else q_positions.min()
+            hi = q_positions.max(dim=-1, keepdim=True).values if q_positions.dim() == 2 else q_positions.max()
+            return (lo + hi).div(2, rounding_mode="floor")
+        if self.center == "call":
+            lo = min(int(q_positions.min()), int(k_positions.min()))
+            hi = max(int(q_positions.max()), int(k_positions.max()))
+            return torch.tensor((lo + hi) // 2, device=q_positions.device)
+        return torch.tensor(self.center, device=q_positions.device)
 
-    def _check_range(self, positions: Tensor, centre: int, dtype: torch.dtype, argname: str) -> None:
-        if not positions.numel():
+    def _check_range(self, growth: Tensor, dtype: torch.dtype, argname: str, centre: Tensor) -> None:
+        """Raise if a growing factor zeta_0^(-growth/B) (growth = positions on the growing side
+        of the centre) would leave ``dtype``'s range; decaying factors may underflow to 0."""
+        if not growth.numel():
             return
-        farthest = max(abs(int(positions.max()) - centre), abs(int(positions.min()) - centre))
-        finfo = torch.finfo(dtype)
-        limit = min(math.log(finfo.max), -math.log(finfo.tiny)) - _XPOS_HEADROOM
+        farthest = int(growth.max())
+        limit = math.log(torch.finfo(dtype).max) - _XPOS_HEADROOM
         if farthest / self.scale_base * float(-self._log_zeta[0]) > limit:
             max_offset = int(limit / float(-self._log_zeta[0]) * self.scale_base)
             raise ValueError(
-                f"{argname}: xPos scale zeta^((n - center)/{self.scale_base:g}) leaves the {dtype} range for "
-                f"|position - center| = {farthest} (center={centre}; at most {max_offset} is safe): "
-                "pass a center near the positions in use, or center='call'"
+                f"{argname}: xPos scale zeta^((n - center)/{self.scale_base:g}) leaves the {dtype} range: a position "
+                f"{farthest} away on the growing side of the center ({self.center!r}: "
+                f"{centre.flatten()[:4].tolist()}; at most {max_offset} is safe); "
+                "use center='query' with shorter query blocks, or a float32 dtype"
             )
 
-    def xpos_scale(self, positions: Tensor, centre: int, sign: float, dtype: torch.dtype) -> Tensor:
+    def xpos_scale(self, positions: Tensor, centre: Tensor | int, sign: float, dtype: torch.dtype) -> Tensor:
         """zeta^(sign (n - centre) / B) at positions (T,) or (B, T) -> (T, r) or (B, T, r) of dtype,
-        full width in this encoding's layout; sign +1 for queries, -1 for keys."""
-        exponent = (positions.to(torch.float64) - centre) * (sign / self.scale_base)
+        full width in this encoding's layout; sign +1 for queries, -1 for keys. ``centre`` is an
+        int or an integer tensor broadcastable to positions ((B, 1) per row). The offset is taken
+        in int64 and the power in float64, so a factor is exact to float64 rounding before the cast."""
+        offset = positions - centre  # int64: exact at any position
+        exponent = offset.to(torch.float64) * (sign / self.scale_base)
         log_scale = exponent.unsqueeze(-1) * self._log_zeta.to(positions.device)
         return _full_width(log_scale.exp(), self.interleaved).to(dtype)
 
-    def _rotate_scaled(self, x: Tensor, positions: Tensor, centre: int, sign: float, seq_len: int | None) -> Tensor:
+    def _rotate_scaled(self, x: Tensor, positions: Tensor, centre: Tensor, sign: float, seq_len: int | None) -> Tensor:
         dtype = torch.promote_types(x.dtype, torch.float32)
         cos, sin = self.cos_sin(positions, dtype, seq_len)
         scale = self.xpos_scale(positions, centre, sign, dtype)
@@ -546,8 +577,9 @@ class XPos(RoPE):
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(f"q and k must have head_dim={self.head_dim}, got {q.shape[-1]} and {k.shape[-1]}")
         centre = self._centre(q_positions, k_positions)
-        self._check_range(q_positions, centre, q.dtype, "q_positions")
-        self._check_range(k_positions, centre, k.dtype, "k_positions")
+        # zeta < 1: a query grows when it is before the centre, a key when it is after it.
+        self._check_range(centre - q_positions, q.dtype, "q_positions", centre)
+        self._check_range(k_positions - centre, k.dtype, "k_positions", centre)
         seq_len = self._seq_len(q_positions, k_positions)
         return (
             self._rotate_scaled(q, q_positions, centre, 1.0, seq_len),

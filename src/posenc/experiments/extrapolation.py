@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ from ..evaluate import LengthResult, evaluate_length
 from ..model import LMConfig, TransformerLM
 from ..train import TrainConfig, train_lm
 from ..checkpoint import CheckpointMismatch, atomic_write_json, read_json
+from . import distributed
 
 #: The six encodings of the default run.
 CORE_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")
@@ -57,6 +59,8 @@ class ExtrapolationConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        if isinstance(self.encodings, str) or not isinstance(self.encodings, (tuple, list)):
+            raise TypeError(f"encodings must be a sequence of encoding names, e.g. ('rope', 'alibi'), got {self.encodings!r}")
         if not self.encodings:
             raise ValueError("encodings: give at least one encoding")
         for name in self.encodings:
@@ -65,17 +69,24 @@ class ExtrapolationConfig:
             raise ValueError(f"encodings: each name once, got {list(self.encodings)}")
         for name in ("train_len", "steps", "batch_size", "d_model", "num_layers", "num_heads", "eval_tokens"):
             check_positive_int(getattr(self, name), name)
-        if not self.eval_factors or any(not isinstance(f, int) or f < 1 for f in self.eval_factors):
+        if not self.eval_factors or any(not isinstance(f, int) or isinstance(f, bool) or f < 1 for f in self.eval_factors):
             raise ValueError(
-                f"eval lengths must be multiples of train_len >= 1x (no evaluation shorter than L), got factors {self.eval_factors}"
+                "eval_factors: evaluation lengths are whole multiples >= 1 of train_len (no evaluation shorter than L), "
+                f"got {self.eval_factors}"
             )
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds: give one or more distinct integers, got {self.seeds}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) \
+                or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
+            raise ValueError(f"seeds: give one or more distinct integers >= 0, got {self.seeds}")
         if self.eval_tokens < max(self.eval_lengths):
             raise ValueError(f"eval_tokens={self.eval_tokens} must be >= the longest eval length {max(self.eval_lengths)}")
         if self.learned_positions is not None:
             check_positive_int(self.learned_positions, "learned_positions")
         LMConfig(d_model=self.d_model, num_layers=self.num_layers, num_heads=self.num_heads)  # validates sizes
+        self.train_config(self.seeds[0])  # validates lr
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda', got {self.device!r}") from None
 
     @property
     def eval_lengths(self) -> list[int]:
@@ -160,8 +171,38 @@ def fingerprint(config: ExtrapolationConfig, corpus: Corpus, encoding: str, seed
     }
 
 
+#: Steps between training checkpoints. Not a user option (it changes no result); the
+#: environment variable ``POSENC_CHECKPOINT_EVERY`` overrides it so that the kill-and-resume
+#: test can land a SIGKILL between two checkpoints of a tiny run.
+CHECKPOINT_EVERY = 250
+
+
+def _checkpoint_every() -> int:
+    value = os.environ.get("POSENC_CHECKPOINT_EVERY", "")
+    return int(value) if value.strip().isdigit() and int(value) > 0 else CHECKPOINT_EVERY
+
+
 def _windows_at(length: int, config: ExtrapolationConfig, corpus: Corpus) -> int:
     return min(config.eval_tokens, corpus.val.numel() - 1) // length
+
+
+def stored_run(config: ExtrapolationConfig, corpus: Corpus, encoding: str, seed: int, paths: RunPaths) -> dict | None:
+    """The finished record of (encoding, seed) under ``paths``, or None if there is none.
+
+    Raises:
+        CheckpointMismatch: the record is corrupt, or was made with other arguments or
+            another posenc version.
+    """
+    run_path = paths.run(encoding, seed)
+    if not run_path.exists():
+        return None
+    record = read_json(run_path)
+    if record.get("fingerprint") != fingerprint(config, corpus, encoding, seed):
+        raise CheckpointMismatch(
+            f"--out: {run_path} holds a run with other arguments or another posenc version; "
+            "use another --out folder or delete it"
+        )
+    return record
 
 
 def run_one(
@@ -170,13 +211,8 @@ def run_one(
     """Train and evaluate one (encoding, seed), or load its finished record."""
     expected = fingerprint(config, corpus, encoding, seed)
     run_path = paths.run(encoding, seed)
-    if run_path.exists():
-        record = read_json(run_path)
-        if record.get("fingerprint") != expected:
-            raise CheckpointMismatch(
-                f"--out: {run_path} holds a run with other arguments or another posenc version; "
-                "use another --out folder or delete it"
-            )
+    record = stored_run(config, corpus, encoding, seed, paths)
+    if record is not None:
         reporter.run_finished(encoding, seed, record, skipped=True)
         return record
 
@@ -188,6 +224,7 @@ def run_one(
         model, corpus.train, train_config,
         on_step=reporter.train_step,
         checkpoint_path=paths.checkpoint(encoding, seed),
+        checkpoint_every=_checkpoint_every(),
         fingerprint=expected,
         on_resume=lambda step: reporter.run_started(encoding, seed, train_config.steps, step),
     )
@@ -240,7 +277,11 @@ def _length_record(result: LengthResult) -> dict:
 
 
 def aggregate(config: ExtrapolationConfig, records: Sequence[dict]) -> dict:
-    """Per encoding: mean over seeds of every metric, the seeds' spread, and each run."""
+    """Per encoding: mean over seeds of every metric, the seeds' spread, and each run.
+
+    Wall-clock figures (train_seconds, tokens_per_second) stay in the run records under
+    ``runs/``: results.json holds only what the arguments determine, so the same seed gives
+    the same file."""
     results: dict[str, dict] = {}
     for encoding in config.encodings:
         runs = [r for r in records if r["encoding"] == encoding]
@@ -262,17 +303,20 @@ def aggregate(config: ExtrapolationConfig, records: Sequence[dict]) -> dict:
             "train_len": config.train_len,
             "eval": evals,
             "not_applicable": not_applicable,
-            "tokens_per_second": statistics.fmean(r["tokens_per_second"] for r in runs),
             "parameters": runs[0]["parameters"],
             "runs": {str(r["seed"]): r["eval"] for r in runs},
         }
     return results
 
 
-def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, reporter: Reporter | None = None) -> dict:
+def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, reporter: Reporter | None = None) -> dict | None:
     """Run (or resume) the sweep; write results.json, results.csv; return the results dict
     ``{"config": ..., "corpus": ..., "results": {encoding: {"train_len", "eval": {length: {"loss", "ppl", ...}}}}}``
-    with losses in nats per token."""
+    with losses in nats per token.
+
+    In a torch.distributed group (torchrun, see :mod:`posenc.experiments.distributed`) each
+    rank does its share of the (encoding, seed) runs; rank 0 merges them after a barrier and
+    returns the dict, the other ranks return None."""
     reporter = reporter or Reporter()
     paths = RunPaths(Path(out))
     min_val = max(config.eval_lengths) + 1
@@ -280,11 +324,16 @@ def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, re
         raise ValueError(f"corpus: the validation split ({corpus.val.numel()} bytes) is shorter than the longest eval length + 1 ({min_val})")
     if corpus.train.numel() < config.train_len + 1:
         raise ValueError(f"corpus: the training split ({corpus.train.numel()} bytes) is shorter than train_len + 1")
-    records = [
-        run_one(config, corpus, encoding, seed, paths, reporter)
-        for encoding in config.encodings
-        for seed in config.seeds
-    ]
+    pairs = [(encoding, seed) for encoding in config.encodings for seed in config.seeds]
+    shard = distributed.current()  # rank 0 of 1 unless under torchrun
+    mine = {pair: run_one(config, corpus, *pair, paths, reporter) for pair in shard.take(pairs)}
+    distributed.barrier()
+    if not shard.is_main:
+        return None
+    records = [mine[pair] if pair in mine else stored_run(config, corpus, *pair, paths) for pair in pairs]
+    missing = [f"{e}-seed{s}" for (e, s), r in zip(pairs, records) if r is None]
+    if missing:
+        raise RuntimeError(f"runs missing after every rank finished: {missing}")
     summary = {
         "config": {**config.to_dict(), "posenc_version": __version__},
         "corpus": corpus.info,
