@@ -131,6 +131,15 @@ def extrapolate(
     seeds: Optional[str] = typer.Option(None, help="Comma-separated seeds, e.g. 0,1,2."),
     out: Path = typer.Option(Path("results/extrapolate"), help="Output folder (results.json, results.csv, figure, checkpoints)."),
     device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
+    rope_scaling: Optional[str] = typer.Option(
+        None, help="Also evaluate the trained rope model with these RoPE scalings at inference, factor = length / L: "
+        "a comma-separated list of linear, ntk, dynamic, yarn, llama3 (rows rope+<method>).",
+    ),
+    finetune_steps: Optional[int] = typer.Option(
+        None, help="Also fine-tune a copy of the rope model for N steps at finetune-factor x L with each scaling "
+        "(and without: the control), then evaluate it (rows rope+<method>+ft, rope+ft).",
+    ),
+    finetune_factor: Optional[int] = typer.Option(None, help="Fine-tune length as a multiple of L, and the scaling factor (default 4)."),
 ) -> None:
     """Train each encoding at length L on real text, evaluate at L, 2L, ... 16L: which still works?
 
@@ -146,6 +155,8 @@ def extrapolate(
         train_len=train_len, steps=steps, batch_size=batch_size, lr=lr, d_model=d_model,
         num_layers=layers, num_heads=heads, eval_factors=_split_list(eval_factors, "--eval-factors", int),
         eval_tokens=eval_tokens, seeds=_split_list(seeds, "--seeds", int), device=device,
+        rope_scaling=_split_list(rope_scaling, "--rope-scaling"), finetune_steps=finetune_steps,
+        finetune_factor=finetune_factor,
     )
     data = load_corpus(corpus)
     console.print(f"[bold]corpus[/] {data.describe()}")
@@ -154,6 +165,10 @@ def extrapolate(
         f"eval {config.eval_lengths}; d_model {config.d_model}, {config.num_layers} layers, {config.num_heads} heads; "
         f"{config.steps} steps x batch {config.batch_size}, lr {config.lr}"
     )
+    if config.rope_scaling or config.finetune_steps:
+        from .experiments.rope_extension import extension_rows
+
+        console.print(f"[bold]rope extension rows[/] {', '.join(extension_rows(config))}")
     started = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                TimeElapsedColumn(), TimeRemainingColumn())
