@@ -50,12 +50,11 @@ def test_attention_factor_multiplies_cos_and_sin(scaling):
     x = torch.randn(1, 1, 10, 8, dtype=torch.float64)
     pos = torch.arange(10)
     ref_inv, af = ref_inv_freq(8, 10000.0, scaling, None)
-    inv32 = [float(torch.tensor(v, dtype=torch.float32)) for v in ref_inv]  # the float32-rounded frequencies
+    inv64 = list(ref_inv)  # exact float64 frequencies: angles are formed in float64 (precision policy)
     got, _ = rope.rotate(x, x, pos, pos)
-    torch.testing.assert_close(got[0, 0], ref_rotate(x[0, 0], pos.tolist(), lambda t: inv32, af), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got[0, 0], ref_rotate(x[0, 0], pos.tolist(), lambda t: inv64, af), rtol=1e-12, atol=1e-12)
     # so the logits scale by af^2 against the same frequencies without the factor
-    plain = posenc.RoPE(8)
-    plain.inv_freq.copy_(rope.inv_freq)
+    plain = posenc.RoPE(8, scaling={**scaling, "attention_factor": 1.0})
     q1, k1 = rope.rotate(x, x, pos, pos)
     q0, k0 = plain.rotate(x, x, pos, pos)
     torch.testing.assert_close(q1 @ k1.transpose(-1, -2), af**2 * (q0 @ k0.transpose(-1, -2)))
@@ -67,8 +66,8 @@ def test_dynamic_rerotate_uses_the_frequencies_of_the_current_length():
     for length in (10, 16, 17, 40):
         k = torch.randn(1, 1, length, 8, dtype=torch.float64)
         pos = torch.arange(length)
-        inv32 = [float(torch.tensor(v, dtype=torch.float32)) for v in ref_inv_freq(8, 10000.0, DYN, length)[0]]
-        torch.testing.assert_close(rotate_k(rope, k, pos)[0, 0], ref_rotate(k[0, 0], pos.tolist(), lambda t: inv32, 1.0),
+        inv64 = list(ref_inv_freq(8, 10000.0, DYN, length)[0])
+        torch.testing.assert_close(rotate_k(rope, k, pos)[0, 0], ref_rotate(k[0, 0], pos.tolist(), lambda t: inv64, 1.0),
                                    rtol=1e-12, atol=1e-12)
 
 
@@ -89,7 +88,7 @@ def test_dynamic_frozen_rotates_each_position_at_its_own_length():
     rope = posenc.RoPE(8, scaling=DYN, dynamic_cache="frozen")
     k = torch.randn(1, 1, 40, 8, dtype=torch.float64)
     pos = torch.arange(40)
-    inv_at = [[float(torch.tensor(v, dtype=torch.float32)) for v in ref_inv_freq(8, 10000.0, DYN, t + 1)[0]] for t in range(40)]
+    inv_at = [list(ref_inv_freq(8, 10000.0, DYN, t + 1)[0]) for t in range(40)]
     torch.testing.assert_close(rotate_k(rope, k, pos)[0, 0], ref_rotate(k[0, 0], pos.tolist(), lambda t: inv_at[t], 1.0),
                                rtol=1e-12, atol=1e-12)
 
@@ -115,8 +114,8 @@ def test_longrope_rerotate_switches_factors_with_the_length():
         pos = torch.arange(length)
         ref_inv, af = ref_inv_freq(8, 10000.0, LONG, length)
         assert ref_inv[1] == pytest.approx(10000 ** -0.25 / (4.0 if use_long else 1.5))
-        inv32 = [float(torch.tensor(v, dtype=torch.float32)) for v in ref_inv]
-        torch.testing.assert_close(rotate_k(rope, k, pos)[0, 0], ref_rotate(k[0, 0], pos.tolist(), lambda t: inv32, af),
+        inv64 = list(ref_inv)
+        torch.testing.assert_close(rotate_k(rope, k, pos)[0, 0], ref_rotate(k[0, 0], pos.tolist(), lambda t: inv64, af),
                                    rtol=1e-12, atol=1e-12)
 
 
@@ -127,7 +126,7 @@ def test_length_is_the_furthest_query_or_key_position():
     x = torch.randn(1, 1, 1, 8, dtype=torch.float64)
     keys = torch.randn(1, 1, 40, 8, dtype=torch.float64)
     q, _ = rope.rotate(x, keys, torch.tensor([5]), torch.arange(40))
-    inv40 = [float(torch.tensor(v, dtype=torch.float32)) for v in ref_inv_freq(8, 10000.0, DYN, 40)[0]]
+    inv40 = list(ref_inv_freq(8, 10000.0, DYN, 40)[0])
     torch.testing.assert_close(q[0, 0], ref_rotate(x[0, 0], [5], lambda t: inv40, 1.0), rtol=1e-12, atol=1e-12)
     alone, _ = rope.rotate(x, x, torch.tensor([5]), torch.tensor([5]))  # length 6 <= L0: original frequencies
     assert not torch.allclose(alone, q)

@@ -22,6 +22,11 @@ from .encodings import (
     ScoreBias,
     Sinusoidal,
     T5RelativeBias,
+    FIRE,
+    Kerple,
+    Shaw,
+    TransformerXL,
+    XPos,
     alibi_slopes,
     apply_rotary,
     available,
@@ -37,5 +42,6 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__", "attention", "BACKENDS", "available", "create", "create_for_model", "REGISTRY",
     "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
+    "XPos", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "apply_rotary",
 ]

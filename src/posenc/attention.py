@@ -11,6 +11,7 @@ are the last Tq of the Tk keys (bottom-right alignment, as with a KV cache).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -19,7 +20,18 @@ from torch import Tensor
 
 from .encodings.base import PositionalEncoding, check_positions
 
-BACKENDS = ("auto", "eager", "sdpa")
+BACKENDS = ("auto", "eager", "sdpa", "blocked", "flex")
+
+#: backend="auto" switches from "sdpa" (bias materialized once) to "blocked" when the
+#: materialized bias, B_bias * H * Tq * Tk float32 entries, would exceed this many.
+AUTO_BLOCKED_MIN_BIAS_ELEMENTS = 1 << 22
+
+#: The "blocked" backend sizes its query blocks so that one bias tile, B_bias * H * block *
+#: Tk, holds at most this many float32 entries (16 MiB): memory stays O(T), not O(T^2).
+BLOCKED_TILE_ELEMENTS = 1 << 22
+
+#: backend="flex" compiles FlexAttention (once per shape) only for sequences at least this long.
+FLEX_COMPILE_MIN_LENGTH = 128
 
 
 def causal_mask(num_queries: int, num_keys: int, device: torch.device | None = None) -> Tensor:
@@ -57,21 +69,23 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
 
 
 def _eager(q, k, v, *, bias, mask, scale, content_scores, content_values) -> Tensor:
-    """Reference backend: explicit logits in float32, softmax, weighted sum."""
-    logits = q.float() @ k.float().transpose(-2, -1)
+    """Reference backend: explicit logits in float32 (float64 for float64 inputs), softmax,
+    weighted sum."""
+    wide = torch.promote_types(q.dtype, torch.float32)
+    logits = q.to(wide) @ k.to(wide).transpose(-2, -1)
     if content_scores is not None:
-        logits = logits + content_scores(q, k).float()
+        logits = logits + content_scores(q, k).to(wide)
     logits = logits * scale
     if bias is not None:
         logits = logits + bias
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    out = probs @ v.float()
+    out = probs @ v.to(wide)
     if content_values is not None:
         extra = content_values(probs)
         if extra is not None:
-            out = out + extra.float()
+            out = out + extra.to(wide)
     return out.to(q.dtype)
 
 
@@ -90,19 +104,115 @@ def _sdpa(q, k, v, *, bias, mask, scale, content_scores, content_values) -> Tens
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
     if mask is not None:
         extra = extra.masked_fill(~mask, float("-inf"))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=extra.to(q.dtype), scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=_as_4d(extra.to(q.dtype)), scale=scale)
+
+
+def _as_4d(mask: Tensor) -> Tensor:
+    """(Tq, Tk) or (H, Tq, Tk) -> 4-D: torch 2.13 on CPU sends a 3-D float mask to the slow
+    math kernel of SDPA (materializing the scores) and a 4-D one to its flash kernel."""
+    while mask.dim() < 4:
+        mask = mask.unsqueeze(0)
+    return mask
+
+
+def _blocked(q, k, v, *, score_bias, q_positions, k_positions, causal, scale) -> Tensor:
+    """Query blocks: per block, SDPA with a bias tile from the encoding's ``score_bias`` hook
+    on that block's positions, never the whole (H, Tq, Tk) bias.
+
+    Under a causal mask a block's queries see only keys ``< block end + Tk - Tq``: later key
+    blocks are skipped, and only the block's diagonal slab of the tile needs the -inf mask.
+    """
+    _, num_heads, num_queries, _ = q.shape
+    num_keys = k.shape[2]
+    offset = num_keys - num_queries
+    bias_rows = q.shape[0] if (q_positions.dim() == 2 or k_positions.dim() == 2) else 1
+    block = max(1, min(num_queries, BLOCKED_TILE_ELEMENTS // max(1, bias_rows * num_heads * num_keys)))
+    out = torch.empty_like(q)
+    for start in range(0, num_queries, block):
+        stop = min(num_queries, start + block)
+        key_end = stop + offset if causal else num_keys
+        tile = score_bias(q_positions[..., start:stop], k_positions[..., :key_end])
+        if tile is None:
+            mask = causal_mask(stop - start, key_end, q.device) if causal else None
+        else:
+            mask = _mask_future(tile, stop - start, key_end) if causal else tile
+            mask = _as_4d(mask.to(q.dtype))
+        out[:, :, start:stop] = F.scaled_dot_product_attention(
+            q[:, :, start:stop], k[:, :, :key_end], v[:, :, :key_end], attn_mask=mask, scale=scale
+        )
+    return out
+
+
+def _mask_future(tile: Tensor, rows: int, key_end: int) -> Tensor:
+    """-inf on a block's future keys (bottom-right alignment): only the last ``rows`` keys.
+
+    In place when the tile is a full-shape dense tensor outside autograd (``score_bias``
+    returns a new tensor each call); otherwise out of place.
+    """
+    first = key_end - rows  # keys before ``first`` are visible to every query of the block
+    future = torch.arange(rows, device=tile.device) > torch.arange(rows, device=tile.device).unsqueeze(-1)
+    dense = tile.is_contiguous() and tile.shape[-2:] == (rows, key_end) and tile.is_floating_point()
+    if dense and not (torch.is_grad_enabled() and tile.requires_grad):
+        tile[..., first:].masked_fill_(future, float("-inf"))
+        return tile
+    full = torch.zeros(rows, key_end, dtype=torch.bool, device=tile.device)
+    full[:, first:] = future
+    return tile.masked_fill(full, float("-inf"))
+
+
+_compiled_flex_attention: Callable[..., Tensor] | None = None
+
+
+def _flex(q, k, v, *, score_mod, q_positions, k_positions, causal, scale) -> Tensor:
+    """torch's FlexAttention (compiled once per process, lazily) with the encoding's
+    ``score_mod`` and a causal block mask; keys wholly in the future are skipped by blocks."""
+    global _compiled_flex_attention
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as err:  # pragma: no cover - torch < 2.5
+        raise ValueError("backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)") from err
+    num_queries, num_keys = q.shape[2], k.shape[2]
+    if min(num_queries, num_keys) < FLEX_COMPILE_MIN_LENGTH:
+        # torch 2.13's compiled CPU kernel is wrong for sequences shorter than a 64-row
+        # block; the uncompiled flex_attention (scores materialized, small here) is exact.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            mask = None
+            if causal:
+                offset = num_keys - num_queries
+                mask = create_block_mask(lambda b, h, i, j: j <= i + offset, None, None, num_queries, num_keys,
+                                         device=q.device)
+            return flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, scale=scale)
+    if _compiled_flex_attention is None:
+        # dynamic=True fails to compile in torch 2.13 on CPU (an inductor codegen error).
+        _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
+    block_mask = None
+    if causal:
+        offset = num_keys - num_queries
+
+        def causal_mod(b, h, q_idx, kv_idx):
+            return kv_idx <= q_idx + offset
+
+        block_mask = create_block_mask(causal_mod, None, None, num_queries, num_keys, device=q.device)
+    return _compiled_flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
 
 _BACKEND_FNS: dict[str, Callable[..., Tensor]] = {"eager": _eager, "sdpa": _sdpa}
 
+#: Backends that take the bias lazily (a function of position slices, or a ``score_mod``)
+#: instead of a materialized (H, Tq, Tk) tensor; they have no content terms.
+_LAZY_BIAS_BACKEND_FNS: dict[str, Callable[..., Tensor]] = {"blocked": _blocked, "flex": _flex}
 
-def _resolve_backend(backend: str, encoding: PositionalEncoding | None) -> str:
+
+def _resolve_backend(backend: str, encoding: PositionalEncoding | None, bias_elements: int = 0) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend != "auto":
         return backend
     if encoding is not None and "content" in encoding.hooks:
         return "eager"
+    if encoding is not None and "score_bias" in encoding.hooks and bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS:
+        return "blocked"
     return "sdpa"
 
 
@@ -130,7 +240,15 @@ def attention(
         k_positions: integer positions (Tk,) or (B, Tk); default ``arange(Tk)``.
         backend: "eager" (explicit float32 reference), "sdpa" (torch's
             scaled_dot_product_attention, the bias as a float mask, ``is_causal`` when there is
-            no bias) or "auto".
+            no bias), "blocked" (query blocks, each with its own bias tile from the encoding's
+            ``score_bias`` on that block's positions; memory O(T), future key blocks skipped),
+            "flex" (torch FlexAttention with the encoding's ``score_mod`` and a causal block
+            mask; compiled on first use per shape) or "auto": "eager" for content encodings,
+            "blocked" when the materialized bias would hold at least
+            ``AUTO_BLOCKED_MIN_BIAS_ELEMENTS`` (4M) entries, else "sdpa" (on every device:
+            blocked was 1.4-1.8x bias-free causal SDPA at T=4096-8192 on CPU against 2.5x
+            for the materialized bias, and flex needs a compile). "blocked" and "flex" take
+            no content encodings; they may write into the tensor ``score_bias`` returns.
 
     Returns:
         (B, H, Tq, D) in q's dtype.
@@ -141,11 +259,14 @@ def attention(
             float positions.
     """
     _check_qkv(q, k, v, causal)
-    name = _resolve_backend(backend, encoding)
-    batch, _, num_queries, head_dim = q.shape
+    batch, num_heads, num_queries, head_dim = q.shape
     num_keys = k.shape[2]
+    bias_rows = batch if any(p is not None and p.dim() == 2 for p in (q_positions, k_positions)) else 1
+    name = _resolve_backend(backend, encoding, bias_rows * num_heads * num_queries * num_keys)
     q_positions = _default_positions(q_positions, num_queries, num_keys - num_queries, q.device, "q_positions", batch)
     k_positions = _default_positions(k_positions, num_keys, 0, q.device, "k_positions", batch)
+    if name in _LAZY_BIAS_BACKEND_FNS:
+        return _lazy_bias_attention(name, q, k, v, encoding, causal, q_positions, k_positions)
 
     bias = content_scores = content_values = None
     if encoding is not None:
@@ -159,8 +280,9 @@ def attention(
             def content_scores(q_, k_):
                 return encoding.content_scores(q_, k_, q_positions, k_positions)
 
-            def content_values(probs):
-                return encoding.content_values(probs, q_positions, k_positions)
+            if encoding.content_on_values:
+                def content_values(probs):
+                    return encoding.content_values(probs, q_positions, k_positions)
 
     mask = causal_mask(num_queries, num_keys, q.device) if causal else None
     return _BACKEND_FNS[name](
@@ -168,3 +290,24 @@ def attention(
         bias=bias, mask=mask, scale=1.0 / math.sqrt(head_dim),
         content_scores=content_scores, content_values=content_values,
     )
+
+
+def _lazy_bias_attention(name, q, k, v, encoding, causal, q_positions, k_positions) -> Tensor:
+    """Dispatch to a backend that evaluates the bias per tile ("blocked") or per score ("flex")."""
+    hooks = encoding.hooks if encoding is not None else frozenset()
+    if "content" in hooks:
+        raise ValueError(f"backend={name!r} has no content terms; use backend='eager' or 'auto'")
+    if "rotate" in hooks:
+        q, k = encoding.rotate(q, k, q_positions, k_positions)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if name == "flex":
+        score_mod = None
+        if "score_bias" in hooks:
+            if not callable(getattr(encoding, "score_mod", None)):
+                raise ValueError(f"backend='flex' needs the encoding's score_mod(); {type(encoding).__name__} has none")
+            score_mod = encoding.score_mod(q_positions, k_positions)
+        return _flex(q, k, v, score_mod=score_mod, q_positions=q_positions, k_positions=k_positions,
+                     causal=causal, scale=scale)
+    score_bias = encoding.score_bias if "score_bias" in hooks else (lambda q_pos, k_pos: None)
+    return _blocked(q, k, v, score_bias=score_bias, q_positions=q_positions, k_positions=k_positions,
+                    causal=causal, scale=scale)

@@ -140,6 +140,7 @@ def extrapolate(
         "(and without: the control), then evaluate it (rows rope+<method>+ft, rope+ft).",
     ),
     finetune_factor: Optional[int] = typer.Option(None, help="Fine-tune length as a multiple of L, and the scaling factor (default 4)."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)."),
 ) -> None:
     """Train each encoding at length L on real text, evaluate at L, 2L, ... 16L: which still works?
 
@@ -149,6 +150,12 @@ def extrapolate(
     from .experiments.extrapolation import preset_config, run_extrapolation
     from .plots import plot_extrapolation
 
+    if threads is not None:
+        if threads < 1:
+            raise UsageError(f"--threads must be an integer >= 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
     config = preset_config(
         preset,
         encodings=_split_list(encodings, "--encodings"),
@@ -255,6 +262,45 @@ def inspect(
     )
     figure = plot_rope_inspection(report, out if out is not None else Path(f"{config.stem}.rope.png"))
     console.print(f"wrote {figure}")
+
+
+@app.command()
+def plot(
+    name: str = typer.Argument(..., help="A registered encoding (see `posenc list`)."),
+    out: Optional[Path] = typer.Option(None, help="The PNG to write (default: NAME.png)."),
+) -> None:
+    """Draw what an encoding does: its position table, rotary decay, bias or relative vectors."""
+    from .plots import plot_encoding
+
+    path = plot_encoding(name, out if out is not None else Path(f"{name}.png"))  # unknown name: ValueError
+    console.print(f"wrote {path}")
+
+
+@app.command()
+def bench(
+    what: str = typer.Argument("all", help="rope, attention, throughput or all."),
+    quick: bool = typer.Option(False, help="Small sizes, seconds instead of minutes (a smoke run)."),
+    threads: int = typer.Option(1, help="torch threads for every side of the comparison."),
+) -> None:
+    """Speed and memory of posenc side by side with its baselines, in one run, as ratios."""
+    from . import bench as benchmarks
+
+    choices = ("rope", "attention", "throughput", "all")
+    if what not in choices:
+        raise UsageError(f"what must be one of {', '.join(choices)}, got {what!r}")
+    if threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {threads}")
+    if what in ("rope", "all"):
+        shape = (1, 4, 256, 64) if quick else (1, 32, 2048, 128)
+        rows, notes = benchmarks.rope_benchmark(shape, repeats=3 if quick else 7, threads=threads)
+        benchmarks.print_table(f"RoPE on q and k {shape}", rows, benchmarks.ROPE_COLUMNS, notes)
+    if what in ("attention", "all"):
+        lengths = (256, 512) if quick else (1024, 2048, 4096, 8192)
+        rows, notes = benchmarks.attention_benchmark(lengths, repeats=1 if quick else 2, threads=threads)
+        benchmarks.print_table("causal attention, H=8, D=64, fp32", rows, benchmarks.ATTENTION_COLUMNS, notes)
+    if what in ("throughput", "all"):
+        rows, notes = benchmarks.throughput_benchmark(steps=1 if quick else 5, repeats=1 if quick else 3, threads=threads)
+        benchmarks.print_table("LM training throughput", rows, benchmarks.THROUGHPUT_COLUMNS, notes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,35 @@
-"""Figures. matplotlib is imported inside each function (``import posenc`` needs only torch
-and numpy) with the non-interactive Agg backend."""
+"""Figures: what each encoding does (:func:`plot_encoding`, drawn from its hooks, never from
+its name) and the extrapolation results (:func:`plot_extrapolation`).
+
+``plot_encoding(name, out)`` builds the encoding at a small model size and draws one panel
+(or two) per hook it uses:
+
+- ``embed`` (sinusoidal, learned): the position x dimension table that is added to x;
+- ``rotate`` (rope, xpos): q.k against relative distance for q = k = 1 (the long-term decay
+  of RoFormer, section 3.4.3, with its relative upper bound), and the wavelength 2 pi / theta_i
+  of each rotated pair;
+- ``score_bias`` (alibi, t5, kerple, fire): the bias against distance, one line per head, and
+  the (i, j) bias of the first head;
+- ``content`` (shaw, transformer_xl): the relative table, learned or sinusoidal
+  (``relative_table``);
+- no hook (nope): a figure that says there is no positional signal.
+
+matplotlib is imported inside each function (``import posenc`` needs only torch and numpy)
+with the non-interactive Agg backend.
+"""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+
+import torch
+
+from .encodings import create_for_model
+from .encodings.base import PositionalEncoding
+
+#: The model size the figures use unless ``plot_encoding`` is given others.
+FIGURE_SIZES = {"d_model": 64, "num_heads": 8, "head_dim": 32, "max_positions": 256}
 
 
 def _pyplot():
@@ -22,6 +47,162 @@ def _line_style(result: dict) -> str:
     if extension is None:
         return "-"
     return ":" if extension.get("finetune") else "--"
+
+
+def _embed_panels(enc: PositionalEncoding, d_model: int, num_positions: int):
+    positions = torch.arange(num_positions)
+    table = enc.embed(torch.zeros(1, num_positions, d_model), positions)[0]
+
+    def draw(ax, fig):
+        image = ax.imshow(table.detach().numpy(), aspect="auto", cmap="RdBu_r", interpolation="nearest")
+        ax.set_xlabel("embedding dimension (index)")
+        ax.set_ylabel("position (tokens)")
+        ax.set_title("vector added to each token embedding")
+        fig.colorbar(image, ax=ax, label="value")
+
+    return [draw]
+
+
+def _rotate_panels(enc: PositionalEncoding, head_dim: int, max_distance: int):
+    distances = torch.arange(max_distance + 1)
+    query_pos = torch.tensor([max_distance])
+    ones = torch.ones(1, 1, 1, head_dim)
+    q_rot, k_rot = enc.rotate(ones, ones.expand(1, 1, max_distance + 1, head_dim), query_pos, max_distance - distances)
+    score = (q_rot @ k_rot.transpose(-2, -1))[0, 0, 0] / head_dim
+    inv_freq = getattr(enc, "inv_freq", None)
+
+    def decay(ax, fig):
+        ax.plot(distances.numpy(), score.detach().numpy(), lw=1, label="q.k / D, q = k = 1")
+        if inv_freq is not None:  # RoFormer eq. (37): (1/(d/2)) sum_j |S_j|, S_j = sum_{k<j} e^{i r theta_k}
+            angles = distances.double().unsqueeze(-1) * inv_freq.double()
+            partial = torch.complex(angles.cos(), angles.sin()).cumsum(-1)
+            bound = partial.abs().mean(-1)
+            ax.plot(distances.numpy(), (bound / bound[0]).numpy(), lw=1, ls="--", label="RoFormer relative upper bound")
+        ax.set_xlabel("relative distance n - m (tokens)")
+        ax.set_ylabel("score (relative to distance 0)")
+        ax.set_title("long-term decay of q.k")
+        ax.legend(fontsize=8)
+
+    panels = [decay]
+    if inv_freq is not None:
+
+        def wavelengths(ax, fig):
+            wave = (2 * math.pi / inv_freq.double()).numpy()
+            ax.semilogy(range(len(wave)), wave, marker=".", lw=1)
+            ax.set_xlabel("frequency pair i")
+            ax.set_ylabel("wavelength 2\u03c0/\u03b8_i (tokens)")
+            ax.set_title("wavelength of each rotated pair")
+
+        panels.append(wavelengths)
+    return panels
+
+
+def _bias_panels(enc: PositionalEncoding, max_distance: int, grid: int):
+    distances = torch.arange(max_distance + 1)
+    query_pos = torch.tensor([max_distance])
+    with torch.no_grad():
+        per_head = enc.score_bias(query_pos, max_distance - distances)[:, 0, :]  # (H, R+1)
+        positions = torch.arange(grid)
+        square = enc.score_bias(positions, positions)[0].clone()
+    square[positions.unsqueeze(-1) < positions] = float("nan")  # future keys: masked in causal use
+
+    def lines(ax, fig):
+        for h, row in enumerate(per_head):
+            ax.plot(distances.numpy(), row.numpy(), lw=1, label=f"head {h}")
+        ax.set_xlabel(f"distance i - j (tokens), query at i = {max_distance}")
+        ax.set_ylabel("bias added to the logit (nats)")
+        ax.set_title("bias against distance, per head")
+        ax.legend(fontsize=6, ncol=2)
+
+    def heatmap(ax, fig):
+        image = ax.imshow(square.numpy(), cmap="viridis", interpolation="nearest")
+        ax.set_xlabel("key position j (tokens)")
+        ax.set_ylabel("query position i (tokens)")
+        ax.set_title("bias b(i, j), head 0 (j > i masked)")
+        fig.colorbar(image, ax=ax, label="bias (nats)")
+
+    return [lines, heatmap]
+
+
+def _content_panels(enc: PositionalEncoding, max_distance: int):
+    table_fn = getattr(enc, "relative_table", None)
+    if table_fn is None:
+        return []
+    with torch.no_grad():
+        distances, table, what = table_fn(max_distance)
+
+    def draw(ax, fig):
+        d = distances.numpy()
+        image = ax.imshow(table.numpy(), aspect="auto", cmap="RdBu_r", interpolation="nearest",
+                          extent=(-0.5, table.shape[1] - 0.5, d[-1] + 0.5, d[0] - 0.5))
+        ax.set_xlabel("dimension (index)")
+        ax.set_ylabel("relative distance (tokens)")
+        ax.set_title(what)
+        fig.colorbar(image, ax=ax, label="value")
+
+    return [draw]
+
+
+def _no_signal_panel(max_distance: int):
+    def draw(ax, fig):
+        ax.plot([0, max_distance], [0, 0], lw=2)
+        ax.set_ylim(-1, 1)
+        ax.set_xlabel("relative distance (tokens)")
+        ax.set_ylabel("positional term in the logit (nats)")
+        ax.set_title("no positional signal")
+        ax.text(0.5, 0.7, "order reaches the model only through the causal mask",
+                transform=ax.transAxes, ha="center", fontsize=9)
+
+    return [draw]
+
+
+def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
+    """Draw what the encoding ``name`` does and save it as a PNG at ``out``.
+
+    Args:
+        name: a registered encoding (``posenc.available()``).
+        out: the PNG path; parent folders are created.
+        encoding_kwargs: the model sizes ``d_model``, ``num_heads``, ``head_dim``,
+            ``max_positions`` (defaults :data:`FIGURE_SIZES`), ``max_distance`` (the distance
+            axis, default 1024 for rotations, 128 otherwise) and the encoding's own options
+            (e.g. ``variant="power"`` for kerple).
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: an unknown name (listing the available ones) or a bad option.
+    """
+    sizes = {key: encoding_kwargs.pop(key, default) for key, default in FIGURE_SIZES.items()}
+    max_distance = encoding_kwargs.pop("max_distance", None)
+    torch.manual_seed(0)  # learned tables are drawn at their (seeded) initialisation
+    enc = create_for_model(name, **sizes, **encoding_kwargs)
+    grid = min(64, sizes["max_positions"])
+    panels = []
+    if "embed" in enc.hooks:
+        panels += _embed_panels(enc, sizes["d_model"], min(sizes["max_positions"], enc.max_positions or 10**9))
+    if "rotate" in enc.hooks:
+        panels += _rotate_panels(enc, sizes["head_dim"], max_distance or 1024)
+    if "score_bias" in enc.hooks:
+        panels += _bias_panels(enc, max_distance or 128, grid)
+    if "content" in enc.hooks:
+        panels += _content_panels(enc, max_distance or 64)
+    if not panels:
+        panels = _no_signal_panel(max_distance or 128)
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(6.5, 5.2 * len(panels)), 4.4), squeeze=False)
+    for draw, ax in zip(panels, axes[0]):
+        draw(ax, fig)
+    hooks = ", ".join(sorted(enc.hooks)) or "none"
+    trained = "\nlearned parameters shown at their initialisation" if any(True for _ in enc.parameters()) else ""
+    fig.suptitle(f"{name} ({type(enc).__name__}; hook: {hooks}){trained}", fontsize=11)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
 
 
 def plot_extrapolation(summary: dict, out: str | Path) -> Path:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from .absolute import LearnedAbsolute, Sinusoidal, sinusoidal_table
 from .base import NoPE, PositionalEncoding
-from .bias import ALiBi, ScoreBias, T5RelativeBias, alibi_slopes, t5_relative_position_bucket
-from .rotary import RoPE, apply_rotary, rope_frequencies
+from .bias import FIRE, ALiBi, Kerple, ScoreBias, T5RelativeBias, alibi_slopes, t5_relative_position_bucket
+from .relative import Shaw, TransformerXL
+from .rotary import RoPE, XPos, apply_rotary, rope_frequencies
 
 #: name -> encoding class. A new encoding is one file (or one class in its family's file)
 #: and one line here.
 REGISTRY: dict[str, type[PositionalEncoding]] = {
     cls.name: cls
-    for cls in (NoPE, Sinusoidal, LearnedAbsolute, RoPE, ALiBi, T5RelativeBias)
+    for cls in (
+        NoPE, Sinusoidal, LearnedAbsolute, RoPE, XPos, ALiBi, T5RelativeBias, Kerple, FIRE, Shaw, TransformerXL,
+    )
 }
 
 
@@ -55,5 +58,6 @@ def create_for_model(
 __all__ = [
     "REGISTRY", "available", "create", "create_for_model", "encoding_class",
     "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
+    "XPos", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "apply_rotary",
 ]

@@ -78,6 +78,10 @@ class PositionalEncoding(nn.Module):
 
     name: ClassVar[str] = ""
     hooks: ClassVar[frozenset[str]] = frozenset()
+    #: For a ``content`` encoding: whether :meth:`content_values` adds to the output (Shaw) or
+    #: only :meth:`content_scores` is used (Transformer-XL), which backends without access to
+    #: the probabilities (sdpa) can still serve.
+    content_on_values: ClassVar[bool] = True
 
     @property
     def max_positions(self) -> int | None:

@@ -49,11 +49,12 @@ class ScoreBias(PositionalEncoding):
 
         def lookup(positions: Tensor | None, b: Tensor, idx: Tensor) -> Tensor:
             if positions is None:
-                return idx
-            return positions[b, idx] if positions.dim() == 2 else positions[idx]
+                return idx.long()
+            return (positions[b, idx] if positions.dim() == 2 else positions[idx]).long()
 
         def score_mod(score, b, h, q_idx, kv_idx):
-            return score + self.bias(lookup(q_positions, b, q_idx), lookup(k_positions, b, kv_idx), h)
+            # FlexAttention passes int32 indices; bias() gets int64 like every other hook.
+            return score + self.bias(lookup(q_positions, b, q_idx), lookup(k_positions, b, kv_idx), h.long())
 
         return score_mod
 
@@ -199,16 +200,184 @@ class T5RelativeBias(ScoreBias):
         return cls(num_heads, **kwargs)
 
     def bias(self, q_positions, k_positions, head):
-        bucket = t5_relative_position_bucket(
-            k_positions - q_positions,
+        weight = self.relative_attention_bias.weight
+        relative = k_positions - q_positions
+        if relative.numel() <= 4096 or torch.compiler.is_compiling():
+            return weight[self._bucket(relative), head].to(torch.float32)
+        # A tile of relative positions spans few distinct values: bucket those once (the
+        # logarithm is the costly part), then look each entry up. Same values and gradients.
+        low = int(k_positions.min()) - int(q_positions.max())
+        high = int(k_positions.max()) - int(q_positions.min())
+        table = weight[self._bucket(torch.arange(low, high + 1, device=relative.device))].t()  # (H, span)
+        shape = torch.broadcast_shapes(head.shape, relative.shape)
+        per_head = table[head].expand(*shape, table.shape[-1])  # a view: (..., span) per entry
+        index = (relative - low).expand(shape).unsqueeze(-1)
+        return per_head.gather(-1, index).squeeze(-1).to(torch.float32)
+
+    def _bucket(self, relative_position: Tensor) -> Tensor:
+        return t5_relative_position_bucket(
+            relative_position,
             bidirectional=self.bidirectional,
             num_buckets=self.num_buckets,
             max_distance=self.max_distance,
         )
-        return self.relative_attention_bias.weight[bucket, head].to(torch.float32)
 
     def extra_repr(self) -> str:
         return (
             f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, "
             f"max_distance={self.max_distance}, bidirectional={self.bidirectional}"
         )
+
+
+KERPLE_VARIANTS = ("log", "power")
+
+
+class Kerple(ScoreBias):
+    """KERPLE, kernelized relative positional embedding (Chi et al., NeurIPS 2022, section 4,
+    eqs. for the logarithmic and power variants), as in the official ``ParallelKerpleLog`` /
+    ``ParallelKerplePower`` (chijames/KERPLE, megatron/mpu/layers.py).
+
+    With d = |i - j| (the official code's causal ``tril`` distances, i - j for j <= i):
+
+    - ``variant="log"`` (the paper's best):  b(h, i, j) = -r1_h * ln(1 + r2_h * d),
+      r1 = ``bias_p`` ~ U(0, 2), r2 = ``bias_a`` ~ U(0, 1);
+    - ``variant="power"``:                   b(h, i, j) = -r1_h * d ** r2_h,
+      r1 = ``bias_a`` ~ U(0, 1), r2 = ``bias_p`` ~ U(0, 2) (the official ``bias_p`` is the
+      exponent here).
+
+    Positivity, as the official code does it: before every use (``score_bias``, ``score_mod``)
+    the parameters' data are clamped in place to >= ``eps`` = 0.01, and the power variant's
+    exponent also to <= 2 (0 < r2 <= 2 keeps -d^r2 a conditionally positive definite kernel).
+    The clamp is on ``.data`` so gradients still flow to a parameter sitting at the bound.
+
+    Args:
+        num_heads: H.
+        variant: "log" (default) or "power".
+        eps: the lower clamp, 0.01 in the official code.
+
+    Hook: ``score_bias``. Parameters ``bias_p`` and ``bias_a``, float32 (H,). Cost: O(H Tq Tk)
+    elementwise, like ALiBi.
+
+    Raises:
+        ValueError: num_heads not an int >= 1, an unknown variant, eps not in (0, 1).
+    """
+
+    name = "kerple"
+
+    def __init__(self, num_heads: int, *, variant: str = "log", eps: float = 1e-2) -> None:
+        super().__init__()
+        check_positive_int(num_heads, "num_heads")
+        if variant not in KERPLE_VARIANTS:
+            raise ValueError(f"variant must be one of {KERPLE_VARIANTS}, got {variant!r}")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+            raise ValueError(f"eps must be a number in (0, 1), got {eps!r}")
+        self.num_heads, self.variant, self.eps = num_heads, variant, float(eps)
+        self.bias_p = nn.Parameter(torch.rand(num_heads) * 2.0)
+        self.bias_a = nn.Parameter(torch.rand(num_heads))
+        self.clamp_parameters_()
+
+    @classmethod
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+        return cls(num_heads, **kwargs)
+
+    @torch.no_grad()
+    def clamp_parameters_(self) -> None:
+        """Clamp ``bias_p`` and ``bias_a`` in place into their allowed ranges (official code)."""
+        self.bias_a.clamp_(min=self.eps)
+        if self.variant == "power":
+            self.bias_p.clamp_(min=self.eps, max=2.0)
+        else:
+            self.bias_p.clamp_(min=self.eps)
+
+    def score_bias(self, q_positions, k_positions):
+        self.clamp_parameters_()
+        return super().score_bias(q_positions, k_positions)
+
+    def score_mod(self, q_positions=None, k_positions=None):
+        self.clamp_parameters_()
+        return super().score_mod(q_positions, k_positions)
+
+    def bias(self, q_positions, k_positions, head):
+        distance = (q_positions - k_positions).abs().to(torch.float32)
+        if self.variant == "log":
+            return -self.bias_p[head] * torch.log1p(self.bias_a[head] * distance)
+        return -self.bias_a[head] * distance.pow(self.bias_p[head])
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, variant={self.variant!r}, eps={self.eps}"
+
+
+class FIRE(ScoreBias):
+    """FIRE, functional interpolation for relative positions (Li et al., ICLR 2024, section 3,
+    eq. 4 and the progressive interpolation with threshold of section 3.2; the code in its
+    appendix).
+
+        b(h, i, j) = f_theta( psi(i - j) / (psi(max(L, i)) + eps) )_h,    psi(x) = ln(|c x| + 1),
+
+    i the **absolute** query position (so the normalizer stays right under a KV-cache offset:
+    FIRE is deliberately not shift invariant once i > L), j the key position, f_theta an MLP
+    1 -> ``mlp_width`` -> H with ReLU, c learned (init 0.1), L = |L_multiplier * init_L| with
+    L_multiplier learned (init 1.0) and init_L = 512 fixed, eps = 1e-6. |.| inside psi follows
+    the paper's code (``torch.abs(c * x)``). Causal use gives i - j >= 0; a future key
+    (j > i) gets psi(|i - j|), the code's symmetric value.
+
+    Args:
+        num_heads: H.
+        mlp_width: 32 in the paper.
+        init_c: 0.1. init_L: 512.0. eps: 1e-6.
+
+    Hook: ``score_bias``. Parameters: ``mlp`` (Linear(1, width), ReLU, Linear(width, H)), ``c``,
+    ``L_multiplier``; buffer ``init_L``. Cost: the MLP runs on every (i, j) pair, O(width Tq Tk)
+    memory and time (per batch row with (B, T) positions), versus O(H Tq Tk) for ALiBi.
+
+    Raises:
+        ValueError: num_heads or mlp_width not an int >= 1, init_L <= 0, eps < 0.
+    """
+
+    name = "fire"
+
+    def __init__(
+        self, num_heads: int, *, mlp_width: int = 32, init_c: float = 0.1, init_L: float = 512.0, eps: float = 1e-6
+    ) -> None:
+        super().__init__()
+        check_positive_int(num_heads, "num_heads")
+        check_positive_int(mlp_width, "mlp_width")
+        if not init_L > 0 or math.isinf(init_L):
+            raise ValueError(f"init_L must be a finite number > 0, got {init_L!r}")
+        if not eps >= 0:
+            raise ValueError(f"eps must be >= 0, got {eps!r}")
+        self.num_heads, self.mlp_width, self.eps = num_heads, mlp_width, float(eps)
+        self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, num_heads))
+        self.c = nn.Parameter(torch.tensor(float(init_c)))
+        self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+        self.register_buffer("init_L", torch.tensor(float(init_L)))
+
+    @classmethod
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+        return cls(num_heads, **kwargs)
+
+    @property
+    def threshold(self) -> Tensor:
+        """L = |L_multiplier * init_L|, a 0-d float32 tensor (in positions)."""
+        return (self.L_multiplier * self.init_L).abs()
+
+    def normalized_distance(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+        """psi(i - j) / (psi(max(L, i)) + eps), float32, broadcast shape of the positions."""
+        i = q_positions.to(torch.float32)
+        j = k_positions.to(torch.float32)
+        numerator = torch.log((self.c * (i - j)).abs() + 1.0)
+        denominator = torch.log((self.c * torch.maximum(i, self.threshold)).abs() + 1.0) + self.eps
+        return numerator / denominator
+
+    def bias(self, q_positions, k_positions, head):
+        x = self.normalized_distance(q_positions, k_positions)
+        per_head = self.mlp(x.unsqueeze(-1).to(self.mlp[0].weight.dtype)).float()  # (..., H)
+        index = head.unsqueeze(-1)
+        while index.dim() < per_head.dim():
+            index = index.unsqueeze(0)
+        while per_head.dim() < index.dim():
+            per_head = per_head.unsqueeze(0)
+        return torch.take_along_dim(per_head, index, dim=-1).squeeze(-1)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, mlp_width={self.mlp_width}, eps={self.eps}"

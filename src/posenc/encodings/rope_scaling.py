@@ -308,11 +308,13 @@ def _check_seq_len(seq_len: Any) -> int | None:
 
 
 def compute_rope_parameters(
-    dim: int, base: float, scaling: Mapping[str, Any] | None, seq_len: int | None
+    dim: int, base: float, scaling: Mapping[str, Any] | None, seq_len: int | None, *, dtype: torch.dtype = torch.float32
 ) -> tuple[Tensor, float]:
     """Dispatch on ``scaling["rope_type"]`` (``"type"`` is read too, as Hugging Face does).
 
-    Returns (inv_freq float32 (dim // 2,), attention_factor float).
+    Returns (inv_freq (dim // 2,) of ``dtype``, attention_factor float). The public value is
+    float32 (Hugging Face's ``inv_freq``); the rope encoding asks for float64 so that
+    position * inv_freq keeps full precision at long positions.
 
     Raises:
         ValueError: an unknown rope_type (the message lists the known ones), a bad value,
@@ -329,11 +331,13 @@ def compute_rope_parameters(
         raise ValueError(f"scaling['rope_theta']={theta!r} disagrees with base={base!r}; pass one value")
     seq_len = _check_seq_len(seq_len)
     inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](dim, base, scaling, seq_len)
-    return inv_freq.to(torch.float32), float(attention_factor)
+    return inv_freq.to(dtype), float(attention_factor)
 
 
-def inv_freq_per_position(dim: int, base: float, scaling: Mapping[str, Any], num_positions: int) -> Tensor:
-    """float32 (num_positions, dim // 2): row p holds the frequencies at length p + 1.
+def inv_freq_per_position(
+    dim: int, base: float, scaling: Mapping[str, Any], num_positions: int, *, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """(num_positions, dim // 2) of ``dtype``: row p holds the frequencies at length p + 1.
 
     The "rotate once" convention for length-dependent scalings under a KV cache: the token
     at position p is rotated with the frequencies in force when it was the last token
@@ -346,14 +350,14 @@ def inv_freq_per_position(dim: int, base: float, scaling: Mapping[str, Any], num
         lengths = torch.arange(1, num_positions + 1, dtype=torch.float64)
         bases = dynamic_ntk_base(base, factor, lengths, context_length, dim)
         exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
-        return (1.0 / bases.unsqueeze(-1) ** exponents).to(torch.float32)
+        return (1.0 / bases.unsqueeze(-1) ** exponents).to(dtype)
     if rope_type == "longrope":
         context_length = _context_length(scaling, "longrope")
-        short, _ = compute_rope_parameters(dim, base, scaling, None)
-        long, _ = compute_rope_parameters(dim, base, scaling, context_length + 1)
+        short, _ = compute_rope_parameters(dim, base, scaling, None, dtype=dtype)
+        long, _ = compute_rope_parameters(dim, base, scaling, context_length + 1, dtype=dtype)
         is_long = torch.arange(1, num_positions + 1).unsqueeze(-1) > context_length
         return torch.where(is_long, long, short)
-    inv_freq, _ = compute_rope_parameters(dim, base, scaling, None)
+    inv_freq, _ = compute_rope_parameters(dim, base, scaling, None, dtype=dtype)
     return inv_freq.expand(num_positions, -1).clone()
 
 

@@ -1,4 +1,5 @@
-"""Rotary position embedding (RoPE; Su et al. 2021, "RoFormer", section 3.4).
+"""Rotary position embedding (RoPE; Su et al. 2021, "RoFormer", section 3.4) and xPos
+(Sun et al. 2022), RoPE with a per-pair exponential decay.
 
 Shapes: B batch, H heads, T sequence length, D head_dim, r rotary_dim (r <= D, even).
 
@@ -15,6 +16,7 @@ Conventions (they differ between codebases):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,30 +76,139 @@ def rotate_every_two(x: Tensor) -> Tensor:
     return torch.stack((-x2, x1), dim=-1).flatten(-2)
 
 
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False) -> Tensor:
+#: Elements per chunk of :func:`apply_rotary`'s fast path (2 MiB of float32): big enough
+#: that the per-op overhead of the few ops per chunk is small, small enough that a chunk
+#: stays in cache between those ops, so each element crosses main memory about once each
+#: way. Measured best of 2^15 .. 2^24 on a 2-core AVX2 CPU (benchmarks/bench_rope.py).
+_CHUNK_ELEMENTS = 1 << 19
+
+
+def _pair_views(t: Tensor, interleaved: bool) -> tuple[Tensor, Tensor]:
+    """The two members of each rotated pair, as views: halves (i, i + D/2) or (2i, 2i+1)."""
+    if interleaved:
+        return t[..., 0::2], t[..., 1::2]
+    half = t.shape[-1] // 2
+    return t[..., :half], t[..., half:]
+
+
+def _rows(t: Tensor, start: int, stop: int, num_rows: int) -> Tensor:
+    """Rows start:stop of dimension -2 when t has all num_rows of them (else t broadcasts)."""
+    if t.dim() >= 2 and t.shape[-2] == num_rows:
+        return t[..., start:stop, :]
+    return t
+
+
+def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: bool) -> Tensor:
+    """out = x * cos + rotate(x) * sin, chunked over dimension -2, no autograd.
+
+    Per chunk: one product over the full width, then one ``addcmul_`` per pair member,
+    ``out_1 -= x_2 * sin_1`` and ``out_2 += x_1 * sin_2``: the products and sums of the
+    formula without building rotate(x). Narrower inputs (bf16, fp16) are widened per chunk
+    into a cache-sized scratch, reused across chunks, and the result is rounded once into
+    ``out``.
+    """
+    wide = torch.promote_types(x.dtype, torch.promote_types(cos.dtype, sin.dtype))
+    cos, sin = cos.to(wide), sin.to(wide)
+    if x.dim() < 2:  # a single row
+        x, out, cos, sin = x.unsqueeze(0), out.unsqueeze(0), cos.unsqueeze(0), sin.unsqueeze(0)
+    num_rows = x.shape[-2]
+    step = max(1, min(num_rows, _CHUNK_ELEMENTS * num_rows // max(1, x.numel())))
+    chunk_shape = x.shape[:-2] + (step, x.shape[-1])
+    widen = x.dtype != wide
+    direct = out.dtype == wide and out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    x_scratch = torch.empty(chunk_shape, dtype=wide, device=x.device) if widen else None
+    out_scratch = None if direct else torch.empty(chunk_shape, dtype=wide, device=x.device)
+    for start in range(0, num_rows, step):
+        stop = min(num_rows, start + step)
+        xs, os_ = x[..., start:stop, :], out[..., start:stop, :]
+        c, s = _rows(cos, start, stop, num_rows), _rows(sin, start, stop, num_rows)
+        if widen:
+            xs = x_scratch[..., : stop - start, :].copy_(xs)
+        dst = os_ if direct else out_scratch[..., : stop - start, :]
+        torch.mul(xs, c, out=dst)
+        x1, x2 = _pair_views(xs, interleaved)
+        d1, d2 = _pair_views(dst, interleaved)
+        s1, s2 = _pair_views(s, interleaved)
+        d1.addcmul_(x2, s1, value=-1)
+        d2.addcmul_(x1, s2)
+        if not direct:
+            os_.copy_(dst)
+    return out
+
+
+class _ApplyRotary(torch.autograd.Function):
+    """The fast path with its gradient: the transpose of a rotation, itself a rotation."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, interleaved):
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved = interleaved
+        return _rotate_into(x, cos, sin, torch.empty_like(x, memory_format=torch.contiguous_format), interleaved)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        cos, sin = ctx.saved_tensors
+        # out_1 = x_1 c_1 - x_2 s_1, out_2 = x_2 c_2 + x_1 s_2  =>  grad_x_1 = g_1 c_1 + g_2 s_2,
+        # grad_x_2 = g_2 c_2 - g_1 s_1: the same rotation with sin' = -(s_2, s_1) (swapped members).
+        s1, s2 = _pair_views(sin, ctx.interleaved)
+        sin_t = torch.empty_like(sin, memory_format=torch.contiguous_format)
+        t1, t2 = _pair_views(sin_t, ctx.interleaved)
+        torch.neg(s2, out=t1)
+        torch.neg(s1, out=t2)
+        grad = _rotate_into(grad_out, cos, sin_t, torch.empty_like(grad_out), ctx.interleaved)
+        return grad, None, None, None
+
+
+def apply_rotary(
+    x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False, out: Tensor | None = None
+) -> Tensor:
     """Rotate pairs of x's last dimension: ``x * cos + rotate(x) * sin``.
+
+    ``rotate`` is ``rotate_half`` (half-split: (x_1, x_2) -> (-x_2, x_1)) or, interleaved,
+    ``rotate_every_two`` ((x_0, x_1, ...) -> (-x_1, x_0, ...)). The fast path computes the
+    same products and sums without building ``rotate(x)``: one pass over x per chunk of
+    rows, so it runs near memory bandwidth (``benchmarks/bench_rope.py``).
 
     Args:
         x: (..., T, D), D even.
         cos, sin: broadcastable to x, full width D: half-split repeats the half
             ``[c_0 .. c_{D/2-1}, c_0 .. c_{D/2-1}]``; interleaved duplicates each pair
-            ``[c_0, c_0, c_1, c_1, ...]``.
+            ``[c_0, c_0, c_1, c_1, ...]``. Every entry is read, as in the formula.
         interleaved: pair (2i, 2i+1) instead of (i, i + D/2).
+        out: optional preallocated result of x's shape and dtype (no autograd); it may be x
+            itself, for an in-place rotation.
 
     Returns:
-        A new tensor of x's shape and dtype; the arithmetic runs in the wider of x's and
-        cos's dtypes.
+        A new tensor of x's shape and dtype (or ``out``); the arithmetic runs in the widest
+        of x's, cos's and sin's dtypes (float32 for a bf16 x with float32 tables) and is
+        rounded to x's dtype once. Differentiable in x; if cos or sin require grad, the
+        plain formula runs instead.
 
     Raises:
-        ValueError: odd D, or cos/sin whose last dimension is not D.
+        ValueError: odd D, cos/sin whose last dimension is not D or that do not broadcast to
+            x's shape, or an ``out`` of another shape or dtype.
     """
     d = x.shape[-1]
     if d % 2:
         raise ValueError(f"x: the last dimension must be even to form pairs, got {d}")
     if cos.shape[-1] != d or sin.shape[-1] != d:
         raise ValueError(f"cos and sin must have last dimension {d} (full width), got {cos.shape[-1]} and {sin.shape[-1]}")
-    rotated = rotate_every_two(x) if interleaved else rotate_half(x)
-    return (x * cos + rotated * sin).to(x.dtype)
+    try:
+        shape = torch.broadcast_shapes(x.shape, cos.shape, sin.shape)
+    except RuntimeError as err:
+        raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must broadcast to x {tuple(x.shape)}") from err
+    if shape != x.shape:
+        raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must broadcast to x {tuple(x.shape)}")
+    if out is not None:
+        if out.shape != x.shape or out.dtype != x.dtype:
+            raise ValueError(f"out must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got {tuple(out.shape)}, {out.dtype}")
+        return _rotate_into(x, cos, sin, out, interleaved)
+    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        rotated = rotate_every_two(x) if interleaved else rotate_half(x)
+        return (x * cos + rotated * sin).to(x.dtype)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _ApplyRotary.apply(x, cos, sin, interleaved)
+    return _rotate_into(x, cos, sin, torch.empty_like(x, memory_format=torch.contiguous_format), interleaved)
 
 
 def _full_width(half: Tensor, interleaved: bool) -> Tensor:
@@ -202,18 +313,23 @@ class RoPE(PositionalEncoding):
         return ("length", seq_len)
 
     def _angles(self, regime: tuple, n: int, device: torch.device) -> Tensor:
-        """position * inv_freq in float64, (n, r/2), for positions 0 .. n-1 in ``regime``."""
+        """position * inv_freq in float64, (n, r/2), for positions 0 .. n-1 in ``regime``.
+
+        The frequencies are taken in float64 too (not the rounded float32 ``inv_freq``), so
+        the angle at position p is exact to float64 rounding even at p = 2^20.
+        """
         positions = torch.arange(n, device=device, dtype=torch.float64).unsqueeze(-1)
+        f64 = dict(dtype=torch.float64)
         if regime[0] == "frozen":
-            inv_freq = inv_freq_per_position(self.rotary_dim, self.base, self.scaling, n)
+            inv_freq = inv_freq_per_position(self.rotary_dim, self.base, self.scaling, n, **f64)
         elif regime[0] == "long":
             length = int(self.scaling["original_max_position_embeddings"]) + 1
-            inv_freq, _ = rope_frequencies(self.rotary_dim, base=self.base, scaling=self.scaling, seq_len=length)
+            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, length, **f64)
         elif regime[0] == "length":
-            inv_freq, _ = rope_frequencies(self.rotary_dim, base=self.base, scaling=self.scaling, seq_len=regime[1])
+            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, regime[1], **f64)
         else:
-            inv_freq = self.inv_freq
-        return positions * inv_freq.to(device=device, dtype=torch.float64)
+            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, None, **f64)
+        return positions * inv_freq.to(device=device)
 
     def _tables(
         self, num_positions: int, device: torch.device, dtype: torch.dtype, seq_len: int | None = None
@@ -256,7 +372,11 @@ class RoPE(PositionalEncoding):
 
     def _rotate_one(self, x: Tensor, positions: Tensor, seq_len: int | None = None) -> Tensor:
         cos, sin = self.cos_sin(positions, torch.promote_types(x.dtype, torch.float32), seq_len)
-        if positions.dim() == 2:  # (B, T, r) -> (B, 1, T, r) to broadcast over heads
+        return self._apply_tables(x, cos, sin)
+
+    def _apply_tables(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Rotate x (B, H, T, D) with cos/sin (T, r) or (B, T, r); the tail past r passes through."""
+        if cos.dim() == 3:  # (B, T, r) -> (B, 1, T, r) to broadcast over heads
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         r = self.rotary_dim
         if r == x.shape[-1]:
@@ -267,11 +387,15 @@ class RoPE(PositionalEncoding):
     def rotate(self, q, k, q_positions, k_positions):
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(f"q and k must have head_dim={self.head_dim}, got {q.shape[-1]} and {k.shape[-1]}")
-        seq_len = None
+        seq_len = self._seq_len(q_positions, k_positions)
+        return self._rotate_one(q, q_positions, seq_len), self._rotate_one(k, k_positions, seq_len)
+
+    def _seq_len(self, q_positions: Tensor, k_positions: Tensor) -> int | None:
+        """The call's length for the length-dependent scalings (dynamic, longrope), else None."""
         if self.length_dependent and q_positions.numel() and k_positions.numel():
             # dynamic / longrope: one length for q and k, the furthest position seen + 1
-            seq_len = max(int(q_positions.max()), int(k_positions.max())) + 1
-        return self._rotate_one(q, q_positions, seq_len), self._rotate_one(k, k_positions, seq_len)
+            return max(int(q_positions.max()), int(k_positions.max())) + 1
+        return None
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The RoPE fields of a Hugging Face config.json (rope_theta, rope_scaling, head_dim, ...).
@@ -291,3 +415,135 @@ class RoPE(PositionalEncoding):
             f"interleaved={self.interleaved}, scaling={_short_repr(self.scaling)}"
             + (f", dynamic_cache={self.dynamic_cache!r}" if self.length_dependent else "")
         )
+
+
+def xpos_zeta(rotary_dim: int, gamma: float = 0.4) -> Tensor:
+    """xPos per-pair decay rates, float64 (rotary_dim // 2,).
+
+    zeta_i = (2i / r + gamma) / (1 + gamma), i = 0 .. r/2 - 1 (Sun et al. 2022, section 3.2;
+    torchscale's ``(arange(0, r, 2) + 0.4 r) / (1.4 r)``): from gamma / (1 + gamma) ~ 0.286 for
+    the fastest-rotating pair up to ~0.986 for the slowest one, which therefore decays least.
+    """
+    check_even(rotary_dim, "rotary_dim")
+    return (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim + gamma) / (1.0 + gamma)
+
+
+#: Headroom (as a natural log) kept below the dtype's range for the size of q and k themselves:
+#: a scale factor of at most finfo.max / 256 (and at least finfo.tiny * 256) is accepted.
+_XPOS_HEADROOM = math.log(256.0)
+
+
+class XPos(RoPE):
+    """Extrapolatable position embedding, xPos (Sun et al. 2022, "A Length-Extrapolatable
+    Transformer", section 3.2, eq. for f_q / f_k).
+
+    RoPE with a per-pair exponential decay: with zeta_i = (2i/r + gamma)/(1 + gamma)
+    (:func:`xpos_zeta`), query n and key m get
+
+        q'_n = R(n theta) q_n * zeta^((n - c)/B),    k'_m = R(m theta) k_m * zeta^(-(m - c)/B),
+
+    so q'_n . k'_m = sum_i zeta_i^((n - m)/B) [rotation by (n - m) theta_i]: a function of n - m
+    only, decaying with distance for n >= m (causal use, as in the paper).
+
+    The centre c. The paper writes c = 0; torchscale and rotary-embedding-torch centre each
+    call at len // 2 to keep zeta^(+-n/B) inside the float range. c cancels in q'.k' only if
+    the queries and keys of a score were scaled with the *same* c, so posenc uses a **fixed**
+    centre by default (``center=0``, an int): the product then depends only on n - m however
+    the calls are split, e.g. keys rotated once into a KV cache and queries rotated in later
+    calls. The factors stay inside float32/bfloat16 range for |position - center| up to about
+    33,000 (B = 512): ln(3.4e38 / 256) / |ln 0.286| * 512. Past the safe range ``rotate``
+    raises ValueError; choose a ``center`` near the positions in use, or ``center="call"``:
+    torchscale's per-call centre (the midpoint of the smallest and largest position among the
+    call's queries *and* keys, shared by both), which allows a span of about 66,000 positions
+    anywhere but is exact only when q and k are rotated in the same call; a KV cache must then
+    cache *unrotated* keys and re-rotate them with the queries (as :func:`posenc.attention`
+    does when given the full k).
+
+    Args:
+        head_dim: D (positive, even).
+        scale_base: B, 512 in the paper.
+        gamma: 0.4 in the paper.
+        center: an int (fixed centre, default 0) or "call" (see above).
+        rotary_dim, partial_rotary_factor, base, interleaved, scaling: as :class:`RoPE`;
+            zeta uses r = rotary_dim and the tail past r is neither rotated nor scaled.
+            Default layout half-split (x-transformers); torchscale pairs (2i, 2i+1)
+            (``interleaved=True``). The layouts are the same map up to a permutation.
+
+    Hook: ``rotate``. Shapes as :class:`RoPE`; the scale is computed in float64 and the
+    product in float32 (or wider), cast back to x's dtype.
+
+    Raises:
+        ValueError: scale_base <= 0, gamma <= 0, a bad center (at construction); positions so
+            far from the centre that zeta^((n - c)/B) would leave x's dtype's range (at call).
+    """
+
+    name = "xpos"
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        scale_base: float = 512.0,
+        gamma: float = 0.4,
+        center: int | str = 0,
+        **rope_kwargs: Any,
+    ) -> None:
+        super().__init__(head_dim, **rope_kwargs)
+        if isinstance(scale_base, bool) or not isinstance(scale_base, (int, float)) or not scale_base > 0 \
+                or math.isinf(scale_base):
+            raise ValueError(f"scale_base must be a finite number > 0, got {scale_base!r}")
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not gamma > 0 or math.isinf(gamma):
+            raise ValueError(f"gamma must be a finite number > 0, got {gamma!r}")
+        if not (center == "call" or (isinstance(center, int) and not isinstance(center, bool))):
+            raise ValueError(f"center must be an int (a fixed centre) or 'call', got {center!r}")
+        self.scale_base, self.gamma, self.center = float(scale_base), float(gamma), center
+        self._log_zeta = xpos_zeta(self.rotary_dim, self.gamma).log()  # float64, kept off the module's .to()
+
+    def _centre(self, q_positions: Tensor, k_positions: Tensor) -> int:
+        if self.center != "call":
+            return self.center
+        lo = min(int(q_positions.min()), int(k_positions.min()))
+        hi = max(int(q_positions.max()), int(k_positions.max()))
+        return (lo + hi) // 2
+
+    def _check_range(self, positions: Tensor, centre: int, dtype: torch.dtype, argname: str) -> None:
+        if not positions.numel():
+            return
+        farthest = max(abs(int(positions.max()) - centre), abs(int(positions.min()) - centre))
+        finfo = torch.finfo(dtype)
+        limit = min(math.log(finfo.max), -math.log(finfo.tiny)) - _XPOS_HEADROOM
+        if farthest / self.scale_base * float(-self._log_zeta[0]) > limit:
+            max_offset = int(limit / float(-self._log_zeta[0]) * self.scale_base)
+            raise ValueError(
+                f"{argname}: xPos scale zeta^((n - center)/{self.scale_base:g}) leaves the {dtype} range for "
+                f"|position - center| = {farthest} (center={centre}; at most {max_offset} is safe): "
+                "pass a center near the positions in use, or center='call'"
+            )
+
+    def xpos_scale(self, positions: Tensor, centre: int, sign: float, dtype: torch.dtype) -> Tensor:
+        """zeta^(sign (n - centre) / B) at positions (T,) or (B, T) -> (T, r) or (B, T, r) of dtype,
+        full width in this encoding's layout; sign +1 for queries, -1 for keys."""
+        exponent = (positions.to(torch.float64) - centre) * (sign / self.scale_base)
+        log_scale = exponent.unsqueeze(-1) * self._log_zeta.to(positions.device)
+        return _full_width(log_scale.exp(), self.interleaved).to(dtype)
+
+    def _rotate_scaled(self, x: Tensor, positions: Tensor, centre: int, sign: float, seq_len: int | None) -> Tensor:
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        cos, sin = self.cos_sin(positions, dtype, seq_len)
+        scale = self.xpos_scale(positions, centre, sign, dtype)
+        return self._apply_tables(x, cos * scale, sin * scale)
+
+    def rotate(self, q, k, q_positions, k_positions):
+        if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
+            raise ValueError(f"q and k must have head_dim={self.head_dim}, got {q.shape[-1]} and {k.shape[-1]}")
+        centre = self._centre(q_positions, k_positions)
+        self._check_range(q_positions, centre, q.dtype, "q_positions")
+        self._check_range(k_positions, centre, k.dtype, "k_positions")
+        seq_len = self._seq_len(q_positions, k_positions)
+        return (
+            self._rotate_scaled(q, q_positions, centre, 1.0, seq_len),
+            self._rotate_scaled(k, k_positions, centre, -1.0, seq_len),
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, scale_base={self.scale_base}, gamma={self.gamma}, center={self.center!r}"

@@ -1,0 +1,244 @@
+"""Content-dependent relative encodings: Shaw et al. (2018) and Transformer-XL (Dai et al. 2019).
+
+Both use the ``content`` hook: :meth:`content_scores` returns extra logits (B, H, Tq, Tk) that
+the attention adds to q.k *before* the 1/sqrt(D) scale, and Shaw's :meth:`content_values`
+returns an extra output (B, H, Tq, D) computed from the attention probabilities.
+
+Shapes: B batch, H heads, Tq queries, Tk keys, D head_dim. Positions are integer tensors
+(T,) shared by the batch or (B, T). Neither encoding materializes a (B, H, Tq, Tk, D) tensor:
+both project the queries onto a small table of relative vectors, then index it by distance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .absolute import sinusoidal_encode
+from .base import PositionalEncoding, check_positive_int
+
+
+def _per_batch(index: Tensor) -> Tensor:
+    """(Tq, Tk) -> (1, 1, Tq, Tk); (B, Tq, Tk) -> (B, 1, Tq, Tk): broadcastable over heads."""
+    return index.unsqueeze(0).unsqueeze(0) if index.dim() == 2 else index.unsqueeze(1)
+
+
+def _is_arange(positions: Tensor) -> bool:
+    """True for a 1-D run of consecutive integers p0, p0 + 1, ... (the layout a shift needs)."""
+    if positions.dim() != 1:
+        return False
+    return positions.numel() < 2 or bool((positions.diff() == 1).all())
+
+
+def relative_shift(x: Tensor, num_keys: int) -> Tensor:
+    """The relative-shift ("skewing") trick: out[..., i, j] = x[..., i, Tq - 1 - i + j].
+
+    x (..., Tq, N) holds, in column c, the term for distance d_hi - c (distances in
+    descending order, as Transformer-XL's ``pos_seq = arange(klen - 1, -1, -1)``), with
+    N >= Tq + Tk - 1; for consecutive query and key positions, column Tq - 1 - i + j of row i
+    is then distance q_i - k_j. As Transformer-XL's ``_rel_shift`` (pad a zero column, view the
+    buffer with rows of length N, drop the first row), it only re-strides memory; with the
+    table covering every distance (N = Tq + Tk - 1) it is exact for every (i, j), including
+    keys after the query and any Tq <= Tk or Tq > Tk.
+
+    Returns (..., Tq, Tk).
+    """
+    num_queries, width = x.shape[-2], x.shape[-1]
+    if width < num_queries + num_keys - 1:
+        raise ValueError(f"x: need at least Tq + Tk - 1 = {num_queries + num_keys - 1} columns, got {width}")
+    padded = torch.nn.functional.pad(x, (0, 1))  # a zero column, so a row of the new view is >= Tk long
+    flat = padded.flatten(-2)
+    # element (i, j) of rows of length `width` read from offset Tq - 1: i*(width+1) + (Tq-1-i+j)
+    start = num_queries - 1
+    skewed = flat[..., start : start + num_queries * width].unflatten(-1, (num_queries, width))
+    return skewed[..., :num_keys]
+
+
+class Shaw(PositionalEncoding):
+    """Relative position representations (Shaw, Uszkoreit and Vaswani, NAACL 2018, eqs. 3-5).
+
+        e_ij = q_i . (k_j + a^K_ij) / sqrt(D),      z_i = sum_j alpha_ij (v_j + a^V_ij),
+        a^K_ij = w^K_{clip(j - i, k)},  a^V_ij = w^V_{clip(j - i, k)},  clip(x, k) = max(-k, min(k, x)),
+
+    2k + 1 learned vectors of head dimension for keys and for values, shared by all heads
+    (section 3.3). j - i is key position minus query position.
+
+    Efficient form (section 3.3 splits e_ij the same way): q_i . w^K_r for the 2k + 1 rows r
+    is one (B, H, Tq, 2k+1) product, then indexed by clip(j - i); the value term sums
+    alpha_ij by bucket (scatter-add into (B, H, Tq, 2k+1)) and multiplies by w^V. No
+    (B, H, Tq, Tk, D) tensor is formed.
+
+    Args:
+        head_dim: D.
+        max_relative_position: k, the clip distance (tensor2tensor's name); default 16 (the
+            paper found little change for k >= 2).
+
+    Hook: ``content`` (scores and values; backend "eager", which ``backend="auto"`` picks;
+    "sdpa" cannot add to the values). Parameters ``relative_key`` and ``relative_value``,
+    float32 (2k + 1, D), Glorot-uniform initialised as tensorflow's default in tensor2tensor.
+    Cost: O(B H Tq (2k+1) D) extra for the two products plus O(B H Tq Tk) for the indexing.
+
+    Raises:
+        ValueError: head_dim or max_relative_position not an int >= 1 (construction), q or
+            v whose last dimension is not head_dim (call).
+    """
+
+    name = "shaw"
+    hooks = frozenset({"content"})
+    content_on_values = True
+
+    def __init__(self, head_dim: int, *, max_relative_position: int = 16) -> None:
+        super().__init__()
+        check_positive_int(head_dim, "head_dim")
+        check_positive_int(max_relative_position, "max_relative_position")
+        self.head_dim, self.max_relative_position = head_dim, max_relative_position
+        self.relative_key = nn.Parameter(torch.empty(2 * max_relative_position + 1, head_dim))
+        self.relative_value = nn.Parameter(torch.empty(2 * max_relative_position + 1, head_dim))
+        nn.init.xavier_uniform_(self.relative_key)
+        nn.init.xavier_uniform_(self.relative_value)
+
+    @classmethod
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+        return cls(head_dim, **kwargs)
+
+    def relative_index(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+        """clip(j - i, k) + k in [0, 2k], LongTensor (Tq, Tk) or (B, Tq, Tk)."""
+        k = self.max_relative_position
+        rel = k_positions.unsqueeze(-2) - q_positions.unsqueeze(-1)
+        return rel.clamp(-k, k) + k
+
+    def relative_table(self, max_distance: int) -> tuple[Tensor, Tensor, str]:
+        """For figures: key distances j - i in [-m, m], m = min(max_distance, k + 8), the key
+        vectors w^K_{clip(j - i, k)} they use (2m + 1, D), and a title."""
+        m = min(max_distance, self.max_relative_position + 8)
+        distances = torch.arange(-m, m + 1)
+        index = distances.clamp(-self.max_relative_position, self.max_relative_position) + self.max_relative_position
+        title = f"learned key vectors w^K_clip(j-i, k), k={self.max_relative_position}"
+        return distances, self.relative_key.detach()[index], title
+
+    def _check_dim(self, x: Tensor, argname: str) -> None:
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(f"{argname} must have head_dim={self.head_dim}, got {x.shape[-1]}")
+
+    def content_scores(self, q, k, q_positions, k_positions):
+        """q_i . w^K_{clip(j - i)}: (B, H, Tq, Tk) float32, before the 1/sqrt(D) scale."""
+        self._check_dim(q, "q")
+        per_row = q.float() @ self.relative_key.float().t()  # (B, H, Tq, 2k+1)
+        index = _per_batch(self.relative_index(q_positions, k_positions))
+        index = index.expand(q.shape[0], q.shape[1], -1, -1)
+        return per_row.gather(-1, index)
+
+    def content_values(self, probs, q_positions, k_positions):
+        """sum_j alpha_ij w^V_{clip(j - i)}: (B, H, Tq, D) float32."""
+        index = _per_batch(self.relative_index(q_positions, k_positions)).expand_as(probs)
+        per_bucket = probs.new_zeros(*probs.shape[:-1], self.relative_value.shape[0])
+        per_bucket = per_bucket.scatter_add(-1, index, probs)  # (B, H, Tq, 2k+1)
+        return per_bucket.float() @ self.relative_value.float()
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, max_relative_position={self.max_relative_position}"
+
+
+class TransformerXL(PositionalEncoding):
+    """Transformer-XL relative attention (Dai et al., ACL 2019, section 3.3, eq. for A^rel):
+
+        A_ij = q_i.k_j + q_i.W_{k,R} R_{i-j} + u.k_j + v.W_{k,R} R_{i-j}      (a)+(b)+(c)+(d),
+
+    scaled by 1/sqrt(D) as a whole (the reference code scales AC + BD). R_d is the sinusoidal
+    vector of the distance d = i - j (query minus key position) in the reference code's
+    [sin || cos] layout, inv_freq = 1 / 10000^(arange(0, d_model, 2) / d_model); W_{k,R}
+    (``r_net``, Linear(d_model, H D, bias=False)) projects it per head; u = ``r_w_bias`` and
+    v = ``r_r_bias``, each (H, D). This hook returns (b) + (c) + (d); the attention adds (a).
+
+    The (b)+(d) terms, (q_i + v) . W R_d, are computed for the Tq + Tk - 1 distances d spanned
+    by the call, then moved to (i, j) with :func:`relative_shift` when the query and key
+    positions are runs of consecutive integers (a cache or memory before the queries gives
+    Tq < Tk, handled exactly), or gathered by distance otherwise (packed or padded (B, T)
+    positions). Keys after the query (bidirectional use) get R of a negative distance,
+    sin(-x) = -sin(x), the natural extension; the reference is causal only.
+
+    In the posenc LM one encoding instance serves every layer, so r_net, u and v are shared by
+    the layers (Hugging Face's ``untie_r=False`` for u, v; the paper has one r_net per layer).
+    No ``clamp_len``.
+
+    Args:
+        d_model: width of R (the reference uses the model width).
+        num_heads: H. head_dim: D.
+        base: 10000.0.
+        init_std: std of the normal initialisation of r_net, u and v (Hugging Face: 0.02).
+
+    Hook: ``content`` (scores only: backends "eager" and "sdpa"). Cost: a (Tq+Tk-1, d_model)
+    table through r_net, and a (B, H, Tq, Tq+Tk-1) product, about twice q.k^T.
+
+    Raises:
+        ValueError: a size not an int >= 1, base <= 1, init_std < 0 (construction); q or k
+            with the wrong number of heads or head_dim (call).
+    """
+
+    name = "transformer_xl"
+    hooks = frozenset({"content"})
+    content_on_values = False
+
+    def __init__(
+        self, d_model: int, num_heads: int, head_dim: int, *, base: float = 10000.0, init_std: float = 0.02
+    ) -> None:
+        super().__init__()
+        for argname, value in (("d_model", d_model), ("num_heads", num_heads), ("head_dim", head_dim)):
+            check_positive_int(value, argname)
+        if d_model % 2:
+            raise ValueError(f"d_model must be even ([sin || cos] halves), got {d_model}")
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
+            raise ValueError(f"base must be a number > 1, got {base!r}")
+        if not init_std >= 0 or math.isinf(init_std):
+            raise ValueError(f"init_std must be a finite number >= 0, got {init_std!r}")
+        self.d_model, self.num_heads, self.head_dim, self.base = d_model, num_heads, head_dim, float(base)
+        self.r_net = nn.Linear(d_model, num_heads * head_dim, bias=False)
+        self.r_w_bias = nn.Parameter(torch.empty(num_heads, head_dim))
+        self.r_r_bias = nn.Parameter(torch.empty(num_heads, head_dim))
+        for weight in (self.r_net.weight, self.r_w_bias, self.r_r_bias):
+            nn.init.normal_(weight, std=init_std)
+
+    @classmethod
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+        return cls(d_model, num_heads, head_dim, **kwargs)
+
+    def relative_embeddings(self, distances: Tensor) -> Tensor:
+        """W_{k,R} R_d for integer distances (N,) -> (H, N, D) float32."""
+        table = sinusoidal_encode(distances, self.d_model, self.base, layout="concat")  # (N, d_model)
+        projected = table.to(self.r_net.weight.dtype) @ self.r_net.weight.t()
+        return projected.float().unflatten(-1, (self.num_heads, self.head_dim)).transpose(0, 1)
+
+    def relative_table(self, max_distance: int) -> tuple[Tensor, Tensor, str]:
+        """For figures: distances 0 .. max_distance, their R_d (max_distance + 1, d_model) in
+        [sin || cos] layout, and a title."""
+        distances = torch.arange(max_distance + 1)
+        table = sinusoidal_encode(distances, self.d_model, self.base, layout="concat")
+        return distances, table, "sinusoidal R_(i-j), [sin || cos] layout"
+
+    def content_scores(self, q, k, q_positions, k_positions):
+        """(b) + (c) + (d): (B, H, Tq, Tk) float32, before the 1/sqrt(D) scale."""
+        for argname, x in (("q", q), ("k", k)):
+            if x.shape[1] != self.num_heads or x.shape[-1] != self.head_dim:
+                raise ValueError(
+                    f"{argname} must have num_heads={self.num_heads} and head_dim={self.head_dim}, "
+                    f"got shape {tuple(x.shape)}"
+                )
+        num_queries, num_keys = q.shape[2], k.shape[2]
+        d_hi = int(q_positions.max()) - int(k_positions.min())
+        d_lo = int(q_positions.min()) - int(k_positions.max())
+        distances = torch.arange(d_hi, d_lo - 1, -1, device=q.device)  # descending, as the reference
+        rel = self.relative_embeddings(distances)  # (H, N, D)
+        bd_full = (q.float() + self.r_r_bias.float()[:, None, :]) @ rel.transpose(-2, -1)  # (B, H, Tq, N)
+        if _is_arange(q_positions) and _is_arange(k_positions):
+            bd = relative_shift(bd_full, num_keys)
+        else:
+            column = d_hi - (q_positions.unsqueeze(-1) - k_positions.unsqueeze(-2))  # (.., Tq, Tk)
+            column = _per_batch(column).expand(q.shape[0], q.shape[1], num_queries, num_keys)
+            bd = bd_full.gather(-1, column)
+        uk = (k.float() @ self.r_w_bias.float().unsqueeze(-1)).transpose(-2, -1)  # (B, H, 1, Tk)
+        return bd + uk
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}, base={self.base}"

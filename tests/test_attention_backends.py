@@ -1,0 +1,134 @@
+"""Every attention backend computes what the eager reference computes: values and gradients.
+
+Score-bias encodings are taken from the registry (every one with the ``score_bias`` hook),
+so encodings added later are covered without editing this file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+import torch
+
+import posenc
+
+attention_module = importlib.import_module("posenc.attention")  # the module, not the function
+
+H, D = 4, 8
+BIAS_ENCODINGS = [name for name, cls in posenc.REGISTRY.items() if "score_bias" in cls.hooks]
+
+
+def make(name: str, causal: bool = True):
+    torch.manual_seed(0)
+    enc = posenc.create_for_model(name, d_model=H * D, num_heads=H, head_dim=D, max_positions=512, causal=causal)
+    with torch.no_grad():  # learned biases start near zero; make them matter
+        for p in enc.parameters():
+            p.normal_()
+    return enc
+
+
+@pytest.fixture(autouse=True)
+def small_tiles(monkeypatch):
+    """Tiles of a few hundred entries, so the blocked backend runs many query blocks."""
+    monkeypatch.setattr(attention_module, "BLOCKED_TILE_ELEMENTS", 400)
+
+
+CASES = [  # (Tq, Tk, positions): Tq != Tk is a KV cache; (B, T) positions are per-row offsets
+    (13, 13, None),
+    (5, 29, None),
+    (7, 20, "offset"),
+    (9, 9, "per-row"),
+]
+
+
+def positions_for(kind, tq, tk):
+    if kind == "offset":
+        return torch.arange(100 + tk - tq, 100 + tk), torch.arange(100, 100 + tk)
+    if kind == "per-row":
+        starts = torch.tensor([[0], [37]])
+        return starts + torch.arange(tq), starts + torch.arange(tk)
+    return None, None
+
+
+@pytest.mark.parametrize("name", BIAS_ENCODINGS + ["nope", "rope"])
+@pytest.mark.parametrize("backend", ["blocked", "flex", "sdpa"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}")
+def test_backends_match_eager(name, backend, causal, case):
+    if backend == "flex":
+        pytest.importorskip("torch.nn.attention.flex_attention")
+    tq, tk, kind = case
+    enc = make(name, causal) if name in BIAS_ENCODINGS else posenc.create_for_model(
+        name, d_model=H * D, num_heads=H, head_dim=D, max_positions=512)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, H, t, D, generator=g) for t in (tq, tk, tk))
+    qp, kp = positions_for(kind, tq, tk)
+    expected = posenc.attention(q, k, v, enc, causal=causal, q_positions=qp, k_positions=kp, backend="eager")
+    out = posenc.attention(q, k, v, enc, causal=causal, q_positions=qp, k_positions=kp, backend=backend)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_blocked_matches_explicit_float64_formula():
+    """Independent of eager: softmax(q.k/sqrt(D) + b(h, i, j), masked) @ v with b written out for ALiBi."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, H, t, D, dtype=torch.float64, generator=g) for t in (6, 15, 15))
+    out = posenc.attention(q, k, v, posenc.create("alibi", num_heads=H), backend="blocked")
+    slopes = [2.0 ** (-8.0 * (h + 1) / H) for h in range(H)]
+    expected = torch.empty_like(out)
+    for h in range(H):
+        for i in range(6):
+            qi = i + 9  # queries are the last 6 of 15 keys
+            logits = torch.tensor([
+                (q[0, h, i] @ k[0, h, j]).item() / math.sqrt(D) - slopes[h] * (qi - j) if j <= qi else -math.inf
+                for j in range(15)
+            ], dtype=torch.float64)
+            expected[0, h, i] = torch.softmax(logits, 0) @ v[0, h]
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)  # the bias tile is float32
+
+
+@pytest.mark.parametrize("name", [n for n in BIAS_ENCODINGS if any(True for _ in posenc.create_for_model(
+    n, d_model=H * D, num_heads=H, head_dim=D, max_positions=512).parameters())])
+@pytest.mark.parametrize("backend", ["blocked", "sdpa"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_learned_bias_gradients_match_eager(name, backend, causal):
+    g = torch.Generator().manual_seed(3)
+    q0, k0, v0 = (torch.randn(2, H, t, D, generator=g) for t in (11, 17, 17))
+    grads = {}
+    for b in ("eager", backend):
+        enc = make(name, causal)
+        q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+        out = posenc.attention(q, k, v, enc, causal=causal, backend=b)
+        out.backward(torch.linspace(-1, 1, out.numel()).view_as(out))
+        grads[b] = [q.grad, k.grad, v.grad] + [p.grad for p in enc.parameters()]
+    for got, expected in zip(grads[backend], grads["eager"], strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_t5_tile_lookup_matches_buckets():
+    """Large tiles take T5's bucket-the-distinct-distances path: same values as the formula."""
+    t5 = make("t5", causal=False)
+    qp, kp = torch.arange(300, 380), torch.arange(0, 400)
+    bias = t5.score_bias(qp, kp)
+    bucket = posenc.t5_relative_position_bucket(kp[None, :] - qp[:, None], bidirectional=True)
+    expected = t5.relative_attention_bias.weight[bucket].permute(2, 0, 1)
+    assert torch.equal(bias, expected)
+
+
+def test_auto_rule():
+    resolve = attention_module._resolve_backend
+    alibi = posenc.create("alibi", num_heads=8)
+    assert resolve("auto", alibi, 8 * 64 * 64) == "sdpa"
+    assert resolve("auto", alibi, 8 * 1024 * 1024) == "blocked"
+    assert resolve("auto", posenc.create("rope", head_dim=8), 8 * 1024 * 1024) == "sdpa"
+    assert resolve("auto", None, 8 * 1024 * 1024) == "sdpa"
+
+
+def test_blocked_refuses_content_hooks():
+    class Content(posenc.PositionalEncoding):
+        hooks = frozenset({"content"})
+
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="content"):
+        posenc.attention(q, q, q, Content(), backend="blocked")

@@ -1,0 +1,69 @@
+"""The LM consumes any encoding through its hooks; no module outside encodings/ names one."""
+
+import pathlib
+import re
+
+import pytest
+import torch
+
+import posenc
+from posenc.model import LMConfig, TransformerLM
+
+SRC = pathlib.Path(posenc.__file__).parent
+
+
+@pytest.mark.parametrize("name", posenc.available())
+def test_every_encoding_trains_in_the_model(name):
+    config = LMConfig(d_model=32, num_layers=2, num_heads=4, max_positions=64)
+    model = TransformerLM(config, name)
+    tokens = torch.randint(0, 256, (2, 16))
+    logits = model(tokens)
+    assert logits.shape == (2, 16, 256) and logits.dtype == torch.float32
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), tokens.reshape(-1))
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_causality_future_tokens_do_not_change_past_logits():
+    model = TransformerLM(LMConfig(d_model=32, num_layers=2, num_heads=4), "rope").eval()
+    tokens = torch.randint(0, 256, (1, 12))
+    changed = tokens.clone()
+    changed[0, 8:] = (changed[0, 8:] + 1) % 256
+    torch.testing.assert_close(model(tokens)[:, :8], model(changed)[:, :8])
+
+
+def test_model_and_attention_never_name_an_encoding():
+    names = "|".join(re.escape(n) for n in posenc.available() if n != "nope")
+    pattern = re.compile(rf"""["']({names})["']""")
+    for path in ("model.py", "attention.py", "train.py", "evaluate.py"):
+        assert not pattern.search((SRC / path).read_text()), path
+
+
+def test_learned_table_refuses_long_inputs():
+    model = TransformerLM(LMConfig(d_model=32, num_layers=1, num_heads=4, max_positions=8), "learned")
+    assert model.max_positions == 8
+    with pytest.raises(ValueError, match="learned table holds positions 0..7"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_heads=0), "num_heads must be an integer >= 1"),
+    (dict(d_model=30, num_heads=4), "divisible"),
+    (dict(num_layers=0), "num_layers"),
+    (dict(backend="fast"), "backend must be one of"),
+])
+def test_config_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LMConfig(**kwargs)
+
+
+def test_unknown_encoding_lists_the_available_ones():
+    with pytest.raises(ValueError, match="unknown encoding 'rotary'; available: nope, sinusoidal"):
+        posenc.create("rotary")
+    with pytest.raises(ValueError, match="available"):
+        TransformerLM(LMConfig(), "rotary")
+
+
+def test_odd_head_dim_is_refused_at_construction():
+    with pytest.raises(ValueError, match="head_dim must be a positive even integer"):
+        TransformerLM(LMConfig(d_model=36, num_heads=4), "rope")
