@@ -95,7 +95,7 @@ def results_table(summary: dict, key: str = "bits_per_byte", title: str | None =
     train_len = config["train_len"]
     lengths = config["eval_lengths"]
     table = Table(title=title or f"validation loss, bits per byte (train L={train_len})")
-    table.add_column("encoding", style="bold")
+    table.add_column("encoding", style="bold", no_wrap=True)
     for n in lengths:
         table.add_column(f"{n} ({n // train_len}L)", justify="right")
     table.add_column(f"{lengths[-1] // train_len}L / L", justify="right")
