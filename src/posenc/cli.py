@@ -6,6 +6,8 @@ line on stderr, ``posenc: error: ...``, and exit with code 2; no traceback.
 
 from __future__ import annotations
 
+import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -96,7 +98,7 @@ def results_table(summary: dict, key: str = "bits_per_byte", title: str | None =
     train_len = config["train_len"]
     lengths = config["eval_lengths"]
     table = Table(title=title or f"validation loss, bits per byte (train L={train_len})")
-    table.add_column("encoding", style="bold")
+    table.add_column("encoding", style="bold", no_wrap=True)
     for n in lengths:
         table.add_column(f"{n} ({n // train_len}L)", justify="right")
     table.add_column(f"{lengths[-1] // train_len}L / L", justify="right")
@@ -132,6 +134,15 @@ def extrapolate(
     seeds: Optional[str] = typer.Option(None, help="Comma-separated seeds, e.g. 0,1,2."),
     out: Path = typer.Option(Path("results/extrapolate"), help="Output folder (results.json, results.csv, figure, checkpoints)."),
     device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
+    rope_scaling: Optional[str] = typer.Option(
+        None, help="Also evaluate the trained rope model with these RoPE scalings at inference, factor = length / L: "
+        "a comma-separated list of linear, ntk, dynamic, yarn, llama3 (rows rope+<method>).",
+    ),
+    finetune_steps: Optional[int] = typer.Option(
+        None, help="Also fine-tune a copy of the rope model for N steps at finetune-factor x L with each scaling "
+        "(and without: the control), then evaluate it (rows rope+<method>+ft, rope+ft).",
+    ),
+    finetune_factor: Optional[int] = typer.Option(None, help="Fine-tune length as a multiple of L, and the scaling factor (default 4)."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)."),
 ) -> None:
     """Train each encoding at length L on real text, evaluate at L, 2L, ... 16L: which still works?
@@ -161,6 +172,8 @@ def extrapolate(
         train_len=train_len, steps=steps, batch_size=batch_size, lr=lr, d_model=d_model,
         num_layers=layers, num_heads=heads, eval_factors=_split_list(eval_factors, "--eval-factors", int),
         eval_tokens=eval_tokens, seeds=_split_list(seeds, "--seeds", int), device=device,
+        rope_scaling=_split_list(rope_scaling, "--rope-scaling"), finetune_steps=finetune_steps,
+        finetune_factor=finetune_factor,
     )
     data = load_corpus(corpus)
     console.print(f"[bold]corpus[/] {data.describe()}")
@@ -169,6 +182,10 @@ def extrapolate(
         f"eval {config.eval_lengths}; d_model {config.d_model}, {config.num_layers} layers, {config.num_heads} heads; "
         f"{config.steps} steps x batch {config.batch_size}, lr {config.lr}"
     )
+    if config.rope_scaling or config.finetune_steps:
+        from .experiments.rope_extension import extension_rows
+
+        console.print(f"[bold]rope extension rows[/] {', '.join(extension_rows(config))}")
     started = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                TimeElapsedColumn(), TimeRemainingColumn())
@@ -180,6 +197,83 @@ def extrapolate(
     console.print(results_table(summary))
     console.print(results_table(summary, "bits_per_byte_last", f"last {config.train_len} tokens of each window, bits per byte"))
     console.print(f"wrote {out / 'results.json'}, {out / 'results.csv'}, {figure} in {time.perf_counter() - started:.0f}s")
+
+
+def _read_config_json(path: Path) -> dict:
+    """A parsed config.json; every failure as one clear error naming the file."""
+    if not path.exists():
+        raise FileNotFoundError(f"CONFIG: {path} does not exist")
+    if not path.is_file():
+        raise ValueError(f"CONFIG: {path} is not a file")
+    try:
+        config = json.loads(path.read_text("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"CONFIG: {path} is not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"CONFIG: {path} must hold a JSON object (a model config.json), got {type(config).__name__}")
+    return config
+
+
+def rope_inspection_table(report, title: str) -> Table:
+    """One row per frequency pair i (dimensions i and i + r/2, Hugging Face's half-split
+    layout): theta_i, the wavelength lambda_i = 2 pi / theta_i in tokens before and after the
+    scaling, each against its context (L0, the original; L, the extended), the stretch
+    lambda'/lambda, and whether the pair turns fully within L0. A rule marks where that stops:
+    YaRN's critical dimension."""
+    half = report.rotary_dim // 2
+    table = Table(title=title, caption=(
+        f"pair i rotates dims (i, i + {half}); λ = 2π/θ_i; λ' after {report.rope_type} scaling.\n"
+        f"Critical dimension (YaRN eq. 17, r = 1): {report.critical_dim:.2f}: "
+        f"{report.num_full_rotation_pairs} of {half} pairs turn fully within L0 = {report.original_context}."
+    ))
+    for header in ("i", "θ_i (rad)", "λ (tokens)", "λ / L0", "λ' (tokens)", "λ' / L", "λ'/λ"):
+        table.add_column(header, justify="right")
+    table.add_column("turns in L0", justify="center")
+    critical_row = math.floor(report.critical_dim)
+    for i in range(half):
+        wavelength = float(report.wavelength_original[i])
+        scaled = float(report.wavelength_scaled[i])
+        table.add_row(
+            str(i), f"{2 * math.pi / wavelength:.3g}", f"{wavelength:.3g}", f"{wavelength / report.original_context:.3g}",
+            f"{scaled:.3g}", f"{scaled / report.extended_context:.3g}", f"{scaled / wavelength:.3g}",
+            "[green]yes[/]" if bool(report.full_rotation[i]) else "[red]no[/]",
+            end_section=i == critical_row,
+        )
+    return table
+
+
+@app.command()
+def inspect(
+    config: Path = typer.Argument(..., help="A model's config.json (Hugging Face format).", show_default=False),
+    out: Optional[Path] = typer.Option(None, help="PNG of the wavelengths (default: <config stem>.rope.png in the current folder)."),
+    original_context: Optional[int] = typer.Option(None, help="L0, the pre-training context (default: from the config)."),
+    extended_context: Optional[int] = typer.Option(None, help="The extended context (default: max(max_position_embeddings, L0 x factor))."),
+    layer_type: Optional[str] = typer.Option(None, help="For a per-layer-type rope_parameters dict: which layer type."),
+) -> None:
+    """The RoPE of a model config at a glance: per frequency pair, its wavelength in tokens against
+    the original and the extended context, which pairs turn fully within the training context
+    (YaRN's critical dimension), the attention factor, and a PNG of it."""
+    from .rope import inspect_config, plot_rope_inspection
+
+    for value, name in ((original_context, "--original-context"), (extended_context, "--extended-context")):
+        if value is not None and value < 1:
+            raise UsageError(f"{name} must be a positive integer, got {value}")
+    report = inspect_config(
+        _read_config_json(config), layer_type=layer_type,
+        original_context=original_context, extended_context=extended_context,
+    )
+    name = report.model_type or config.stem
+    console.print(rope_inspection_table(report, (
+        f"{name}: RoPE θ = {report.rope_theta:g}, head_dim {report.head_dim}, rotary_dim {report.rotary_dim}, "
+        f"rope_type {report.rope_type}"
+    )))
+    console.print(
+        f"[bold]attention factor[/] {report.attention_factor:.6g} (cos and sin multiplied by it: logits x "
+        f"{report.attention_factor ** 2:.6g}); [bold]contexts[/] L0 = {report.original_context}, "
+        f"extended L = {report.extended_context}"
+    )
+    figure = plot_rope_inspection(report, out if out is not None else Path(f"{config.stem}.rope.png"))
+    console.print(f"wrote {figure}")
 
 
 @app.command()

@@ -41,6 +41,14 @@ def _pyplot():
     return plt
 
 
+def _line_style(result: dict) -> str:
+    """Solid for a trained encoding; dashed for a RoPE scaling at inference; dotted after a fine-tune."""
+    extension = result.get("extension")
+    if extension is None:
+        return "-"
+    return ":" if extension.get("finetune") else "--"
+
+
 def _embed_panels(enc: PositionalEncoding, d_model: int, num_positions: int):
     positions = torch.arange(num_positions)
     table = enc.embed(torch.zeros(1, num_positions, d_model), positions)[0]
@@ -200,7 +208,8 @@ def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
 def plot_extrapolation(summary: dict, out: str | Path) -> Path:
     """Loss (bits per byte) against evaluation length, one line per encoding, log2 length
     axis; left panel all tokens of each window, right panel the last L tokens. Error bars
-    show the spread over seeds when there are several."""
+    show the spread over seeds when there are several. Rows that extend the rope model with
+    a scaling are dashed (at inference) or dotted (fine-tuned)."""
     plt = _pyplot()
     out = Path(out)
     train_len = summary["config"]["train_len"]
@@ -213,10 +222,11 @@ def plot_extrapolation(summary: dict, out: str | Path) -> Path:
                 continue
             values = [res["eval"][str(n)][key] for n in lengths]
             errors = [res["eval"][str(n)].get("loss_std", 0.0) / math.log(2) for n in lengths]
+            style = _line_style(res)
             if any(errors):
-                ax.errorbar(lengths, values, yerr=errors, marker="o", capsize=3, label=encoding)
+                ax.errorbar(lengths, values, yerr=errors, marker="o", capsize=3, linestyle=style, label=encoding)
             else:
-                ax.plot(lengths, values, marker="o", label=encoding)
+                ax.plot(lengths, values, marker="o", linestyle=style, label=encoding)
         ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("evaluation length (tokens = bytes, log scale)")

@@ -36,6 +36,7 @@ from .encodings.rotary import RoPE, apply_rotary, rope_frequencies
 __all__ = [
     "RoPE", "rope_frequencies", "apply_rotary", "ROPE_INIT_FUNCTIONS", "LENGTH_DEPENDENT", "HF_ROPE_FIELDS",
     "from_hf_config", "to_hf_dict", "inspect_config", "RopeInspection", "plot_rope_inspection",
+    "EXTENSION_METHODS", "extension_scaling",
 ]
 
 
@@ -72,6 +73,54 @@ def to_hf_dict(rope: RoPE) -> dict[str, Any]:
     if not isinstance(rope, RoPE):
         raise TypeError(f"rope must be a posenc RoPE, got {type(rope).__name__}")
     return rope.to_hf_dict()
+
+
+#: Context-extension methods that need nothing but a factor and the training context
+#: (longrope needs searched per-pair factors, so it is not among them).
+EXTENSION_METHODS = ("linear", "ntk", "dynamic", "yarn", "llama3")
+
+
+def extension_scaling(method: str, factor: float, original_max_position_embeddings: int) -> dict[str, Any] | None:
+    """The ``rope_scaling`` dict that extends a RoPE trained at context L0 by ``factor`` s.
+
+    Each method with its published defaults:
+
+    - ``linear``: Position Interpolation (Chen et al. 2023), theta_i / s.
+    - ``ntk``: static NTK-aware, base * s^(d/(d-2)).
+    - ``dynamic``: dynamic NTK as Hugging Face computes it, with L0 and factor s: at length
+      L > L0, base * (s L / L0 - (s - 1))^(d/(d-2)); at L = s L0 that is
+      base * (s^2 - s + 1)^(d/(d-2)), a stronger stretch than ``ntk`` at the same s.
+    - ``yarn``: Peng et al. 2023 with Hugging Face's defaults (beta_fast 32, beta_slow 1,
+      attention_factor 0.1 ln s + 1).
+    - ``llama3``: Llama 3.1's low_freq_factor 1 and high_freq_factor 4.
+
+    Args:
+        method: one of :data:`EXTENSION_METHODS`.
+        factor: s >= 1, the extended context over L0.
+        original_max_position_embeddings: L0, the training context (positive int).
+
+    Returns:
+        The dict for :class:`RoPE` ``(scaling=...)``, or None when s = 1: every method then
+        leaves RoPE exactly as trained.
+
+    Raises:
+        ValueError: an unknown method (the message lists them), s < 1 or L0 < 1.
+    """
+    if method not in EXTENSION_METHODS:
+        raise ValueError(f"method must be one of {list(EXTENSION_METHODS)}, got {method!r}")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1 or math.isinf(factor):
+        raise ValueError(f"factor must be a finite number >= 1, got {factor!r}")
+    context = original_max_position_embeddings
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise ValueError(f"original_max_position_embeddings must be a positive integer, got {context!r}")
+    if factor == 1:
+        return None
+    scaling: dict[str, Any] = {"rope_type": method, "factor": float(factor)}
+    if method in ("dynamic", "yarn", "llama3"):
+        scaling["original_max_position_embeddings"] = context
+    if method == "llama3":
+        scaling.update(low_freq_factor=1.0, high_freq_factor=4.0)
+    return scaling
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from ..encodings import REGISTRY, encoding_class
 from ..encodings.base import check_positive_int
 from ..evaluate import LengthResult, evaluate_length
 from ..model import LMConfig, TransformerLM
+from ..rope import EXTENSION_METHODS
 from ..train import TrainConfig, train_lm
 from ..checkpoint import CheckpointMismatch, atomic_write_json, read_json
 from . import distributed
@@ -42,6 +43,11 @@ class ExtrapolationConfig:
     ``learned_positions`` sizes the learned absolute table (default: the longest evaluation
     length, so rows past L exist but are never trained); lengths past the table are reported
     as not applicable.
+
+    ``rope_scaling`` and ``finetune_*`` add rows for the trained rope model extended with
+    RoPE scalings, at inference and after a short fine-tune at ``finetune_factor`` x L
+    (:mod:`posenc.experiments.rope_extension`); ``finetune_lr`` None means lr / 10 and the
+    fine-tune's batch is batch_size // finetune_factor windows (the same tokens per step).
     """
 
     encodings: tuple[str, ...] = CORE_ENCODINGS
@@ -57,6 +63,10 @@ class ExtrapolationConfig:
     eval_tokens: int = 65536
     learned_positions: int | None = None
     device: str = "cpu"
+    rope_scaling: tuple[str, ...] = ()
+    finetune_steps: int = 0
+    finetune_factor: int = 4
+    finetune_lr: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.encodings, str) or not isinstance(self.encodings, (tuple, list)):
@@ -87,6 +97,24 @@ class ExtrapolationConfig:
             torch.device(self.device)
         except (RuntimeError, TypeError):
             raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda', got {self.device!r}") from None
+        self._check_rope_extension()
+
+    def _check_rope_extension(self) -> None:
+        unknown = [m for m in self.rope_scaling if m not in EXTENSION_METHODS]
+        if unknown:
+            raise ValueError(f"rope_scaling: unknown method(s) {unknown}; choose from {list(EXTENSION_METHODS)}")
+        if len(set(self.rope_scaling)) != len(self.rope_scaling):
+            raise ValueError(f"rope_scaling: each method once, got {list(self.rope_scaling)}")
+        if isinstance(self.finetune_steps, bool) or not isinstance(self.finetune_steps, int) or self.finetune_steps < 0:
+            raise ValueError(f"finetune_steps must be an integer >= 0, got {self.finetune_steps!r}")
+        if (self.rope_scaling or self.finetune_steps) and "rope" not in self.encodings:
+            raise ValueError(
+                f"rope_scaling / finetune_steps extend the trained rope model: add rope to encodings (got {list(self.encodings)})"
+            )
+        if isinstance(self.finetune_factor, bool) or not isinstance(self.finetune_factor, int) or self.finetune_factor < 2:
+            raise ValueError(f"finetune_factor must be an integer >= 2 (fine-tune at that many times L), got {self.finetune_factor!r}")
+        if self.finetune_lr is not None and not (self.finetune_lr > 0 and math.isfinite(self.finetune_lr)):
+            raise ValueError(f"finetune_lr must be a finite number > 0, got {self.finetune_lr!r}")
 
     @property
     def eval_lengths(self) -> list[int]:
@@ -276,14 +304,15 @@ def _length_record(result: LengthResult) -> dict:
     }
 
 
-def aggregate(config: ExtrapolationConfig, records: Sequence[dict]) -> dict:
-    """Per encoding: mean over seeds of every metric, the seeds' spread, and each run.
+def aggregate(config: ExtrapolationConfig, records: Sequence[dict], names: Sequence[str] | None = None) -> dict:
+    """Per encoding (or per row ``names``, default the config's encodings): mean over seeds of
+    every metric, the seeds' spread, and each run.
 
     Wall-clock figures (train_seconds, tokens_per_second) stay in the run records under
     ``runs/``: results.json holds only what the arguments determine, so the same seed gives
     the same file."""
     results: dict[str, dict] = {}
-    for encoding in config.encodings:
+    for encoding in names if names is not None else config.encodings:
         runs = [r for r in records if r["encoding"] == encoding]
         evals: dict[str, dict] = {}
         for length in map(str, config.eval_lengths):
@@ -306,6 +335,8 @@ def aggregate(config: ExtrapolationConfig, records: Sequence[dict]) -> dict:
             "parameters": runs[0]["parameters"],
             "runs": {str(r["seed"]): r["eval"] for r in runs},
         }
+        if "extension" in runs[0]:
+            results[encoding]["extension"] = runs[0]["extension"]
     return results
 
 
@@ -334,10 +365,18 @@ def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, re
     missing = [f"{e}-seed{s}" for (e, s), r in zip(pairs, records) if r is None]
     if missing:
         raise RuntimeError(f"runs missing after every rank finished: {missing}")
+    names = list(config.encodings)
+    if config.rope_scaling or config.finetune_steps:
+        # imported here: rope_extension builds on this module's run bookkeeping. Rank 0 runs
+        # the extension rows after every rank has finished its share (it needs rope's model).
+        from .rope_extension import extension_rows, run_rope_extension
+
+        records += run_rope_extension(config, corpus, paths, reporter)
+        names += extension_rows(config)
     summary = {
         "config": {**config.to_dict(), "posenc_version": __version__},
         "corpus": corpus.info,
-        "results": aggregate(config, records),
+        "results": aggregate(config, records, names),
     }
     atomic_write_json(paths.out / "results.json", summary)
     write_csv(paths.out / "results.csv", summary)

@@ -1,0 +1,96 @@
+"""`posenc inspect CONFIG.json`: the table, the attention factor and the PNG, on the published
+config fixtures; every bad input is one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from posenc import cli
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run(capsys, *args):
+    code = cli.main(["inspect", *map(str, args)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_inspect_yarn_config_table_attention_factor_and_png(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "qwen.png"
+    code, stdout, stderr = run(capsys, FIXTURES / "qwen2_5_7b_instruct_yarn.json", "--out", out)
+    assert code == 0, stderr
+    # Qwen2.5-7B: head_dim 3584 / 28 = 128, theta 1e6, YaRN s = 4 over L0 = 32768.
+    critical = 128 * math.log(32768 / (2 * math.pi)) / (2 * math.log(1e6))  # YaRN eq. 17, r = 1
+    full_pairs = sum(2 * math.pi * 1e6 ** (2 * i / 128) <= 32768 for i in range(64))
+    assert full_pairs == 40
+    assert f"Critical dimension (YaRN eq. 17, r = 1): {critical:.2f}" in stdout
+    assert f"{full_pairs} of 64 pairs turn fully within" in stdout
+    assert f"attention factor {0.1 * math.log(4) + 1:.6g}" in stdout  # YaRN's default sqrt(1/t)
+    assert "L0 = 32768" in stdout and "extended L = 131072" in stdout
+    rows = re.findall(r"│\s*(\d+) │.*│\s*(yes|no)\s*│", stdout)
+    assert [int(i) for i, _ in rows] == list(range(64))
+    assert [flag for _, flag in rows] == ["yes"] * full_pairs + ["no"] * (64 - full_pairs)
+    data = out.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 10_000
+    assert not stderr
+
+
+def test_inspect_plain_config_default_png_name(capsys, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    code, stdout, stderr = run(capsys, FIXTURES / "llama2_7b.json")
+    assert code == 0, stderr
+    assert "rope_type default" in stdout and "attention factor 1 " in stdout
+    assert "46 of 64 pairs turn fully within" in stdout  # 2 pi 10000^(i/64) <= 4096 for i <= 45
+    assert (tmp_path / "llama2_7b.rope.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_inspect_context_overrides(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    code, stdout, stderr = run(
+        capsys, FIXTURES / "llama2_7b.json", "--original-context", "2048", "--extended-context", "8192",
+        "--out", tmp_path / "l.png",
+    )
+    assert code == 0, stderr
+    full_pairs = sum(2 * math.pi * 1e4 ** (2 * i / 128) <= 2048 for i in range(64))
+    assert f"{full_pairs} of 64 pairs turn fully within L0 = 2048" in " ".join(stdout.split())
+    assert "extended L = 8192" in stdout
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "does not exist"),
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "must hold a JSON object"),
+        ('{"rope_theta": 10000.0}', "head_dim"),
+        ('{"head_dim": 64, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}', "max_position_embeddings"),
+        ('{"head_dim": 64, "max_position_embeddings": 4096, "rope_scaling": {"rope_type": "su", "factor": 4.0}}', "unknown rope_type"),
+        ('{"head_dim": 64, "max_position_embeddings": 4096, "rope_scaling": {"rope_type": "linear"}}', "factor"),
+    ],
+)
+def test_inspect_bad_config_one_line_exit_2(capsys, tmp_path, content, message):
+    path = tmp_path / "config.json"
+    if content is not None:
+        path.write_text(content)
+    code, stdout, stderr = run(capsys, path, "--out", tmp_path / "x.png")
+    assert code == 2
+    assert stderr.startswith("posenc: error: ") and stderr.count("\n") == 1 and message in stderr
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_inspect_bad_arguments_exit_2(capsys, tmp_path):
+    code, _, stderr = run(capsys, FIXTURES / "llama2_7b.json", "--original-context", "0")
+    assert code == 2 and "--original-context" in stderr and stderr.count("\n") == 1
+    code, _, stderr = run(capsys, tmp_path)  # a folder, not a file
+    assert code == 2 and "is not a file" in stderr
+    code, _, stderr = run(capsys)  # CONFIG missing
+    assert code == 2 and stderr.startswith("posenc: error: ")
