@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -26,17 +27,37 @@ class ScoreBias(PositionalEncoding):
 
     hooks = frozenset({"score_bias"})
     num_heads: int
+    #: True when b(h, i, j) depends on j - i only (ALiBi, T5, Kerple; not FIRE, whose
+    #: normalizer reads the absolute query position). Consecutive positions then make the
+    #: bias a Toeplitz matrix: :meth:`score_bias` evaluates the Tq + Tk - 1 distances once.
+    translation_invariant: ClassVar[bool] = False
 
     def bias(self, q_positions: Tensor, k_positions: Tensor, head: Tensor) -> Tensor:
         """b(h, i, j) elementwise on broadcastable integer tensors -> float32 tensor."""
         raise NotImplementedError
 
     def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
-        """Materialized bias: (Tq,), (Tk,) -> (H, Tq, Tk); (B, Tq), (B, Tk) -> (B, H, Tq, Tk)."""
+        """Materialized bias: (Tq,), (Tk,) -> (H, Tq, Tk); (B, Tq), (B, Tk) -> (B, H, Tq, Tk).
+
+        A new tensor each call (the blocked backend may write into it)."""
+        if self.translation_invariant and _consecutive(q_positions) and _consecutive(k_positions):
+            return self._toeplitz_bias(q_positions, k_positions)
         q = q_positions.unsqueeze(-1).unsqueeze(-3)  # (..., 1, Tq, 1)
         k = k_positions.unsqueeze(-2).unsqueeze(-3)  # (..., 1, 1, Tk)
         head = torch.arange(self.num_heads, device=q_positions.device).view(-1, 1, 1)
         return self.bias(q, k, head)
+
+    def _toeplitz_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+        """bias[h, i, j] = values[h, j - i + Tq - 1], values over the distances
+        k_0 - q_last .. k_last - q_0: O(H (Tq + Tk)) evaluations instead of O(H Tq Tk)."""
+        num_queries, num_keys = q_positions.shape[-1], k_positions.shape[-1]
+        low = int(k_positions[0]) - int(q_positions[-1])
+        distances = torch.arange(low, low + num_queries + num_keys - 1, device=q_positions.device)
+        head = torch.arange(self.num_heads, device=q_positions.device).unsqueeze(-1)
+        values = self.bias(torch.zeros_like(distances), distances, head)  # (H, Tq + Tk - 1)
+        # unfold: row r holds values[r : r + Tk], i.e. distances for query Tq - 1 - r; flip
+        # puts query 0 first and copies into a new contiguous tensor.
+        return values.unfold(-1, num_keys, 1).flip(-2).contiguous()
 
     def score_mod(
         self, q_positions: Tensor | None = None, k_positions: Tensor | None = None
@@ -57,6 +78,13 @@ class ScoreBias(PositionalEncoding):
             return score + self.bias(lookup(q_positions, b, q_idx), lookup(k_positions, b, kv_idx), h.long())
 
         return score_mod
+
+
+def _consecutive(positions: Tensor) -> bool:
+    """A 1-D run p0, p0 + 1, ... (the layout without padding, packing or gaps)."""
+    if positions.dim() != 1 or positions.numel() == 0:
+        return False
+    return positions.numel() == 1 or bool((positions.diff() == 1).all())
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
@@ -93,6 +121,7 @@ class ALiBi(ScoreBias):
     """
 
     name = "alibi"
+    translation_invariant = True
 
     def __init__(self, num_heads: int, *, bidirectional: bool = False) -> None:
         super().__init__()
@@ -186,6 +215,7 @@ class T5RelativeBias(ScoreBias):
     """
 
     name = "t5"
+    translation_invariant = True
 
     def __init__(
         self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
@@ -268,6 +298,7 @@ class Kerple(ScoreBias):
     """
 
     name = "kerple"
+    translation_invariant = True
 
     def __init__(self, num_heads: int, *, variant: str = "log", eps: float = 1e-2) -> None:
         super().__init__()
