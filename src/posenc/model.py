@@ -17,8 +17,8 @@ positions restart at 0 in each document), :func:`key_padding_mask`, :func:`docum
 The KV cache (:class:`KVCache`) stores, per layer, the keys *before* the encoding's rotate
 (just after the projection) and the values, plus every cached key's position. Each step
 calls :func:`posenc.attention` on the new queries and *all* keys with their explicit
-positions, so the encoding sees every position as in a full pass: xPos with
-``center="call"`` re-centres, FIRE normalizes by the absolute query position, Shaw /
+positions, so the encoding sees every position as in a full pass: xPos re-centres each
+call at its query block (its default ``center="query"``), FIRE normalizes by the absolute query position, Shaw /
 Transformer-XL index their relative tables by the true distances, and dynamic-NTK RoPE in its
 default ``dynamic_cache="rerotate"`` mode re-rotates old keys with the frequencies of the
 current length; no special case anywhere. (That last one is exact in the first layer only:
@@ -26,7 +26,7 @@ deeper layers cache hidden states computed at a shorter length; see :class:`KVCa
 ``PositionalEncoding.call_invariant``.) The price: every step re-applies ``rotate`` to all Tk
 cached keys, O(Tk D) per layer and head, the same order as the step's q.k^T itself (caching
 rotated keys, as Hugging Face does, saves that rotation but is exact only for encodings whose key
-transform never changes, i.e. not for dynamic NTK "rerotate" nor xPos "call").
+transform never changes, i.e. not for dynamic NTK "rerotate" nor xPos "query" / "call").
 """
 
 from __future__ import annotations
