@@ -215,18 +215,22 @@ def plot_extrapolation(summary: dict, out: str | Path) -> Path:
     train_len = summary["config"]["train_len"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
     panels = (("bits_per_byte", "all tokens of each window"), ("bits_per_byte_last", f"last {train_len} tokens of each window"))
+    rows = list(summary["results"].items())
+    # tab10 repeats after ten rows (the full preset has eleven): more colours, and markers too
+    colors = plt.get_cmap("tab10" if len(rows) <= 10 else "tab20")
+    markers = "os^Dv<>PXph"
     for ax, (key, title) in zip(axes, panels):
-        for encoding, res in summary["results"].items():
+        for index, (encoding, res) in enumerate(rows):
             lengths = sorted(int(n) for n in res["eval"])
             if not lengths:
                 continue
             values = [res["eval"][str(n)][key] for n in lengths]
             errors = [res["eval"][str(n)].get("loss_std", 0.0) / math.log(2) for n in lengths]
-            style = _line_style(res)
+            style = dict(linestyle=_line_style(res), color=colors(index % colors.N), marker=markers[index % len(markers)])
             if any(errors):
-                ax.errorbar(lengths, values, yerr=errors, marker="o", capsize=3, linestyle=style, label=encoding)
+                ax.errorbar(lengths, values, yerr=errors, capsize=3, label=encoding, **style)
             else:
-                ax.plot(lengths, values, marker="o", linestyle=style, label=encoding)
+                ax.plot(lengths, values, label=encoding, **style)
         ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("evaluation length (tokens = bytes, log scale)")
