@@ -339,14 +339,16 @@ def attention(
     k_positions = _default_positions(k_positions, num_keys, 0, q.device, "k_positions", batch)
     bias_rows = batch if q_positions.dim() == 2 or k_positions.dim() == 2 else 1
     name = _resolve_backend(backend, encoding, bias_rows * num_heads * num_queries * num_keys)
+    lazy = name in _LAZY_BIAS_BACKEND_FNS
+    has_key = None
     if mask is not None:
         mask = _check_mask(mask, batch, num_heads, num_queries, num_keys).to(q.device)
-    causal_part = causal_mask(num_queries, num_keys, q.device) if causal else None
-    mask, has_key = combine_masks(causal_part, mask)
-    if name in _LAZY_BIAS_BACKEND_FNS:
-        # a 2-D mask is the plain causal one, which these backends build per block themselves
-        user_mask = mask if mask is not None and mask.dim() == 4 else None
-        out = _lazy_bias_attention(name, q, k, v, encoding, causal, q_positions, k_positions, user_mask)
+        mask, has_key = combine_masks(causal_mask(num_queries, num_keys, q.device) if causal else None, mask)
+    elif causal and not lazy:
+        mask = causal_mask(num_queries, num_keys, q.device)
+    if lazy:
+        # never the (Tq, Tk) causal mask: these backends mask each block themselves
+        out = _lazy_bias_attention(name, q, k, v, encoding, causal, q_positions, k_positions, mask)
     else:
         out = _hooked_attention(name, q, k, v, encoding, q_positions, k_positions, mask)
     return out if has_key is None else out.masked_fill(~has_key, 0.0)

@@ -5,7 +5,8 @@
 "HF-style eager formula" written from its definition) and rotary-embedding-torch.
 ``attention_benchmark`` times causal attention per score-bias encoding and backend against
 bias-free causal SDPA, each configuration in a fresh subprocess so that its peak memory
-(``ru_maxrss`` after minus before the first call) is its own. Peers that are not installed
+(peak RSS during the first call minus RSS before it; ``ru_maxrss`` where the peak cannot be
+reset) is its own. Peers that are not installed
 are skipped with a note (``pip install posenc[bench]``).
 
 Timings are medians of interleaved repeats; only the ratios within one run mean anything.
@@ -107,6 +108,26 @@ def rope_benchmark(
 
 # --- attention --------------------------------------------------------------------------
 
+def _reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (Linux: clear_refs 5), so the peak of one call can be
+    read as VmHWM - VmRSS before it. Without it, ru_maxrss keeps the peak of the imports and
+    setup, and a call that stays below that peak reads as using no memory at all."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return _rss_kib("VmHWM") is not None
+    except OSError:
+        return False
+
+
+def _rss_kib(field: str) -> int | None:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return None
+
+
 def _attention_worker(config: dict) -> dict:
     """Run one configuration in this (fresh) process: time and ru_maxrss delta of the first call."""
     import resource
@@ -127,11 +148,13 @@ def _attention_worker(config: dict) -> dict:
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
             return attention(q, k, v, encoding, causal=True, backend=config["backend"])
 
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_reset = _reset_peak_rss()
+    before = _rss_kib("VmRSS") if peak_reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
     run()
     first = time.perf_counter() - start
-    extra_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024  # Linux: KiB
+    after = _rss_kib("VmHWM") if peak_reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    extra_mb = (after - before) / 1024  # Linux: KiB
     times = [first] if config["backend"] != "flex" else []  # flex's first call compiles
     for _ in range(config["repeats"]):
         start = time.perf_counter()
