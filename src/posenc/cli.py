@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -343,7 +344,8 @@ def generate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the app; turn every argument error into one line and exit code 2."""
+    """Entry point: run the app; turn every argument error into one line and exit code 2
+    (``POSENC_DEBUG=1`` shows the traceback instead)."""
     from .checkpoint import CheckpointMismatch
 
     try:
@@ -357,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"posenc: error: {err.format_message()}", file=sys.stderr)
         return 2
     except (ValueError, TypeError, KeyError, FileNotFoundError, CheckpointMismatch) as err:
+        if os.environ.get("POSENC_DEBUG"):
+            raise  # the full traceback, for a bug rather than a bad argument
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"posenc: error: {message}", file=sys.stderr)
         return 2
