@@ -68,3 +68,16 @@ def ref_inv_freq(d, b, sc, seq_len=None):
             af = math.sqrt(1 + math.log(s) / math.log(L0)) if s > 1 else 1.0
         return [x / e for x, e in zip(theta, ext)], af
     raise AssertionError(t)
+
+
+def xpos_reference_score(qv, kv, n, m, scale_base=512.0):
+    """xPos (Sun et al. 2022): the float64 score of one (query n, key m) pair in its relative
+    form zeta_p^((n-m)/B) R((n-m) theta_p), half-split pairs (p, p + D/2), never large."""
+    d = qv.shape[-1]
+    half, delta, total = d // 2, n - m, 0.0
+    for p in range(half):
+        theta, zeta = 10000.0 ** (-2.0 * p / d), (2.0 * p / d + 0.4) / 1.4
+        c, s, decay = math.cos(delta * theta), math.sin(delta * theta), zeta ** (delta / scale_base)
+        a, b, x, y = (float(t) for t in (qv[p], qv[p + half], kv[p], kv[p + half]))
+        total += decay * ((a * x + b * y) * c + (a * y - b * x) * s)
+    return total

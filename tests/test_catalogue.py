@@ -15,6 +15,7 @@ import torch
 import posenc
 from posenc.encodings.relative import relative_shift
 from posenc.encodings.rotary import xpos_zeta
+from rope_reference import xpos_reference_score
 
 B, H, D = 2, 2, 4
 ATOL = 2e-5  # float32 arithmetic against a float64 reference
@@ -133,18 +134,6 @@ def test_xpos_call_centre_is_only_consistent_within_one_call():
     _, k_alone = enc.rotate(k, k, kp, kp)
     q_alone, _ = enc.rotate(q, q, qp, qp)
     assert not torch.allclose(q_alone @ k_alone.transpose(-2, -1), q_rot @ k_rot.transpose(-2, -1), atol=1e-3)
-
-
-def xpos_reference_score(qv, kv, n, m, scale_base=512.0):
-    """float64 score of one pair via its relative form zeta^((n-m)/B) R((n-m) theta) (never large)."""
-    d = qv.shape[-1]
-    half, delta, total = d // 2, n - m, 0.0
-    for p in range(half):
-        theta, zeta = 10000.0 ** (-2.0 * p / d), (2.0 * p / d + 0.4) / 1.4
-        c, s, decay = math.cos(delta * theta), math.sin(delta * theta), zeta ** (delta / scale_base)
-        a, b, x, y = (float(t) for t in (qv[p], qv[p + half], kv[p], kv[p + half]))
-        total += decay * ((a * x + b * y) * c + (a * y - b * x) * s)
-    return total
 
 
 @pytest.mark.parametrize("center,offset", [(0, 0), ("call", 50_000)])
