@@ -31,8 +31,10 @@ def make(name: str, causal: bool = True):
 
 @pytest.fixture(autouse=True)
 def small_tiles(monkeypatch):
-    """Tiles of a few hundred entries, so the blocked backend runs many query blocks."""
+    """Tiles of a few hundred entries and view blocks of 3 rows, so the blocked backend runs
+    many query blocks, materialized or strided."""
     monkeypatch.setattr(attention_module, "BLOCKED_TILE_ELEMENTS", 400)
+    monkeypatch.setattr(attention_module, "BLOCKED_VIEW_ROWS", 3)
 
 
 CASES = [  # (Tq, Tk, positions): Tq != Tk is a KV cache; (B, T) positions are per-row offsets
@@ -40,12 +42,15 @@ CASES = [  # (Tq, Tk, positions): Tq != Tk is a KV cache; (B, T) positions are p
     (5, 29, None),
     (7, 20, "offset"),
     (9, 9, "per-row"),
+    (6, 12, "after"),  # consecutive queries placed after all keys: the positional causal mask is not the index one
 ]
 
 
 def positions_for(kind, tq, tk):
     if kind == "offset":
         return torch.arange(100 + tk - tq, 100 + tk), torch.arange(100, 100 + tk)
+    if kind == "after":
+        return torch.arange(50, 50 + tq), torch.arange(tk)
     if kind == "per-row":
         starts = torch.tensor([[0], [37]])
         return starts + torch.arange(tq), starts + torch.arange(tk)
@@ -104,6 +109,60 @@ def test_learned_bias_gradients_match_eager(name, backend, causal):
         grads[b] = [q.grad, k.grad, v.grad] + [p.grad for p in enc.parameters()]
     for got, expected in zip(grads[backend], grads["eager"], strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+TOEPLITZ_ENCODINGS = [n for n in BIAS_ENCODINGS if posenc.REGISTRY[n].translation_invariant]
+
+
+@pytest.mark.parametrize("name", BIAS_ENCODINGS)
+@pytest.mark.parametrize("order", ["ascending", "descending", "shuffled"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_score_bias_matches_elementwise_bias(name, order, causal):
+    """score_bias (Toeplitz from the distinct distances, or elementwise) against bias() on
+    every (i, j) pair one by one, -inf where the key is after the query when causal=True."""
+    enc = make(name, causal=False)
+    qp = torch.arange(20, 31)
+    if order == "descending":
+        qp = qp.flip(0)
+    elif order == "shuffled":
+        qp = qp[torch.randperm(qp.numel(), generator=torch.Generator().manual_seed(0))]
+    kp = torch.arange(5, 40)
+    with torch.no_grad():
+        got = enc.score_bias(qp, kp, causal=causal)
+        expected = torch.empty(H, qp.numel(), kp.numel())
+        for i, qi in enumerate(qp.tolist()):
+            for j, kj in enumerate(kp.tolist()):
+                value = enc.bias(torch.tensor(qi), torch.tensor(kj), torch.arange(H))
+                expected[:, i, j] = -math.inf if causal and kj > qi else value
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", TOEPLITZ_ENCODINGS)
+def test_descending_queries_give_a_view_of_the_distances(name):
+    """The blocked backend's memory bound: no (H, Tq, Tk) storage for a Toeplitz bias."""
+    enc = make(name, causal=True)
+    with torch.no_grad():
+        bias = enc.score_bias(torch.arange(999, 499, -1), torch.arange(1000), causal=True)
+    assert bias.shape == (H, 500, 1000)
+    assert bias.untyped_storage().nbytes() <= H * 1500 * 4
+
+
+def test_blocked_memory_is_linear_in_length(monkeypatch):
+    """With the causal mask folded into a strided bias view, no tile of H * rows * T floats is
+    allocated: the largest tensor SDPA sees holds O(H T) values."""
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        seen.append(attn_mask.untyped_storage().nbytes())
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(attention_module, "BLOCKED_VIEW_ROWS", 64)
+    q = torch.randn(1, H, 1024, D)
+    posenc.attention(q, q, q, make("alibi"), backend="blocked")
+    assert len(seen) == 1 + math.ceil((1024 - 2) / 64)  # a 2-row probe (the tile budget), then 64-row blocks
+    assert max(seen) <= H * (64 + 1024) * 4
 
 
 def test_t5_tile_lookup_matches_buckets():

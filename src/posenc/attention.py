@@ -33,6 +33,13 @@ AUTO_BLOCKED_MIN_BIAS_ELEMENTS = 1 << 22
 #: Tk, holds at most this many float32 entries (16 MiB): memory stays O(T), not O(T^2).
 BLOCKED_TILE_ELEMENTS = 1 << 22
 
+#: Query rows per block once the bias tiles are strided views costing no memory (a
+#: translation-invariant bias with the causal mask folded in): few enough that the future
+#: keys computed and masked inside a block's diagonal stay a small fraction (rows / T),
+#: enough that per-call overhead is amortized. Best of 64 .. 1024 at T = 8192, H = 8, D = 64
+#: on a 2-core CPU (benchmarks/bench_attention.py).
+BLOCKED_VIEW_ROWS = 256
+
 #: backend="flex" compiles FlexAttention (once per shape) only for sequences at least this long.
 FLEX_COMPILE_MIN_LENGTH = 128
 
@@ -154,7 +161,7 @@ def _finite_in(bias: Tensor, dtype: torch.dtype) -> Tensor:
     limit = torch.finfo(dtype).max
     if not bias.is_floating_point() or limit >= torch.finfo(bias.dtype).max:
         return bias  # the cast cannot overflow
-    return bias.clamp(-limit, limit)
+    return torch.where(bias == float("-inf"), bias, bias.clamp(-limit, limit))  # a folded-in mask stays -inf
 
 
 def _as_4d(mask: Tensor) -> Tensor:
@@ -170,34 +177,76 @@ def _blocked(q, k, v, *, score_bias, q_positions, k_positions, causal, scale, us
     on that block's positions, never the whole (H, Tq, Tk) bias.
 
     Under a causal mask a block's queries see only keys ``< block end + Tk - Tq``: later key
-    blocks are skipped, and only the block's diagonal slab of the tile needs the -inf mask.
-    ``user_mask`` (4-D boolean, the causal mask already folded in) is sliced per block.
+    blocks are skipped. When the queries are the last keys (default positions, a KV cache)
+    the hook is asked for the bias with the causal mask folded in (``causal=True``), and for
+    the block's queries in descending order: a translation-invariant bias (ALiBi, T5,
+    Kerple) then comes back as a strided view of its Tq + Tk - 1 values, no tile in memory,
+    and blocks grow to ``BLOCKED_VIEW_ROWS``. Otherwise the block's diagonal slab of the
+    tile gets the -inf mask. ``user_mask`` (4-D boolean, the causal mask already folded in)
+    is sliced per block.
     """
     _, num_heads, num_queries, _ = q.shape
     num_keys = k.shape[2]
     offset = num_keys - num_queries
     bias_rows = q.shape[0] if (q_positions.dim() == 2 or k_positions.dim() == 2) else 1
-    block = max(1, min(num_queries, BLOCKED_TILE_ELEMENTS // max(1, bias_rows * num_heads * num_keys)))
+    # at least 2 rows, so that a strided (overlapping) tile can show itself: see _is_compact
+    block = min(num_queries, max(2, BLOCKED_TILE_ELEMENTS // max(1, bias_rows * num_heads * num_keys)))
+    has_bias = score_bias is not None
+    fold = has_bias and causal and user_mask is None and _queries_are_last_keys(q_positions, k_positions)
+    descending = has_bias and user_mask is None and q_positions.dim() == 1 and (fold or not causal)
     out = torch.empty_like(q)
-    for start in range(0, num_queries, block):
+    start = 0
+    while start < num_queries:
         stop = min(num_queries, start + block)
         key_end = stop + offset if causal else num_keys
-        tile = score_bias(q_positions[..., start:stop], k_positions[..., :key_end])
-        if tile is not None:
-            tile = _finite_in(tile, q.dtype)
-        if user_mask is not None:
-            rows = user_mask if user_mask.shape[-2] == 1 else user_mask[..., start:stop, :]
-            allowed = rows[..., :key_end]
-            mask = allowed if tile is None else _as_4d(tile.masked_fill(~allowed, float("-inf")).to(q.dtype))
-        elif tile is None:
-            mask = causal_mask(stop - start, key_end, q.device) if causal else None
-        else:
-            mask = _mask_future(tile, stop - start, key_end) if causal else tile
-            mask = _as_4d(mask.to(q.dtype))
-        out[:, :, start:stop] = F.scaled_dot_product_attention(
-            q[:, :, start:stop], k[:, :, :key_end], v[:, :, :key_end], attn_mask=mask, scale=scale
-        )
+        q_pos, q_rows = q_positions[..., start:stop], q[:, :, start:stop]
+        if descending:
+            q_pos, q_rows = q_pos.flip(-1), q_rows.flip(2)
+        k_pos = k_positions[..., :key_end]
+        tile = None if not has_bias else score_bias(q_pos, k_pos, causal=True) if fold else score_bias(q_pos, k_pos)
+        mask = _block_mask(tile, start, stop, key_end, causal=causal and not fold, user_mask=user_mask,
+                           dtype=q.dtype, device=q.device)
+        if tile is not None and _is_compact(mask):
+            block = max(block, BLOCKED_VIEW_ROWS)  # the tile costs no memory: fewer, larger calls
+        block_out = F.scaled_dot_product_attention(q_rows, k[:, :, :key_end], v[:, :, :key_end], attn_mask=mask,
+                                                   scale=scale)
+        out[:, :, start:stop] = block_out.flip(2) if descending else block_out
+        start = stop
     return out
+
+
+def _queries_are_last_keys(q_positions: Tensor, k_positions: Tensor) -> bool:
+    """True when the positional causal mask (key position <= query position) is the
+    index one (j <= i + Tk - Tq): 1-D positions, keys strictly increasing, and the queries'
+    positions those of the last Tq keys (default positions, a KV cache)."""
+    if q_positions.dim() != 1 or k_positions.dim() != 1:
+        return False
+    num_queries, num_keys = q_positions.shape[0], k_positions.shape[0]
+    if num_keys > 1 and not bool((k_positions.diff() > 0).all()):
+        return False
+    return bool(torch.equal(q_positions, k_positions[num_keys - num_queries:]))
+
+
+def _block_mask(tile, start, stop, key_end, *, causal, user_mask, dtype, device) -> Tensor | None:
+    """The SDPA mask of query rows start:stop (ascending) from their bias tile (or None):
+    user mask or causal -inf added, finite in ``dtype``, 4-D."""
+    if user_mask is not None:
+        allowed = (user_mask if user_mask.shape[-2] == 1 else user_mask[..., start:stop, :])[..., :key_end]
+        if tile is None:
+            return allowed
+        return _as_4d(_finite_in(tile, dtype).masked_fill(~allowed, float("-inf")).to(dtype))
+    if tile is None:
+        return causal_mask(stop - start, key_end, device) if causal else None
+    tile = _finite_in(tile, dtype)
+    if causal:
+        tile = _mask_future(tile, stop - start, key_end)
+    return _as_4d(tile.to(dtype))
+
+
+def _is_compact(tile: Tensor) -> bool:
+    """A tile held in less memory than its size: its entries overlap (a strided view of the
+    distinct values of a Toeplitz bias) or broadcast, so more rows cost no more memory."""
+    return tile.untyped_storage().nbytes() < tile.numel() * tile.element_size()
 
 
 def _mask_future(tile: Tensor, rows: int, key_end: int) -> Tensor:
@@ -398,6 +447,6 @@ def _lazy_bias_attention(name, q, k, v, encoding, causal, q_positions, k_positio
             score_mod = encoding.score_mod(q_positions, k_positions)
         return _flex(q, k, v, score_mod=score_mod, q_positions=q_positions, k_positions=k_positions,
                      causal=causal, scale=scale)
-    score_bias = encoding.score_bias if "score_bias" in hooks else (lambda q_pos, k_pos: None)
+    score_bias = encoding.score_bias if "score_bias" in hooks else None
     return _blocked(q, k, v, score_bias=score_bias, q_positions=q_positions, k_positions=k_positions,
                     causal=causal, scale=scale, user_mask=user_mask)

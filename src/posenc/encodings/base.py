@@ -82,6 +82,22 @@ def check_bool(value, argname: str) -> bool:
     return value
 
 
+def broadcast_shape(*shapes: tuple[int, ...]) -> torch.Size:
+    """The broadcast of ``shapes`` (NumPy rules), or ValueError.
+
+    ``torch.broadcast_shapes`` would do, but its first call imports sympy (through
+    torch.fx's symbolic shapes): a third of a second and ~40 MB inside the first forward.
+    """
+    ndim = max((len(shape) for shape in shapes), default=0)
+    result = []
+    for sizes in zip(*((1,) * (ndim - len(shape)) + tuple(shape) for shape in shapes)):
+        distinct = {size for size in sizes if size != 1}
+        if len(distinct) > 1:
+            raise ValueError(f"shapes {[tuple(shape) for shape in shapes]} do not broadcast")
+        result.append(distinct.pop() if distinct else 1)
+    return torch.Size(result)
+
+
 def relative_positions(q_positions: Tensor, k_positions: Tensor) -> Tensor:
     """``k_positions[j] - q_positions[i]`` (key minus query, T5's convention).
 
@@ -149,10 +165,14 @@ class PositionalEncoding(nn.Module):
         """q (B, H, Tq, D), k (B, H, Tk, D) -> (q', k'), same shapes and dtypes."""
         return q, k
 
-    def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+    def score_bias(self, q_positions: Tensor, k_positions: Tensor, *, causal: bool = False) -> Tensor | None:
         """Additive logit bias b(h, i, j), float32, shape (H, Tq, Tk) or (B, H, Tq, Tk).
 
-        Added after the 1/sqrt(D) scaling of q.k (ALiBi and T5 are not scaled).
+        Added after the 1/sqrt(D) scaling of q.k (ALiBi and T5 are not scaled). With
+        ``causal=True`` the causal mask is folded in: -inf where the key position is after
+        the query position (the blocked backend asks for it so when that is its mask). The
+        result may be a strided view that overlaps itself; callers write only into a result
+        that ``is_contiguous()``.
         """
         return None
 

@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from .base import PositionalEncoding, check_bool, check_number, check_positive_int
+from .base import PositionalEncoding, broadcast_shape, check_bool, check_number, check_positive_int
 
 
 class ScoreBias(PositionalEncoding):
@@ -36,26 +36,43 @@ class ScoreBias(PositionalEncoding):
         """b(h, i, j) elementwise on broadcastable integer tensors -> float32 tensor."""
         raise NotImplementedError
 
-    def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
-        """Materialized bias: (Tq,), (Tk,) -> (H, Tq, Tk); (B, Tq), (B, Tk) -> (B, H, Tq, Tk).
+    def score_bias(self, q_positions: Tensor, k_positions: Tensor, *, causal: bool = False) -> Tensor:
+        """The bias: (Tq,), (Tk,) -> (H, Tq, Tk); (B, Tq), (B, Tk) -> (B, H, Tq, Tk), float32.
 
-        A new tensor each call (the blocked backend may write into it)."""
-        if self.translation_invariant and _consecutive(q_positions) and _consecutive(k_positions):
-            return self._toeplitz_bias(q_positions, k_positions)
+        ``causal=True`` folds the causal mask in: -inf where the key comes after the query
+        (k_position > q_position).
+
+        A translation-invariant bias of consecutive positions is a Toeplitz matrix, made from
+        its Tq + Tk - 1 distinct values: with the queries in descending order (q, q - 1, ...)
+        it is returned as a strided view of them that overlaps itself (no (H, Tq, Tk) memory;
+        the blocked backend asks for it so); otherwise as a new dense tensor. Write only into
+        a result that ``is_contiguous()``.
+        """
+        check_bool(causal, "causal")
+        q_step = _run_step(q_positions)
+        if self.translation_invariant and q_step is not None and _run_step(k_positions) == 1:
+            return self._toeplitz_bias(q_positions, k_positions, causal=causal, descending=q_step == -1)
         q = q_positions.unsqueeze(-1).unsqueeze(-3)  # (..., 1, Tq, 1)
         k = k_positions.unsqueeze(-2).unsqueeze(-3)  # (..., 1, 1, Tk)
         head = torch.arange(self.num_heads, device=q_positions.device).view(-1, 1, 1)
-        return self.bias(q, k, head)
+        bias = self.bias(q, k, head)
+        return bias.masked_fill(k > q, float("-inf")) if causal else bias
 
-    def _toeplitz_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
-        """bias[h, i, j] = values[h, j - i + Tq - 1], values over the distances
-        k_0 - q_last .. k_last - q_0: O(H (Tq + Tk)) evaluations instead of O(H Tq Tk)."""
+    def _toeplitz_bias(self, q_positions: Tensor, k_positions: Tensor, *, causal: bool, descending: bool) -> Tensor:
+        """bias[h, i, j] from values[h, d] over the distances d = k - q, O(H (Tq + Tk))
+        evaluations instead of O(H Tq Tk). Row r of ``values.unfold`` holds the distances of
+        the r-th largest query position: the answer itself for descending queries (Hankel
+        strides (1, 1), a view), its row reversal for ascending ones."""
         num_queries, num_keys = q_positions.shape[-1], k_positions.shape[-1]
-        low = int(k_positions[0]) - int(q_positions[-1])
+        low = int(k_positions[0]) - int(q_positions.max())
         distances = torch.arange(low, low + num_queries + num_keys - 1, device=q_positions.device)
         head = torch.arange(self.num_heads, device=q_positions.device).unsqueeze(-1)
         values = self.bias(torch.zeros_like(distances), distances, head)  # (H, Tq + Tk - 1)
-        rows = values.unfold(-1, num_keys, 1)  # row r: values[r : r + Tk], the distances of query Tq - 1 - r
+        if causal:
+            values = values.masked_fill(distances > 0, float("-inf"))
+        rows = values.unfold(-1, num_keys, 1)  # (H, Tq, Tk), descending queries
+        if descending or num_queries == 1:
+            return rows
         if torch.is_grad_enabled() and values.requires_grad:
             return rows.flip(-2).contiguous()  # one differentiable op
         # Row by row, each a contiguous slice: 6x faster than torch.flip's strided gather.
@@ -85,11 +102,16 @@ class ScoreBias(PositionalEncoding):
         return score_mod
 
 
-def _consecutive(positions: Tensor) -> bool:
-    """A 1-D run p0, p0 + 1, ... (the layout without padding, packing or gaps)."""
+def _run_step(positions: Tensor) -> int | None:
+    """+1 for a 1-D run p0, p0 + 1, ..., -1 for p0, p0 - 1, ..., else None (padding, packing,
+    gaps, per-batch positions). A single position counts as ascending."""
     if positions.dim() != 1 or positions.numel() == 0:
-        return False
-    return positions.numel() == 1 or bool((positions.diff() == 1).all())
+        return None
+    if positions.numel() == 1:
+        return 1
+    step = positions.diff()
+    first = int(step[0])
+    return first if first in (1, -1) and bool((step == first).all()) else None
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
@@ -249,7 +271,7 @@ class T5RelativeBias(ScoreBias):
         low = int(k_positions.min()) - int(q_positions.max())
         high = int(k_positions.max()) - int(q_positions.min())
         table = weight[self._bucket(torch.arange(low, high + 1, device=relative.device))].t()  # (H, span)
-        shape = torch.broadcast_shapes(head.shape, relative.shape)
+        shape = broadcast_shape(head.shape, relative.shape)
         per_head = table[head].expand(*shape, table.shape[-1])  # a view: (..., span) per entry
         index = (relative - low).expand(shape).unsqueeze(-1)
         return per_head.gather(-1, index).squeeze(-1).to(torch.float32)
@@ -330,9 +352,9 @@ class Kerple(ScoreBias):
         else:
             self.bias_p.clamp_(min=self.eps)
 
-    def score_bias(self, q_positions, k_positions):
+    def score_bias(self, q_positions, k_positions, *, causal=False):
         self.clamp_parameters_()
-        return super().score_bias(q_positions, k_positions)
+        return super().score_bias(q_positions, k_positions, causal=causal)
 
     def score_mod(self, q_positions=None, k_positions=None):
         self.clamp_parameters_()

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import PositionalEncoding, check_bool, check_even, check_number
+from .base import PositionalEncoding, broadcast_shape, check_bool, check_even, check_number
 from .rope_scaling import LENGTH_DEPENDENT, compute_rope_parameters, inv_freq_per_position, rope_type_of, write_hf_config
 
 
@@ -201,8 +201,8 @@ def apply_rotary(
     if cos.shape[-1] != d or sin.shape[-1] != d:
         raise ValueError(f"cos and sin must have last dimension {d} (full width), got {cos.shape[-1]} and {sin.shape[-1]}")
     try:
-        shape = torch.broadcast_shapes(x.shape, cos.shape, sin.shape)
-    except RuntimeError as err:
+        shape = broadcast_shape(x.shape, cos.shape, sin.shape)
+    except ValueError as err:
         raise ValueError(f"cos and sin must broadcast to x's shape {tuple(x.shape)}, got {tuple(cos.shape)} and {tuple(sin.shape)}") from err
     if shape != x.shape:
         raise ValueError(f"cos and sin must broadcast to x's shape {tuple(x.shape)}, got {tuple(cos.shape)} and {tuple(sin.shape)}")
