@@ -263,6 +263,37 @@ def test_fire_matches_paper_formula_under_a_cache_offset(q_start):
                 assert abs(float(bias[h, i, j]) - fb(h, int(qp[i]), int(kp[j]))) < 1e-5
 
 
+def test_fire_piecewise_linear_form_matches_the_network():
+    """Outside autograd FIRE evaluates its MLP as slopes and intercepts between the hidden
+    units' bends: against the network written out in float64, on the bends themselves, between
+    them and past both ends, with a unit whose input weight is 0 (a constant)."""
+    torch.manual_seed(1)
+    enc = posenc.create("fire", num_heads=H, mlp_width=16)
+    with torch.no_grad():
+        for p in enc.mlp.parameters():
+            p.normal_()
+        enc.mlp[0].weight[3, 0] = 0.0
+    w1, b1 = enc.mlp[0].weight[:, 0].tolist(), enc.mlp[0].bias.tolist()
+    w2, b2 = enc.mlp[2].weight.tolist(), enc.mlp[2].bias.tolist()
+    bends, slopes, intercepts = enc.piecewise_linear_mlp()
+    assert bends.numel() == 15 and slopes.shape == intercepts.shape == (H, 16)
+    xs = torch.cat((bends, torch.linspace(-30, 30, 601))).tolist()
+    for x in xs:
+        segment = int(torch.bucketize(torch.tensor(x), bends, right=True))
+        for h in range(H):
+            network = sum(w * max(0.0, a * x + c) for w, a, c in zip(w2[h], w1, b1)) + b2[h]
+            pieces = float(slopes[h, segment]) * x + float(intercepts[h, segment])
+            assert abs(pieces - network) <= 1e-5 * (1 + abs(network))
+    fb = fire_bias_fn(enc)
+    qp, kp = torch.arange(590, 610), torch.arange(0, 610, 7)
+    with torch.no_grad():
+        bias = enc.score_bias(qp, kp)
+    for h in range(H):
+        for i in range(0, 20, 3):
+            for j in range(kp.numel()):
+                assert abs(float(bias[h, i, j]) - fb(h, int(qp[i]), int(kp[j]))) < 1e-5
+
+
 def test_fire_normalizer_is_absolute_as_the_paper_specifies():
     torch.manual_seed(0)
     enc = posenc.create("fire", num_heads=H)  # L = 512

@@ -211,6 +211,7 @@ def _blocked(q, k, v, *, score_bias, q_positions, k_positions, causal, scale, us
         block_out = F.scaled_dot_product_attention(q_rows, k[:, :, :key_end], v[:, :, :key_end], attn_mask=mask,
                                                    scale=scale)
         out[:, :, start:stop] = block_out.flip(2) if descending else block_out
+        del tile, mask, block_out  # before the next block's tile is made: one tile alive at a time
         start = stop
     return out
 

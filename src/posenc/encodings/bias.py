@@ -114,6 +114,14 @@ def _run_step(positions: Tensor) -> int | None:
     return first if first in (1, -1) and bool((step == first).all()) else None
 
 
+def _first_future_key(q_positions: Tensor, k_positions: Tensor) -> int:
+    """The first key index that may be after some query (0 unless the keys are a 1-D
+    consecutive run): with the causal mask folded in, only columns from there on need it."""
+    if q_positions.dim() != 1 or _run_step(k_positions) != 1 or q_positions.numel() == 0:
+        return 0
+    return min(k_positions.numel(), max(0, int(q_positions.min()) - int(k_positions[0]) + 1))
+
+
 def alibi_slopes(num_heads: int) -> Tensor:
     """ALiBi head slopes (Press et al., ICLR 2022, section 3), float32 (num_heads,).
 
@@ -431,6 +439,52 @@ class FIRE(ScoreBias):
         numerator = torch.log((self.c * distance).abs() + 1.0)
         denominator = torch.log((self.c * torch.maximum(i, self.threshold)).abs() + 1.0) + self.eps
         return numerator / denominator
+
+    def score_bias(self, q_positions, k_positions, *, causal=False):
+        """As :meth:`ScoreBias.score_bias`. Outside autograd the MLP is evaluated in its
+        piecewise-linear form (:meth:`piecewise_linear_mlp`): one lookup and one multiply-add
+        per entry and head instead of a 1 -> width -> H network per pair (no (Tq, Tk, width)
+        hidden tensor); equal to the network up to float32 rounding."""
+        check_bool(causal, "causal")
+        needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        if needs_grad or q_positions.dim() != k_positions.dim():
+            return super().score_bias(q_positions, k_positions, causal=causal)
+        q, k = q_positions.unsqueeze(-1), k_positions.unsqueeze(-2)
+        x = self.normalized_distance(q, k)  # (..., Tq, Tk)
+        breakpoints, slopes, intercepts = self.piecewise_linear_mlp()
+        segment = torch.bucketize(x, breakpoints.to(x.dtype), right=True).view(-1)
+        out = x.new_empty(x.shape[:-2] + (self.num_heads,) + x.shape[-2:])
+        slope, intercept = torch.empty_like(x), torch.empty_like(x)
+        for h in range(self.num_heads):  # index_select: 7x faster than advanced indexing here
+            torch.index_select(slopes[h], 0, segment, out=slope.view(-1))
+            torch.index_select(intercepts[h], 0, segment, out=intercept.view(-1))
+            torch.addcmul(intercept, slope, x, out=out[..., h, :, :])
+        if causal:
+            future = _first_future_key(q_positions, k_positions)  # columns before it see no -inf
+            out[..., future:].masked_fill_((k[..., future:] > q).unsqueeze(-3), float("-inf"))
+        return out
+
+    def piecewise_linear_mlp(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The MLP f: R -> R^H as the piecewise-linear function it is (a ReLU network of one
+        input): hidden unit u bends at x = -b1_u / w1_u, so between consecutive sorted bends
+        f_h(x) = slope[h, s] * x + intercept[h, s], s the number of bends <= x.
+
+        Returns ``(breakpoints (S-1,), slopes (H, S), intercepts (H, S))`` float32, summed in
+        float64 from the current weights (no autograd).
+        """
+        with torch.no_grad():
+            first, second = self.mlp[0], self.mlp[2]
+            w1, b1 = first.weight[:, 0].double(), first.bias.double()
+            w2, b2 = second.weight.double(), second.bias.double()
+            bends = torch.sort(-b1[w1 != 0] / w1[w1 != 0]).values
+            if bends.numel():  # a point inside each segment decides which units are on there
+                inside = torch.cat((bends[:1] - 1, (bends[:-1] + bends[1:]) / 2, bends[-1:] + 1))
+            else:
+                inside = torch.zeros(1, dtype=torch.float64, device=w1.device)
+            on = (inside.unsqueeze(-1) * w1 + b1 > 0).double()  # (S, width)
+            slopes = (on * w1) @ w2.t()  # (S, H)
+            intercepts = (on * b1) @ w2.t() + b2
+        return bends.float(), slopes.t().float().contiguous(), intercepts.t().float().contiguous()
 
     def bias(self, q_positions, k_positions, head):
         x = self.normalized_distance(q_positions, k_positions)
