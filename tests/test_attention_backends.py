@@ -182,6 +182,12 @@ def test_auto_rule():
     assert resolve("auto", alibi, 8 * 1024 * 1024) == "blocked"
     assert resolve("auto", posenc.create("rope", head_dim=8), 8 * 1024 * 1024) == "sdpa"
     assert resolve("auto", None, 8 * 1024 * 1024) == "sdpa"
+    t5 = posenc.create("t5", num_heads=8)  # a learned bias: eager while it trains on the CPU
+    assert resolve("auto", t5, 8 * 64 * 64, torch.device("cpu")) == "eager"
+    assert resolve("auto", t5, 8 * 64 * 64, torch.device("cuda")) == "sdpa"
+    assert resolve("auto", t5, 8 * 1024 * 1024, torch.device("cpu")) == "blocked"
+    with torch.no_grad():
+        assert resolve("auto", t5, 8 * 64 * 64, torch.device("cpu")) == "sdpa"
 
 
 def test_blocked_refuses_content_hooks():

@@ -48,12 +48,11 @@ def relative_shift(x: Tensor, num_keys: int) -> Tensor:
     num_queries, width = x.shape[-2], x.shape[-1]
     if width < num_queries + num_keys - 1:
         raise ValueError(f"x: need at least Tq + Tk - 1 = {num_queries + num_keys - 1} columns, got {width}")
-    padded = torch.nn.functional.pad(x, (0, 1))  # a zero column, so a row of the new view is >= Tk long
-    flat = padded.flatten(-2)
-    # element (i, j) of rows of length `width` read from offset Tq - 1: i*(width+1) + (Tq-1-i+j)
-    start = num_queries - 1
-    skewed = flat[..., start : start + num_queries * width].unflatten(-1, (num_queries, width))
-    return skewed[..., :num_keys]
+    # Element (i, j) sits at i * width + (Tq - 1 - i + j) = (Tq - 1) + i * (width - 1) + j of each
+    # (Tq, width) matrix: one strided view (no padded copy), whose backward is one scatter.
+    x = x.contiguous()
+    strides = x.stride()[:-2] + (width - 1, 1)
+    return x.as_strided(x.shape[:-1] + (num_keys,), strides, x.storage_offset() + num_queries - 1)
 
 
 class Shaw(PositionalEncoding):
