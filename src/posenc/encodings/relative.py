@@ -227,7 +227,7 @@ class TransformerXL(PositionalEncoding):
         if _is_arange(q_positions) and _is_arange(k_positions):
             d_hi = int(q_positions.max()) - int(k_positions.min())
             distances = torch.arange(d_hi, d_hi - num_queries - num_keys + 1, -1, device=q.device)  # descending
-            bd = relative_shift(query_plus_v @ self.relative_embeddings(distances).transpose(-2, -1), num_keys)
+            bd = self._shifted_scores(query_plus_v, self.relative_embeddings(distances), num_keys)
         else:
             # Only the distances that occur (at most Tq * Tk, however far apart the positions:
             # packed rows, padding, a key at 0 and a query at a million).
@@ -237,6 +237,19 @@ class TransformerXL(PositionalEncoding):
             bd = bd_full.gather(-1, column)
         uk = (k.float() @ self.r_w_bias.float().unsqueeze(-1)).transpose(-2, -1)  # (B, H, 1, Tk)
         return bd + uk
+
+    @staticmethod
+    def _shifted_scores(query_plus_v: Tensor, relative: Tensor, num_keys: int) -> Tensor:
+        """relative_shift((q + v) @ relative^T) for relative (H, N, D) shared by the batch,
+        as one (B Tq, D) x (D, N) product per head (not B H small ones against a copied
+        table) whose result is skewed in place by strides: (B, H, Tq, Tk)."""
+        batch, heads, num_queries, head_dim = query_plus_v.shape
+        width = relative.shape[1]
+        rows = query_plus_v.transpose(0, 1).reshape(heads, batch * num_queries, head_dim)
+        scores = torch.bmm(rows, relative.transpose(-2, -1))  # (H, B Tq, N), contiguous
+        # as relative_shift: (b, h, i, j) -> scores[h, b Tq + i, Tq - 1 - i + j]
+        strides = (num_queries * width, batch * num_queries * width, width - 1, 1)
+        return scores.as_strided((batch, heads, num_queries, num_keys), strides, num_queries - 1)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}, base={self.base}"
