@@ -220,7 +220,9 @@ def _blocked(q, k, v, *, score_bias, q_positions, k_positions, causal, scale, us
         if descending:
             q_pos, q_rows = q_pos.flip(-1), q_rows.flip(2)
         k_pos = k_positions[..., :key_end]
-        tile = None if not has_bias else score_bias(q_pos, k_pos, causal=True) if fold else score_bias(q_pos, k_pos)
+        tile = None
+        if has_bias:
+            tile = score_bias(q_pos, k_pos, causal=True) if fold else score_bias(q_pos, k_pos)
         mask = _block_mask(tile, start, stop, key_end, causal=causal and not fold, user_mask=user_mask,
                            dtype=q.dtype, device=q.device)
         if tile is not None and _is_compact(mask):
@@ -383,10 +385,12 @@ def attention(
             "flex" (torch FlexAttention with the encoding's ``score_mod`` and a causal block
             mask; compiled on first use per shape) or "auto": "eager" for content encodings,
             "blocked" when the materialized bias would hold at least
-            ``AUTO_BLOCKED_MIN_BIAS_ELEMENTS`` (4M) entries, else "sdpa" (on every device:
-            blocked was 1.4-1.8x bias-free causal SDPA at T=4096-8192 on CPU against 2.5x
-            for the materialized bias, and flex needs a compile). "blocked" and "flex" take
-            no content encodings; they may write into the tensor ``score_bias`` returns.
+            ``AUTO_BLOCKED_MIN_BIAS_ELEMENTS`` (4M) entries (on every device: blocked was
+            1.1-1.2x bias-free causal SDPA at T=4096-8192 on CPU for ALiBi, T5 and Kerple,
+            against 5-9x for the materialized bias, and flex needs a compile), "eager" for a
+            learned bias training on the CPU (CPU SDPA gives no gradient for a float mask), else
+            "sdpa". "blocked" and "flex" take no content encodings; "blocked" may write into a
+            contiguous tensor ``score_bias`` returns.
         mask: optional boolean tensor, True where query i may attend key j, of shape
             (Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk), any of B, H, Tq may be 1 to broadcast
             (a key-padding mask is (B, 1, Tk)). Combined with the causal mask by logical and.
