@@ -98,6 +98,18 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> torch.Size:
     return torch.Size(result)
 
 
+def run_step(positions: Tensor) -> int | None:
+    """+1 for a 1-D run p0, p0 + 1, ..., -1 for p0, p0 - 1, ..., else None (padding, packing,
+    gaps, per-batch positions, no position). A single position counts as ascending."""
+    if positions.dim() != 1 or positions.numel() == 0:
+        return None
+    if positions.numel() == 1:
+        return 1
+    step = positions.diff()
+    first = int(step[0])
+    return first if first in (1, -1) and bool((step == first).all()) else None
+
+
 def relative_positions(q_positions: Tensor, k_positions: Tensor) -> Tensor:
     """``k_positions[j] - q_positions[i]`` (key minus query, T5's convention).
 

@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from .base import PositionalEncoding, broadcast_shape, check_bool, check_number, check_positive_int
+from .base import PositionalEncoding, broadcast_shape, check_bool, check_number, check_positive_int, run_step
 
 
 class ScoreBias(PositionalEncoding):
@@ -49,8 +49,8 @@ class ScoreBias(PositionalEncoding):
         a result that ``is_contiguous()``.
         """
         check_bool(causal, "causal")
-        q_step = _run_step(q_positions)
-        if self.translation_invariant and q_step is not None and _run_step(k_positions) == 1:
+        q_step = run_step(q_positions)
+        if self.translation_invariant and q_step is not None and run_step(k_positions) == 1:
             return self._toeplitz_bias(q_positions, k_positions, causal=causal, descending=q_step == -1)
         q = q_positions.unsqueeze(-1).unsqueeze(-3)  # (..., 1, Tq, 1)
         k = k_positions.unsqueeze(-2).unsqueeze(-3)  # (..., 1, 1, Tk)
@@ -102,22 +102,10 @@ class ScoreBias(PositionalEncoding):
         return score_mod
 
 
-def _run_step(positions: Tensor) -> int | None:
-    """+1 for a 1-D run p0, p0 + 1, ..., -1 for p0, p0 - 1, ..., else None (padding, packing,
-    gaps, per-batch positions). A single position counts as ascending."""
-    if positions.dim() != 1 or positions.numel() == 0:
-        return None
-    if positions.numel() == 1:
-        return 1
-    step = positions.diff()
-    first = int(step[0])
-    return first if first in (1, -1) and bool((step == first).all()) else None
-
-
 def _first_future_key(q_positions: Tensor, k_positions: Tensor) -> int:
     """The first key index that may be after some query (0 unless the keys are a 1-D
     consecutive run): with the causal mask folded in, only columns from there on need it."""
-    if q_positions.dim() != 1 or _run_step(k_positions) != 1 or q_positions.numel() == 0:
+    if q_positions.dim() != 1 or run_step(k_positions) != 1 or q_positions.numel() == 0:
         return 0
     return min(k_positions.numel(), max(0, int(q_positions.min()) - int(k_positions[0]) + 1))
 
