@@ -2,13 +2,13 @@
 
 import math
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
+from t5_reference import t5_bucket_reference
 
 
 def press_slopes(n: int) -> list[float]:
@@ -56,24 +56,6 @@ def test_alibi_bias_forms():
                 assert b_sym[h, i, j].item() == pytest.approx(-slopes[h].item() * abs(i - j))
                 if j <= i:  # the causal form only has meaning where the mask lets a key through
                     assert b_causal[h, i, j].item() == pytest.approx(-slopes[h].item() * (i - j))
-
-
-def t5_bucket_reference(rel: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
-    """Raffel et al. (2020) / the T5 code, one relative position at a time, logs in float32."""
-    bucket = 0
-    if bidirectional:
-        num_buckets //= 2
-        if rel > 0:
-            bucket += num_buckets
-        n = abs(rel)
-    else:
-        n = max(-rel, 0)
-    max_exact = num_buckets // 2
-    if n < max_exact:
-        return bucket + n
-    ratio = np.float32(np.log(np.float32(n) / np.float32(max_exact))) / np.float32(math.log(max_distance / max_exact))
-    val = max_exact + int(np.float32(ratio * np.float32(num_buckets - max_exact)))
-    return bucket + min(val, num_buckets - 1)
 
 
 @given(
