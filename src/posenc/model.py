@@ -40,7 +40,8 @@ from torch import Tensor, nn
 
 from .attention import BACKENDS, attention
 from .encodings import create_for_model
-from .encodings.base import PositionalEncoding, check_positions, check_positive_int
+from .encodings.base import PositionalEncoding
+from ._validation import check_positions, check_positive_int
 
 
 @dataclass(frozen=True)

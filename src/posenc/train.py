@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from .checkpoint import atomic_save, load_checkpoint
 from .data import random_windows
-from .encodings.base import check_number, check_positive_int, is_real_number
+from ._validation import check_number, check_positive_int, is_real_number
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .base import PositionalEncoding, check_even, check_number, check_positions, check_positive_int
+from .base import PositionalEncoding
+from .._validation import check_even, check_number, check_positions, check_positive_int
 
 SINUSOIDAL_LAYOUTS = ("interleaved", "concat")
 

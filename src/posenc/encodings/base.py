@@ -22,80 +22,10 @@ padding and packed sequences to every encoding without a special case.
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
-
-HOOKS = ("embed", "rotate", "score_bias", "content")
-
-
-def check_positions(positions: Tensor, argname: str = "positions") -> None:
-    """Raise if ``positions`` is not a 1-D or 2-D integer tensor of non-negative values.
-
-    Raises:
-        TypeError: ``positions`` is not a tensor of an integer dtype.
-        ValueError: it has the wrong rank or a negative entry.
-    """
-    if not isinstance(positions, Tensor):
-        raise TypeError(f"{argname} must be an integer torch.Tensor, got {type(positions).__name__}")
-    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
-        raise TypeError(f"{argname} must have an integer dtype (e.g. torch.long), got {positions.dtype}")
-    if positions.dim() not in (1, 2):
-        raise ValueError(f"{argname} must have shape (T,) or (B, T), got {tuple(positions.shape)}")
-    if positions.numel() and int(positions.min()) < 0:
-        raise ValueError(f"{argname} must be >= 0, got a minimum of {int(positions.min())}")
-
-
-def check_even(value: int, argname: str) -> None:
-    """Raise ValueError unless ``value`` is a positive even int (pairs of dimensions)."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 2 or value % 2:
-        raise ValueError(f"{argname} must be a positive even integer, got {value!r}")
-
-
-def check_positive_int(value: int, argname: str) -> None:
-    """Raise ValueError unless ``value`` is an int >= 1."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{argname} must be an integer >= 1, got {value!r}")
-
-
-def is_real_number(value) -> bool:
-    """True for an int or float that is not a bool (True is not a size or a rate)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def check_number(value, argname: str, *, gt: float | None = None, ge: float | None = None) -> float:
-    """Return ``value`` as a float; raise ValueError unless it is a finite real number (not a
-    bool) with value > gt and >= ge (when given). The message names the argument and the range."""
-    bound = f" > {gt:g}" if gt is not None else f" >= {ge:g}" if ge is not None else ""
-    if not is_real_number(value) or not math.isfinite(value) or (gt is not None and not value > gt) \
-            or (ge is not None and not value >= ge):
-        raise ValueError(f"{argname} must be a finite number{bound}, got {value!r}")
-    return float(value)
-
-
-def check_bool(value, argname: str) -> bool:
-    """Raise TypeError unless ``value`` is a bool (a truthy string is not an answer)."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{argname} must be a bool (True or False), got {value!r}")
-    return value
-
-
-def broadcast_shape(*shapes: tuple[int, ...]) -> torch.Size:
-    """The broadcast of ``shapes`` (NumPy rules), or ValueError.
-
-    ``torch.broadcast_shapes`` would do, but its first call imports sympy (through
-    torch.fx's symbolic shapes): a third of a second and ~40 MB inside the first forward.
-    """
-    ndim = max((len(shape) for shape in shapes), default=0)
-    result = []
-    for sizes in zip(*((1,) * (ndim - len(shape)) + tuple(shape) for shape in shapes)):
-        distinct = {size for size in sizes if size != 1}
-        if len(distinct) > 1:
-            raise ValueError(f"shapes {[tuple(shape) for shape in shapes]} do not broadcast")
-        result.append(distinct.pop() if distinct else 1)
-    return torch.Size(result)
 
 
 def run_step(positions: Tensor) -> int | None:
@@ -108,14 +38,6 @@ def run_step(positions: Tensor) -> int | None:
     step = positions.diff()
     first = int(step[0])
     return first if first in (1, -1) and bool((step == first).all()) else None
-
-
-def relative_positions(q_positions: Tensor, k_positions: Tensor) -> Tensor:
-    """``k_positions[j] - q_positions[i]`` (key minus query, T5's convention).
-
-    Shapes: (Tq,), (Tk,) -> (Tq, Tk); (B, Tq), (B, Tk) -> (B, Tq, Tk) (a 1-D side broadcasts).
-    """
-    return k_positions.unsqueeze(-2) - q_positions.unsqueeze(-1)
 
 
 class PositionalEncoding(nn.Module):

@@ -18,7 +18,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from .base import PositionalEncoding, broadcast_shape, check_bool, check_number, check_positive_int, run_step
+from .base import PositionalEncoding, run_step
+from .._validation import broadcast_shape, check_bool, check_number, check_positive_int
 
 
 class ScoreBias(PositionalEncoding):

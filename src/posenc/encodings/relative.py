@@ -17,7 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from .absolute import sinusoidal_encode
-from .base import PositionalEncoding, check_number, check_positive_int, run_step
+from .base import PositionalEncoding, run_step
+from .._validation import check_number, check_positive_int
 
 
 def _per_batch(index: Tensor) -> Tensor:

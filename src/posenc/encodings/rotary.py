@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import PositionalEncoding, broadcast_shape, check_bool, check_even, check_number
+from .base import PositionalEncoding
+from .._validation import broadcast_shape, check_bool, check_even, check_number
 from .rope_scaling import LENGTH_DEPENDENT, compute_rope_parameters, inv_freq_per_position, rope_type_of, write_hf_config
 
 

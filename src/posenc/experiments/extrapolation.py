@@ -16,7 +16,7 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -24,7 +24,7 @@ import torch
 from .. import __version__
 from ..data import Corpus
 from ..encodings import REGISTRY, encoding_class
-from ..encodings.base import check_positive_int
+from .._validation import check_positive_int
 from ..evaluate import LengthResult, evaluate_length
 from ..model import LMConfig, TransformerLM
 from ..rope import EXTENSION_METHODS
@@ -401,6 +401,3 @@ def write_csv(path: Path, summary: dict) -> None:
                 ])
     tmp.replace(path)
 
-
-def with_overrides(config: ExtrapolationConfig, **changes) -> ExtrapolationConfig:
-    return replace(config, **changes)
