@@ -98,3 +98,24 @@ def test_console_script_exit_code_and_no_traceback():
 def test_list(capsys):
     code, stdout, _ = run_cli(["list"], capsys)
     assert code == 0 and all(name in stdout for name in posenc.available())
+
+
+def _buggy_plot(name, out):
+    return None + 1  # a bug, not a refused argument
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_an_unexpected_exception_is_an_internal_error_exit_1(monkeypatch, capsys, debug):
+    import posenc.plots
+
+    monkeypatch.setattr(posenc.plots, "plot_encoding", _buggy_plot)
+    if debug:
+        monkeypatch.setenv("POSENC_DEBUG", "1")
+        with pytest.raises(TypeError):
+            main(["plot", "rope"])
+        return
+    monkeypatch.delenv("POSENC_DEBUG", raising=False)
+    code, _, err = run_cli(["plot", "rope"], capsys)
+    assert code == 1
+    assert err.startswith("posenc: internal error: TypeError:") and err.count("\n") == 1
+    assert "POSENC_DEBUG=1" in err and "posenc: error:" not in err

@@ -65,3 +65,15 @@ def test_random_windows_are_shifted_targets():
     torch.testing.assert_close(y[:, 0], x[:, 0] + 1)
     with pytest.raises(ValueError, match="shorter than one window"):
         random_windows(data[:5], 1, 10, torch.Generator())
+
+
+def test_corpus_names_hold_no_absolute_path(tmp_path):
+    """Results and figures name the corpus; they must not show the machine's install path."""
+    folder = tmp_path / "my_texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text("hello world, " * 200)
+    (folder / "b.txt").write_text("another text. " * 200)
+    assert load_corpus(folder).info["name"] == "my_texts"
+    assert load_corpus(folder / "a.txt").info["name"] == "a.txt"
+    default = load_corpus().info["name"]
+    assert default.startswith("python-stdlib-") and "/" not in default and "\\" not in default

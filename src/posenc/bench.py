@@ -233,7 +233,7 @@ def print_table(title: str, rows: list[dict], columns: list[tuple[str, str, str]
     console = Console()
     console.print(table)
     for note in notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", markup=False)  # notes name extras like posenc[bench]
 
 
 ROPE_COLUMNS = [("dtype", "dtype", ""), ("method", "method", ""), ("ms", "ms", ".2f"),
@@ -241,38 +241,6 @@ ROPE_COLUMNS = [("dtype", "dtype", ""), ("method", "method", ""), ("ms", "ms", "
 ATTENTION_COLUMNS = [("length", "T", "d"), ("encoding", "encoding", ""), ("backend", "backend", ""),
                      ("seconds", "s", ".3f"), ("extra_mb", "extra MB", ".0f"), ("time_ratio", "time / SDPA", ".2f"),
                      ("memory_ratio", "memory / SDPA", ".2f")]
-
-
-def main_rope(argv: list[str] | None = None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description="RoPE apply vs copy and peers (one process, ratios)")
-    parser.add_argument("--shape", default="1,32,2048,128")
-    parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    shape = tuple(int(s) for s in args.shape.split(","))
-    rows, notes = rope_benchmark(shape, tuple(args.dtypes.split(",")), args.repeats, args.threads)
-    print_table(f"RoPE on q and k {shape}, {args.threads} thread(s)", rows, ROPE_COLUMNS, notes)
-
-
-def main_attention(argv: list[str] | None = None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description="score-bias attention vs bias-free causal SDPA (subprocess per config)")
-    parser.add_argument("--lengths", default="1024,2048,4096,8192")
-    parser.add_argument("--encodings", default=None)
-    parser.add_argument("--backends", default="blocked,sdpa")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    rows, notes = attention_benchmark(
-        tuple(int(t) for t in args.lengths.split(",")),
-        tuple(args.encodings.split(",")) if args.encodings else None,
-        tuple(args.backends.split(",")), repeats=args.repeats, threads=args.threads,
-    )
-    print_table(f"causal attention, H=8, D=64, fp32, {args.threads} thread(s)", rows, ATTENTION_COLUMNS, notes)
 
 
 # --- LM training throughput ---------------------------------------------------------------
@@ -328,16 +296,3 @@ def throughput_benchmark(
 
 
 THROUGHPUT_COLUMNS = [("encoding", "encoding", ""), ("tokens_per_s", "tokens/s", ".0f"), ("vs_nope", "x nope", ".2f")]
-
-
-def main_throughput(argv: list[str] | None = None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description="LM training tokens/s per encoding vs NoPE")
-    parser.add_argument("--encodings", default=None)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
-    rows, notes = throughput_benchmark(tuple(args.encodings.split(",")) if args.encodings else None,
-                                       steps=args.steps, repeats=args.repeats)
-    print_table("LM training throughput", rows, THROUGHPUT_COLUMNS, notes)

@@ -1,7 +1,9 @@
 """The ``posenc`` command.
 
 Bad arguments, whatever their source (the parser, a config check, a missing corpus), print one
-line on stderr, ``posenc: error: ...``, and exit with code 2; no traceback.
+line on stderr, ``posenc: error: ...``, and exit with code 2; no traceback. Any other exception
+is a bug: one line, ``posenc: internal error: ...``, exit code 1 (``POSENC_DEBUG=1`` shows the
+traceback of either).
 """
 
 from __future__ import annotations
@@ -343,9 +345,42 @@ def generate(
     print(decode_bytes(out[0, tokens.shape[1]:]))
 
 
+#: Errors that a bad argument raises on purpose: posenc's validators, and the OS on a user's path.
+_ARGUMENT_ERRORS = (ValueError, TypeError, KeyError)
+
+
+def _raised_on_purpose(err: BaseException) -> bool:
+    """True when the innermost frame of ``err`` is a ``raise`` statement in posenc's own code:
+    a validator refusing an argument. An exception from inside torch, or from a posenc line
+    that is not a ``raise`` (a bug: ``None + 1``), is not."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    filename = tb.tb_frame.f_code.co_filename
+    if not Path(filename).resolve().is_relative_to(Path(__file__).resolve().parent):
+        return False
+    return _is_raise_statement(filename, tb.tb_lineno)
+
+
+def _is_raise_statement(filename: str, lineno: int) -> bool:
+    import ast
+
+    try:
+        tree = ast.parse(Path(filename).read_text("utf-8"))
+    except (OSError, SyntaxError):
+        return False
+    return any(
+        isinstance(node, ast.Raise) and node.lineno <= lineno <= (node.end_lineno or node.lineno)
+        for node in ast.walk(tree)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the app; turn every argument error into one line and exit code 2
-    (``POSENC_DEBUG=1`` shows the traceback instead)."""
+    """Entry point. A bad argument (the parser's usage errors, posenc's validators, a missing
+    file) prints one line and exits 2; any other exception is an internal error: one line
+    saying so and how to see the traceback, exit 1. ``POSENC_DEBUG=1`` re-raises either."""
     from .checkpoint import CheckpointMismatch
 
     try:
@@ -358,12 +393,19 @@ def main(argv: list[str] | None = None) -> int:
     except typer.TyperException as err:  # the parser's usage errors
         print(f"posenc: error: {err.format_message()}", file=sys.stderr)
         return 2
-    except (ValueError, TypeError, KeyError, FileNotFoundError, CheckpointMismatch) as err:
+    except Exception as err:
         if os.environ.get("POSENC_DEBUG"):
-            raise  # the full traceback, for a bug rather than a bad argument
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"posenc: error: {message}", file=sys.stderr)
-        return 2
+            raise
+        is_argument_error = isinstance(err, (CheckpointMismatch, FileNotFoundError, IsADirectoryError, PermissionError)) \
+            or (isinstance(err, _ARGUMENT_ERRORS) and _raised_on_purpose(err))
+        if is_argument_error:
+            message = err.args[0] if isinstance(err, KeyError) and err.args else err
+            print(f"posenc: error: {message}", file=sys.stderr)
+            return 2
+        detail = " ".join(str(err).split())
+        print(f"posenc: internal error: {type(err).__name__}: {detail} (a bug in posenc, not in your arguments; "
+              "rerun with POSENC_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
+        return 1
     return 0
 
 

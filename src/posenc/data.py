@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,7 +136,8 @@ def load_corpus(path: str | Path | None = None, *, val_fraction: float = 0.1) ->
         raise TypeError(f"path must be a str or os.PathLike (a file or folder), got {type(path).__name__}")
     if path is None:
         root, files = _stdlib_files()
-        return _split_files(f"python-stdlib ({root})", root, files, val_fraction)
+        # Named by the Python version, not the install path: results and figures travel between machines.
+        return _split_files(f"python-stdlib-{sys.version_info.major}.{sys.version_info.minor}", root, files, val_fraction)
     path = Path(path)
     if not path.exists():
         raise CorpusError(f"corpus: {path} does not exist")
@@ -143,9 +145,14 @@ def load_corpus(path: str | Path | None = None, *, val_fraction: float = 0.1) ->
         data = _read(path)
         if not _looks_like_text(data):
             raise CorpusError(f"corpus: {path} holds no text (empty or binary)")
-        return _split_bytes(str(path), data, val_fraction)
+        return _split_bytes(_corpus_name(path), data, val_fraction)
     files = sorted(p for p in path.rglob("*") if p.is_file())
-    return _split_files(str(path), path, files, val_fraction)
+    return _split_files(_corpus_name(path), path, files, val_fraction)
+
+
+def _corpus_name(path: Path) -> str:
+    """The file or folder's own name: no absolute path of the machine that ran it."""
+    return path.resolve().name or str(path)
 
 
 def random_windows(data: Tensor, batch_size: int, length: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
