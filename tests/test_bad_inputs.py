@@ -193,15 +193,20 @@ CASES = [
     ("config encodings empty", lambda: ExtrapolationConfig(encodings=()), ValueError, r"encodings: give at least one encoding"),
     ("config encodings unknown", lambda: ExtrapolationConfig(encodings=("rope", "rotary")), ValueError, r"unknown encoding 'rotary'; available"),
     ("config encodings twice", lambda: ExtrapolationConfig(encodings=("rope", "rope")), ValueError, r"encodings: each name once"),
-    *[(f"config {f}={v!r}", (lambda f=f, v=v: ExtrapolationConfig(**{f: v})), ValueError, rf"{f} must be an integer >= 1")
+    *[(f"config {f}={v!r}", (lambda f=f, v=v: ExtrapolationConfig.from_options(**{f: v})), ValueError, rf"{f} must be an integer >= 1")
       for f in ("train_len", "steps", "batch_size", "d_model", "num_layers", "num_heads", "eval_tokens") for v in (0, 4.0)],
     *[(f"config eval_factors={v!r}", (lambda v=v: ExtrapolationConfig(eval_factors=v)), ValueError, r"eval_factors") for v in ((), (1, 0), (1, 2.5), (1, True))],
     *[(f"config seeds={v!r}", (lambda v=v: ExtrapolationConfig(seeds=v)), ValueError, r"seeds") for v in ((), (0, 0), (0.5,), (True,), (-1,))],
-    ("config lr nan", lambda: ExtrapolationConfig(lr=NAN), ValueError, r"lr must be a finite number > 0"),
+    ("config lr nan", lambda: ExtrapolationConfig.from_options(lr=NAN), ValueError, r"lr must be a finite number > 0"),
     ("config eval_tokens short", lambda: ExtrapolationConfig(eval_tokens=100), ValueError, r"eval_tokens=100 must be >= the longest eval length 1024"),
     ("config learned_positions", lambda: ExtrapolationConfig(learned_positions=0), ValueError, r"learned_positions must be an integer >= 1"),
     ("config device", lambda: ExtrapolationConfig(device="gpu0"), ValueError, r"device must be a torch device such as 'cpu' or 'cuda', got 'gpu0'"),
-    ("config heads divide", lambda: ExtrapolationConfig(num_heads=3), ValueError, r"divisible"),
+    ("config heads divide", lambda: ExtrapolationConfig.from_options(num_heads=3), ValueError, r"divisible"),
+    ("config option unknown", lambda: ExtrapolationConfig.from_options(layers=2), TypeError, r"unexpected keyword argument 'layers'"),
+    ("config model type", lambda: ExtrapolationConfig(model={"d_model": 64}), TypeError, r"model must be a posenc.model.LMConfig, got dict"),
+    ("config train type", lambda: ExtrapolationConfig(train=None), TypeError, r"train must be a posenc.train.TrainConfig, got NoneType"),
+    ("config extension_methods str", lambda: ExtrapolationConfig(extension_methods="yarn"), TypeError, r"extension_methods \(--rope-scaling\) must be a sequence"),
+    ("config extension_methods unknown", lambda: ExtrapolationConfig(extension_methods=("su",)), ValueError, r"extension_methods \(--rope-scaling\): unknown method\(s\) \['su'\]"),
     # -- load_corpus -----------------------------------------------------------------------------
     ("corpus missing", lambda: load_corpus("/no/such/corpus"), CorpusError, r"corpus: /no/such/corpus does not exist"),
     ("corpus type", lambda: load_corpus(123), TypeError, r"path must be a str or os.PathLike \(a file or folder\), got int"),

@@ -16,8 +16,8 @@ from posenc import cli
 from posenc.checkpoint import CheckpointMismatch
 from posenc.data import load_corpus
 from posenc.evaluate import evaluate_length
-from posenc.experiments.extrapolation import ExtrapolationConfig, RunPaths, run_extrapolation
-from posenc.experiments.rope_extension import load_trained_rope
+from posenc.experiments.extrapolation import ExtrapolationConfig, load_trained_base, run_extrapolation
+from posenc.experiments.runs import RunStore
 from posenc.rope import EXTENSION_METHODS, RoPE, extension_scaling, rope_frequencies
 
 
@@ -89,10 +89,10 @@ def tiny_config(**changes):
     values = dict(
         encodings=("rope", "alibi"), train_len=8, eval_factors=(1, 2), steps=6, batch_size=4, lr=3e-3,
         d_model=16, num_layers=1, num_heads=2, eval_tokens=256,
-        rope_scaling=("linear", "ntk", "dynamic", "yarn"), finetune_steps=3, finetune_factor=2,
+        extension_methods=("linear", "ntk", "dynamic", "yarn"), finetune_steps=3, finetune_factor=2,
     )
     values.update(changes)
-    return ExtrapolationConfig(**values)
+    return ExtrapolationConfig.from_options(**values)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_sweep_has_every_extension_row_well_formed(sweep):
         assert (res["extension"]["finetune"] is not None) == row.endswith("+ft")
     on_disk = json.loads((out / "results.json").read_text())
     assert list(on_disk["results"]) == list(summary["results"])
-    assert on_disk["config"]["rope_scaling"] == list(config.rope_scaling)
+    assert on_disk["config"]["extension_methods"] == list(config.extension_methods)
     with (out / "results.csv").open() as handle:
         csv_rows = {(r["encoding"], r["eval_len"]) for r in csv.DictReader(handle)}
     assert {(row, n) for row in rows for n in ("8", "16")} <= csv_rows
@@ -141,7 +141,7 @@ def test_at_train_len_every_inference_row_is_plain_rope(sweep):
 def test_inference_row_uses_factor_length_over_L(sweep):
     """The 2L cell of rope+yarn is the trained model with YaRN at s = 2, L0 = 8, written out by hand."""
     config, corpus, out, summary = sweep
-    model = load_trained_rope(config, corpus, 0, RunPaths(out))
+    model = load_trained_base(config, corpus, RunStore(out), "rope", 0)
     model.encoding = RoPE(8, scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8})
     result = evaluate_length(model, corpus.val, 16, 8, max_tokens=config.eval_tokens)
     assert result.loss == pytest.approx(summary["results"]["rope+yarn"]["eval"]["16"]["loss"], rel=1e-9)

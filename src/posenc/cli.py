@@ -59,7 +59,7 @@ def list_encodings() -> None:
 
 
 class RichReporter:
-    """Draws a training bar and an evaluation bar per (encoding, seed)."""
+    """Draws a training bar and an evaluation bar per (row, seed): an encoding or a row built on one."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
@@ -70,21 +70,21 @@ class RichReporter:
             self.progress.remove_task(self.task)
         self.task = self.progress.add_task(description, total=max(total, 1), completed=completed, loss="")
 
-    def run_started(self, encoding, seed, steps, resumed_step):
+    def run_started(self, row, seed, steps, resumed_step):
         self.resumed_step = resumed_step
         note = f" (resumed at {resumed_step})" if resumed_step else ""
-        self._replace(f"train {encoding} seed {seed}{note}", steps, resumed_step)
+        self._replace(f"train {row} seed {seed}{note}", steps, resumed_step)
 
     def train_step(self, step, loss):
         self.progress.update(self.task, completed=step + 1, loss=f"loss {loss / 0.6931471805599453:.3f} bpb")
 
-    def eval_started(self, encoding, seed, total_windows):
-        self._replace(f"eval  {encoding} seed {seed}", total_windows)
+    def eval_started(self, row, seed, total_windows):
+        self._replace(f"eval  {row} seed {seed}", total_windows)
 
     def eval_advanced(self, windows):
         self.progress.advance(self.task, windows)
 
-    def run_finished(self, encoding, seed, record, skipped):
+    def run_finished(self, row, seed, record, skipped):
         if self.task is not None:
             self.progress.remove_task(self.task)
             self.task = None
@@ -92,7 +92,7 @@ class RichReporter:
         state = "already done" if skipped else f"{record['train_seconds']:.0f}s train"
         if not skipped and getattr(self, "resumed_step", 0):
             state += f", resumed at step {self.resumed_step}"
-        self.progress.console.print(f"[bold]{encoding}[/] seed {seed} ({state}) bits/byte at {cells}")
+        self.progress.console.print(f"[bold]{row}[/] seed {seed} ({state}) bits/byte at {cells}")
 
 
 def results_table(summary: dict, key: str = "bits_per_byte", title: str | None = None) -> Table:
@@ -156,7 +156,7 @@ def extrapolate(
     """
     from .data import load_corpus
     from .experiments import distributed
-    from .experiments.extrapolation import preset_config, run_extrapolation
+    from .experiments.extrapolation import ROW_PROVIDERS, preset_config, run_extrapolation
     from .plots import plot_extrapolation
 
     if threads is not None:
@@ -175,20 +175,20 @@ def extrapolate(
         train_len=train_len, steps=steps, batch_size=batch_size, lr=lr, d_model=d_model,
         num_layers=layers, num_heads=heads, eval_factors=_split_list(eval_factors, "--eval-factors", int),
         eval_tokens=eval_tokens, seeds=_split_list(seeds, "--seeds", int), device=device,
-        rope_scaling=_split_list(rope_scaling, "--rope-scaling"), finetune_steps=finetune_steps,
+        extension_methods=_split_list(rope_scaling, "--rope-scaling"), finetune_steps=finetune_steps,
         finetune_factor=finetune_factor,
     )
     data = load_corpus(corpus)
     console.print(f"[bold]corpus[/] {data.describe()}")
+    model, train = config.model, config.train
     console.print(
         f"[bold]runs[/] {', '.join(config.encodings)} x seeds {list(config.seeds)}; L={config.train_len}, "
-        f"eval {config.eval_lengths}; d_model {config.d_model}, {config.num_layers} layers, {config.num_heads} heads; "
-        f"{config.steps} steps x batch {config.batch_size}, lr {config.lr}"
+        f"eval {config.eval_lengths}; d_model {model.d_model}, {model.num_layers} layers, {model.num_heads} heads; "
+        f"{train.steps} steps x batch {train.batch_size}, lr {train.lr}"
     )
-    if config.rope_scaling or config.finetune_steps:
-        from .experiments.rope_extension import extension_rows
-
-        console.print(f"[bold]rope extension rows[/] {', '.join(extension_rows(config))}")
+    for provider in ROW_PROVIDERS:
+        if rows := provider.rows(config):
+            console.print(f"[bold]{provider.name} rows[/] {', '.join(rows)}")
     started = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                TimeElapsedColumn(), TimeRemainingColumn())

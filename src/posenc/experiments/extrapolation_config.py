@@ -1,0 +1,210 @@
+"""What determines the results of ``posenc extrapolate``: its config, presets and options.
+
+:class:`ExtrapolationConfig` composes the model's :class:`~posenc.model.LMConfig` and the
+training's :class:`~posenc.train.TrainConfig` (their fields and defaults are declared once,
+there) with the experiment's own fields. The flat options of the CLI and of
+:func:`preset_config` (``steps``, ``d_model``, ``train_len``, ...) are mapped onto the
+composed configs in one place, :data:`OPTIONS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .._validation import check_positive_int
+from ..encodings import REGISTRY, encoding_class
+from ..model import LMConfig
+from ..rope import EXTENSION_METHODS
+from ..train import TrainConfig
+
+#: The six encodings of the default run.
+CORE_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")
+
+#: Flat option -> (composed config, its field). ``train_len`` is the training window, the L
+#: of "train short, test long"; every other option keeps its field's name.
+OPTIONS: dict[str, tuple[str, str]] = {
+    "train_len": ("train", "seq_len"),
+    "steps": ("train", "steps"),
+    "batch_size": ("train", "batch_size"),
+    "lr": ("train", "lr"),
+    "d_model": ("model", "d_model"),
+    "num_layers": ("model", "num_layers"),
+    "num_heads": ("model", "num_heads"),
+}
+
+
+@dataclass(frozen=True)
+class ExtrapolationConfig:
+    """Everything that determines the results of ``posenc extrapolate``.
+
+    Args:
+        encodings: registered encoding names, one row each.
+        model: the LM's sizes. Its ``max_positions`` is not read: it is set to
+            ``learned_positions`` (default: the longest evaluation length, so the learned
+            table's rows past L exist but are never trained); lengths past the table are
+            reported as not applicable.
+        train: the training run; ``train.seq_len`` is the training length L. Its ``seed`` is
+            not read: each run trains with its own seed from ``seeds``.
+        eval_factors: evaluation lengths as whole multiples (>= 1) of L.
+        seeds: one run per (encoding, seed); results are means over seeds.
+        eval_tokens: validation tokens read at every length (the same prefix for all).
+        learned_positions: see ``model``.
+        device: a torch device string.
+        extension_methods: :data:`posenc.rope.EXTENSION_METHODS` names (CLI ``--rope-scaling``):
+            rows for the trained rope model extended with each RoPE scaling, at inference and,
+            with ``finetune_steps`` > 0, after a short fine-tune at ``finetune_factor`` x L
+            (:mod:`posenc.experiments.rope_extension`). ``finetune_lr`` None means
+            ``train.lr / 10``; the fine-tune's batch is ``train.batch_size // finetune_factor``
+            windows (the same tokens per step).
+
+    Raises:
+        TypeError: ``encodings`` is not a sequence of names; ``model`` / ``train`` of the wrong type.
+        ValueError: any other bad value; the message names the field.
+    """
+
+    encodings: tuple[str, ...] = CORE_ENCODINGS
+    model: LMConfig = field(default_factory=LMConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval_factors: tuple[int, ...] = (1, 2, 4, 8, 16)
+    seeds: tuple[int, ...] = (0,)
+    eval_tokens: int = 65536
+    learned_positions: int | None = None
+    device: str = "cpu"
+    extension_methods: tuple[str, ...] = ()
+    finetune_steps: int = 0
+    finetune_factor: int = 4
+    finetune_lr: float | None = None
+
+    @classmethod
+    def from_options(cls, **options) -> ExtrapolationConfig:
+        """A config from flat options: the fields above plus the :data:`OPTIONS` names
+        (``train_len``, ``steps``, ``batch_size``, ``lr``, ``d_model``, ``num_layers``,
+        ``num_heads``), which override the defaults of ``model`` / ``train``.
+
+        Raises:
+            TypeError, ValueError: as the constructor; an unknown option (TypeError).
+        """
+        if "train_len" in options:
+            check_positive_int(options["train_len"], "train_len")  # TrainConfig would call it seq_len
+        changes: dict[str, dict] = {"model": {}, "train": {}}
+        for name in [n for n in options if n in OPTIONS]:
+            part, field_name = OPTIONS[name]
+            changes[part][field_name] = options.pop(name)
+        defaults = {"model": LMConfig, "train": TrainConfig}
+        for part, values in changes.items():
+            if values:
+                options[part] = dataclasses.replace(options.get(part) or defaults[part](), **values)
+        return cls(**options)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.encodings, str) or not isinstance(self.encodings, (tuple, list)):
+            raise TypeError(f"encodings must be a sequence of encoding names, e.g. ('rope', 'alibi'), got {self.encodings!r}")
+        if not self.encodings:
+            raise ValueError("encodings: give at least one encoding")
+        for name in self.encodings:
+            encoding_class(name)  # unknown names raise, listing the available ones
+        if len(set(self.encodings)) != len(self.encodings):
+            raise ValueError(f"encodings: each name once, got {list(self.encodings)}")
+        if not isinstance(self.model, LMConfig):
+            raise TypeError(f"model must be a posenc.model.LMConfig, got {type(self.model).__name__}")
+        if not isinstance(self.train, TrainConfig):
+            raise TypeError(f"train must be a posenc.train.TrainConfig, got {type(self.train).__name__}")
+        check_positive_int(self.eval_tokens, "eval_tokens")
+        if not self.eval_factors or any(not isinstance(f, int) or isinstance(f, bool) or f < 1 for f in self.eval_factors):
+            raise ValueError(
+                "eval_factors: evaluation lengths are whole multiples >= 1 of train_len (no evaluation shorter than L), "
+                f"got {self.eval_factors}"
+            )
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) \
+                or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
+            raise ValueError(f"seeds: give one or more distinct integers >= 0, got {self.seeds}")
+        if self.eval_tokens < max(self.eval_lengths):
+            raise ValueError(f"eval_tokens={self.eval_tokens} must be >= the longest eval length {max(self.eval_lengths)}")
+        if self.learned_positions is not None:
+            check_positive_int(self.learned_positions, "learned_positions")
+        # the learned table's size is the experiment's to set (see model above)
+        object.__setattr__(
+            self, "model", dataclasses.replace(self.model, max_positions=self.learned_positions or max(self.eval_lengths))
+        )
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda', got {self.device!r}") from None
+        self._check_rope_extension()
+
+    def _check_rope_extension(self) -> None:
+        methods = "extension_methods (--rope-scaling)"
+        if isinstance(self.extension_methods, str) or not isinstance(self.extension_methods, (tuple, list)):
+            raise TypeError(f"{methods} must be a sequence of method names, e.g. ('yarn',), got {self.extension_methods!r}")
+        unknown = [m for m in self.extension_methods if m not in EXTENSION_METHODS]
+        if unknown:
+            raise ValueError(f"{methods}: unknown method(s) {unknown}; choose from {list(EXTENSION_METHODS)}")
+        if len(set(self.extension_methods)) != len(self.extension_methods):
+            raise ValueError(f"{methods}: each method once, got {list(self.extension_methods)}")
+        if isinstance(self.finetune_steps, bool) or not isinstance(self.finetune_steps, int) or self.finetune_steps < 0:
+            raise ValueError(f"finetune_steps must be an integer >= 0, got {self.finetune_steps!r}")
+        if (self.extension_methods or self.finetune_steps) and "rope" not in self.encodings:
+            raise ValueError(
+                f"{methods} / finetune_steps extend the trained rope model: add rope to encodings (got {list(self.encodings)})"
+            )
+        if isinstance(self.finetune_factor, bool) or not isinstance(self.finetune_factor, int) or self.finetune_factor < 2:
+            raise ValueError(f"finetune_factor must be an integer >= 2 (fine-tune at that many times L), got {self.finetune_factor!r}")
+        if self.finetune_lr is not None and not (self.finetune_lr > 0 and math.isfinite(self.finetune_lr)):
+            raise ValueError(f"finetune_lr must be a finite number > 0, got {self.finetune_lr!r}")
+
+    @property
+    def train_len(self) -> int:
+        """The training length L in tokens (``train.seq_len``)."""
+        return self.train.seq_len
+
+    @property
+    def eval_lengths(self) -> list[int]:
+        """The evaluation lengths in tokens, ascending: L times each of ``eval_factors``."""
+        return sorted({self.train_len * f for f in self.eval_factors})
+
+    def model_config(self) -> LMConfig:
+        """The LM every run builds (``model``, with ``max_positions`` set as documented)."""
+        return self.model
+
+    def train_config(self, seed: int) -> TrainConfig:
+        """The training of the run with ``seed``."""
+        return dataclasses.replace(self.train, seed=seed)
+
+    def to_dict(self) -> dict:
+        """The config as written to results.json: every field (``model`` and ``train`` as
+        nested dicts, ``train`` without its unread seed) plus ``train_len`` and ``eval_lengths``."""
+        d = dataclasses.asdict(self)
+        del d["train"]["seed"]
+        d["train_len"] = self.train_len
+        d["eval_lengths"] = self.eval_lengths
+        return d
+
+
+#: Named sizes, as options of :meth:`ExtrapolationConfig.from_options`. "default"
+#: reproduces the prototype's setting (< 15 min on 2 cores); "quick" is a smoke run
+#: (< 3 min); "full" is the default size over every encoding (None: every registered one).
+PRESETS: dict[str, dict] = {
+    "quick": dict(steps=300, num_layers=2, eval_factors=(1, 2, 4, 8), eval_tokens=16384),
+    "default": {},
+    "full": dict(encodings=None),
+}
+
+
+def preset_config(preset: str = "default", **overrides) -> ExtrapolationConfig:
+    """The preset's config with ``overrides`` (options of :meth:`ExtrapolationConfig.from_options`;
+    None values ignored) applied.
+
+    Raises:
+        ValueError: an unknown preset (the message lists them) or an invalid override.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {list(PRESETS)}, got {preset!r}")
+    values = dict(PRESETS[preset])
+    if "encodings" in values and values["encodings"] is None:
+        values["encodings"] = tuple(REGISTRY)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return ExtrapolationConfig.from_options(**values)

@@ -1,0 +1,124 @@
+"""What a language-model run of any experiment does with the run store: train with
+checkpoints and progress, reload a finished model, evaluate at many lengths.
+
+Record fields written here (units): ``train_seconds`` (wall clock, s), ``tokens_per_second``
+(training tokens / s), ``final_train_loss`` (mean of the last 50 steps, nats per token), and
+per evaluation length ``loss`` / ``loss_last`` (nats per token), ``ppl``, ``bits_per_byte``,
+``windows``, ``tokens`` (see :func:`posenc.evaluate.evaluate_length`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+
+from torch import Tensor, nn
+
+from ..checkpoint import CheckpointMismatch, load_checkpoint
+from ..evaluate import LengthResult, evaluate_length
+from ..model import LMConfig, TransformerLM
+from ..train import TrainConfig, train_lm
+from .runs import Reporter, RunStore, checkpoint_every
+
+
+def length_record(result: LengthResult) -> dict:
+    """One evaluation length's cell of a run record (losses in nats per token)."""
+    return {
+        "loss": result.loss, "ppl": result.ppl, "loss_last": result.loss_last,
+        "bits_per_byte": result.bits_per_byte, "windows": result.windows, "tokens": result.tokens,
+    }
+
+
+def windows_at(length: int, eval_tokens: int, val: Tensor) -> int:
+    """How many non-overlapping windows of ``length`` tokens an evaluation reads from ``val``
+    (1-D bytes) within ``eval_tokens`` predicted tokens, as :func:`posenc.evaluate.evaluation_windows` cuts them."""
+    return min(eval_tokens, val.numel() - 1) // length
+
+
+def training_fields(config: TrainConfig, losses: Sequence[float], seconds: float) -> dict:
+    """``train_seconds``, ``tokens_per_second`` and ``final_train_loss`` of a training run of ``config``."""
+    tokens = config.steps * config.batch_size * config.seq_len
+    return {
+        "train_seconds": round(seconds, 3),
+        "tokens_per_second": round(tokens / max(seconds, 1e-9)),
+        "final_train_loss": sum(losses[-50:]) / len(losses[-50:]) if losses else None,
+    }
+
+
+def train_run(
+    model: nn.Module, data: Tensor, config: TrainConfig, store: RunStore, row: str, seed: int,
+    fingerprint: dict, reporter: Reporter,
+) -> dict:
+    """Train ``model`` on ``data`` (1-D uint8 bytes) with ``config``, checkpointing to the store's
+    checkpoint of (row, seed) and resuming from it; returns :func:`training_fields`.
+
+    Raises:
+        CheckpointMismatch: the checkpoint is corrupt or was made with another ``fingerprint``.
+    """
+    started = time.perf_counter()
+    losses = train_lm(
+        model, data, config,
+        on_step=reporter.train_step,
+        checkpoint_path=store.checkpoint_path(row, seed),
+        checkpoint_every=checkpoint_every(),
+        fingerprint=fingerprint,
+        on_resume=lambda step: reporter.run_started(row, seed, config.steps, step),
+    )
+    return training_fields(config, losses, time.perf_counter() - started)
+
+
+def load_trained(
+    store: RunStore, row: str, seed: int, fingerprint: dict, model_config: LMConfig, train_config: TrainConfig,
+    encoding: str, *, device: str = "cpu", needed_for: str = "this run",
+) -> TransformerLM:
+    """The model that (row, seed) trained, from its final checkpoint in ``store``, in eval mode on ``device``.
+
+    ``fingerprint`` is the one the run trained with (:func:`train_run`'s); ``needed_for`` names
+    what asks for the weights, for the error message.
+
+    Raises:
+        CheckpointMismatch: the checkpoint is missing, unfinished (fewer than
+            ``train_config.steps`` steps), corrupt or made with other arguments.
+    """
+    path = store.checkpoint_path(row, seed)
+    if not path.exists():
+        raise CheckpointMismatch(
+            f"--out: {path} is missing; the {row} model's weights are needed for {needed_for}: "
+            f"delete {store.record_path(row, seed)} to retrain it"
+        )
+    # train_lm stores its own TrainConfig under "train" next to the run's fingerprint
+    state = load_checkpoint(path, {"train": train_config.to_dict(), **fingerprint})
+    if state["step"] != train_config.steps:
+        raise CheckpointMismatch(f"--out: {path} stopped at step {state['step']} of {train_config.steps}; rerun to finish it")
+    model = TransformerLM(model_config, encoding)
+    model.load_state_dict(state["model"])
+    return model.to(device).eval()
+
+
+def evaluate_lengths(
+    model: nn.Module, val: Tensor, lengths: Sequence[int], *, train_len: int, eval_tokens: int,
+    row: str, seed: int, reporter: Reporter,
+    setting: Callable[[int], AbstractContextManager] | None = None,
+) -> dict[str, dict]:
+    """:func:`length_record` of ``model`` on ``val`` at each of ``lengths`` (keys: the length as a string).
+
+    Reports one evaluation bar over every window of every length. ``setting(length)``, if
+    given, is a context manager the evaluation at that length runs inside (e.g. a RoPE
+    scaled for it).
+    """
+    reporter.eval_started(row, seed, sum(windows_at(n, eval_tokens, val) for n in lengths))
+    evals = {}
+    for length in lengths:
+        done_before = 0
+
+        def advance(done: int) -> None:
+            # evaluate_length counts windows done at this length; the bar counts all lengths
+            nonlocal done_before
+            reporter.eval_advanced(done - done_before)
+            done_before = done
+
+        with setting(length) if setting is not None else nullcontext():
+            result = evaluate_length(model, val, length, train_len, max_tokens=eval_tokens, on_batch=advance)
+        evals[str(length)] = length_record(result)
+    return evals

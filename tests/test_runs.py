@@ -1,0 +1,66 @@
+"""The run store (posenc.experiments.runs) and ExtrapolationConfig's composition of the model
+and training configs, on their own (end to end they are in test_cli, test_resume and
+test_rope_extension)."""
+
+import json
+
+import pytest
+
+from posenc.checkpoint import CheckpointMismatch
+from posenc.experiments.extrapolation import ExtrapolationConfig, preset_config
+from posenc.experiments.runs import Reporter, RunStore
+from posenc.model import LMConfig
+from posenc.train import TrainConfig
+
+
+class Seen(Reporter):
+    def __init__(self):
+        self.finished = []
+
+    def run_finished(self, row, seed, record, skipped):
+        self.finished.append((row, seed, skipped))
+
+
+def test_layout_and_resume(tmp_path):
+    store, reporter, calls = RunStore(tmp_path), Seen(), []
+
+    def compute():
+        calls.append(1)
+        return {"value": 3}
+
+    assert store.record_path("rope+yarn", 2) == tmp_path / "runs" / "rope+yarn-seed2.json"
+    assert store.checkpoint_path("rope", 0) == tmp_path / "checkpoints" / "rope-seed0.pt"
+    assert store.stored("rope", 0, {"a": 1}) is None
+    first = store.run("rope", 0, {"a": 1}, compute, reporter)
+    assert first == {"fingerprint": {"a": 1}, "value": 3}
+    assert json.loads(store.record_path("rope", 0).read_text()) == first
+    assert store.run("rope", 0, {"a": 1}, compute, reporter) == first and len(calls) == 1  # stored, not recomputed
+    assert reporter.finished == [("rope", 0, False), ("rope", 0, True)]
+    with pytest.raises(CheckpointMismatch, match=r"rope-seed0.json holds a run with other arguments"):
+        store.stored("rope", 0, {"a": 2})
+    with pytest.raises(ValueError, match="must hold its fingerprint"):
+        store.write("nope", 0, {"value": 1})
+    assert not store.record_path("nope", 0).exists()
+
+
+def test_sweep_without_torchrun_runs_every_job_in_order(tmp_path):
+    store = RunStore(tmp_path)
+    jobs = [("b", 1), ("a", 0), ("a", 1)]
+    records = store.sweep(jobs, lambda row, seed: {"row": row}, lambda row, seed, fp: {"row": row, "seed": seed})
+    assert [(r["row"], r["seed"]) for r in records] == jobs
+    assert all(r["fingerprint"] == {"row": r["row"]} for r in records)
+
+
+def test_config_composes_model_and_train():
+    config = ExtrapolationConfig.from_options(train_len=16, steps=5, lr=1e-3, d_model=32, num_heads=8, eval_factors=(1, 4))
+    assert config.train == TrainConfig(steps=5, seq_len=16, lr=1e-3)
+    assert config.model == LMConfig(d_model=32, num_heads=8, max_positions=64)  # the longest eval length
+    assert config.train_len == 16 and config.eval_lengths == [16, 64]
+    assert config.train_config(3) == TrainConfig(steps=5, seq_len=16, lr=1e-3, seed=3)
+    assert ExtrapolationConfig.from_options(learned_positions=100).model.max_positions == 100
+    # the defaults are LMConfig's and TrainConfig's own
+    assert ExtrapolationConfig().train == TrainConfig() and ExtrapolationConfig().model.d_model == LMConfig().d_model
+    assert preset_config("quick").model.num_layers == 2 and preset_config("quick").train.steps == 300
+    d = config.to_dict()
+    assert d["model"]["d_model"] == 32 and d["train"]["seq_len"] == 16 and "seed" not in d["train"]
+    assert d["train_len"] == 16 and d["eval_lengths"] == [16, 64] and d["extension_methods"] == ()
