@@ -27,6 +27,8 @@ from .encodings.rope_scaling import (
     HF_ROPE_FIELDS,
     LENGTH_DEPENDENT,
     ROPE_INIT_FUNCTIONS,
+    ROPE_TYPES,
+    extension_methods,
     read_hf_config,
     rope_type_of,
     yarn_correction_dim,
@@ -75,15 +77,17 @@ def to_hf_dict(rope: RoPE) -> dict[str, Any]:
     return rope.to_hf_dict()
 
 
-#: Context-extension methods that need nothing but a factor and the training context
-#: (longrope needs searched per-pair factors, so it is not among them).
-EXTENSION_METHODS = ("linear", "ntk", "dynamic", "yarn", "llama3")
+#: Context-extension methods that need nothing but a factor and the training context: the
+#: rope_types whose record has ``extension`` defaults (longrope needs searched per-pair factors,
+#: so it is not among them). Taken from the table at import.
+EXTENSION_METHODS = extension_methods()
 
 
 def extension_scaling(method: str, factor: float, original_max_position_embeddings: int) -> dict[str, Any] | None:
     """The ``rope_scaling`` dict that extends a RoPE trained at context L0 by ``factor`` s.
 
-    Each method with its published defaults:
+    Each method with its published defaults (its record's ``extension`` in
+    :data:`~posenc.encodings.rope_scaling.ROPE_TYPES`):
 
     - ``linear``: Position Interpolation (Chen et al. 2023), theta_i / s.
     - ``ntk``: static NTK-aware, base * s^(d/(d-2)).
@@ -106,8 +110,9 @@ def extension_scaling(method: str, factor: float, original_max_position_embeddin
     Raises:
         ValueError: an unknown method (the message lists them), s < 1 or L0 < 1.
     """
-    if method not in EXTENSION_METHODS:
-        raise ValueError(f"method must be one of {list(EXTENSION_METHODS)}, got {method!r}")
+    record = ROPE_TYPES.get(method) if isinstance(method, str) else None
+    if record is None or record.extension is None:
+        raise ValueError(f"method must be one of {list(extension_methods())}, got {method!r}")
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1 or math.isinf(factor):
         raise ValueError(f"factor must be a finite number >= 1, got {factor!r}")
     context = original_max_position_embeddings
@@ -116,10 +121,9 @@ def extension_scaling(method: str, factor: float, original_max_position_embeddin
     if factor == 1:
         return None
     scaling: dict[str, Any] = {"rope_type": method, "factor": float(factor)}
-    if method in ("dynamic", "yarn", "llama3"):
+    if record.needs_context:
         scaling["original_max_position_embeddings"] = context
-    if method == "llama3":
-        scaling.update(low_freq_factor=1.0, high_freq_factor=4.0)
+    scaling.update(record.extension)
     return scaling
 
 

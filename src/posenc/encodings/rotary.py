@@ -25,7 +25,7 @@ from torch import Tensor
 
 from .base import PositionalEncoding
 from .._validation import broadcast_shape, check_bool, check_even, check_number
-from .rope_scaling import LENGTH_DEPENDENT, compute_rope_parameters, inv_freq_per_position, rope_type_of, write_hf_config
+from .rope_scaling import compute_rope_parameters, rope_type_record, write_hf_config
 
 
 def rope_frequencies(
@@ -62,6 +62,10 @@ def rope_frequencies(
 
 #: Values of ``RoPE(dynamic_cache=...)``.
 DYNAMIC_CACHE_MODES = ("rerotate", "frozen")
+
+#: The regime of RoPE(dynamic_cache="frozen"): per-position frequencies (the record's
+#: ``per_position``), not those of one length.
+_FROZEN_REGIME = ("frozen", None)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -305,7 +309,8 @@ class RoPE(PositionalEncoding):
         if dynamic_cache not in DYNAMIC_CACHE_MODES:
             raise ValueError(f"dynamic_cache must be one of {DYNAMIC_CACHE_MODES}, got {dynamic_cache!r}")
         self.dynamic_cache = dynamic_cache
-        self.length_dependent = rope_type_of(self.scaling) in LENGTH_DEPENDENT
+        self._rope_type = rope_type_record(self.scaling)  # how the frequencies follow the length
+        self.length_dependent = self._rope_type.length_dependent
         self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
 
     @classmethod
@@ -319,17 +324,12 @@ class RoPE(PositionalEncoding):
         return not (self.length_dependent and self.dynamic_cache == "rerotate")
 
     def _regime(self, seq_len: int | None) -> tuple:
-        """Which frequencies a call of length ``seq_len`` uses: one cos/sin table per regime."""
-        if not self.length_dependent:
-            return ("static",)
-        if self.dynamic_cache == "frozen":
-            return ("frozen",)
-        context_length = int(self.scaling["original_max_position_embeddings"])
-        if seq_len is None or seq_len <= context_length:
-            return ("static",)  # the original (dynamic) or short (longrope) frequencies
-        if rope_type_of(self.scaling) == "longrope":
-            return ("long",)
-        return ("length", seq_len)
+        """Which frequencies a call of length ``seq_len`` uses, (key, seq_len to compute them
+        at): one cos/sin table per regime. The rope_type's record decides, except in the
+        "frozen" mode, where every position has its own frequencies whatever the call."""
+        if self.length_dependent and self.dynamic_cache == "frozen":
+            return _FROZEN_REGIME
+        return self._rope_type.regime(self.scaling, seq_len)
 
     def _angles(self, regime: tuple, n: int, device: torch.device) -> Tensor:
         """position * inv_freq in float64, (n, r/2), for positions 0 .. n-1 in ``regime``.
@@ -338,16 +338,10 @@ class RoPE(PositionalEncoding):
         the angle at position p is exact to float64 rounding even at p = 2^20.
         """
         positions = torch.arange(n, device=device, dtype=torch.float64).unsqueeze(-1)
-        f64 = dict(dtype=torch.float64)
-        if regime[0] == "frozen":
-            inv_freq = inv_freq_per_position(self.rotary_dim, self.base, self.scaling, n, **f64)
-        elif regime[0] == "long":
-            length = int(self.scaling["original_max_position_embeddings"]) + 1
-            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, length, **f64)
-        elif regime[0] == "length":
-            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, regime[1], **f64)
+        if regime == _FROZEN_REGIME:
+            inv_freq = self._rope_type.per_position(self.rotary_dim, self.base, self.scaling, n, dtype=torch.float64)
         else:
-            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, None, **f64)
+            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, regime[1], dtype=torch.float64)
         return positions * inv_freq.to(device=device)
 
     def _tables(
@@ -355,8 +349,9 @@ class RoPE(PositionalEncoding):
     ) -> tuple[Tensor, Tensor]:
         """cos and sin for positions 0 .. n-1, full width r, at length ``seq_len``.
 
-        A table per (device, dtype, regime), grown by doubling; a dynamic-NTK table holds one
-        length's frequencies, so only the last few lengths are kept.
+        A table per (device, dtype, regime), grown by doubling; a table computed at a length
+        (a dynamic-NTK one holds one length's frequencies) is one of possibly many, so only
+        the last few of those are kept.
         """
         regime = self._regime(seq_len)
         key = (device, dtype, regime)
@@ -367,8 +362,8 @@ class RoPE(PositionalEncoding):
         angles = self._angles(regime, n, device)
         cos = _full_width(angles.cos() * self.attention_factor, self.interleaved)
         sin = _full_width(angles.sin() * self.attention_factor, self.interleaved)
-        if regime[0] == "length":
-            stale = [k for k in self._cache if k[2][0] == "length"]
+        if regime[1] is not None:
+            stale = [k for k in self._cache if k[2][1] is not None]
             for k in stale[: max(0, len(stale) - 3)]:
                 del self._cache[k]
         self._cache[key] = (cos.to(dtype), sin.to(dtype))
