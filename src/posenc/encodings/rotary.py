@@ -25,7 +25,7 @@ from torch import Tensor
 
 from .base import PositionalEncoding
 from .._validation import broadcast_shape, check_bool, check_even, check_number
-from .rope_scaling import compute_rope_parameters, rope_type_record, write_hf_config
+from .rope_scaling import compute_rope_parameters, rope_type_record
 
 
 def rope_frequencies(
@@ -270,6 +270,12 @@ class RoPE(PositionalEncoding):
               keys is exact. This is what Hugging Face computes when decoding token by token
               (it caches rotated keys); a Hugging Face prefill longer than L0 uses the
               prefill's length for all its tokens instead.
+        hf_layout: how a Hugging Face config.json spelled these fields (the layout of
+            :func:`~posenc.encodings.rope_interop.read_hf_config`); :meth:`to_hf_dict`
+            writes them back in that spelling. None (default): the plain spelling.
+            Set by :func:`posenc.rope.from_hf_config`.
+        max_position_embeddings: the config's context length, or None; informational
+            (the scalings read L0 from ``scaling``). Set by :func:`posenc.rope.from_hf_config`.
 
     Hook: ``rotate``. Raises ValueError on an odd head_dim or rotary_dim, rotary_dim >
     head_dim, or an unknown dynamic_cache; scaling errors as :func:`rope_frequencies`.
@@ -288,6 +294,8 @@ class RoPE(PositionalEncoding):
         interleaved: bool = False,
         scaling: Mapping[str, Any] | None = None,
         dynamic_cache: str = "rerotate",
+        hf_layout: Mapping[str, Any] | None = None,
+        max_position_embeddings: int | None = None,
     ) -> None:
         super().__init__()
         check_even(head_dim, "head_dim")
@@ -311,6 +319,7 @@ class RoPE(PositionalEncoding):
         self.dynamic_cache = dynamic_cache
         self._rope_type = rope_type_record(self.scaling)  # how the frequencies follow the length
         self.length_dependent = self._rope_type.length_dependent
+        self.hf_layout, self.max_position_embeddings = hf_layout, max_position_embeddings
         self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
 
     @classmethod
@@ -414,13 +423,15 @@ class RoPE(PositionalEncoding):
     def to_hf_dict(self) -> dict[str, Any]:
         """The RoPE fields of a Hugging Face config.json (rope_theta, rope_scaling, head_dim, ...).
 
-        An encoding built by :func:`posenc.rope.from_hf_config` writes them back in the
-        config's own spelling (v4 or v5), so the round trip is the identity; see
-        :func:`~posenc.encodings.rope_scaling.write_hf_config`.
+        An encoding built by :func:`posenc.rope.from_hf_config` (its ``hf_layout``) writes
+        them back in the config's own spelling (v4 or v5), so the round trip is the identity;
+        see :func:`~posenc.encodings.rope_interop.write_hf_config`.
         """
+        from .rope_interop import write_hf_config  # rope_interop builds RoPEs: it imports this module
+
         return write_hf_config(
             head_dim=self.head_dim, rotary_dim=self.rotary_dim, base=self.base, scaling=self.scaling,
-            layout=getattr(self, "hf_layout", None),
+            layout=self.hf_layout,
         )
 
     def extra_repr(self) -> str:
