@@ -1,11 +1,14 @@
 """RoPE frequencies and their context-extension scalings, as pure functions.
 
-Each ``rope_type`` is one function ``(dim, base, scaling, seq_len) -> (inv_freq,
-attention_factor)`` in :data:`ROPE_INIT_FUNCTIONS` (the shape of Hugging Face's
-``modeling_rope_utils``, with plain arguments instead of a model config). ``inv_freq`` is
-computed in float64 and rounded once to float32 by :func:`compute_rope_parameters`;
-``attention_factor`` is the factor Hugging Face multiplies cos and sin by (so the logits
-scale by its square).
+Each ``rope_type`` is one :class:`RopeType` record in the table :data:`ROPE_TYPES`: its
+function ``(dim, base, scaling, seq_len) -> (inv_freq, attention_factor)`` (the shape of
+Hugging Face's ``modeling_rope_utils``, with plain arguments instead of a model config;
+:data:`ROPE_INIT_FUNCTIONS` is the view of those functions alone) and everything else posenc
+needs to know about the type: how its frequencies follow the length, what a Hugging Face
+config supplies, its context-extension defaults. Config.json interop itself lives in
+:mod:`posenc.encodings.rope_interop`. ``inv_freq`` is computed in float64 and rounded once to
+float32 by :func:`compute_rope_parameters`; ``attention_factor`` is the factor Hugging Face
+multiplies cos and sin by (so the logits scale by its square).
 
 Notation: d = ``dim`` (the rotary dimension), b = ``base`` (rope_theta), s = ``factor``,
 L0 = ``original_max_position_embeddings`` (the pre-training context), L = ``seq_len``.
@@ -404,7 +407,7 @@ def _longrope_factor_missing(scaling: Mapping[str, Any]) -> bool:
 
 
 # -- the table ----------------------------------------------------------------------------------------
-#: rope_type -> its :class:`RopeType` record (the order of :func:`extension_methods`).
+#: rope_type -> its :class:`RopeType` record; the order is that of :func:`extension_methods`.
 ROPE_TYPES: dict[str, RopeType] = {
     "default": RopeType(_default),
     "linear": RopeType(_linear, extension={}),
