@@ -184,3 +184,38 @@ def test_plot_rope_inspection_writes_a_png(tmp_path):
     out = plot_rope_inspection(inspect_config(load("llama3_1_8b")), tmp_path / "sub" / "rope.png")
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_hf_layout_and_max_position_embeddings_are_constructor_arguments():
+    config = load("phi3_5_mini_instruct_longrope")
+    rope = from_hf_config(config)
+    assert rope.max_position_embeddings == config["max_position_embeddings"] and rope.hf_layout is not None
+    rebuilt = posenc.RoPE(rope.head_dim, base=rope.base, scaling=rope.scaling, rotary_dim=rope.rotary_dim,
+                          hf_layout=rope.hf_layout, max_position_embeddings=rope.max_position_embeddings)
+    assert rebuilt.to_hf_dict() == rope_fields(config)
+    plain = posenc.RoPE(64)
+    assert plain.hf_layout is None and plain.max_position_embeddings is None
+    assert plain.to_hf_dict() == {"rope_theta": 10000.0, "head_dim": 64, "rope_scaling": None}
+    with pytest.raises(TypeError):
+        posenc.RoPE(64, None)  # keyword-only, as every option
+
+
+def test_interop_names_keep_their_import_paths():
+    import posenc.plots
+    from posenc.encodings import rope_interop, rope_scaling
+
+    for name in ("HF_ROPE_FIELDS", "read_hf_config", "write_hf_config"):
+        assert getattr(rope_scaling, name) is getattr(rope_interop, name) is getattr(posenc.rope, name)
+    for name in ("from_hf_config", "to_hf_dict", "inspect_config", "RopeInspection"):
+        assert getattr(posenc.rope, name) is getattr(rope_interop, name)
+    assert plot_rope_inspection is posenc.plots.plot_rope_inspection
+    with pytest.raises(AttributeError):
+        posenc.rope.no_such_name  # noqa: B018
+
+
+def test_import_posenc_rope_loads_neither_the_figures_nor_matplotlib():
+    import subprocess
+    import sys
+
+    code = "import sys, posenc.rope; assert 'posenc.plots' not in sys.modules and 'matplotlib' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

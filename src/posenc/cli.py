@@ -256,7 +256,8 @@ def inspect(
     """The RoPE of a model config at a glance: per frequency pair, its wavelength in tokens against
     the original and the extended context, which pairs turn fully within the training context
     (YaRN's critical dimension), the attention factor, and a PNG of it."""
-    from .rope import inspect_config, plot_rope_inspection
+    from .plots import plot_rope_inspection
+    from .rope import inspect_config
 
     for value, name in ((original_context, "--original-context"), (extended_context, "--extended-context")):
         if value is not None and value < 1:

@@ -1,5 +1,6 @@
 """Figures: what each encoding does (:func:`plot_encoding`, drawn from its hooks, never from
-its name) and the extrapolation results (:func:`plot_extrapolation`).
+its name), the extrapolation results (:func:`plot_extrapolation`) and a model's RoPE
+wavelengths against its contexts (:func:`plot_rope_inspection`, ``posenc inspect``).
 
 ``plot_encoding(name, out)`` builds the encoding at a small model size and draws one panel
 (or two) per hook it uses:
@@ -22,11 +23,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from .encodings import create_for_model
 from .encodings.base import PositionalEncoding
+
+if TYPE_CHECKING:
+    from .encodings.rope_interop import RopeInspection
 
 #: The model size the figures use unless ``plot_encoding`` is given others.
 FIGURE_SIZES = {"d_model": 64, "num_heads": 8, "head_dim": 32, "max_positions": 256}
@@ -243,5 +248,40 @@ def plot_extrapolation(summary: dict, out: str | Path) -> Path:
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def plot_rope_inspection(report: RopeInspection, out_png: str | Path, *, title: str | None = None) -> Path:
+    """Draw wavelength per pair (log scale), original and scaled, against both contexts.
+
+    ``report`` comes from :func:`posenc.rope.inspect_config`. Writes a PNG (matplotlib, Agg
+    backend, imported here) and returns its path.
+    """
+    plt = _pyplot()
+
+    pairs = torch.arange(report.rotary_dim // 2).numpy()
+    fig, ax = plt.subplots(figsize=(8, 4.8), dpi=120)
+    ax.plot(pairs, report.wavelength_original.numpy(), "o-", ms=3, label="original wavelength")
+    if report.rope_type != "default":
+        ax.plot(pairs, report.wavelength_scaled.numpy(), "s-", ms=3, label=f"scaled ({report.rope_type})")
+    ax.axhline(report.original_context, color="tab:green", ls="--", label=f"original context {report.original_context}")
+    if report.extended_context != report.original_context:
+        ax.axhline(report.extended_context, color="tab:red", ls=":", label=f"extended context {report.extended_context}")
+    if 0 <= report.critical_dim <= pairs[-1]:
+        ax.axvline(report.critical_dim, color="gray", lw=1, label=f"critical dim {report.critical_dim:.1f}")
+    ax.axvspan(-0.5, report.num_full_rotation_pairs - 0.5, color="tab:green", alpha=0.08,
+               label=f"{report.num_full_rotation_pairs} pairs rotate fully within L0")
+    ax.set_yscale("log")
+    ax.set_xlabel("frequency pair i")
+    ax.set_ylabel("wavelength 2π/θ_i (tokens)")
+    name = report.model_type or "config"
+    ax.set_title(title or f"{name}: RoPE θ={report.rope_theta:g}, {report.rope_type}, attention factor {report.attention_factor:.4g}")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(True, which="major", alpha=0.3)
+    fig.tight_layout()
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
     plt.close(fig)
     return out

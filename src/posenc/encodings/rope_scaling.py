@@ -1,11 +1,14 @@
 """RoPE frequencies and their context-extension scalings, as pure functions.
 
-Each ``rope_type`` is one function ``(dim, base, scaling, seq_len) -> (inv_freq,
-attention_factor)`` in :data:`ROPE_INIT_FUNCTIONS` (the shape of Hugging Face's
-``modeling_rope_utils``, with plain arguments instead of a model config). ``inv_freq`` is
-computed in float64 and rounded once to float32 by :func:`compute_rope_parameters`;
-``attention_factor`` is the factor Hugging Face multiplies cos and sin by (so the logits
-scale by its square).
+Each ``rope_type`` is one :class:`RopeType` record in the table :data:`ROPE_TYPES`: its
+function ``(dim, base, scaling, seq_len) -> (inv_freq, attention_factor)`` (the shape of
+Hugging Face's ``modeling_rope_utils``, with plain arguments instead of a model config;
+:data:`ROPE_INIT_FUNCTIONS` is the view of those functions alone) and everything else posenc
+needs to know about the type: how its frequencies follow the length, what a Hugging Face
+config supplies, its context-extension defaults. Config.json interop itself lives in
+:mod:`posenc.encodings.rope_interop`. ``inv_freq`` is computed in float64 and rounded once to
+float32 by :func:`compute_rope_parameters`; ``attention_factor`` is the factor Hugging Face
+multiplies cos and sin by (so the logits scale by its square).
 
 Notation: d = ``dim`` (the rotary dimension), b = ``base`` (rope_theta), s = ``factor``,
 L0 = ``original_max_position_embeddings`` (the pre-training context), L = ``seq_len``.
@@ -36,7 +39,10 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -99,6 +105,85 @@ def _check_keys(scaling: Mapping[str, Any], rope_type: str, allowed: frozenset[s
         )
 
 
+# -- the record of a rope_type ----------------------------------------------------------------------
+RopeInitFn = Callable[[int, float, Mapping[str, Any], "int | None"], tuple[Tensor, float]]
+#: (scaling, seq_len) -> (key, seq_len to compute the frequencies at); see :class:`RopeType`.
+RegimeFn = Callable[[Mapping[str, Any], "int | None"], tuple[Hashable, "int | None"]]
+#: (dim, base, scaling, num_positions, *, dtype) -> (num_positions, dim // 2) of dtype.
+PerPositionFn = Callable[..., Tensor]
+
+#: The regime of every call of a length-independent type, and of a length-dependent one whose
+#: length does not change its frequencies: those computed with seq_len None.
+STATIC_REGIME: tuple[Hashable, None] = ("static", None)
+
+
+def static_regime(scaling: Mapping[str, Any] | None, seq_len: int | None) -> tuple[Hashable, None]:
+    """The regime function of a length-independent type: always :data:`STATIC_REGIME`."""
+    return STATIC_REGIME
+
+
+def repeat_per_position(
+    dim: int, base: float, scaling: Mapping[str, Any] | None, num_positions: int, *, dtype: torch.dtype
+) -> Tensor:
+    """The per-position frequencies of a length-independent type: one row, repeated."""
+    inv_freq, _ = compute_rope_parameters(dim, base, scaling, None, dtype=dtype)
+    return inv_freq.expand(num_positions, -1).clone()
+
+
+@dataclass(frozen=True)
+class RopeType:
+    """Everything posenc knows about one ``rope_type``: the single place to look.
+
+    Fields:
+        inv_freq: the pure ``(dim, base, scaling, seq_len) -> (inv_freq float64 (dim // 2,),
+            attention_factor)`` function. It validates the dict (KeyError for a missing key,
+            ValueError for a bad value, a warning for an unused key).
+        length_dependent: the frequencies depend on the current length ``seq_len``
+            (dynamic, longrope); :class:`~posenc.RoPE` then honours ``dynamic_cache``.
+        regime: ``(scaling, seq_len) -> (key, seq_len')``: calls with equal (key, seq_len')
+            share one cos/sin table, computed with ``inv_freq(..., seq_len')``, which must
+            give the frequencies of ``seq_len`` itself. Length-independent types keep
+            :func:`static_regime`.
+        per_position: ``(dim, base, scaling, n, *, dtype) -> (n, dim // 2)``, row p the
+            frequencies at length p + 1 (the "frozen" KV-cache mode, see
+            :func:`inv_freq_per_position`). Length-independent types keep
+            :func:`repeat_per_position`.
+        needs_context: the dict carries the original context L0 =
+            ``original_max_position_embeddings`` (a required key); Hugging Face reads it from
+            the model config, so :func:`posenc.rope.read_hf_config` fills it in from
+            ``max_position_embeddings``, and :func:`posenc.rope.extension_scaling` from L0.
+        hf_top_level_context: a top-level ``original_max_position_embeddings`` in a config
+            (Phi-3) overrides the dict's L0, as in Hugging Face.
+        hf_factor_from_context: a predicate on the rope dict: Hugging Face derives this dict's
+            ``factor`` as max_position_embeddings / L0 (None: never).
+        extension: the keys :func:`posenc.rope.extension_scaling` adds, with their published
+            defaults, besides rope_type, factor and (when ``needs_context``) L0; None when the
+            type is not a context-extension method of a trained model.
+
+    Adding a rope_type is one :data:`RopeInitFn` (and, if it depends on the length, its
+    regime and per-position functions) and one entry of :data:`ROPE_TYPES`.
+
+    Raises:
+        TypeError: a length-dependent record without its own regime and per_position.
+    """
+
+    inv_freq: RopeInitFn
+    length_dependent: bool = False
+    regime: RegimeFn = static_regime
+    per_position: PerPositionFn = repeat_per_position
+    needs_context: bool = False
+    hf_top_level_context: bool = False
+    hf_factor_from_context: Callable[[Mapping[str, Any]], bool] | None = None
+    extension: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # the static defaults would silently freeze a length-dependent type at seq_len None
+        if self.length_dependent and (self.regime is static_regime or self.per_position is repeat_per_position):
+            raise TypeError("a length-dependent RopeType needs its own regime and per_position functions")
+        if self.extension is not None:
+            object.__setattr__(self, "extension", MappingProxyType(dict(self.extension)))
+
+
 # -- one function per rope_type ------------------------------------------------------------------
 def _default(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
     return default_inv_freq_f64(dim, base), 1.0
@@ -147,6 +232,25 @@ def _dynamic(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | N
     context_length = _context_length(scaling, "dynamic")
     length = context_length if seq_len is None else seq_len
     return default_inv_freq_f64(dim, dynamic_ntk_base(base, factor, length, context_length, dim)), 1.0
+
+
+def _dynamic_regime(scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Hashable, int | None]:
+    """Within L0 the original frequencies; past it, one table per length."""
+    if seq_len is None or seq_len <= int(scaling["original_max_position_embeddings"]):
+        return STATIC_REGIME
+    return ("length", seq_len)
+
+
+def _dynamic_per_position(
+    dim: int, base: float, scaling: Mapping[str, Any], num_positions: int, *, dtype: torch.dtype
+) -> Tensor:
+    """Row p: the dynamic NTK frequencies at length p + 1, one base per row."""
+    compute_rope_parameters(dim, base, scaling, None)  # validates the dict
+    factor, context_length = _factor(scaling, "dynamic"), _context_length(scaling, "dynamic")
+    lengths = torch.arange(1, num_positions + 1, dtype=torch.float64)
+    bases = dynamic_ntk_base(base, factor, lengths, context_length, dim)
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+    return (1.0 / bases.unsqueeze(-1) ** exponents).to(dtype)
 
 
 def yarn_get_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -212,6 +316,11 @@ def _yarn(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None
     return theta / factor * ramp + theta * (1.0 - ramp), float(attention_factor)
 
 
+def _yarn_factor_is_null(scaling: Mapping[str, Any]) -> bool:
+    """An explicit ``factor: null`` (v5 ``standardize_rope_params`` derives it)."""
+    return "factor" in scaling and scaling["factor"] is None
+
+
 def _llama3(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
     """Llama 3.1 frequency scaling (Meta's ``apply_scaling``; Hugging Face ``_compute_llama3_parameters``).
 
@@ -273,21 +382,99 @@ def _longrope(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | 
     return default_inv_freq_f64(dim, base) / ext, float(attention_factor)
 
 
-RopeInitFn = Callable[[int, float, Mapping[str, Any], "int | None"], tuple[Tensor, float]]
+def _longrope_regime(scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Hashable, int | None]:
+    """The short factors within L0; past it the long ones, the same for every length."""
+    context_length = int(scaling["original_max_position_embeddings"])
+    if seq_len is None or seq_len <= context_length:
+        return STATIC_REGIME
+    return ("long", context_length + 1)
 
-#: rope_type -> function(dim, base, scaling dict, seq_len) -> (inv_freq float64, attention_factor).
-ROPE_INIT_FUNCTIONS: dict[str, RopeInitFn] = {
-    "default": _default,
-    "linear": _linear,
-    "ntk": _ntk,
-    "dynamic": _dynamic,
-    "yarn": _yarn,
-    "llama3": _llama3,
-    "longrope": _longrope,
+
+def _longrope_per_position(
+    dim: int, base: float, scaling: Mapping[str, Any], num_positions: int, *, dtype: torch.dtype
+) -> Tensor:
+    """Row p: the short factors' frequencies for p + 1 <= L0, the long factors' after."""
+    context_length = _context_length(scaling, "longrope")
+    short, _ = compute_rope_parameters(dim, base, scaling, None, dtype=dtype)
+    long, _ = compute_rope_parameters(dim, base, scaling, context_length + 1, dtype=dtype)
+    is_long = torch.arange(1, num_positions + 1).unsqueeze(-1) > context_length
+    return torch.where(is_long, long, short)
+
+
+def _longrope_factor_missing(scaling: Mapping[str, Any]) -> bool:
+    """No ``factor``: Hugging Face derives it, when the default attention factor needs it."""
+    return scaling.get("factor") is None and scaling.get("attention_factor") is None
+
+
+# -- the table ----------------------------------------------------------------------------------------
+#: rope_type -> its :class:`RopeType` record; the order is that of :func:`extension_methods`.
+ROPE_TYPES: dict[str, RopeType] = {
+    "default": RopeType(_default),
+    "linear": RopeType(_linear, extension={}),
+    "ntk": RopeType(_ntk, extension={}),
+    "dynamic": RopeType(
+        _dynamic, length_dependent=True, regime=_dynamic_regime, per_position=_dynamic_per_position,
+        needs_context=True, extension={},
+    ),
+    "yarn": RopeType(
+        _yarn, needs_context=True, hf_top_level_context=True, hf_factor_from_context=_yarn_factor_is_null, extension={},
+    ),
+    "llama3": RopeType(
+        _llama3, needs_context=True, hf_top_level_context=True,
+        extension={"low_freq_factor": 1.0, "high_freq_factor": 4.0},  # Llama 3.1's published values
+    ),
+    # not an extension method: it needs searched per-pair factors, not just a factor and L0
+    "longrope": RopeType(
+        _longrope, length_dependent=True, regime=_longrope_regime, per_position=_longrope_per_position,
+        needs_context=True, hf_top_level_context=True, hf_factor_from_context=_longrope_factor_missing,
+    ),
 }
 
-#: rope_types whose frequencies depend on the current length (``seq_len``).
-LENGTH_DEPENDENT = frozenset({"dynamic", "longrope"})
+
+class _InitFunctions(Mapping):
+    """rope_type -> its ``inv_freq`` function: a read-only live view of :data:`ROPE_TYPES`."""
+
+    def __getitem__(self, rope_type: str) -> RopeInitFn:
+        return ROPE_TYPES[rope_type].inv_freq
+
+    def __iter__(self):
+        return iter(ROPE_TYPES)
+
+    def __len__(self) -> int:
+        return len(ROPE_TYPES)
+
+    def __repr__(self) -> str:
+        return f"ROPE_INIT_FUNCTIONS({sorted(self)})"
+
+
+class _LengthDependent(AbstractSet):
+    """The length-dependent rope_types: a read-only live view of :data:`ROPE_TYPES`."""
+
+    def __contains__(self, rope_type: object) -> bool:
+        record = ROPE_TYPES.get(rope_type) if isinstance(rope_type, str) else None
+        return record is not None and record.length_dependent
+
+    def __iter__(self):
+        return (name for name, record in ROPE_TYPES.items() if record.length_dependent)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"LENGTH_DEPENDENT({sorted(self)})"
+
+
+#: rope_type -> function(dim, base, scaling dict, seq_len) -> (inv_freq float64, attention_factor),
+#: Hugging Face's dict of the same name; derived from :data:`ROPE_TYPES`.
+ROPE_INIT_FUNCTIONS: Mapping[str, RopeInitFn] = _InitFunctions()
+
+#: rope_types whose frequencies depend on the current length (``seq_len``); from :data:`ROPE_TYPES`.
+LENGTH_DEPENDENT: AbstractSet[str] = _LengthDependent()
+
+
+def extension_methods() -> tuple[str, ...]:
+    """The rope_types that extend a trained RoPE from a factor and L0 alone, in table order."""
+    return tuple(name for name, record in ROPE_TYPES.items() if record.extension is not None)
 
 
 def rope_type_of(scaling: Mapping[str, Any] | None) -> str:
@@ -297,6 +484,20 @@ def rope_type_of(scaling: Mapping[str, Any] | None) -> str:
     if not isinstance(scaling, Mapping):
         raise TypeError(f"scaling must be a dict in the Hugging Face rope_scaling form, got {type(scaling).__name__}")
     return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+def rope_type_record(scaling: Mapping[str, Any] | None) -> RopeType:
+    """The :class:`RopeType` record of a scaling dict (None: ``"default"``).
+
+    Raises:
+        ValueError: an unknown rope_type (the message lists the known ones).
+        TypeError: ``scaling`` is not a mapping.
+    """
+    rope_type = rope_type_of(scaling)
+    record = ROPE_TYPES.get(rope_type) if isinstance(rope_type, str) else None
+    if record is None:
+        raise ValueError(f"scaling: unknown rope_type {rope_type!r}; known: {sorted(ROPE_TYPES)}")
+    return record
 
 
 def _check_seq_len(seq_len: Any) -> int | None:
@@ -322,15 +523,13 @@ def compute_rope_parameters(
         KeyError: a required key is missing (the message names it).
         TypeError: ``scaling`` is not a mapping.
     """
-    rope_type = rope_type_of(scaling)
+    record = rope_type_record(scaling)
     scaling = {} if scaling is None else scaling
-    if rope_type not in ROPE_INIT_FUNCTIONS:
-        raise ValueError(f"scaling: unknown rope_type {rope_type!r}; known: {sorted(ROPE_INIT_FUNCTIONS)}")
     theta = scaling.get("rope_theta")
     if theta is not None and float(theta) != float(base):
         raise ValueError(f"scaling['rope_theta']={theta!r} disagrees with base={base!r}; pass one value")
     seq_len = _check_seq_len(seq_len)
-    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](dim, base, scaling, seq_len)
+    inv_freq, attention_factor = record.inv_freq(dim, base, scaling, seq_len)
     return inv_freq.to(dtype), float(attention_factor)
 
 
@@ -342,183 +541,21 @@ def inv_freq_per_position(
     The "rotate once" convention for length-dependent scalings under a KV cache: the token
     at position p is rotated with the frequencies in force when it was the last token
     (Hugging Face's behaviour when decoding token by token). Static types repeat one row.
+    Each type's rows come from its record's ``per_position``.
+
+    Raises as :func:`compute_rope_parameters`.
     """
-    rope_type = rope_type_of(scaling)
-    if rope_type == "dynamic":
-        inv_freq, _ = compute_rope_parameters(dim, base, scaling, None)  # validates the dict
-        factor, context_length = _factor(scaling, "dynamic"), _context_length(scaling, "dynamic")
-        lengths = torch.arange(1, num_positions + 1, dtype=torch.float64)
-        bases = dynamic_ntk_base(base, factor, lengths, context_length, dim)
-        exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
-        return (1.0 / bases.unsqueeze(-1) ** exponents).to(dtype)
-    if rope_type == "longrope":
-        context_length = _context_length(scaling, "longrope")
-        short, _ = compute_rope_parameters(dim, base, scaling, None, dtype=dtype)
-        long, _ = compute_rope_parameters(dim, base, scaling, context_length + 1, dtype=dtype)
-        is_long = torch.arange(1, num_positions + 1).unsqueeze(-1) > context_length
-        return torch.where(is_long, long, short)
-    inv_freq, _ = compute_rope_parameters(dim, base, scaling, None, dtype=dtype)
-    return inv_freq.expand(num_positions, -1).clone()
+    return rope_type_record(scaling).per_position(dim, base, scaling, num_positions, dtype=dtype)
 
 
-# -- Hugging Face config.json import / export -------------------------------------------------------
-#: The config.json fields that determine a model's RoPE (read by :func:`read_hf_config`).
-HF_ROPE_FIELDS = (
-    "rope_theta", "rope_scaling", "rope_parameters", "head_dim", "hidden_size", "num_attention_heads",
-    "partial_rotary_factor", "max_position_embeddings", "original_max_position_embeddings",
-)
-_NEEDS_CONTEXT = frozenset({"dynamic", "yarn", "llama3", "longrope"})
-_MISSING = "<missing>"
+def __getattr__(name: str) -> Any:
+    # read_hf_config, write_hf_config and HF_ROPE_FIELDS moved to rope_interop, which imports
+    # this module (through rotary), so they are fetched on first use rather than imported here
+    if name in _MOVED_TO_INTEROP:
+        from . import rope_interop
+
+        return getattr(rope_interop, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _scaling_container(config: Mapping[str, Any], layer_type: str | None) -> tuple[str | None, Any]:
-    """(key, dict) of the rope dict: v5 ``rope_parameters`` first, then v4 ``rope_scaling``."""
-    for key in ("rope_parameters", "rope_scaling"):
-        if key in config:
-            value = config[key]
-            if isinstance(value, Mapping) and value and all(isinstance(v, Mapping) or v is None for v in value.values()):
-                # v5 per-layer dict: {"full_attention": {...}, "sliding_attention": {...}}
-                if layer_type not in value:
-                    raise ValueError(f"config[{key!r}] holds one rope dict per layer type {sorted(value)}; pass layer_type=one of them")
-                return key, value[layer_type]
-            if value is not None and not isinstance(value, Mapping):
-                raise ValueError(f"config[{key!r}] must be a dict or null, got {type(value).__name__}")
-            return key, value
-    return None, None
-
-
-def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Read the RoPE of a Hugging Face ``config.json`` dict.
-
-    Fields: ``rope_theta`` (default 10000), ``rope_parameters`` (v5, may carry rope_theta and
-    partial_rotary_factor) or ``rope_scaling`` (v4), ``head_dim`` (else hidden_size //
-    num_attention_heads), ``partial_rotary_factor``, ``max_position_embeddings`` and Phi-3's
-    top-level ``original_max_position_embeddings``. Values that Hugging Face takes from the
-    config rather than the rope dict are filled into the returned scaling as v5's
-    ``standardize_rope_params`` does: L0 for dynamic/yarn/llama3/longrope (Phi-3's top-level
-    value first, else max_position_embeddings), yarn's ``factor: null`` and longrope's missing
-    ``factor`` as max_position_embeddings / L0.
-
-    Returns:
-        (kwargs for :class:`~posenc.RoPE` (head_dim, base, scaling, partial_rotary_factor),
-        layout: how the config spelled things, for :func:`write_hf_config`).
-
-    Raises:
-        TypeError: config is not a dict. KeyError: no head_dim nor hidden_size and
-        num_attention_heads, or a context length that cannot be found. ValueError: a
-        per-layer rope dict without ``layer_type``.
-    """
-    if not isinstance(config, Mapping):
-        raise TypeError(f"config must be a dict (a parsed config.json), got {type(config).__name__}")
-    present = {key: config[key] for key in HF_ROPE_FIELDS if key in config}
-    container, params = _scaling_container(config, layer_type)
-    params = dict(params) if params is not None else None
-
-    if config.get("head_dim") is not None:
-        head_dim = config["head_dim"]
-    elif config.get("hidden_size") is not None and config.get("num_attention_heads") is not None:
-        head_dim = config["hidden_size"] // config["num_attention_heads"]
-    else:
-        raise KeyError("config: needs 'head_dim', or 'hidden_size' and 'num_attention_heads'")
-
-    base = config.get("rope_theta", 10000.0)
-    prf = config.get("partial_rotary_factor")
-    scaling = None
-    implicit: dict[str, Any] = {}
-    if params is not None:
-        base = params.pop("rope_theta", base)
-        prf = params.pop("partial_rotary_factor", prf)
-        if rope_type_of(params) != "default":
-            scaling = params
-    if scaling is not None:
-        rope_type = rope_type_of(scaling)
-        max_pos = config.get("max_position_embeddings")
-        if rope_type in _NEEDS_CONTEXT:
-            top = config.get("original_max_position_embeddings") if rope_type != "dynamic" else None
-            if top is not None or scaling.get("original_max_position_embeddings") is None:
-                context = top if top is not None else max_pos
-                if context is None:
-                    raise KeyError(f"config: rope_type {rope_type!r} needs 'original_max_position_embeddings' or 'max_position_embeddings'")
-                if scaling.get("original_max_position_embeddings") != context:
-                    implicit["original_max_position_embeddings"] = scaling.get("original_max_position_embeddings", _MISSING)
-                    scaling["original_max_position_embeddings"] = context
-            context = scaling["original_max_position_embeddings"]
-            derive_factor = (rope_type == "yarn" and "factor" in scaling and scaling["factor"] is None) or (
-                rope_type == "longrope" and scaling.get("factor") is None and scaling.get("attention_factor") is None
-            )
-            if derive_factor and max_pos is not None:
-                implicit["factor"] = scaling.get("factor", _MISSING)
-                scaling["factor"] = max_pos / context
-    layout = {"present": present, "container": container, "layer_type": layer_type, "implicit": implicit,
-              "partial_rotary_factor": prf}
-    kwargs = {"head_dim": head_dim, "base": float(base), "scaling": scaling,
-              "partial_rotary_factor": None if prf is None or prf == 1.0 else prf}
-    return kwargs, layout
-
-
-def write_hf_config(
-    *, head_dim: int, rotary_dim: int, base: float, scaling: Mapping[str, Any] | None, layout: Mapping[str, Any] | None
-) -> dict[str, Any]:
-    """The RoPE fields of a config.json, the inverse of :func:`read_hf_config`.
-
-    Writes the current values in the spelling recorded in ``layout`` (v4 ``rope_scaling`` or
-    v5 ``rope_parameters``, ``type`` or ``rope_type``, head_dim or hidden_size /
-    num_attention_heads, implicit keys dropped again), so that
-    ``write(read(config)) == {k: config[k] for k in HF_ROPE_FIELDS if k in config}``.
-    Without a layout: ``rope_theta``, ``head_dim``, ``partial_rotary_factor`` (when
-    partial) and ``rope_scaling``.
-
-    Raises:
-        ValueError: the recorded hidden_size / num_attention_heads disagree with head_dim.
-    """
-    if layout is None:
-        out: dict[str, Any] = {"rope_theta": base, "head_dim": head_dim}
-        if rotary_dim != head_dim:
-            out["partial_rotary_factor"] = rotary_dim / head_dim
-        out["rope_scaling"] = dict(scaling) if scaling is not None else None
-        return out
-    present = layout["present"]
-    out = dict(present)  # keys RoPE does not own (hidden_size, max_position_embeddings) as read
-    if "head_dim" in present and present["head_dim"] is not None:
-        out["head_dim"] = head_dim
-    elif present.get("hidden_size") is not None and present["hidden_size"] // present["num_attention_heads"] != head_dim:
-        raise ValueError(f"hidden_size // num_attention_heads != head_dim={head_dim}; write head_dim instead")
-    prf = layout["partial_rotary_factor"]
-    if prf is None or int(head_dim * prf) != rotary_dim:
-        prf = None if rotary_dim == head_dim else rotary_dim / head_dim
-    rope_dict: dict[str, Any] | None = None if scaling is None else dict(scaling)
-    if rope_dict is not None:
-        for key, original in layout["implicit"].items():
-            if original == _MISSING:
-                rope_dict.pop(key, None)
-            else:
-                rope_dict[key] = original
-    container = layout["container"]
-    original_params = present.get(container) if container else None
-    if container is not None and layout["layer_type"] is not None:
-        original_params = original_params[layout["layer_type"]]
-    if rope_dict is None and original_params is not None:  # an explicit {"rope_type": "default"}
-        rope_dict = {k: original_params[k] for k in ("rope_type", "type") if k in original_params}
-    if container == "rope_parameters" and original_params is not None:
-        # v5 keeps rope_theta / partial_rotary_factor inside the dict when they were there
-        if "rope_theta" in original_params:
-            rope_dict["rope_theta"] = base
-        if "partial_rotary_factor" in original_params:
-            rope_dict["partial_rotary_factor"] = prf if prf is not None else 1.0
-    if "rope_theta" in present:
-        out["rope_theta"] = base
-    elif container != "rope_parameters" or original_params is None or "rope_theta" not in original_params:
-        if base != 10000.0:
-            out["rope_theta"] = base
-    if "partial_rotary_factor" in present:
-        out["partial_rotary_factor"] = prf if prf is not None else 1.0
-    elif prf is not None and not (original_params is not None and "partial_rotary_factor" in original_params):
-        out["partial_rotary_factor"] = prf
-    if container is None:
-        if rope_dict is not None:
-            out["rope_scaling"] = rope_dict
-    elif layout["layer_type"] is not None:
-        out[container] = {**present[container], layout["layer_type"]: rope_dict}
-    else:
-        out[container] = rope_dict
-    return out
+_MOVED_TO_INTEROP = frozenset({"HF_ROPE_FIELDS", "read_hf_config", "write_hf_config"})

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from .base import PositionalEncoding
 from .._validation import broadcast_shape, check_bool, check_even, check_number
-from .rope_scaling import LENGTH_DEPENDENT, compute_rope_parameters, inv_freq_per_position, rope_type_of, write_hf_config
+from .rope_scaling import compute_rope_parameters, rope_type_record
 
 
 def rope_frequencies(
@@ -62,6 +62,10 @@ def rope_frequencies(
 
 #: Values of ``RoPE(dynamic_cache=...)``.
 DYNAMIC_CACHE_MODES = ("rerotate", "frozen")
+
+#: The regime of RoPE(dynamic_cache="frozen"): per-position frequencies (the record's
+#: ``per_position``), not those of one length.
+_FROZEN_REGIME = ("frozen", None)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -266,6 +270,12 @@ class RoPE(PositionalEncoding):
               keys is exact. This is what Hugging Face computes when decoding token by token
               (it caches rotated keys); a Hugging Face prefill longer than L0 uses the
               prefill's length for all its tokens instead.
+        hf_layout: how a Hugging Face config.json spelled these fields (the layout of
+            :func:`~posenc.encodings.rope_interop.read_hf_config`); :meth:`to_hf_dict`
+            writes them back in that spelling. None (default): the plain spelling.
+            Set by :func:`posenc.rope.from_hf_config`.
+        max_position_embeddings: the config's context length, or None; informational
+            (the scalings read L0 from ``scaling``). Set by :func:`posenc.rope.from_hf_config`.
 
     Hook: ``rotate``. Raises ValueError on an odd head_dim or rotary_dim, rotary_dim >
     head_dim, or an unknown dynamic_cache; scaling errors as :func:`rope_frequencies`.
@@ -284,6 +294,8 @@ class RoPE(PositionalEncoding):
         interleaved: bool = False,
         scaling: Mapping[str, Any] | None = None,
         dynamic_cache: str = "rerotate",
+        hf_layout: Mapping[str, Any] | None = None,
+        max_position_embeddings: int | None = None,
     ) -> None:
         super().__init__()
         check_even(head_dim, "head_dim")
@@ -305,7 +317,9 @@ class RoPE(PositionalEncoding):
         if dynamic_cache not in DYNAMIC_CACHE_MODES:
             raise ValueError(f"dynamic_cache must be one of {DYNAMIC_CACHE_MODES}, got {dynamic_cache!r}")
         self.dynamic_cache = dynamic_cache
-        self.length_dependent = rope_type_of(self.scaling) in LENGTH_DEPENDENT
+        self._rope_type = rope_type_record(self.scaling)  # how the frequencies follow the length
+        self.length_dependent = self._rope_type.length_dependent
+        self.hf_layout, self.max_position_embeddings = hf_layout, max_position_embeddings
         self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
 
     @classmethod
@@ -319,17 +333,12 @@ class RoPE(PositionalEncoding):
         return not (self.length_dependent and self.dynamic_cache == "rerotate")
 
     def _regime(self, seq_len: int | None) -> tuple:
-        """Which frequencies a call of length ``seq_len`` uses: one cos/sin table per regime."""
-        if not self.length_dependent:
-            return ("static",)
-        if self.dynamic_cache == "frozen":
-            return ("frozen",)
-        context_length = int(self.scaling["original_max_position_embeddings"])
-        if seq_len is None or seq_len <= context_length:
-            return ("static",)  # the original (dynamic) or short (longrope) frequencies
-        if rope_type_of(self.scaling) == "longrope":
-            return ("long",)
-        return ("length", seq_len)
+        """Which frequencies a call of length ``seq_len`` uses, (key, seq_len to compute them
+        at): one cos/sin table per regime. The rope_type's record decides, except in the
+        "frozen" mode, where every position has its own frequencies whatever the call."""
+        if self.length_dependent and self.dynamic_cache == "frozen":
+            return _FROZEN_REGIME
+        return self._rope_type.regime(self.scaling, seq_len)
 
     def _angles(self, regime: tuple, n: int, device: torch.device) -> Tensor:
         """position * inv_freq in float64, (n, r/2), for positions 0 .. n-1 in ``regime``.
@@ -338,16 +347,10 @@ class RoPE(PositionalEncoding):
         the angle at position p is exact to float64 rounding even at p = 2^20.
         """
         positions = torch.arange(n, device=device, dtype=torch.float64).unsqueeze(-1)
-        f64 = dict(dtype=torch.float64)
-        if regime[0] == "frozen":
-            inv_freq = inv_freq_per_position(self.rotary_dim, self.base, self.scaling, n, **f64)
-        elif regime[0] == "long":
-            length = int(self.scaling["original_max_position_embeddings"]) + 1
-            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, length, **f64)
-        elif regime[0] == "length":
-            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, regime[1], **f64)
+        if regime == _FROZEN_REGIME:
+            inv_freq = self._rope_type.per_position(self.rotary_dim, self.base, self.scaling, n, dtype=torch.float64)
         else:
-            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, None, **f64)
+            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, regime[1], dtype=torch.float64)
         return positions * inv_freq.to(device=device)
 
     def _tables(
@@ -355,8 +358,9 @@ class RoPE(PositionalEncoding):
     ) -> tuple[Tensor, Tensor]:
         """cos and sin for positions 0 .. n-1, full width r, at length ``seq_len``.
 
-        A table per (device, dtype, regime), grown by doubling; a dynamic-NTK table holds one
-        length's frequencies, so only the last few lengths are kept.
+        A table per (device, dtype, regime), grown by doubling; a table computed at a length
+        (a dynamic-NTK one holds one length's frequencies) is one of possibly many, so only
+        the last few of those are kept.
         """
         regime = self._regime(seq_len)
         key = (device, dtype, regime)
@@ -367,8 +371,8 @@ class RoPE(PositionalEncoding):
         angles = self._angles(regime, n, device)
         cos = _full_width(angles.cos() * self.attention_factor, self.interleaved)
         sin = _full_width(angles.sin() * self.attention_factor, self.interleaved)
-        if regime[0] == "length":
-            stale = [k for k in self._cache if k[2][0] == "length"]
+        if regime[1] is not None:
+            stale = [k for k in self._cache if k[2][1] is not None]
             for k in stale[: max(0, len(stale) - 3)]:
                 del self._cache[k]
         self._cache[key] = (cos.to(dtype), sin.to(dtype))
@@ -419,13 +423,15 @@ class RoPE(PositionalEncoding):
     def to_hf_dict(self) -> dict[str, Any]:
         """The RoPE fields of a Hugging Face config.json (rope_theta, rope_scaling, head_dim, ...).
 
-        An encoding built by :func:`posenc.rope.from_hf_config` writes them back in the
-        config's own spelling (v4 or v5), so the round trip is the identity; see
-        :func:`~posenc.encodings.rope_scaling.write_hf_config`.
+        An encoding built by :func:`posenc.rope.from_hf_config` (its ``hf_layout``) writes
+        them back in the config's own spelling (v4 or v5), so the round trip is the identity;
+        see :func:`~posenc.encodings.rope_interop.write_hf_config`.
         """
+        from .rope_interop import write_hf_config  # rope_interop builds RoPEs: it imports this module
+
         return write_hf_config(
             head_dim=self.head_dim, rotary_dim=self.rotary_dim, base=self.base, scaling=self.scaling,
-            layout=getattr(self, "hf_layout", None),
+            layout=self.hf_layout,
         )
 
     def extra_repr(self) -> str:

@@ -1,0 +1,302 @@
+"""Hugging Face ``config.json`` interop for RoPE: read a model's RoPE fields into a
+:class:`~posenc.RoPE`, write them back in the config's own spelling, and inspect them.
+
+- :func:`read_hf_config` / :func:`write_hf_config`: config dict <-> RoPE arguments, v4
+  (``rope_scaling``) and v5 (``rope_parameters``, per-layer dicts) spellings, the round trip
+  the identity on :data:`HF_ROPE_FIELDS`.
+- :func:`from_hf_config` / :func:`to_hf_dict`: the same through a RoPE module.
+- :func:`inspect_config` -> :class:`RopeInspection`: per frequency pair, the wavelengths
+  against the original and extended contexts (drawn by :func:`posenc.plots.plot_rope_inspection`).
+
+What Hugging Face takes from the model config rather than the rope dict (L0, a derived
+factor) is filled in as each rope_type's record in
+:data:`~posenc.encodings.rope_scaling.ROPE_TYPES` says. Imports torch and posenc.encodings only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from .rope_scaling import ROPE_TYPES, rope_type_of, yarn_correction_dim
+from .rotary import RoPE, rope_frequencies
+
+#: The config.json fields that determine a model's RoPE (read by :func:`read_hf_config`).
+HF_ROPE_FIELDS = (
+    "rope_theta", "rope_scaling", "rope_parameters", "head_dim", "hidden_size", "num_attention_heads",
+    "partial_rotary_factor", "max_position_embeddings", "original_max_position_embeddings",
+)
+_MISSING = "<missing>"
+
+
+def _scaling_container(config: Mapping[str, Any], layer_type: str | None) -> tuple[str | None, Any]:
+    """(key, dict) of the rope dict: v5 ``rope_parameters`` first, then v4 ``rope_scaling``."""
+    for key in ("rope_parameters", "rope_scaling"):
+        if key in config:
+            value = config[key]
+            if isinstance(value, Mapping) and value and all(isinstance(v, Mapping) or v is None for v in value.values()):
+                # v5 per-layer dict: {"full_attention": {...}, "sliding_attention": {...}}
+                if layer_type not in value:
+                    raise ValueError(f"config[{key!r}] holds one rope dict per layer type {sorted(value)}; pass layer_type=one of them")
+                return key, value[layer_type]
+            if value is not None and not isinstance(value, Mapping):
+                raise ValueError(f"config[{key!r}] must be a dict or null, got {type(value).__name__}")
+            return key, value
+    return None, None
+
+
+def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read the RoPE of a Hugging Face ``config.json`` dict.
+
+    Fields: ``rope_theta`` (default 10000), ``rope_parameters`` (v5, may carry rope_theta and
+    partial_rotary_factor) or ``rope_scaling`` (v4), ``head_dim`` (else hidden_size //
+    num_attention_heads), ``partial_rotary_factor``, ``max_position_embeddings`` and Phi-3's
+    top-level ``original_max_position_embeddings``. Values that Hugging Face takes from the
+    config rather than the rope dict are filled into the returned scaling as v5's
+    ``standardize_rope_params`` does: L0 for dynamic/yarn/llama3/longrope (Phi-3's top-level
+    value first, else max_position_embeddings), yarn's ``factor: null`` and longrope's missing
+    ``factor`` as max_position_embeddings / L0.
+
+    Returns:
+        (kwargs for :class:`~posenc.RoPE` (head_dim, base, scaling, partial_rotary_factor),
+        layout: how the config spelled things, for :func:`write_hf_config`).
+
+    Raises:
+        TypeError: config is not a dict. KeyError: no head_dim nor hidden_size and
+        num_attention_heads, or a context length that cannot be found. ValueError: a
+        per-layer rope dict without ``layer_type``.
+    """
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a dict (a parsed config.json), got {type(config).__name__}")
+    present = {key: config[key] for key in HF_ROPE_FIELDS if key in config}
+    container, params = _scaling_container(config, layer_type)
+    params = dict(params) if params is not None else None
+
+    if config.get("head_dim") is not None:
+        head_dim = config["head_dim"]
+    elif config.get("hidden_size") is not None and config.get("num_attention_heads") is not None:
+        head_dim = config["hidden_size"] // config["num_attention_heads"]
+    else:
+        raise KeyError("config: needs 'head_dim', or 'hidden_size' and 'num_attention_heads'")
+
+    base = config.get("rope_theta", 10000.0)
+    prf = config.get("partial_rotary_factor")
+    scaling = None
+    implicit: dict[str, Any] = {}
+    if params is not None:
+        base = params.pop("rope_theta", base)
+        prf = params.pop("partial_rotary_factor", prf)
+        if rope_type_of(params) != "default":
+            scaling = params
+    # an unknown rope_type is left for RoPE to refuse, with the list of known ones
+    record = ROPE_TYPES.get(rope_type_of(scaling)) if scaling is not None else None
+    if record is not None and record.needs_context:
+        rope_type = rope_type_of(scaling)
+        max_pos = config.get("max_position_embeddings")
+        top = config.get("original_max_position_embeddings") if record.hf_top_level_context else None
+        if top is not None or scaling.get("original_max_position_embeddings") is None:
+            context = top if top is not None else max_pos
+            if context is None:
+                raise KeyError(f"config: rope_type {rope_type!r} needs 'original_max_position_embeddings' or 'max_position_embeddings'")
+            if scaling.get("original_max_position_embeddings") != context:
+                implicit["original_max_position_embeddings"] = scaling.get("original_max_position_embeddings", _MISSING)
+                scaling["original_max_position_embeddings"] = context
+        context = scaling["original_max_position_embeddings"]
+        derive_factor = record.hf_factor_from_context is not None and record.hf_factor_from_context(scaling)
+        if derive_factor and max_pos is not None:
+            implicit["factor"] = scaling.get("factor", _MISSING)
+            scaling["factor"] = max_pos / context
+    layout = {"present": present, "container": container, "layer_type": layer_type, "implicit": implicit,
+              "partial_rotary_factor": prf}
+    kwargs = {"head_dim": head_dim, "base": float(base), "scaling": scaling,
+              "partial_rotary_factor": None if prf is None or prf == 1.0 else prf}
+    return kwargs, layout
+
+
+def write_hf_config(
+    *, head_dim: int, rotary_dim: int, base: float, scaling: Mapping[str, Any] | None, layout: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The RoPE fields of a config.json, the inverse of :func:`read_hf_config`.
+
+    Writes the current values in the spelling recorded in ``layout`` (v4 ``rope_scaling`` or
+    v5 ``rope_parameters``, ``type`` or ``rope_type``, head_dim or hidden_size /
+    num_attention_heads, implicit keys dropped again), so that
+    ``write(read(config)) == {k: config[k] for k in HF_ROPE_FIELDS if k in config}``.
+    Without a layout: ``rope_theta``, ``head_dim``, ``partial_rotary_factor`` (when
+    partial) and ``rope_scaling``.
+
+    Raises:
+        ValueError: the recorded hidden_size / num_attention_heads disagree with head_dim.
+    """
+    if layout is None:
+        out: dict[str, Any] = {"rope_theta": base, "head_dim": head_dim}
+        if rotary_dim != head_dim:
+            out["partial_rotary_factor"] = rotary_dim / head_dim
+        out["rope_scaling"] = dict(scaling) if scaling is not None else None
+        return out
+    present = layout["present"]
+    out = dict(present)  # keys RoPE does not own (hidden_size, max_position_embeddings) as read
+    if "head_dim" in present and present["head_dim"] is not None:
+        out["head_dim"] = head_dim
+    elif present.get("hidden_size") is not None and present["hidden_size"] // present["num_attention_heads"] != head_dim:
+        raise ValueError(f"hidden_size // num_attention_heads != head_dim={head_dim}; write head_dim instead")
+    prf = layout["partial_rotary_factor"]
+    if prf is None or int(head_dim * prf) != rotary_dim:
+        prf = None if rotary_dim == head_dim else rotary_dim / head_dim
+    rope_dict: dict[str, Any] | None = None if scaling is None else dict(scaling)
+    if rope_dict is not None:
+        for key, original in layout["implicit"].items():
+            if original == _MISSING:
+                rope_dict.pop(key, None)
+            else:
+                rope_dict[key] = original
+    container = layout["container"]
+    original_params = present.get(container) if container else None
+    if container is not None and layout["layer_type"] is not None:
+        original_params = original_params[layout["layer_type"]]
+    if rope_dict is None and original_params is not None:  # an explicit {"rope_type": "default"}
+        rope_dict = {k: original_params[k] for k in ("rope_type", "type") if k in original_params}
+    if container == "rope_parameters" and original_params is not None:
+        # v5 keeps rope_theta / partial_rotary_factor inside the dict when they were there
+        if "rope_theta" in original_params:
+            rope_dict["rope_theta"] = base
+        if "partial_rotary_factor" in original_params:
+            rope_dict["partial_rotary_factor"] = prf if prf is not None else 1.0
+    if "rope_theta" in present:
+        out["rope_theta"] = base
+    elif container != "rope_parameters" or original_params is None or "rope_theta" not in original_params:
+        if base != 10000.0:
+            out["rope_theta"] = base
+    if "partial_rotary_factor" in present:
+        out["partial_rotary_factor"] = prf if prf is not None else 1.0
+    elif prf is not None and not (original_params is not None and "partial_rotary_factor" in original_params):
+        out["partial_rotary_factor"] = prf
+    if container is None:
+        if rope_dict is not None:
+            out["rope_scaling"] = rope_dict
+    elif layout["layer_type"] is not None:
+        out[container] = {**present[container], layout["layer_type"]: rope_dict}
+    else:
+        out[container] = rope_dict
+    return out
+
+
+def from_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None, **kwargs: Any) -> RoPE:
+    """The :class:`RoPE` of a Hugging Face model config (a parsed ``config.json``).
+
+    Reads rope_theta, rope_scaling (v4) or rope_parameters (v5), head_dim (or hidden_size //
+    num_attention_heads), partial_rotary_factor and max_position_embeddings, filling in what
+    Hugging Face takes from the config rather than the rope dict (see :func:`read_hf_config`).
+    Hugging Face's layout: half-split pairs (i, i + r/2), cos and sin multiplied by the
+    attention factor.
+
+    Args:
+        config: the config dict.
+        layer_type: for a v5 per-layer ``rope_parameters`` dict, which layer type to read.
+        kwargs: more :class:`RoPE` options (``interleaved``, ``dynamic_cache``).
+
+    Returns:
+        A RoPE whose :meth:`RoPE.to_hf_dict` gives back the config's RoPE fields unchanged
+        (its ``hf_layout`` is the layout read); ``rope.max_position_embeddings`` holds the
+        config's value (or None).
+
+    Raises:
+        TypeError, KeyError, ValueError: as :func:`read_hf_config` and :class:`RoPE`.
+    """
+    rope_kwargs, layout = read_hf_config(config, layer_type=layer_type)
+    return RoPE(**rope_kwargs, **kwargs, hf_layout=layout, max_position_embeddings=config.get("max_position_embeddings"))
+
+
+def to_hf_dict(rope: RoPE) -> dict[str, Any]:
+    """The RoPE fields of a Hugging Face config for ``rope`` (same as ``rope.to_hf_dict()``)."""
+    if not isinstance(rope, RoPE):
+        raise TypeError(f"rope must be a posenc RoPE, got {type(rope).__name__}")
+    return rope.to_hf_dict()
+
+
+@dataclass(frozen=True)
+class RopeInspection:
+    """A model's RoPE at a glance (:func:`inspect_config`).
+
+    Per frequency pair i (i = 0 .. rotary_dim/2 - 1): ``wavelength_original[i]`` = 2 pi /
+    theta_i and ``wavelength_scaled[i]`` = 2 pi / theta'_i in tokens (theta' evaluated at
+    the extended context, so dynamic and longrope show their long-context frequencies);
+    ``full_rotation[i]``: the pair completes a full turn within the original context
+    (wavelength_original <= original_context). ``critical_dim`` is YaRN's critical
+    dimension d * ln(L0 / 2 pi) / (2 ln b) (Peng et al. 2023, eq. 17 with r = 1): the
+    fractional pair index where the wavelength equals L0.
+    """
+
+    model_type: str | None
+    rope_type: str
+    head_dim: int
+    rotary_dim: int
+    rope_theta: float
+    original_context: int
+    extended_context: int
+    attention_factor: float
+    wavelength_original: Tensor
+    wavelength_scaled: Tensor
+    full_rotation: Tensor
+    critical_dim: float
+
+    @property
+    def num_full_rotation_pairs(self) -> int:
+        return int(self.full_rotation.sum())
+
+    @property
+    def scale(self) -> Tensor:
+        """Per pair, how much the scaling stretched the wavelength (1 = untouched)."""
+        return self.wavelength_scaled / self.wavelength_original
+
+
+def inspect_config(
+    config: Mapping[str, Any],
+    *,
+    layer_type: str | None = None,
+    original_context: int | None = None,
+    extended_context: int | None = None,
+) -> RopeInspection:
+    """Per frequency pair, the wavelengths of a config's RoPE against its contexts.
+
+    The original context L0 is the rope dict's ``original_max_position_embeddings`` (as
+    :func:`from_hf_config` fills it in), else ``max_position_embeddings``. The extended
+    context is max(max_position_embeddings, L0 * factor). Either can be given instead.
+
+    Raises:
+        KeyError: no context length can be found (give ``original_context``); and as
+        :func:`from_hf_config`.
+    """
+    rope = from_hf_config(config, layer_type=layer_type)
+    scaling = rope.scaling or {}
+    max_pos = config.get("max_position_embeddings")
+    if original_context is None:
+        original_context = scaling.get("original_max_position_embeddings") or max_pos
+        if original_context is None:
+            raise KeyError("config: needs 'max_position_embeddings' (or pass original_context=)")
+    if extended_context is None:
+        factor = scaling.get("factor") or 1.0
+        extended_context = max(int(max_pos or 0), int(round(original_context * factor)), int(original_context))
+    inv_original, _ = rope_frequencies(rope.rotary_dim, base=rope.base)
+    inv_scaled, attention_factor = rope_frequencies(
+        rope.rotary_dim, base=rope.base, scaling=rope.scaling, seq_len=extended_context
+    )
+    wavelength_original = 2 * math.pi / inv_original.double()
+    return RopeInspection(
+        model_type=config.get("model_type"),
+        rope_type=rope_type_of(rope.scaling),
+        head_dim=rope.head_dim,
+        rotary_dim=rope.rotary_dim,
+        rope_theta=rope.base,
+        original_context=int(original_context),
+        extended_context=int(extended_context),
+        attention_factor=attention_factor,
+        wavelength_original=wavelength_original,
+        wavelength_scaled=2 * math.pi / inv_scaled.double(),
+        full_rotation=wavelength_original <= original_context,
+        critical_dim=yarn_correction_dim(1.0, rope.rotary_dim, rope.base, int(original_context)),
+    )

@@ -1,0 +1,194 @@
+"""The rope_type table (posenc.encodings.rope_scaling.ROPE_TYPES): every record is complete and
+keeps its contracts, and RoPE follows the record, so a new rope_type needs no change to RoPE."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from rope_reference import ref_default
+
+import posenc
+from posenc.encodings import rope_scaling
+from posenc.encodings.rope_scaling import (
+    LENGTH_DEPENDENT,
+    ROPE_INIT_FUNCTIONS,
+    ROPE_TYPES,
+    RopeType,
+    compute_rope_parameters,
+    extension_methods,
+    inv_freq_per_position,
+    repeat_per_position,
+    static_regime,
+)
+from posenc.rope import EXTENSION_METHODS, extension_scaling, from_hf_config
+
+L0 = 16
+#: One valid dict per rope_type at rotary dim 8: a new rope_type must add one here.
+SAMPLES = {
+    "default": None,
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "ntk": {"rope_type": "ntk", "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": L0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L0},
+    "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": L0},
+    "longrope": {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0],
+                 "original_max_position_embeddings": L0, "factor": 8.0},
+}
+LENGTHS = [None, 1, L0 - 1, L0, L0 + 1, 3 * L0]
+
+
+def f64(scaling, seq_len):
+    return compute_rope_parameters(8, 10000.0, scaling, seq_len, dtype=torch.float64)
+
+
+def test_every_rope_type_has_a_sample_and_a_complete_record():
+    assert set(SAMPLES) == set(ROPE_TYPES)
+    for name, record in ROPE_TYPES.items():
+        assert isinstance(record, RopeType), name
+        assert callable(record.inv_freq) and callable(record.regime) and callable(record.per_position), name
+        if record.length_dependent:
+            assert record.regime is not static_regime and record.per_position is not repeat_per_position, name
+        else:
+            assert record.regime is static_regime and record.per_position is repeat_per_position, name
+        assert record.hf_factor_from_context is None or callable(record.hf_factor_from_context), name
+        assert record.extension is None or all(isinstance(k, str) for k in record.extension), name
+        inv_freq, attention_factor = record.inv_freq(8, 10000.0, SAMPLES[name] or {}, None)
+        assert inv_freq.dtype == torch.float64 and inv_freq.shape == (4,), name
+        assert isinstance(attention_factor, float) and attention_factor > 0, name
+
+
+def test_a_length_dependent_record_needs_its_own_regime_and_per_position():
+    with pytest.raises(TypeError, match="regime and per_position"):
+        RopeType(rope_scaling._default, length_dependent=True)
+    with pytest.raises(TypeError, match="regime and per_position"):
+        RopeType(rope_scaling._default, length_dependent=True, regime=lambda scaling, seq_len: ("x", seq_len))
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_regime_gives_the_frequencies_of_the_length(name):
+    """Computing at the regime's seq_len gives the length's own frequencies, and one regime key
+    holds one set of frequencies (RoPE keeps one cos/sin table per regime)."""
+    record, scaling = ROPE_TYPES[name], SAMPLES[name]
+    seen = {}
+    for seq_len in LENGTHS:
+        regime = record.regime(scaling, seq_len)
+        key, at = regime
+        hash(key)
+        got = f64(scaling, at)
+        want = f64(scaling, seq_len)
+        assert torch.equal(got[0], want[0]) and got[1] == want[1], (name, seq_len)
+        if regime in seen:
+            assert torch.equal(seen[regime], got[0]), (name, seq_len)
+        seen[regime] = got[0]
+    if not record.length_dependent:
+        assert len(seen) == 1
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_per_position_rows_are_the_frequencies_at_length_p_plus_one(name):
+    table = inv_freq_per_position(8, 10000.0, SAMPLES[name], 3 * L0, dtype=torch.float64)
+    assert table.shape == (3 * L0, 4) and table.dtype == torch.float64
+    for p in range(3 * L0):
+        torch.testing.assert_close(table[p], f64(SAMPLES[name], p + 1)[0], rtol=1e-15, atol=0)
+
+
+def test_derived_views_follow_the_table():
+    assert list(ROPE_INIT_FUNCTIONS) == list(ROPE_TYPES)
+    assert all(ROPE_INIT_FUNCTIONS[name] is record.inv_freq for name, record in ROPE_TYPES.items())
+    assert set(LENGTH_DEPENDENT) == {name for name, record in ROPE_TYPES.items() if record.length_dependent}
+    assert LENGTH_DEPENDENT == {"dynamic", "longrope"} and "linear" not in LENGTH_DEPENDENT
+    assert EXTENSION_METHODS == extension_methods() == ("linear", "ntk", "dynamic", "yarn", "llama3")
+    with pytest.raises(TypeError):
+        ROPE_INIT_FUNCTIONS["x"] = rope_scaling._default
+
+
+@pytest.mark.parametrize("name", EXTENSION_METHODS)
+def test_extension_scaling_is_the_record_defaults(name):
+    record = ROPE_TYPES[name]
+    scaling = extension_scaling(name, 2.0, L0)
+    context = {"original_max_position_embeddings": L0} if record.needs_context else {}
+    assert scaling == {"rope_type": name, "factor": 2.0, **context, **record.extension}
+    f64(scaling, None)  # a valid dict
+
+
+def test_no_rope_type_names_compared_outside_the_table():
+    pattern = re.compile(r'rope_type(_of\([^)]*\))? ==|== "(longrope|dynamic|llama3|yarn|linear|ntk)"')
+    src = Path(posenc.__file__).parent
+    hits = [f"{path}:{n}" for path in src.rglob("*.py") for n, line in enumerate(path.read_text().splitlines(), 1)
+            if pattern.search(line)]
+    assert hits == []
+
+
+# -- a toy rope_type, registered for one test ------------------------------------------------------------
+def _toy(dim, base, scaling, seq_len):
+    """theta within L0; theta / factor past it; attention factor 1.25."""
+    context_length = scaling["original_max_position_embeddings"]
+    theta = rope_scaling.default_inv_freq_f64(dim, base)
+    if seq_len is not None and seq_len > context_length:
+        theta = theta / scaling["factor"]
+    return theta, 1.25
+
+
+def _toy_regime(scaling, seq_len):
+    past = seq_len is not None and seq_len > scaling["original_max_position_embeddings"]
+    return ("past", scaling["original_max_position_embeddings"] + 1) if past else ("within", None)
+
+
+def _toy_per_position(dim, base, scaling, num_positions, *, dtype):
+    rows = [_toy(dim, base, scaling, p + 1)[0] for p in range(num_positions)]
+    return torch.stack(rows).to(dtype)
+
+
+TOY = RopeType(_toy, length_dependent=True, regime=_toy_regime, per_position=_toy_per_position,
+               needs_context=True, extension={})
+
+
+def toy_rotation(x, positions, length_of):
+    """x (T, 8) float64, half-split, position t rotated with the toy's frequencies at length_of(t)."""
+    out = torch.empty_like(x)
+    for t, p in enumerate(positions):
+        factor = 2.0 if length_of(t) > 6 else 1.0
+        for i, theta in enumerate(ref_default(8, 10000.0)):
+            c, s = math.cos(p * theta / factor) * 1.25, math.sin(p * theta / factor) * 1.25
+            x1, x2 = float(x[t, i]), float(x[t, i + 4])
+            out[t, i], out[t, i + 4] = x1 * c - x2 * s, x2 * c + x1 * s
+    return out
+
+
+def test_a_toy_rope_type_works_end_to_end_from_its_record_alone(monkeypatch):
+    monkeypatch.setitem(ROPE_TYPES, "toy", TOY)
+    scaling = {"rope_type": "toy", "factor": 2.0, "original_max_position_embeddings": 6}
+    assert "toy" in LENGTH_DEPENDENT and ROPE_INIT_FUNCTIONS["toy"] is _toy and "toy" in extension_methods()
+    assert extension_scaling("toy", 2.0, 6) == scaling
+    inv_freq, attention_factor = posenc.rope_frequencies(8, scaling=scaling, seq_len=7)
+    torch.testing.assert_close(inv_freq.double(), torch.tensor(ref_default(8, 10000.0), dtype=torch.float64) / 2, rtol=1.2e-7, atol=0)
+    assert attention_factor == 1.25
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 1, 10, 8, dtype=torch.float64)
+    rope = posenc.RoPE(8, scaling=scaling)
+    assert rope.length_dependent and not rope.call_invariant
+    q, k = rope.rotate(x, x, torch.arange(10), torch.arange(10))  # length 10 > 6: halved everywhere
+    want = toy_rotation(x[0, 0], range(10), lambda t: 10)
+    torch.testing.assert_close(q[0, 0], want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(k[0, 0], want, rtol=1e-12, atol=1e-12)
+    short, _ = rope.rotate(x[:, :, :5], x[:, :, :5], torch.arange(5), torch.arange(5))  # within L0
+    torch.testing.assert_close(short[0, 0], toy_rotation(x[0, 0, :5], range(5), lambda t: 5), rtol=1e-12, atol=1e-12)
+
+    frozen = posenc.RoPE(8, scaling=scaling, dynamic_cache="frozen")
+    assert frozen.call_invariant
+    q, _ = frozen.rotate(x, x, torch.arange(10), torch.arange(10))  # position p at length p + 1
+    torch.testing.assert_close(q[0, 0], toy_rotation(x[0, 0], range(10), lambda t: t + 1), rtol=1e-12, atol=1e-12)
+
+    config = {"head_dim": 8, "max_position_embeddings": 6, "rope_scaling": {"rope_type": "toy", "factor": 2.0}}
+    assert from_hf_config(config).scaling == scaling  # L0 filled in from the config: needs_context
+
+    monkeypatch.undo()
+    assert "toy" not in LENGTH_DEPENDENT
+    with pytest.raises(ValueError, match="unknown rope_type 'toy'"):
+        posenc.RoPE(8, scaling=scaling)
