@@ -159,6 +159,9 @@ class RopeType:
         extension: the keys :func:`posenc.rope.extension_scaling` adds, with their published
             defaults, besides rope_type, factor and (when ``needs_context``) L0; None when the
             type is not a context-extension method of a trained model.
+        hf_equivalent: for a type Hugging Face does not know, ``(scaling, base, dim) ->
+            (rope_theta, scaling or None)`` of the same frequencies in a type it knows (ntk:
+            plain RoPE with base * s^(d/(d-2))); None when Hugging Face has the type itself.
 
     Adding a rope_type is one :data:`RopeInitFn` (and, if it depends on the length, its
     regime and per-position functions) and one entry of :data:`ROPE_TYPES`.
@@ -175,6 +178,7 @@ class RopeType:
     hf_top_level_context: bool = False
     hf_factor_from_context: Callable[[Mapping[str, Any]], bool] | None = None
     extension: Mapping[str, Any] | None = None
+    hf_equivalent: Callable[[Mapping[str, Any], float, int], tuple[float, Mapping[str, Any] | None]] | None = None
 
     def __post_init__(self) -> None:
         # the static defaults would silently freeze a length-dependent type at seq_len None
@@ -206,6 +210,11 @@ def _ntk(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None)
     _check_keys(scaling, "ntk", frozenset({"factor"}))
     factor = _factor(scaling, "ntk")
     return default_inv_freq_f64(dim, base * factor ** _ntk_exponent(dim, "ntk")), 1.0
+
+
+def _ntk_as_plain_rope(scaling: Mapping[str, Any], base: float, dim: int) -> tuple[float, None]:
+    """Static NTK in Hugging Face's terms, which have no such type: plain RoPE, rope_theta = b * s^(d/(d-2))."""
+    return base * _factor(scaling, "ntk") ** _ntk_exponent(dim, "ntk"), None
 
 
 def dynamic_ntk_base(base: float, factor: float, seq_len: Any, context_length: int, dim: int) -> Any:
@@ -411,7 +420,7 @@ def _longrope_factor_missing(scaling: Mapping[str, Any]) -> bool:
 ROPE_TYPES: dict[str, RopeType] = {
     "default": RopeType(_default),
     "linear": RopeType(_linear, extension={}),
-    "ntk": RopeType(_ntk, extension={}),
+    "ntk": RopeType(_ntk, extension={}, hf_equivalent=_ntk_as_plain_rope),
     "dynamic": RopeType(
         _dynamic, length_dependent=True, regime=_dynamic_regime, per_position=_dynamic_per_position,
         needs_context=True, extension={},

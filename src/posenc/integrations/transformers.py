@@ -42,7 +42,8 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import attention
-from ..encodings import PositionalEncoding, RoPE, create_for_model
+from ..encodings import PositionalEncoding, RoPE, create_for_model, rope_frequencies
+from ..encodings.rope_scaling import rope_type_record
 from ..rope import extension_scaling, from_hf_config
 
 __all__ = ["ATTN_IMPLEMENTATION", "use_encoding", "extend_context", "RotaryEmbedding", "IdentityRotaryEmbedding"]
@@ -182,27 +183,34 @@ def extend_context(model: nn.Module, rope_type: str, factor: float, **params: An
     if current.scaling is not None:
         raise ValueError(f"model: its RoPE is already scaled ({current.scaling.get('rope_type')}); extend a model with the default rope_type")
     params = dict(params)
-    original = params.pop("original_max_position_embeddings", None) or config.max_position_embeddings
-    scaling = extension_scaling(rope_type, factor, int(original))
-    rope_parameters = dict(_rope_parameters(config))
-    if scaling is None:  # factor 1: nothing changes
-        return use_encoding(model, from_hf_config(config.to_dict()))
-    if rope_type == "ntk":
-        if params:
-            raise ValueError(f"extend_context: rope_type 'ntk' takes only a factor, got {sorted(params)}")
-        # transformers has no static NTK type: it is plain RoPE with a larger theta.
-        exponent = current.rotary_dim / (current.rotary_dim - 2)
-        rope_parameters.update(rope_type="default", rope_theta=current.base * float(factor) ** exponent)
+    original = int(params.pop("original_max_position_embeddings", None) or config.max_position_embeddings)
+    scaling = extension_scaling(rope_type, factor, original)  # validates rope_type and factor
+    if scaling is None:  # factor 1: the model is left as it was trained
+        return use_encoding(model, current)
+    scaling.update(params)
+    config.rope_parameters = _hf_rope_parameters(scaling, dict(_rope_parameters(config)), current, config, original)
+    return use_encoding(model, from_hf_config(config.to_dict()))  # the reader validates the new dict
+
+
+def _hf_rope_parameters(scaling: dict, rope_parameters: dict, current: RoPE, config: Any, original: int) -> dict:
+    """The scaling in Hugging Face's spelling, written over the config's ``rope_parameters``;
+    ``max_position_embeddings`` is set to the extended context where Hugging Face does not read
+    the original one from it."""
+    record = rope_type_record(scaling)
+    if record.hf_equivalent is not None:
+        rope_frequencies(current.rotary_dim, base=current.base, scaling=scaling)  # refuse bad values first
+        theta, scaling = record.hf_equivalent(scaling, current.base, current.rotary_dim)
+        rope_parameters.update(rope_type="default", rope_theta=theta)
+        if scaling is None:
+            return rope_parameters
+        record = rope_type_record(scaling)
+    if record.needs_context and not record.hf_top_level_context:
+        # dynamic NTK: Hugging Face takes L0 from max_position_embeddings, so that stays L0
+        scaling.pop("original_max_position_embeddings", None)
     else:
-        scaling.update(params)
-        if rope_type == "dynamic":
-            scaling.pop("original_max_position_embeddings", None)  # transformers reads max_position_embeddings
-        else:
-            config.max_position_embeddings = int(round(int(original) * float(factor)))
-        rope_parameters.update(scaling)
-    config.rope_parameters = rope_parameters
-    rope = from_hf_config(config.to_dict())  # validates the new dict as rope_frequencies does
-    return use_encoding(model, rope)
+        config.max_position_embeddings = int(round(original * float(scaling["factor"])))
+    rope_parameters.update(scaling)
+    return rope_parameters
 
 
 # -- the attention function ----------------------------------------------------------------
