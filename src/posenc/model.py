@@ -11,8 +11,8 @@ Shapes: B batch, T tokens, Tk keys (cached + new), d d_model, H heads, D = d / H
 Positions are explicit (DESIGN.md): ``forward(tokens, positions, mask=..., cache=...)`` runs a
 full pass, a left-padded batch, packed documents or one decoding step through the same code.
 Around the model: :mod:`posenc.masks` builds positions and masks for padded and packed
-batches, and :mod:`posenc.generation` holds the KV cache and the decoding loop. Their public names are
-re-exported here.
+batches, :mod:`posenc.generation` holds the KV cache and the decoding loop, and
+:mod:`posenc.checkpoint` owns the checkpoint format. Their public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import checkpoint
 from .attention import BACKENDS, attention
-from .encodings import create_for_model
 from .encodings.base import PositionalEncoding
 from .generation import KVCache, generate
 from .masks import document_mask, key_padding_mask, positions_from_document_ids, positions_from_padding_mask
@@ -142,8 +142,12 @@ class TransformerLM(nn.Module):
         super().__init__()
         if not isinstance(config, LMConfig):
             raise TypeError(f"config must be a posenc.model.LMConfig, got {type(config).__name__}")
+        # What the encoding was built from, for checkpoints; an instance given (or swapped in
+        # later) is described from its attributes instead, see encoding_spec().
+        self._encoding_spec = None
         if isinstance(encoding, str):
-            encoding = create_for_model(encoding, **config.encoding_sizes())
+            self._encoding_spec = {"name": encoding, "kwargs": {}}
+            encoding = checkpoint.build_encoding(self._encoding_spec, **config.encoding_sizes())
         if not isinstance(encoding, PositionalEncoding):
             raise TypeError(f"encoding must be a posenc.PositionalEncoding or a registered name, got {type(encoding).__name__}")
         self.config = config
@@ -263,36 +267,43 @@ class TransformerLM(nn.Module):
         return generate(self, tokens, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator,
                         padding_mask=padding_mask)
 
+    def encoding_spec(self) -> dict:
+        """``{"name": registry name, "kwargs": plain options}`` that rebuild the current
+        encoding for this config (:func:`posenc.checkpoint.encoding_spec`).
+
+        Raises:
+            ValueError: the encoding cannot be rebuilt from a registered name and plain options.
+        """
+        return checkpoint.encoding_spec(self.encoding, self._encoding_spec, **self.config.encoding_sizes())
+
+    def save(self, path: str | Path) -> None:
+        """Write a model checkpoint (config, encoding spec, weights) that
+        :meth:`from_checkpoint` reads; the format is :mod:`posenc.checkpoint`'s.
+
+        Raises:
+            ValueError: the encoding cannot be rebuilt (see :meth:`encoding_spec`).
+        """
+        checkpoint.save(Path(path), self.state_dict(), config=self.config.to_dict(), encoding=self.encoding_spec())
+
     @classmethod
     def from_checkpoint(cls, path: str | Path, map_location: str | torch.device = "cpu") -> TransformerLM:
-        """Rebuild a trained model from a posenc training checkpoint.
-
-        The file is a ``torch.save`` dict with ``"model"`` (the state_dict) and
-        ``"fingerprint"`` holding the :class:`LMConfig` fields under ``fingerprint["model"]``
-        and the registered encoding name under ``fingerprint["encoding"]``, as
-        ``posenc extrapolate`` writes to ``OUT/checkpoints/<encoding>-seed<seed>.pt``. Loaded
-        with ``weights_only=True`` (no code runs from the file); returned in eval mode.
+        """Rebuild a model from a posenc checkpoint: one written by :meth:`save`, or a training
+        checkpoint such as ``posenc extrapolate`` writes to ``OUT/checkpoints/<encoding>-seed<seed>.pt``
+        (:mod:`posenc.checkpoint` describes the format). Loaded with ``weights_only=True`` (no
+        code runs from the file); returned in eval mode.
 
         Raises:
             FileNotFoundError: no such file.
             ValueError: unreadable, missing keys, or weights that do not fit the config.
         """
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"checkpoint: no such file: {path}")
+        config, spec, weights = checkpoint.read_model(path, map_location)
         try:
-            state = torch.load(path, map_location=map_location, weights_only=True)
-        except Exception as err:  # torch raises many types for a truncated or foreign file
-            raise ValueError(f"checkpoint: {path} is not a readable posenc checkpoint ({type(err).__name__})") from err
-        try:
-            fingerprint, weights = state["fingerprint"], state["model"]
-            config, encoding = LMConfig(**fingerprint["model"]), fingerprint["encoding"]
-        except (KeyError, TypeError) as err:
-            raise ValueError(
-                f"checkpoint: {path} lacks the 'model' weights or fingerprint['model'] / fingerprint['encoding'] "
-                f"of a posenc training checkpoint ({type(err).__name__}: {err})"
-            ) from err
+            config = LMConfig(**config)
+            encoding = checkpoint.build_encoding(spec, **config.encoding_sizes())
+        except TypeError as err:
+            raise ValueError(f"checkpoint: {path}: its config or encoding is not one this posenc builds ({err})") from err
         model = cls(config, encoding)
+        model._encoding_spec = spec
         try:
             model.load_state_dict(weights)
         except RuntimeError as err:
