@@ -104,7 +104,9 @@ def test_generate_bad_arguments(kwargs, error, match):
 # -- checkpoints and the CLI ------------------------------------------------------------------
 
 def save_checkpoint(path, name="rope"):
-    """A checkpoint in the training format: {"model": state_dict, "fingerprint": {"model", "encoding"}}."""
+    """A training checkpoint as written before checkpoint format 1, {"model": state_dict,
+    "fingerprint": {"model", "encoding"}}, which from_checkpoint still reads (format 1:
+    test_checkpoint.py)."""
     model = tiny_lm(name)
     torch.save({"model": model.state_dict(), "fingerprint": {"model": model.config.to_dict(), "encoding": name}}, path)
     return model
@@ -154,6 +156,8 @@ def test_cli_generate_on_an_extrapolate_checkpoint(tmp_path, capsys):
     assert code == 0, err
     model = TransformerLM.from_checkpoint(checkpoint)
     assert model.config.d_model == 16 and model.encoding.name == "alibi"
+    state = torch.load(checkpoint, weights_only=True)  # plain data and tensors only
+    assert state["config"] == model.config.to_dict() and state["encoding"] == {"name": "alibi", "kwargs": {}}
     prompt = encode_text("def ").unsqueeze(0)
     assert text == decode_bytes(model.generate(prompt, 5)[0, 4:]) + "\n"
 

@@ -321,7 +321,7 @@ def bench(
 
 @app.command()
 def generate(
-    checkpoint: Path = typer.Argument(..., help="A training checkpoint, e.g. OUT/checkpoints/rope-seed0.pt from `posenc extrapolate`."),
+    checkpoint: Path = typer.Argument(..., help="A model or training checkpoint, e.g. OUT/checkpoints/rope-seed0.pt from `posenc extrapolate`."),
     prompt: str = typer.Option(..., help="The text to continue (encoded as UTF-8 bytes)."),
     max_new_tokens: int = typer.Option(200, help="How many bytes to generate (>= 1)."),
     temperature: Optional[float] = typer.Option(None, help="Sample at this temperature (> 0); default greedy."),

@@ -6,27 +6,13 @@ and an untied output head over a byte vocabulary. The encoding enters only throu
 :func:`posenc.attention`. The model never looks at the encoding's name. One encoding instance
 serves every layer (T5 shares its bias table across layers the same way).
 
-Shapes: B batch, T tokens, d d_model, H heads, D = d / H.
+Shapes: B batch, T tokens, Tk keys (cached + new), d d_model, H heads, D = d / H.
 
 Positions are explicit (DESIGN.md): ``forward(tokens, positions, mask=..., cache=...)`` runs a
 full pass, a left-padded batch, packed documents or one decoding step through the same code.
-Helpers build positions and masks the Hugging Face way: :func:`positions_from_padding_mask`
-(left padding: cumsum(padding_mask) - 1), :func:`positions_from_document_ids` (packing:
-positions restart at 0 in each document), :func:`key_padding_mask`, :func:`document_mask`.
-
-The KV cache (:class:`KVCache`) stores, per layer, the keys *before* the encoding's rotate
-(just after the projection) and the values, plus every cached key's position. Each step
-calls :func:`posenc.attention` on the new queries and *all* keys with their explicit
-positions, so the encoding sees every position as in a full pass: xPos re-centres each
-call at its query block (its default ``center="query"``), FIRE normalizes by the absolute query position, Shaw /
-Transformer-XL index their relative tables by the true distances, and dynamic-NTK RoPE in its
-default ``dynamic_cache="rerotate"`` mode re-rotates old keys with the frequencies of the
-current length; no special case anywhere. (That last one is exact in the first layer only:
-deeper layers cache hidden states computed at a shorter length; see :class:`KVCache` and
-``PositionalEncoding.call_invariant``.) The price: every step re-applies ``rotate`` to all Tk
-cached keys, O(Tk D) per layer and head, the same order as the step's q.k^T itself (caching
-rotated keys, as Hugging Face does, saves that rotation but is exact only for encodings whose key
-transform never changes, i.e. not for dynamic NTK "rerotate" nor xPos "query" / "call").
+Around the model: :mod:`posenc.masks` builds positions and masks for padded and packed
+batches, :mod:`posenc.generation` holds the KV cache and the decoding loop, and
+:mod:`posenc.checkpoint` owns the checkpoint format. Their public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -38,16 +24,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import checkpoint
 from .attention import BACKENDS, attention
-from .encodings import create_for_model
 from .encodings.base import PositionalEncoding
+from .generation import KVCache, generate
+from .masks import document_mask, key_padding_mask, positions_from_document_ids, positions_from_padding_mask
 from ._validation import check_positions, check_positive_int
 
 
 @dataclass(frozen=True)
 class LMConfig:
     """Sizes of :class:`TransformerLM`. ``max_positions`` sizes tables that need one (the
-    learned absolute encoding); other encodings ignore it."""
+    learned absolute encoding); other encodings ignore it.
+
+    Raises:
+        ValueError: a size not an integer >= 1, d_model not divisible by num_heads, or an
+            unknown backend.
+    """
 
     vocab_size: int = 256
     d_model: int = 64
@@ -69,161 +62,13 @@ class LMConfig:
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
 
+    def encoding_sizes(self) -> dict:
+        """The keyword arguments :func:`posenc.create_for_model` takes for this model."""
+        return dict(d_model=self.d_model, num_heads=self.num_heads, head_dim=self.head_dim,
+                    max_positions=self.max_positions, causal=True)
+
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-# -- positions and masks for padded and packed batches -------------------------------------
-
-def _check_padding_mask(padding_mask: Tensor) -> Tensor:
-    if not isinstance(padding_mask, Tensor) or padding_mask.dim() != 2 or padding_mask.is_floating_point():
-        got = tuple(padding_mask.shape) if isinstance(padding_mask, Tensor) else type(padding_mask).__name__
-        raise ValueError(f"padding_mask must be a (B, T) boolean or 0/1 integer tensor, got {got}")
-    if padding_mask.dtype != torch.bool and not bool(((padding_mask == 0) | (padding_mask == 1)).all()):
-        raise ValueError("padding_mask must hold only 0 (pad) and 1 (token)")
-    return padding_mask.bool()
-
-
-def positions_from_padding_mask(padding_mask: Tensor) -> Tensor:
-    """Position ids of a padded batch, Hugging Face's convention for left padding.
-
-    ``position_ids = cumsum(padding_mask) - 1`` along T, so each row's first real token is at
-    position 0 whatever the padding before it; pad slots get position 1, as Hugging Face
-    fills them (any value would do: pads are masked as keys by :func:`key_padding_mask`).
-
-    Args:
-        padding_mask: (B, T) bool or 0/1 integer, True / 1 for a real token, False / 0 for a pad.
-
-    Returns:
-        LongTensor (B, T).
-
-    Raises:
-        ValueError: not a (B, T) boolean or 0/1 tensor.
-    """
-    real = _check_padding_mask(padding_mask)
-    positions = real.long().cumsum(-1) - 1
-    return positions.masked_fill(~real, 1)
-
-
-def key_padding_mask(padding_mask: Tensor) -> Tensor:
-    """The attention ``mask`` that hides pad keys: (B, T) -> (B, 1, T) bool, broadcast over the
-    queries (True = a real token, may be attended). Pad *queries* then see no key and
-    :func:`posenc.attention` gives them a zero output; their logits are finite and meaningless.
-
-    Raises:
-        ValueError: not a (B, T) boolean or 0/1 tensor.
-    """
-    return _check_padding_mask(padding_mask).unsqueeze(1)
-
-
-def _check_document_ids(document_ids: Tensor, argname: str) -> None:
-    if not isinstance(document_ids, Tensor) or document_ids.dim() not in (1, 2) or document_ids.is_floating_point() \
-            or document_ids.dtype == torch.bool:
-        got = tuple(document_ids.shape) if isinstance(document_ids, Tensor) else type(document_ids).__name__
-        raise ValueError(f"{argname} must be an integer tensor (T,) or (B, T), got {got}")
-
-
-def positions_from_document_ids(document_ids: Tensor) -> Tensor:
-    """Positions of packed rows: they restart at 0 where a new document begins.
-
-    A document is a run of equal consecutive ids (e.g. ``[0, 0, 0, 1, 1, 2]`` gives positions
-    ``[0, 1, 2, 0, 1, 0]``), as Hugging Face's ``DataCollatorWithFlattening`` writes
-    ``position_ids``. With :func:`document_mask` each document is then computed as if alone.
-
-    Args:
-        document_ids: integer tensor (T,) or (B, T).
-
-    Returns:
-        LongTensor of the same shape.
-
-    Raises:
-        ValueError: not an integer tensor of rank 1 or 2.
-    """
-    _check_document_ids(document_ids, "document_ids")
-    index = torch.arange(document_ids.shape[-1], device=document_ids.device).expand_as(document_ids)
-    starts = torch.ones_like(document_ids, dtype=torch.bool)
-    starts[..., 1:] = document_ids[..., 1:] != document_ids[..., :-1]
-    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=-1).values  # start of each token's run
-    return index - first
-
-
-def document_mask(q_document_ids: Tensor, k_document_ids: Tensor | None = None) -> Tensor:
-    """The attention ``mask`` of packed rows: query i may attend key j iff they share a document.
-
-    Args:
-        q_document_ids: integer (Tq,) or (B, Tq).
-        k_document_ids: integer (Tk,) or (B, Tk); default the same as the queries' (a full pass).
-
-    Returns:
-        bool (Tq, Tk), or (B, Tq, Tk) if either side is per row; combine it with the causal
-        mask by passing it as ``mask=`` to :func:`posenc.attention` or :meth:`TransformerLM.forward`.
-
-    Raises:
-        ValueError: not integer tensors of rank 1 or 2.
-    """
-    _check_document_ids(q_document_ids, "q_document_ids")
-    k_document_ids = q_document_ids if k_document_ids is None else k_document_ids
-    _check_document_ids(k_document_ids, "k_document_ids")
-    return q_document_ids.unsqueeze(-1) == k_document_ids.unsqueeze(-2)
-
-
-def _cat_positions(past: Tensor | None, new: Tensor, batch: int) -> Tensor:
-    """Key positions: the cached ones followed by the new ones, (T,) if both are, else (B, T)."""
-    if past is None:
-        return new
-    if past.dim() == 1 and new.dim() == 1:
-        return torch.cat((past, new))
-    return torch.cat((past.expand(batch, -1), new.expand(batch, -1)), dim=-1)
-
-
-class KVCache:
-    """Keys and values of the tokens seen so far, for decoding token by token.
-
-    Per layer, the keys *before* the encoding's rotate (just after the projection) and the
-    values, (B, H, Tk, D) each, and the positions of the cached tokens, (Tk,) or (B, Tk).
-    :meth:`TransformerLM.forward` with ``cache=`` reads it and, once the whole call has
-    succeeded, appends the call's tokens (a failed call leaves it as it was). Why the keys are
-    kept unrotated, and what it costs: see the module docstring.
-
-    Exact (cached decoding = a full pass) when ``encoding.call_invariant`` is True, which holds
-    for every registered encoding with its defaults. When it is False (dynamic NTK or longrope
-    RoPE in ``dynamic_cache="rerotate"`` mode) the first layer is still exact, since its keys
-    are re-rotated, but deeper layers' cached keys and values were computed from hidden states
-    at a shorter length; :meth:`TransformerLM.generate` then decodes without a cache, and
-    ``dynamic_cache="frozen"`` is the cache-exact choice.
-    """
-
-    def __init__(self, num_layers: int) -> None:
-        check_positive_int(num_layers, "num_layers")
-        self.keys: list[Tensor | None] = [None] * num_layers
-        self.values: list[Tensor | None] = [None] * num_layers
-        self.positions: Tensor | None = None
-
-    def __len__(self) -> int:
-        """Number of cached tokens, Tk."""
-        return 0 if self.positions is None else self.positions.shape[-1]
-
-    def past(self, layer: int) -> tuple[Tensor, Tensor] | None:
-        """(keys, values) of ``layer``, or None when the cache is empty."""
-        if self.keys[layer] is None:
-            return None
-        return self.keys[layer], self.values[layer]
-
-    def next_positions(self, length: int, device: torch.device | None = None) -> Tensor:
-        """Default positions of ``length`` new tokens: after the last cached one (arange when
-        empty). Pass positions explicitly when the last cached slot is not the row's last
-        position (right padding)."""
-        if self.positions is None:
-            return torch.arange(length, device=device)
-        return self.positions[..., -1:] + 1 + torch.arange(length, device=self.positions.device)
-
-    def update(self, presents: list[tuple[Tensor, Tensor]], positions: Tensor) -> None:
-        """Replace the contents with every layer's (keys, values) and all key positions."""
-        if len(presents) != len(self.keys):
-            raise ValueError(f"presents: expected {len(self.keys)} layers, got {len(presents)}")
-        for layer, (k, v) in enumerate(presents):
-            self.keys[layer], self.values[layer] = k, v
-        self.positions = positions
 
 
 class CausalSelfAttention(nn.Module):
@@ -238,7 +83,7 @@ class CausalSelfAttention(nn.Module):
         mask: Tensor | None = None, past: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """x (B, T, d) -> (output (B, T, d), (keys, values) (B, H, Tk, D) of past and new tokens);
-        the keys are returned unrotated, for a cache."""
+        the keys are returned unrotated, for a cache (why: :mod:`posenc.generation`)."""
         batch, length, width = x.shape
         q, k, v = self.qkv(x).view(batch, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
         if past is not None:
@@ -287,17 +132,22 @@ class TransformerLM(nn.Module):
 
     The token embedding starts at unit variance per component, the scale of a sinusoidal
     vector, so that an absolute encoding neither drowns the tokens nor is drowned by them.
+
+    Raises:
+        TypeError: config not an LMConfig, or encoding neither an encoding nor a name.
+        ValueError: an unknown encoding name (the message lists the available ones).
     """
 
     def __init__(self, config: LMConfig, encoding: PositionalEncoding | str) -> None:
         super().__init__()
         if not isinstance(config, LMConfig):
             raise TypeError(f"config must be a posenc.model.LMConfig, got {type(config).__name__}")
+        # What the encoding was built from, for checkpoints; an instance given (or swapped in
+        # later) is described from its attributes instead, see encoding_spec().
+        self._encoding_spec = None
         if isinstance(encoding, str):
-            encoding = create_for_model(
-                encoding, d_model=config.d_model, num_heads=config.num_heads, head_dim=config.head_dim,
-                max_positions=config.max_positions, causal=True,
-            )
+            self._encoding_spec = {"name": encoding, "kwargs": {}}
+            encoding = checkpoint.build_encoding(self._encoding_spec, **config.encoding_sizes())
         if not isinstance(encoding, PositionalEncoding):
             raise TypeError(f"encoding must be a posenc.PositionalEncoding or a registered name, got {type(encoding).__name__}")
         self.config = config
@@ -363,7 +213,7 @@ class TransformerLM(nn.Module):
             positions = cache.next_positions(length, tokens.device) if cache is not None else torch.arange(length, device=tokens.device)
         else:
             check_positions(positions)
-        k_positions = _cat_positions(cache.positions if cache is not None else None, positions, batch)
+        k_positions = cache.key_positions(positions, batch) if cache is not None else positions
         x = self.token_embedding(tokens)
         if "embed" in self.encoding.hooks:
             x = self.encoding.embed(x, positions)
@@ -375,7 +225,6 @@ class TransformerLM(nn.Module):
             cache.update(presents, k_positions)
         return self.head(self.ln_final(x)).float()
 
-    @torch.no_grad()
     def generate(
         self,
         tokens: Tensor,
@@ -388,7 +237,8 @@ class TransformerLM(nn.Module):
     ) -> Tensor:
         """Continue ``tokens`` by ``max_new_tokens`` tokens, one at a time with a :class:`KVCache`
         (without one if ``encoding.call_invariant`` is False: each step then re-runs the whole
-        sequence, O(T) times the cost, to stay exact).
+        sequence, O(T) times the cost, to stay exact). Runs under ``torch.no_grad()``; the loop
+        is :func:`posenc.generation.generate`.
 
         Greedy (argmax, the first maximum on ties) when ``temperature`` and ``top_k`` are both
         None; otherwise samples from softmax(logits / temperature) (temperature 1.0 if only
@@ -414,97 +264,46 @@ class TransformerLM(nn.Module):
                 or padding not on the left; positions past the encoding's ``max_positions``.
             TypeError: tokens not an integer tensor, or generator not a torch.Generator.
         """
-        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.shape[1] < 1:
-            got = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-            raise ValueError(f"tokens must be a (B, T) tensor with T >= 1, got {got}")
-        if tokens.is_floating_point() or tokens.dtype == torch.bool:
-            raise TypeError(f"tokens must be an integer tensor, got {tokens.dtype}")
-        check_positive_int(max_new_tokens, "max_new_tokens")
-        if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-                                        or not 0 < temperature < float("inf")):
-            raise ValueError(f"temperature must be a finite number > 0 (or None for greedy decoding), got {temperature!r}")
-        if top_k is not None:
-            check_positive_int(top_k, "top_k")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-        batch, length = tokens.shape
-        device = tokens.device
-        if padding_mask is None:
-            real = torch.ones(batch, length, dtype=torch.bool, device=device)
-        else:
-            real = _check_padding_mask(padding_mask).to(device)
-            if real.shape != tokens.shape:
-                raise ValueError(f"padding_mask must have the shape of tokens {tuple(tokens.shape)}, got {tuple(real.shape)}")
-            if not bool(real[:, -1].all()) or bool((real[:, 1:] < real[:, :-1]).any()):
-                raise ValueError("padding_mask: pad on the left only (zeros then ones), with at least one token per row")
-        positions = positions_from_padding_mask(real)
-        next_position = real.sum(-1, keepdim=True)  # (B, 1): each row's own length
-        last = int(next_position.max()) + max_new_tokens - 2  # the furthest position fed to the model
-        if self.max_positions is not None and last >= self.max_positions:
-            raise ValueError(
-                f"max_new_tokens: prompt ({int(next_position.max())} tokens) + max_new_tokens ({max_new_tokens}) "
-                f"needs positions up to {last}, the encoding holds 0..{self.max_positions - 1}"
-            )
+        return generate(self, tokens, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator,
+                        padding_mask=padding_mask)
 
-        # An encoding that reads the whole call (encoding.call_invariant False, e.g. dynamic NTK
-        # in "rerotate" mode) makes cached hidden states stale as the text grows: recompute the
-        # whole sequence each step instead, so every step equals a full pass over its prefix.
-        cache = KVCache(self.config.num_layers) if self.encoding.call_invariant else None
-        logits = self(tokens, positions, mask=key_padding_mask(real), cache=cache)[:, -1]
-        for step in range(max_new_tokens):
-            new = self._next_token(logits, temperature, top_k, generator)  # (B, 1)
-            tokens = torch.cat((tokens, new), dim=1)
-            real = torch.cat((real, torch.ones_like(new, dtype=torch.bool)), dim=1)
-            if step + 1 == max_new_tokens:
-                break
-            if cache is not None:
-                logits = self(new, next_position, mask=key_padding_mask(real), cache=cache)[:, -1]
-                next_position = next_position + 1
-            else:
-                logits = self(tokens, positions_from_padding_mask(real), mask=key_padding_mask(real))[:, -1]
-        return tokens
+    def encoding_spec(self) -> dict:
+        """``{"name": registry name, "kwargs": plain options}`` that rebuild the current
+        encoding for this config (:func:`posenc.checkpoint.encoding_spec`).
 
-    @staticmethod
-    def _next_token(logits: Tensor, temperature: float | None, top_k: int | None, generator) -> Tensor:
-        """logits (B, V) -> the chosen token (B, 1): argmax, or a draw (see :meth:`generate`)."""
-        if temperature is None and top_k is None:
-            return logits.argmax(dim=-1, keepdim=True)
-        logits = logits.float() / (1.0 if temperature is None else float(temperature))
-        if top_k is not None and top_k < logits.shape[-1]:
-            kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+        Raises:
+            ValueError: the encoding cannot be rebuilt from a registered name and plain options.
+        """
+        return checkpoint.encoding_spec(self.encoding, self._encoding_spec, **self.config.encoding_sizes())
+
+    def save(self, path: str | Path) -> None:
+        """Write a model checkpoint (config, encoding spec, weights) that
+        :meth:`from_checkpoint` reads; the format is :mod:`posenc.checkpoint`'s.
+
+        Raises:
+            ValueError: the encoding cannot be rebuilt (see :meth:`encoding_spec`).
+        """
+        checkpoint.save(Path(path), self.state_dict(), config=self.config.to_dict(), encoding=self.encoding_spec())
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, map_location: str | torch.device = "cpu") -> TransformerLM:
-        """Rebuild a trained model from a posenc training checkpoint.
-
-        The file is a ``torch.save`` dict with ``"model"`` (the state_dict) and
-        ``"fingerprint"`` holding the :class:`LMConfig` fields under ``fingerprint["model"]``
-        and the registered encoding name under ``fingerprint["encoding"]``, as
-        ``posenc extrapolate`` writes to ``OUT/checkpoints/<encoding>-seed<seed>.pt``. Loaded
-        with ``weights_only=True`` (no code runs from the file); returned in eval mode.
+        """Rebuild a model from a posenc checkpoint: one written by :meth:`save`, or a training
+        checkpoint such as ``posenc extrapolate`` writes to ``OUT/checkpoints/<encoding>-seed<seed>.pt``
+        (:mod:`posenc.checkpoint` describes the format). Loaded with ``weights_only=True`` (no
+        code runs from the file); returned in eval mode.
 
         Raises:
             FileNotFoundError: no such file.
             ValueError: unreadable, missing keys, or weights that do not fit the config.
         """
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"checkpoint: no such file: {path}")
+        config, spec, weights = checkpoint.read_model(path, map_location)
         try:
-            state = torch.load(path, map_location=map_location, weights_only=True)
-        except Exception as err:  # torch raises many types for a truncated or foreign file
-            raise ValueError(f"checkpoint: {path} is not a readable posenc checkpoint ({type(err).__name__})") from err
-        try:
-            fingerprint, weights = state["fingerprint"], state["model"]
-            config, encoding = LMConfig(**fingerprint["model"]), fingerprint["encoding"]
-        except (KeyError, TypeError) as err:
-            raise ValueError(
-                f"checkpoint: {path} lacks the 'model' weights or fingerprint['model'] / fingerprint['encoding'] "
-                f"of a posenc training checkpoint ({type(err).__name__}: {err})"
-            ) from err
+            config = LMConfig(**config)
+            encoding = checkpoint.build_encoding(spec, **config.encoding_sizes())
+        except TypeError as err:
+            raise ValueError(f"checkpoint: {path}: its config or encoding is not one this posenc builds ({err})") from err
         model = cls(config, encoding)
+        model._encoding_spec = spec
         try:
             model.load_state_dict(weights)
         except RuntimeError as err:
@@ -514,3 +313,9 @@ class TransformerLM(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+__all__ = [
+    "LMConfig", "CausalSelfAttention", "MLP", "Block", "TransformerLM", "KVCache",
+    "positions_from_padding_mask", "key_padding_mask", "positions_from_document_ids", "document_mask",
+]

@@ -11,8 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checkpoint import atomic_save, load_checkpoint
+from . import checkpoint
+from .checkpoint import load_checkpoint
 from .data import random_windows
+from .model import TransformerLM
 from ._validation import check_number, check_positive_int, is_real_number
 
 
@@ -85,7 +87,11 @@ def train_lm(
         checkpoint_path: if given, the model, optimizer, batch generator and losses are saved
             there atomically every ``checkpoint_every`` steps and at the end, and a run finds
             and continues from it: an interrupted run resumes where it stopped, with the same
-            batches, so it ends where an uninterrupted run would.
+            batches, so it ends where an uninterrupted run would. For a
+            :class:`~posenc.model.TransformerLM` the file also holds its config and encoding
+            spec, so :meth:`~posenc.model.TransformerLM.from_checkpoint` rebuilds it
+            (:mod:`posenc.checkpoint` has the format); every field is plain data or a tensor,
+            read back with ``weights_only=True``.
         fingerprint: what the checkpoint must have been made with (arguments, version).
         on_resume: called once with the step training starts from (0 when fresh).
 
@@ -94,6 +100,8 @@ def train_lm(
 
     Raises:
         posenc.checkpoint.CheckpointMismatch: a checkpoint made with other arguments, or corrupt.
+        ValueError: checkpoint_path given for a TransformerLM whose encoding cannot be rebuilt
+            (:meth:`~posenc.model.TransformerLM.encoding_spec`), before any step.
     """
     generator = torch.Generator().manual_seed(config.seed)
     device = next(model.parameters()).device
@@ -101,6 +109,9 @@ def train_lm(
     losses: list[float] = []
     start = 0
     fingerprint = {"train": config.to_dict(), **(fingerprint or {})}
+    describes_itself = checkpoint_path is not None and isinstance(model, TransformerLM)
+    model_spec = {"config": model.config.to_dict(), "encoding": model.encoding_spec()} if describes_itself \
+        else {"config": None, "encoding": None}
     if checkpoint_path is not None and Path(checkpoint_path).exists():
         state = load_checkpoint(checkpoint_path, fingerprint)
         model.load_state_dict(state["model"])
@@ -109,10 +120,10 @@ def train_lm(
         losses, start = list(state["losses"]), state["step"]
 
     def save(step: int) -> None:
-        atomic_save(checkpoint_path, {
-            "fingerprint": fingerprint, "step": step, "losses": losses, "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-        })
+        checkpoint.save(
+            checkpoint_path, model.state_dict(), **model_spec, fingerprint=fingerprint, step=step, losses=losses,
+            optimizer=optimizer.state_dict(), generator=generator.get_state(),
+        )
 
     if on_resume is not None:
         on_resume(start)
