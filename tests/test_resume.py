@@ -52,7 +52,7 @@ def test_sigkill_mid_training_then_rerun_resumes_to_the_same_results(tmp_path, c
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert not (out / "runs" / "rope-seed3.json").exists() and not (out / "results.json").exists()
-    step = torch.load(checkpoint, weights_only=False)["step"]
+    step = torch.load(checkpoint, weights_only=True)["step"]
     assert 0 < step < 150
     before = (finished.read_bytes(), finished.stat().st_mtime_ns)
 

@@ -202,12 +202,12 @@ def test_hf_layout_and_max_position_embeddings_are_constructor_arguments():
 
 def test_interop_names_keep_their_import_paths():
     import posenc.plots
-    from posenc.encodings import rope_interop, rope_scaling
+    from posenc.encodings import rope_interop, rotary
 
-    for name in ("HF_ROPE_FIELDS", "read_hf_config", "write_hf_config"):
-        assert getattr(rope_scaling, name) is getattr(rope_interop, name) is getattr(posenc.rope, name)
-    for name in ("from_hf_config", "to_hf_dict", "inspect_config", "RopeInspection"):
-        assert getattr(posenc.rope, name) is getattr(rope_interop, name)
+    for name in ("HF_ROPE_FIELDS", "read_hf_config", "write_hf_config", "inspect_config", "RopeInspection"):
+        assert getattr(rope_interop, name) is getattr(posenc.rope, name)
+    for name in ("from_hf_config", "to_hf_dict"):
+        assert getattr(posenc.rope, name) is getattr(rotary, name)
     assert plot_rope_inspection is posenc.plots.plot_rope_inspection
     with pytest.raises(AttributeError):
         posenc.rope.no_such_name  # noqa: B018

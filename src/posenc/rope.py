@@ -21,15 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .encodings.rope_interop import (
-    HF_ROPE_FIELDS,
-    RopeInspection,
-    from_hf_config,
-    inspect_config,
-    read_hf_config,
-    to_hf_dict,
-    write_hf_config,
-)
+from .encodings.rope_interop import HF_ROPE_FIELDS, RopeInspection, inspect_config, read_hf_config, write_hf_config
 from .encodings.rope_scaling import (
     LENGTH_DEPENDENT,
     ROPE_INIT_FUNCTIONS,
@@ -38,7 +30,7 @@ from .encodings.rope_scaling import (
     rope_type_of,  # noqa: F401 (importable from here before the split)
     yarn_correction_dim,  # noqa: F401
 )
-from .encodings.rotary import RoPE, apply_rotary, rope_frequencies
+from .encodings.rotary import RoPE, apply_rotary, from_hf_config, rope_frequencies, to_hf_dict
 
 __all__ = [
     "RoPE", "rope_frequencies", "apply_rotary", "ROPE_INIT_FUNCTIONS", "LENGTH_DEPENDENT", "HF_ROPE_FIELDS",

@@ -4,7 +4,8 @@
 - :func:`read_hf_config` / :func:`write_hf_config`: config dict <-> RoPE arguments, v4
   (``rope_scaling``) and v5 (``rope_parameters``, per-layer dicts) spellings, the round trip
   the identity on :data:`HF_ROPE_FIELDS`.
-- :func:`from_hf_config` / :func:`to_hf_dict`: the same through a RoPE module.
+- ``posenc.rope.from_hf_config`` / ``to_hf_dict`` (in :mod:`posenc.encodings.rotary`, which
+  imports this module): the same through a RoPE module.
 - :func:`inspect_config` -> :class:`RopeInspection`: per frequency pair, the wavelengths
   against the original and extended contexts (drawn by :func:`posenc.plots.plot_rope_inspection`).
 
@@ -22,8 +23,8 @@ from typing import Any
 
 from torch import Tensor
 
-from .rope_scaling import ROPE_TYPES, rope_type_of, yarn_correction_dim
-from .rotary import RoPE, rope_frequencies
+from .rope_scaling import ROPE_TYPES, compute_rope_parameters, rope_type_of, yarn_correction_dim
+from .._validation import check_even, check_number
 
 #: The config.json fields that determine a model's RoPE (read by :func:`read_hf_config`).
 HF_ROPE_FIELDS = (
@@ -185,39 +186,6 @@ def write_hf_config(
     return out
 
 
-def from_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None, **kwargs: Any) -> RoPE:
-    """The :class:`RoPE` of a Hugging Face model config (a parsed ``config.json``).
-
-    Reads rope_theta, rope_scaling (v4) or rope_parameters (v5), head_dim (or hidden_size //
-    num_attention_heads), partial_rotary_factor and max_position_embeddings, filling in what
-    Hugging Face takes from the config rather than the rope dict (see :func:`read_hf_config`).
-    Hugging Face's layout: half-split pairs (i, i + r/2), cos and sin multiplied by the
-    attention factor.
-
-    Args:
-        config: the config dict.
-        layer_type: for a v5 per-layer ``rope_parameters`` dict, which layer type to read.
-        kwargs: more :class:`RoPE` options (``interleaved``, ``dynamic_cache``).
-
-    Returns:
-        A RoPE whose :meth:`RoPE.to_hf_dict` gives back the config's RoPE fields unchanged
-        (its ``hf_layout`` is the layout read); ``rope.max_position_embeddings`` holds the
-        config's value (or None).
-
-    Raises:
-        TypeError, KeyError, ValueError: as :func:`read_hf_config` and :class:`RoPE`.
-    """
-    rope_kwargs, layout = read_hf_config(config, layer_type=layer_type)
-    return RoPE(**rope_kwargs, **kwargs, hf_layout=layout, max_position_embeddings=config.get("max_position_embeddings"))
-
-
-def to_hf_dict(rope: RoPE) -> dict[str, Any]:
-    """The RoPE fields of a Hugging Face config for ``rope`` (same as ``rope.to_hf_dict()``)."""
-    if not isinstance(rope, RoPE):
-        raise TypeError(f"rope must be a posenc RoPE, got {type(rope).__name__}")
-    return rope.to_hf_dict()
-
-
 @dataclass(frozen=True)
 class RopeInspection:
     """A model's RoPE at a glance (:func:`inspect_config`).
@@ -264,39 +232,40 @@ def inspect_config(
     """Per frequency pair, the wavelengths of a config's RoPE against its contexts.
 
     The original context L0 is the rope dict's ``original_max_position_embeddings`` (as
-    :func:`from_hf_config` fills it in), else ``max_position_embeddings``. The extended
+    :func:`read_hf_config` fills it in), else ``max_position_embeddings``. The extended
     context is max(max_position_embeddings, L0 * factor). Either can be given instead.
 
     Raises:
         KeyError: no context length can be found (give ``original_context``); and as
-        :func:`from_hf_config`.
+        :func:`read_hf_config`.
     """
-    rope = from_hf_config(config, layer_type=layer_type)
-    scaling = rope.scaling or {}
+    kwargs, _ = read_hf_config(config, layer_type=layer_type)
+    head_dim, base, scaling = kwargs["head_dim"], kwargs["base"], kwargs["scaling"]
+    rotary_dim = int(head_dim * kwargs["partial_rotary_factor"]) if kwargs["partial_rotary_factor"] else head_dim
+    check_even(rotary_dim, "rotary_dim (head_dim * partial_rotary_factor)")
+    check_number(base, "rope_theta", gt=1)
     max_pos = config.get("max_position_embeddings")
     if original_context is None:
-        original_context = scaling.get("original_max_position_embeddings") or max_pos
+        original_context = (scaling or {}).get("original_max_position_embeddings") or max_pos
         if original_context is None:
             raise KeyError("config: needs 'max_position_embeddings' (or pass original_context=)")
     if extended_context is None:
-        factor = scaling.get("factor") or 1.0
+        factor = (scaling or {}).get("factor") or 1.0
         extended_context = max(int(max_pos or 0), int(round(original_context * factor)), int(original_context))
-    inv_original, _ = rope_frequencies(rope.rotary_dim, base=rope.base)
-    inv_scaled, attention_factor = rope_frequencies(
-        rope.rotary_dim, base=rope.base, scaling=rope.scaling, seq_len=extended_context
-    )
+    inv_original, _ = compute_rope_parameters(rotary_dim, base, None, None)
+    inv_scaled, attention_factor = compute_rope_parameters(rotary_dim, base, scaling, extended_context)
     wavelength_original = 2 * math.pi / inv_original.double()
     return RopeInspection(
         model_type=config.get("model_type"),
-        rope_type=rope_type_of(rope.scaling),
-        head_dim=rope.head_dim,
-        rotary_dim=rope.rotary_dim,
-        rope_theta=rope.base,
+        rope_type=rope_type_of(scaling),
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        rope_theta=base,
         original_context=int(original_context),
         extended_context=int(extended_context),
         attention_factor=attention_factor,
         wavelength_original=wavelength_original,
         wavelength_scaled=2 * math.pi / inv_scaled.double(),
         full_rotation=wavelength_original <= original_context,
-        critical_dim=yarn_correction_dim(1.0, rope.rotary_dim, rope.base, int(original_context)),
+        critical_dim=yarn_correction_dim(1.0, rotary_dim, base, int(original_context)),
     )

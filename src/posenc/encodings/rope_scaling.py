@@ -555,16 +555,3 @@ def inv_freq_per_position(
     Raises as :func:`compute_rope_parameters`.
     """
     return rope_type_record(scaling).per_position(dim, base, scaling, num_positions, dtype=dtype)
-
-
-def __getattr__(name: str) -> Any:
-    # read_hf_config, write_hf_config and HF_ROPE_FIELDS moved to rope_interop, which imports
-    # this module (through rotary), so they are fetched on first use rather than imported here
-    if name in _MOVED_TO_INTEROP:
-        from . import rope_interop
-
-        return getattr(rope_interop, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_MOVED_TO_INTEROP = frozenset({"HF_ROPE_FIELDS", "read_hf_config", "write_hf_config"})

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from .base import PositionalEncoding
 from .._validation import broadcast_shape, check_bool, check_even, check_number
+from .rope_interop import read_hf_config, write_hf_config
 from .rope_scaling import compute_rope_parameters, rope_type_record
 
 
@@ -427,7 +428,6 @@ class RoPE(PositionalEncoding):
         them back in the config's own spelling (v4 or v5), so the round trip is the identity;
         see :func:`~posenc.encodings.rope_interop.write_hf_config`.
         """
-        from .rope_interop import write_hf_config  # rope_interop builds RoPEs: it imports this module
 
         return write_hf_config(
             head_dim=self.head_dim, rotary_dim=self.rotary_dim, base=self.base, scaling=self.scaling,
@@ -440,6 +440,39 @@ class RoPE(PositionalEncoding):
             f"interleaved={self.interleaved}, scaling={_short_repr(self.scaling)}"
             + (f", dynamic_cache={self.dynamic_cache!r}" if self.length_dependent else "")
         )
+
+
+def from_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None, **kwargs: Any) -> RoPE:
+    """The :class:`RoPE` of a Hugging Face model config (a parsed ``config.json``).
+
+    Reads rope_theta, rope_scaling (v4) or rope_parameters (v5), head_dim (or hidden_size //
+    num_attention_heads), partial_rotary_factor and max_position_embeddings, filling in what
+    Hugging Face takes from the config rather than the rope dict (see :func:`read_hf_config`).
+    Hugging Face's layout: half-split pairs (i, i + r/2), cos and sin multiplied by the
+    attention factor.
+
+    Args:
+        config: the config dict.
+        layer_type: for a v5 per-layer ``rope_parameters`` dict, which layer type to read.
+        kwargs: more :class:`RoPE` options (``interleaved``, ``dynamic_cache``).
+
+    Returns:
+        A RoPE whose :meth:`RoPE.to_hf_dict` gives back the config's RoPE fields unchanged
+        (its ``hf_layout`` is the layout read); ``rope.max_position_embeddings`` holds the
+        config's value (or None).
+
+    Raises:
+        TypeError, KeyError, ValueError: as :func:`read_hf_config` and :class:`RoPE`.
+    """
+    rope_kwargs, layout = read_hf_config(config, layer_type=layer_type)
+    return RoPE(**rope_kwargs, **kwargs, hf_layout=layout, max_position_embeddings=config.get("max_position_embeddings"))
+
+
+def to_hf_dict(rope: RoPE) -> dict[str, Any]:
+    """The RoPE fields of a Hugging Face config for ``rope`` (same as ``rope.to_hf_dict()``)."""
+    if not isinstance(rope, RoPE):
+        raise TypeError(f"rope must be a posenc RoPE, got {type(rope).__name__}")
+    return rope.to_hf_dict()
 
 
 def xpos_zeta(rotary_dim: int, gamma: float = 0.4) -> Tensor:
