@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .encodings.base import PositionalEncoding
-from ._validation import check_positions
+from ..encodings.base import PositionalEncoding
+from .._validation import check_positions
 
 BACKENDS = ("auto", "eager", "sdpa", "blocked", "flex")
 
