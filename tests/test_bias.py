@@ -128,3 +128,15 @@ def test_toeplitz_bias_equals_the_elementwise_formula(name, q_start, num_queries
     perm = torch.randperm(num_keys)
     torch.testing.assert_close(enc.score_bias(qp, kp[perm]), fast[:, :, perm], rtol=0, atol=0)
     torch.testing.assert_close(tiling.bias_tile(enc, qp, kp[perm], 3)[0], fast[:, :, perm], rtol=0, atol=0)
+
+
+def test_encodings_state_math_not_backends():
+    """How a bias is tiled is the attention layer's business: the encoding protocol and the
+    score-bias file name no backend and carry no timings or size thresholds."""
+    import re
+    from pathlib import Path
+
+    src = Path(posenc.__file__).parent / "encodings"
+    for name in ("base.py", "bias.py"):
+        text = (src / name).read_text()
+        assert not re.search(r"\b(sdpa|blocked|flex_attention|eager)\b|\d\s*ms\b|\dx faster|numel\(\) <=", text), name

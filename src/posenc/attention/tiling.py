@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ..encodings.base import PositionalEncoding
+from .._validation import broadcast_shape
 from .masks import as_4d, causal_mask, finite_in
 
 #: Query blocks are sized so that one bias tile, B_bias * H * block * Tk, holds at most this
@@ -84,7 +85,7 @@ def _over_distances(encoding: PositionalEncoding, low: int, count: int, num_head
 
 
 def bias_tile(encoding: PositionalEncoding, q_positions: Tensor, k_positions: Tensor, num_heads: int, *,
-              causal: bool = False) -> tuple[Tensor, bool]:
+              causal: bool = False, buffer: Tensor | None = None) -> tuple[Tensor, bool]:
     """b(h, i, j) for every query and key position, float32: (Tq,), (Tk,) -> (H, Tq, Tk); with a
     (B, T) side -> (B, H, Tq, Tk). ``causal=True`` folds the causal mask in: -inf where the key
     position is after the query position.
@@ -94,7 +95,10 @@ def bias_tile(encoding: PositionalEncoding, q_positions: Tensor, k_positions: Te
     encoding's own result). A translation-invariant bias of consecutive positions comes from
     its Tq + Tk - 1 distinct values, as a view for descending queries (q, q - 1, ...), copied
     row by row for ascending ones; of other positions, from the distinct distances between
-    the extreme positions, gathered, when they are fewer than the entries.
+    the extreme positions, gathered, when they are fewer than the entries. Any other bias is
+    :meth:`~posenc.PositionalEncoding.bias` on the grid; with ``causal`` it is copied (into
+    ``buffer``, a flat float32 tensor at least the tile's size, when given and outside
+    autograd) and the -inf written into the copy.
     """
     if encoding.translation_invariant:
         q_step = run_step(q_positions)
@@ -105,9 +109,29 @@ def bias_tile(encoding: PositionalEncoding, q_positions: Tensor, k_positions: Te
             return gathered, True
     q, k, head = _grid(q_positions, k_positions, num_heads)
     tile = encoding.bias(q, k, head)
-    if causal:  # out of place: the encoding's tensor is not ours to write
+    if not causal:
+        return tile, False
+    if torch.is_grad_enabled() and tile.requires_grad:
         return tile.masked_fill(k > q, float("-inf")), True
-    return tile, False
+    # The encoding's tensor is not ours to write: copy it, then mask only the columns some
+    # query may not see (the block's diagonal slab when the queries are the last keys).
+    shape = broadcast_shape(q.shape, k.shape, head.shape)
+    reusable = buffer is not None and buffer.numel() >= shape.numel() and buffer.dtype == tile.dtype
+    if reusable and not torch.is_grad_enabled():  # autograd may keep the previous tile: no reuse there
+        owned = buffer[:shape.numel()].view(shape).copy_(tile)
+    else:
+        owned = tile.expand(shape).clone(memory_format=torch.contiguous_format)
+    first = first_future_key(q_positions, k_positions)
+    owned[..., first:].masked_fill_(k[..., first:] > q, float("-inf"))
+    return owned, True
+
+
+def first_future_key(q_positions: Tensor, k_positions: Tensor) -> int:
+    """The first key index that may be after some query (0 unless the keys are a 1-D
+    consecutive run): only columns from there on can need the causal -inf."""
+    if q_positions.dim() != 1 or run_step(k_positions) != 1 or q_positions.numel() == 0:
+        return 0
+    return min(k_positions.numel(), max(0, int(q_positions.min()) - int(k_positions[0]) + 1))
 
 
 def _toeplitz(encoding, q_positions, k_positions, num_heads, *, causal, descending) -> tuple[Tensor, bool]:
@@ -189,12 +213,19 @@ def query_blocks(encoding: PositionalEncoding | None, q_positions: Tensor, k_pos
     num_queries, num_keys = q_positions.shape[-1], k_positions.shape[-1]
     offset = num_keys - num_queries
     bias_rows = batch if (q_positions.dim() == 2 or k_positions.dim() == 2) else 1
-    # at least 2 rows, so that a strided (overlapping) tile can show itself: see _is_compact
-    block = min(num_queries, max(2, BLOCKED_TILE_ELEMENTS // max(1, bias_rows * num_heads * num_keys)))
     has_bias = encoding is not None
     fold = has_bias and causal and mask is None and queries_are_last_keys(q_positions, k_positions)
     descending = (has_bias and encoding.translation_invariant and mask is None and q_positions.dim() == 1
                   and (fold or not causal))
+    # A materialized tile the causal mask is folded into is the encoding's result copied into
+    # a buffer of ours: two tiles alive at once, so each gets half the budget.
+    copied = fold and not encoding.translation_invariant
+    budget = BLOCKED_TILE_ELEMENTS // (2 if copied else 1)
+    # at least 2 rows, so that a strided (overlapping) tile can show itself: see _is_compact
+    block = min(num_queries, max(2, budget // max(1, bias_rows * num_heads * num_keys)))
+    buffer = None
+    if copied:
+        buffer = torch.empty(bias_rows * num_heads * block * num_keys, device=q_positions.device)
     start = 0
     while start < num_queries:
         stop = min(num_queries, start + block)
@@ -203,7 +234,7 @@ def query_blocks(encoding: PositionalEncoding | None, q_positions: Tensor, k_pos
         tile, owned = None, False
         if has_bias:
             tile, owned = bias_tile(encoding, q_pos.flip(-1) if descending else q_pos, k_positions[..., :key_end],
-                                    num_heads, causal=fold)
+                                    num_heads, causal=fold, buffer=buffer)
         block_mask = _block_mask(tile, owned, start, stop, key_end, causal=causal and not fold, user_mask=mask,
                                  dtype=dtype, device=q_positions.device)
         if tile is not None and _is_compact(block_mask):

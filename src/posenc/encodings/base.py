@@ -51,7 +51,7 @@ class PositionalEncoding(nn.Module):
     hooks: ClassVar[frozenset[str]] = frozenset()
     #: For a ``content`` encoding: whether :meth:`content_values` adds to the output (Shaw) or
     #: only :meth:`content_scores` is used (Transformer-XL), which backends without access to
-    #: the probabilities (sdpa) can still serve.
+    #: the probabilities can still serve.
     content_on_values: ClassVar[bool] = True
     #: For a ``score_bias`` encoding: True when b(h, i, j) depends on the distance j - i only
     #: (ALiBi, T5, Kerple; not FIRE, whose normalizer reads the absolute query position).
