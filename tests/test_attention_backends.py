@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import posenc
+from posenc.attention import tiling
 
 attention_module = importlib.import_module("posenc.attention")  # the module, not the function
 
@@ -33,8 +34,8 @@ def make(name: str, causal: bool = True):
 def small_tiles(monkeypatch):
     """Tiles of a few hundred entries and view blocks of 3 rows, so the blocked backend runs
     many query blocks, materialized or strided."""
-    monkeypatch.setattr(attention_module, "BLOCKED_TILE_ELEMENTS", 400)
-    monkeypatch.setattr(attention_module, "BLOCKED_VIEW_ROWS", 3)
+    monkeypatch.setattr(tiling, "BLOCKED_TILE_ELEMENTS", 400)
+    monkeypatch.setattr(tiling, "BLOCKED_VIEW_ROWS", 3)
 
 
 CASES = [  # (Tq, Tk, positions): Tq != Tk is a KV cache; (B, T) positions are per-row offsets
@@ -117,9 +118,10 @@ TOEPLITZ_ENCODINGS = [n for n in BIAS_ENCODINGS if posenc.REGISTRY[n].translatio
 @pytest.mark.parametrize("name", BIAS_ENCODINGS)
 @pytest.mark.parametrize("order", ["ascending", "descending", "shuffled"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_score_bias_matches_elementwise_bias(name, order, causal):
-    """score_bias (Toeplitz from the distinct distances, or elementwise) against bias() on
-    every (i, j) pair one by one, -inf where the key is after the query when causal=True."""
+def test_bias_tiles_match_elementwise_bias(name, order, causal):
+    """The tiling's bias (Toeplitz from the distinct distances, gathered, or elementwise) and
+    the encoding's score_bias against bias() on every (i, j) pair one by one, -inf where the
+    key is after the query when the causal mask is folded in."""
     enc = make(name, causal=False)
     qp = torch.arange(20, 31)
     if order == "descending":
@@ -127,29 +129,44 @@ def test_score_bias_matches_elementwise_bias(name, order, causal):
     elif order == "shuffled":
         qp = qp[torch.randperm(qp.numel(), generator=torch.Generator().manual_seed(0))]
     kp = torch.arange(5, 40)
+    enc.prepare_bias()  # what posenc.attention does before tiling (Kerple's clamp)
     with torch.no_grad():
-        got = enc.score_bias(qp, kp, causal=causal)
+        got, _ = tiling.bias_tile(enc, qp, kp, H, causal=causal)
         expected = torch.empty(H, qp.numel(), kp.numel())
         for i, qi in enumerate(qp.tolist()):
             for j, kj in enumerate(kp.tolist()):
                 value = enc.bias(torch.tensor(qi), torch.tensor(kj), torch.arange(H))
                 expected[:, i, j] = -math.inf if causal and kj > qi else value
-    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+        if not causal:
+            torch.testing.assert_close(enc.score_bias(qp, kp), expected, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", TOEPLITZ_ENCODINGS)
 def test_descending_queries_give_a_view_of_the_distances(name):
     """The blocked backend's memory bound: no (H, Tq, Tk) storage for a Toeplitz bias."""
     enc = make(name, causal=True)
+    enc.prepare_bias()
     with torch.no_grad():
-        bias = enc.score_bias(torch.arange(999, 499, -1), torch.arange(1000), causal=True)
+        bias, owned = tiling.bias_tile(enc, torch.arange(999, 499, -1), torch.arange(1000), H, causal=True)
     assert bias.shape == (H, 500, 1000)
     assert bias.untyped_storage().nbytes() <= H * 1500 * 4
+    assert not owned  # an overlapping view: nobody may write into it
 
 
 def test_blocked_memory_is_linear_in_length(monkeypatch):
     """With the causal mask folded into a strided bias view, no tile of H * rows * T floats is
-    allocated: the largest tensor SDPA sees holds O(H T) values."""
+    allocated: the largest mask SDPA sees holds O(H T) values."""
+    monkeypatch.setattr(tiling, "BLOCKED_VIEW_ROWS", 64)
+    positions = torch.arange(1024)
+    seen = [block.mask.untyped_storage().nbytes() for block in tiling.query_blocks(
+        make("alibi"), positions, positions, num_heads=H, batch=1, causal=True, mask=None, dtype=torch.float32)]
+    assert len(seen) == 1 + math.ceil((1024 - 2) / 64)  # a 2-row probe (the tile budget), then 64-row blocks
+    assert max(seen) <= H * (64 + 1024) * 4
+
+
+def test_blocked_backend_runs_the_tiles(monkeypatch):
+    """The blocked backend hands SDPA exactly the tiling's masks: O(H T) values each."""
     seen = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
@@ -157,22 +174,28 @@ def test_blocked_memory_is_linear_in_length(monkeypatch):
         seen.append(attn_mask.untyped_storage().nbytes())
         return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
 
-    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
-    monkeypatch.setattr(attention_module, "BLOCKED_VIEW_ROWS", 64)
+    blocked = importlib.import_module("posenc.attention.blocked")
+    monkeypatch.setattr(blocked.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(tiling, "BLOCKED_VIEW_ROWS", 64)
     q = torch.randn(1, H, 1024, D)
     posenc.attention(q, q, q, make("alibi"), backend="blocked")
-    assert len(seen) == 1 + math.ceil((1024 - 2) / 64)  # a 2-row probe (the tile budget), then 64-row blocks
+    assert len(seen) == 1 + math.ceil((1024 - 2) / 64)
     assert max(seen) <= H * (64 + 1024) * 4
 
 
-def test_t5_tile_lookup_matches_buckets():
-    """Large tiles take T5's bucket-the-distinct-distances path: same values as the formula."""
+@pytest.mark.parametrize("positions", ["consecutive", "gaps"])
+def test_t5_tile_lookup_matches_buckets(positions):
+    """T5's bias evaluated once per distinct distance by the tiling (laid out as a Toeplitz
+    matrix, or gathered when positions have gaps): same values as the formula."""
     t5 = make("t5", causal=False)
     qp, kp = torch.arange(300, 380), torch.arange(0, 400)
-    bias = t5.score_bias(qp, kp)
+    if positions == "gaps":
+        qp, kp = qp * 3, kp * 2
     bucket = posenc.t5_relative_position_bucket(kp[None, :] - qp[:, None], bidirectional=True)
     expected = t5.relative_attention_bias.weight[bucket].permute(2, 0, 1)
+    bias, _ = tiling.bias_tile(t5, qp, kp, H)
     assert torch.equal(bias, expected)
+    assert torch.equal(t5.score_bias(qp, kp), expected)
 
 
 def test_auto_rule():
@@ -197,3 +220,46 @@ def test_blocked_refuses_content_hooks():
     q = torch.randn(1, 2, 4, 8)
     with pytest.raises(ValueError, match="content"):
         posenc.attention(q, q, q, Content(), backend="blocked")
+
+
+class ToyBias(posenc.ScoreBias):
+    """A score bias defined in the test by its math only: -(h + 1) / 4 * sqrt(|i - j|), plus,
+    when not translation invariant, a term in the absolute query position."""
+
+    name = "toy"
+
+    def __init__(self, num_heads, translation_invariant):
+        super().__init__()
+        self.num_heads = num_heads
+        self.translation_invariant = translation_invariant
+
+    def bias(self, q_positions, k_positions, head):
+        out = -(head + 1).to(torch.float32) / 4 * (q_positions - k_positions).abs().to(torch.float32).sqrt()
+        if not self.translation_invariant:
+            out = out + 0.01 * q_positions.to(torch.float32)
+        return out
+
+
+@pytest.mark.parametrize("translation_invariant", [True, False])
+@pytest.mark.parametrize("backend", ["sdpa", "blocked", "flex", "auto"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}")
+def test_a_new_score_bias_runs_on_every_backend(translation_invariant, backend, causal, case):
+    """An encoding that states only bias() and translation_invariant gets every backend."""
+    if backend == "flex":
+        pytest.importorskip("torch.nn.attention.flex_attention")
+    tq, tk, kind = case
+    enc = ToyBias(H, translation_invariant)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, H, t, D, generator=g) for t in (tq, tk, tk))
+    qp, kp = positions_for(kind, tq, tk)
+    expected = posenc.attention(q, k, v, enc, causal=causal, q_positions=qp, k_positions=kp, backend="eager")
+    out = posenc.attention(q, k, v, enc, causal=causal, q_positions=qp, k_positions=kp, backend=backend)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    qp = torch.arange(tk - tq, tk) if qp is None else qp
+    kp = torch.arange(tk) if kp is None else kp
+    if qp.dim() == 1:
+        explicit = enc.bias(qp[:, None], kp[None, :], torch.arange(H)[:, None, None])  # (H, Tq, Tk)
+    else:
+        explicit = enc.bias(qp[:, None, :, None], kp[:, None, None, :], torch.arange(H)[:, None, None])  # (B, H, Tq, Tk)
+    torch.testing.assert_close(enc.score_bias(qp, kp), explicit)

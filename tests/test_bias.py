@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
+from posenc.attention import tiling
 from t5_reference import t5_bucket_reference
 
 
@@ -111,16 +112,31 @@ def test_bias_is_relative_for_translation_invariant_encodings():
 @pytest.mark.parametrize("name", [n for n, cls in posenc.REGISTRY.items() if getattr(cls, "translation_invariant", False)])
 @pytest.mark.parametrize("q_start, num_queries, k_start, num_keys", [(0, 9, 0, 9), (300, 1, 0, 301), (40, 5, 30, 20), (7, 12, 0, 3)])
 def test_toeplitz_bias_equals_the_elementwise_formula(name, q_start, num_queries, k_start, num_keys):
-    """Consecutive positions take the Toeplitz path: it must equal bias() entry by entry."""
+    """The attention layer's tiles of consecutive positions take the Toeplitz path (the
+    encoding's score_bias is elementwise): both must equal bias() entry by entry."""
     enc = posenc.create(name, num_heads=3)
     with torch.no_grad():
         for p in enc.parameters():
             p.uniform_(0.1, 1.5)
     qp, kp = torch.arange(q_start, q_start + num_queries), torch.arange(k_start, k_start + num_keys)
-    fast = enc.score_bias(qp, kp)
+    fast, _ = tiling.bias_tile(enc, qp, kp, 3)
     assert fast.shape == (3, num_queries, num_keys) and fast.is_contiguous()
     slow = enc.bias(qp[:, None], kp[None, :], torch.arange(3)[:, None, None])
     torch.testing.assert_close(fast, slow, rtol=0, atol=0)
-    # the same values through a permutation (not consecutive: the elementwise path)
+    torch.testing.assert_close(enc.score_bias(qp, kp), slow, rtol=0, atol=0)
+    # the same values through a permutation (not consecutive: gathered or elementwise)
     perm = torch.randperm(num_keys)
     torch.testing.assert_close(enc.score_bias(qp, kp[perm]), fast[:, :, perm], rtol=0, atol=0)
+    torch.testing.assert_close(tiling.bias_tile(enc, qp, kp[perm], 3)[0], fast[:, :, perm], rtol=0, atol=0)
+
+
+def test_encodings_state_math_not_backends():
+    """How a bias is tiled is the attention layer's business: the encoding protocol and the
+    score-bias file name no backend and carry no timings or size thresholds."""
+    import re
+    from pathlib import Path
+
+    src = Path(posenc.__file__).parent / "encodings"
+    for name in ("base.py", "bias.py"):
+        text = (src / name).read_text()
+        assert not re.search(r"\b(sdpa|blocked|flex_attention|eager)\b|\d\s*ms\b|\dx faster|numel\(\) <=", text), name

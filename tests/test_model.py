@@ -35,7 +35,8 @@ def test_causality_future_tokens_do_not_change_past_logits():
 def test_model_and_attention_never_name_an_encoding():
     names = "|".join(re.escape(n) for n in posenc.available() if n != "nope")
     pattern = re.compile(rf"""["']({names})["']""")
-    for path in ("model.py", "masks.py", "generation.py", "checkpoint.py", "attention.py", "train.py", "evaluate.py"):
+    attention = sorted(f"attention/{p.name}" for p in (SRC / "attention").glob("*.py"))  # the package
+    for path in ("model.py", "masks.py", "generation.py", "checkpoint.py", *attention, "train.py", "evaluate.py"):
         assert not pattern.search((SRC / path).read_text()), path
 
 

@@ -8,12 +8,18 @@ hook       contract                                       used by
 ========== ============================================== ===============================
 embed      x (B, T, d_model), positions -> x'             sinusoidal, learned
 rotate     q (B, H, Tq, D), k (B, H, Tk, D) -> q', k'     rope, xpos
-score_bias -> bias broadcastable to (B, H, Tq, Tk), fp32  alibi, t5, kerple, fire
+score_bias b(h, i, j) added to the logits, fp32           alibi, t5, kerple, fire
 content    query-dependent terms on scores and values     shaw, transformer_xl
 ========== ============================================== ===============================
 
 The class attribute :attr:`PositionalEncoding.hooks` names the hooks an encoding uses, so
 the attention and the model consume any encoding without knowing its name.
+
+A score bias is stated as math only: :meth:`PositionalEncoding.bias`, an elementwise function
+of (query position, key position, head), and :attr:`PositionalEncoding.translation_invariant`.
+How it is evaluated (materialized, in tiles, as strided views, inside FlexAttention) is the
+attention layer's decision (``posenc.attention.tiling``); :meth:`score_bias` and
+:meth:`score_mod` are the two forms a user calls directly.
 
 Positions are always explicit integer tensors, shape (T,) shared by the batch or (B, T) per
 row: query positions and key positions are separate, which gives KV-cache offsets, left
@@ -22,22 +28,14 @@ padding and packed sequences to every encoding without a special case.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
-
-def run_step(positions: Tensor) -> int | None:
-    """+1 for a 1-D run p0, p0 + 1, ..., -1 for p0, p0 - 1, ..., else None (padding, packing,
-    gaps, per-batch positions, no position). A single position counts as ascending."""
-    if positions.dim() != 1 or positions.numel() == 0:
-        return None
-    if positions.numel() == 1:
-        return 1
-    step = positions.diff()
-    first = int(step[0])
-    return first if first in (1, -1) and bool((step == first).all()) else None
+#: FlexAttention's form of a score bias: ``score_mod(score, b, h, q_idx, kv_idx) -> score``.
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 class PositionalEncoding(nn.Module):
@@ -53,8 +51,13 @@ class PositionalEncoding(nn.Module):
     hooks: ClassVar[frozenset[str]] = frozenset()
     #: For a ``content`` encoding: whether :meth:`content_values` adds to the output (Shaw) or
     #: only :meth:`content_scores` is used (Transformer-XL), which backends without access to
-    #: the probabilities (sdpa) can still serve.
+    #: the probabilities can still serve.
     content_on_values: ClassVar[bool] = True
+    #: For a ``score_bias`` encoding: True when b(h, i, j) depends on the distance j - i only
+    #: (ALiBi, T5, Kerple; not FIRE, whose normalizer reads the absolute query position).
+    #: A statement about the math that the attention layer may rely on: it then evaluates
+    #: :meth:`bias` once per distinct distance.
+    translation_invariant: ClassVar[bool] = False
 
     @property
     def max_positions(self) -> int | None:
@@ -99,16 +102,62 @@ class PositionalEncoding(nn.Module):
         """q (B, H, Tq, D), k (B, H, Tk, D) -> (q', k'), same shapes and dtypes."""
         return q, k
 
-    def score_bias(self, q_positions: Tensor, k_positions: Tensor, *, causal: bool = False) -> Tensor | None:
-        """Additive logit bias b(h, i, j), float32, shape (H, Tq, Tk) or (B, H, Tq, Tk).
+    def bias(self, q_positions: Tensor, k_positions: Tensor, head: Tensor) -> Tensor | None:
+        """The score bias b(h, i, j) as math: elementwise on broadcastable int64 tensors of query
+        positions, key positions and head indices -> float32 tensor of their broadcast shape.
 
-        Added after the 1/sqrt(D) scaling of q.k (ALiBi and T5 are not scaled). With
-        ``causal=True`` the causal mask is folded in: -inf where the key position is after
-        the query position (the blocked backend asks for it so when that is its mask). The
-        result may be a strided view that overlaps itself; callers write only into a result
-        that ``is_contiguous()``.
+        The one definition of an encoding's bias: every backend derives its form from it (the
+        attention layer calls it on position grids, on distinct distances, or per score inside
+        FlexAttention, where the arguments are 0-d). It must return a new tensor (never a view
+        of a stored one), and must not modify parameters: use :meth:`prepare_bias` for that.
+
+        Returns None for an encoding without a score bias.
+
+        Raises:
+            NotImplementedError: the encoding declares the ``score_bias`` hook but no ``bias``.
+        """
+        if "score_bias" in self.hooks:
+            raise NotImplementedError(f"{type(self).__name__} has the score_bias hook but defines no bias()")
+        return None
+
+    def prepare_bias(self) -> None:
+        """Called before :meth:`bias` is used: once per attention call, and by
+        :meth:`score_bias` and :meth:`score_mod`. An encoding whose parameters are projected
+        onto an allowed range before every use (Kerple, as its official code does) does it
+        here. Default: nothing."""
+
+    def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+        """The bias materialized: (Tq,), (Tk,) -> (H, Tq, Tk); with a (B, T) side ->
+        (B, H, Tq, Tk); float32, :meth:`bias` on every (head, query, key).
+
+        Added after the 1/sqrt(D) scaling of q.k (ALiBi and T5 are not scaled). Returns a new
+        tensor that nothing else references (the caller may keep or modify it), or None for
+        an encoding without a score bias.
         """
         return None
+
+    def score_mod(self, q_positions: Tensor | None = None, k_positions: Tensor | None = None) -> ScoreMod | None:
+        """The bias as a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx) -> score``, or None
+        for an encoding without a score bias.
+
+        Without positions, token indices are the positions (q_idx, kv_idx). With positions of
+        shape (T,) or (B, T) they are looked up, e.g. for a KV-cache offset or packed rows.
+        Learned biases receive gradients through it.
+        """
+        if "score_bias" not in self.hooks:
+            return None
+        self.prepare_bias()
+
+        def lookup(positions: Tensor | None, b: Tensor, idx: Tensor) -> Tensor:
+            if positions is None:
+                return idx.long()
+            return (positions[b, idx] if positions.dim() == 2 else positions[idx]).long()
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            # FlexAttention passes int32 indices; bias() gets int64 like every other caller.
+            return score + self.bias(lookup(q_positions, b, q_idx), lookup(k_positions, b, kv_idx), h.long())
+
+        return score_mod
 
     def content_scores(
         self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor

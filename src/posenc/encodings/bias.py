@@ -1,9 +1,11 @@
 """Score-bias encodings: a per-head scalar b(h, i, j) added to the attention logits.
 
 Each encoding writes its math once, as :meth:`ScoreBias.bias`, an elementwise function of
-(query position, key position, head) on broadcastable tensors. Every backend derives its
-form from that one function: :meth:`ScoreBias.score_bias` materializes (H, Tq, Tk) for the
-eager and SDPA backends; :meth:`ScoreBias.score_mod` is the FlexAttention form.
+(query position, key position, head) on broadcastable tensors, and says whether it depends on
+the distance only (:attr:`~posenc.PositionalEncoding.translation_invariant`). Every other form
+is derived from that one function: :meth:`ScoreBias.score_bias` materializes it,
+:meth:`~posenc.PositionalEncoding.score_mod` is the FlexAttention form, and the attention
+layer evaluates it in tiles of its own choosing.
 
 Conventions: relative position = key - query (T5); the bias is added *after* the 1/sqrt(D)
 scaling of q.k and is not itself scaled (ALiBi, Press et al. 2022, section 3).
@@ -12,103 +14,31 @@ scaling of q.k and is not itself scaled (ALiBi, Press et al. 2022, section 3).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from .base import PositionalEncoding, run_step
+from .base import PositionalEncoding
 from .._validation import broadcast_shape, check_bool, check_number, check_positive_int
 
 
 class ScoreBias(PositionalEncoding):
     """Base for encodings that only add b(h, i, j) to the logits. Subclasses define
-    :attr:`num_heads` and :meth:`bias`."""
+    :attr:`num_heads`, :meth:`bias` and, when true, ``translation_invariant = True``."""
 
     hooks = frozenset({"score_bias"})
     num_heads: int
-    #: True when b(h, i, j) depends on j - i only (ALiBi, T5, Kerple; not FIRE, whose
-    #: normalizer reads the absolute query position). Consecutive positions then make the
-    #: bias a Toeplitz matrix: :meth:`score_bias` evaluates the Tq + Tk - 1 distances once.
-    translation_invariant: ClassVar[bool] = False
 
-    def bias(self, q_positions: Tensor, k_positions: Tensor, head: Tensor) -> Tensor:
-        """b(h, i, j) elementwise on broadcastable integer tensors -> float32 tensor."""
-        raise NotImplementedError
-
-    def score_bias(self, q_positions: Tensor, k_positions: Tensor, *, causal: bool = False) -> Tensor:
-        """The bias: (Tq,), (Tk,) -> (H, Tq, Tk); (B, Tq), (B, Tk) -> (B, H, Tq, Tk), float32.
-
-        ``causal=True`` folds the causal mask in: -inf where the key comes after the query
-        (k_position > q_position).
-
-        A translation-invariant bias of consecutive positions is a Toeplitz matrix, made from
-        its Tq + Tk - 1 distinct values: with the queries in descending order (q, q - 1, ...)
-        it is returned as a strided view of them that overlaps itself (no (H, Tq, Tk) memory;
-        the blocked backend asks for it so); otherwise as a new dense tensor. Write only into
-        a result that ``is_contiguous()``.
-        """
-        check_bool(causal, "causal")
-        q_step = run_step(q_positions)
-        if self.translation_invariant and q_step is not None and run_step(k_positions) == 1:
-            return self._toeplitz_bias(q_positions, k_positions, causal=causal, descending=q_step == -1)
+    def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+        """The bias: (Tq,), (Tk,) -> (H, Tq, Tk); (B, Tq), (B, Tk) -> (B, H, Tq, Tk), float32,
+        :meth:`bias` on every (head, query, key): a new tensor nothing else references."""
+        self.prepare_bias()
         q = q_positions.unsqueeze(-1).unsqueeze(-3)  # (..., 1, Tq, 1)
         k = k_positions.unsqueeze(-2).unsqueeze(-3)  # (..., 1, 1, Tk)
         head = torch.arange(self.num_heads, device=q_positions.device).view(-1, 1, 1)
         bias = self.bias(q, k, head)
-        return bias.masked_fill(k > q, float("-inf")) if causal else bias
-
-    def _toeplitz_bias(self, q_positions: Tensor, k_positions: Tensor, *, causal: bool, descending: bool) -> Tensor:
-        """bias[h, i, j] from values[h, d] over the distances d = k - q, O(H (Tq + Tk))
-        evaluations instead of O(H Tq Tk). Row r of ``values.unfold`` holds the distances of
-        the r-th largest query position: the answer itself for descending queries (Hankel
-        strides (1, 1), a view), its row reversal for ascending ones."""
-        num_queries, num_keys = q_positions.shape[-1], k_positions.shape[-1]
-        low = int(k_positions[0]) - int(q_positions.max())
-        distances = torch.arange(low, low + num_queries + num_keys - 1, device=q_positions.device)
-        head = torch.arange(self.num_heads, device=q_positions.device).unsqueeze(-1)
-        values = self.bias(torch.zeros_like(distances), distances, head)  # (H, Tq + Tk - 1)
-        if causal:
-            values = values.masked_fill(distances > 0, float("-inf"))
-        rows = values.unfold(-1, num_keys, 1)  # (H, Tq, Tk), descending queries
-        if descending or num_queries == 1:
-            return rows
-        if torch.is_grad_enabled() and values.requires_grad:
-            return rows.flip(-2).contiguous()  # one differentiable op
-        # Row by row, each a contiguous slice: 6x faster than torch.flip's strided gather.
-        out = values.new_empty(self.num_heads, num_queries, num_keys)
-        for i in range(num_queries):
-            out[:, i] = rows[:, num_queries - 1 - i]
-        return out
-
-    def score_mod(
-        self, q_positions: Tensor | None = None, k_positions: Tensor | None = None
-    ) -> Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]:
-        """A FlexAttention ``score_mod(score, b, h, q_idx, kv_idx) -> score``.
-
-        Without positions, token indices are the positions (q_idx, kv_idx). With positions of
-        shape (T,) or (B, T) they are looked up, e.g. for a KV-cache offset or packed rows.
-        """
-
-        def lookup(positions: Tensor | None, b: Tensor, idx: Tensor) -> Tensor:
-            if positions is None:
-                return idx.long()
-            return (positions[b, idx] if positions.dim() == 2 else positions[idx]).long()
-
-        def score_mod(score, b, h, q_idx, kv_idx):
-            # FlexAttention passes int32 indices; bias() gets int64 like every other hook.
-            return score + self.bias(lookup(q_positions, b, q_idx), lookup(k_positions, b, kv_idx), h.long())
-
-        return score_mod
-
-
-def _first_future_key(q_positions: Tensor, k_positions: Tensor) -> int:
-    """The first key index that may be after some query (0 unless the keys are a 1-D
-    consecutive run): with the causal mask folded in, only columns from there on need it."""
-    if q_positions.dim() != 1 or run_step(k_positions) != 1 or q_positions.numel() == 0:
-        return 0
-    return min(k_positions.numel(), max(0, int(q_positions.min()) - int(k_positions[0]) + 1))
+        full = broadcast_shape(q.shape, k.shape, head.shape)
+        return bias if bias.shape == full else bias.expand(full).contiguous()
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
@@ -259,19 +189,8 @@ class T5RelativeBias(ScoreBias):
         return cls(num_heads, **kwargs)
 
     def bias(self, q_positions, k_positions, head):
-        weight = self.relative_attention_bias.weight
-        relative = k_positions - q_positions
-        if relative.numel() <= 4096 or torch.compiler.is_compiling():
-            return weight[self._bucket(relative), head].to(torch.float32)
-        # A tile of relative positions spans few distinct values: bucket those once (the
-        # logarithm is the costly part), then look each entry up. Same values and gradients.
-        low = int(k_positions.min()) - int(q_positions.max())
-        high = int(k_positions.max()) - int(q_positions.min())
-        table = weight[self._bucket(torch.arange(low, high + 1, device=relative.device))].t()  # (H, span)
-        shape = broadcast_shape(head.shape, relative.shape)
-        per_head = table[head].expand(*shape, table.shape[-1])  # a view: (..., span) per entry
-        index = (relative - low).expand(shape).unsqueeze(-1)
-        return per_head.gather(-1, index).squeeze(-1).to(torch.float32)
+        bucket = self._bucket(k_positions - q_positions)
+        return self.relative_attention_bias.weight[bucket, head].to(torch.float32)
 
     def _bucket(self, relative_position: Tensor) -> Tensor:
         return t5_relative_position_bucket(
@@ -304,8 +223,9 @@ class Kerple(ScoreBias):
       r1 = ``bias_a`` ~ U(0, 1), r2 = ``bias_p`` ~ U(0, 2) (the official ``bias_p`` is the
       exponent here).
 
-    Positivity, as the official code does it: before every use (``score_bias``, ``score_mod``)
-    the parameters' data are clamped in place to >= ``eps`` = 0.01, and the power variant's
+    Positivity, as the official code does it: before every use (:meth:`prepare_bias`, which
+    ``score_bias``, ``score_mod`` and the attention call before evaluating the bias) the
+    parameters' data are clamped in place to >= ``eps`` = 0.01, and the power variant's
     exponent also to <= 2 (0 < r2 <= 2 keeps -d^r2 a conditionally positive definite kernel).
     The clamp is on ``.data`` so gradients still flow to a parameter sitting at the bound.
 
@@ -349,13 +269,8 @@ class Kerple(ScoreBias):
         else:
             self.bias_p.clamp_(min=self.eps)
 
-    def score_bias(self, q_positions, k_positions, *, causal=False):
+    def prepare_bias(self) -> None:
         self.clamp_parameters_()
-        return super().score_bias(q_positions, k_positions, causal=causal)
-
-    def score_mod(self, q_positions=None, k_positions=None):
-        self.clamp_parameters_()
-        return super().score_mod(q_positions, k_positions)
 
     def bias(self, q_positions, k_positions, head):
         distance = (q_positions - k_positions).abs().to(torch.float32)
@@ -429,30 +344,6 @@ class FIRE(ScoreBias):
         denominator = torch.log((self.c * torch.maximum(i, self.threshold)).abs() + 1.0) + self.eps
         return numerator / denominator
 
-    def score_bias(self, q_positions, k_positions, *, causal=False):
-        """As :meth:`ScoreBias.score_bias`. Outside autograd the MLP is evaluated in its
-        piecewise-linear form (:meth:`piecewise_linear_mlp`): one lookup and one multiply-add
-        per entry and head instead of a 1 -> width -> H network per pair (no (Tq, Tk, width)
-        hidden tensor); equal to the network up to float32 rounding."""
-        check_bool(causal, "causal")
-        needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-        if needs_grad or q_positions.dim() != k_positions.dim():
-            return super().score_bias(q_positions, k_positions, causal=causal)
-        q, k = q_positions.unsqueeze(-1), k_positions.unsqueeze(-2)
-        x = self.normalized_distance(q, k)  # (..., Tq, Tk)
-        breakpoints, slopes, intercepts = self.piecewise_linear_mlp()
-        segment = torch.bucketize(x, breakpoints.to(x.dtype), right=True).view(-1)
-        out = x.new_empty(x.shape[:-2] + (self.num_heads,) + x.shape[-2:])
-        slope, intercept = torch.empty_like(x), torch.empty_like(x)
-        for h in range(self.num_heads):  # index_select: 7x faster than advanced indexing here
-            torch.index_select(slopes[h], 0, segment, out=slope.view(-1))
-            torch.index_select(intercepts[h], 0, segment, out=intercept.view(-1))
-            torch.addcmul(intercept, slope, x, out=out[..., h, :, :])
-        if causal:
-            future = _first_future_key(q_positions, k_positions)  # columns before it see no -inf
-            out[..., future:].masked_fill_((k[..., future:] > q).unsqueeze(-3), float("-inf"))
-        return out
-
     def piecewise_linear_mlp(self) -> tuple[Tensor, Tensor, Tensor]:
         """The MLP f: R -> R^H as the piecewise-linear function it is (a ReLU network of one
         input): hidden unit u bends at x = -b1_u / w1_u, so between consecutive sorted bends
@@ -476,7 +367,17 @@ class FIRE(ScoreBias):
         return bends.float(), slopes.t().float().contiguous(), intercepts.t().float().contiguous()
 
     def bias(self, q_positions, k_positions, head):
+        """f_theta(normalized distance)_h. Outside autograd, for a (H', 1, 1) column of heads
+        against a (..., 1, Tq, Tk) grid of positions (how whole tiles are asked for), the MLP
+        is evaluated in its piecewise-linear form (:meth:`piecewise_linear_mlp`): one lookup and
+        one multiply-add per entry and head instead of a 1 -> width -> H network per pair, and
+        no (Tq, Tk, width) hidden tensor; equal to the network up to float32 rounding. Under
+        autograd, inside FlexAttention (0-d arguments) or a compile, the network itself."""
         x = self.normalized_distance(q_positions, k_positions)
+        needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        grid = head.dim() == 3 and head.shape[1:] == (1, 1) and x.dim() >= 3 and x.shape[-3] == 1
+        if grid and not needs_grad and not torch.compiler.is_compiling():
+            return self._piecewise_bias(x.select(-3, 0), head.view(-1))
         per_head = self.mlp(x.unsqueeze(-1).to(self.mlp[0].weight.dtype)).float()  # (..., H)
         index = head.unsqueeze(-1)
         while index.dim() < per_head.dim():
@@ -484,6 +385,20 @@ class FIRE(ScoreBias):
         while per_head.dim() < index.dim():
             per_head = per_head.unsqueeze(0)
         return torch.take_along_dim(per_head, index, dim=-1).squeeze(-1)
+
+    def _piecewise_bias(self, x: Tensor, heads: Tensor) -> Tensor:
+        """x (..., Tq, Tk), heads (H',) -> (..., H', Tq, Tk) from the piecewise-linear MLP."""
+        breakpoints, slopes, intercepts = self.piecewise_linear_mlp()
+        slopes, intercepts = slopes.index_select(0, heads), intercepts.index_select(0, heads)
+        segment = torch.bucketize(x, breakpoints.to(x.dtype), right=True).view(-1)
+        out = x.new_empty(x.shape[:-2] + (heads.numel(),) + x.shape[-2:])
+        slope, intercept = torch.empty_like(x), torch.empty_like(x)
+        # one flat index_select per head into reused buffers: no (H', Tq, Tk) index tensor
+        for h in range(heads.numel()):
+            torch.index_select(slopes[h], 0, segment, out=slope.view(-1))
+            torch.index_select(intercepts[h], 0, segment, out=intercept.view(-1))
+            torch.addcmul(intercept, slope, x, out=out[..., h, :, :])
+        return out
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, mlp_width={self.mlp_width}, eps={self.eps}"

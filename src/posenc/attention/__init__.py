@@ -1,0 +1,200 @@
+"""Attention with a positional encoding, through the encoding's hooks only.
+
+``attention(q, k, v, encoding)`` checks its arguments, fills in default positions, applies the
+encoding's ``rotate`` hook to q and k once, and runs one backend; it never looks at the
+encoding's name. Shapes: B batch, H heads, Tq queries, Tk keys, D head_dim.
+
+Backends (one module each, in :data:`_BACKENDS`), all with the same two functions:
+
+- ``unsupported(encoding, *, mask) -> str | None``: None when the backend can run a call with
+  this encoding and this (combined, 4-D boolean) mask, else the ValueError message that
+  :func:`attention` raises;
+- ``run(q, k, v, *, encoding, q_positions, k_positions, causal, mask, scale) -> (B, H, Tq, D)``
+  with q and k already rotated, positions filled in, ``mask`` None or the user mask with the
+  causal one already in it (``causal`` says whether to add the causal mask when ``mask`` is
+  None), ``scale`` = 1/sqrt(D). How a backend evaluates the score bias (materialized, per
+  tile, per score) is its own affair: :mod:`posenc.attention.tiling`.
+
+Masking convention: a causal query i sees key j iff j <= i + (Tk - Tq), i.e. the queries
+are the last Tq of the Tk keys (bottom-right alignment, as with a KV cache). An optional
+boolean ``mask`` (True = may attend: document masks of packed rows, key padding) is combined
+with it by logical and. A query left with no key to attend (a left-padding query) gets an
+output of zeros, never NaN: see :func:`combine_masks`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..encodings.base import PositionalEncoding
+from .._validation import check_positions
+from . import blocked, eager, flex, sdpa
+from .masks import causal_mask, check_mask, combine_masks
+
+__all__ = ["attention", "BACKENDS", "causal_mask", "combine_masks"]
+
+BACKENDS = ("auto", "eager", "sdpa", "blocked", "flex")
+
+_BACKENDS = {"eager": eager, "sdpa": sdpa, "blocked": blocked, "flex": flex}
+
+#: backend="auto" picks "blocked" for a score bias whose materialized form, B_bias * H * Tq * Tk
+#: float32 entries, would hold at least this many (16 MiB).
+AUTO_BLOCKED_MIN_BIAS_ELEMENTS = 1 << 22
+
+
+def _resolve_backend(
+    backend: str, encoding: PositionalEncoding | None, bias_elements: int = 0, device: torch.device | None = None
+) -> str:
+    """The backend a call runs on; ``bias_elements`` = B_bias * H * Tq * Tk. For "auto", in order:
+
+    1. an encoding with the ``content`` hook: "eager" (the only backend with both content terms);
+    2. an encoding with the ``score_bias`` hook and ``bias_elements`` >= 4M
+       (:data:`AUTO_BLOCKED_MIN_BIAS_ELEMENTS`): "blocked", on every device;
+    3. an encoding with the ``score_bias`` hook, a parameter requiring grad, grad enabled, on
+       the CPU (or no device given): "eager";
+    4. otherwise "sdpa". "flex" is never picked (it compiles on first use per shape).
+
+    Raises:
+        ValueError: an unknown backend name.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend != "auto":
+        return backend
+    if encoding is not None and "content" in encoding.hooks:
+        return "eager"
+    if encoding is not None and "score_bias" in encoding.hooks:
+        if bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS:
+            # blocked was 1.1-1.2x bias-free causal SDPA at T=4096-8192 on CPU for ALiBi, T5
+            # and Kerple, against 5-9x for the materialized bias (docs/results.md)
+            return "blocked"
+        if _learns_bias_on_cpu(encoding, device):
+            return "eager"
+    return "sdpa"
+
+
+def _learns_bias_on_cpu(encoding: PositionalEncoding, device: torch.device | None) -> bool:
+    """A learned bias (T5, Kerple, FIRE) in training on the CPU: torch's CPU SDPA kernels give
+    no gradient for a float mask, so SDPA runs its math path; the eager backend is the same
+    computation with fewer passes (6.4 against 7.5-8.9 ms per call at B=32, H=4, T=64, D=16)."""
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    return on_cpu and torch.is_grad_enabled() and any(p.requires_grad for p in encoding.parameters())
+
+
+def _default_positions(positions: Tensor | None, length: int, offset: int, device, argname: str, batch: int) -> Tensor:
+    if positions is None:
+        return torch.arange(offset, offset + length, device=device)
+    check_positions(positions, argname)
+    if positions.shape[-1] != length or (positions.dim() == 2 and positions.shape[0] not in (1, batch)):
+        raise ValueError(f"{argname} must have shape ({length},) or ({batch}, {length}), got {tuple(positions.shape)}")
+    return positions.to(device)
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
+    for argname, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{argname} must be a floating-point torch.Tensor (B, H, T, D), got {type(x).__name__}")
+        if x.dim() != 4:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"{argname} must be a 4-D tensor (B, H, T, D), got {shape}")
+        if not x.is_floating_point():
+            raise TypeError(f"{argname} must be a floating-point tensor, got {x.dtype}")
+    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            f"q (B, H, Tq, D), k and v (B, H, Tk, D) disagree: got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share head_dim, got {q.shape[-1]} and {k.shape[-1]}")
+    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
+        raise ValueError("q, k and v must share one dtype and one device")
+    if causal and q.shape[2] > k.shape[2]:
+        raise ValueError(f"causal attention needs Tq <= Tk (queries are the last keys), got Tq={q.shape[2]}, Tk={k.shape[2]}")
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    encoding: PositionalEncoding | None = None,
+    *,
+    causal: bool = True,
+    q_positions: Tensor | None = None,
+    k_positions: Tensor | None = None,
+    backend: str = "auto",
+    mask: Tensor | None = None,
+) -> Tensor:
+    """Scaled dot-product attention with a positional encoding.
+
+    softmax((rotate(q) . rotate(k)^T + content) / sqrt(D) + bias + mask) @ v (+ content on v),
+    the encoding contributing through its hooks (``rotate``, ``score_bias``, ``content``).
+
+    Args:
+        q: (B, H, Tq, D). k, v: (B, H, Tk, D). One floating dtype and device.
+        encoding: a :class:`~posenc.PositionalEncoding` (``posenc.create(...)``) or None.
+        causal: mask keys after each query, queries aligned to the end of the keys.
+        q_positions: integer positions (Tq,) or (B, Tq); default ``arange(Tk - Tq, Tk)``.
+        k_positions: integer positions (Tk,) or (B, Tk); default ``arange(Tk)``.
+        backend: "eager" (explicit float32 reference; every hook), "sdpa" (torch's
+            scaled_dot_product_attention, the bias materialized as a float mask, ``is_causal``
+            when there is nothing to add; no content term on the values), "blocked" (query
+            blocks, each with its own bias tile; memory O(T), future key blocks skipped; no
+            content terms), "flex" (torch FlexAttention with the encoding's ``score_mod`` and a
+            causal block mask, compiled on first use per shape; no content terms, no ``mask``)
+            or "auto", which picks, in order: "eager" for a ``content`` encoding; "blocked" for
+            a ``score_bias`` encoding whose materialized bias, B_bias * H * Tq * Tk entries
+            (B_bias = B for (B, T) positions, else 1), would hold at least
+            ``AUTO_BLOCKED_MIN_BIAS_ELEMENTS`` (4M); "eager" for a ``score_bias`` encoding
+            with a parameter requiring grad, grad enabled, on the CPU (torch's CPU SDPA
+            kernels give no gradient for a float mask); else "sdpa".
+        mask: optional boolean tensor, True where query i may attend key j, of shape
+            (Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk), any of B, H, Tq may be 1 to broadcast
+            (a key-padding mask is (B, 1, Tk)). Combined with the causal mask by logical and.
+            Used for document masks of packed rows and for padding
+            (:func:`posenc.model.document_mask`, :func:`posenc.model.key_padding_mask`).
+            A query that may attend no key at all (e.g. a left-padding query) gets an output
+            of zeros, Shaw's value term included: no NaN. Every backend but "flex" takes it.
+
+    Returns:
+        (B, H, Tq, D) in q's dtype.
+
+    Raises:
+        ValueError: wrong ranks or mismatched shapes, dtypes or devices; causal with Tq > Tk;
+            negative or mis-shaped positions; a mis-shaped mask; an unknown backend; a
+            backend that cannot serve the encoding or the mask (the message names the
+            backends that can). TypeError: q/k/v not floating-point tensors, float positions,
+            a mask that is not boolean, causal not a bool, an encoding that is not a
+            PositionalEncoding. NaN or inf in q, k, v are not checked (that would synchronize
+            the device on every call): they propagate to the outputs they reach.
+    """
+    _check_qkv(q, k, v, causal)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if encoding is not None and not isinstance(encoding, PositionalEncoding):
+        raise TypeError(
+            f"encoding must be a posenc.PositionalEncoding (posenc.create(name, ...)) or None, got {type(encoding).__name__}"
+        )
+    batch, num_heads, num_queries, head_dim = q.shape
+    num_keys = k.shape[2]
+    q_positions = _default_positions(q_positions, num_queries, num_keys - num_queries, q.device, "q_positions", batch)
+    k_positions = _default_positions(k_positions, num_keys, 0, q.device, "k_positions", batch)
+    bias_rows = batch if q_positions.dim() == 2 or k_positions.dim() == 2 else 1
+    backend_module = _BACKENDS[_resolve_backend(backend, encoding, bias_rows * num_heads * num_queries * num_keys,
+                                                q.device)]
+    has_key = None
+    if mask is not None:
+        mask = check_mask(mask, batch, num_heads, num_queries, num_keys).to(q.device)
+        mask, has_key = combine_masks(causal_mask(num_queries, num_keys, q.device) if causal else None, mask)
+    reason = backend_module.unsupported(encoding, mask=mask)
+    if reason is not None:
+        raise ValueError(reason)
+    hooks = encoding.hooks if encoding is not None else frozenset()
+    if "rotate" in hooks:
+        q, k = encoding.rotate(q, k, q_positions, k_positions)
+    if "score_bias" in hooks:
+        encoding.prepare_bias()
+    out = backend_module.run(q, k, v, encoding=encoding, q_positions=q_positions, k_positions=k_positions,
+                             causal=causal, mask=mask, scale=1.0 / math.sqrt(q.shape[-1]))
+    return out if has_key is None else out.masked_fill(~has_key, 0.0)

@@ -1,0 +1,58 @@
+"""The reference backend: explicit logits in float32 (float64 for float64 inputs), softmax,
+weighted sum. Takes every hook, the content terms included."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..encodings.base import PositionalEncoding
+from .masks import causal_mask
+from .tiling import dense_bias
+
+
+def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None) -> str | None:
+    """Every encoding and mask: never a reason to refuse."""
+    return None
+
+
+def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
+        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float) -> Tensor:
+    """logits = scale * (q.k^T + content) + bias + mask (0 or -inf): the terms that are not
+    q.k^T are summed first into one additive tensor, which goes into ``baddbmm`` with q.k^T: at
+    small head dimensions every pass over the (B, H, Tq, Tk) scores costs as much as the
+    product itself, forward and backward (3.2 ms against 5.3-6.5 ms for product, scale,
+    masked_fill at B=32, H=4, T=64, D=16).
+    """
+    batch, heads, num_queries, num_keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    if mask is None and causal:
+        mask = causal_mask(num_queries, num_keys, q.device)
+    bias = dense_bias(encoding, q_positions, k_positions, num_heads=heads, batch=batch)
+    content = encoding is not None and "content" in encoding.hooks
+    wide = torch.promote_types(q.dtype, torch.float32)
+    q3, k3t = q.to(wide).flatten(0, 1), k.to(wide).flatten(0, 1).transpose(-2, -1)
+    additive = None
+    if mask is not None:
+        additive = torch.zeros(mask.shape, dtype=wide, device=q.device).masked_fill_(~mask, float("-inf"))
+    if bias is not None:
+        additive = bias.to(wide) if additive is None else bias.to(wide) + additive
+    if content:
+        scores = encoding.content_scores(q, k, q_positions, k_positions)
+        if scores is not None:
+            scores = scores.to(wide)
+            additive = scores * scale if additive is None else torch.add(additive, scores, alpha=scale)
+    if additive is None:
+        logits = torch.bmm(q3 * scale, k3t)
+    elif additive.shape[:-2].numel() == 1:  # one (Tq, Tk) term for every row and head
+        logits = torch.baddbmm(additive.reshape(additive.shape[-2:]), q3, k3t, alpha=scale)
+    elif additive.shape[:-2] == (batch, heads):
+        logits = torch.baddbmm(additive.reshape(-1, *additive.shape[-2:]), q3, k3t, alpha=scale)
+    else:  # broadcast over batch or heads: one add after the product
+        logits = torch.add(additive, torch.bmm(q3, k3t).view(batch, heads, num_queries, num_keys), alpha=scale)
+    probs = torch.softmax(logits.view(batch, heads, num_queries, num_keys), dim=-1)
+    out = probs @ v.to(wide)
+    if content and encoding.content_on_values:
+        extra = encoding.content_values(probs, q_positions, k_positions)
+        if extra is not None:
+            out = out + extra.to(wide)
+    return out.to(q.dtype)

@@ -1,0 +1,59 @@
+"""torch's FlexAttention with the encoding's ``score_mod`` and a causal block mask (keys wholly
+in the future skipped by blocks); compiled once per process, lazily, per shape."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from ..encodings.base import PositionalEncoding
+
+#: Compile FlexAttention only for sequences at least this long: torch 2.13's compiled CPU
+#: kernel is wrong for sequences shorter than a 64-row block.
+FLEX_COMPILE_MIN_LENGTH = 128
+
+_compiled_flex_attention: Callable[..., Tensor] | None = None
+
+
+def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None) -> str | None:
+    """No content terms (no hook for them in a score_mod that sees one score), no user mask."""
+    if encoding is not None and "content" in encoding.hooks:
+        return "backend='flex' has no content terms; use backend='eager' or 'auto'"
+    if mask is not None:
+        return "backend='flex' does not take mask=; use backend='blocked', 'sdpa', 'eager' or 'auto'"
+    return None
+
+
+def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
+        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float) -> Tensor:
+    global _compiled_flex_attention
+    score_mod = None
+    if encoding is not None and "score_bias" in encoding.hooks:
+        score_mod = encoding.score_mod(q_positions, k_positions)
+        if score_mod is None:
+            raise ValueError(f"backend='flex' needs the encoding's score_mod(); {type(encoding).__name__} has none")
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as err:  # pragma: no cover - torch < 2.5
+        raise ValueError("backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)") from err
+    num_queries, num_keys = q.shape[2], k.shape[2]
+    offset = num_keys - num_queries
+
+    def causal_mod(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + offset
+
+    if min(num_queries, num_keys) < FLEX_COMPILE_MIN_LENGTH:
+        # the uncompiled flex_attention (scores materialized, small here) is exact
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            block_mask = create_block_mask(causal_mod, None, None, num_queries, num_keys, device=q.device) \
+                if causal else None
+            return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    if _compiled_flex_attention is None:
+        # dynamic=True fails to compile in torch 2.13 on CPU (an inductor codegen error).
+        _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
+    block_mask = create_block_mask(causal_mod, None, None, num_queries, num_keys, device=q.device) if causal else None
+    return _compiled_flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)

@@ -1,0 +1,72 @@
+"""Masks shared by the backends: the causal mask, user masks, and SDPA's float masks.
+
+Masking convention: a causal query i sees key j iff j <= i + (Tk - Tq), i.e. the queries are
+the last Tq of the Tk keys (bottom-right alignment, as with a KV cache). A user mask is
+boolean, True = may attend, combined with the causal one by logical and.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def causal_mask(num_queries: int, num_keys: int, device: torch.device | None = None) -> Tensor:
+    """Boolean (Tq, Tk), True where query i may attend key j (j <= i + Tk - Tq)."""
+    q_idx = torch.arange(num_queries, device=device).unsqueeze(-1) + (num_keys - num_queries)
+    return torch.arange(num_keys, device=device) <= q_idx
+
+
+def check_mask(mask: Tensor, batch: int, heads: int, num_queries: int, num_keys: int) -> Tensor:
+    """Validate a user mask and bring it to 4-D (B or 1, H or 1, Tq or 1, Tk).
+
+    Raises:
+        TypeError: not a boolean tensor. ValueError: a shape that does not broadcast.
+    """
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        kind = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a boolean tensor (True = may attend), got {kind}")
+    allowed = f"(Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk) with B={batch}, H={heads}, Tq={num_queries}, Tk={num_keys} (or 1 to broadcast)"
+    if mask.dim() not in (2, 3, 4):
+        raise ValueError(f"mask must have shape {allowed}, got {tuple(mask.shape)}")
+    full = mask[None, None] if mask.dim() == 2 else mask[:, None] if mask.dim() == 3 else mask
+    if full.shape[-1] != num_keys or full.shape[-2] not in (1, num_queries) \
+            or full.shape[0] not in (1, batch) or full.shape[1] not in (1, heads):
+        raise ValueError(f"mask must have shape {allowed}, got {tuple(mask.shape)}")
+    return full
+
+
+def combine_masks(causal: Tensor | None, mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """The mask the backends get, and which query rows have no key at all.
+
+    Returns ``(combined, has_key)``: ``combined`` = causal and mask, 4-D when a user mask is
+    given; ``has_key`` (..., Tq, 1) is None when every query sees at least one key. Rows
+    without a key are opened to every key so that no backend computes a softmax over nothing
+    (NaN); :func:`posenc.attention` then sets their output to zero.
+    """
+    if mask is None:
+        return causal, None
+    combined = mask if causal is None else mask & causal
+    has_key = combined.any(dim=-1, keepdim=True)
+    if bool(has_key.all()):
+        return combined, None
+    return combined | ~has_key, has_key
+
+
+def finite_in(bias: Tensor, dtype: torch.dtype) -> Tensor:
+    """The float mask must be in q's dtype: a bias past its range (ALiBi at a distance of a
+    million in float16) is clamped to the largest finite value, a zero weight either way, so
+    that only masked entries are -inf (docs/precision.md). Returns ``bias`` itself when the
+    cast cannot overflow, else a new tensor."""
+    limit = torch.finfo(dtype).max
+    if not bias.is_floating_point() or limit >= torch.finfo(bias.dtype).max:
+        return bias
+    return torch.where(bias == float("-inf"), bias, bias.clamp(-limit, limit))  # a folded-in mask stays -inf
+
+
+def as_4d(mask: Tensor) -> Tensor:
+    """(Tq, Tk) or (H, Tq, Tk) -> 4-D: torch 2.13 on CPU sends a 3-D float mask to the slow
+    math kernel of SDPA (materializing the scores) and a 4-D one to its flash kernel."""
+    while mask.dim() < 4:
+        mask = mask.unsqueeze(0)
+    return mask

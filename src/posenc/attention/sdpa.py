@@ -1,0 +1,41 @@
+"""torch's scaled_dot_product_attention: the bias (and mask, and content scores) go in as
+one float mask, materialized; ``is_causal`` when there is nothing to add."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..encodings.base import PositionalEncoding
+from .masks import as_4d, causal_mask, finite_in
+from .tiling import dense_bias
+
+
+def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None) -> str | None:
+    """SDPA returns no probabilities: a content term on the values (Shaw) cannot be added."""
+    if encoding is not None and "content" in encoding.hooks and encoding.content_on_values:
+        return "backend='sdpa' cannot add a content term to the values; use backend='eager' or 'auto'"
+    return None
+
+
+def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
+        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float) -> Tensor:
+    num_queries, num_keys = q.shape[2], k.shape[2]
+    extra = None
+    if encoding is not None and "content" in encoding.hooks:
+        scores = encoding.content_scores(q, k, q_positions, k_positions)
+        if scores is not None:
+            extra = scores.float() * scale
+    bias = dense_bias(encoding, q_positions, k_positions, num_heads=q.shape[1], batch=q.shape[0])
+    if bias is not None:
+        extra = bias if extra is None else extra + bias
+    if mask is None and causal:
+        if extra is None and num_queries == num_keys:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        mask = causal_mask(num_queries, num_keys, q.device)
+    if extra is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    extra = finite_in(extra, q.dtype)
+    if mask is not None:
+        extra = extra.masked_fill(~mask, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=as_4d(extra.to(q.dtype)), scale=scale)
