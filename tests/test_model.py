@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.model import LMConfig, TransformerLM
+from posenc.model import KVCache, LMConfig, TransformerLM
 
 SRC = pathlib.Path(posenc.__file__).parent
 
@@ -68,3 +68,20 @@ def test_unknown_encoding_lists_the_available_ones():
 def test_odd_head_dim_is_refused_at_construction():
     with pytest.raises(ValueError, match="head_dim must be a positive even integer"):
         TransformerLM(LMConfig(d_model=36, num_heads=4), "rope")
+
+
+def test_grouped_query_lm_trains_and_caches():
+    """num_kv_heads < num_heads: a smaller qkv projection and cache, the same contract."""
+    config = LMConfig(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, max_positions=64)
+    model = TransformerLM(config, "alibi").eval()
+    assert model.blocks[0].attn.qkv.out_features == (4 + 2 * 2) * 8
+    tokens = torch.randint(0, 256, (2, 12))
+    full = model(tokens)
+    cache = KVCache(config.num_layers)
+    steps = [model(tokens[:, :7], cache=cache)] + [model(tokens[:, t:t + 1], cache=cache) for t in range(7, 12)]
+    assert cache.keys[0].shape == (2, 2, 12, 8)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert LMConfig(num_heads=4).to_dict() == {k: v for k, v in LMConfig(num_heads=4, num_kv_heads=4).to_dict().items()
+                                               if k != "num_kv_heads"}
+    with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=4"):
+        LMConfig(num_heads=4, num_kv_heads=3)

@@ -35,11 +35,13 @@ from ._validation import check_positions, check_positive_int
 @dataclass(frozen=True)
 class LMConfig:
     """Sizes of :class:`TransformerLM`. ``max_positions`` sizes tables that need one (the
-    learned absolute encoding); other encodings ignore it.
+    learned absolute encoding); other encodings ignore it. ``num_kv_heads``: the key-value
+    heads, dividing ``num_heads`` (grouped-query attention, Ainslie et al. 2023; 1 is
+    multi-query); None (default) means ``num_heads``, plain multi-head attention.
 
     Raises:
-        ValueError: a size not an integer >= 1, d_model not divisible by num_heads, or an
-            unknown backend.
+        ValueError: a size not an integer >= 1, d_model not divisible by num_heads,
+            num_kv_heads not dividing num_heads, or an unknown backend.
     """
 
     vocab_size: int = 256
@@ -49,12 +51,17 @@ class LMConfig:
     mlp_ratio: int = 4
     max_positions: int = 1024
     backend: str = "auto"
+    num_kv_heads: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_ratio", "max_positions"):
             check_positive_int(getattr(self, name), name)
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}")
+        if self.num_kv_heads is not None:
+            check_positive_int(self.num_kv_heads, "num_kv_heads")
+            if self.num_heads % self.num_kv_heads:
+                raise ValueError(f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
 
@@ -62,32 +69,46 @@ class LMConfig:
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
 
+    @property
+    def kv_heads(self) -> int:
+        """The key-value heads: ``num_kv_heads``, or ``num_heads`` when it is None."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
     def encoding_sizes(self) -> dict:
         """The keyword arguments :func:`posenc.create_for_model` takes for this model."""
         return dict(d_model=self.d_model, num_heads=self.num_heads, head_dim=self.head_dim,
                     max_positions=self.max_positions, causal=True)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as plain data; ``num_kv_heads`` only when set, so that a config written
+        before it existed (a run's fingerprint, a checkpoint) reads the same."""
+        fields = asdict(self)
+        if fields["num_kv_heads"] is None:
+            del fields["num_kv_heads"]
+        return fields
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: LMConfig) -> None:
         super().__init__()
-        self.num_heads, self.backend = config.num_heads, config.backend
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
+        self.num_heads, self.num_kv_heads, self.backend = config.num_heads, config.kv_heads, config.backend
+        self.head_dim = config.head_dim
+        self.qkv = nn.Linear(config.d_model, (config.num_heads + 2 * config.kv_heads) * config.head_dim, bias=False)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
 
     def forward(
         self, x: Tensor, q_positions: Tensor, k_positions: Tensor, encoding: PositionalEncoding,
         mask: Tensor | None = None, past: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """x (B, T, d) -> (output (B, T, d), (keys, values) (B, H, Tk, D) of past and new tokens);
-        the keys are returned unrotated, for a cache (why: :mod:`posenc.generation`)."""
+        """x (B, T, d) -> (output (B, T, d), (keys, values) (B, H_kv, Tk, D) of past and new
+        tokens); the keys are returned unrotated, for a cache (why: :mod:`posenc.generation`)."""
         batch, length, width = x.shape
-        q, k, v = self.qkv(x).view(batch, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
+        q, k, v = self.qkv(x).split([self.num_heads * self.head_dim, *[self.num_kv_heads * self.head_dim] * 2], dim=-1)
+        q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, H_kv, T, D)
+        v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if past is not None:
-            k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)  # (B, H, Tk, D)
+            k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)  # (B, H_kv, Tk, D)
         out = attention(
             q, k, v, encoding, causal=True, q_positions=q_positions, k_positions=k_positions, mask=mask,
             backend=self.backend,

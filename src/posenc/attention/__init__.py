@@ -6,13 +6,13 @@ encoding's name. Shapes: B batch, H heads, Tq queries, Tk keys, D head_dim.
 
 Backends (one module each, in :data:`_BACKENDS`), all with the same two functions:
 
-- ``unsupported(encoding, *, mask) -> str | None``: None when the backend can run a call with
-  this encoding and this (combined, 4-D boolean) mask, else the ValueError message that
-  :func:`attention` raises;
-- ``run(q, k, v, *, encoding, q_positions, k_positions, causal, mask, scale) -> (B, H, Tq, D)``
-  with q and k already rotated, positions filled in, ``mask`` None or the user mask with the
-  causal one already in it (``causal`` says whether to add the causal mask when ``mask`` is
-  None), ``scale`` = 1/sqrt(D). How a backend evaluates the score bias (materialized, per
+- ``unsupported(encoding, *, mask, dropout_p) -> str | None``: None when the backend can run a
+  call with this encoding, this (combined, 4-D boolean) mask and this dropout, else the
+  ValueError message that :func:`attention` raises;
+- ``run(q, k, v, *, encoding, q_positions, k_positions, causal, mask, scale, dropout_p) ->
+  (B, H, Tq, D)`` with q and k already rotated (k and v with H_kv heads dividing H),
+  positions filled in, ``mask`` None or the user mask with the causal one already in it
+  (``causal`` says whether to add the causal mask when ``mask`` is None). How a backend evaluates the score bias (materialized, per
   tile, per score) is its own affair: :mod:`posenc.attention.tiling`.
 
 Masking convention: a causal query i sees key j iff j <= i + (Tk - Tq), i.e. the queries
@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..encodings.base import PositionalEncoding
-from .._validation import check_positions
+from .._validation import check_number, check_positions
 from . import blocked, eager, flex, sdpa
 from .masks import causal_mask, check_mask, combine_masks
 
@@ -102,9 +102,12 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
             raise ValueError(f"{argname} must be a 4-D tensor (B, H, T, D), got {shape}")
         if not x.is_floating_point():
             raise TypeError(f"{argname} must be a floating-point tensor, got {x.dtype}")
-    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3]:
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3] or kv_heads < 1 or heads % kv_heads:
         raise ValueError(
-            f"q (B, H, Tq, D), k and v (B, H, Tk, D) disagree: got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            f"q (B, H, Tq, D), k and v (B, H_kv, Tk, D) disagree: got {tuple(q.shape)}, {tuple(k.shape)}, "
+            f"{tuple(v.shape)}; k and v share B and Tk, and their heads H_kv must divide q's H "
+            "(H_kv = H: multi-head; 1 <= H_kv < H: grouped-query, query head h reading key-value head h // (H / H_kv))"
         )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share head_dim, got {q.shape[-1]} and {k.shape[-1]}")
@@ -125,14 +128,22 @@ def attention(
     k_positions: Tensor | None = None,
     backend: str = "auto",
     mask: Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> Tensor:
     """Scaled dot-product attention with a positional encoding.
 
-    softmax((rotate(q) . rotate(k)^T + content) / sqrt(D) + bias + mask) @ v (+ content on v),
+    softmax(scale * (rotate(q) . rotate(k)^T + content) + bias + mask) @ v (+ content on v),
     the encoding contributing through its hooks (``rotate``, ``score_bias``, ``content``).
 
     Args:
-        q: (B, H, Tq, D). k, v: (B, H, Tk, D). One floating dtype and device.
+        q: (B, H, Tq, D). k, v: (B, H_kv, Tk, D) with H_kv dividing H: multi-head (H_kv = H),
+            grouped-query (Llama, Mistral, Qwen: query head h reads key-value head
+            h // (H / H_kv), the order of transformers' ``repeat_kv``) or multi-query
+            (H_kv = 1). k and v are never repeated: SDPA, blocked and flex run with
+            ``enable_gqa``, eager groups the query heads of a key-value head into one product
+            (content encodings excepted: their per-head terms need k per query head). Score
+            biases stay per query head. One floating dtype and device.
         encoding: a :class:`~posenc.PositionalEncoding` (``posenc.create(...)``) or None.
         causal: mask keys after each query, queries aligned to the end of the keys.
         q_positions: integer positions (Tq,) or (B, Tq); default ``arange(Tk - Tq, Tk)``.
@@ -156,6 +167,10 @@ def attention(
             (:func:`posenc.model.document_mask`, :func:`posenc.model.key_padding_mask`).
             A query that may attend no key at all (e.g. a left-padding query) gets an output
             of zeros, Shaw's value term included: no NaN. Every backend but "flex" takes it.
+        scale: the softmax scale on q.k (and the content scores); default 1/sqrt(D), as SDPA.
+            Score biases are added after it, unscaled (ALiBi, T5).
+        dropout_p: dropout on the attention probabilities, as SDPA's (use it for training
+            only: it applies whenever it is > 0). Every backend but "flex" takes it.
 
     Returns:
         (B, H, Tq, D) in q's dtype.
@@ -165,13 +180,18 @@ def attention(
             negative or mis-shaped positions; a mis-shaped mask; an unknown backend; a
             backend that cannot serve the encoding or the mask (the message names the
             backends that can). TypeError: q/k/v not floating-point tensors, float positions,
-            a mask that is not boolean, causal not a bool, an encoding that is not a
+            a mask that is not boolean, causal not a bool, scale not a finite number > 0,
+            dropout_p not in [0, 1), an encoding that is not a
             PositionalEncoding. NaN or inf in q, k, v are not checked (that would synchronize
             the device on every call): they propagate to the outputs they reach.
     """
     _check_qkv(q, k, v, causal)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_number(scale, "scale", gt=0)
+    dropout_p = check_number(dropout_p, "dropout_p", ge=0)
+    if dropout_p >= 1:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
     if encoding is not None and not isinstance(encoding, PositionalEncoding):
         raise TypeError(
             f"encoding must be a posenc.PositionalEncoding (posenc.create(name, ...)) or None, got {type(encoding).__name__}"
@@ -187,7 +207,7 @@ def attention(
     if mask is not None:
         mask = check_mask(mask, batch, num_heads, num_queries, num_keys).to(q.device)
         mask, has_key = combine_masks(causal_mask(num_queries, num_keys, q.device) if causal else None, mask)
-    reason = backend_module.unsupported(encoding, mask=mask)
+    reason = backend_module.unsupported(encoding, mask=mask, dropout_p=dropout_p)
     if reason is not None:
         raise ValueError(reason)
     hooks = encoding.hooks if encoding is not None else frozenset()
@@ -196,5 +216,5 @@ def attention(
     if "score_bias" in hooks:
         encoding.prepare_bias()
     out = backend_module.run(q, k, v, encoding=encoding, q_positions=q_positions, k_positions=k_positions,
-                             causal=causal, mask=mask, scale=1.0 / math.sqrt(q.shape[-1]))
+                             causal=causal, mask=mask, scale=scale, dropout_p=dropout_p)
     return out if has_key is None else out.masked_fill(~has_key, 0.0)

@@ -11,13 +11,13 @@ from .masks import causal_mask
 from .tiling import dense_bias
 
 
-def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None) -> str | None:
+def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dropout_p: float = 0.0) -> str | None:
     """Every encoding and mask: never a reason to refuse."""
     return None
 
 
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
-        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float) -> Tensor:
+        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0) -> Tensor:
     """logits = scale * (q.k^T + content) + bias + mask (0 or -inf): the terms that are not
     q.k^T are summed first into one additive tensor, which goes into ``baddbmm`` with q.k^T: at
     small head dimensions every pass over the (B, H, Tq, Tk) scores costs as much as the
@@ -29,8 +29,16 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         mask = causal_mask(num_queries, num_keys, q.device)
     bias = dense_bias(encoding, q_positions, k_positions, num_heads=heads, batch=batch)
     content = encoding is not None and "content" in encoding.hooks
+    if content and k.shape[1] != heads:
+        # content terms are per query head and read k (Transformer-XL's u.k_j): one k per head
+        k, v = k.repeat_interleave(heads // k.shape[1], dim=1), v.repeat_interleave(heads // v.shape[1], dim=1)
+    # Grouped-query: the G query heads of a key-value head are one (G * Tq)-row product with
+    # that head's keys, so k and v are never repeated (query head h = kv * G + g).
+    groups = heads // k.shape[1]
+    kv_rows = batch * k.shape[1]
     wide = torch.promote_types(q.dtype, torch.float32)
-    q3, k3t = q.to(wide).flatten(0, 1), k.to(wide).flatten(0, 1).transpose(-2, -1)
+    q3 = q.to(wide).reshape(kv_rows, groups * num_queries, q.shape[-1])
+    k3t = k.to(wide).reshape(kv_rows, num_keys, k.shape[-1]).transpose(-2, -1)
     additive = None
     if mask is not None:
         additive = torch.zeros(mask.shape, dtype=wide, device=q.device).masked_fill_(~mask, float("-inf"))
@@ -43,14 +51,17 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
             additive = scores * scale if additive is None else torch.add(additive, scores, alpha=scale)
     if additive is None:
         logits = torch.bmm(q3 * scale, k3t)
-    elif additive.shape[:-2].numel() == 1:  # one (Tq, Tk) term for every row and head
+    elif groups == 1 and additive.shape[:-2].numel() == 1:  # one (Tq, Tk) term for every row and head
         logits = torch.baddbmm(additive.reshape(additive.shape[-2:]), q3, k3t, alpha=scale)
     elif additive.shape[:-2] == (batch, heads):
-        logits = torch.baddbmm(additive.reshape(-1, *additive.shape[-2:]), q3, k3t, alpha=scale)
+        logits = torch.baddbmm(additive.reshape(kv_rows, groups * num_queries, num_keys), q3, k3t, alpha=scale)
     else:  # broadcast over batch or heads: one add after the product
         logits = torch.add(additive, torch.bmm(q3, k3t).view(batch, heads, num_queries, num_keys), alpha=scale)
     probs = torch.softmax(logits.view(batch, heads, num_queries, num_keys), dim=-1)
-    out = probs @ v.to(wide)
+    if dropout_p:
+        probs = torch.nn.functional.dropout(probs, p=dropout_p)
+    out = torch.bmm(probs.reshape(kv_rows, groups * num_queries, num_keys), v.to(wide).reshape(kv_rows, num_keys, -1))
+    out = out.view(batch, heads, num_queries, -1)
     if content and encoding.content_on_values:
         extra = encoding.content_values(probs, q_positions, k_positions)
         if extra is not None:

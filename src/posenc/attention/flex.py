@@ -18,17 +18,19 @@ FLEX_COMPILE_MIN_LENGTH = 128
 _compiled_flex_attention: Callable[..., Tensor] | None = None
 
 
-def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None) -> str | None:
-    """No content terms (no hook for them in a score_mod that sees one score), no user mask."""
+def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dropout_p: float = 0.0) -> str | None:
+    """No content terms (no hook for them in a score_mod that sees one score), no user mask, no dropout."""
     if encoding is not None and "content" in encoding.hooks:
         return "backend='flex' has no content terms; use backend='eager' or 'auto'"
     if mask is not None:
         return "backend='flex' does not take mask=; use backend='blocked', 'sdpa', 'eager' or 'auto'"
+    if dropout_p:
+        return "backend='flex' has no attention dropout (dropout_p); use backend='blocked', 'sdpa', 'eager' or 'auto'"
     return None
 
 
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
-        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float) -> Tensor:
+        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0) -> Tensor:
     global _compiled_flex_attention
     score_mod = None
     if encoding is not None and "score_bias" in encoding.hooks:
@@ -41,6 +43,7 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         raise ValueError("backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)") from err
     num_queries, num_keys = q.shape[2], k.shape[2]
     offset = num_keys - num_queries
+    gqa = k.shape[1] != q.shape[1]
 
     def causal_mod(b, h, q_idx, kv_idx):
         return kv_idx <= q_idx + offset
@@ -51,9 +54,9 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
             warnings.simplefilter("ignore", UserWarning)
             block_mask = create_block_mask(causal_mod, None, None, num_queries, num_keys, device=q.device) \
                 if causal else None
-            return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+            return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
     if _compiled_flex_attention is None:
         # dynamic=True fails to compile in torch 2.13 on CPU (an inductor codegen error).
         _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
     block_mask = create_block_mask(causal_mod, None, None, num_queries, num_keys, device=q.device) if causal else None
-    return _compiled_flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    return _compiled_flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)

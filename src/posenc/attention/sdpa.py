@@ -3,6 +3,8 @@ one float mask, materialized; ``is_causal`` when there is nothing to add."""
 
 from __future__ import annotations
 
+import functools
+
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -11,7 +13,7 @@ from .masks import as_4d, causal_mask, finite_in
 from .tiling import dense_bias
 
 
-def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None) -> str | None:
+def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dropout_p: float = 0.0) -> str | None:
     """SDPA returns no probabilities: a content term on the values (Shaw) cannot be added."""
     if encoding is not None and "content" in encoding.hooks and encoding.content_on_values:
         return "backend='sdpa' cannot add a content term to the values; use backend='eager' or 'auto'"
@@ -19,8 +21,13 @@ def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None) -> 
 
 
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
-        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float) -> Tensor:
+        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0) -> Tensor:
     num_queries, num_keys = q.shape[2], k.shape[2]
+    if encoding is not None and "content" in encoding.hooks and k.shape[1] != q.shape[1]:
+        # content terms are per query head and read k (Transformer-XL's u.k_j): one k per head
+        k, v = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1), v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    sdpa = functools.partial(F.scaled_dot_product_attention, scale=scale, dropout_p=dropout_p,
+                             enable_gqa=k.shape[1] != q.shape[1])
     extra = None
     if encoding is not None and "content" in encoding.hooks:
         scores = encoding.content_scores(q, k, q_positions, k_positions)
@@ -31,11 +38,11 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         extra = bias if extra is None else extra + bias
     if mask is None and causal:
         if extra is None and num_queries == num_keys:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+            return sdpa(q, k, v, is_causal=True)
         mask = causal_mask(num_queries, num_keys, q.device)
     if extra is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return sdpa(q, k, v, attn_mask=mask)
     extra = finite_in(extra, q.dtype)
     if mask is not None:
         extra = extra.masked_fill(~mask, float("-inf"))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=as_4d(extra.to(q.dtype)), scale=scale)
+    return sdpa(q, k, v, attn_mask=as_4d(extra.to(q.dtype)))
