@@ -75,8 +75,8 @@ class Shaw(PositionalEncoding):
         max_relative_position: k, the clip distance (tensor2tensor's name); default 16 (the
             paper found little change for k >= 2).
 
-    Hook: ``content`` (scores and values; backend "eager", which ``backend="auto"`` picks;
-    "sdpa" cannot add to the values). Parameters ``relative_key`` and ``relative_value``,
+    Hook: ``content`` (scores and values: the value term reads the attention probabilities,
+    ``content_on_values = True``). Parameters ``relative_key`` and ``relative_value``,
     float32 (2k + 1, D), Glorot-uniform initialised as tensorflow's default in tensor2tensor.
     Cost: O(B H Tq (2k+1) D) extra for the two products plus O(B H Tq Tk) for the indexing.
 
@@ -169,7 +169,7 @@ class TransformerXL(PositionalEncoding):
         base: 10000.0.
         init_std: std of the normal initialisation of r_net, u and v (Hugging Face: 0.02).
 
-    Hook: ``content`` (scores only: backends "eager" and "sdpa"). Cost: a (Tq+Tk-1, d_model)
+    Hook: ``content`` (scores only, ``content_on_values = False``). Cost: a (Tq+Tk-1, d_model)
     table through r_net, and a (B, H, Tq, Tq+Tk-1) product, about twice q.k^T.
 
     Raises:
