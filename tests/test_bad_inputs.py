@@ -288,6 +288,8 @@ CLI_CASES = [
     (["extrapolate", "--seeds", "-1"], "seeds"),
     (["extrapolate", "--preset", "huge"], "preset must be one of"),
     (["extrapolate", "--device", "gpu0"], "device must be a torch device"),
+    *([(["extrapolate", "--device", "cuda"], "no cuda device")] if not torch.cuda.is_available() else []),
+    (["extrapolate", "--device", "cpu:x"], "device must be a torch device"),
     (["extrapolate", "--no-such-option"], "no-such-option"),
     (["plot", "rotary"], "unknown encoding 'rotary'; available"),
     (["plot"], "Missing argument 'name'"),

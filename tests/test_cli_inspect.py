@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import posenc.rope
 from posenc import cli
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -94,3 +95,23 @@ def test_inspect_bad_arguments_exit_2(capsys, tmp_path):
     assert code == 2 and "is not a file" in stderr
     code, _, stderr = run(capsys)  # CONFIG missing
     assert code == 2 and stderr.startswith("posenc: error: ")
+
+
+@pytest.mark.parametrize("config, found", [
+    ({"model_type": "bert", "hidden_size": 768, "num_attention_heads": 12, "max_position_embeddings": 512,
+      "position_embedding_type": "absolute"}, "position_embedding_type='absolute'"),
+    ({"model_type": "gpt2", "n_embd": 768, "hidden_size": 768, "num_attention_heads": 12}, "model_type='gpt2'"),
+    ({"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 4, "alibi": True}, "alibi=true"),
+])
+def test_inspect_refuses_a_config_without_rope(config, found, tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    code = cli.main(["inspect", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "has no RoPE" in err and found in err, err
+
+
+def test_a_config_without_rope_fields_but_no_sign_against_reads_as_theta_10000():
+    """Old Llama configs carry no rope_theta: the default stands."""
+    rope = posenc.rope.from_hf_config({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4})
+    assert rope.base == 10000.0

@@ -77,3 +77,32 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> torch.Size:
             raise ValueError(f"shapes {[tuple(shape) for shape in shapes]} do not broadcast")
         result.append(distinct.pop() if distinct else 1)
     return torch.Size(result)
+
+
+def check_device(device, argname: str = "device") -> torch.device:
+    """``device`` as a torch.device, refused unless this machine has it.
+
+    Raises:
+        ValueError: not a device string torch understands (the message gives examples), or a
+            device type this torch build or machine lacks (CUDA on a CPU build, an index past
+            the device count), named with what is available.
+    """
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{argname} must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
+    if parsed.type == "cpu":
+        return parsed
+    backend = getattr(torch, parsed.type, None)
+    if parsed.type == "mps":
+        backend = getattr(torch.backends, "mps", None)
+    available = backend is not None and hasattr(backend, "is_available") and backend.is_available()
+    if not available:
+        raise ValueError(
+            f"{argname}={str(device)!r}: this machine or torch build has no {parsed.type} device "
+            f"(torch {torch.__version__}); use {argname}='cpu'"
+        )
+    count = backend.device_count() if hasattr(backend, "device_count") else None
+    if parsed.index is not None and count is not None and parsed.index >= count:
+        raise ValueError(f"{argname}={str(device)!r}: only {count} {parsed.type} device(s) here (indices 0..{count - 1})")
+    return parsed

@@ -158,6 +158,7 @@ def extrapolate(
     from .experiments import distributed
     from .experiments.extrapolation import ROW_PROVIDERS, preset_config, run_extrapolation
     from .plots import plot_extrapolation
+    from ._validation import check_device
 
     if threads is not None:
         if threads < 1:
@@ -166,6 +167,7 @@ def extrapolate(
 
         torch.set_num_threads(threads)
 
+    check_device(device, "--device")  # before any work, in one line: not a traceback from deep inside
     device = distributed.init_from_env(device)  # under torchrun: this rank does its share of the runs
     console.quiet = not distributed.current().is_main  # rank 0 reports; the others print only errors
 

@@ -50,6 +50,42 @@ def _scaling_container(config: Mapping[str, Any], layer_type: str | None) -> tup
     return None, None
 
 
+#: Model families whose configs carry no RoPE field because they have no RoPE.
+_NON_ROPE_MODEL_TYPES = frozenset({
+    "bert", "roberta", "distilbert", "electra", "albert", "deberta", "deberta-v2", "gpt2", "opt", "bart",
+    "t5", "mt5", "bloom", "mpt", "whisper", "xlm-roberta",
+})
+_ROPE_FIELDS = ("rope_theta", "rope_parameters", "rope_scaling", "partial_rotary_factor", "rotary_dim", "rotary_pct")
+
+
+def _refuse_without_rope(config: Mapping[str, Any]) -> None:
+    """Refuse a config that says its model has no RoPE rather than invent theta = 10000 for it:
+    no RoPE field and either a ``position_embedding_type`` that is not rotary (BERT's
+    "absolute", "relative_key"), ALiBi switched on (Falcon's ``alibi``, MPT's
+    ``attn_config.alibi``), or a family without RoPE (``model_type`` bert, gpt2, t5, bloom, ...).
+    A config with no RoPE field and none of these (old Llama configs) reads as theta = 10000.
+
+    Raises:
+        ValueError: naming what was found.
+    """
+    if any(config.get(key) is not None for key in _ROPE_FIELDS):
+        return
+    embedding = config.get("position_embedding_type")
+    attn_config = config.get("attn_config") if isinstance(config.get("attn_config"), Mapping) else {}
+    found = None
+    if embedding is not None and str(embedding).lower() not in ("rope", "rotary"):
+        found = f"position_embedding_type={embedding!r}"
+    elif config.get("alibi") or attn_config.get("alibi"):
+        found = "alibi=true"
+    elif config.get("model_type") in _NON_ROPE_MODEL_TYPES:
+        found = f"model_type={config['model_type']!r}"
+    if found is not None:
+        raise ValueError(
+            f"config: this model has no RoPE ({found}; no rope_theta, rope_parameters or rope_scaling); "
+            "posenc reads the RoPE of rotary models (Llama, Qwen, Mistral, Gemma, Phi, ...)"
+        )
+
+
 def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read the RoPE of a Hugging Face ``config.json`` dict.
 
@@ -69,10 +105,12 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
     Raises:
         TypeError: config is not a dict. KeyError: no head_dim nor hidden_size and
         num_attention_heads, or a context length that cannot be found. ValueError: a
-        per-layer rope dict without ``layer_type``.
+        per-layer rope dict without ``layer_type``, or a config that says its model has no
+        RoPE (see :func:`_refuse_without_rope`).
     """
     if not isinstance(config, Mapping):
         raise TypeError(f"config must be a dict (a parsed config.json), got {type(config).__name__}")
+    _refuse_without_rope(config)
     present = {key: config[key] for key in HF_ROPE_FIELDS if key in config}
     container, params = _scaling_container(config, layer_type)
     params = dict(params) if params is not None else None

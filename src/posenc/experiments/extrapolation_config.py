@@ -13,9 +13,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-import torch
-
-from .._validation import check_positive_int
+from .._validation import check_device, check_positive_int
 from ..encodings import REGISTRY, encoding_class
 from ..model import LMConfig
 from ..rope import EXTENSION_METHODS
@@ -130,10 +128,7 @@ class ExtrapolationConfig:
         object.__setattr__(
             self, "model", dataclasses.replace(self.model, max_positions=self.learned_positions or max(self.eval_lengths))
         )
-        try:
-            torch.device(self.device)
-        except (RuntimeError, TypeError):
-            raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda', got {self.device!r}") from None
+        check_device(self.device)
         self._check_rope_extension()
 
     def _check_rope_extension(self) -> None:
