@@ -180,3 +180,18 @@ def test_bad_models_and_encodings_are_refused():
         use_encoding(build(), posenc.create("rope", head_dim=16))
     with pytest.raises(ValueError, match="already scaled"):
         extend_context(build(rope_parameters=ROPE_PARAMETERS["linear"]), "yarn", 2.0)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+def test_packed_rows_equal_their_documents_alone(name):
+    """Packing (DataCollatorWithFlattening's position_ids, restarting per document, no
+    attention_mask): transformers builds the block-diagonal mask, posenc reads the positions."""
+    model = use_encoding(build(), name).eval()
+    first, second = tokens(batch=1, length=7, seed=4), tokens(batch=1, length=9, seed=5)
+    packed = torch.cat((first, second), dim=1)
+    positions = torch.cat((torch.arange(7), torch.arange(9))).unsqueeze(0)
+    with torch.no_grad():
+        logits = model(packed, position_ids=positions, use_cache=False).logits
+        alone = [model(first).logits, model(second).logits]
+    assert (logits[:, :7] - alone[0]).abs().max() < 1e-5
+    assert (logits[:, 7:] - alone[1]).abs().max() < 1e-5
