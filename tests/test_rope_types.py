@@ -38,6 +38,7 @@ SAMPLES = {
                "original_max_position_embeddings": L0},
     "longrope": {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0],
                  "original_max_position_embeddings": L0, "factor": 8.0},
+    "proportional": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 2.0},
 }
 LENGTHS = [None, 1, L0 - 1, L0, L0 + 1, 3 * L0]
 

@@ -149,6 +149,11 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
         if derive_factor and max_pos is not None:
             implicit["factor"] = scaling.get("factor", _MISSING)
             scaling["factor"] = max_pos / context
+    if record is not None and record.partial_rotary_selects_frequencies:
+        # p-RoPE's share of kept frequencies: its own parameter, the rotation spans the head
+        if prf is not None:
+            scaling["partial_rotary_factor"] = prf
+        prf = None
     layout = {"present": present, "container": container, "layer_type": layer_type, "implicit": implicit,
               "partial_rotary_factor": prf}
     kwargs = {"head_dim": head_dim, "base": float(base), "scaling": scaling,
@@ -193,6 +198,9 @@ def write_hf_config(
                 rope_dict.pop(key, None)
             else:
                 rope_dict[key] = original
+        record = ROPE_TYPES.get(rope_type_of(rope_dict))
+        if record is not None and record.partial_rotary_selects_frequencies:
+            prf = rope_dict.pop("partial_rotary_factor", None)  # placed below where the config had it
     container = layout["container"]
     original_params = present.get(container) if container else None
     if container is not None and layout["layer_type"] is not None:

@@ -159,6 +159,10 @@ class RopeType:
         extension: the keys :func:`posenc.rope.extension_scaling` adds, with their published
             defaults, besides rope_type, factor and (when ``needs_context``) L0; None when the
             type is not a context-extension method of a trained model.
+        partial_rotary_selects_frequencies: ``partial_rotary_factor`` is this type's own
+            parameter, kept in the dict: it selects which frequencies are nonzero while the
+            rotation spans the whole head (proportional / p-RoPE). Otherwise it is Hugging Face's
+            GPT-NeoX partial rotary, read into the RoPE's ``rotary_dim``.
         hf_equivalent: for a type Hugging Face does not know, ``(scaling, base, dim) ->
             (rope_theta, scaling or None)`` of the same frequencies in a type it knows (ntk:
             plain RoPE with base * s^(d/(d-2))); None when Hugging Face has the type itself.
@@ -178,6 +182,7 @@ class RopeType:
     hf_top_level_context: bool = False
     hf_factor_from_context: Callable[[Mapping[str, Any]], bool] | None = None
     extension: Mapping[str, Any] | None = None
+    partial_rotary_selects_frequencies: bool = False
     hf_equivalent: Callable[[Mapping[str, Any], float, int], tuple[float, Mapping[str, Any] | None]] | None = None
 
     def __post_init__(self) -> None:
@@ -353,6 +358,27 @@ def _llama3(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | No
     return torch.where(wavelength < context_length / high, theta, scaled), 1.0
 
 
+def _proportional(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """Proportional RoPE, p-RoPE (Barbero et al. 2024, "Round and Round We Go! What makes Rotary
+    Positional Encodings useful?", arXiv 2410.06205, section 6; Gemma 4 in transformers,
+    ``_compute_proportional_rope_parameters``).
+
+    The frequencies of the *whole* head, theta_i = b^(-2i/d) for i < d/2, of which only the
+    first ``int(p * d // 2)`` are kept (p = ``partial_rotary_factor``, default 1) and the rest
+    set to 0, so those pairs pass through unrotated; all divided by ``factor`` (default 1).
+    GPT-NeoX partial rotary instead rotates only the first r = int(p * d) dimensions, with
+    frequencies over r: b^(-2i/r) (docs/encodings.md compares the two). attention_factor = 1.
+    """
+    _check_keys(scaling, "proportional", frozenset({"factor", "partial_rotary_factor"}))
+    factor = _number(scaling.get("factor", 1.0), "factor", minimum=0.0, strict=True)
+    share = _number(scaling.get("partial_rotary_factor", 1.0), "partial_rotary_factor", minimum=0.0)
+    if share > 1:
+        raise ValueError(f"scaling['partial_rotary_factor'] must be in [0, 1], got {share:g}")
+    kept = int(share * dim // 2)
+    theta = default_inv_freq_f64(dim, base)
+    return torch.where(torch.arange(dim // 2) < kept, theta, torch.zeros_like(theta)) / factor, 1.0
+
+
 def _factor_list(scaling: Mapping[str, Any], key: str, dim: int) -> Tensor:
     value = _required(scaling, key, "longrope")
     if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != dim // 2:
@@ -432,6 +458,7 @@ ROPE_TYPES: dict[str, RopeType] = {
         _llama3, needs_context=True, hf_top_level_context=True,
         extension={"low_freq_factor": 1.0, "high_freq_factor": 4.0},  # Llama 3.1's published values
     ),
+    "proportional": RopeType(_proportional, partial_rotary_selects_frequencies=True),
     # not an extension method: it needs searched per-pair factors, not just a factor and L0
     "longrope": RopeType(
         _longrope, length_dependent=True, regime=_longrope_regime, per_position=_longrope_per_position,
