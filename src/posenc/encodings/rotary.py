@@ -626,7 +626,10 @@ class XPos(RoPE):
     Raises:
         ValueError: scale_base <= 0, gamma <= 0, a bad center (at construction); positions so
             far on the growing side of the centre that a scale factor would leave x's dtype's
-            range (at call). A decaying factor is never an error: it may underflow to 0.
+            range (at call). A decaying factor is never an error: it may underflow to 0. The
+            range check reads the positions' values, so it is skipped under
+            ``torch.compile`` (the compiled graph would break on it): check positions with
+            an uncompiled call.
     """
 
     name = "xpos"
