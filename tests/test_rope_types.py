@@ -98,6 +98,19 @@ def test_per_position_rows_are_the_frequencies_at_length_p_plus_one(name):
         torch.testing.assert_close(table[p], f64(SAMPLES[name], p + 1)[0], rtol=1e-15, atol=0)
 
 
+@pytest.mark.parametrize("name", sorted(LENGTH_DEPENDENT))
+def test_of_length_gives_the_frequencies_of_each_length(name):
+    """RoPE computes a length-dependent type's frequencies from the record's of_length (tensor
+    ops, any shape of lengths); they must be those of inv_freq at each length."""
+    of_length = ROPE_TYPES[name].of_length(8, 10000.0, SAMPLES[name])
+    lengths = [n for n in LENGTHS if n is not None] + [2**31]
+    table = of_length(torch.tensor(lengths, dtype=torch.float64))
+    assert table.shape == (len(lengths), 4) and table.dtype == torch.float64
+    for row, n in enumerate(lengths):
+        torch.testing.assert_close(table[row], f64(SAMPLES[name], n)[0], rtol=1e-15, atol=0)
+    assert of_length(torch.tensor([[1.0, 3.0 * L0]], dtype=torch.float64)).shape == (1, 2, 4)
+
+
 def test_derived_views_follow_the_table():
     assert list(ROPE_INIT_FUNCTIONS) == list(ROPE_TYPES)
     assert all(ROPE_INIT_FUNCTIONS[name] is record.inv_freq for name, record in ROPE_TYPES.items())

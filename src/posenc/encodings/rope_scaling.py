@@ -111,6 +111,8 @@ RopeInitFn = Callable[[int, float, Mapping[str, Any], "int | None"], tuple[Tenso
 RegimeFn = Callable[[Mapping[str, Any], "int | None"], tuple[Hashable, "int | None"]]
 #: (dim, base, scaling, num_positions, *, dtype) -> (num_positions, dim // 2) of dtype.
 PerPositionFn = Callable[..., Tensor]
+#: (dim, base, scaling) -> (lengths float64 Tensor (...) -> frequencies float64 (..., dim // 2)).
+LengthFrequenciesFn = Callable[[int, float, Mapping[str, Any]], Callable[[Tensor], Tensor]]
 
 #: The regime of every call of a length-independent type, and of a length-dependent one whose
 #: length does not change its frequencies: those computed with seq_len None.
@@ -148,6 +150,15 @@ class RopeType:
             frequencies at length p + 1 (the "frozen" KV-cache mode, see
             :func:`inv_freq_per_position`). Length-independent types keep
             :func:`repeat_per_position`.
+        of_length: optional, for a length-dependent type: ``(dim, base, scaling) -> f``,
+            called once (it validates the dict and precomputes), where ``f(lengths)`` maps a
+            float64 tensor of lengths (any shape S, any device) to the float64 frequencies
+            (S + (dim // 2,)) at each length, with tensor ops only (no Python branch on a
+            value), so that :class:`~posenc.RoPE` computes them for any call length, or per
+            position, inside ``torch.compile`` and without building rows for positions
+            nobody asked for. It must equal ``inv_freq(dim, base, scaling, L)`` at every L.
+            Without it RoPE falls back to ``regime`` / ``inv_freq`` per distinct length
+            (uncompiled calls only: a graph break under ``torch.compile``).
         needs_context: the dict carries the original context L0 =
             ``original_max_position_embeddings`` (a required key); Hugging Face reads it from
             the model config, so :func:`posenc.rope.read_hf_config` fills it in from
@@ -178,6 +189,7 @@ class RopeType:
     length_dependent: bool = False
     regime: RegimeFn = static_regime
     per_position: PerPositionFn = repeat_per_position
+    of_length: LengthFrequenciesFn | None = None
     needs_context: bool = False
     hf_top_level_context: bool = False
     hf_factor_from_context: Callable[[Mapping[str, Any]], bool] | None = None
@@ -265,6 +277,19 @@ def _dynamic_per_position(
     bases = dynamic_ntk_base(base, factor, lengths, context_length, dim)
     exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
     return (1.0 / bases.unsqueeze(-1) ** exponents).to(dtype)
+
+
+def _dynamic_of_length(dim: int, base: float, scaling: Mapping[str, Any]) -> Callable[[Tensor], Tensor]:
+    """f(lengths) -> the dynamic NTK frequencies at each length, float64 (..., dim // 2)."""
+    compute_rope_parameters(dim, base, scaling, None)  # validates the dict
+    factor, context_length = _factor(scaling, "dynamic"), _context_length(scaling, "dynamic")
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+
+    def of_length(lengths: Tensor) -> Tensor:
+        bases = dynamic_ntk_base(base, factor, lengths, context_length, dim)
+        return 1.0 / bases.unsqueeze(-1) ** exponents.to(lengths.device)
+
+    return of_length
 
 
 def yarn_get_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -436,6 +461,19 @@ def _longrope_per_position(
     return torch.where(is_long, long, short)
 
 
+def _longrope_of_length(dim: int, base: float, scaling: Mapping[str, Any]) -> Callable[[Tensor], Tensor]:
+    """f(lengths) -> the short factors' frequencies for L <= L0, the long ones' after."""
+    context_length = _context_length(scaling, "longrope")
+    short, _ = compute_rope_parameters(dim, base, scaling, None, dtype=torch.float64)
+    long, _ = compute_rope_parameters(dim, base, scaling, context_length + 1, dtype=torch.float64)
+
+    def of_length(lengths: Tensor) -> Tensor:
+        is_long = (lengths > context_length).unsqueeze(-1)
+        return torch.where(is_long, long.to(lengths.device), short.to(lengths.device))
+
+    return of_length
+
+
 def _longrope_factor_missing(scaling: Mapping[str, Any]) -> bool:
     """No ``factor``: Hugging Face derives it, when the default attention factor needs it."""
     return scaling.get("factor") is None and scaling.get("attention_factor") is None
@@ -449,7 +487,7 @@ ROPE_TYPES: dict[str, RopeType] = {
     "ntk": RopeType(_ntk, extension={}, hf_equivalent=_ntk_as_plain_rope),
     "dynamic": RopeType(
         _dynamic, length_dependent=True, regime=_dynamic_regime, per_position=_dynamic_per_position,
-        needs_context=True, extension={},
+        of_length=_dynamic_of_length, needs_context=True, extension={},
     ),
     "yarn": RopeType(
         _yarn, needs_context=True, hf_top_level_context=True, hf_factor_from_context=_yarn_factor_is_null, extension={},
@@ -462,7 +500,7 @@ ROPE_TYPES: dict[str, RopeType] = {
     # not an extension method: it needs searched per-pair factors, not just a factor and L0
     "longrope": RopeType(
         _longrope, length_dependent=True, regime=_longrope_regime, per_position=_longrope_per_position,
-        needs_context=True, hf_top_level_context=True, hf_factor_from_context=_longrope_factor_missing,
+        of_length=_longrope_of_length, needs_context=True, hf_top_level_context=True, hf_factor_from_context=_longrope_factor_missing,
     ),
 }
 

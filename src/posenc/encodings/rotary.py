@@ -96,6 +96,30 @@ def _pair_views(t: Tensor, interleaved: bool) -> tuple[Tensor, Tensor]:
     return t[..., :half], t[..., half:]
 
 
+def _join_pairs(first: Tensor, second: Tensor, interleaved: bool) -> Tensor:
+    """The inverse of :func:`_pair_views`: a new tensor whose pair members are first, second."""
+    if interleaved:
+        return torch.stack((first, second), dim=-1).flatten(-2)
+    return torch.cat((first, second), dim=-1)
+
+
+def _wide_dtype(x: Tensor, cos: Tensor, sin: Tensor) -> torch.dtype:
+    """The arithmetic dtype: float32, or the widest of x's, cos's and sin's dtypes if wider."""
+    return torch.promote_types(torch.promote_types(x.dtype, torch.float32), torch.promote_types(cos.dtype, sin.dtype))
+
+
+def _rotate_formula(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """x * cos + rotate(x) * sin with plain differentiable ops in the wide dtype, cast once.
+
+    The path under ``torch.compile`` (the compiler fuses it; the chunked kernel's Python loop
+    and ``out=`` writes would not trace) and when cos or sin require grad.
+    """
+    wide = _wide_dtype(x, cos, sin)
+    xw = x.to(wide)
+    rotated = rotate_every_two(xw) if interleaved else rotate_half(xw)
+    return (xw * cos.to(wide) + rotated * sin.to(wide)).to(x.dtype)
+
+
 def _rows(t: Tensor, start: int, stop: int, num_rows: int) -> Tensor:
     """Rows start:stop of dimension -2 when t has all num_rows of them (else t broadcasts)."""
     if t.dim() >= 2 and t.shape[-2] == num_rows:
@@ -112,7 +136,7 @@ def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: 
     into a cache-sized scratch, reused across chunks, and the result is rounded once into
     ``out``.
     """
-    wide = torch.promote_types(x.dtype, torch.promote_types(cos.dtype, sin.dtype))
+    wide = _wide_dtype(x, cos, sin)
     cos, sin = cos.to(wide), sin.to(wide)
     if x.dim() < 2:  # a single row
         x, out, cos, sin = x.unsqueeze(0), out.unsqueeze(0), cos.unsqueeze(0), sin.unsqueeze(0)
@@ -156,11 +180,12 @@ class _ApplyRotary(torch.autograd.Function):
         # out_1 = x_1 c_1 - x_2 s_1, out_2 = x_2 c_2 + x_1 s_2  =>  grad_x_1 = g_1 c_1 + g_2 s_2,
         # grad_x_2 = g_2 c_2 - g_1 s_1: the same rotation with sin' = -(s_2, s_1) (swapped members).
         s1, s2 = _pair_views(sin, ctx.interleaved)
-        sin_t = torch.empty_like(sin, memory_format=torch.contiguous_format)
-        t1, t2 = _pair_views(sin_t, ctx.interleaved)
-        torch.neg(s2, out=t1)
-        torch.neg(s1, out=t2)
-        grad = _rotate_into(grad_out, cos, sin_t, torch.empty_like(grad_out), ctx.interleaved)
+        sin_t = _join_pairs(-s2, -s1, ctx.interleaved)
+        if torch.is_grad_enabled():
+            # create_graph=True (double backward): the gradient must itself be differentiable,
+            # and it is again a rotation, so it goes through this Function once more.
+            return _ApplyRotary.apply(grad_out, cos, sin_t, ctx.interleaved), None, None, None
+        grad = _rotate_into(grad_out, cos, sin_t, torch.empty_like(grad_out, memory_format=torch.contiguous_format), ctx.interleaved)
         return grad, None, None, None
 
 
@@ -170,9 +195,15 @@ def apply_rotary(
     """Rotate pairs of x's last dimension: ``x * cos + rotate(x) * sin``.
 
     ``rotate`` is ``rotate_half`` (half-split: (x_1, x_2) -> (-x_2, x_1)) or, interleaved,
-    ``rotate_every_two`` ((x_0, x_1, ...) -> (-x_1, x_0, ...)). The fast path computes the
-    same products and sums without building ``rotate(x)``: one pass over x per chunk of
-    rows, so it runs near memory bandwidth (``benchmarks/bench_rope.py``).
+    ``rotate_every_two`` ((x_0, x_1, ...) -> (-x_1, x_0, ...)). Uncompiled, the fast path
+    computes the same products and sums without building ``rotate(x)``: one pass over x per
+    chunk of rows, so it runs near memory bandwidth (``benchmarks/bench_rope.py``); its
+    backward is again a rotation, differentiable itself (double backward works).
+
+    Under ``torch.compile`` (``torch.compiler.is_compiling()``) the plain formula runs
+    instead, in the same dtype, and traces with ``fullgraph=True``; with ``dynamic=True`` a
+    change of T (or of any other size) does not recompile, except that T = 1 is
+    specialized once, as torch does for every size 0 or 1.
 
     Args:
         x: (..., T, D), D even.
@@ -184,10 +215,10 @@ def apply_rotary(
             itself, for an in-place rotation.
 
     Returns:
-        A new tensor of x's shape and dtype (or ``out``); the arithmetic runs in the widest
-        of x's, cos's and sin's dtypes (float32 for a bf16 x with float32 tables) and is
-        rounded to x's dtype once. Differentiable in x; if cos or sin require grad, the
-        plain formula runs instead.
+        A new tensor of x's shape and dtype (or ``out``); the arithmetic runs in float32, or
+        the widest of x's, cos's and sin's dtypes if that is wider (float64 for float64
+        inputs), and is rounded to x's dtype once. Differentiable in x, to any order; if cos
+        or sin require grad, the plain formula runs instead.
 
     Raises:
         TypeError: x, cos or sin not a floating-point tensor; interleaved not a bool.
@@ -214,13 +245,15 @@ def apply_rotary(
         raise ValueError(f"cos and sin must broadcast to x's shape {tuple(x.shape)}, got {tuple(cos.shape)} and {tuple(sin.shape)}")
     if cos.device != x.device or sin.device != x.device:
         raise ValueError(f"cos and sin must be on x's device {x.device}, got {cos.device} and {sin.device}")
+    if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
+        raise ValueError(f"out must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got {tuple(out.shape)}, {out.dtype}")
+    if torch.compiler.is_compiling():
+        result = _rotate_formula(x, cos, sin, interleaved)
+        return result if out is None else out.copy_(result)
     if out is not None:
-        if out.shape != x.shape or out.dtype != x.dtype:
-            raise ValueError(f"out must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got {tuple(out.shape)}, {out.dtype}")
         return _rotate_into(x, cos, sin, out, interleaved)
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
-        rotated = rotate_every_two(x) if interleaved else rotate_half(x)
-        return (x * cos + rotated * sin).to(x.dtype)
+        return _rotate_formula(x, cos, sin, interleaved)
     if torch.is_grad_enabled() and x.requires_grad:
         return _ApplyRotary.apply(x, cos, sin, interleaved)
     return _rotate_into(x, cos, sin, torch.empty_like(x, memory_format=torch.contiguous_format), interleaved)
@@ -321,7 +354,17 @@ class RoPE(PositionalEncoding):
         self._rope_type = rope_type_record(self.scaling)  # how the frequencies follow the length
         self.length_dependent = self._rope_type.length_dependent
         self.hf_layout, self.max_position_embeddings = hf_layout, max_position_embeddings
-        self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+        # Frequencies in float64, kept off the module's .to() (which would round them): cos and
+        # sin are computed from them for exactly the positions asked, so memory follows the
+        # number of positions in a call, never the largest position.
+        self._inv_freq_f64, _ = compute_rope_parameters(rotary_dim, self.base, self.scaling, None, dtype=torch.float64)
+        of_length = self._rope_type.of_length
+        self._of_length = (
+            of_length(rotary_dim, self.base, self.scaling) if self.length_dependent and of_length is not None else None
+        )
+        self._freq_on: dict[torch.device, Tensor] = {}
+        # (device, float64, regime) -> frequencies, for a length-dependent record without of_length
+        self._cache: dict[tuple, Tensor] = {}
 
     @classmethod
     def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
@@ -335,66 +378,91 @@ class RoPE(PositionalEncoding):
 
     def _regime(self, seq_len: int | None) -> tuple:
         """Which frequencies a call of length ``seq_len`` uses, (key, seq_len to compute them
-        at): one cos/sin table per regime. The rope_type's record decides, except in the
-        "frozen" mode, where every position has its own frequencies whatever the call."""
+        at). The rope_type's record decides, except in the "frozen" mode, where every
+        position has its own frequencies whatever the call."""
         if self.length_dependent and self.dynamic_cache == "frozen":
             return _FROZEN_REGIME
         return self._rope_type.regime(self.scaling, seq_len)
 
-    def _angles(self, regime: tuple, n: int, device: torch.device) -> Tensor:
-        """position * inv_freq in float64, (n, r/2), for positions 0 .. n-1 in ``regime``.
+    def _static_frequencies(self, device: torch.device) -> Tensor:
+        """The length-independent float64 frequencies (r/2,) on ``device``."""
+        if torch.compiler.is_compiling():
+            return self._inv_freq_f64.to(device)
+        freq = self._freq_on.get(device)
+        if freq is None:
+            freq = self._freq_on[device] = self._inv_freq_f64.to(device)
+        return freq
 
-        The frequencies are taken in float64 too (not the rounded float32 ``inv_freq``), so
-        the angle at position p is exact to float64 rounding even at p = 2^20.
+    def _frequencies_at(self, seq_len: int, device: torch.device) -> Tensor:
+        """float64 frequencies (r/2,) at one length from the record's regime and inv_freq: the
+        uncompiled fallback for a length-dependent record without ``of_length``. One entry per
+        regime; only the last few length regimes are kept."""
+        regime = self._rope_type.regime(self.scaling, seq_len)  # the length's own, in either mode
+        key = (device, torch.float64, regime)
+        freq = self._cache.get(key)
+        if freq is None:
+            freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, regime[1], dtype=torch.float64)
+            if regime[1] is not None:
+                stale = [k for k in self._cache if k[2][1] is not None]
+                for k in stale[: max(0, len(stale) - 3)]:
+                    del self._cache[k]
+            freq = self._cache[key] = freq.to(device)
+        return freq
+
+    def _frequencies(self, positions: Tensor, seq_len: int | Tensor | None) -> Tensor:
+        """float64 frequencies for ``positions``: (r/2,) shared by the call, or one row per
+        position ((T, r/2) or (B, T, r/2)) in the "frozen" mode.
+
+        Length-dependent types take L = max(max(positions) + 1, seq_len) as a tensor and their
+        record's ``of_length``, so no value leaves the device (nothing to sync, nothing for
+        ``torch.compile`` to break on).
         """
-        positions = torch.arange(n, device=device, dtype=torch.float64).unsqueeze(-1)
-        if regime == _FROZEN_REGIME:
-            inv_freq = self._rope_type.per_position(self.rotary_dim, self.base, self.scaling, n, dtype=torch.float64)
-        else:
-            inv_freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, regime[1], dtype=torch.float64)
-        return positions * inv_freq.to(device=device)
-
-    def _tables(
-        self, num_positions: int, device: torch.device, dtype: torch.dtype, seq_len: int | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """cos and sin for positions 0 .. n-1, full width r, at length ``seq_len``.
-
-        A table per (device, dtype, regime), grown by doubling; a table computed at a length
-        (a dynamic-NTK one holds one length's frequencies) is one of possibly many, so only
-        the last few of those are kept.
-        """
-        regime = self._regime(seq_len)
-        key = (device, dtype, regime)
-        cached = self._cache.get(key)
-        if cached is not None and cached[0].shape[0] >= num_positions:
-            return cached
-        n = max(num_positions, 2 * cached[0].shape[0] if cached is not None else 0, 256)
-        angles = self._angles(regime, n, device)
-        cos = _full_width(angles.cos() * self.attention_factor, self.interleaved)
-        sin = _full_width(angles.sin() * self.attention_factor, self.interleaved)
-        if regime[1] is not None:
-            stale = [k for k in self._cache if k[2][1] is not None]
-            for k in stale[: max(0, len(stale) - 3)]:
-                del self._cache[k]
-        self._cache[key] = (cos.to(dtype), sin.to(dtype))
-        return self._cache[key]
+        device = positions.device
+        if not self.length_dependent:
+            return self._static_frequencies(device)
+        if self.dynamic_cache == "frozen":
+            lengths = positions + 1
+            if self._of_length is not None:
+                return self._of_length(lengths.to(torch.float64))
+            unique, inverse = torch.unique(lengths, return_inverse=True)
+            rows = [self._frequencies_at(n, device) for n in unique.tolist()]
+            return torch.stack(rows)[inverse] if rows else self._static_frequencies(device)
+        length = None if seq_len is None else torch.as_tensor(seq_len, dtype=torch.long, device=device)
+        if positions.numel():
+            furthest = positions.max().to(torch.long) + 1
+            length = furthest if length is None else torch.maximum(furthest, length)
+        if length is None:  # no positions: nothing is rotated, any frequencies do
+            return self._static_frequencies(device)
+        if self._of_length is not None:
+            return self._of_length(length.to(torch.float64))
+        return self._frequencies_at(int(length), device)
 
     def cos_sin(
-        self, positions: Tensor, dtype: torch.dtype = torch.float32, seq_len: int | None = None
+        self, positions: Tensor, dtype: torch.dtype = torch.float32, seq_len: int | Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """cos and sin (attention factor included) at integer positions (T,) or (B, T).
 
         ``seq_len``: the current length for the length-dependent scalings (dynamic,
-        longrope); default max(positions) + 1.
+        longrope; an int or a 0-d integer tensor); the length used is
+        max(max(positions) + 1, seq_len). Ignored by the other types and in the "frozen"
+        mode (position p uses length p + 1).
+
+        The angles are ``positions`` (int64 -> float64, exact below 2^53) times the float64
+        frequencies, their cos and sin taken in float64 and rounded once to ``dtype``
+        (docs/precision.md), computed for the positions asked only: memory and time follow
+        the number of positions, whatever their values (a decoding step at 2^31 - 1 builds a
+        few hundred bytes). Traces under ``torch.compile(fullgraph=True)`` for every rope_type
+        whose record has ``of_length`` (all built-in ones).
 
         Returns two tensors (T, r) or (B, T, r) of ``dtype`` in this encoding's layout.
         """
-        n = int(positions.max()) + 1 if positions.numel() else 1
-        seq_len = n if seq_len is None else max(seq_len, n)
-        cos, sin = self._tables(n, positions.device, dtype, seq_len)
-        return cos[positions], sin[positions]
+        angles = positions.to(torch.float64).unsqueeze(-1) * self._frequencies(positions, seq_len)
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return _full_width(cos.to(dtype), self.interleaved), _full_width(sin.to(dtype), self.interleaved)
 
-    def _rotate_one(self, x: Tensor, positions: Tensor, seq_len: int | None = None) -> Tensor:
+    def _rotate_one(self, x: Tensor, positions: Tensor, seq_len: int | Tensor | None = None) -> Tensor:
         cos, sin = self.cos_sin(positions, torch.promote_types(x.dtype, torch.float32), seq_len)
         return self._apply_tables(x, cos, sin)
 
@@ -409,16 +477,29 @@ class RoPE(PositionalEncoding):
         return torch.cat((rotated, x[..., r:]), dim=-1)
 
     def rotate(self, q, k, q_positions, k_positions):
+        """q (B, H, Tq, D) and k (B, H_kv, Tk, D) rotated at q_positions and k_positions ((T,) or
+        (B, T) integers), each returned in its own dtype; the rotation runs in float32 (float64
+        for float64 inputs). Traces under ``torch.compile(fullgraph=True)`` (see :meth:`cos_sin`).
+
+        Raises:
+            ValueError: q or k whose last dimension is not head_dim.
+        """
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(f"q and k must have head_dim={self.head_dim}, got {q.shape[-1]} and {k.shape[-1]}")
         seq_len = self._seq_len(q_positions, k_positions)
-        return self._rotate_one(q, q_positions, seq_len), self._rotate_one(k, k_positions, seq_len)
+        q_dtype, k_dtype = torch.promote_types(q.dtype, torch.float32), torch.promote_types(k.dtype, torch.float32)
+        cos_q, sin_q = self.cos_sin(q_positions, q_dtype, seq_len)
+        if k_positions is q_positions and k_dtype == q_dtype:  # self-attention: one computation
+            cos_k, sin_k = cos_q, sin_q
+        else:
+            cos_k, sin_k = self.cos_sin(k_positions, k_dtype, seq_len)
+        return self._apply_tables(q, cos_q, sin_q), self._apply_tables(k, cos_k, sin_k)
 
-    def _seq_len(self, q_positions: Tensor, k_positions: Tensor) -> int | None:
-        """The call's length for the length-dependent scalings (dynamic, longrope), else None."""
-        if self.length_dependent and q_positions.numel() and k_positions.numel():
-            # dynamic / longrope: one length for q and k, the furthest position seen + 1
-            return max(int(q_positions.max()), int(k_positions.max())) + 1
+    def _seq_len(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+        """The call's length for the length-dependent scalings in "rerotate" mode, as a 0-d
+        int64 tensor (the furthest query or key position + 1), else None."""
+        if self.length_dependent and self.dynamic_cache == "rerotate" and q_positions.numel() and k_positions.numel():
+            return torch.maximum(q_positions.max(), k_positions.max()).to(torch.long) + 1
         return None
 
     def to_hf_dict(self) -> dict[str, Any]:
@@ -545,7 +626,10 @@ class XPos(RoPE):
     Raises:
         ValueError: scale_base <= 0, gamma <= 0, a bad center (at construction); positions so
             far on the growing side of the centre that a scale factor would leave x's dtype's
-            range (at call). A decaying factor is never an error: it may underflow to 0.
+            range (at call). A decaying factor is never an error: it may underflow to 0. The
+            range check reads the positions' values, so it is skipped under
+            ``torch.compile`` (the compiled graph would break on it): check positions with
+            an uncompiled call.
     """
 
     name = "xpos"
@@ -576,15 +660,18 @@ class XPos(RoPE):
             hi = q_positions.max(dim=-1, keepdim=True).values if q_positions.dim() == 2 else q_positions.max()
             return (lo + hi).div(2, rounding_mode="floor")
         if self.center == "call":
-            lo = min(int(q_positions.min()), int(k_positions.min()))
-            hi = max(int(q_positions.max()), int(k_positions.max()))
-            return torch.tensor((lo + hi) // 2, device=q_positions.device)
+            lo = torch.minimum(q_positions.min(), k_positions.min()).to(torch.long)
+            hi = torch.maximum(q_positions.max(), k_positions.max()).to(torch.long)
+            return (lo + hi).div(2, rounding_mode="floor")
         return torch.tensor(self.center, device=q_positions.device)
 
     def _check_range(self, growth: Tensor, dtype: torch.dtype, argname: str, centre: Tensor) -> None:
         """Raise if a growing factor zeta_0^(-growth/B) (growth = positions on the growing side
-        of the centre) would leave ``dtype``'s range; decaying factors may underflow to 0."""
-        if not growth.numel():
+        of the centre) would leave ``dtype``'s range; decaying factors may underflow to 0.
+
+        Skipped under ``torch.compile``: it needs a value (``int(growth.max())``), which
+        would break the graph; run a compiled model once uncompiled to check its positions."""
+        if not growth.numel() or torch.compiler.is_compiling():
             return
         farthest = int(growth.max())
         limit = math.log(torch.finfo(dtype).max) - _XPOS_HEADROOM
