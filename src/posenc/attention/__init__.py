@@ -192,8 +192,12 @@ def attention(
     _check_qkv(q, k, v, causal)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_number(scale, "scale", gt=0)
-    dropout_p = check_number(dropout_p, "dropout_p", ge=0)
+    if torch.compiler.is_compiling():
+        # dynamo cannot trace math.isfinite on a specialized float: numbers are checked in eager calls
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    else:
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_number(scale, "scale", gt=0)
+        dropout_p = check_number(dropout_p, "dropout_p", ge=0)
     if dropout_p >= 1:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
     if encoding is not None and not isinstance(encoding, PositionalEncoding):

@@ -390,6 +390,9 @@ class FIRE(ScoreBias):
         grid = head.dim() == 3 and head.shape[1:] == (1, 1) and x.dim() >= 3 and x.shape[-3] == 1
         if grid and not needs_grad and not torch.compiler.is_compiling():
             return self._piecewise_bias(x.select(-3, 0), head.view(-1))
+        if grid:  # (..., H', Tq, Tk) by moving the MLP's head axis: no broadcast gather, one graph for every length
+            per_head = self.mlp(x.select(-3, 0).unsqueeze(-1).to(self.mlp[0].weight.dtype)).to(x.dtype)
+            return per_head.movedim(-1, -3).index_select(-3, head.view(-1))
         per_head = self.mlp(x.unsqueeze(-1).to(self.mlp[0].weight.dtype)).to(x.dtype)  # (..., H)
         index = head.unsqueeze(-1)
         while index.dim() < per_head.dim():
