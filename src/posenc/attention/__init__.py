@@ -186,8 +186,16 @@ def attention(
             backends that can). TypeError: q/k/v not floating-point tensors, float positions,
             a mask that is not boolean, causal not a bool, scale not a finite number > 0,
             dropout_p not in [0, 1), an encoding that is not a
-            PositionalEncoding. NaN or inf in q, k, v are not checked (that would synchronize
-            the device on every call): they propagate to the outputs they reach.
+            PositionalEncoding. Under torch.compile (``torch.compiler.is_compiling()``) the
+            checks that read values (positions >= 0) and those of scale and dropout_p are
+            skipped, so that the call traces as one graph; shapes and types are still checked.
+
+    NaN and inf in q, k, v are not checked (that would synchronize the device); one rule holds
+    on every backend: a query row with a non-finite entry gives a NaN row; a key whose k or v
+    has one makes NaN exactly the rows that see it; a key a row cannot see (causal, ``mask=``)
+    never affects that row. On the CPU with autograd, backend "sdpa" runs SDPA's math kernel
+    (differentiable twice: double backward works). Empty B, Tq or Tk: an empty output (or
+    zeros for queries without keys).
     """
     _check_qkv(q, k, v, causal)
     if not isinstance(causal, bool):
