@@ -217,14 +217,18 @@ class TransformerLM(nn.Module):
 
         Raises:
             ValueError / TypeError: bad shapes or dtypes of tokens, positions or mask;
-                positions past a learned table.
+                positions past a learned table. Checks that read values (tokens in the
+                vocabulary, positions >= 0 or within a learned table) run in eager calls only:
+                under ``torch.compile`` (``torch.compiler.is_compiling()``) they are skipped so
+                that the forward is one graph; validate such inputs before the compiled call.
         """
         if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype.is_complex \
                 or tokens.dtype == torch.bool:
             raise TypeError(f"tokens must be an integer tensor, got {getattr(tokens, 'dtype', type(tokens).__name__)}")
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have shape (B, T), got {tuple(tokens.shape)}")
-        if tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.config.vocab_size:
+        # The range check reads the tokens (a device sync, a graph break): eager calls only.
+        if tokens.numel() and not torch.compiler.is_compiling() and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.config.vocab_size:
             bad = int(tokens.max()) if int(tokens.max()) >= self.config.vocab_size else int(tokens.min())
             raise ValueError(f"tokens must be in [0, {self.config.vocab_size}), got {bad}")
         if cache is not None and not isinstance(cache, KVCache):
@@ -233,7 +237,7 @@ class TransformerLM(nn.Module):
         if positions is None:
             positions = cache.next_positions(length, tokens.device) if cache is not None else torch.arange(length, device=tokens.device)
         else:
-            check_positions(positions)
+            check_positions(positions[..., :0] if torch.compiler.is_compiling() else positions)
         k_positions = cache.key_positions(positions, batch) if cache is not None else positions
         x = self.token_embedding(tokens)
         if "embed" in self.encoding.hooks:

@@ -87,7 +87,11 @@ def _learns_bias_on_cpu(encoding: PositionalEncoding, device: torch.device | Non
 def _default_positions(positions: Tensor | None, length: int, offset: int, device, argname: str, batch: int) -> Tensor:
     if positions is None:
         return torch.arange(offset, offset + length, device=device)
-    check_positions(positions, argname)
+    if torch.compiler.is_compiling():
+        # >= 0 needs the values (a graph break, a device sync): checked in eager calls only
+        check_positions(positions[..., :0], argname)
+    else:
+        check_positions(positions, argname)
     if positions.shape[-1] != length or (positions.dim() == 2 and positions.shape[0] not in (1, batch)):
         raise ValueError(f"{argname} must have shape ({length},) or ({batch}, {length}), got {tuple(positions.shape)}")
     return positions.to(device)
@@ -182,14 +186,26 @@ def attention(
             backends that can). TypeError: q/k/v not floating-point tensors, float positions,
             a mask that is not boolean, causal not a bool, scale not a finite number > 0,
             dropout_p not in [0, 1), an encoding that is not a
-            PositionalEncoding. NaN or inf in q, k, v are not checked (that would synchronize
-            the device on every call): they propagate to the outputs they reach.
+            PositionalEncoding. Under torch.compile (``torch.compiler.is_compiling()``) the
+            checks that read values (positions >= 0) and those of scale and dropout_p are
+            skipped, so that the call traces as one graph; shapes and types are still checked.
+
+    NaN and inf in q, k, v are not checked (that would synchronize the device); one rule holds
+    on every backend: a query row with a non-finite entry gives a NaN row; a key whose k or v
+    has one makes NaN exactly the rows that see it; a key a row cannot see (causal, ``mask=``)
+    never affects that row. On the CPU with autograd, backend "sdpa" runs SDPA's math kernel
+    (differentiable twice: double backward works). Empty B, Tq or Tk: an empty output (or
+    zeros for queries without keys).
     """
     _check_qkv(q, k, v, causal)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_number(scale, "scale", gt=0)
-    dropout_p = check_number(dropout_p, "dropout_p", ge=0)
+    if torch.compiler.is_compiling():
+        # dynamo cannot trace math.isfinite on a specialized float: numbers are checked in eager calls
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    else:
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_number(scale, "scale", gt=0)
+        dropout_p = check_number(dropout_p, "dropout_p", ge=0)
     if dropout_p >= 1:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
     if encoding is not None and not isinstance(encoding, PositionalEncoding):
@@ -210,11 +226,53 @@ def attention(
     reason = backend_module.unsupported(encoding, mask=mask, dropout_p=dropout_p)
     if reason is not None:
         raise ValueError(reason)
+    if batch == 0 or num_queries == 0 or num_keys == 0:
+        # Nothing to attend (or no one asking): zeros, still in q's and v's graph; a NaN query
+        # row stays NaN (the rule below), as every backend would give with keys.
+        return (q.sum(-1, keepdim=True) * 0 + v.sum() * 0).expand(batch, num_heads, num_queries, v.shape[-1])
     hooks = encoding.hooks if encoding is not None else frozenset()
     if "rotate" in hooks:
         q, k = encoding.rotate(q, k, q_positions, k_positions)
     if "score_bias" in hooks:
         encoding.prepare_bias()
+    q, k, v, poisoned = _quarantine(q, k, v, causal=causal, mask=mask, has_key=has_key)
     out = backend_module.run(q, k, v, encoding=encoding, q_positions=q_positions, k_positions=k_positions,
                              causal=causal, mask=mask, scale=scale, dropout_p=dropout_p)
-    return out if has_key is None else out.masked_fill(~has_key, 0.0)
+    if has_key is not None:
+        out = out.masked_fill(~has_key, 0.0)
+    return out.masked_fill(poisoned.unsqueeze(-1), float("nan"))
+
+
+def _quarantine(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, mask: Tensor | None,
+                has_key: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The NaN rule, the same on every backend: (q, k, v) with every non-finite query, key or
+    value row replaced by zeros, and ``poisoned`` (B, H, Tq), True for the query rows that
+    hold a non-finite entry or see a key whose k or v does; the caller sets those rows to NaN.
+
+    Why not let NaN flow: a hidden key's NaN logit or value reaches every row through the
+    arithmetic (NaN + -inf is NaN; a zero probability times a NaN value is NaN; SDPA's CPU
+    kernels turn a NaN query row into zeros), so what a row gets would depend on the backend
+    and on which keys the mask hides. Replacing the rows by zeros with ``where`` (elementwise:
+    no device sync, gradients unchanged for finite entries) keeps every backend's arithmetic
+    finite, and ``poisoned`` is decided from visibility alone: O(B H Tk) for a causal or no
+    mask, O(B H Tq Tk) booleans for a user mask.
+    """
+    bad_q = ~torch.isfinite(q).all(-1)  # (B, H, Tq)
+    bad_k = ~(torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1))  # (B, H_kv, Tk)
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    q = torch.where(bad_q.unsqueeze(-1), zero, q)
+    k = torch.where(bad_k.unsqueeze(-1), zero, k)
+    v = torch.where(bad_k.unsqueeze(-1), zero, v)
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        bad_k = bad_k.repeat_interleave(groups, dim=1)  # query head h reads key-value head h // G
+    num_queries, num_keys = q.shape[2], k.shape[2]
+    if mask is not None:
+        visible = mask if has_key is None else mask & has_key  # rows without a key were opened: see nothing
+        seen = (visible & bad_k.unsqueeze(-2)).any(-1)
+    elif causal:
+        # query i sees keys 0 .. i + Tk - Tq: a running "any" over the keys, read at the queries
+        seen = bad_k.cumsum(-1, dtype=torch.int32)[..., num_keys - num_queries:] > 0
+    else:
+        seen = bad_k.any(-1, keepdim=True)
+    return q, k, v, bad_q | seen

@@ -48,6 +48,12 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     def causal_mod(b, h, q_idx, kv_idx):
         return kv_idx <= q_idx + offset
 
+    if torch.compiler.is_compiling():
+        # inside the caller's torch.compile, flex_attention is traced as one higher-order op
+        # and compiled with the caller's graph: no nested compile, no warnings context
+        block_mask = create_block_mask(causal_mod, None, None, num_queries, num_keys, device=q.device) \
+            if causal else None
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
     if min(num_queries, num_keys) < FLEX_COMPILE_MIN_LENGTH:
         # the uncompiled flex_attention (scores materialized, small here) is exact
         with warnings.catch_warnings():

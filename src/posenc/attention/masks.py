@@ -40,15 +40,16 @@ def combine_masks(causal: Tensor | None, mask: Tensor | None) -> tuple[Tensor | 
     """The mask the backends get, and which query rows have no key at all.
 
     Returns ``(combined, has_key)``: ``combined`` = causal and mask, 4-D when a user mask is
-    given; ``has_key`` (..., Tq, 1) is None when every query sees at least one key. Rows
-    without a key are opened to every key so that no backend computes a softmax over nothing
-    (NaN); :func:`posenc.attention` then sets their output to zero.
+    given; ``has_key`` (..., Tq, 1) is None when every query sees at least one key (decided
+    only outside torch.compile: under it, always given, so that no value decides the graph).
+    Rows without a key are opened to every key so that no backend computes a softmax over
+    nothing (NaN); :func:`posenc.attention` then sets their output to zero.
     """
     if mask is None:
         return causal, None
     combined = mask if causal is None else mask & causal
     has_key = combined.any(dim=-1, keepdim=True)
-    if bool(has_key.all()):
+    if not torch.compiler.is_compiling() and bool(has_key.all()):
         return combined, None
     return combined | ~has_key, has_key
 

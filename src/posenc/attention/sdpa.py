@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import functools
 
+import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch import Tensor
 
 from ..encodings.base import PositionalEncoding
@@ -28,11 +30,16 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         k, v = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1), v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     sdpa = functools.partial(F.scaled_dot_product_attention, scale=scale, dropout_p=dropout_p,
                              enable_gqa=k.shape[1] != q.shape[1])
+    if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        # torch's CPU flash kernel has a backward without a derivative: a double backward
+        # (a gradient penalty, a Hessian-vector product) fails through it. The math kernel is
+        # ordinary differentiable ops.
+        sdpa = functools.partial(_math_sdpa, sdpa)
     extra = None
     if encoding is not None and "content" in encoding.hooks:
         scores = encoding.content_scores(q, k, q_positions, k_positions)
         if scores is not None:
-            extra = scores.float() * scale
+            extra = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale  # float64 stays float64
     bias = dense_bias(encoding, q_positions, k_positions, num_heads=q.shape[1], batch=q.shape[0])
     if bias is not None:
         extra = bias if extra is None else extra + bias
@@ -46,3 +53,8 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     if mask is not None:
         extra = extra.masked_fill(~mask, float("-inf"))
     return sdpa(q, k, v, attn_mask=as_4d(extra.to(q.dtype)))
+
+
+def _math_sdpa(sdpa, *args, **kwargs) -> Tensor:
+    with sdpa_kernel(SDPBackend.MATH):
+        return sdpa(*args, **kwargs)

@@ -100,7 +100,9 @@ def bias_tile(encoding: PositionalEncoding, q_positions: Tensor, k_positions: Te
     ``buffer``, a flat float32 tensor at least the tile's size, when given and outside
     autograd) and the -inf written into the copy.
     """
-    if encoding.translation_invariant:
+    if encoding.translation_invariant and not torch.compiler.is_compiling():
+        # the strided and gathered layouts are chosen from the positions' values: under
+        # torch.compile the elementwise grid below keeps one graph for every call
         q_step = run_step(q_positions)
         if q_step is not None and run_step(k_positions) == 1:
             return _toeplitz(encoding, q_positions, k_positions, num_heads, causal=causal, descending=q_step == -1)
@@ -111,7 +113,7 @@ def bias_tile(encoding: PositionalEncoding, q_positions: Tensor, k_positions: Te
     tile = encoding.bias(q, k, head)
     if not causal:
         return tile, False
-    if torch.is_grad_enabled() and tile.requires_grad:
+    if (torch.is_grad_enabled() and tile.requires_grad) or torch.compiler.is_compiling():
         return tile.masked_fill(k > q, float("-inf")), True
     # The encoding's tensor is not ours to write: copy it, then mask only the columns some
     # query may not see (the block's diagonal slab when the queries are the last keys).
@@ -121,7 +123,7 @@ def bias_tile(encoding: PositionalEncoding, q_positions: Tensor, k_positions: Te
         owned = buffer[:shape.numel()].view(shape).copy_(tile)
     else:
         owned = tile.expand(shape).clone(memory_format=torch.contiguous_format)
-    first = first_future_key(q_positions, k_positions)
+    first = 0 if torch.compiler.is_compiling() else first_future_key(q_positions, k_positions)
     owned[..., first:].masked_fill_(k[..., first:] > q, float("-inf"))
     return owned, True
 
@@ -214,9 +216,12 @@ def query_blocks(encoding: PositionalEncoding | None, q_positions: Tensor, k_pos
     offset = num_keys - num_queries
     bias_rows = batch if (q_positions.dim() == 2 or k_positions.dim() == 2) else 1
     has_bias = encoding is not None
-    fold = has_bias and causal and mask is None and queries_are_last_keys(q_positions, k_positions)
+    # Under torch.compile the layout is decided from shapes only (folding and descending
+    # views read the positions' values): plain tiles, the causal mask per block.
+    compiling = torch.compiler.is_compiling()
+    fold = has_bias and causal and mask is None and not compiling and queries_are_last_keys(q_positions, k_positions)
     descending = (has_bias and encoding.translation_invariant and mask is None and q_positions.dim() == 1
-                  and (fold or not causal))
+                  and (fold or not causal) and not compiling)
     # A materialized tile the causal mask is folded into is the encoding's result copied into
     # a buffer of ours: two tiles alive at once, so each gets half the budget.
     copied = fold and not encoding.translation_invariant
@@ -237,7 +242,7 @@ def query_blocks(encoding: PositionalEncoding | None, q_positions: Tensor, k_pos
                                     num_heads, causal=fold, buffer=buffer)
         block_mask = _block_mask(tile, owned, start, stop, key_end, causal=causal and not fold, user_mask=mask,
                                  dtype=dtype, device=q_positions.device)
-        if tile is not None and _is_compact(block_mask):
+        if tile is not None and not compiling and _is_compact(block_mask):
             block = max(block, BLOCKED_VIEW_ROWS)  # the tile costs no memory: fewer, larger calls
         del tile  # before the next block's tile is made
         yield Block(start, stop, key_end, descending, block_mask)

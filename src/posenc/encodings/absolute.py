@@ -22,8 +22,10 @@ def sinusoidal_angles(positions: Tensor, dim: int, base: float = 10000.0) -> Ten
     return positions.to(torch.float64).unsqueeze(-1) * inv_freq
 
 
-def sinusoidal_encode(positions: Tensor, dim: int, base: float = 10000.0, layout: str = "interleaved") -> Tensor:
-    """Sinusoidal vectors for integer ``positions`` (...), float32 (..., dim).
+def sinusoidal_encode(positions: Tensor, dim: int, base: float = 10000.0, layout: str = "interleaved",
+                      dtype: torch.dtype = torch.float32) -> Tensor:
+    """Sinusoidal vectors for integer ``positions`` (...), (..., dim) in ``dtype`` (float32 by
+    default; float64 keeps the float64 angles' sin and cos unrounded).
 
     ``layout="interleaved"`` is Vaswani et al. (2017, section 3.5): PE(p, 2i) = sin(p w_i),
     PE(p, 2i+1) = cos(p w_i), w_i = base^(-2i/dim). ``layout="concat"`` is the
@@ -37,7 +39,7 @@ def sinusoidal_encode(positions: Tensor, dim: int, base: float = 10000.0, layout
         table = torch.cat((sin, cos), dim=-1)
     else:
         raise ValueError(f"layout must be one of {SINUSOIDAL_LAYOUTS}, got {layout!r}")
-    return table.to(torch.float32)
+    return table.to(dtype)
 
 
 def sinusoidal_table(num_positions: int, dim: int, base: float = 10000.0) -> Tensor:
@@ -86,8 +88,10 @@ class Sinusoidal(PositionalEncoding):
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         if x.shape[-1] != self.dim:
             raise ValueError(f"x must have last dimension dim={self.dim}, got {x.shape[-1]}")
-        check_positions(positions)
-        pe = sinusoidal_encode(positions.to(x.device), self.dim, self.base, self.layout)
+        # >= 0 reads the values (a graph break under torch.compile): checked outside it only
+        check_positions(positions[..., :0] if torch.compiler.is_compiling() else positions)
+        wide = torch.promote_types(x.dtype, torch.float32)  # float64 x: float64 vectors
+        pe = sinusoidal_encode(positions.to(x.device), self.dim, self.base, self.layout, dtype=wide)
         return x + pe.to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -125,6 +129,12 @@ class LearnedAbsolute(PositionalEncoding):
         return self.weight.shape[0]
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x (B, T, dim) + weight[positions]. Raises ValueError for positions past the table or
+        negative ones: outside torch.compile only (the check reads the values; under torch.compile
+        it is skipped, and an out-of-range index is the indexing kernel's error)."""
+        if torch.compiler.is_compiling():
+            check_positions(positions[..., :0])
+            return x + self.weight[positions].to(x.dtype)
         check_positions(positions)
         if positions.numel() and int(positions.max()) >= self.max_positions:
             raise ValueError(

@@ -104,7 +104,8 @@ class PositionalEncoding(nn.Module):
 
     def bias(self, q_positions: Tensor, k_positions: Tensor, head: Tensor) -> Tensor | None:
         """The score bias b(h, i, j) as math: elementwise on broadcastable int64 tensors of query
-        positions, key positions and head indices -> float32 tensor of their broadcast shape.
+        positions, key positions and head indices -> tensor of their broadcast shape, float32
+        (float64 when the encoding's parameters are float64: ``encoding.double()``).
 
         The one definition of an encoding's bias: every backend derives its form from it (the
         attention layer calls it on position grids, on distinct distances, or per score inside

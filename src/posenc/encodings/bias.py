@@ -22,6 +22,12 @@ from .base import PositionalEncoding
 from .._validation import broadcast_shape, check_bool, check_number, check_positive_int
 
 
+def _wide(parameter: Tensor) -> torch.dtype:
+    """The dtype a bias is computed in: float32, or float64 for an encoding converted to
+    float64 (``.double()``), so that float64 inputs get float64 arithmetic throughout."""
+    return torch.promote_types(parameter.dtype, torch.float32)
+
+
 class ScoreBias(PositionalEncoding):
     """Base for encodings that only add b(h, i, j) to the logits. Subclasses define
     :attr:`num_heads`, :meth:`bias` and, when true, ``translation_invariant = True``."""
@@ -30,8 +36,9 @@ class ScoreBias(PositionalEncoding):
     num_heads: int
 
     def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
-        """The bias: (Tq,), (Tk,) -> (H, Tq, Tk); (B, Tq), (B, Tk) -> (B, H, Tq, Tk), float32,
-        :meth:`bias` on every (head, query, key): a new tensor nothing else references."""
+        """The bias: (Tq,), (Tk,) -> (H, Tq, Tk); (B, Tq), (B, Tk) -> (B, H, Tq, Tk), float32
+        (float64 for an encoding converted with ``.double()``), :meth:`bias` on every (head,
+        query, key): a new tensor nothing else references."""
         self.prepare_bias()
         q = q_positions.unsqueeze(-1).unsqueeze(-3)  # (..., 1, Tq, 1)
         k = k_positions.unsqueeze(-2).unsqueeze(-3)  # (..., 1, 1, Tk)
@@ -89,7 +96,7 @@ class ALiBi(ScoreBias):
         return cls(num_heads, **kwargs)
 
     def bias(self, q_positions, k_positions, head):
-        distance = (q_positions - k_positions).to(torch.float32)
+        distance = (q_positions - k_positions).to(_wide(self.slopes))
         if self.bidirectional:
             distance = distance.abs()
         return -self.slopes[head] * distance
@@ -190,7 +197,8 @@ class T5RelativeBias(ScoreBias):
 
     def bias(self, q_positions, k_positions, head):
         bucket = self._bucket(k_positions - q_positions)
-        return self.relative_attention_bias.weight[bucket, head].to(torch.float32)
+        weight = self.relative_attention_bias.weight
+        return weight[bucket, head].to(_wide(weight))
 
     def _bucket(self, relative_position: Tensor) -> Tensor:
         return t5_relative_position_bucket(
@@ -263,17 +271,19 @@ class Kerple(ScoreBias):
     @torch.no_grad()
     def clamp_parameters_(self) -> None:
         """Clamp ``bias_p`` and ``bias_a`` in place into their allowed ranges (official code)."""
-        self.bias_a.clamp_(min=self.eps)
+        # on .data, as the official code: the parameters' version counters do not move, so
+        # a graph that saved them for backward (another layer, a compiled graph) stays valid
+        self.bias_a.data.clamp_(min=self.eps)
         if self.variant == "power":
-            self.bias_p.clamp_(min=self.eps, max=2.0)
+            self.bias_p.data.clamp_(min=self.eps, max=2.0)
         else:
-            self.bias_p.clamp_(min=self.eps)
+            self.bias_p.data.clamp_(min=self.eps)
 
     def prepare_bias(self) -> None:
         self.clamp_parameters_()
 
     def bias(self, q_positions, k_positions, head):
-        distance = (q_positions - k_positions).abs().to(torch.float32)
+        distance = (q_positions - k_positions).abs().to(_wide(self.bias_p))
         if self.variant == "log":
             return -self.bias_p[head] * torch.log1p(self.bias_a[head] * distance)
         return -self.bias_a[head] * distance.pow(self.bias_p[head])
@@ -337,9 +347,11 @@ class FIRE(ScoreBias):
         return (self.L_multiplier * self.init_L).abs()
 
     def normalized_distance(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
-        """psi(i - j) / (psi(max(L, i)) + eps), float32, broadcast shape of the positions."""
-        i = q_positions.to(torch.float32)
-        distance = (q_positions - k_positions).to(torch.float32)  # int64 difference: exact below 2^24
+        """psi(i - j) / (psi(max(L, i)) + eps), float32 (float64 for a float64 encoding),
+        broadcast shape of the positions."""
+        wide = _wide(self.c)
+        i = q_positions.to(wide)
+        distance = (q_positions - k_positions).to(wide)  # int64 difference: exact below 2^24 (2^53)
         numerator = torch.log((self.c * distance).abs() + 1.0)
         denominator = torch.log((self.c * torch.maximum(i, self.threshold)).abs() + 1.0) + self.eps
         return numerator / denominator
@@ -378,7 +390,10 @@ class FIRE(ScoreBias):
         grid = head.dim() == 3 and head.shape[1:] == (1, 1) and x.dim() >= 3 and x.shape[-3] == 1
         if grid and not needs_grad and not torch.compiler.is_compiling():
             return self._piecewise_bias(x.select(-3, 0), head.view(-1))
-        per_head = self.mlp(x.unsqueeze(-1).to(self.mlp[0].weight.dtype)).float()  # (..., H)
+        if grid:  # (..., H', Tq, Tk) by moving the MLP's head axis: no broadcast gather, one graph for every length
+            per_head = self.mlp(x.select(-3, 0).unsqueeze(-1).to(self.mlp[0].weight.dtype)).to(x.dtype)
+            return per_head.movedim(-1, -3).index_select(-3, head.view(-1))
+        per_head = self.mlp(x.unsqueeze(-1).to(self.mlp[0].weight.dtype)).to(x.dtype)  # (..., H)
         index = head.unsqueeze(-1)
         while index.dim() < per_head.dim():
             index = index.unsqueeze(0)
@@ -389,7 +404,7 @@ class FIRE(ScoreBias):
     def _piecewise_bias(self, x: Tensor, heads: Tensor) -> Tensor:
         """x (..., Tq, Tk), heads (H',) -> (..., H', Tq, Tk) from the piecewise-linear MLP."""
         breakpoints, slopes, intercepts = self.piecewise_linear_mlp()
-        slopes, intercepts = slopes.index_select(0, heads), intercepts.index_select(0, heads)
+        slopes, intercepts = slopes.index_select(0, heads).to(x.dtype), intercepts.index_select(0, heads).to(x.dtype)
         segment = torch.bucketize(x, breakpoints.to(x.dtype), right=True).view(-1)
         out = x.new_empty(x.shape[:-2] + (heads.numel(),) + x.shape[-2:])
         slope, intercept = torch.empty_like(x), torch.empty_like(x)

@@ -123,19 +123,23 @@ class Shaw(PositionalEncoding):
             raise ValueError(f"{argname} must have head_dim={self.head_dim}, got {x.shape[-1]}")
 
     def content_scores(self, q, k, q_positions, k_positions):
-        """q_i . w^K_{clip(j - i)}: (B, H, Tq, Tk) float32, before the 1/sqrt(D) scale."""
+        """q_i . w^K_{clip(j - i)}: (B, H, Tq, Tk) before the 1/sqrt(D) scale, float32 (float64
+        when q or the parameters are float64)."""
         self._check_dim(q, "q")
-        per_row = q.float() @ self.relative_key.float().t()  # (B, H, Tq, 2k+1)
+        wide = torch.promote_types(torch.promote_types(q.dtype, self.relative_key.dtype), torch.float32)
+        per_row = q.to(wide) @ self.relative_key.to(wide).t()  # (B, H, Tq, 2k+1)
         index = _per_batch(self.relative_index(q_positions, k_positions))
         index = index.expand(q.shape[0], q.shape[1], -1, -1)
         return per_row.gather(-1, index)
 
     def content_values(self, probs, q_positions, k_positions):
-        """sum_j alpha_ij w^V_{clip(j - i)}: (B, H, Tq, D) float32."""
+        """sum_j alpha_ij w^V_{clip(j - i)}: (B, H, Tq, D), float32 (float64 when the
+        probabilities or the parameters are float64)."""
         index = _per_batch(self.relative_index(q_positions, k_positions)).expand_as(probs)
         per_bucket = probs.new_zeros(*probs.shape[:-1], self.relative_value.shape[0])
         per_bucket = per_bucket.scatter_add(-1, index, probs)  # (B, H, Tq, 2k+1)
-        return per_bucket.float() @ self.relative_value.float()
+        wide = torch.promote_types(torch.promote_types(probs.dtype, self.relative_value.dtype), torch.float32)
+        return per_bucket.to(wide) @ self.relative_value.to(wide)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, max_relative_position={self.max_relative_position}"
@@ -202,11 +206,13 @@ class TransformerXL(PositionalEncoding):
     def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
         return cls(d_model, num_heads, head_dim, **kwargs)
 
-    def relative_embeddings(self, distances: Tensor) -> Tensor:
-        """W_{k,R} R_d for integer distances (N,) -> (H, N, D) float32."""
-        table = sinusoidal_encode(distances, self.d_model, self.base, layout="concat")  # (N, d_model)
-        projected = table.to(self.r_net.weight.dtype) @ self.r_net.weight.t()
-        return projected.float().unflatten(-1, (self.num_heads, self.head_dim)).transpose(0, 1)
+    def relative_embeddings(self, distances: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+        """W_{k,R} R_d for integer distances (N,) -> (H, N, D), computed and returned in
+        ``dtype`` (default: float32, or float64 for a float64 r_net)."""
+        dtype = dtype or torch.promote_types(self.r_net.weight.dtype, torch.float32)
+        table = sinusoidal_encode(distances, self.d_model, self.base, layout="concat", dtype=dtype)  # (N, d_model)
+        projected = table @ self.r_net.weight.to(dtype).t()
+        return projected.unflatten(-1, (self.num_heads, self.head_dim)).transpose(0, 1)
 
     def relative_table(self, max_distance: int) -> tuple[Tensor, Tensor, str]:
         """For figures: distances 0 .. max_distance, their R_d (max_distance + 1, d_model) in
@@ -216,7 +222,9 @@ class TransformerXL(PositionalEncoding):
         return distances, table, "sinusoidal R_(i-j), [sin || cos] layout"
 
     def content_scores(self, q, k, q_positions, k_positions):
-        """(b) + (c) + (d): (B, H, Tq, Tk) float32, before the 1/sqrt(D) scale."""
+        """(b) + (c) + (d): (B, H, Tq, Tk) before the 1/sqrt(D) scale, float32 (float64 when q
+        or the parameters are float64). Under torch.compile the positions' layout is not
+        inspected: every (i, j) pair gets its own R_{i-j} (O(H Tq Tk D) memory)."""
         for argname, x in (("q", q), ("k", k)):
             if x.shape[1] != self.num_heads or x.shape[-1] != self.head_dim:
                 raise ValueError(
@@ -224,19 +232,31 @@ class TransformerXL(PositionalEncoding):
                     f"got shape {tuple(x.shape)}"
                 )
         num_queries, num_keys = q.shape[2], k.shape[2]
-        query_plus_v = q.float() + self.r_r_bias.float()[:, None, :]
-        if _is_arange(q_positions) and _is_arange(k_positions):
+        wide = torch.promote_types(torch.promote_types(q.dtype, self.r_r_bias.dtype), torch.float32)
+        query_plus_v = q.to(wide) + self.r_r_bias.to(wide)[:, None, :]
+        if num_queries == 0 or num_keys == 0:
+            bd = query_plus_v.new_zeros(q.shape[0], q.shape[1], num_queries, num_keys)
+        elif torch.compiler.is_compiling():
+            # Which layout fits reads the positions' values (a graph break): under torch.compile
+            # every (i, j) gets its own R_{i-j}, O(H Tq Tk D) memory instead of O(H (Tq + Tk) D).
+            distances = q_positions.unsqueeze(-1) - k_positions.unsqueeze(-2)  # (Tq, Tk) or (B, Tq, Tk)
+            relative = self.relative_embeddings(distances.reshape(-1), wide)  # (H, N, D)
+            relative = relative.unflatten(1, distances.shape)  # (H, [B,] Tq, Tk, D)
+            if distances.dim() == 3:
+                relative = relative.transpose(0, 1)  # (B, H, Tq, Tk, D)
+            bd = (query_plus_v.unsqueeze(-2) * relative).sum(-1)
+        elif _is_arange(q_positions) and _is_arange(k_positions):
             d_hi = int(q_positions.max()) - int(k_positions.min())
             distances = torch.arange(d_hi, d_hi - num_queries - num_keys + 1, -1, device=q.device)  # descending
-            bd = self._shifted_scores(query_plus_v, self.relative_embeddings(distances), num_keys)
+            bd = self._shifted_scores(query_plus_v, self.relative_embeddings(distances, wide), num_keys)
         else:
             # Only the distances that occur (at most Tq * Tk, however far apart the positions:
             # packed rows, padding, a key at 0 and a query at a million).
             distances, column = torch.unique(q_positions.unsqueeze(-1) - k_positions.unsqueeze(-2), return_inverse=True)
-            bd_full = query_plus_v @ self.relative_embeddings(distances).transpose(-2, -1)  # (B, H, Tq, N)
+            bd_full = query_plus_v @ self.relative_embeddings(distances, wide).transpose(-2, -1)  # (B, H, Tq, N)
             column = _per_batch(column).expand(q.shape[0], q.shape[1], num_queries, num_keys)
             bd = bd_full.gather(-1, column)
-        uk = (k.float() @ self.r_w_bias.float().unsqueeze(-1)).transpose(-2, -1)  # (B, H, 1, Tk)
+        uk = (k.to(wide) @ self.r_w_bias.to(wide).unsqueeze(-1)).transpose(-2, -1)  # (B, H, 1, Tk)
         return bd + uk
 
     @staticmethod
