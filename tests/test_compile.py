@@ -17,12 +17,7 @@ from posenc.model import LMConfig, TransformerLM
 
 torch._dynamo.config.cache_size_limit = 64
 
-ROTARY = pytest.mark.xfail(strict=False, reason="rotary path: branch i11-rotary")
 ATTENTION_NAMES = [n for n in posenc.available() if "embed" not in posenc.encodings.encoding_class(n).hooks]
-
-
-def _param(name):
-    return pytest.param(name, marks=ROTARY) if name in ("rope", "xpos") else name
 
 
 @pytest.fixture(autouse=True)
@@ -42,7 +37,7 @@ def _graphs() -> int:
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "blocked", "flex"])
-@pytest.mark.parametrize("name", [_param(n) for n in ATTENTION_NAMES])
+@pytest.mark.parametrize("name", ATTENTION_NAMES)
 def test_attention_traces_in_one_graph(name, backend):
     enc = make_encoding(name).float()
     from posenc.attention import _BACKENDS
@@ -68,7 +63,7 @@ def _train_step(model, tokens):
     return loss.detach(), grads
 
 
-@pytest.mark.parametrize("name", [_param(n) for n in posenc.available()])
+@pytest.mark.parametrize("name", [(n) for n in posenc.available()])
 def test_lm_trains_compiled_without_breaks_or_recompiles(name):
     torch.manual_seed(0)
     model = TransformerLM(LMConfig(vocab_size=32, d_model=16, num_layers=1, num_heads=2, max_positions=64), name)

@@ -193,8 +193,9 @@ def attention(
     NaN and inf in q, k, v are not checked (that would synchronize the device); one rule holds
     on every backend: a query row with a non-finite entry gives a NaN row; a key whose k or v
     has one makes NaN exactly the rows that see it; a key a row cannot see (causal, ``mask=``)
-    never affects that row. On the CPU with autograd, backend "sdpa" runs SDPA's math kernel
-    (differentiable twice: double backward works). Empty B, Tq or Tk: an empty output (or
+    never affects that row. Second derivatives (double backward) work on "eager", and on "sdpa"
+    under ``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)``: torch's fused SDPA kernels have a
+    backward without a derivative. Empty B, Tq or Tk: an empty output (or
     zeros for queries without keys).
     """
     _check_qkv(q, k, v, causal)
@@ -240,11 +241,18 @@ def attention(
                              causal=causal, mask=mask, scale=scale, dropout_p=dropout_p)
     if has_key is not None:
         out = out.masked_fill(~has_key, 0.0)
-    return out.masked_fill(poisoned.unsqueeze(-1), float("nan"))
+    return out if poisoned is None else out.masked_fill(poisoned.unsqueeze(-1), float("nan"))
+
+
+def _all_finite(*tensors: Tensor) -> bool:
+    """Whether every entry is finite, from one sum per tensor: a NaN or inf anywhere makes the
+    float64 sum non-finite. (A finite sum can only overflow float64 for data near its range;
+    it would then take the exact path, which is never wrong.)"""
+    return bool(torch.isfinite(sum(t.sum(dtype=torch.float64) for t in tensors)))
 
 
 def _quarantine(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, mask: Tensor | None,
-                has_key: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                has_key: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """The NaN rule, the same on every backend: (q, k, v) with every non-finite query, key or
     value row replaced by zeros, and ``poisoned`` (B, H, Tq), True for the query rows that
     hold a non-finite entry or see a key whose k or v does; the caller sets those rows to NaN.
@@ -256,7 +264,13 @@ def _quarantine(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, mask: Tensor |
     no device sync, gradients unchanged for finite entries) keeps every backend's arithmetic
     finite, and ``poisoned`` is decided from visibility alone: O(B H Tk) for a causal or no
     mask, O(B H Tq Tk) booleans for a user mask.
+
+    On the CPU outside compile, where reading a value costs no device sync, three sums first
+    decide whether anything is non-finite; when nothing is (the common case) the inputs go
+    through untouched and ``poisoned`` is None: the rule costs one pass over q, k, v.
     """
+    if q.device.type == "cpu" and not torch.compiler.is_compiling() and _all_finite(q, k, v):
+        return q, k, v, None
     bad_q = ~torch.isfinite(q).all(-1)  # (B, H, Tq)
     bad_k = ~(torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1))  # (B, H_kv, Tk)
     zero = torch.zeros((), dtype=q.dtype, device=q.device)

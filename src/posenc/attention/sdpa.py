@@ -7,7 +7,6 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch import Tensor
 
 from ..encodings.base import PositionalEncoding
@@ -30,11 +29,6 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         k, v = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1), v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     sdpa = functools.partial(F.scaled_dot_product_attention, scale=scale, dropout_p=dropout_p,
                              enable_gqa=k.shape[1] != q.shape[1])
-    if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        # torch's CPU flash kernel has a backward without a derivative: a double backward
-        # (a gradient penalty, a Hessian-vector product) fails through it. The math kernel is
-        # ordinary differentiable ops.
-        sdpa = functools.partial(_math_sdpa, sdpa)
     extra = None
     if encoding is not None and "content" in encoding.hooks:
         scores = encoding.content_scores(q, k, q_positions, k_positions)
@@ -54,7 +48,3 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         extra = extra.masked_fill(~mask, float("-inf"))
     return sdpa(q, k, v, attn_mask=as_4d(extra.to(q.dtype)))
 
-
-def _math_sdpa(sdpa, *args, **kwargs) -> Tensor:
-    with sdpa_kernel(SDPBackend.MATH):
-        return sdpa(*args, **kwargs)
