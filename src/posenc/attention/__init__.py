@@ -245,10 +245,9 @@ def attention(
 
 
 def _all_finite(*tensors: Tensor) -> bool:
-    """Whether every entry is finite, from one sum per tensor: a NaN or inf anywhere makes the
-    float64 sum non-finite. (A finite sum can only overflow float64 for data near its range;
-    it would then take the exact path, which is never wrong.)"""
-    return bool(torch.isfinite(sum(t.sum(dtype=torch.float64) for t in tensors)))
+    """Whether every entry is finite: one min/max pass per tensor, in its own dtype (no copy,
+    no overflow: the extremes of finite numbers are finite; NaN propagates through both)."""
+    return all(bool(torch.isfinite(torch.stack(torch.aminmax(t))).all()) for t in tensors if t.numel())
 
 
 def _quarantine(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, mask: Tensor | None,
@@ -265,8 +264,8 @@ def _quarantine(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, mask: Tensor |
     finite, and ``poisoned`` is decided from visibility alone: O(B H Tk) for a causal or no
     mask, O(B H Tq Tk) booleans for a user mask.
 
-    On the CPU outside compile, where reading a value costs no device sync, three sums first
-    decide whether anything is non-finite; when nothing is (the common case) the inputs go
+    On the CPU outside compile, where reading a value costs no device sync, one min/max pass
+    per tensor first decides whether anything is non-finite; when nothing is (the common case) the inputs go
     through untouched and ``poisoned`` is None: the rule costs one pass over q, k, v.
     """
     if q.device.type == "cpu" and not torch.compiler.is_compiling() and _all_finite(q, k, v):
