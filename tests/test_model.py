@@ -1,5 +1,6 @@
 """The LM consumes any encoding through its hooks; no module outside encodings/ names one."""
 
+import math
 import pathlib
 import re
 
@@ -85,3 +86,31 @@ def test_grouped_query_lm_trains_and_caches():
                                                if k != "num_kv_heads"}
     with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=4"):
         LMConfig(num_heads=4, num_kv_heads=3)
+
+
+def test_randomized_positions_training_samples_sorted_distinct_positions_per_row():
+    """Ruoss et al. 2023: positions are a sorted sample of T distinct values from [0, N) per
+    row, new every step; the model is then evaluated at ordinary positions."""
+    from posenc.train import TrainConfig, random_positions, train_lm
+
+    g = torch.Generator().manual_seed(0)
+    positions = random_positions(64, 16, 128, g)
+    assert positions.shape == (64, 16) and positions.dtype == torch.int64
+    assert bool((positions.diff(dim=-1) > 0).all()) and int(positions.min()) >= 0 and int(positions.max()) < 128
+    assert len({tuple(row.tolist()) for row in positions}) == 64  # rows differ
+    assert int(positions.max()) > 100  # the range is used, not just its start
+    assert torch.equal(random_positions(3, 16, 16, g), torch.arange(16).expand(3, 16))  # N = T: 0..T-1
+
+    seen = []
+    model = TransformerLM(LMConfig(d_model=16, num_layers=1, num_heads=2, max_positions=128), "rope")
+    forward = model.forward
+    model.forward = lambda tokens, positions=None, **kw: (seen.append(positions), forward(tokens, positions, **kw))[1]
+    data = torch.randint(0, 256, (4096,), dtype=torch.uint8)
+    config = TrainConfig(steps=3, batch_size=4, seq_len=8, randomized_positions=128)
+    losses = train_lm(model, data, config)
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    assert len(seen) == 3 and all(p.shape == (4, 8) for p in seen) and not torch.equal(seen[0], seen[1])
+    assert TrainConfig().to_dict() == {k: v for k, v in TrainConfig(randomized_positions=None).to_dict().items()}
+    assert "randomized_positions" not in TrainConfig().to_dict()
+    with pytest.raises(ValueError, match="randomized_positions=4 must be >= seq_len=8"):
+        TrainConfig(seq_len=8, randomized_positions=4)

@@ -185,3 +185,20 @@ def test_cli_bad_extension_arguments_exit_2(args, message, capsys, tmp_path):
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1
     assert not any(tmp_path.iterdir())
+
+
+def test_randomized_positions_add_trained_rows(corpus_file, tmp_path):
+    """--randomized-positions N: a `<encoding>+rand` row per encoding, trained with positions
+    sampled from [0, N) and evaluated at ordinary positions; the plain rows are unchanged."""
+    corpus = load_corpus(corpus_file)
+    common = dict(encodings=("rope", "learned"), train_len=16, steps=4, batch_size=4, d_model=16, num_layers=1,
+                  num_heads=2, eval_factors=(1, 2), eval_tokens=64)
+    plain = run_extrapolation(ExtrapolationConfig.from_options(**common), corpus, tmp_path / "plain")
+    both = run_extrapolation(ExtrapolationConfig.from_options(**common, randomized_positions=32), corpus, tmp_path / "rand")
+    assert list(both["results"]) == ["rope", "learned", "rope+rand", "learned+rand"]
+    assert both["results"]["rope"]["eval"] == plain["results"]["rope"]["eval"]
+    assert both["results"]["rope+rand"]["eval"] != plain["results"]["rope"]["eval"]
+    with pytest.raises(ValueError, match="past the learned table"):
+        ExtrapolationConfig.from_options(**common, randomized_positions=64)
+    with pytest.raises(ValueError, match="must be >= train_len=16"):
+        ExtrapolationConfig.from_options(**{**common, "encodings": ("rope",)}, randomized_positions=8)

@@ -146,6 +146,10 @@ def extrapolate(
         "(and without: the control), then evaluate it (rows rope+<method>+ft, rope+ft).",
     ),
     finetune_factor: Optional[int] = typer.Option(None, help="Fine-tune length as a multiple of L, and the scaling factor (default 4)."),
+    randomized_positions: Optional[int] = typer.Option(
+        None, help="Also train every encoding with randomized positions (Ruoss et al. 2023): each window's positions a "
+        "sorted random sample from [0, N); evaluated at ordinary positions (rows <encoding>+rand). N >= L.",
+    ),
     threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)."),
 ) -> None:
     """Train each encoding at length L on real text, evaluate at L, 2L, ... 16L: which still works?
@@ -178,7 +182,7 @@ def extrapolate(
         num_layers=layers, num_heads=heads, eval_factors=_split_list(eval_factors, "--eval-factors", int),
         eval_tokens=eval_tokens, seeds=_split_list(seeds, "--seeds", int), device=device,
         extension_methods=_split_list(rope_scaling, "--rope-scaling"), finetune_steps=finetune_steps,
-        finetune_factor=finetune_factor,
+        finetune_factor=finetune_factor, randomized_positions=randomized_positions,
     )
     data = load_corpus(corpus)
     console.print(f"[bold]corpus[/] {data.describe()}")
@@ -188,6 +192,8 @@ def extrapolate(
         f"eval {config.eval_lengths}; d_model {model.d_model}, {model.num_layers} layers, {model.num_heads} heads; "
         f"{train.steps} steps x batch {train.batch_size}, lr {train.lr}"
     )
+    if randomized := [row for row in config.rows if row not in config.encodings]:
+        console.print(f"[bold]randomized-position rows[/] {', '.join(randomized)} (positions from [0, {config.randomized_positions}))")
     for provider in ROW_PROVIDERS:
         if rows := provider.rows(config):
             console.print(f"[bold]{provider.name} rows[/] {', '.join(rows)}")

@@ -20,7 +20,16 @@ from ._validation import check_number, check_positive_int, is_real_number
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Hyper-parameters of :func:`train_lm`. ``lr`` is the peak learning rate."""
+    """Hyper-parameters of :func:`train_lm`. ``lr`` is the peak learning rate.
+
+    ``randomized_positions``: None (default) trains at positions 0 .. seq_len - 1. An integer
+    N >= seq_len trains with randomized positional encodings (Ruoss et al. 2023, "Randomized
+    Positional Encodings Boost Length Generalization of Transformers", arXiv 2305.16843,
+    section 3): each row's positions are a sorted sample of seq_len distinct integers from
+    [0, N), drawn afresh every step, so the encoding sees positions up to N - 1 while the windows
+    stay seq_len long; evaluation then uses ordinary positions. Any encoding works (the model
+    takes explicit positions); a learned table must hold N positions.
+    """
 
     steps: int = 1500
     batch_size: int = 32
@@ -31,6 +40,7 @@ class TrainConfig:
     min_lr_frac: float = 0.1
     grad_clip: float = 1.0
     seed: int = 0
+    randomized_positions: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len"):
@@ -44,9 +54,28 @@ class TrainConfig:
         check_number(self.weight_decay, "weight_decay", ge=0)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.randomized_positions is not None:
+            check_positive_int(self.randomized_positions, "randomized_positions")
+            if self.randomized_positions < self.seq_len:
+                raise ValueError(
+                    f"randomized_positions={self.randomized_positions} must be >= seq_len={self.seq_len} "
+                    "(seq_len distinct positions are drawn from [0, randomized_positions))"
+                )
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as plain data; ``randomized_positions`` only when set, so that a run's
+        fingerprint from before it existed reads the same."""
+        fields = asdict(self)
+        if fields["randomized_positions"] is None:
+            del fields["randomized_positions"]
+        return fields
+
+
+def random_positions(batch_size: int, seq_len: int, num_positions: int, generator: torch.Generator) -> Tensor:
+    """Per row, a sorted sample of ``seq_len`` distinct positions from [0, num_positions)
+    (Ruoss et al. 2023, section 3), int64 (batch_size, seq_len), drawn with ``generator``."""
+    scores = torch.rand(batch_size, num_positions, generator=generator)
+    return scores.argsort(dim=-1)[:, :seq_len].sort(dim=-1).values
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
@@ -80,7 +109,8 @@ def train_lm(
     """Train ``model`` on random windows of ``data`` (uint8 bytes) for next-byte prediction.
 
     Args:
-        model: maps tokens (B, T) -> logits (B, T, V).
+        model: maps tokens (B, T) -> logits (B, T, V); with ``config.randomized_positions``
+            it is called as ``model(tokens, positions)``, positions (B, T) int64.
         data: 1-D uint8 tensor of training bytes.
         config: steps, batch size, window length, optimizer settings, seed.
         on_step: called after each step with (step, loss in nats per token).
@@ -133,7 +163,11 @@ def train_lm(
             group["lr"] = lr_at(step, config)
         inputs, targets = random_windows(data, config.batch_size, config.seq_len, generator)
         inputs, targets = inputs.to(device), targets.to(device)
-        logits = model(inputs)
+        if config.randomized_positions is None:
+            logits = model(inputs)
+        else:
+            positions = random_positions(config.batch_size, config.seq_len, config.randomized_positions, generator)
+            logits = model(inputs, positions.to(device))
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -42,13 +42,15 @@ ROW_PROVIDERS: tuple[RowProvider, ...] = (RopeExtension(),)
 
 
 def fingerprint(config: ExtrapolationConfig, corpus: Corpus, encoding: str, seed: int) -> dict:
-    """What a run's result depends on; a stored run is reused only if this matches exactly."""
+    """What a run's result depends on; a stored run is reused only if this matches exactly.
+    ``encoding`` is a trained row (:attr:`ExtrapolationConfig.rows`)."""
+    _, train = config.row_run(encoding, seed)
     return {
         "posenc_version": __version__,
         "encoding": encoding,
         "seed": seed,
         "model": config.model_config().to_dict(),
-        "train": config.train_config(seed).to_dict(),
+        "train": train.to_dict(),
         "eval_lengths": config.eval_lengths,
         "eval_tokens": config.eval_tokens,
         "corpus": {k: corpus.info[k] for k in ("name", "bytes", "train_bytes", "val_bytes")},
@@ -58,10 +60,12 @@ def fingerprint(config: ExtrapolationConfig, corpus: Corpus, encoding: str, seed
 def train_and_evaluate(
     config: ExtrapolationConfig, corpus: Corpus, encoding: str, seed: int, store: RunStore, reporter: Reporter, expected: dict,
 ) -> dict:
-    """Train and evaluate one (encoding, seed); the body of its record (``expected`` is its fingerprint)."""
+    """Train and evaluate one (row, seed); the body of its record (``expected`` is its fingerprint).
+    ``encoding`` is a trained row: an encoding, or ``<encoding>+rand`` (randomized positions)."""
     torch.manual_seed(seed)
-    model = TransformerLM(config.model_config(), encoding).to(config.device)
-    training = train_run(model, corpus.train, config.train_config(seed), store, encoding, seed, expected, reporter)
+    name, train = config.row_run(encoding, seed)
+    model = TransformerLM(config.model_config(), name).to(config.device)
+    training = train_run(model, corpus.train, train, store, encoding, seed, expected, reporter)
     lengths = [n for n in config.eval_lengths if _applicable(model, n)]
     evals = evaluate_lengths(
         model, corpus.val, lengths, train_len=config.train_len, eval_tokens=config.eval_tokens,
@@ -102,7 +106,7 @@ def aggregate(config: ExtrapolationConfig, records: Sequence[dict], names: Seque
     ``runs/``: results.json holds only what the arguments determine, so the same seed gives
     the same file."""
     results: dict[str, dict] = {}
-    for encoding in names if names is not None else config.encodings:
+    for encoding in names if names is not None else config.rows:
         runs = [r for r in records if r["encoding"] == encoding]
         evals: dict[str, dict] = {}
         for length in map(str, config.eval_lengths):
@@ -151,7 +155,7 @@ def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, re
         raise ValueError(f"corpus: the validation split ({corpus.val.numel()} bytes) is shorter than the longest eval length + 1 ({min_val})")
     if corpus.train.numel() < config.train_len + 1:
         raise ValueError(f"corpus: the training split ({corpus.train.numel()} bytes) is shorter than train_len + 1")
-    jobs = [(encoding, seed) for encoding in config.encodings for seed in config.seeds]
+    jobs = [(row, seed) for row in config.rows for seed in config.seeds]
     records = store.sweep(
         jobs,
         fingerprint=lambda encoding, seed: fingerprint(config, corpus, encoding, seed),
@@ -160,7 +164,7 @@ def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, re
     )
     if records is None:  # not rank 0
         return None
-    names = list(config.encodings)
+    names = list(config.rows)
     for provider in ROW_PROVIDERS:
         rows = provider.rows(config)
         if not rows:

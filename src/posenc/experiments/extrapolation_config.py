@@ -14,10 +14,13 @@ import math
 from dataclasses import dataclass, field
 
 from .._validation import check_device, check_positive_int
-from ..encodings import REGISTRY, encoding_class
+from ..encodings import REGISTRY, create_for_model, encoding_class
 from ..model import LMConfig
 from ..rope import EXTENSION_METHODS
 from ..train import TrainConfig
+
+#: The row of an encoding trained with randomized positions (Ruoss et al. 2023).
+RANDOMIZED_SUFFIX = "+rand"
 
 #: The six encodings of the default run.
 CORE_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")
@@ -58,6 +61,11 @@ class ExtrapolationConfig:
             (:mod:`posenc.experiments.rope_extension`). ``finetune_lr`` None means
             ``train.lr / 10``; the fine-tune's batch is ``train.batch_size // finetune_factor``
             windows (the same tokens per step).
+        randomized_positions: None, or N: every encoding gets a second row ``<name>+rand``,
+            the same model trained with randomized positional encodings (Ruoss et al. 2023:
+            each window's positions a sorted random sample from [0, N), see
+            :class:`posenc.train.TrainConfig`) and evaluated at ordinary positions. N >= L;
+            with a learned table in the sweep, N <= its size.
 
     Raises:
         TypeError: ``encodings`` is not a sequence of names; ``model`` / ``train`` of the wrong type.
@@ -76,6 +84,7 @@ class ExtrapolationConfig:
     finetune_steps: int = 0
     finetune_factor: int = 4
     finetune_lr: float | None = None
+    randomized_positions: int | None = None
 
     @classmethod
     def from_options(cls, **options) -> ExtrapolationConfig:
@@ -130,6 +139,21 @@ class ExtrapolationConfig:
         )
         check_device(self.device)
         self._check_rope_extension()
+        self._check_randomized_positions()
+
+    def _check_randomized_positions(self) -> None:
+        if self.randomized_positions is None:
+            return
+        option = "randomized_positions (--randomized-positions)"
+        check_positive_int(self.randomized_positions, option)
+        if self.randomized_positions < self.train_len:
+            raise ValueError(f"{option}={self.randomized_positions} must be >= train_len={self.train_len}")
+        table = self.model.max_positions
+        if self.randomized_positions > table and any(_holds_a_table(name, self.model) for name in self.encodings):
+            raise ValueError(
+                f"{option}={self.randomized_positions} is past the learned table's {table} positions "
+                "(learned_positions, default the longest eval length): raise learned_positions or lower N"
+            )
 
     def _check_rope_extension(self) -> None:
         methods = "extension_methods (--rope-scaling)"
@@ -169,6 +193,21 @@ class ExtrapolationConfig:
         """The training of the run with ``seed``."""
         return dataclasses.replace(self.train, seed=seed)
 
+    @property
+    def rows(self) -> list[str]:
+        """The trained rows, in table order: every encoding, then its ``+rand`` row when
+        ``randomized_positions`` is set."""
+        randomized = [name + RANDOMIZED_SUFFIX for name in self.encodings] if self.randomized_positions else []
+        return [*self.encodings, *randomized]
+
+    def row_run(self, row: str, seed: int) -> tuple[str, TrainConfig]:
+        """(encoding, training) of a trained row: ``<name>+rand`` is ``name`` trained with
+        randomized positions."""
+        train = self.train_config(seed)
+        if row.endswith(RANDOMIZED_SUFFIX):
+            return row[: -len(RANDOMIZED_SUFFIX)], dataclasses.replace(train, randomized_positions=self.randomized_positions)
+        return row, train
+
     def to_dict(self) -> dict:
         """The config as written to results.json: every field (``model`` and ``train`` as
         nested dicts, ``train`` without its unread seed) plus ``train_len`` and ``eval_lengths``."""
@@ -177,6 +216,11 @@ class ExtrapolationConfig:
         d["train_len"] = self.train_len
         d["eval_lengths"] = self.eval_lengths
         return d
+
+
+def _holds_a_table(name: str, model: LMConfig) -> bool:
+    """Whether the encoding, built for ``model``, represents a bounded number of positions."""
+    return create_for_model(name, **model.encoding_sizes()).max_positions is not None
 
 
 #: Named sizes, as options of :meth:`ExtrapolationConfig.from_options`. "default"
