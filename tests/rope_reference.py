@@ -81,3 +81,19 @@ def xpos_reference_score(qv, kv, n, m, scale_base=512.0):
         a, b, x, y = (float(t) for t in (qv[p], qv[p + half], kv[p], kv[p + half]))
         total += decay * ((a * x + b * y) * c + (a * y - b * x) * s)
     return total
+
+
+L0 = 16
+#: One valid dict per rope_type at rotary dim 8: a new rope_type must add one here.
+SAMPLES = {
+    "default": None,
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "ntk": {"rope_type": "ntk", "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": L0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L0},
+    "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": L0},
+    "longrope": {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0],
+                 "original_max_position_embeddings": L0, "factor": 8.0},
+    "proportional": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 2.0},
+}

@@ -26,20 +26,8 @@ from posenc.encodings.rope_scaling import (
 )
 from posenc.rope import EXTENSION_METHODS, extension_scaling, from_hf_config
 
-L0 = 16
-#: One valid dict per rope_type at rotary dim 8: a new rope_type must add one here.
-SAMPLES = {
-    "default": None,
-    "linear": {"rope_type": "linear", "factor": 4.0},
-    "ntk": {"rope_type": "ntk", "factor": 4.0},
-    "dynamic": {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": L0},
-    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L0},
-    "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": L0},
-    "longrope": {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0],
-                 "original_max_position_embeddings": L0, "factor": 8.0},
-    "proportional": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 2.0},
-}
+from rope_reference import L0, SAMPLES  # noqa: E402  (one valid dict per rope_type)
+
 LENGTHS = [None, 1, L0 - 1, L0, L0 + 1, 3 * L0]
 
 

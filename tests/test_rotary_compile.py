@@ -24,19 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import posenc
 
-L0 = 16
-#: One dict per rope_type, at rotary dim 8 (longrope lists have r/2 = 4 entries).
-SCALINGS = {
-    "default": None,
-    "linear": {"rope_type": "linear", "factor": 4.0},
-    "ntk": {"rope_type": "ntk", "factor": 4.0},
-    "dynamic": {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": L0},
-    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L0},
-    "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": L0},
-    "longrope": {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0],
-                 "original_max_position_embeddings": L0, "factor": 8.0},
-}
+from rope_reference import L0, SAMPLES as SCALINGS  # noqa: E402  (one dict per rope_type, rotary dim 8)
 LENGTH_DEPENDENT = ("dynamic", "longrope")
 
 
