@@ -114,3 +114,54 @@ def test_randomized_positions_training_samples_sorted_distinct_positions_per_row
     assert "randomized_positions" not in TrainConfig().to_dict()
     with pytest.raises(ValueError, match="randomized_positions=4 must be >= seq_len=8"):
         TrainConfig(seq_len=8, randomized_positions=4)
+
+
+def test_each_layer_runs_the_encoding_its_for_layer_names():
+    """A layer schedule (for_layer) reaches every block: a toy schedule that rotates on even
+    layers only equals a model whose odd layers were given no encoding (checked by hand)."""
+    from posenc.encodings.base import NoPE
+
+    class EvenLayersRoPE(posenc.PositionalEncoding):
+        name = "even_layers_rope"
+
+        def __init__(self):
+            super().__init__()
+            self.rope, self.nope = posenc.create("rope", head_dim=16), NoPE()
+
+        def for_layer(self, layer):
+            return self.rope if layer % 2 == 0 else self.nope
+
+    torch.manual_seed(0)
+    config = LMConfig(d_model=32, num_heads=2, num_layers=3, max_positions=64)
+    model = TransformerLM(config, EvenLayersRoPE()).eval()
+    for block in model.blocks:  # sharp attention, so that where positions enter shows in the logits
+        torch.nn.init.normal_(block.attn.qkv.weight, std=0.5)
+        torch.nn.init.normal_(block.attn.proj.weight, std=0.5)
+    tokens = torch.randint(0, 256, (2, 12))
+    with torch.no_grad():
+        scheduled = model(tokens)
+        x = model.token_embedding(tokens)
+        positions = torch.arange(12)
+        for layer, block in enumerate(model.blocks):
+            encoding = model.encoding.rope if layer % 2 == 0 else None
+            x = x + block.attn.proj(
+                _attend(block.attn, block.ln_attn(x), positions, encoding)
+            )
+            x = x + block.mlp(block.ln_mlp(x))
+        by_hand = model.head(model.ln_final(x))
+    torch.testing.assert_close(scheduled, by_hand, rtol=1e-5, atol=1e-5)
+    # and the schedule matters: all-RoPE differs
+    model.encoding = posenc.create("rope", head_dim=16)
+    with torch.no_grad():
+        assert not torch.allclose(model(tokens), scheduled, atol=1e-3)
+
+
+def _attend(attn, x, positions, encoding):
+    batch, length, width = x.shape
+    q, k, v = attn.qkv(x).split(width, dim=-1)
+    q, k, v = (t.view(batch, length, attn.num_heads, attn.head_dim).transpose(1, 2) for t in (q, k, v))
+    if encoding is not None:
+        q, k = posenc.create("rope", head_dim=attn.head_dim).rotate(q, k, positions, positions)
+    scores = (q @ k.transpose(-1, -2)) / attn.head_dim**0.5
+    scores = scores.masked_fill(torch.ones(length, length, dtype=torch.bool).triu(1), float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, length, width)

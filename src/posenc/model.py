@@ -3,8 +3,9 @@
 Pre-LN GPT-style blocks (Radford et al. 2019): x + attn(LN(x)), x + mlp(LN(x)), a final LN
 and an untied output head over a byte vocabulary. The encoding enters only through its hooks:
 ``embed`` at the input, and ``rotate`` / ``score_bias`` / ``content`` inside
-:func:`posenc.attention`. The model never looks at the encoding's name. One encoding instance
-serves every layer (T5 shares its bias table across layers the same way).
+:func:`posenc.attention`. The model never looks at the encoding's name. Layer ``i`` uses
+``encoding.for_layer(i)``: one instance for every layer by default (T5 shares its bias table
+across layers the same way), a per-layer schedule for iRoPE.
 
 Shapes: B batch, T tokens, Tk keys (cached + new), d d_model, H heads, D = d / H.
 
@@ -77,7 +78,7 @@ class LMConfig:
     def encoding_sizes(self) -> dict:
         """The keyword arguments :func:`posenc.create_for_model` takes for this model."""
         return dict(d_model=self.d_model, num_heads=self.num_heads, head_dim=self.head_dim,
-                    max_positions=self.max_positions, causal=True)
+                    max_positions=self.max_positions, causal=True, num_layers=self.num_layers)
 
     def to_dict(self) -> dict:
         """The fields as plain data; ``num_kv_heads`` only when set, so that a config written
@@ -244,7 +245,8 @@ class TransformerLM(nn.Module):
             x = self.encoding.embed(x, positions)
         presents = []
         for layer, block in enumerate(self.blocks):
-            x, present = block(x, positions, k_positions, self.encoding, mask, cache.past(layer) if cache is not None else None)
+            x, present = block(x, positions, k_positions, self.encoding.for_layer(layer), mask,
+                               cache.past(layer) if cache is not None else None)
             presents.append(present)
         if cache is not None:
             cache.update(presents, k_positions)

@@ -46,12 +46,14 @@ def create(name: str, **kwargs) -> PositionalEncoding:
 
 
 def create_for_model(
-    name: str, *, d_model: int, num_heads: int, head_dim: int, max_positions: int, causal: bool = True, **kwargs
+    name: str, *, d_model: int, num_heads: int, head_dim: int, max_positions: int, causal: bool = True,
+    num_layers: int = 1, **kwargs
 ) -> PositionalEncoding:
     """Build ``name`` sized for a transformer (each encoding takes the sizes it needs);
     ``kwargs`` are the encoding's own options."""
     return encoding_class(name).for_model(
-        d_model=d_model, num_heads=num_heads, head_dim=head_dim, max_positions=max_positions, causal=causal, **kwargs
+        d_model=d_model, num_heads=num_heads, head_dim=head_dim, max_positions=max_positions, causal=causal,
+        num_layers=num_layers, **kwargs
     )
 
 

@@ -82,7 +82,7 @@ class Sinusoidal(PositionalEncoding):
         self.dim, self.base, self.layout = dim, float(base), layout
 
     @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
         return cls(d_model, **kwargs)
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
@@ -120,7 +120,7 @@ class LearnedAbsolute(PositionalEncoding):
         self.weight = nn.Parameter(torch.randn(num_positions, dim) * init_std)
 
     @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
         kwargs.setdefault("num_positions", max_positions)
         return cls(dim=d_model, **kwargs)
 

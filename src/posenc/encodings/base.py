@@ -81,15 +81,31 @@ class PositionalEncoding(nn.Module):
         head_dim: int,
         max_positions: int,
         causal: bool = True,
+        num_layers: int = 1,
         **kwargs,
     ) -> PositionalEncoding:
         """Build the encoding for a transformer of the given size.
 
         The model calls this for whatever encoding it is given, so each subclass picks the
-        sizes it needs (``head_dim`` for RoPE, ``num_heads`` for ALiBi, ...); ``kwargs`` are
-        the user's own options and pass through to the constructor.
+        sizes it needs (``head_dim`` for RoPE, ``num_heads`` for ALiBi, ``num_layers`` for a
+        per-layer schedule, ...); ``kwargs`` are the user's own options and pass through to
+        the constructor.
         """
         return cls(**kwargs)
+
+    def for_layer(self, layer: int) -> PositionalEncoding:
+        """The encoding that attention layer ``layer`` (0-based) uses; default: ``self``, one
+        encoding for every layer.
+
+        The one hook of a layer schedule (iRoPE: RoPE layers and NoPE layers; an encoding
+        with per-layer parameters such as FoX's forget gates): the model asks each layer's
+        encoding here and calls that one's hooks, never branching on names. The ``embed``
+        hook is the top-level encoding's (it acts once, before the first layer); so are
+        :attr:`max_positions` and :attr:`call_invariant`, which a schedule must state for
+        all its layers. Sub-encodings returned here should be submodules of ``self`` so
+        that their parameters are the model's.
+        """
+        return self
 
     # -- hooks -----------------------------------------------------------------------------
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:

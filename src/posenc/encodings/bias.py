@@ -91,7 +91,7 @@ class ALiBi(ScoreBias):
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 
     @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
         kwargs.setdefault("bidirectional", not causal)
         return cls(num_heads, **kwargs)
 
@@ -191,7 +191,7 @@ class T5RelativeBias(ScoreBias):
         nn.init.normal_(self.relative_attention_bias.weight, std=0.02)
 
     @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
         kwargs.setdefault("bidirectional", not causal)
         return cls(num_heads, **kwargs)
 
@@ -265,7 +265,7 @@ class Kerple(ScoreBias):
         self.clamp_parameters_()
 
     @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
         return cls(num_heads, **kwargs)
 
     @torch.no_grad()
@@ -338,7 +338,7 @@ class FIRE(ScoreBias):
         self.register_buffer("init_L", torch.tensor(float(init_L)))
 
     @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
         return cls(num_heads, **kwargs)
 
     @property

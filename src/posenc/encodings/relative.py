@@ -100,7 +100,7 @@ class Shaw(PositionalEncoding):
         nn.init.xavier_uniform_(self.relative_value)
 
     @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
         return cls(head_dim, **kwargs)
 
     def relative_index(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
@@ -203,7 +203,7 @@ class TransformerXL(PositionalEncoding):
             nn.init.normal_(weight, std=init_std)
 
     @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
         return cls(d_model, num_heads, head_dim, **kwargs)
 
     def relative_embeddings(self, distances: Tensor, dtype: torch.dtype | None = None) -> Tensor:

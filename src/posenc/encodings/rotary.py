@@ -367,7 +367,7 @@ class RoPE(PositionalEncoding):
         self._cache: dict[tuple, Tensor] = {}
 
     @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, **kwargs):
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
         return cls(head_dim, **kwargs)
 
     @property
