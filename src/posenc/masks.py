@@ -8,13 +8,32 @@ the same model code as a plain batch; only the positions and the ``mask`` differ
 - packing: :func:`positions_from_document_ids` (positions restart at 0 in each document) and
   :func:`document_mask` (no attention across documents).
 
+The same masks, and the local-attention masks of long-context models, also come as
+FlexAttention **mask_mods**, ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = may attend):
+:func:`document_mask_mod`, :func:`key_padding_mask_mod`, :func:`sliding_window_mask_mod`
+(Mistral's ``sliding_window``), :func:`chunked_mask_mod` (Llama 4's ``attention_chunk_size``).
+A mask_mod is elementwise on broadcastable integer tensors, so one function serves every
+backend: ``posenc.attention(..., mask=mask_mod)`` hands it to FlexAttention's block mask on
+``backend="flex"`` (no (Tq, Tk) tensor anywhere) and evaluates it on index grids for the other
+backends (:func:`posenc.attention.masks.mask_from_mod`), as Hugging Face's ``masking_utils``
+does with its mask functions. Combine them with torch's
+``torch.nn.attention.flex_attention.and_masks`` / ``or_masks``. ``q_idx`` and ``kv_idx`` are
+the rows of q and k (0 .. Tq - 1, 0 .. Tk - 1); a mask about positions looks them up in the
+position tensors it was built with (default: the index is the position).
+
 Shapes: B batch, T tokens; Tq and Tk query and key tokens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
+
+#: FlexAttention's mask form: ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor`` (True = may
+#: attend), elementwise on broadcastable integer tensors.
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 def check_padding_mask(padding_mask: Tensor) -> Tensor:
@@ -115,4 +134,142 @@ def document_mask(q_document_ids: Tensor, k_document_ids: Tensor | None = None) 
     return q_document_ids.unsqueeze(-1) == k_document_ids.unsqueeze(-2)
 
 
-__all__ = ["positions_from_padding_mask", "key_padding_mask", "positions_from_document_ids", "document_mask"]
+def document_ids_from_positions(positions: Tensor) -> Tensor:
+    """Document ids of packed rows from their positions alone: a document starts wherever a
+    position is not the previous one plus 1 (Hugging Face's ``find_packed_sequence_indices``
+    rule), e.g. positions ``[0, 1, 2, 0, 1, 0]`` give ids ``[0, 0, 0, 1, 1, 2]``. The inverse of
+    :func:`positions_from_document_ids` for documents whose positions start at 0.
+
+    Args:
+        positions: integer (T,) or (B, T).
+
+    Returns:
+        LongTensor of the same shape, 0 for each row's first document.
+
+    Raises:
+        ValueError: not an integer tensor of rank 1 or 2.
+    """
+    _check_document_ids(positions, "positions")
+    starts = torch.zeros_like(positions, dtype=torch.long)
+    starts[..., 1:] = (positions[..., 1:] != positions[..., :-1] + 1).long()
+    return starts.cumsum(-1)
+
+
+# -- FlexAttention mask_mods ---------------------------------------------------------------
+
+def _lookup(values: Tensor | None, b: Tensor, idx: Tensor) -> Tensor:
+    """``values`` at token ``idx`` of batch row ``b``: (T,) shared by the rows, (1, T) likewise,
+    (B, T) per row; None: the index itself."""
+    if values is None:
+        return idx
+    if values.dim() == 2 and values.shape[0] > 1:
+        return values[b, idx]
+    return values.reshape(-1)[idx]
+
+
+def _check_index_tensor(values: Tensor | None, argname: str) -> None:
+    if values is not None:
+        _check_document_ids(values, argname)
+
+
+def _check_window(value: int, argname: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{argname} must be an integer >= 1 (tokens), got {value!r}")
+
+
+def document_mask_mod(q_document_ids: Tensor, k_document_ids: Tensor | None = None) -> MaskMod:
+    """:func:`document_mask` as a mask_mod: query i may attend key j iff they share a document.
+
+    Args:
+        q_document_ids: integer (Tq,) or (B, Tq), e.g. Hugging Face's packed ``seq_idx``, or
+            :func:`document_ids_from_positions` of the packed rows' positions.
+        k_document_ids: integer (Tk,) or (B, Tk); default the queries' (a full pass).
+
+    Raises:
+        ValueError: not integer tensors of rank 1 or 2.
+    """
+    _check_document_ids(q_document_ids, "q_document_ids")
+    k_document_ids = q_document_ids if k_document_ids is None else k_document_ids
+    _check_document_ids(k_document_ids, "k_document_ids")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return _lookup(q_document_ids, b, q_idx) == _lookup(k_document_ids, b, kv_idx)
+
+    return mask_mod
+
+
+def key_padding_mask_mod(padding_mask: Tensor) -> MaskMod:
+    """:func:`key_padding_mask` as a mask_mod: key j may be attended iff it is a real token.
+
+    Args:
+        padding_mask: (B, Tk) bool or 0/1, True / 1 for a real token (Hugging Face's ``attention_mask``).
+
+    Raises:
+        ValueError: not a (B, T) boolean or 0/1 tensor.
+    """
+    real = check_padding_mask(padding_mask)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return _lookup(real, b, kv_idx)
+
+    return mask_mod
+
+
+def sliding_window_mask_mod(sliding_window: int, q_positions: Tensor | None = None,
+                            k_positions: Tensor | None = None) -> MaskMod:
+    """Sliding-window (local) attention as a mask_mod: a query at position p may attend the keys
+    at positions p' with p - p' < ``sliding_window``, i.e. itself and the previous
+    sliding_window - 1 positions once combined with the causal mask (Mistral's
+    ``sliding_window``, Jiang et al. 2023, section 2; Hugging Face's ``sliding_window_overlay``,
+    ``kv_idx > q_idx - sliding_window``). One-sided: keys after the query are the causal mask's
+    business (``causal=True``).
+
+    Args:
+        sliding_window: W >= 1 tokens.
+        q_positions, k_positions: integer (T,) or (B, T) positions of the query and key rows;
+            default: the row indices (then with a KV cache, Tq < Tk, pass the positions, as
+            :func:`posenc.attention` aligns the queries to the end of the keys).
+
+    Raises:
+        ValueError: sliding_window not an integer >= 1; positions not integer tensors of rank 1 or 2.
+    """
+    _check_window(sliding_window, "sliding_window")
+    _check_index_tensor(q_positions, "q_positions")
+    _check_index_tensor(k_positions, "k_positions")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return _lookup(q_positions, b, q_idx) - _lookup(k_positions, b, kv_idx) < sliding_window
+
+    return mask_mod
+
+
+def chunked_mask_mod(attention_chunk_size: int, q_positions: Tensor | None = None,
+                     k_positions: Tensor | None = None) -> MaskMod:
+    """Chunked (block-local) attention as a mask_mod: query and key may meet iff their positions
+    fall in the same chunk, p // C == p' // C (Llama 4's ``attention_chunk_size``, the local
+    layers of iRoPE; Hugging Face's ``chunked_overlay``). Chunks follow positions, so a
+    left-padded or packed row chunks from its own position 0.
+
+    Args:
+        attention_chunk_size: C >= 1 tokens.
+        q_positions, k_positions: as :func:`sliding_window_mask_mod`.
+
+    Raises:
+        ValueError: attention_chunk_size not an integer >= 1; positions not integer tensors of rank 1 or 2.
+    """
+    _check_window(attention_chunk_size, "attention_chunk_size")
+    _check_index_tensor(q_positions, "q_positions")
+    _check_index_tensor(k_positions, "k_positions")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        chunk_q = torch.div(_lookup(q_positions, b, q_idx), attention_chunk_size, rounding_mode="floor")
+        return chunk_q == torch.div(_lookup(k_positions, b, kv_idx), attention_chunk_size, rounding_mode="floor")
+
+    return mask_mod
+
+
+__all__ = [
+    "positions_from_padding_mask", "key_padding_mask", "positions_from_document_ids", "document_mask",
+    "document_ids_from_positions", "MaskMod", "document_mask_mod", "key_padding_mask_mod", "sliding_window_mask_mod",
+    "chunked_mask_mod",
+]

@@ -32,7 +32,7 @@ from torch import Tensor
 from ..encodings.base import PositionalEncoding
 from .._validation import check_number, check_positions
 from . import blocked, eager, flex, sdpa
-from .masks import causal_mask, check_mask, combine_masks
+from .masks import causal_mask, check_mask, combine_masks, is_mask_mod, mask_from_mod
 
 __all__ = ["attention", "BACKENDS", "causal_mask", "combine_masks"]
 
@@ -221,7 +221,9 @@ def attention(
     backend_module = _BACKENDS[_resolve_backend(backend, encoding, bias_rows * num_heads * num_queries * num_keys,
                                                 q.device)]
     has_key = None
-    if mask is not None:
+    if is_mask_mod(mask) and backend_module is not flex:
+        mask = mask_from_mod(mask, batch, num_heads, num_queries, num_keys, q.device)  # the backends without mask_mods
+    if mask is not None and not is_mask_mod(mask):
         mask = check_mask(mask, batch, num_heads, num_queries, num_keys).to(q.device)
         mask, has_key = combine_masks(causal_mask(num_queries, num_keys, q.device) if causal else None, mask)
     reason = backend_module.unsupported(encoding, mask=mask, dropout_p=dropout_p)
@@ -276,10 +278,14 @@ def _quarantine(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, mask: Tensor |
     q = torch.where(bad_q.unsqueeze(-1), zero, q)
     k = torch.where(bad_k.unsqueeze(-1), zero, k)
     v = torch.where(bad_k.unsqueeze(-1), zero, v)
+    num_queries, num_keys = q.shape[2], k.shape[2]
+    if is_mask_mod(mask):
+        # no (Tq, Tk) mask to read: FlexAttention tells which rows see a flagged key
+        return q, k, v, bad_q | flex.any_visible(bad_k, mask=mask, causal=causal, num_heads=q.shape[1],
+                                                 num_queries=num_queries)
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         bad_k = bad_k.repeat_interleave(groups, dim=1)  # query head h reads key-value head h // G
-    num_queries, num_keys = q.shape[2], k.shape[2]
     if mask is not None:
         visible = mask if has_key is None else mask & has_key  # rows without a key were opened: see nothing
         seen = (visible & bad_k.unsqueeze(-2)).any(-1)

@@ -1,68 +1,187 @@
-"""torch's FlexAttention with the encoding's ``score_mod`` and a causal block mask (keys wholly
-in the future skipped by blocks); compiled once per process, lazily, per shape."""
+"""torch's FlexAttention with the encoding's ``score_mod`` and a block mask: every score bias
+without a (Tq, Tk) tensor, compiled once per shape family.
+
+The block mask is the causal mask (bottom-right aligned, as every backend), and-ed with the
+user's ``mask``: a mask_mod (``posenc.masks``: documents, key padding, sliding window, chunks;
+or any ``mask_mod(b, h, q_idx, kv_idx)``), evaluated by ``create_block_mask`` block by block,
+or a boolean tensor, looked up by the mask_mod (the tensor is the caller's; nothing (Tq, Tk) is
+made here). Key blocks that no query of a query block may see are skipped.
+
+Compilation (docs/fast_attention.md has the measurements): ``flex_attention`` and
+``create_block_mask`` are each compiled once per process with ``dynamic=True``, so a new
+sequence length reuses the compiled kernels (torch.compile's recompile counter stays at one
+graph per encoding); calls with a side of at most :data:`FLEX_COMPILE_MIN_LENGTH` tokens run
+uncompiled. Inside the caller's own ``torch.compile`` nothing is compiled here: FlexAttention
+is traced into the caller's graph.
+
+Gradients: on CUDA, FlexAttention has a backward for q, k, v and for the score_mod's learned
+parameters (T5's table, Kerple's and FIRE's parameters). torch's CPU FlexAttention has no
+backward for q, k and v (a ValueError here says so); learned-bias gradients alone run through
+the uncompiled path on the CPU (torch 2.13's compiled CPU kernel fails on them).
+"""
 
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from ..encodings.base import PositionalEncoding
+from .masks import is_mask_mod
 
-#: Compile FlexAttention only for sequences at least this long: torch 2.13's compiled CPU
-#: kernel is wrong for sequences shorter than a 64-row block.
+#: Compile FlexAttention only when both the queries and the keys are longer than this (one
+#: 128-token block of FlexAttention): with a single block on a side, dynamo specializes the
+#: block mask's size-1 dimension and recompiles at the next length (and torch 2.13's CPU
+#: kernel then fails to build with dynamic shapes). Shorter calls (a decoding step, a short
+#: prompt) run FlexAttention uncompiled, which materializes their small score matrix.
 FLEX_COMPILE_MIN_LENGTH = 128
 
-_compiled_flex_attention: Callable[..., Tensor] | None = None
+#: Head dim of the visibility pass of :func:`any_visible` (FlexAttention's smallest tile).
+_FLAG_DIM = 16
+
+_compiled: dict[str, Callable] = {}
+#: The last causal (or tensor-mask) block mask, reused while the call's shapes (and the mask
+#: tensor, unmodified) stay the same: every layer of a forward pass asks for the same one.
+_last_block_mask: tuple | None = None
 
 
-def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dropout_p: float = 0.0) -> str | None:
-    """No content terms (no hook for them in a score_mod that sees one score), no user mask, no dropout."""
+def unsupported(encoding: PositionalEncoding | None, *, mask=None, dropout_p: float = 0.0) -> str | None:
+    """No content terms (no hook for them in a score_mod that sees one score), no dropout.
+    Every mask is served: a mask_mod natively, a boolean tensor through a lookup."""
     if encoding is not None and "content" in encoding.hooks:
         return "backend='flex' has no content terms; use backend='eager' or 'auto'"
-    if mask is not None:
-        return "backend='flex' does not take mask=; use backend='blocked', 'sdpa', 'eager' or 'auto'"
     if dropout_p:
         return "backend='flex' has no attention dropout (dropout_p); use backend='blocked', 'sdpa', 'eager' or 'auto'"
     return None
 
 
+def _flex():
+    try:
+        from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
+    except ImportError as err:  # pragma: no cover - torch < 2.5
+        raise ValueError("backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)") from err
+    return and_masks, create_block_mask, flex_attention
+
+
+def compiled(name: str) -> Callable:
+    """``torch.compile(fn, dynamic=True)`` of FlexAttention's ``flex_attention`` or
+    ``create_block_mask``, made once per process: one compiled kernel for every length."""
+    if name not in _compiled:
+        _, create_block_mask, flex_attention = _flex()
+        fn = {"flex_attention": flex_attention, "create_block_mask": create_block_mask}[name]
+        _compiled[name] = torch.compile(fn, dynamic=True)
+    return _compiled[name]
+
+
+def mask_mod_for(mask, *, causal: bool, batch: int, heads: int, num_queries: int, num_keys: int,
+                 device) -> tuple[Callable | None, int | None, int | None]:
+    """The call's mask as one mask_mod, and the batch and head sizes its block mask needs (None:
+    the same for every row / head). ``mask``: None, a mask_mod (causal added here) or a 4-D
+    boolean tensor with the causal mask already in it (:func:`posenc.attention`'s combined mask).
+    """
+    and_masks = _flex()[0]
+    mods, mask_batch, mask_heads = [], None, None
+    if causal and not isinstance(mask, Tensor):
+        # a 0-d tensor, not a Python int: a compiled kernel would specialize on the int's value
+        offset = torch.tensor(num_keys - num_queries, device=device)
+
+        def causal_mod(b, h, q_idx, kv_idx):
+            return kv_idx <= q_idx + offset
+
+        mods.append(causal_mod)
+    if isinstance(mask, Tensor):
+        # expanded (no copy) so that every (b, h) the kernel asks for is a valid index
+        full = mask.expand(batch, heads, num_queries, num_keys)
+
+        def tensor_mod(b, h, q_idx, kv_idx):
+            return full[b, h, q_idx, kv_idx]
+
+        mods.append(tensor_mod)
+        mask_batch = batch if mask.shape[0] > 1 else None
+        mask_heads = heads if mask.shape[1] > 1 else None
+    elif mask is not None:
+        mods.append(mask)
+        mask_batch = batch  # a mask_mod is evaluated per row and broadcast over heads (h = 0)
+    if not mods:
+        return None, None, None
+    return (mods[0] if len(mods) == 1 else and_masks(*mods)), mask_batch, mask_heads
+
+
+def _block_mask(mask, *, causal, batch, heads, num_queries, num_keys, device, use_compiled: bool):
+    global _last_block_mask
+    mask_mod, mask_batch, mask_heads = mask_mod_for(mask, causal=causal, batch=batch, heads=heads,
+                                                    num_queries=num_queries, num_keys=num_keys, device=device)
+    if mask_mod is None:
+        return None
+    create = compiled("create_block_mask") if use_compiled else _flex()[1]
+    if torch.compiler.is_compiling() or is_mask_mod(mask):
+        # a mask_mod may read tensors changed in place since: never reused
+        return create(mask_mod, mask_batch, mask_heads, num_queries, num_keys, device=device)
+    key = (causal, batch, heads, num_queries, num_keys, str(device), use_compiled,
+           None if mask is None else mask._version)
+    if _last_block_mask is not None and _last_block_mask[0] == key:
+        ref = _last_block_mask[1]
+        if (mask is None and ref is None) or (ref is not None and ref() is mask):
+            return _last_block_mask[2]
+    block_mask = create(mask_mod, mask_batch, mask_heads, num_queries, num_keys, device=device)
+    _last_block_mask = (key, None if mask is None else weakref.ref(mask), block_mask)
+    return block_mask
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, *, score_mod, mask, causal: bool, scale: float,
+            learned_bias: bool) -> Tensor:
+    """FlexAttention on (B, H, Tq, D), (B, H_kv, Tk, D): compiled, uncompiled or traced."""
+    flex_attention = _flex()[2]
+    batch, heads, num_queries, _ = q.shape
+    num_keys = k.shape[2]
+    shapes = dict(causal=causal, batch=batch, heads=heads, num_queries=num_queries, num_keys=num_keys, device=q.device)
+    gqa = k.shape[1] != heads
+    if torch.compiler.is_compiling():
+        # inside the caller's torch.compile, flex_attention is traced as one higher-order op
+        # and compiled with the caller's graph: no nested compile, no warnings context
+        block_mask = _block_mask(mask, use_compiled=False, **shapes)
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    use_compiled = min(num_queries, num_keys) > FLEX_COMPILE_MIN_LENGTH and not (q.device.type == "cpu" and learned_bias)
+    if not use_compiled:
+        # the uncompiled flex_attention (scores materialized, small here) is exact
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            block_mask = _block_mask(mask, use_compiled=False, **shapes)
+            return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    block_mask = _block_mask(mask, use_compiled=True, **shapes)
+    return compiled("flex_attention")(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+
+
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
-        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0) -> Tensor:
-    global _compiled_flex_attention
-    score_mod = None
+        k_positions: Tensor, causal: bool, mask=None, scale: float, dropout_p: float = 0.0) -> Tensor:
+    score_mod, learned_bias = None, False
     if encoding is not None and "score_bias" in encoding.hooks:
         score_mod = encoding.score_mod(q_positions, k_positions)
         if score_mod is None:
             raise ValueError(f"backend='flex' needs the encoding's score_mod(); {type(encoding).__name__} has none")
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    except ImportError as err:  # pragma: no cover - torch < 2.5
-        raise ValueError("backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)") from err
-    num_queries, num_keys = q.shape[2], k.shape[2]
-    offset = num_keys - num_queries
-    gqa = k.shape[1] != q.shape[1]
+        learned_bias = torch.is_grad_enabled() and any(p.requires_grad for p in encoding.parameters())
+    if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise ValueError(
+            f"backend='flex' has no backward for q, k, v on the CPU (torch {torch.__version__}'s FlexAttention refuses it); "
+            "use backend='blocked', 'eager' or 'auto' to train on the CPU, or call it under torch.no_grad()"
+        )
+    return _attend(q, k, v, score_mod=score_mod, mask=mask, causal=causal, scale=scale, learned_bias=learned_bias)
 
-    def causal_mod(b, h, q_idx, kv_idx):
-        return kv_idx <= q_idx + offset
 
-    if torch.compiler.is_compiling():
-        # inside the caller's torch.compile, flex_attention is traced as one higher-order op
-        # and compiled with the caller's graph: no nested compile, no warnings context
-        block_mask = create_block_mask(causal_mod, None, None, num_queries, num_keys, device=q.device) \
-            if causal else None
-        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
-    if min(num_queries, num_keys) < FLEX_COMPILE_MIN_LENGTH:
-        # the uncompiled flex_attention (scores materialized, small here) is exact
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            block_mask = create_block_mask(causal_mod, None, None, num_queries, num_keys, device=q.device) \
-                if causal else None
-            return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
-    if _compiled_flex_attention is None:
-        # dynamic=True fails to compile in torch 2.13 on CPU (an inductor codegen error).
-        _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
-    block_mask = create_block_mask(causal_mod, None, None, num_queries, num_keys, device=q.device) if causal else None
-    return _compiled_flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+def any_visible(flags: Tensor, *, mask, causal: bool, num_heads: int, num_queries: int) -> Tensor:
+    """(B, H, Tq) bool: whether query row i of head h sees a key whose ``flags`` (B, H_kv, Tk,
+    bool) entry is set, under the causal mask and ``mask`` (a mask_mod), without a (Tq, Tk)
+    tensor: FlexAttention itself averages the flags over each row's visible keys (zero queries
+    and keys: uniform weights, so a set flag gives a positive mean however many keys a row
+    sees), with the same block mask. Query head h reads key head h // (H / H_kv).
+    Used for the NaN rule (:func:`posenc.attention`) when the mask is a mask_mod."""
+    batch, kv_heads, num_keys = flags.shape
+    zeros_q = flags.new_zeros((batch, num_heads, num_queries, _FLAG_DIM), dtype=torch.float32)
+    zeros_k = flags.new_zeros((batch, kv_heads, num_keys, _FLAG_DIM), dtype=torch.float32)
+    values = torch.nn.functional.pad(flags.float().unsqueeze(-1), (0, _FLAG_DIM - 1))
+    with torch.no_grad():
+        mean = _attend(zeros_q, zeros_k, values, score_mod=None, mask=mask, causal=causal, scale=1.0, learned_bias=False)
+    return mean[..., 0] > 0

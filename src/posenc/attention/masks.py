@@ -25,7 +25,7 @@ def check_mask(mask: Tensor, batch: int, heads: int, num_queries: int, num_keys:
     """
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         kind = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-        raise TypeError(f"mask must be a boolean tensor (True = may attend), got {kind}")
+        raise TypeError(f"mask must be a boolean tensor (True = may attend) or a mask_mod(b, h, q_idx, kv_idx) (posenc.masks), got {kind}")
     allowed = f"(Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk) with B={batch}, H={heads}, Tq={num_queries}, Tk={num_keys} (or 1 to broadcast)"
     if mask.dim() not in (2, 3, 4):
         raise ValueError(f"mask must have shape {allowed}, got {tuple(mask.shape)}")
@@ -34,6 +34,36 @@ def check_mask(mask: Tensor, batch: int, heads: int, num_queries: int, num_keys:
             or full.shape[0] not in (1, batch) or full.shape[1] not in (1, heads):
         raise ValueError(f"mask must have shape {allowed}, got {tuple(mask.shape)}")
     return full
+
+
+def is_mask_mod(mask) -> bool:
+    """Whether a ``mask=`` argument is a FlexAttention mask_mod (a callable) rather than a tensor."""
+    return callable(mask) and not isinstance(mask, Tensor)
+
+
+def mask_from_mod(mask_mod, batch: int, heads: int, num_queries: int, num_keys: int,
+                  device: torch.device | None = None) -> Tensor:
+    """A mask_mod ``(b, h, q_idx, kv_idx) -> bool`` evaluated on broadcast index grids
+    (b (B, 1, 1, 1), h (1, H, 1, 1), q_idx (1, 1, Tq, 1), kv_idx (1, 1, 1, Tk), int64): the 4-D
+    boolean mask the other backends take, only as large as the arguments it reads make it
+    (a mask that ignores b and h is (1, 1, Tq, Tk)), as Hugging Face's ``sdpa_mask`` evaluates
+    its mask functions.
+
+    Raises:
+        TypeError: the mask_mod does not return a boolean tensor. ValueError: its result does
+            not broadcast to (B, H, Tq, Tk).
+    """
+    grids = [torch.arange(n, device=device).view([-1 if i == axis else 1 for i in range(4)])
+             for axis, n in enumerate((batch, heads, num_queries, num_keys))]
+    out = mask_mod(*grids)
+    if not isinstance(out, Tensor) or out.dtype != torch.bool:
+        got = out.dtype if isinstance(out, Tensor) else type(out).__name__
+        raise TypeError(f"mask: a mask_mod must return a boolean tensor (True = may attend), got {got}")
+    while out.dim() < 4:
+        out = out.unsqueeze(0)
+    if out.shape[-1] == 1 and num_keys != 1:  # a mask that ignores the keys
+        out = out.expand(*out.shape[:-1], num_keys)
+    return check_mask(out, batch, heads, num_queries, num_keys)
 
 
 def combine_masks(causal: Tensor | None, mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
