@@ -349,11 +349,14 @@ class FIRE(ScoreBias):
     def normalized_distance(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
         """psi(i - j) / (psi(max(L, i)) + eps), float32 (float64 for a float64 encoding),
         broadcast shape of the positions."""
+        return self._normalized(q_positions, k_positions, self.c, self.threshold)
+
+    def _normalized(self, q_positions: Tensor, k_positions: Tensor, c: Tensor, threshold: Tensor) -> Tensor:
         wide = _wide(self.c)
         i = q_positions.to(wide)
         distance = (q_positions - k_positions).to(wide)  # int64 difference: exact below 2^24 (2^53)
-        numerator = torch.log((self.c * distance).abs() + 1.0)
-        denominator = torch.log((self.c * torch.maximum(i, self.threshold)).abs() + 1.0) + self.eps
+        numerator = torch.log((c * distance).abs() + 1.0)
+        denominator = torch.log((c * torch.maximum(i, threshold)).abs() + 1.0) + self.eps
         return numerator / denominator
 
     def piecewise_linear_mlp(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -385,6 +388,8 @@ class FIRE(ScoreBias):
         one multiply-add per entry and head instead of a 1 -> width -> H network per pair, and
         no (Tq, Tk, width) hidden tensor; equal to the network up to float32 rounding. Under
         autograd, inside FlexAttention (0-d arguments) or a compile, the network itself."""
+        if head.dim() == 0:  # one score, inside FlexAttention's score_mod
+            return self._one_score(q_positions, k_positions, head)
         x = self.normalized_distance(q_positions, k_positions)
         needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
         grid = head.dim() == 3 and head.shape[1:] == (1, 1) and x.dim() >= 3 and x.shape[-3] == 1
@@ -400,6 +405,22 @@ class FIRE(ScoreBias):
         while per_head.dim() < index.dim():
             per_head = per_head.unsqueeze(0)
         return torch.take_along_dim(per_head, index, dim=-1).squeeze(-1)
+
+    def _one_score(self, q_position: Tensor, k_position: Tensor, head: Tensor) -> Tensor:
+        """The same f_theta(normalized distance)_h for one (0-d) score, every parameter read by a
+        gather whose index goes through the score's head (``zero = head * 0``): FlexAttention
+        (torch 2.13, ``sdpa_dense_backward`` and the compiled kernels) differentiates a
+        score_mod's captured parameters only when they are read that way, summing their
+        gradients over the scores by scatter-adds; a plain product with a parameter there has no
+        gradient (vmap refuses it)."""
+        zero = head * 0
+        units = torch.arange(self.mlp_width, device=head.device) + zero
+        first, second = self.mlp[0], self.mlp[2]
+        threshold = (self.L_multiplier.view(1)[zero] * self.init_L).abs()
+        x = self._normalized(q_position, k_position, self.c.view(1)[zero], threshold).to(first.weight.dtype)
+        hidden = torch.relu(first.weight.reshape(-1)[units] * x + first.bias[units])
+        row = second.weight.reshape(-1)[head * self.mlp_width + units]  # flat gathers: one index tensor each
+        return ((row * hidden).sum() + second.bias[head]).to(_wide(self.c))
 
     def _piecewise_bias(self, x: Tensor, heads: Tensor) -> Tensor:
         """x (..., Tq, Tk), heads (H',) -> (..., H', Tq, Tk) from the piecewise-linear MLP."""
