@@ -186,16 +186,19 @@ def _graphs():
 
 
 @pytest.mark.slow
-def test_compiled_flex_is_exact_and_compiles_once_for_every_length():
+def test_compiled_flex_is_exact_and_compiles_once_per_shape_family():
     """Lengths past one 128-token block run the compiled kernels (dynamic=True): equal to eager,
-    and no new graph for a new length, a KV-cache offset or a document mask."""
+    and no new graph for a new length with a document mask. Dynamo gives equal sizes one symbol
+    (duck sizing), so the first call with Tq != Tk (a KV cache) compiles once more; after that,
+    no length compiles again. (docs/fast_attention.md has the counts against static shapes and
+    padding to buckets: benchmarks/flex_recompiles.py.)"""
     torch._dynamo.utils.counters.clear()
     flex._compiled.clear()
     enc = make("alibi")
     graphs = []
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        for tq, tk in ((200, 200), (300, 300), (150, 450), (333, 333)):
+        for tq, tk in ((200, 200), (300, 300), (333, 333), (150, 450), (210, 350)):
             g = torch.Generator().manual_seed(tq)
             q, k, v = torch.randn(1, H, tq, D, generator=g), torch.randn(1, H, tk, D, generator=g), torch.randn(1, H, tk, D, generator=g)
             docs = torch.arange(tk) // 97
@@ -204,4 +207,5 @@ def test_compiled_flex_is_exact_and_compiles_once_for_every_length():
             expected = posenc.attention(q, k, v, enc, mask=mask, backend="eager")
             torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
             graphs.append(_graphs())
-    assert graphs[1:] == graphs[:1] * 3, f"unique graphs after each length: {graphs}"
+    first, square, cache = graphs[0], graphs[:3], graphs[3:]
+    assert square == [first] * 3 and cache == [cache[0]] * 2 and cache[0] <= 2 * first, f"graphs after each call: {graphs}"

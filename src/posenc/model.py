@@ -98,11 +98,12 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
 
     def forward(
-        self, x: Tensor, q_positions: Tensor, k_positions: Tensor, encoding: PositionalEncoding,
+        self, x: Tensor, q_positions: Tensor | None, k_positions: Tensor | None, encoding: PositionalEncoding,
         mask: Tensor | None = None, past: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """x (B, T, d) -> (output (B, T, d), (keys, values) (B, H_kv, Tk, D) of past and new
-        tokens); the keys are returned unrotated, for a cache (why: :mod:`posenc.generation`)."""
+        tokens); the keys are returned unrotated, for a cache (why: :mod:`posenc.generation`).
+        Positions None: :func:`posenc.attention`'s defaults (the row indices)."""
         batch, length, width = x.shape
         q, k, v = self.qkv(x).split([self.num_heads * self.head_dim, *[self.num_kv_heads * self.head_dim] * 2], dim=-1)
         q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
@@ -235,17 +236,21 @@ class TransformerLM(nn.Module):
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a posenc.model.KVCache or None, got {type(cache).__name__}")
         batch, length = tokens.shape
+        # the attention is told "default positions" (None) when they are: a kernel that reads
+        # row indices (FlashAttention-2's ALiBi) may then serve it without checking them
+        default_positions = positions is None and cache is None
         if positions is None:
             positions = cache.next_positions(length, tokens.device) if cache is not None else torch.arange(length, device=tokens.device)
         else:
             check_positions(positions[..., :0] if torch.compiler.is_compiling() else positions)
         k_positions = cache.key_positions(positions, batch) if cache is not None else positions
+        attention_positions = (None, None) if default_positions else (positions, k_positions)
         x = self.token_embedding(tokens)
         if "embed" in self.encoding.hooks:
             x = self.encoding.embed(x, positions)
         presents = []
         for layer, block in enumerate(self.blocks):
-            x, present = block(x, positions, k_positions, self.encoding.for_layer(layer), mask,
+            x, present = block(x, *attention_positions, self.encoding.for_layer(layer), mask,
                                cache.past(layer) if cache is not None else None)
             presents.append(present)
         if cache is not None:

@@ -13,7 +13,13 @@ Backends (one module each, in :data:`_BACKENDS`), all with the same two function
   (B, H, Tq, D)`` with q and k already rotated (k and v with H_kv heads dividing H),
   positions filled in, ``mask`` None or the user mask with the causal one already in it
   (``causal`` says whether to add the causal mask when ``mask`` is None). How a backend evaluates the score bias (materialized, per
-  tile, per score) is its own affair: :mod:`posenc.attention.tiling`.
+  tile, per score) is its own affair: :mod:`posenc.attention.tiling`. Only "flex" is handed
+  a mask_mod (then without the causal mask in it); the others get it evaluated into a tensor.
+
+Which backend "auto" picks depends on the device (:func:`_resolve_backend`): on the CPU, eager
+for content terms and for learned biases in training, "blocked" for biases past 4M entries,
+else "sdpa"; on CUDA, "flash_attention_2" for ALiBi in fp16/bf16 where flash-attn is installed,
+"flex" for mask_mods and for biases past 4M entries, else "sdpa".
 
 Masking convention: a causal query i sees key j iff j <= i + (Tk - Tq), i.e. the queries
 are the last Tq of the Tk keys (bottom-right alignment, as with a KV cache). An optional
@@ -31,14 +37,14 @@ from torch import Tensor
 
 from ..encodings.base import PositionalEncoding
 from .._validation import check_number, check_positions
-from . import blocked, eager, flex, sdpa
+from . import blocked, eager, flash_attention_2, flex, sdpa
 from .masks import causal_mask, check_mask, combine_masks, is_mask_mod, mask_from_mod
 
 __all__ = ["attention", "BACKENDS", "causal_mask", "combine_masks"]
 
-BACKENDS = ("auto", "eager", "sdpa", "blocked", "flex")
+BACKENDS = ("auto", "eager", "sdpa", "blocked", "flex", "flash_attention_2")
 
-_BACKENDS = {"eager": eager, "sdpa": sdpa, "blocked": blocked, "flex": flex}
+_BACKENDS = {"eager": eager, "sdpa": sdpa, "blocked": blocked, "flex": flex, "flash_attention_2": flash_attention_2}
 
 #: backend="auto" picks "blocked" for a score bias whose materialized form, B_bias * H * Tq * Tk
 #: float32 entries, would hold at least this many (16 MiB).
@@ -46,16 +52,31 @@ AUTO_BLOCKED_MIN_BIAS_ELEMENTS = 1 << 22
 
 
 def _resolve_backend(
-    backend: str, encoding: PositionalEncoding | None, bias_elements: int = 0, device: torch.device | None = None
+    backend: str, encoding: PositionalEncoding | None, bias_elements: int = 0, device: torch.device | None = None,
+    *, causal: bool = True, dtype: torch.dtype | None = None, mask=None, dropout_p: float = 0.0,
+    default_positions: bool = False,
 ) -> str:
-    """The backend a call runs on; ``bias_elements`` = B_bias * H * Tq * Tk. For "auto", in order:
+    """The backend a call runs on; ``bias_elements`` = B_bias * H * Tq * Tk. For "auto" on the
+    CPU (and any device but CUDA, or no device given), in order:
 
     1. an encoding with the ``content`` hook: "eager" (the only backend with both content terms);
     2. an encoding with the ``score_bias`` hook and ``bias_elements`` >= 4M
-       (:data:`AUTO_BLOCKED_MIN_BIAS_ELEMENTS`): "blocked", on every device;
-    3. an encoding with the ``score_bias`` hook, a parameter requiring grad, grad enabled, on
-       the CPU (or no device given): "eager";
-    4. otherwise "sdpa". "flex" is never picked (it compiles on first use per shape).
+       (:data:`AUTO_BLOCKED_MIN_BIAS_ELEMENTS`): "blocked";
+    3. an encoding with the ``score_bias`` hook, a parameter requiring grad, grad enabled:
+       "eager";
+    4. otherwise "sdpa". A mask_mod is evaluated into a boolean mask first; "flex" and
+       "flash_attention_2" are never picked.
+
+    On CUDA, in order (:func:`_auto_on_cuda`):
+
+    1. a ``content`` encoding: "eager";
+    2. a bias that is FlashAttention-2's own (``linear_bias_slopes(causal)``: ALiBi), fp16 or bf16,
+       default positions (none passed), no ``mask``, flash-attn installed, outside
+       torch.compile: "flash_attention_2";
+    3. no dropout, and a mask_mod or a ``score_bias`` encoding with ``bias_elements`` >= 4M:
+       "flex" (no (Tq, Tk) tensor; compiled once per process, every length reusing it);
+    4. with dropout, a ``score_bias`` encoding with ``bias_elements`` >= 4M: "blocked";
+    5. otherwise "sdpa" (torch's flash kernel when there is nothing to add).
 
     Raises:
         ValueError: an unknown backend name.
@@ -66,6 +87,9 @@ def _resolve_backend(
         return backend
     if encoding is not None and "content" in encoding.hooks:
         return "eager"
+    if device is not None and torch.device(device).type == "cuda":
+        return _auto_on_cuda(encoding, bias_elements, causal=causal, dtype=dtype, mask=mask,
+                             dropout_p=dropout_p, default_positions=default_positions)
     if encoding is not None and "score_bias" in encoding.hooks:
         if bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS:
             # blocked was 1.1-1.2x bias-free causal SDPA at T=4096-8192 on CPU for ALiBi, T5
@@ -74,6 +98,21 @@ def _resolve_backend(
         if _learns_bias_on_cpu(encoding, device):
             return "eager"
     return "sdpa"
+
+
+def _auto_on_cuda(encoding: PositionalEncoding | None, bias_elements: int, *, causal: bool, dtype, mask,
+                  dropout_p: float, default_positions: bool) -> str:
+    """Rules 2-5 of the CUDA column of :func:`_resolve_backend`."""
+    has_bias = encoding is not None and "score_bias" in encoding.hooks
+    mask_mod = is_mask_mod(mask)
+    if has_bias and default_positions and mask is None and dtype in (torch.float16, torch.bfloat16) \
+            and not torch.compiler.is_compiling() and encoding.linear_bias_slopes(causal) is not None \
+            and flash_attention_2.unsupported(encoding, dropout_p=dropout_p) is None:
+        return "flash_attention_2"
+    large = has_bias and bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS
+    if (mask_mod or large) and not dropout_p:
+        return "flex"
+    return "blocked" if large else "sdpa"
 
 
 def _learns_bias_on_cpu(encoding: PositionalEncoding, device: torch.device | None) -> bool:
@@ -157,20 +196,32 @@ def attention(
             when there is nothing to add; no content term on the values), "blocked" (query
             blocks, each with its own bias tile; memory O(T), future key blocks skipped; no
             content terms), "flex" (torch FlexAttention with the encoding's ``score_mod`` and a
-            causal block mask, compiled on first use per shape; no content terms, no ``mask``)
-            or "auto", which picks, in order: "eager" for a ``content`` encoding; "blocked" for
-            a ``score_bias`` encoding whose materialized bias, B_bias * H * Tq * Tk entries
-            (B_bias = B for (B, T) positions, else 1), would hold at least
+            block mask of the causal mask and ``mask``, compiled once per process for every
+            length; no content terms, no dropout, no q/k/v backward on the CPU),
+            "flash_attention_2" (flash-attn's kernel with its native ALiBi; CUDA, fp16/bf16,
+            ALiBi or no bias, no ``mask``; needs ``pip install flash-attn``) or "auto", which
+            picks per device. On the CPU, in order: "eager" for a ``content`` encoding;
+            "blocked" for a ``score_bias`` encoding whose materialized bias, B_bias * H * Tq *
+            Tk entries (B_bias = B for (B, T) positions, else 1), would hold at least
             ``AUTO_BLOCKED_MIN_BIAS_ELEMENTS`` (4M); "eager" for a ``score_bias`` encoding
-            with a parameter requiring grad, grad enabled, on the CPU (torch's CPU SDPA
-            kernels give no gradient for a float mask); else "sdpa".
+            with a parameter requiring grad, grad enabled (torch's CPU SDPA kernels give no
+            gradient for a float mask); else "sdpa". On CUDA: "eager" for a ``content``
+            encoding; "flash_attention_2" for ALiBi in fp16/bf16 with default positions and no
+            ``mask`` where flash-attn is installed (outside torch.compile); "flex" for a
+            mask_mod, or a bias past 4M entries, without dropout; "blocked" for such a bias
+            with dropout; else "sdpa".
         mask: optional boolean tensor, True where query i may attend key j, of shape
             (Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk), any of B, H, Tq may be 1 to broadcast
-            (a key-padding mask is (B, 1, Tk)). Combined with the causal mask by logical and.
-            Used for document masks of packed rows and for padding
+            (a key-padding mask is (B, 1, Tk)); or a FlexAttention mask_mod
+            ``(b, h, q_idx, kv_idx) -> bool`` (:mod:`posenc.masks`: document, key padding,
+            sliding window, chunked), which "flex" turns into its block mask without a (Tq,
+            Tk) tensor and the other backends evaluate on index grids (a mask_mod is evaluated
+            per batch row and must not depend on h under "flex"). Combined with the causal
+            mask by logical and. Used for document masks of packed rows and for padding
             (:func:`posenc.model.document_mask`, :func:`posenc.model.key_padding_mask`).
             A query that may attend no key at all (e.g. a left-padding query) gets an output
-            of zeros, Shaw's value term included: no NaN. Every backend but "flex" takes it.
+            of zeros, Shaw's value term included: no NaN. Every backend but
+            "flash_attention_2" takes it.
         scale: the softmax scale on q.k (and the content scores); default 1/sqrt(D), as SDPA.
             Score biases are added after it, unscaled (ALiBi, T5).
         dropout_p: dropout on the attention probabilities, as SDPA's (use it for training
@@ -215,11 +266,13 @@ def attention(
         )
     batch, num_heads, num_queries, head_dim = q.shape
     num_keys = k.shape[2]
+    default_positions = q_positions is None and k_positions is None
     q_positions = _default_positions(q_positions, num_queries, num_keys - num_queries, q.device, "q_positions", batch)
     k_positions = _default_positions(k_positions, num_keys, 0, q.device, "k_positions", batch)
     bias_rows = batch if q_positions.dim() == 2 or k_positions.dim() == 2 else 1
     backend_module = _BACKENDS[_resolve_backend(backend, encoding, bias_rows * num_heads * num_queries * num_keys,
-                                                q.device)]
+                                                q.device, causal=causal, dtype=q.dtype, mask=mask, dropout_p=dropout_p,
+                                                default_positions=default_positions)]
     has_key = None
     if is_mask_mod(mask) and backend_module is not flex:
         mask = mask_from_mod(mask, batch, num_heads, num_queries, num_keys, q.device)  # the backends without mask_mods

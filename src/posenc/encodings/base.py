@@ -176,6 +176,13 @@ class PositionalEncoding(nn.Module):
 
         return score_mod
 
+    def linear_bias_slopes(self, causal: bool = True) -> Tensor | None:
+        """The slopes m (H,) float32 when the score bias is b(h, i, j) = -m_h * |i - j| on every
+        pair a query can see (causal: keys at or before the query; else all keys), i.e. ALiBi's
+        form; None for any other bias (default). A statement about the math that lets a kernel
+        with a native linear bias serve the encoding (FlashAttention-2's ``alibi_slopes``)."""
+        return None
+
     def content_scores(
         self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor
     ) -> Tensor | None:

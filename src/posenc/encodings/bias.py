@@ -101,6 +101,11 @@ class ALiBi(ScoreBias):
             distance = distance.abs()
         return -self.slopes[head] * distance
 
+    def linear_bias_slopes(self, causal: bool = True) -> Tensor | None:
+        """The slopes: -m (i - j) is -m |i - j| for the keys a causal query sees; without the
+        causal mask only the symmetric form is."""
+        return self.slopes if causal or self.bidirectional else None
+
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, bidirectional={self.bidirectional}"
 
