@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
+import torch
+
+import posenc
 from posenc import bench
 from posenc.cli import main
 
@@ -23,3 +28,38 @@ def test_rope_rows_are_ratios_to_the_copy():
     by_method = {row["method"]: row for row in rows}
     assert by_method["copy (clone: new tensors)"]["vs_clone"] == 1.0
     assert by_method["copy_ (into preallocated)"]["vs_copy_"] == 1.0
+
+
+# -- on a device (the GPU tables' code path, run here on the CPU at tiny sizes) -----------------
+
+def test_device_attention_rows_are_ratios_to_bias_free_sdpa():
+    rows, notes = bench.device_attention_benchmark("cpu", (32,), encodings=("alibi", "t5"), backends=("flex", "auto"),
+                                                   heads=2, head_dim=16, tokens=64, repeats=1, dtype="float32")
+    by_key = {(row["encoding"], row["backend"]): row for row in rows}
+    baseline = by_key["none (bias-free SDPA)", "sdpa"]
+    assert baseline["fwd_ratio"] == 1.0 and baseline["fwd_bwd_ratio"] == 1.0 and baseline["batch"] == 2
+    for name in ("alibi", "t5"):
+        auto = by_key[name, "auto"]
+        assert auto["fwd_ms"] > 0 and auto["fwd_bwd_ratio"] == auto["fwd_bwd_ms"] / baseline["fwd_bwd_ms"]
+        flex = by_key[name, "flex"]  # forward only on the CPU: torch's FlexAttention has no backward here
+        assert flex["fwd_ms"] > 0 and "no backward for q, k, v on the CPU" in flex["bwd_error"]
+    assert any("flash-attn not installed" in note for note in notes) or ("alibi (FlashAttention-2 native)", "flash_attn") in by_key
+
+
+def test_bench_on_a_device_writes_its_tables(tmp_path, capsys):
+    assert main(["bench", "throughput", "--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
+    assert "LM training throughput on cpu" in capsys.readouterr().out
+    table = json.loads((tmp_path / "throughput-cpu.json").read_text())
+    assert table["meta"]["device"] == "cpu" and table["meta"]["torch"] == torch.__version__
+    assert {row["encoding"] for row in table["rows"]} == set(posenc.available())
+    assert next(row for row in table["rows"] if row["encoding"] == "nope")["vs_nope"] == 1.0
+    markdown = (tmp_path / "throughput-cpu.md").read_text()
+    assert markdown.startswith("| encoding | tokens/s | x nope | notes |") and "device cpu" in markdown
+    assert (tmp_path / "throughput-cpu.csv").read_text().startswith("encoding,tokens_per_s,vs_nope")
+
+
+def test_bench_device_arguments(capsys):
+    assert main(["bench", "rope", "--device", "cpu"]) == 2
+    assert "bench rope has no --device yet" in capsys.readouterr().err
+    assert main(["bench", "attention", "--device", "cpu", "--backends", "fast"]) == 2
+    assert "--backends: unknown ['fast']" in capsys.readouterr().err

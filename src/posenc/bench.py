@@ -213,6 +213,233 @@ def attention_benchmark(
     return rows, notes
 
 
+# --- attention on a device: time and peak memory, forward and backward, in one process ------
+
+#: Shapes of ``posenc bench attention --device cuda`` (FlexAttention's published setting: 16
+#: heads of 64, bf16, causal), with the batch shrinking as T grows so that every length
+#: attends the same number of query tokens.
+DEVICE_ATTENTION = dict(lengths=(2048, 8192, 32768), heads=16, head_dim=64, tokens=65536, dtype="bfloat16")
+
+
+class _Device:
+    """Synchronize and read peak memory the same way on CUDA and on the CPU (the CPU only so
+    that the code path runs in the tests: its memory column is the process's peak RSS)."""
+
+    def __init__(self, device: str) -> None:
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def start_peak(self) -> int:
+        self.sync()
+        if self.cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return torch.cuda.memory_allocated(self.device)
+        return (_rss_kib("VmRSS") or 0) * 1024 if _reset_peak_rss() else 0
+
+    def peak_since(self, start: int) -> float:
+        """MB allocated at the peak since :meth:`start_peak`, above what was allocated then."""
+        self.sync()
+        if self.cuda:
+            return (torch.cuda.max_memory_allocated(self.device) - start) / 2**20
+        return max(0, (_rss_kib("VmHWM") or 0) * 1024 - start) / 2**20
+
+    def empty(self) -> None:
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+
+def _timed(fn: Callable[[], object], device: _Device, repeats: int) -> float:
+    """Median seconds of ``fn`` after one warm-up call (compiles happen there), synchronized."""
+    fn()
+    device.sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        device.sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _measure(forward: Callable[[], torch.Tensor], leaves: list[torch.Tensor], device: _Device, repeats: int,
+             backward: bool) -> dict:
+    """Forward ms, forward+backward ms and the peak extra MB of one forward+backward (of one
+    forward when ``backward`` is False); an error (out of memory, a backend that cannot) is
+    recorded per column, never raised."""
+    result: dict = {}
+
+    def with_grad():
+        out = forward()
+        out.backward(torch.ones_like(out))
+        for leaf in leaves:
+            leaf.grad = None
+
+    try:
+        with torch.no_grad():
+            result["fwd_ms"] = _timed(forward, device, repeats) * 1e3
+    except Exception as err:  # noqa: BLE001 - a row's failure is its result (OOM at 32k, a backend that cannot)
+        result["error"] = _one_line(err)
+        device.empty()
+        return result
+    if backward:
+        try:
+            result["fwd_bwd_ms"] = _timed(with_grad, device, repeats) * 1e3
+        except Exception as err:  # noqa: BLE001
+            result["bwd_error"] = _one_line(err)
+            device.empty()
+    try:
+        start = device.start_peak()
+        if backward and "bwd_error" not in result:
+            with_grad()
+        else:
+            with torch.no_grad():
+                forward()
+        result["peak_mb"] = device.peak_since(start)
+    except Exception as err:  # noqa: BLE001
+        result["error"] = _one_line(err)
+    device.empty()
+    return result
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:160]}"
+
+
+def _fa2_alibi(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor) -> Callable[[], torch.Tensor] | None:
+    """FlashAttention-2's own ALiBi on the same tensors ((B, T, H, D) views), or None without flash-attn."""
+    from .attention import flash_attention_2
+
+    func = flash_attention_2.flash_attn_func()
+    if func is None:
+        return None
+    kwargs = flash_attention_2.flash_attn_arguments(q, k, v, slopes=slopes, causal=True, scale=q.shape[-1] ** -0.5)
+    return lambda: func(**kwargs)
+
+
+def device_attention_benchmark(
+    device: str = "cuda",
+    lengths: tuple[int, ...] = DEVICE_ATTENTION["lengths"],
+    encodings: tuple[str, ...] | None = None,
+    backends: tuple[str, ...] = ("flex", "auto"),
+    heads: int = DEVICE_ATTENTION["heads"],
+    head_dim: int = DEVICE_ATTENTION["head_dim"],
+    tokens: int = DEVICE_ATTENTION["tokens"],
+    dtype: str = DEVICE_ATTENTION["dtype"],
+    repeats: int = 10,
+    backward: bool = True,
+) -> tuple[list[dict], list[str]]:
+    """Causal attention per score-bias encoding and backend against bias-free SDPA (torch's
+    flash kernel on CUDA) and FlashAttention-2's own ALiBi, on one device, in this process:
+    forward and forward+backward time, peak memory of one forward+backward, and each as a
+    ratio to bias-free SDPA at the same length.
+
+    Batch B = max(1, tokens // T); inputs (B, H, T, D) in ``dtype`` requiring grad (and the
+    encoding's parameters). ``encodings`` default: every registered ``score_bias`` encoding.
+
+    Returns rows ``{"length", "batch", "encoding", "backend", "fwd_ms", "fwd_bwd_ms",
+    "peak_mb", "fwd_ratio", "fwd_bwd_ratio", "memory_ratio"}`` (and ``error`` / ``bwd_error``
+    where a configuration cannot run: out of memory, a backend without a backward here) and notes.
+    """
+    from .attention import attention
+
+    if encodings is None:
+        encodings = tuple(name for name, cls in REGISTRY.items() if "score_bias" in cls.hooks)
+    dev = _Device(device)
+    torch_dtype = getattr(torch, dtype)
+    notes = [f"causal, {dtype}, H={heads}, D={head_dim}, B = max(1, {tokens} // T); medians of {repeats}; "
+             "peak_mb = peak allocated during one forward+backward above what was allocated before"
+             + ("" if dev.cuda else " (CPU: peak RSS, coarse)")]
+    rows = []
+    for length in lengths:
+        batch = max(1, tokens // length)
+        g = torch.Generator().manual_seed(length)
+        q, k, v = (torch.randn(batch, heads, length, head_dim, generator=g).to(dev.device, torch_dtype).requires_grad_()
+                   for _ in range(3))
+
+        def base_row(encoding: str, backend: str, forward, leaves) -> dict:
+            return {"length": length, "batch": batch, "encoding": encoding, "backend": backend,
+                    **_measure(forward, leaves, dev, repeats, backward)}
+
+        sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+        baseline = base_row("none (bias-free SDPA)", "sdpa", sdpa, [q, k, v])
+        length_rows = [baseline]
+        alibi = create_for_model("alibi", d_model=heads * head_dim, num_heads=heads, head_dim=head_dim,
+                                 max_positions=length).to(dev.device)
+        fa2 = _fa2_alibi(q, k, v, alibi.slopes)
+        if fa2 is None:
+            if length == lengths[0]:
+                notes.append("flash-attn not installed: FlashAttention-2's ALiBi row skipped (pip install flash-attn)")
+        else:
+            length_rows.append(base_row("alibi (FlashAttention-2 native)", "flash_attn", fa2, [q, k, v]))
+        for name in encodings:
+            encoding = create_for_model(name, d_model=heads * head_dim, num_heads=heads, head_dim=head_dim,
+                                        max_positions=length, causal=True).to(dev.device)
+            for backend in backends:
+                forward = (lambda enc=encoding, b=backend: attention(q, k, v, enc, causal=True, backend=b))
+                length_rows.append(base_row(name, backend, forward, [q, k, v, *encoding.parameters()]))
+        for row in length_rows:
+            for key, ratio in (("fwd_ms", "fwd_ratio"), ("fwd_bwd_ms", "fwd_bwd_ratio"), ("peak_mb", "memory_ratio")):
+                if key in row and baseline.get(key):
+                    row[ratio] = row[key] / baseline[key]
+        rows += length_rows
+        del q, k, v
+        dev.empty()
+    return rows, notes
+
+
+DEVICE_ATTENTION_COLUMNS = [
+    ("length", "T", "d"), ("batch", "B", "d"), ("encoding", "encoding", ""), ("backend", "backend", ""),
+    ("fwd_ms", "fwd ms", ".2f"), ("fwd_bwd_ms", "fwd+bwd ms", ".2f"), ("peak_mb", "peak MB", ".0f"),
+    ("fwd_ratio", "fwd / SDPA", ".2f"), ("fwd_bwd_ratio", "fwd+bwd / SDPA", ".2f"), ("memory_ratio", "memory / SDPA", ".2f"),
+]
+
+
+# --- tables to files ----------------------------------------------------------------------
+
+def write_tables(out, name: str, rows: list[dict], columns: list[tuple[str, str, str]], notes: list[str] = (),
+                 meta: dict | None = None) -> list:
+    """Write ``rows`` as ``out/name.json`` (rows, notes, meta: device, torch version, ...),
+    ``out/name.csv`` and ``out/name.md`` (a Markdown table with the notes under it). Returns the paths."""
+    import csv
+    from pathlib import Path
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.json", out / f"{name}.csv", out / f"{name}.md"]
+    paths[0].write_text(json.dumps({"meta": meta or {}, "notes": list(notes), "rows": rows}, indent=1) + "\n")
+    keys = [key for key, _, _ in columns] + sorted({k for row in rows for k in row} - {key for key, _, _ in columns})
+    with paths[1].open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| " + " | ".join(header for _, header, _ in columns) + " | notes |",
+             "|" + "---|" * (len(columns) + 1)]
+    for row in rows:
+        cells = ["" if row.get(key) is None else format(row[key], fmt) for key, _, fmt in columns]
+        problems = "; ".join(row[k] for k in ("error", "bwd_error") if k in row)
+        lines.append("| " + " | ".join(cells) + f" | {problems} |")
+    paths[2].write_text("\n".join(lines + [""] + [f"- {note}" for note in notes]) + "\n")
+    return paths
+
+
+def environment() -> dict:
+    """What the numbers were measured on: device names, torch and library versions."""
+    import platform
+
+    meta = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+            "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    from .attention import flash_attention_2
+
+    meta["flash_attn"] = getattr(__import__("flash_attn"), "__version__", "?") if flash_attention_2.flash_attn_func() else None
+    return meta
+
+
 # --- printing ---------------------------------------------------------------------------
 
 def print_table(title: str, rows: list[dict], columns: list[tuple[str, str, str]], notes: list[str] = ()) -> None:
@@ -245,6 +472,10 @@ ATTENTION_COLUMNS = [("length", "T", "d"), ("encoding", "encoding", ""), ("backe
 
 # --- LM training throughput ---------------------------------------------------------------
 
+#: The GPU size of ``posenc bench throughput --device cuda``: a GPT-2-small-shaped byte model.
+DEVICE_THROUGHPUT = dict(d_model=768, num_layers=12, num_heads=12, seq_len=2048, batch_size=8, steps=10, repeats=3)
+
+
 def throughput_benchmark(
     encodings: tuple[str, ...] | None = None,
     d_model: int = 64,
@@ -255,43 +486,67 @@ def throughput_benchmark(
     steps: int = 5,
     repeats: int = 3,
     threads: int | None = None,
+    device: str = "cpu",
+    autocast: str | None = None,
+    compile: bool = False,
 ) -> tuple[list[dict], list[str]]:
     """Training tokens per second of :class:`~posenc.model.TransformerLM` per encoding (AdamW
     steps on random bytes), interleaved across encodings, as a ratio to NoPE.
 
+    ``device``: where the models train (one model per encoding, all on it at once);
+    ``autocast``: None (float32) or a dtype name ("bfloat16") for ``torch.autocast``;
+    ``compile``: ``torch.compile`` each model (its first step, the compile, is the untimed
+    warm-up). An encoding that cannot train there (out of memory, a backend refusing) gets an
+    ``error`` row.
+
     Returns rows ``{"encoding", "tokens_per_s", "vs_nope"}`` and notes.
     """
+    import contextlib
+
     from .model import LMConfig, TransformerLM
 
     if threads:
         torch.set_num_threads(threads)
     if encodings is None:
         encodings = tuple(REGISTRY)
+    dev = _Device(device)
     config = LMConfig(d_model=d_model, num_layers=num_layers, num_heads=num_heads, max_positions=max(seq_len, 1024))
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, config.vocab_size, (batch_size, seq_len + 1), generator=g)
-    runs = {}
+    tokens = torch.randint(0, config.vocab_size, (batch_size, seq_len + 1), generator=g).to(dev.device)
+    precision = (lambda: torch.autocast(dev.device.type, dtype=getattr(torch, autocast))) if autocast \
+        else contextlib.nullcontext
+    runs, errors = {}, {}
     for name in encodings:
         torch.manual_seed(0)
-        model = TransformerLM(config, name)
+        model = TransformerLM(config, name).to(dev.device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        forward = torch.compile(model) if compile else model
 
-        def train(model=model, optimizer=optimizer):
+        def train(model=model, forward=forward, optimizer=optimizer):
             for _ in range(steps):
-                logits = model(tokens[:, :-1])
-                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+                with precision():
+                    logits = forward(tokens[:, :-1])
+                    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
+            dev.sync()
 
+        try:
+            train()  # warm-up (and compile) before the interleaved timings; a failure is the row's result
+        except Exception as err:  # noqa: BLE001
+            errors[name] = _one_line(err)
+            dev.empty()
+            continue
         runs[name] = train
     times = _median_times(runs, repeats)
     per_second = {name: batch_size * seq_len * steps / seconds for name, seconds in times.items()}
     base = per_second.get("nope")
-    rows = [{"encoding": name, "tokens_per_s": tps, "vs_nope": tps / base if base else None}
-            for name, tps in per_second.items()]
+    rows = [{"encoding": name, "tokens_per_s": per_second[name], "vs_nope": per_second[name] / base if base else None}
+            if name in per_second else {"encoding": name, "error": errors[name]} for name in encodings]
     notes = [f"d_model {d_model}, {num_layers} layers, {num_heads} heads, seq len {seq_len}, batch {batch_size}, "
-             f"{steps} steps per timing, median of {repeats}"]
+             f"{steps} steps per timing, median of {repeats}; device {device}"
+             + (f", autocast {autocast}" if autocast else "") + (", compiled" if compile else "")]
     return rows, notes
 
 

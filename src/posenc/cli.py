@@ -305,15 +305,32 @@ def bench(
     what: str = typer.Argument("all", help="rope, attention, throughput or all."),
     quick: bool = typer.Option(False, help="Small sizes, seconds instead of minutes (a smoke run)."),
     threads: int = typer.Option(1, help="torch threads for every side of the comparison."),
+    device: Optional[str] = typer.Option(
+        None, help="Measure attention and throughput on this device in one process (e.g. cuda): forward and "
+        "forward+backward time and peak memory against bias-free SDPA and FlashAttention-2's ALiBi, bf16 on CUDA; "
+        "tables written to --out. Default: the CPU benchmarks (a fresh process per attention row).",
+    ),
+    lengths: Optional[str] = typer.Option(None, help="With --device: attention lengths, e.g. 2048,8192,32768."),
+    backends: str = typer.Option("flex,auto", help="With --device: posenc backends per encoding."),
+    dtype: Optional[str] = typer.Option(None, help="With --device: attention dtype (default bfloat16 on CUDA, float32 elsewhere)."),
+    compile: bool = typer.Option(False, help="With --device: torch.compile each model of the throughput benchmark."),
+    out: Path = typer.Option(Path("results/bench"), help="With --device: folder for the tables (JSON, CSV, Markdown)."),
 ) -> None:
     """Speed and memory of posenc side by side with its baselines, in one run, as ratios."""
     from . import bench as benchmarks
+    from ._validation import check_device
 
     choices = ("rope", "attention", "throughput", "all")
     if what not in choices:
         raise UsageError(f"what must be one of {', '.join(choices)}, got {what!r}")
     if threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
+    if device is not None:
+        check_device(device, "--device")
+        _bench_on_device(benchmarks, what, device, quick=quick, threads=threads, compile=compile, out=out,
+                         lengths=_split_list(lengths, "--lengths", int), backends=_split_list(backends, "--backends"),
+                         dtype=dtype)
+        return
     if what in ("rope", "all"):
         shape = (1, 4, 256, 64) if quick else (1, 32, 2048, 128)
         rows, notes = benchmarks.rope_benchmark(shape, repeats=3 if quick else 7, threads=threads)
@@ -325,6 +342,45 @@ def bench(
     if what in ("throughput", "all"):
         rows, notes = benchmarks.throughput_benchmark(steps=1 if quick else 5, repeats=1 if quick else 3, threads=threads)
         benchmarks.print_table("LM training throughput", rows, benchmarks.THROUGHPUT_COLUMNS, notes)
+
+
+def _bench_on_device(benchmarks, what: str, device: str, *, quick: bool, threads: int, compile: bool, out: Path,
+                     lengths: tuple | None, backends: tuple, dtype: str | None) -> None:
+    """``posenc bench --device DEVICE``: the attention and throughput tables on one device, in
+    this process, printed and written to ``out`` (JSON with the environment, CSV, Markdown)."""
+    import torch
+
+    from .attention import BACKENDS
+
+    torch.set_num_threads(threads)
+    cuda = torch.device(device).type == "cuda"
+    dtype = dtype or ("bfloat16" if cuda else "float32")
+    if not isinstance(getattr(torch, dtype, None), torch.dtype):
+        raise UsageError(f"--dtype must be a torch dtype name such as bfloat16, float16 or float32, got {dtype!r}")
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        raise UsageError(f"--backends: unknown {unknown}; choose from {list(BACKENDS)}")
+    if what == "rope":
+        raise UsageError("bench rope has no --device yet: run it without --device (the CPU table)")
+    meta = {**benchmarks.environment(), "device": device, "dtype": dtype}
+    written = []
+    if what in ("attention", "all"):
+        sizes = dict(heads=2, head_dim=16, tokens=128, repeats=1) if quick else {}
+        rows, notes = benchmarks.device_attention_benchmark(
+            device, lengths or ((32, 64) if quick else benchmarks.DEVICE_ATTENTION["lengths"]), backends=backends,
+            dtype=dtype, **sizes)
+        benchmarks.print_table(f"causal attention on {device}, {dtype}", rows, benchmarks.DEVICE_ATTENTION_COLUMNS, notes)
+        written += benchmarks.write_tables(out, f"attention-{torch.device(device).type}", rows,
+                                           benchmarks.DEVICE_ATTENTION_COLUMNS, notes, meta)
+    if what in ("throughput", "all"):
+        sizes = dict(d_model=16, num_layers=1, num_heads=2, seq_len=16, batch_size=2, steps=1, repeats=1) if quick \
+            else dict(benchmarks.DEVICE_THROUGHPUT)
+        rows, notes = benchmarks.throughput_benchmark(device=device, autocast="bfloat16" if cuda else None,
+                                                      compile=compile, **sizes)
+        benchmarks.print_table(f"LM training throughput on {device}", rows, benchmarks.THROUGHPUT_COLUMNS, notes)
+        written += benchmarks.write_tables(out, f"throughput-{torch.device(device).type}", rows,
+                                           benchmarks.THROUGHPUT_COLUMNS, notes, meta)
+    console.print("wrote " + ", ".join(str(p) for p in written))
 
 
 @app.command()

@@ -163,6 +163,9 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         if score_mod is None:
             raise ValueError(f"backend='flex' needs the encoding's score_mod(); {type(encoding).__name__} has none")
         learned_bias = torch.is_grad_enabled() and any(p.requires_grad for p in encoding.parameters())
+    if q.device.type == "cpu" and not torch.is_grad_enabled():
+        # torch's CPU FlexAttention refuses inputs that require grad even when none is taken
+        q, k, v = q.detach(), k.detach(), v.detach()
     if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise ValueError(
             f"backend='flex' has no backward for q, k, v on the CPU (torch {torch.__version__}'s FlexAttention refuses it); "
