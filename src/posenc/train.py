@@ -15,7 +15,8 @@ from . import checkpoint
 from .checkpoint import load_checkpoint
 from .data import random_windows
 from .model import TransformerLM
-from ._validation import check_number, check_positive_int, is_real_number
+from ._amp import autocast_context, check_autocast
+from ._validation import check_bool, check_number, check_positive_int, is_real_number
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,11 @@ class TrainConfig:
     [0, N), drawn afresh every step, so the encoding sees positions up to N - 1 while the windows
     stay seq_len long; evaluation then uses ordinary positions. Any encoding works (the model
     takes explicit positions); a learned table must hold N positions.
+
+    ``autocast``: None (default, float32) or "bfloat16": forward and loss under
+    ``torch.autocast`` (weights and optimizer stay float32). ``compile``: train through
+    ``torch.compile(model)`` (the checkpoint holds the model's own weights either way). Both
+    change the numbers a run gives, so both are in its fingerprint, only when set.
     """
 
     steps: int = 1500
@@ -41,6 +47,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     randomized_positions: int | None = None
+    autocast: str | None = None
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len"):
@@ -61,13 +69,16 @@ class TrainConfig:
                     f"randomized_positions={self.randomized_positions} must be >= seq_len={self.seq_len} "
                     "(seq_len distinct positions are drawn from [0, randomized_positions))"
                 )
+        check_autocast(self.autocast, "autocast")
+        check_bool(self.compile, "compile")
 
     def to_dict(self) -> dict:
-        """The fields as plain data; ``randomized_positions`` only when set, so that a run's
-        fingerprint from before it existed reads the same."""
+        """The fields as plain data; ``randomized_positions``, ``autocast`` and ``compile`` only
+        when set, so that a run's fingerprint from before they existed reads the same."""
         fields = asdict(self)
-        if fields["randomized_positions"] is None:
-            del fields["randomized_positions"]
+        for name, default in (("randomized_positions", None), ("autocast", None), ("compile", False)):
+            if fields[name] == default:
+                del fields[name]
         return fields
 
 
@@ -157,18 +168,19 @@ def train_lm(
 
     if on_resume is not None:
         on_resume(start)
+    forward = torch.compile(model) if config.compile else model
     model.train()
     for step in range(start, config.steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
         inputs, targets = random_windows(data, config.batch_size, config.seq_len, generator)
         inputs, targets = inputs.to(device), targets.to(device)
-        if config.randomized_positions is None:
-            logits = model(inputs)
-        else:
+        positions = None
+        if config.randomized_positions is not None:
             positions = random_positions(config.batch_size, config.seq_len, config.randomized_positions, generator)
-            logits = model(inputs, positions.to(device))
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        with autocast_context(device, config.autocast):
+            logits = forward(inputs) if positions is None else forward(inputs, positions.to(device))
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)

@@ -45,7 +45,7 @@ def fingerprint(config: ExtrapolationConfig, corpus: Corpus, encoding: str, seed
     """What a run's result depends on; a stored run is reused only if this matches exactly.
     ``encoding`` is a trained row (:attr:`ExtrapolationConfig.rows`)."""
     _, train = config.row_run(encoding, seed)
-    return {
+    fields = {
         "posenc_version": __version__,
         "encoding": encoding,
         "seed": seed,
@@ -55,6 +55,9 @@ def fingerprint(config: ExtrapolationConfig, corpus: Corpus, encoding: str, seed
         "eval_tokens": config.eval_tokens,
         "corpus": {k: corpus.info[k] for k in ("name", "bytes", "train_bytes", "val_bytes")},
     }
+    if config.eval_stride is not None:  # only when set: earlier runs' fingerprints read the same
+        fields["eval_stride"] = config.eval_stride
+    return fields
 
 
 def train_and_evaluate(
@@ -67,17 +70,25 @@ def train_and_evaluate(
     model = TransformerLM(config.model_config(), name).to(config.device)
     training = train_run(model, corpus.train, train, store, encoding, seed, expected, reporter)
     lengths = [n for n in config.eval_lengths if _applicable(model, n)]
+    precision = dict(autocast=train.autocast, compile=train.compile)
     evals = evaluate_lengths(
         model, corpus.val, lengths, train_len=config.train_len, eval_tokens=config.eval_tokens,
-        row=encoding, seed=seed, reporter=reporter,
+        row=encoding, seed=seed, reporter=reporter, **precision,
     )
+    sliding = {}
+    if config.eval_stride is not None:
+        sliding["eval_sliding"] = evaluate_lengths(
+            model, corpus.val, lengths, train_len=config.train_len, eval_tokens=config.eval_tokens,
+            row=f"{encoding} (sliding, stride {config.eval_stride})", seed=seed, reporter=reporter,
+            stride=config.eval_stride, **precision,
+        )
     not_applicable = {
         str(n): f"the encoding represents at most {model.max_positions} positions"
         for n in config.eval_lengths if not _applicable(model, n)
     }
     return {
         "encoding": encoding, "seed": seed, "train_len": config.train_len, "parameters": model.num_parameters(),
-        **training, "eval": evals, "not_applicable": not_applicable,
+        **training, "eval": evals, **sliding, "not_applicable": not_applicable,
     }
 
 
@@ -108,19 +119,7 @@ def aggregate(config: ExtrapolationConfig, records: Sequence[dict], names: Seque
     results: dict[str, dict] = {}
     for encoding in names if names is not None else config.rows:
         runs = [r for r in records if r["encoding"] == encoding]
-        evals: dict[str, dict] = {}
-        for length in map(str, config.eval_lengths):
-            cells = [r["eval"][length] for r in runs if length in r["eval"]]
-            if not cells:
-                continue
-            loss = statistics.fmean(c["loss"] for c in cells)
-            loss_last = statistics.fmean(c["loss_last"] for c in cells)
-            evals[length] = {
-                "loss": loss, "ppl": math.exp(loss), "loss_last": loss_last,
-                "bits_per_byte": loss / math.log(2), "bits_per_byte_last": loss_last / math.log(2),
-                "loss_std": statistics.stdev(c["loss"] for c in cells) if len(cells) > 1 else 0.0,
-                "seeds": len(cells),
-            }
+        evals = _mean_over_seeds(config, [r["eval"] for r in runs])
         not_applicable = {k: v for r in runs for k, v in r["not_applicable"].items()}
         results[encoding] = {
             "train_len": config.train_len,
@@ -131,7 +130,27 @@ def aggregate(config: ExtrapolationConfig, records: Sequence[dict], names: Seque
         }
         if "extension" in runs[0]:
             results[encoding]["extension"] = runs[0]["extension"]
+        if all("eval_sliding" in r for r in runs):
+            results[encoding]["eval_sliding"] = _mean_over_seeds(config, [r["eval_sliding"] for r in runs])
     return results
+
+
+def _mean_over_seeds(config: ExtrapolationConfig, evals: Sequence[dict]) -> dict[str, dict]:
+    """Per length: the seeds' mean loss (nats), perplexity, bits per byte, and their spread."""
+    means: dict[str, dict] = {}
+    for length in map(str, config.eval_lengths):
+        cells = [e[length] for e in evals if length in e]
+        if not cells:
+            continue
+        loss = statistics.fmean(c["loss"] for c in cells)
+        loss_last = statistics.fmean(c["loss_last"] for c in cells)
+        means[length] = {
+            "loss": loss, "ppl": math.exp(loss), "loss_last": loss_last,
+            "bits_per_byte": loss / math.log(2), "bits_per_byte_last": loss_last / math.log(2),
+            "loss_std": statistics.stdev(c["loss"] for c in cells) if len(cells) > 1 else 0.0,
+            "seeds": len(cells),
+        }
+    return means
 
 
 def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, reporter: Reporter | None = None) -> dict | None:
@@ -186,18 +205,21 @@ def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, re
     }
     store.write_json("results.json", summary)
     write_csv(store.out / "results.csv", summary)
+    if config.eval_stride is not None:
+        write_csv(store.out / "results-sliding.csv", summary, key="eval_sliding")
     return summary
 
 
-def write_csv(path: Path, summary: dict) -> None:
-    """One row per (encoding, length): mean losses (nats), perplexity, bits per byte."""
+def write_csv(path: Path, summary: dict, key: str = "eval") -> None:
+    """One row per (encoding, length): mean losses (nats), perplexity, bits per byte, from each
+    result's ``key`` (``eval``: non-overlapping windows; ``eval_sliding``: sliding windows)."""
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["encoding", "train_len", "eval_len", "loss", "loss_last", "ppl", "bits_per_byte", "loss_std", "seeds"])
         for encoding, res in summary["results"].items():
             for length in summary["config"]["eval_lengths"]:
-                cell = res["eval"].get(str(length))
+                cell = res.get(key, {}).get(str(length))
                 if cell is None:
                     writer.writerow([encoding, res["train_len"], length, "", "", "", "", "", 0])
                     continue

@@ -35,6 +35,8 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "d_model": ("model", "d_model"),
     "num_layers": ("model", "num_layers"),
     "num_heads": ("model", "num_heads"),
+    "autocast": ("train", "autocast"),
+    "compile": ("train", "compile"),
 }
 
 
@@ -66,6 +68,12 @@ class ExtrapolationConfig:
             each window's positions a sorted random sample from [0, N), see
             :class:`posenc.train.TrainConfig`) and evaluated at ordinary positions. N >= L;
             with a learned table in the sweep, N <= its size.
+        eval_stride: None (default), or S in [1, L]: every length is also evaluated with
+            sliding windows of stride S (:func:`posenc.evaluate.evaluate_length`), reported as
+            ``eval_sliding`` beside the non-overlapping ``eval``.
+
+    Mixed precision and compilation are ``train.autocast`` and ``train.compile`` (options
+    ``autocast`` and ``compile``); the evaluation uses them too.
 
     Raises:
         TypeError: ``encodings`` is not a sequence of names; ``model`` / ``train`` of the wrong type.
@@ -85,6 +93,7 @@ class ExtrapolationConfig:
     finetune_factor: int = 4
     finetune_lr: float | None = None
     randomized_positions: int | None = None
+    eval_stride: int | None = None
 
     @classmethod
     def from_options(cls, **options) -> ExtrapolationConfig:
@@ -138,6 +147,11 @@ class ExtrapolationConfig:
             self, "model", dataclasses.replace(self.model, max_positions=self.learned_positions or max(self.eval_lengths))
         )
         check_device(self.device)
+        if self.eval_stride is not None:
+            check_positive_int(self.eval_stride, "eval_stride")
+            if self.eval_stride > self.train_len:
+                raise ValueError(f"eval_stride={self.eval_stride} must be <= train_len={self.train_len} "
+                                 "(each sliding window scores its last eval_stride tokens)")
         self._check_rope_extension()
         self._check_randomized_positions()
 
@@ -213,6 +227,11 @@ class ExtrapolationConfig:
         nested dicts, ``train`` without its unread seed) plus ``train_len`` and ``eval_lengths``."""
         d = dataclasses.asdict(self)
         del d["train"]["seed"]
+        # options added later appear only when set: earlier runs' results.json read the same
+        for part, name, default in (("train", "autocast", None), ("train", "compile", False), (None, "eval_stride", None)):
+            fields = d[part] if part else d
+            if fields[name] == default:
+                del fields[name]
         d["train_len"] = self.train_len
         d["eval_lengths"] = self.eval_lengths
         return d
@@ -225,12 +244,28 @@ def _holds_a_table(name: str, model: LMConfig) -> bool:
 
 #: Named sizes, as options of :meth:`ExtrapolationConfig.from_options`. "default"
 #: reproduces the prototype's setting (< 15 min on 2 cores); "quick" is a smoke run
-#: (< 3 min); "full" is the default size over every encoding (None: every registered one).
+#: (< 3 min); "full" is the default size over every encoding (None: every registered one);
+#: "gpu" is the papers' setting on one GPU (L = 512, 25.5M parameters, evaluation to 16L,
+#: non-overlapping and sliding windows of stride L; about 10 minutes per encoding on one H100,
+#: see :func:`train_flops` and docs/results.md), run with ``--device cuda``.
 PRESETS: dict[str, dict] = {
     "quick": dict(steps=300, num_layers=2, eval_factors=(1, 2, 4, 8), eval_tokens=16384),
     "default": {},
     "full": dict(encodings=None),
+    "gpu": dict(train_len=512, d_model=512, num_layers=8, num_heads=8, batch_size=64, steps=12000, lr=1e-3,
+                eval_factors=(1, 2, 4, 8, 16), eval_tokens=1 << 20, eval_stride=512),
 }
+
+
+def train_flops(config: ExtrapolationConfig, parameters: int) -> float:
+    """Training FLOPs of one run: (6 N + 6 n_layers L d) per token times steps x batch x L
+    tokens, N the model's parameter count (``parameters``), L the training length, d the width:
+    6 N for the matrix products forward and backward (Kaplan et al. 2020, section 2.1), and
+    6 n_layers L d for causal attention's two products (PaLM's 12 n_layers L d, Chowdhery et
+    al. 2022, appendix B, halved by the causal mask)."""
+    model, train = config.model, config.train
+    per_token = 6 * parameters + 6 * model.num_layers * train.seq_len * model.d_model
+    return per_token * train.steps * train.batch_size * train.seq_len
 
 
 def preset_config(preset: str = "default", **overrides) -> ExtrapolationConfig:

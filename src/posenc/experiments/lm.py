@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
+import torch
 from torch import Tensor, nn
 
 from ..checkpoint import CheckpointMismatch, load_checkpoint
@@ -30,10 +31,14 @@ def length_record(result: LengthResult) -> dict:
     }
 
 
-def windows_at(length: int, eval_tokens: int, val: Tensor) -> int:
-    """How many non-overlapping windows of ``length`` tokens an evaluation reads from ``val``
-    (1-D bytes) within ``eval_tokens`` predicted tokens, as :func:`posenc.evaluate.evaluation_windows` cuts them."""
-    return min(eval_tokens, val.numel() - 1) // length
+def windows_at(length: int, eval_tokens: int, val: Tensor, stride: int | None = None) -> int:
+    """How many windows of ``length`` tokens an evaluation reads from ``val`` (1-D bytes) within
+    ``eval_tokens`` predicted tokens, as :func:`posenc.evaluate.evaluation_windows` (non-overlapping)
+    or :func:`posenc.evaluate.sliding_windows` (``stride``) cut them."""
+    usable = min(eval_tokens, val.numel() - 1)
+    if stride is None:
+        return usable // length
+    return max(0, (usable - length) // stride + 1)
 
 
 def training_fields(config: TrainConfig, losses: Sequence[float], seconds: float) -> dict:
@@ -100,14 +105,18 @@ def evaluate_lengths(
     model: nn.Module, val: Tensor, lengths: Sequence[int], *, train_len: int, eval_tokens: int,
     row: str, seed: int, reporter: Reporter,
     setting: Callable[[int], AbstractContextManager] | None = None,
+    stride: int | None = None, autocast: str | None = None, compile: bool = False,
 ) -> dict[str, dict]:
     """:func:`length_record` of ``model`` on ``val`` at each of ``lengths`` (keys: the length as a string).
 
     Reports one evaluation bar over every window of every length. ``setting(length)``, if
     given, is a context manager the evaluation at that length runs inside (e.g. a RoPE
-    scaled for it).
+    scaled for it). ``stride``: sliding windows (:func:`posenc.evaluate.evaluate_length`);
+    ``autocast``: a dtype name for ``torch.autocast``; ``compile``: evaluate through
+    ``torch.compile(model, dynamic=True)`` (one graph for every length).
     """
-    reporter.eval_started(row, seed, sum(windows_at(n, eval_tokens, val) for n in lengths))
+    reporter.eval_started(row, seed, sum(windows_at(n, eval_tokens, val, stride) for n in lengths))
+    forward = torch.compile(model, dynamic=True) if compile else model
     evals = {}
     for length in lengths:
         done_before = 0
@@ -119,6 +128,7 @@ def evaluate_lengths(
             done_before = done
 
         with setting(length) if setting is not None else nullcontext():
-            result = evaluate_length(model, val, length, train_len, max_tokens=eval_tokens, on_batch=advance)
+            result = evaluate_length(forward, val, length, train_len, max_tokens=eval_tokens, on_batch=advance,
+                                     stride=stride, autocast=autocast)
         evals[str(length)] = length_record(result)
     return evals

@@ -83,6 +83,7 @@ def finetune_config(config: ExtrapolationConfig, seed: int) -> TrainConfig:
     return TrainConfig(
         steps=config.finetune_steps, batch_size=max(1, train.batch_size // factor), seq_len=factor * train.seq_len,
         lr=config.finetune_lr if config.finetune_lr is not None else train.lr / 10, seed=seed,
+        autocast=train.autocast, compile=train.compile,
     )
 
 
@@ -94,6 +95,7 @@ def _evaluate_row(
         model, corpus.val, config.eval_lengths, train_len=config.train_len, eval_tokens=config.eval_tokens,
         row=row, seed=seed, reporter=reporter,
         setting=lambda length: swapped_encoding(model, rope_like(model.encoding, scaling_at(length))),
+        autocast=config.train.autocast,
     )
 
 
