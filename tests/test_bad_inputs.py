@@ -192,7 +192,7 @@ CASES = [
       (("grad_clip", 0.0), ("grad_clip", NAN), ("weight_decay", -0.1), ("weight_decay", INF))],
     *[(f"TrainConfig seed={v!r}", (lambda v=v: TrainConfig(seed=v)), ValueError, r"seed must be an integer >= 0") for v in (-1, 1.5, True)],
     # -- ExtrapolationConfig / preset_config ---------------------------------------------------
-    ("preset unknown", lambda: preset_config("huge"), ValueError, r"preset must be one of \['quick', 'default', 'full'\]"),
+    ("preset unknown", lambda: preset_config("huge"), ValueError, r"preset must be one of \['quick', 'default', 'full', 'gpu'\]"),
     ("config encodings str", lambda: ExtrapolationConfig(encodings="rope"), TypeError, r"encodings must be a sequence of encoding names"),
     ("config encodings empty", lambda: ExtrapolationConfig(encodings=()), ValueError, r"encodings: give at least one encoding"),
     ("config encodings unknown", lambda: ExtrapolationConfig(encodings=("rope", "rotary")), ValueError, r"unknown encoding 'rotary'; available"),
