@@ -18,6 +18,7 @@ from .encodings import (
     LearnedAbsolute,
     NoPE,
     PositionalEncoding,
+    ProportionalRoPE,
     RoPE,
     ScoreBias,
     Sinusoidal,
@@ -42,6 +43,6 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__", "attention", "BACKENDS", "available", "create", "create_for_model", "REGISTRY",
     "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
-    "XPos", "Kerple", "FIRE", "Shaw", "TransformerXL",
+    "XPos", "ProportionalRoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "apply_rotary",
 ]

@@ -6,7 +6,7 @@ from .absolute import LearnedAbsolute, Sinusoidal, sinusoidal_table
 from .base import NoPE, PositionalEncoding
 from .bias import FIRE, ALiBi, Kerple, ScoreBias, T5RelativeBias, alibi_slopes, t5_relative_position_bucket
 from .relative import Shaw, TransformerXL
-from .rotary import RoPE, XPos, apply_rotary, rope_frequencies
+from .rotary import ProportionalRoPE, RoPE, XPos, apply_rotary, rope_frequencies
 
 #: name -> encoding class. A new encoding is one file (or one class in its family's file)
 #: and one line here.
@@ -14,6 +14,7 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
     cls.name: cls
     for cls in (
         NoPE, Sinusoidal, LearnedAbsolute, RoPE, XPos, ALiBi, T5RelativeBias, Kerple, FIRE, Shaw, TransformerXL,
+        ProportionalRoPE,
     )
 }
 
@@ -60,6 +61,6 @@ def create_for_model(
 __all__ = [
     "REGISTRY", "available", "create", "create_for_model", "encoding_class",
     "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
-    "XPos", "Kerple", "FIRE", "Shaw", "TransformerXL",
+    "XPos", "ProportionalRoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "apply_rotary",
 ]

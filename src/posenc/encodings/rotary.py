@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from .base import PositionalEncoding
-from .._validation import broadcast_shape, check_bool, check_even, check_number
+from .._validation import broadcast_shape, check_bool, check_even, check_number, is_real_number
 from .rope_interop import read_hf_config, write_hf_config
 from .rope_scaling import compute_rope_parameters, rope_type_record
 
@@ -554,6 +554,40 @@ def to_hf_dict(rope: RoPE) -> dict[str, Any]:
     if not isinstance(rope, RoPE):
         raise TypeError(f"rope must be a posenc RoPE, got {type(rope).__name__}")
     return rope.to_hf_dict()
+
+
+class ProportionalRoPE(RoPE):
+    """Proportional RoPE, p-RoPE (Barbero et al. 2024, "Round and Round We Go! What makes
+    Rotary Positional Encodings useful?", arXiv 2410.06205, section 6; Gemma 4's global layers):
+    the rope_type ``proportional`` as an encoding of its own, for training from scratch.
+
+    The frequencies of the whole head, theta_i = base^(-2i/d) for i < d/2, of which only the
+    first ``int(partial_rotary_factor * d // 2)`` (the fastest) are kept; the others are 0, so
+    those pairs pass through unrotated and carry content only (the paper's "semantic
+    channels"). Equal to ``RoPE(head_dim, base=base, scaling={"rope_type": "proportional",
+    "partial_rotary_factor": p})``; GPT-NeoX partial rotary (``RoPE(partial_rotary_factor=p)``)
+    computes its frequencies over the rotated width instead (docs/encodings.md, "proportional vs
+    NeoX").
+
+    Args:
+        head_dim: D, even.
+        partial_rotary_factor: p in [0, 1], the share of frequency pairs kept; default 0.25,
+            Gemma 4's (its config: ``{"rope_type": "proportional", "partial_rotary_factor": 0.25}``).
+        base: rope_theta, default 10000.
+        interleaved: the pair layout, as :class:`RoPE`.
+
+    Hook: ``rotate``. Raises ValueError: an odd head_dim, p outside [0, 1], base not > 0.
+    """
+
+    name = "p_rope"
+
+    def __init__(self, head_dim: int, *, partial_rotary_factor: float = 0.25, base: float = 10000.0,
+                 interleaved: bool = False) -> None:
+        if not is_real_number(partial_rotary_factor) or not 0 <= partial_rotary_factor <= 1:
+            raise ValueError(f"partial_rotary_factor must be a number in [0, 1], got {partial_rotary_factor!r}")
+        super().__init__(head_dim, base=base, interleaved=interleaved,
+                         scaling={"rope_type": "proportional", "partial_rotary_factor": partial_rotary_factor})
+        self.partial_rotary_factor = partial_rotary_factor
 
 
 def xpos_zeta(rotary_dim: int, gamma: float = 0.4) -> Tensor:
