@@ -161,6 +161,7 @@ def extrapolate(
     from .data import load_corpus
     from .experiments import distributed
     from .experiments.extrapolation import ROW_PROVIDERS, preset_config, run_extrapolation
+    from .experiments.extrapolation_config import RANDOMIZED_SUFFIX
     from .plots import plot_extrapolation
     from ._validation import check_device
 
@@ -192,7 +193,7 @@ def extrapolate(
         f"eval {config.eval_lengths}; d_model {model.d_model}, {model.num_layers} layers, {model.num_heads} heads; "
         f"{train.steps} steps x batch {train.batch_size}, lr {train.lr}"
     )
-    if randomized := [row for row in config.rows if row not in config.encodings]:
+    if randomized := [row for row in config.rows if row.endswith(RANDOMIZED_SUFFIX)]:
         console.print(f"[bold]randomized-position rows[/] {', '.join(randomized)} (positions from [0, {config.randomized_positions}))")
     for provider in ROW_PROVIDERS:
         if rows := provider.rows(config):
