@@ -24,6 +24,8 @@ OPTIONS = {
     "xpos": {"gamma": 0.3, "center": "call", "base": 1000.0}, "alibi": {}, "t5": {"num_buckets": 8, "max_distance": 32},
     "kerple": {"variant": "power"}, "fire": {"mlp_width": 8, "init_L": 100.0}, "shaw": {"max_relative_position": 4},
     "transformer_xl": {"base": 100.0}, "p_rope": {"partial_rotary_factor": 0.5, "base": 500.0},
+    "mrope": {"mrope_section": [2, 1, 1], "mrope_interleaved": True, "base": 1e6},
+    "axial_rope": {"axial_dims": [2, 4], "freqs_for": "pixel", "grid_size": [4, 8], "max_freq": 8.0, "interleaved": True},
 }
 
 

@@ -28,6 +28,9 @@ from .encodings import (
     Shaw,
     TransformerXL,
     XPos,
+    MRoPE,
+    AxialRoPE,
+    mrope_position_ids,
     alibi_slopes,
     apply_rotary,
     available,
@@ -44,5 +47,6 @@ __all__ = [
     "__version__", "attention", "BACKENDS", "available", "create", "create_for_model", "REGISTRY",
     "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
     "XPos", "ProportionalRoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
+    "MRoPE", "AxialRoPE", "mrope_position_ids",
     "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "apply_rotary",
 ]

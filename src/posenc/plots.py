@@ -9,6 +9,8 @@ wavelengths against its contexts (:func:`plot_rope_inspection`, ``posenc inspect
 - ``rotate`` (rope, xpos): q.k against relative distance for q = k = 1 (the long-term decay
   of RoFormer, section 3.4.3, with its relative upper bound), and the wavelength 2 pi / theta_i
   of each rotated pair;
+- positions with several axes (``position_axes`` >= 2: M-RoPE, axial RoPE): q.k of the
+  centre patch of a grid against every patch (the 2-D decay);
 - ``score_bias`` (alibi, t5, kerple, fire): the bias against distance, one line per head, and
   the (i, j) bias of the first head;
 - ``content`` (shaw, transformer_xl): the relative table, learned or sinusoidal
@@ -102,6 +104,33 @@ def _rotate_panels(enc: PositionalEncoding, head_dim: int, max_distance: int):
     return panels
 
 
+def _grid_panels(enc: PositionalEncoding, head_dim: int, radius: int):
+    """For a multi-axis encoding (``position_axes`` >= 2): q.k / D of the centre patch of a
+    (2R+1) x (2R+1) grid against every patch, q = k = 1, the grid on the last two axes (height,
+    width) and the others at 0. For q = k = 1 the score is the mean over rotated pairs of
+    cos(angle difference), which is also E[q.k] / D for q = k ~ N(0, I): the 2-D decay."""
+    side = 2 * radius + 1
+    rows, cols = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+    keys = torch.zeros(enc.position_axes, 1, side * side, dtype=torch.long)  # axis-first (A, B, T)
+    keys[-2, 0], keys[-1, 0] = rows.flatten(), cols.flatten()
+    centre = torch.zeros(enc.position_axes, 1, 1, dtype=torch.long)
+    centre[-2:] = radius
+    ones = torch.ones(1, 1, 1, head_dim)
+    with torch.no_grad():
+        q_rot, k_rot = enc.rotate(ones, ones.expand(1, 1, side * side, head_dim), centre, keys)
+        score = (q_rot @ k_rot.transpose(-2, -1))[0, 0, 0].reshape(side, side) / head_dim
+
+    def heatmap(ax, fig):
+        extent = (-radius - 0.5, radius + 0.5, radius + 0.5, -radius - 0.5)
+        image = ax.imshow(score.numpy(), cmap="viridis", interpolation="nearest", extent=extent)
+        ax.set_xlabel("width offset from the centre patch (patches)")
+        ax.set_ylabel("height offset (patches)")
+        ax.set_title("q.k / D against the centre patch, q = k = 1")
+        fig.colorbar(image, ax=ax, label="score (1 at the centre)")
+
+    return [heatmap]
+
+
 def _bias_panels(enc: PositionalEncoding, max_distance: int, grid: int):
     distances = torch.arange(max_distance + 1)
     query_pos = torch.tensor([max_distance])
@@ -188,6 +217,8 @@ def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
         panels += _embed_panels(enc, sizes["d_model"], min(sizes["max_positions"], enc.max_positions or 10**9))
     if "rotate" in enc.hooks:
         panels += _rotate_panels(enc, sizes["head_dim"], max_distance or 1024)
+    if enc.position_axes >= 2:
+        panels += _grid_panels(enc, sizes["head_dim"], min(max_distance or 16, 64))
     if "score_bias" in enc.hooks:
         panels += _bias_panels(enc, max_distance or 128, grid)
     if "content" in enc.hooks:

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..encodings.base import PositionalEncoding
-from .._validation import check_number, check_positions
+from .._validation import check_number, check_sequence_positions
 from . import blocked, eager, flex, sdpa
 from .masks import causal_mask, check_mask, combine_masks
 
@@ -84,17 +84,16 @@ def _learns_bias_on_cpu(encoding: PositionalEncoding, device: torch.device | Non
     return on_cpu and torch.is_grad_enabled() and any(p.requires_grad for p in encoding.parameters())
 
 
-def _default_positions(positions: Tensor | None, length: int, offset: int, device, argname: str, batch: int) -> Tensor:
+def _default_positions(positions: Tensor | None, length: int, offset: int, device, argname: str, batch: int,
+                       encoding: PositionalEncoding | None) -> Tensor:
+    """arange(offset, offset + length) when not given; else the encoding's own check (shape
+    (T,) or (B, T) by default; a multi-axis encoding's forms, returned axis-first (A, B, T)).
+    Values (>= 0) are read in eager calls only: under compile that is a graph break and a sync."""
     if positions is None:
         return torch.arange(offset, offset + length, device=device)
-    if torch.compiler.is_compiling():
-        # >= 0 needs the values (a graph break, a device sync): checked in eager calls only
-        check_positions(positions[..., :0], argname)
-    else:
-        check_positions(positions, argname)
-    if positions.shape[-1] != length or (positions.dim() == 2 and positions.shape[0] not in (1, batch)):
-        raise ValueError(f"{argname} must have shape ({length},) or ({batch}, {length}), got {tuple(positions.shape)}")
-    return positions.to(device)
+    if encoding is None:
+        return check_sequence_positions(positions, length=length, batch=batch, argname=argname).to(device)
+    return encoding.check_positions(positions, length=length, batch=batch, argname=argname).to(device)
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
@@ -150,8 +149,10 @@ def attention(
             biases stay per query head. One floating dtype and device.
         encoding: a :class:`~posenc.PositionalEncoding` (``posenc.create(...)``) or None.
         causal: mask keys after each query, queries aligned to the end of the keys.
-        q_positions: integer positions (Tq,) or (B, Tq); default ``arange(Tk - Tq, Tk)``.
-        k_positions: integer positions (Tk,) or (B, Tk); default ``arange(Tk)``.
+        q_positions: integer positions (Tq,) or (B, Tq); default ``arange(Tk - Tq, Tk)``. A
+            multi-axis encoding (``encoding.position_axes`` > 1: M-RoPE, axial RoPE) also takes
+            its own forms, e.g. (3, B, Tq) for M-RoPE: ``encoding.check_positions`` decides.
+        k_positions: integer positions (Tk,) or (B, Tk); default ``arange(Tk)``; as q_positions.
         backend: "eager" (explicit float32 reference; every hook), "sdpa" (torch's
             scaled_dot_product_attention, the bias materialized as a float mask, ``is_causal``
             when there is nothing to add; no content term on the values), "blocked" (query
@@ -215,9 +216,11 @@ def attention(
         )
     batch, num_heads, num_queries, head_dim = q.shape
     num_keys = k.shape[2]
-    q_positions = _default_positions(q_positions, num_queries, num_keys - num_queries, q.device, "q_positions", batch)
-    k_positions = _default_positions(k_positions, num_keys, 0, q.device, "k_positions", batch)
-    bias_rows = batch if q_positions.dim() == 2 or k_positions.dim() == 2 else 1
+    q_positions = _default_positions(q_positions, num_queries, num_keys - num_queries, q.device, "q_positions", batch,
+                                     encoding)
+    k_positions = _default_positions(k_positions, num_keys, 0, q.device, "k_positions", batch, encoding)
+    # (B, T) or, from a multi-axis encoding, (A, B, T): per-row positions (the sequence axis is last)
+    bias_rows = batch if q_positions.dim() >= 2 or k_positions.dim() >= 2 else 1
     backend_module = _BACKENDS[_resolve_backend(backend, encoding, bias_rows * num_heads * num_queries * num_keys,
                                                 q.device)]
     has_key = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .absolute import LearnedAbsolute, Sinusoidal, sinusoidal_table
 from .base import NoPE, PositionalEncoding
+from .multiaxis import AxialRoPE, MRoPE, mrope_position_ids
 from .bias import FIRE, ALiBi, Kerple, ScoreBias, T5RelativeBias, alibi_slopes, t5_relative_position_bucket
 from .relative import Shaw, TransformerXL
 from .rotary import ProportionalRoPE, RoPE, XPos, apply_rotary, rope_frequencies
@@ -15,6 +16,7 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
     for cls in (
         NoPE, Sinusoidal, LearnedAbsolute, RoPE, XPos, ALiBi, T5RelativeBias, Kerple, FIRE, Shaw, TransformerXL,
         ProportionalRoPE,
+        MRoPE, AxialRoPE,
     )
 }
 
@@ -62,5 +64,6 @@ __all__ = [
     "REGISTRY", "available", "create", "create_for_model", "encoding_class",
     "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
     "XPos", "ProportionalRoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
+    "MRoPE", "AxialRoPE", "mrope_position_ids",
     "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "apply_rotary",
 ]

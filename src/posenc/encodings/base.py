@@ -23,7 +23,12 @@ attention layer's decision (``posenc.attention.tiling``); :meth:`score_bias` and
 
 Positions are always explicit integer tensors, shape (T,) shared by the batch or (B, T) per
 row: query positions and key positions are separate, which gives KV-cache offsets, left
-padding and packed sequences to every encoding without a special case.
+padding and packed sequences to every encoding without a special case. An encoding whose
+positions have several coordinates (M-RoPE's temporal, height, width; axial RoPE's grid axes)
+states it with :attr:`PositionalEncoding.position_axes` and accepts them through
+:meth:`PositionalEncoding.check_positions`, which :func:`posenc.attention` calls on the
+positions it is given; its hooks then see them axis-first, (A, B, T), the sequence axis last
+as everywhere else. One-coordinate positions (T,) or (B, T) stay valid for every encoding.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
+
+from .._validation import check_sequence_positions
 
 #: FlexAttention's form of a score bias: ``score_mod(score, b, h, q_idx, kv_idx) -> score``.
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -106,6 +113,39 @@ class PositionalEncoding(nn.Module):
         that their parameters are the model's.
         """
         return self
+
+    @property
+    def position_axes(self) -> int:
+        """How many coordinates a position has: 1 (a token index) for every encoding but the
+        multi-axis ones (3 for M-RoPE's temporal, height, width; 2 or 3 for axial RoPE).
+
+        Multi-axis positions reach the hooks **axis-first**, an integer tensor (A, B, T) with B
+        1 or the batch, the sequence axis last as in every other form (Hugging Face's Qwen2-VL
+        ``position_ids`` layout); :meth:`check_positions` turns the forms a user may give into
+        it. Such an encoding's hooks also take one-coordinate positions (T,) or (B, T), meaning
+        every axis equal (how Qwen2-VL positions text), so the LM, the KV cache, packing and
+        padding work unchanged. The attention backends read only the last axis (T) of
+        positions they do not pass to a hook; a multi-axis encoding has no ``score_bias`` or
+        ``content`` hook, whose tiling assumes (T,) or (B, T).
+        """
+        return 1
+
+    def check_positions(self, positions: Tensor, *, length: int, batch: int, argname: str = "positions") -> Tensor:
+        """The positions a user gave one attention call of ``length`` tokens and ``batch`` rows,
+        checked and in the form this encoding's hooks take; :func:`posenc.attention` calls it
+        on ``q_positions`` and ``k_positions`` (moving the result to q's device).
+
+        Default: an integer tensor (T,) or (B, T), B in {1, batch}, of values >= 0, returned
+        unchanged. A multi-axis encoding (:attr:`position_axes` > 1) overrides it to accept
+        its own forms as well and return them axis-first (A, B, T). The values are read
+        outside ``torch.compile`` only (its shapes and dtype always).
+
+        Raises:
+            TypeError: not an integer tensor.
+            ValueError: a shape this encoding does not take (the message names ``argname``
+                and the shapes allowed), or a negative entry.
+        """
+        return check_sequence_positions(positions, length=length, batch=batch, argname=argname)
 
     # -- hooks -----------------------------------------------------------------------------
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
