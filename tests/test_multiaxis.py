@@ -432,40 +432,7 @@ def test_multi_axis_attention_traces_in_one_graph():
     torch._dynamo.reset()
 
 
-# -- bad arguments --------------------------------------------------------------------------------
-@pytest.mark.parametrize("call, error, match", [
-    (lambda: MRoPE(16, mrope_section=[2, 3, 2]), ValueError, r"mrope_section must sum to rotary_dim/2 = 8"),
-    (lambda: MRoPE(16, mrope_section=[-1, 5, 4]), ValueError, r"mrope_section must be 3 non-negative integers"),
-    (lambda: MRoPE(16, mrope_section=[4, 4]), ValueError, r"mrope_section must be 3 non-negative integers"),
-    (lambda: MRoPE(16, mrope_section=[2, 3, 3], mrope_interleaved=True), ValueError, r"cannot be interleaved"),
-    (lambda: MRoPE(16, mrope_interleaved=1), TypeError, r"mrope_interleaved must be a bool"),
-    (lambda: MRoPE(16, scaling={"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8}),
-     ValueError, r"scaling: rope_type 'dynamic' depends on the call's length"),
-    (lambda: AxialRoPE(12, num_axes=4), ValueError, r"rotary_dim=12 does not split into 4 axes of even width"),
-    (lambda: AxialRoPE(16, axial_dims=[6, 6], rotary_dim=16), ValueError, r"axial_dims must sum to rotary_dim=16"),
-    (lambda: AxialRoPE(16, axial_dims=[5, 11]), ValueError, r"axial_dims entries must be a positive even integer"),
-    (lambda: AxialRoPE(16, freqs_for="pixel"), ValueError, r"grid_size is required with freqs_for='pixel'"),
-    (lambda: AxialRoPE(16, grid_size=4), ValueError, r"grid_size is for freqs_for='pixel'"),
-    (lambda: AxialRoPE(16, freqs_for="pixels"), ValueError, r"freqs_for must be one of \('lang', 'pixel'\)"),
-    (lambda: posenc.attention(*(torch.randn(2, 1, 5, 8) for _ in range(3)), MRoPE(8),
-                              q_positions=torch.zeros(4, 2, 5, dtype=torch.long)),
-     ValueError, r"q_positions must have shape \(5,\) or \(2, 5\) .* or \(3, 5\) or \(3, 2, 5\)"),
-    (lambda: posenc.attention(*(torch.randn(2, 1, 5, 8) for _ in range(3)), AxialRoPE(8),
-                              k_positions=torch.zeros(2, 5, 3, dtype=torch.long)),
-     ValueError, r"k_positions must have shape .* or \(5, 2\) or \(2, 5, 2\)"),
-    (lambda: posenc.attention(*(torch.randn(1, 1, 3, 8) for _ in range(3)), MRoPE(8),
-                              q_positions=torch.tensor([[0, 1, 2]] * 2 + [[0, -1, 2]])),
-     ValueError, r"q_positions must be >= 0"),
-    (lambda: MRoPE(8).rotate(*(torch.randn(2, 1, 5, 8) for _ in range(2)), torch.zeros(5, 3, dtype=torch.long),
-                             torch.arange(5)), ValueError, r"q_positions must have shape \(5,\) or \(2, 5\)"),
-    (lambda: mrope_position_ids([2, (1, 3, 4)]), ValueError, r"segments\[1\] .* divisible by spatial_merge_size=2"),
-    (lambda: mrope_position_ids([(1, 2)]), ValueError, r"segments\[0\] must be an int"),
-])
-def test_bad_arguments(call, error, match):
-    with pytest.raises(error, match=match):
-        call()
-
-
+# -- positions shapes (bad arguments: tests/test_bad_inputs.py) ---------------------------------
 def test_ambiguous_shapes_read_as_one_coordinate_per_token():
     # (3, T) with a batch of 3 is per-row positions; (3, 1, T) is the unambiguous M-RoPE form
     enc = MRoPE(8)
