@@ -243,8 +243,8 @@ def _holds_a_table(name: str, model: LMConfig) -> bool:
 
 #: Named sizes, as options of :meth:`ExtrapolationConfig.from_options`. "default"
 #: reproduces the prototype's setting (< 15 min on 2 cores); "quick" is a smoke run
-#: (< 3 min); "full" is the default size over every encoding (None: every registered one)
-#: and the randomized rows of :data:`FULL_RANDOMIZED`.
+#: (< 3 min); "full" is the default size over every encoding of 1-D text (None:
+#: :func:`text_encodings`) and the randomized rows of :data:`FULL_RANDOMIZED`.
 PRESETS: dict[str, dict] = {
     "quick": dict(steps=300, num_layers=2, eval_factors=(1, 2, 4, 8), eval_tokens=16384),
     "default": {},
@@ -254,6 +254,14 @@ PRESETS: dict[str, dict] = {
 #: The encodings that ``--preset full`` also trains with randomized positions (one row each,
 #: N = the longest evaluation length): RoPE, the encoding Ruoss et al. (2023) helped most.
 FULL_RANDOMIZED = ("rope",)
+
+
+def text_encodings() -> list[str]:
+    """The registered encodings whose positions are token indices (``position_axes`` 1): every
+    one but the multi-axis RoPEs (mrope, axial_rope), which on text, every axis equal, are
+    RoPE with another frequency order (M-RoPE exactly RoPE) and add no row of their own."""
+    sizes = LMConfig().encoding_sizes()
+    return [name for name in REGISTRY if create_for_model(name, **sizes).position_axes == 1]
 
 
 def preset_config(preset: str = "default", **overrides) -> ExtrapolationConfig:
@@ -267,6 +275,6 @@ def preset_config(preset: str = "default", **overrides) -> ExtrapolationConfig:
         raise ValueError(f"preset must be one of {list(PRESETS)}, got {preset!r}")
     values = dict(PRESETS[preset])
     if "encodings" in values and values["encodings"] is None:
-        values["encodings"] = (*REGISTRY, *(name + RANDOMIZED_SUFFIX for name in FULL_RANDOMIZED))
+        values["encodings"] = (*text_encodings(), *(name + RANDOMIZED_SUFFIX for name in FULL_RANDOMIZED))
     values.update({k: v for k, v in overrides.items() if v is not None})
     return ExtrapolationConfig.from_options(**values)
