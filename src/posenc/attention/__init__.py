@@ -7,19 +7,22 @@ encoding's name. Shapes: B batch, H heads, Tq queries, Tk keys, D head_dim.
 Backends (one module each, in :data:`_BACKENDS`), all with the same two functions:
 
 - ``unsupported(encoding, *, mask, dropout_p) -> str | None``: None when the backend can run a
-  call with this encoding, this (combined, 4-D boolean) mask and this dropout, else the
-  ValueError message that :func:`attention` raises;
+  call with this encoding, this user mask (checked, 4-D boolean, or None) and this dropout,
+  else the ValueError message that :func:`attention` raises;
 - ``run(q, k, v, *, encoding, q_positions, k_positions, causal, mask, scale, dropout_p) ->
   (B, H, Tq, D)`` with q and k already rotated (k and v with H_kv heads dividing H),
-  positions filled in, ``mask`` None or the user mask with the causal one already in it
-  (``causal`` says whether to add the causal mask when ``mask`` is None). How a backend evaluates the score bias (materialized, per
+  positions filled in, ``mask`` None or the user mask and the encoding's positional mask (its
+  ``mask`` hook) with the causal one already in it (``causal`` says whether to add the causal
+  mask when ``mask`` is None); flex, which takes no user mask, states the encoding's mask
+  itself as a ``mask_mod``. How a backend evaluates the score bias (materialized, per
   tile, per score) is its own affair: :mod:`posenc.attention.tiling`.
 
 Masking convention: a causal query i sees key j iff j <= i + (Tk - Tq), i.e. the queries
 are the last Tq of the Tk keys (bottom-right alignment, as with a KV cache). An optional
 boolean ``mask`` (True = may attend: document masks of packed rows, key padding) is combined
-with it by logical and. A query left with no key to attend (a left-padding query) gets an
-output of zeros, never NaN: see :func:`combine_masks`.
+with it by logical and, and so is the mask an encoding states from positions (the ``mask``
+hook: Llama 4's chunked attention). A query left with no key to attend (a left-padding
+query) gets an output of zeros, never NaN: see :func:`combine_masks`.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from torch import Tensor
 from ..encodings.base import PositionalEncoding
 from .._validation import check_number, check_sequence_positions
 from . import blocked, eager, flex, sdpa
-from .masks import causal_mask, check_mask, combine_masks
+from .masks import causal_mask, check_mask, combine_masks, encoding_mask
 
 __all__ = ["attention", "BACKENDS", "causal_mask", "combine_masks"]
 
@@ -137,7 +140,8 @@ def attention(
     """Scaled dot-product attention with a positional encoding.
 
     softmax(scale * (rotate(q) . rotate(k)^T + content) + bias + mask) @ v (+ content on v),
-    the encoding contributing through its hooks (``rotate``, ``score_bias``, ``content``).
+    the encoding contributing through its hooks (``rotate``, ``score_bias``, ``content``, and
+    ``mask``: its positional mask, and'ed with the causal and user masks on every backend).
 
     Args:
         q: (B, H, Tq, D). k, v: (B, H_kv, Tk, D) with H_kv dividing H: multi-head (H_kv = H),
@@ -223,10 +227,8 @@ def attention(
     bias_rows = batch if q_positions.dim() >= 2 or k_positions.dim() >= 2 else 1
     backend_module = _BACKENDS[_resolve_backend(backend, encoding, bias_rows * num_heads * num_queries * num_keys,
                                                 q.device)]
-    has_key = None
     if mask is not None:
         mask = check_mask(mask, batch, num_heads, num_queries, num_keys).to(q.device)
-        mask, has_key = combine_masks(causal_mask(num_queries, num_keys, q.device) if causal else None, mask)
     reason = backend_module.unsupported(encoding, mask=mask, dropout_p=dropout_p)
     if reason is not None:
         raise ValueError(reason)
@@ -235,6 +237,14 @@ def attention(
         # row stays NaN (the rule below), as every backend would give with keys.
         return (q.sum(-1, keepdim=True) * 0 + v.sum() * 0).expand(batch, num_heads, num_queries, v.shape[-1])
     hooks = encoding.hooks if encoding is not None else frozenset()
+    # The encoding's positional mask (its mask hook) joins the user's: one boolean mask for
+    # the rows-without-keys rule and the NaN rule on every backend (flex states it as a mask_mod).
+    positional = encoding_mask(encoding, q_positions, k_positions)
+    if positional is not None:
+        mask = positional if mask is None else mask & positional
+    has_key = None
+    if mask is not None:
+        mask, has_key = combine_masks(causal_mask(num_queries, num_keys, q.device) if causal else None, mask)
     if "rotate" in hooks:
         q, k = encoding.rotate(q, k, q_positions, k_positions)
     if "score_bias" in hooks:

@@ -1,7 +1,8 @@
 """The encoding protocol: the four hooks through which position enters attention.
 
 Every positional encoding in posenc is a ``torch.nn.Module`` subclass of
-:class:`PositionalEncoding` and overrides one or more of four hooks (DESIGN.md):
+:class:`PositionalEncoding` and overrides one or more of four hooks (DESIGN.md), and a fifth,
+``mask``, for encodings that restrict which keys a query sees:
 
 ========== ============================================== ===============================
 hook       contract                                       used by
@@ -10,6 +11,7 @@ embed      x (B, T, d_model), positions -> x'             sinusoidal, learned
 rotate     q (B, H, Tq, D), k (B, H, Tk, D) -> q', k'     rope, xpos
 score_bias b(h, i, j) added to the logits, fp32           alibi, t5, kerple, fire
 content    query-dependent terms on scores and values     shaw, transformer_xl
+mask       allowed(q_pos, k_pos) -> bool, and'ed in       irope (chunked attention)
 ========== ============================================== ===============================
 
 The class attribute :attr:`PositionalEncoding.hooks` names the hooks an encoding uses, so
@@ -20,6 +22,14 @@ of (query position, key position, head), and :attr:`PositionalEncoding.translati
 How it is evaluated (materialized, in tiles, as strided views, inside FlexAttention) is the
 attention layer's decision (``posenc.attention.tiling``); :meth:`score_bias` and
 :meth:`score_mod` are the two forms a user calls directly.
+
+A positional mask is stated the same way: :meth:`PositionalEncoding.attention_mask`, an
+elementwise boolean function of (query position, key position), True where the query may
+attend the key. :func:`posenc.attention` ands it with the causal mask and the user's ``mask``
+on every backend (materialized on the position grid for eager, sdpa and blocked; as the
+FlexAttention ``mask_mod`` of :meth:`PositionalEncoding.mask_mod` for flex). Because it reads
+positions, not token indices, a KV-cache step, left padding and packed rows (positions
+restarting per document) get the same mask as the rows alone.
 
 Positions are always explicit integer tensors, shape (T,) shared by the batch or (B, T) per
 row: query positions and key positions are separate, which gives KV-cache offsets, left
@@ -43,6 +53,17 @@ from .._validation import check_sequence_positions
 
 #: FlexAttention's form of a score bias: ``score_mod(score, b, h, q_idx, kv_idx) -> score``.
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+#: FlexAttention's form of a mask: ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = may attend).
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def _position_at(positions: Tensor | None, b: Tensor, idx: Tensor) -> Tensor:
+    """The int64 position of token ``idx`` (row ``b``) inside FlexAttention: the index itself
+    without positions, else looked up in (T,) or (B, T) positions."""
+    if positions is None:
+        return idx.long()
+    return (positions[b, idx] if positions.dim() == 2 else positions[idx]).long()
 
 
 class PositionalEncoding(nn.Module):
@@ -99,6 +120,14 @@ class PositionalEncoding(nn.Module):
         the constructor.
         """
         return cls(**kwargs)
+
+    @classmethod
+    def options_for_train_len(cls, train_len: int) -> dict:
+        """Options of this encoding to pass to :meth:`for_model` for a model trained on windows
+        of ``train_len`` tokens (``posenc extrapolate`` does): settings a model card states in
+        tokens of its own training context, which a much shorter one must scale (iRoPE's
+        chunk size and temperature step, 8192 in Llama 4). Default: none, ``{}``."""
+        return {}
 
     def for_layer(self, layer: int) -> PositionalEncoding:
         """The encoding that attention layer ``layer`` (0-based) uses; default: ``self``, one
@@ -205,16 +234,42 @@ class PositionalEncoding(nn.Module):
             return None
         self.prepare_bias()
 
-        def lookup(positions: Tensor | None, b: Tensor, idx: Tensor) -> Tensor:
-            if positions is None:
-                return idx.long()
-            return (positions[b, idx] if positions.dim() == 2 else positions[idx]).long()
-
         def score_mod(score, b, h, q_idx, kv_idx):
             # FlexAttention passes int32 indices; bias() gets int64 like every other caller.
-            return score + self.bias(lookup(q_positions, b, q_idx), lookup(k_positions, b, kv_idx), h.long())
+            return score + self.bias(_position_at(q_positions, b, q_idx), _position_at(k_positions, b, kv_idx), h.long())
 
         return score_mod
+
+    def attention_mask(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+        """The ``mask`` hook as math: elementwise on broadcastable int64 tensors of query and key
+        positions -> a bool tensor of their broadcast shape, True where the query may attend the
+        key (0-d tensors inside FlexAttention). Returns None for an encoding without the hook.
+
+        :func:`posenc.attention` ands it with the causal mask and the user's ``mask`` on every
+        backend: evaluated on the (Tq, Tk) grid of the call's positions ((B, Tq, Tk) for (B, T)
+        positions) for eager, sdpa and blocked, and through :meth:`mask_mod` for flex. It must
+        depend on positions only (not on token indices), so that a KV-cache step, left padding
+        and packed rows see what the rows alone see. A query that it (with the other masks)
+        leaves without any key gets an output of zeros, as for ``mask=``.
+
+        Raises:
+            NotImplementedError: the encoding declares the ``mask`` hook but no ``attention_mask``.
+        """
+        if "mask" in self.hooks:
+            raise NotImplementedError(f"{type(self).__name__} has the mask hook but defines no attention_mask()")
+        return None
+
+    def mask_mod(self, q_positions: Tensor | None = None, k_positions: Tensor | None = None) -> MaskMod | None:
+        """The ``mask`` hook as a FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool``, or None
+        for an encoding without it. Without positions the token indices are the positions; with
+        positions of shape (T,) or (B, T) they are looked up (as :meth:`score_mod` does)."""
+        if "mask" not in self.hooks:
+            return None
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return self.attention_mask(_position_at(q_positions, b, q_idx), _position_at(k_positions, b, kv_idx))
+
+        return mask_mod
 
     def content_scores(
         self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor
