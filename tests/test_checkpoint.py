@@ -26,6 +26,8 @@ OPTIONS = {
     "transformer_xl": {"base": 100.0}, "p_rope": {"partial_rotary_factor": 0.5, "base": 500.0},
     "mrope": {"mrope_section": [2, 1, 1], "mrope_interleaved": True, "base": 1e6},
     "axial_rope": {"axial_dims": [2, 4], "freqs_for": "pixel", "grid_size": [4, 8], "max_freq": 8.0, "interleaved": True},
+    "irope": {"no_rope_layers": [0], "attention_chunk_size": 4, "floor_scale": 3, "attn_scale": 0.5,
+              "rope_theta": 10000.0, "interleaved": False},
 }
 
 

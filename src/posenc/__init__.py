@@ -24,6 +24,7 @@ from .encodings import (
     Sinusoidal,
     T5RelativeBias,
     FIRE,
+    IRoPE,
     Kerple,
     Shaw,
     TransformerXL,
@@ -48,5 +49,6 @@ __all__ = [
     "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
     "XPos", "ProportionalRoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids",
+    "IRoPE",
     "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "apply_rotary",
 ]

@@ -8,6 +8,7 @@ from .multiaxis import AxialRoPE, MRoPE, mrope_position_ids
 from .bias import FIRE, ALiBi, Kerple, ScoreBias, T5RelativeBias, alibi_slopes, t5_relative_position_bucket
 from .relative import Shaw, TransformerXL
 from .rotary import ProportionalRoPE, RoPE, XPos, apply_rotary, rope_frequencies
+from .schedule import IRoPE
 
 #: name -> encoding class. A new encoding is one file (or one class in its family's file)
 #: and one line here.
@@ -17,6 +18,7 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
         NoPE, Sinusoidal, LearnedAbsolute, RoPE, XPos, ALiBi, T5RelativeBias, Kerple, FIRE, Shaw, TransformerXL,
         ProportionalRoPE,
         MRoPE, AxialRoPE,
+        IRoPE,
     )
 }
 
@@ -65,5 +67,6 @@ __all__ = [
     "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
     "XPos", "ProportionalRoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids",
+    "IRoPE",
     "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "apply_rotary",
 ]
