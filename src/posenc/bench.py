@@ -273,7 +273,9 @@ def throughput_benchmark(
     runs = {}
     for name in encodings:
         torch.manual_seed(0)
-        model = TransformerLM(config, name)
+        # built as posenc extrapolate builds it at L = seq_len (iRoPE's chunk scales with L)
+        options = REGISTRY[name].options_for_train_len(seq_len)
+        model = TransformerLM(config, create_for_model(name, **config.encoding_sizes(), **options) if options else name)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
         def train(model=model, optimizer=optimizer):

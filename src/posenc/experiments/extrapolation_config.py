@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from .._validation import check_device, check_positive_int
 from ..encodings import REGISTRY, create_for_model, encoding_class
+from ..encodings.base import PositionalEncoding
 from ..model import LMConfig
 from ..rope import EXTENSION_METHODS
 from ..train import TrainConfig
@@ -196,6 +197,19 @@ class ExtrapolationConfig:
     def model_config(self) -> LMConfig:
         """The LM every run builds (``model``, with ``max_positions`` set as documented)."""
         return self.model
+
+    def encoding_options(self, name: str) -> dict:
+        """The options the encoding ``name`` is built with in this experiment: those it scales
+        with the training length L (:meth:`~posenc.PositionalEncoding.options_for_train_len`:
+        iRoPE's attention_chunk_size and floor_scale = L // 4), else none. The model's
+        ``max_positions`` is the table size (the longest evaluation length), not L."""
+        return encoding_class(name).options_for_train_len(self.train_len)
+
+    def encoding(self, name: str) -> PositionalEncoding | str:
+        """What the LM of ``name`` is built from: the name itself, or, when the encoding takes
+        options from L (:meth:`encoding_options`), the encoding built with them for the model."""
+        options = self.encoding_options(name)
+        return create_for_model(name, **self.model.encoding_sizes(), **options) if options else name
 
     def train_config(self, seed: int) -> TrainConfig:
         """The training of the run with ``seed``."""
