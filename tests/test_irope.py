@@ -387,3 +387,20 @@ def test_lm_with_both_kinds_of_layer_compiles_without_breaks_or_recompiles():
     assert sum(torch._dynamo.utils.counters["graph_break"].values()) == 0
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     torch._dynamo.reset()
+
+
+def test_use_encoding_gives_each_transformers_layer_its_schedule_entry():
+    transformers = pytest.importorskip("transformers")
+    from posenc.integrations.transformers import use_encoding
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                      attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = use_encoding(transformers.LlamaForCausalLM(config).eval(), "irope", **SMALL)
+    encoding = model.model.posenc_encoding
+    assert [layer.self_attn.__dict__["_posenc_encoding"] for layer in model.model.layers] == \
+        [encoding.for_layer(0), encoding.for_layer(1)]
+    prompt = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(0))
+    cached = model.generate(prompt, max_new_tokens=8, do_sample=False, use_cache=True)
+    assert torch.equal(cached, model.generate(prompt, max_new_tokens=8, do_sample=False, use_cache=False))

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from .encodings import REGISTRY, apply_rotary, create_for_model
+from .encodings import REGISTRY, apply_rotary, create_for_model, encoding_class
 
 
 def _median_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
@@ -274,7 +274,7 @@ def throughput_benchmark(
     for name in encodings:
         torch.manual_seed(0)
         # built as posenc extrapolate builds it at L = seq_len (iRoPE's chunk scales with L)
-        options = REGISTRY[name].options_for_train_len(seq_len)
+        options = encoding_class(name).options_for_train_len(seq_len)
         model = TransformerLM(config, create_for_model(name, **config.encoding_sizes(), **options) if options else name)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
