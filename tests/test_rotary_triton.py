@@ -458,3 +458,13 @@ def test_the_environment_switch(monkeypatch):
         monkeypatch.delenv("POSENC_TRITON")
         importlib.reload(kernels)
     assert not kernels.use_triton(torch.zeros(1))  # CPU tensors: never, by default
+
+
+def test_the_benchmark_times_the_kernel(on_cpu):
+    """The accelerator benchmark lists the fused kernel where it runs, checked against float64."""
+    from posenc import bench
+
+    rows, _ = bench.rope_device_benchmark("cpu", lengths=(8,), q_heads=2, kv_heads=1, head_dim=8, repeats=1, compile_peers=False)
+    fused = [row for row in rows if row["method"].startswith("posenc fused_rope")]
+    assert {row["mode"] for row in fused} == {"forward", "forward+backward"}
+    assert fused[0]["max_err"] < 0.05
