@@ -61,6 +61,11 @@ TILE_PAIRS = 2048
 #: At most this many heads per tile: the angles are computed once per (token block, head block).
 MAX_BLOCK_H = 8
 
+# Both kernels are launched with enable_fp_fusion=True: x_a cos - x_b sin may be one fused
+# multiply-add (one rounding fewer than two products and a sum; the error bounds of
+# docs/precision.md hold either way). Stated explicitly, so Triton >= 3.9 does not warn
+# about its default changing.
+
 
 def _interpreted() -> bool:
     """Whether the kernels of this module were built for Triton's interpreter."""
@@ -295,7 +300,7 @@ def _launch(q: Tensor, k: Tensor, q_out: Tensor, k_out: Tensor, a: _Angles) -> N
         INTERLEAVED=a.interleaved, INVERSE=a.inverse, HAS_AXIS=has_axis, COPY_TAIL=copy_tail,
         Q_WIDE=_wide(q.dtype), K_WIDE=_wide(k.dtype), Q_SOFT_BF16=_soft_bf16(q.dtype), K_SOFT_BF16=_soft_bf16(k.dtype),
         Q_BLOCK_H=qbh, Q_BLOCK_T=qbt, K_BLOCK_H=kbh, K_BLOCK_T=kbt,
-        BLOCK_P=block_p, BLOCK_TAIL=_pow2(d - 2 * half),
+        BLOCK_P=block_p, BLOCK_TAIL=_pow2(d - 2 * half), enable_fp_fusion=True,
     )
 
 
@@ -505,7 +510,7 @@ def rotate_with_tables(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interle
         x4, o4, c4, s4, x4.shape[1], x4.shape[2], half, jobs_t, jobs_h,
         *x4.stride(), *o4.stride(), *c4.stride(), *s4.stride(),
         INTERLEAVED=interleaved, WIDE=wide == torch.float64, SOFT_BF16=_soft_bf16(out.dtype),
-        BLOCK_H=bh, BLOCK_T=bt, BLOCK_P=block_p,
+        BLOCK_H=bh, BLOCK_T=bt, BLOCK_P=block_p, enable_fp_fusion=True,
     )
     return out
 
