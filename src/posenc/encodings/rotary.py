@@ -208,6 +208,10 @@ def apply_rotary(
     chunk of rows, so it runs near memory bandwidth (``benchmarks/bench_rope.py``); its
     backward is again a rotation, differentiable itself (double backward works).
 
+    On CUDA tensors with Triton installed (``pip install posenc[gpu]``) the rotation is one
+    Triton launch, the same arithmetic (:func:`posenc.kernels.rotary_triton.rotate_with_tables`;
+    ``posenc.kernels.TRITON_ENABLED = False`` or ``POSENC_TRITON=0`` turns it off).
+
     Under ``torch.compile`` (``torch.compiler.is_compiling()``) the plain formula runs
     instead, in the same dtype, and traces with ``fullgraph=True``; with ``dynamic=True`` a
     change of T (or of any other size) does not recompile, except that T = 1 is
@@ -488,6 +492,10 @@ class RoPE(PositionalEncoding):
         """q (B, H, Tq, D) and k (B, H_kv, Tk, D) rotated at q_positions and k_positions ((T,) or
         (B, T) integers), each returned in its own dtype; the rotation runs in float32 (float64
         for float64 inputs). Traces under ``torch.compile(fullgraph=True)`` (see :meth:`cos_sin`).
+
+        On CUDA with Triton (outside ``torch.compile``), q and k are rotated in one fused launch
+        from the positions and the float64 frequencies (:meth:`kernel_angles`;
+        :func:`posenc.kernels.rotary_triton.fused_rope`): the same cos and sin, no tables.
 
         Raises:
             ValueError: q or k whose last dimension is not head_dim.
