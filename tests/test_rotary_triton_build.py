@@ -26,14 +26,24 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from posenc.kernels import rotary_triton as rt
 
+import os, subprocess, tempfile
+
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
 def build(kernel, types, constexprs):
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in kernel.arg_names}
     compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": 4, "enable_fp_fusion": True})
+                              options={"num_warps": 8, "enable_fp_fusion": True})  # as launched for this tile
     ttgir = compiled.asm["ttgir"]
+    usage = ""
+    if os.path.exists(CUOBJDUMP):
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(compiled.asm["cubin"])
+            f.flush()
+            usage = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
     return {"f64_cos": bool(re.search(r"math\.cos %\S+ : tensor<[0-9x]+xf64", ttgir)),
             "f64_sin": bool(re.search(r"math\.sin %\S+ : tensor<[0-9x]+xf64", ttgir)),
-            "cubin_bytes": len(compiled.asm["cubin"])}
+            "cubin_bytes": len(compiled.asm["cubin"]), "usage": " ".join(l.strip() for l in usage.splitlines() if "REG:" in l)}
 
 results = {}
 for dt, interleaved, axis, tail, wide in [("bf16", False, True, True, False), ("fp16", True, False, False, False),
@@ -66,3 +76,5 @@ def test_kernels_compile_for_sm90():
     assert all(r["cubin_bytes"] > 0 for r in results.values())
     for name in ("qk-bf16", "qk-fp16", "qk-fp64"):  # the angles' cos and sin are taken in float64
         assert results[name]["f64_cos"] and results[name]["f64_sin"], results[name]
+    for name, r in results.items():  # no register spills to local memory (when cuobjdump can tell)
+        assert not r["usage"] or " LOCAL:0 " in f" {r['usage']} ", (name, r["usage"])

@@ -53,12 +53,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-#: Pairs per program and tensor: a tile of (heads, tokens, pairs) of about this many pairs,
-#: so that one program moves a few KiB of q or k. Not tuned on a GPU yet (no GPU was
-#: available when the kernel was written); ``benchmarks/bench_rope.py --device cuda`` times it.
+#: Pairs per tile: a program of the fused kernel takes BLOCK_T tokens of one batch row of q or
+#: k, computes their angles once, and loops over the heads BLOCK_H at a time, each tile
+#: (BLOCK_H, BLOCK_T, pairs) of about this many pairs (a few KiB of q or k). Computing the
+#: float64 cos/sin once per token block rather than per head keeps the float64 work small even
+#: on GPUs with slow float64. Not tuned on a GPU yet (none was available when the kernel was
+#: written); ``benchmarks/bench_rope.py --device cuda`` times it.
 TILE_PAIRS = 2048
 
-#: At most this many heads per tile: the angles are computed once per (token block, head block).
+#: At most this many heads per tile.
 MAX_BLOCK_H = 8
 
 # Both kernels are launched with enable_fp_fusion=True: x_a cos - x_b sin may be one fused
@@ -102,23 +105,20 @@ def _pair_offsets(p, half, INTERLEAVED: tl.constexpr):
 def _rope_block(
     job, x_ptr, o_ptr, sxb, sxh, sxt, sxd, sob, soh, sot, sod,
     pos_ptr, spa, spb, spt, axis_ptr, freq_ptr, sfb, sft, sfp, attention_factor,
-    H, T, half, D, jobs_t, jobs_h,
+    H, T, half, D, jobs_t,
     INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr, HAS_AXIS: tl.constexpr, COPY_TAIL: tl.constexpr,
     WIDE: tl.constexpr, SOFT_BF16: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_TAIL: tl.constexpr,
 ):
-    """Rotate one tile (BLOCK_H heads, BLOCK_T tokens, all pairs) of one tensor."""
-    h_blk = job % jobs_h
-    rest = job // jobs_h
-    t_blk = rest % jobs_t
-    b = (rest // jobs_t).to(tl.int64)
-    h = h_blk.to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
+    """Rotate BLOCK_T tokens of one batch row of one tensor, every head (BLOCK_H at a time)."""
+    t_blk = job % jobs_t
+    b = (job // jobs_t).to(tl.int64)
     t = t_blk.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     p = tl.arange(0, BLOCK_P)
-    h_mask, t_mask, p_mask = h < H, t < T, p < half
+    t_mask, p_mask = t < T, p < half
     tp_mask = t_mask[:, None] & p_mask[None, :]
 
-    # The angles, in float64 from int64 positions and float64 frequencies, once per tile.
+    # The angles, in float64 from int64 positions and float64 frequencies, once for all heads.
     if HAS_AXIS:  # M-RoPE: pair p reads position row axis[p]
         axis = tl.load(axis_ptr + p, mask=p_mask, other=0).to(tl.int64)
         pos = tl.load(pos_ptr + axis[None, :] * spa + b * spb + t[:, None] * spt, mask=tp_mask, other=0)
@@ -129,34 +129,35 @@ def _rope_block(
     compute = tl.float64 if WIDE else tl.float32
     cos = (tl.cos(angle) * attention_factor).to(compute)[None, :, :]
     sin = (tl.sin(angle) * attention_factor).to(compute)[None, :, :]
-
-    mask = h_mask[:, None, None] & tp_mask[None, :, :]
-    x_row = x_ptr + b * sxb + h[:, None, None] * sxh + t[None, :, None] * sxt
-    o_row = o_ptr + b * sob + h[:, None, None] * soh + t[None, :, None] * sot
     d_a, d_b = _pair_offsets(p, half, INTERLEAVED)
-    x_a = tl.load(x_row + d_a[None, None, :] * sxd, mask=mask, other=0.0).to(compute)
-    x_b = tl.load(x_row + d_b[None, None, :] * sxd, mask=mask, other=0.0).to(compute)
-    if INVERSE:  # the transpose: rotation by -angle
-        out_a = x_a * cos + x_b * sin
-        out_b = x_b * cos - x_a * sin
-    else:
-        out_a = x_a * cos - x_b * sin
-        out_b = x_b * cos + x_a * sin
-    _store(o_row + d_a[None, None, :] * sod, out_a, mask, SOFT_BF16)
-    _store(o_row + d_b[None, None, :] * sod, out_b, mask, SOFT_BF16)
+    e = 2 * half + tl.arange(0, BLOCK_TAIL)
 
-    if COPY_TAIL:  # out of place with rotary_dim < D: the tail passes through
-        e = 2 * half + tl.arange(0, BLOCK_TAIL)
-        tail_mask = (h_mask[:, None, None] & t_mask[None, :, None]) & (e < D)[None, None, :]
-        tail = tl.load(x_row + e[None, None, :] * sxd, mask=tail_mask, other=0.0)
-        tl.store(o_row + e[None, None, :] * sod, tail, mask=tail_mask)
+    for h0 in range(0, H, BLOCK_H):
+        h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
+        mask = (h < H)[:, None, None] & tp_mask[None, :, :]
+        x_row = x_ptr + b * sxb + h[:, None, None] * sxh + t[None, :, None] * sxt
+        o_row = o_ptr + b * sob + h[:, None, None] * soh + t[None, :, None] * sot
+        x_a = tl.load(x_row + d_a[None, None, :] * sxd, mask=mask, other=0.0).to(compute)
+        x_b = tl.load(x_row + d_b[None, None, :] * sxd, mask=mask, other=0.0).to(compute)
+        if INVERSE:  # the transpose: rotation by -angle
+            out_a = x_a * cos + x_b * sin
+            out_b = x_b * cos - x_a * sin
+        else:
+            out_a = x_a * cos - x_b * sin
+            out_b = x_b * cos + x_a * sin
+        _store(o_row + d_a[None, None, :] * sod, out_a, mask, SOFT_BF16)
+        _store(o_row + d_b[None, None, :] * sod, out_b, mask, SOFT_BF16)
+        if COPY_TAIL:  # out of place with rotary_dim < D: the tail passes through
+            tail_mask = ((h < H)[:, None, None] & t_mask[None, :, None]) & (e < D)[None, None, :]
+            tail = tl.load(x_row + e[None, None, :] * sxd, mask=tail_mask, other=0.0)
+            tl.store(o_row + e[None, None, :] * sod, tail, mask=tail_mask)
 
 
 @triton.jit
 def _rope_qk_kernel(
     q_ptr, qo_ptr, k_ptr, ko_ptr, qpos_ptr, kpos_ptr, axis_ptr, qfreq_ptr, kfreq_ptr,
     attention_factor: "tl.float64",
-    Hq, Tq, Hk, Tk, half, D, q_jobs_t, q_jobs_h, k_jobs_t, k_jobs_h, n_q_jobs,
+    Hq, Tq, Hk, Tk, half, D, q_jobs_t, k_jobs_t, n_q_jobs,
     sqb, sqh, sqt, sqd, sqob, sqoh, sqot, sqod,
     skb, skh, skt, skd, skob, skoh, skot, skod,
     sqpa, sqpb, sqpt, skpa, skpb, skpt,
@@ -166,20 +167,20 @@ def _rope_qk_kernel(
     Q_BLOCK_H: tl.constexpr, Q_BLOCK_T: tl.constexpr, K_BLOCK_H: tl.constexpr, K_BLOCK_T: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_TAIL: tl.constexpr,
 ):
-    """One launch for q and k: programs [0, n_q_jobs) rotate tiles of q, the rest tiles of k."""
+    """One launch for q and k: programs [0, n_q_jobs) rotate token blocks of q, the rest of k."""
     pid = tl.program_id(0)
     if pid < n_q_jobs:
         _rope_block(
             pid, q_ptr, qo_ptr, sqb, sqh, sqt, sqd, sqob, sqoh, sqot, sqod,
             qpos_ptr, sqpa, sqpb, sqpt, axis_ptr, qfreq_ptr, sqfb, sqft, sqfp, attention_factor,
-            Hq, Tq, half, D, q_jobs_t, q_jobs_h,
+            Hq, Tq, half, D, q_jobs_t,
             INTERLEAVED, INVERSE, HAS_AXIS, COPY_TAIL, Q_WIDE, Q_SOFT_BF16, Q_BLOCK_H, Q_BLOCK_T, BLOCK_P, BLOCK_TAIL,
         )
     else:
         _rope_block(
             pid - n_q_jobs, k_ptr, ko_ptr, skb, skh, skt, skd, skob, skoh, skot, skod,
             kpos_ptr, skpa, skpb, skpt, axis_ptr, kfreq_ptr, skfb, skft, skfp, attention_factor,
-            Hk, Tk, half, D, k_jobs_t, k_jobs_h,
+            Hk, Tk, half, D, k_jobs_t,
             INTERLEAVED, INVERSE, HAS_AXIS, COPY_TAIL, K_WIDE, K_SOFT_BF16, K_BLOCK_H, K_BLOCK_T, BLOCK_P, BLOCK_TAIL,
         )
 
@@ -228,6 +229,12 @@ def _tile(num_heads: int, num_tokens: int, block_p: int) -> tuple[int, int]:
     block_h = min(_pow2(num_heads), MAX_BLOCK_H)
     block_t = max(1, min(_pow2(num_tokens), TILE_PAIRS // (block_h * block_p)))
     return block_h, block_t
+
+
+def _num_warps(block_h: int, block_t: int, block_p: int) -> int:
+    """One warp per 256 pairs of a tile, 1 to 8: the 2048-pair tile of head_dim 128 gets 8
+    (compiled for sm_90: 64 registers per thread, no spills; 4 warps would need 106)."""
+    return max(1, min(8, block_h * block_t * block_p // 256))
 
 
 def _soft_bf16(dtype: torch.dtype) -> bool:
@@ -282,10 +289,9 @@ def _launch(q: Tensor, k: Tensor, q_out: Tensor, k_out: Tensor, a: _Angles) -> N
     block_p = _pow2(half)
     qbh, qbt = _tile(q.shape[1], q.shape[2], block_p)
     kbh, kbt = _tile(k.shape[1], k.shape[2], block_p)
-    q_jobs_t, q_jobs_h = triton.cdiv(q.shape[2], qbt), triton.cdiv(q.shape[1], qbh)
-    k_jobs_t, k_jobs_h = triton.cdiv(k.shape[2], kbt), triton.cdiv(k.shape[1], kbh)
-    n_q = q.shape[0] * q_jobs_t * q_jobs_h if q.numel() else 0
-    n_k = k.shape[0] * k_jobs_t * k_jobs_h if k.numel() else 0
+    q_jobs_t, k_jobs_t = triton.cdiv(q.shape[2], qbt), triton.cdiv(k.shape[2], kbt)
+    n_q = q.shape[0] * q_jobs_t if q.numel() else 0
+    n_k = k.shape[0] * k_jobs_t if k.numel() else 0
     if n_q + n_k == 0:
         return
     has_axis = a.pair_axis is not None
@@ -293,7 +299,7 @@ def _launch(q: Tensor, k: Tensor, q_out: Tensor, k_out: Tensor, a: _Angles) -> N
     _rope_qk_kernel[(n_q + n_k,)](
         q, q_out, k, k_out, a.q_positions, a.k_positions, axis, a.q_freq, a.k_freq,
         float(a.attention_factor),
-        q.shape[1], q.shape[2], k.shape[1], k.shape[2], half, d, q_jobs_t, q_jobs_h, k_jobs_t, k_jobs_h, n_q,
+        q.shape[1], q.shape[2], k.shape[1], k.shape[2], half, d, q_jobs_t, k_jobs_t, n_q,
         *q.stride(), *q_out.stride(), *k.stride(), *k_out.stride(),
         *_position_strides(a.q_positions, has_axis), *_position_strides(a.k_positions, has_axis),
         *_freq_strides(a.q_freq), *_freq_strides(a.k_freq),
@@ -301,6 +307,7 @@ def _launch(q: Tensor, k: Tensor, q_out: Tensor, k_out: Tensor, a: _Angles) -> N
         Q_WIDE=_wide(q.dtype), K_WIDE=_wide(k.dtype), Q_SOFT_BF16=_soft_bf16(q.dtype), K_SOFT_BF16=_soft_bf16(k.dtype),
         Q_BLOCK_H=qbh, Q_BLOCK_T=qbt, K_BLOCK_H=kbh, K_BLOCK_T=kbt,
         BLOCK_P=block_p, BLOCK_TAIL=_pow2(d - 2 * half), enable_fp_fusion=True,
+        num_warps=max(_num_warps(qbh, qbt, block_p), _num_warps(kbh, kbt, block_p)),
     )
 
 
@@ -510,7 +517,7 @@ def rotate_with_tables(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interle
         x4, o4, c4, s4, x4.shape[1], x4.shape[2], half, jobs_t, jobs_h,
         *x4.stride(), *o4.stride(), *c4.stride(), *s4.stride(),
         INTERLEAVED=interleaved, WIDE=wide == torch.float64, SOFT_BF16=_soft_bf16(out.dtype),
-        BLOCK_H=bh, BLOCK_T=bt, BLOCK_P=block_p, enable_fp_fusion=True,
+        BLOCK_H=bh, BLOCK_T=bt, BLOCK_P=block_p, enable_fp_fusion=True, num_warps=_num_warps(bh, bt, block_p),
     )
     return out
 
