@@ -397,3 +397,24 @@ def test_the_benchmark_times_the_kernel(on_cpu):
     fused = [row for row in rows if row["method"].startswith("posenc fused_rope")]
     assert {row["mode"] for row in fused} == {"forward", "forward+backward"}
     assert fused[0]["max_err"] < 0.05
+
+
+@pytest.mark.parametrize("mrope_interleaved", [False, True], ids=["sections", "interleaved-sections"])
+def test_mrope_encoding_angles_are_the_pair_axis_path(rt, mrope_interleaved):
+    """posenc's MRoPE (Qwen2-VL's sections, or Qwen3-VL's interleaved T H W): its rotation is
+    the fused kernel with pair_axis = its axis of each pair, positions (3, B, T) as given, its
+    float64 inv_freq and attention factor; how MRoPE.rotate can hand its calls to the kernel."""
+    mrope = posenc.create("mrope", head_dim=16, rotary_dim=12, mrope_section=[2, 2, 2], mrope_interleaved=mrope_interleaved,
+                          scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64})
+    q, k, _, _ = case(torch.bfloat16)
+    g = torch.Generator().manual_seed(13)
+    q_pos = torch.randint(0, 4000, (3, 2, q.shape[2]), generator=g)
+    k_pos = torch.randint(0, 4000, (3, 1, k.shape[2]), generator=g)
+    expected_q, expected_k = mrope.rotate(q, k, q_pos, k_pos)  # its own table path
+    assert mrope._phase_f64 is None
+    q2, k2 = rt.fused_rope(q, k, q_pos, k_pos, mrope._inv_freq_f64, pair_axis=mrope._axis_of_pair,
+                           interleaved=mrope.interleaved, attention_factor=mrope.attention_factor)
+    for out, ref in ((q2, expected_q), (k2, expected_k)):  # the same fp32 numbers up to one product-sum order
+        assert (out.double() - ref.double()).abs().max() <= float(ulp(ref.double().abs().max(), torch.bfloat16))
+    angle = angles64(q_pos, mrope._inv_freq_f64, mrope._axis_of_pair)
+    assert_rounded(q2, rotate64(q, angle, False, mrope.attention_factor), q, False, 12, torch.bfloat16, mrope.attention_factor)
