@@ -1,26 +1,62 @@
 """RoPE apply on q and k against a plain copy and the peers (one process, ratios).
 
 Run from the repository root: ``python benchmarks/bench_rope.py`` (``--help`` for options). The same
-tables come from ``posenc bench``; this script exposes every knob.
+CPU tables come from ``posenc bench``; this script exposes every knob.
+
+``--device cuda`` runs the accelerator comparison instead (``posenc.bench.rope_device_benchmark``):
+posenc's fused Triton kernel against Hugging Face's ``apply_rotary_pos_emb`` (eager and
+``torch.compile``), Liger-Kernel's ``liger_rotary_pos_emb`` and flash-attn's
+``apply_rotary_emb`` where they import, and a copy of q and k (the bandwidth floor), forward and
+forward+backward, at Liger's published shape (bf16, T = 2048 and 16384, 32 q / 8 kv heads,
+head_dim 128). ``--out FILE.md`` writes the table (and FILE.json). On a GPU::
+
+    pip install -e '.[gpu,bench]' liger-kernel flash-attn   # the peers that install
+    python benchmarks/bench_rope.py --device cuda --out docs/results/rope_cuda.md
+
+``--device cpu --lengths 64 --heads 4,2 --head-dim 16 --no-compile`` is a smoke run of the same harness.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from posenc.bench import ROPE_COLUMNS, print_table, rope_benchmark
+from posenc.bench import ROPE_COLUMNS, ROPE_DEVICE_COLUMNS, print_table, rope_benchmark, rope_device_benchmark, write_table
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="RoPE apply vs copy and peers (one process, ratios)")
-    parser.add_argument("--shape", default="1,32,2048,128")
-    parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--shape", default="1,32,2048,128", help="CPU table: B,H,T,D")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="CPU table: dtypes")
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per method (default 7 on CPU, 50 with --device)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default=None, help="run the accelerator comparison on this device (cuda; cpu for a smoke run)")
+    parser.add_argument("--lengths", default="2048,16384", help="--device: sequence lengths T")
+    parser.add_argument("--batch", type=int, default=1, help="--device: batch size")
+    parser.add_argument("--heads", default="32,8", help="--device: query heads,key-value heads")
+    parser.add_argument("--head-dim", type=int, default=128, help="--device: head_dim")
+    parser.add_argument("--dtype", default="bfloat16", help="--device: activation dtype")
+    parser.add_argument("--no-compile", action="store_true", help="--device: skip torch.compile of the Hugging Face formula")
+    parser.add_argument("--out", default=None, help="--device: write the table to this Markdown file (and .json beside it)")
     args = parser.parse_args(argv)
-    shape = tuple(int(s) for s in args.shape.split(","))
-    rows, notes = rope_benchmark(shape, tuple(args.dtypes.split(",")), args.repeats, args.threads)
-    print_table(f"RoPE on q and k {shape}, {args.threads} thread(s)", rows, ROPE_COLUMNS, notes)
+    if args.device is None:
+        shape = tuple(int(s) for s in args.shape.split(","))
+        rows, notes = rope_benchmark(shape, tuple(args.dtypes.split(",")), args.repeats or 7, args.threads)
+        print_table(f"RoPE on q and k {shape}, {args.threads} thread(s)", rows, ROPE_COLUMNS, notes)
+        return
+    import torch
+
+    torch.set_num_threads(args.threads)
+    q_heads, kv_heads = (int(s) for s in args.heads.split(","))
+    lengths = tuple(int(s) for s in args.lengths.split(","))
+    rows, notes = rope_device_benchmark(
+        args.device, lengths, args.batch, q_heads, kv_heads, args.head_dim, args.dtype, args.repeats or 50,
+        compile_peers=not args.no_compile,
+    )
+    title = f"RoPE apply on q and k, {args.device}, {args.dtype}, {q_heads}/{kv_heads} heads, head_dim {args.head_dim}"
+    print_table(title, rows, ROPE_DEVICE_COLUMNS, notes)
+    if args.out:
+        write_table(args.out, title, rows, ROPE_DEVICE_COLUMNS, notes)
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import posenc
+import posenc.evaluate
+import posenc.masks
 import posenc.rope
 from posenc.cli import main
 from posenc.data import CorpusError, load_corpus
@@ -143,6 +145,77 @@ CASES = [
     ("txl init_std", lambda: posenc.create("transformer_xl", d_model=8, num_heads=2, head_dim=4, init_std=-1.0), ValueError, r"init_std must be a finite number >= 0"),
     ("txl q heads", lambda: posenc.attention(*qkv(h=3, d=4), posenc.create("transformer_xl", d_model=8, num_heads=2, head_dim=4)),
      ValueError, r"q must have num_heads=2 and head_dim=4"),
+    # -- mrope / axial_rope / mrope_position_ids ----------------------------------------------------
+    ("mrope head_dim", lambda: posenc.create("mrope", head_dim=7), ValueError, r"head_dim must be a positive even integer"),
+    ("mrope rotary_dim > head_dim", lambda: posenc.create("mrope", head_dim=8, rotary_dim=16), ValueError, r"rotary_dim must be <= head_dim=8"),
+    ("mrope base", lambda: posenc.create("mrope", head_dim=8, base=1.0), ValueError, r"base \(rope_theta\) must be a finite number > 1"),
+    ("mrope section sum", lambda: posenc.create("mrope", head_dim=16, mrope_section=[2, 3, 2]), ValueError,
+     r"mrope_section must sum to rotary_dim/2 = 8 .*got \[2, 3, 2\] \(sum 7\)"),
+    *[(f"mrope section={v!r}", (lambda v=v: posenc.create("mrope", head_dim=16, mrope_section=v)), ValueError,
+       r"mrope_section must be 3 non-negative integers \(temporal, height, width pairs\)") for v in ([-1, 5, 4], [4, 4], [2.0, 3, 3], "233")],
+    ("mrope section not interleavable", lambda: posenc.create("mrope", head_dim=16, mrope_section=[2, 3, 3], mrope_interleaved=True),
+     ValueError, r"mrope_section \[2, 3, 3\] cannot be interleaved over 8 pairs"),
+    ("mrope mrope_interleaved not bool", lambda: posenc.create("mrope", head_dim=8, mrope_interleaved="yes"), TypeError, r"mrope_interleaved must be a bool"),
+    ("mrope length-dependent scaling", lambda: posenc.create("mrope", head_dim=8, scaling={"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8}),
+     ValueError, r"scaling: rope_type 'dynamic' depends on the call's length"),
+    ("mrope positions shape", attn(encoding=posenc.create("mrope", head_dim=8), q_positions=torch.zeros(4, 1, 3, dtype=torch.long)),
+     ValueError, r"q_positions must have shape \(3,\) or \(1, 3\) \(one position per token, every axis equal\), or \(3, 3\) or \(3, 1, 3\) \(temporal, height, width\)"),
+    ("mrope negative positions", attn(encoding=posenc.create("mrope", head_dim=8), k_positions=torch.tensor([[0, 1, 2], [0, 1, 2], [0, -1, 2]])),
+     ValueError, r"k_positions must be >= 0"),
+    ("mrope rotate positions shape", lambda: posenc.create("mrope", head_dim=8).rotate(*qkv()[:2], torch.zeros(3, 3, dtype=torch.long), torch.arange(3)),
+     ValueError, r"q_positions must have shape \(3,\) or \(1, 3\) \(every axis equal\) or \(3, 1, 3\) \(axis-first"),
+    *[(f"axial_rope num_axes={v!r}", (lambda v=v: posenc.create("axial_rope", head_dim=8, num_axes=v)), ValueError, r"num_axes must be an integer >= 1")
+      for v in (0, 2.0, True)],
+    ("axial_rope axes not dividing", lambda: posenc.create("axial_rope", head_dim=12, num_axes=4), ValueError,
+     r"rotary_dim=12 does not split into 4 axes of even width .* give axial_dims"),
+    ("axial_rope axial_dims sum", lambda: posenc.create("axial_rope", head_dim=16, axial_dims=[6, 6], rotary_dim=16), ValueError,
+     r"axial_dims must sum to rotary_dim=16, got \[6, 6\] \(sum 12\)"),
+    ("axial_rope axial_dims odd", lambda: posenc.create("axial_rope", head_dim=16, axial_dims=[5, 11]), ValueError, r"axial_dims entries must be a positive even integer"),
+    ("axial_rope axial_dims count", lambda: posenc.create("axial_rope", head_dim=16, num_axes=3, axial_dims=[8, 8]), ValueError,
+     r"axial_dims must give one width per axis \(num_axes=3\)"),
+    ("axial_rope axial_dims wider than head", lambda: posenc.create("axial_rope", head_dim=8, axial_dims=[8, 8]), ValueError, r"rotary_dim must be <= head_dim=8"),
+    ("axial_rope freqs_for", lambda: posenc.create("axial_rope", head_dim=8, freqs_for="pixels"), ValueError, r"freqs_for must be one of \('lang', 'pixel'\)"),
+    ("axial_rope pixel without grid_size", lambda: posenc.create("axial_rope", head_dim=8, freqs_for="pixel"), ValueError, r"grid_size is required with freqs_for='pixel'"),
+    ("axial_rope grid_size with lang", lambda: posenc.create("axial_rope", head_dim=8, grid_size=4), ValueError, r"grid_size is for freqs_for='pixel'"),
+    *[(f"axial_rope grid_size={v!r}", (lambda v=v: posenc.create("axial_rope", head_dim=8, freqs_for="pixel", grid_size=v)), ValueError,
+       r"grid_size must be an integer >= 1 or 2 of them") for v in (0, [4], [4, 0], 4.0)],
+    *[(f"axial_rope max_freq={v!r}", (lambda v=v: posenc.create("axial_rope", head_dim=8, max_freq=v)), ValueError, r"max_freq must be a finite number > 0")
+      for v in (0.0, NAN)],
+    ("axial_rope interleaved not bool", lambda: posenc.create("axial_rope", head_dim=8, interleaved=1), TypeError, r"interleaved must be a bool"),
+    ("axial_rope positions shape", attn(encoding=posenc.create("axial_rope", head_dim=8), k_positions=torch.zeros(3, 3, dtype=torch.long)),
+     ValueError, r"k_positions must have shape \(3,\) or \(1, 3\) .*, or \(3, 2\) or \(1, 3, 2\) \(one coordinate per axis, axis last\)"),
+    ("mrope_position_ids merge", lambda: posenc.mrope_position_ids([2, (1, 3, 4)]), ValueError,
+     r"segments\[1\] must be an int \(text tokens\), \(t, h, w\) or \(t, h, w, time_interval\).*divisible by spatial_merge_size=2"),
+    ("mrope_position_ids segment form", lambda: posenc.mrope_position_ids([(1, 2)]), ValueError, r"segments\[0\] must be an int .*another form"),
+    ("mrope_position_ids negative text", lambda: posenc.mrope_position_ids([-1]), ValueError, r"segments\[0\] must be an int"),
+    ("mrope_position_ids time_interval", lambda: posenc.mrope_position_ids([(2, 2, 2, -1.0)]), ValueError, r"time_interval must be a finite number >= 0"),
+    *[(f"mrope_position_ids spatial_merge_size={v!r}", (lambda v=v: posenc.mrope_position_ids([1], spatial_merge_size=v)), ValueError,
+       r"spatial_merge_size must be an integer >= 1") for v in (0, 2.0)],
+    # -- irope -------------------------------------------------------------------------------------
+    *[(f"irope attention_chunk_size={v!r}", (lambda v=v: posenc.create("irope", head_dim=8, attention_chunk_size=v)),
+       ValueError, r"attention_chunk_size must be an integer >= 1") for v in (0, -4, 8.0, True)],
+    ("irope chunked layer size", lambda: posenc.encodings.schedule.ChunkedRoPE(8, attention_chunk_size=0), ValueError,
+     r"attention_chunk_size must be an integer >= 1"),
+    *[(f"irope no_rope_layers={v!r}", (lambda v=v: posenc.create("irope", head_dim=8, no_rope_layers=v)), ValueError,
+       r"no_rope_layers must be a non-empty list of 0 and 1") for v in ([], [1, 2], "1101", [True, False], 4)],
+    ("irope no_rope_layer_interval", lambda: posenc.create("irope", head_dim=8, no_rope_layer_interval=0), ValueError,
+     r"no_rope_layer_interval must be an integer >= 1"),
+    ("irope floor_scale", lambda: posenc.create("irope", head_dim=8, floor_scale=0), ValueError, r"floor_scale must be an integer >= 1"),
+    ("irope floor_scale float", lambda: posenc.create("irope", head_dim=8, floor_scale=8192.0), ValueError, r"floor_scale must be an integer >= 1"),
+    *[(f"irope attn_scale={v!r}", (lambda v=v: posenc.create("irope", head_dim=8, attn_scale=v)), ValueError,
+       r"attn_scale must be a finite number >= 0") for v in (-0.1, NAN, INF)],
+    ("irope rope_theta", lambda: posenc.create("irope", head_dim=8, rope_theta=1.0), ValueError, r"base \(rope_theta\) must be a finite number > 1"),
+    ("irope head_dim", lambda: posenc.create("irope", head_dim=7), ValueError, r"head_dim must be a positive even integer"),
+    ("irope interleaved", lambda: posenc.create("irope", head_dim=8, interleaved="yes"), TypeError, r"interleaved must be a bool"),
+    ("irope attn_temperature_tuning", lambda: posenc.create("irope", head_dim=8, attn_temperature_tuning=1), TypeError,
+     r"attn_temperature_tuning must be a bool"),
+    ("irope schedule shorter than the model", lambda: posenc.create_for_model("irope", d_model=16, num_heads=2, head_dim=8,
+     max_positions=8, num_layers=3, no_rope_layers=[1, 0]), ValueError, r"no_rope_layers has 2 entries for a model of num_layers=3"),
+    ("irope for_layer negative", lambda: posenc.create("irope", head_dim=8).for_layer(-1), ValueError, r"layer must be an integer >= 0"),
+    ("irope for_layer past the schedule", lambda: posenc.create("irope", head_dim=8, no_rope_layers=[1]).for_layer(1), ValueError,
+     r"layer 1 is past no_rope_layers, which schedules 1 layers"),
+    ("irope from_hf_config partial rotary", lambda: posenc.IRoPE.from_hf_config({"head_dim": 8, "rope_theta": 5e5, "partial_rotary_factor": 0.5}),
+     ValueError, r"partial_rotary_factor=0.5; iRoPE rotates the whole head"),
     # -- attention -------------------------------------------------------------------------------
     ("attention q 3-D", lambda: posenc.attention(torch.ones(2, 3, 8), *qkv()[1:]), ValueError, r"q must be a 4-D tensor \(B, H, T, D\)"),
     ("attention q not tensor", lambda: posenc.attention([1.0], *qkv()[1:]), TypeError, r"q must be a floating-point torch.Tensor"),
@@ -166,6 +239,13 @@ CASES = [
     ("attention positions rank", attn(q_positions=torch.zeros(1, 1, 3, dtype=torch.long)), ValueError, r"q_positions must have shape \(T,\) or \(B, T\)"),
     ("attention positions list", attn(q_positions=[0, 1, 2]), TypeError, r"q_positions must be an integer torch.Tensor"),
     ("attention sdpa with shaw", attn(encoding=posenc.create("shaw", head_dim=8), backend="sdpa"), ValueError, r"backend='sdpa' cannot add a content term"),
+    ("attention flex q grad on cpu", lambda: posenc.attention(*(t.requires_grad_() for t in qkv()), backend="flex"), ValueError,
+     r"backend='flex' has no backward for q, k, v on the CPU"),
+    ("attention mask not bool", attn(mask=torch.ones(3, 3)), TypeError, r"mask must be a boolean tensor \(True = may attend\) or a mask_mod"),
+    ("attention mask_mod not bool", attn(mask=lambda b, h, i, j: i - j), TypeError, r"a mask_mod must return a boolean tensor"),
+    ("sliding_window_mask_mod 0", lambda: posenc.masks.sliding_window_mask_mod(0), ValueError, r"sliding_window must be an integer >= 1"),
+    ("chunked_mask_mod float", lambda: posenc.masks.chunked_mask_mod(2.5), ValueError, r"attention_chunk_size must be an integer >= 1"),
+    ("document_mask_mod float ids", lambda: posenc.masks.document_mask_mod(torch.zeros(4)), ValueError, r"q_document_ids must be an integer tensor"),
     # -- LMConfig / TransformerLM -------------------------------------------------------------
     *[(f"LMConfig {f}={v!r}", (lambda f=f, v=v: LMConfig(**{f: v})), ValueError, rf"{f} must be an integer >= 1")
       for f in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_ratio", "max_positions") for v in (0, 2.0, True)],
@@ -191,6 +271,12 @@ CASES = [
     *[(f"TrainConfig {f}={v!r}", (lambda f=f, v=v: TrainConfig(**{f: v})), ValueError, rf"{f} must be a finite number") for f, v in
       (("grad_clip", 0.0), ("grad_clip", NAN), ("weight_decay", -0.1), ("weight_decay", INF))],
     *[(f"TrainConfig seed={v!r}", (lambda v=v: TrainConfig(seed=v)), ValueError, r"seed must be an integer >= 0") for v in (-1, 1.5, True)],
+    ("TrainConfig autocast float16", lambda: TrainConfig(autocast="float16"), ValueError, r"autocast must be None \(float32\) or one of"),
+    ("TrainConfig compile str", lambda: TrainConfig(compile="yes"), TypeError, r"compile must be a bool"),
+    ("config eval_stride > L", lambda: ExtrapolationConfig.from_options(train_len=8, eval_tokens=200, eval_stride=9), ValueError,
+     r"eval_stride=9 must be <= train_len=8"),
+    ("sliding windows stride", lambda: posenc.evaluate.sliding_windows(torch.zeros(100, dtype=torch.uint8), 8, 0, 50), ValueError,
+     r"stride must be an integer in \[1, length=8\]"),
     # -- ExtrapolationConfig / preset_config ---------------------------------------------------
     ("preset unknown", lambda: preset_config("huge"), ValueError, r"preset must be one of \['quick', 'default', 'full', 'gpu'\]"),
     ("config encodings str", lambda: ExtrapolationConfig(encodings="rope"), TypeError, r"encodings must be a sequence of encoding names"),
@@ -290,6 +376,9 @@ CLI_CASES = [
     (["extrapolate", "--device", "gpu0"], "device must be a torch device"),
     *([(["extrapolate", "--device", "cuda"], "no cuda device")] if not torch.cuda.is_available() else []),
     (["extrapolate", "--device", "cpu:x"], "device must be a torch device"),
+    (["extrapolate", "--eval-stride", "65"], "eval_stride=65 must be <= train_len=64"),
+    (["bench", "attention", "--device", "cpu", "--backends", "fast"], "--backends: unknown ['fast']"),
+    (["bench", "attention", "--device", "gpu0"], "--device must be a torch device"),
     (["extrapolate", "--no-such-option"], "no-such-option"),
     (["plot", "rotary"], "unknown encoding 'rotary'; available"),
     (["plot"], "Missing argument 'name'"),
@@ -315,3 +404,44 @@ def test_cli_empty_corpus_file(tmp_path, capsys):
 
 def matrix_size() -> int:
     return len(CASES) + len(CLI_CASES) + 3 + 1 + 1  # + corpus files (3), unreadable, NaN, empty corpus CLI
+
+
+def _write_errors_doc(path: str = "docs/errors.md") -> None:
+    """Regenerate the tables (and the case count) of docs/errors.md from this matrix, with the
+    messages raised today: ``python tests/test_bad_inputs.py`` from the repository root."""
+    import contextlib
+    import io
+    import re
+    import tempfile
+    from pathlib import Path
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    api = ["| case | raises | message |", "|---|---|---|"]
+    for case_id, call, error, _ in CASES:
+        try:
+            call()
+        except error as exc:
+            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+            api.append(f"| {cell(case_id)} | `{type(exc).__name__}` | {cell(str(message))} |")
+        else:
+            raise AssertionError(f"{case_id}: raised nothing")
+    cli = ["| command | exit | stderr (one line) |", "|---|---|---|"]
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
+        for args, _ in CLI_CASES:
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                code = main(args)
+            cli.append(f"| `posenc {' '.join(args)}` | {code} | {cell(err.getvalue().strip())} |")
+    doc = Path(path)
+    text = doc.read_text()
+    text = re.sub(r"(## Python API\n\n)(\|.*\n)+", lambda m: m.group(1) + "\n".join(api) + "\n", text)
+    text = re.sub(r"(## CLI\n\n)(\|.*\n)+", lambda m: m.group(1) + "\n".join(cli) + "\n", text)
+    text = re.sub(r"\d+ API cases \+ \d+ CLI cases", f"{len(CASES)} API cases + {len(CLI_CASES)} CLI cases", text)
+    text = re.sub(r"on the CLI: \d+ cases", f"on the CLI: {matrix_size()} cases", text)
+    doc.write_text(text)
+
+
+if __name__ == "__main__":
+    _write_errors_doc()

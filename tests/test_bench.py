@@ -59,7 +59,31 @@ def test_bench_on_a_device_writes_its_tables(tmp_path, capsys):
 
 
 def test_bench_device_arguments(capsys):
-    assert main(["bench", "rope", "--device", "cpu"]) == 2
-    assert "bench rope has no --device yet" in capsys.readouterr().err
     assert main(["bench", "attention", "--device", "cpu", "--backends", "fast"]) == 2
     assert "--backends: unknown ['fast']" in capsys.readouterr().err
+    assert main(["bench", "attention", "--device", "cpu", "--dtype", "float99"]) == 2
+    assert "--dtype must be a torch dtype name" in capsys.readouterr().err
+
+
+def test_bench_rope_on_a_device_writes_its_table(tmp_path, capsys):
+    assert main(["bench", "rope", "--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
+    table = json.loads((tmp_path / "rope-cpu.json").read_text())
+    assert {row["method"] for row in table["rows"]} >= {bench.COPY_FLOOR, "posenc RoPE.rotate"}
+
+
+def test_rope_device_benchmark_harness_on_cpu(tmp_path):
+    """The accelerator comparison's harness at tiny sizes on the CPU: every mode, the copy as
+    the ratio's base, the forward checked against float64, the table written to a file."""
+    rows, notes = bench.rope_device_benchmark(
+        "cpu", lengths=(16,), q_heads=2, kv_heads=1, head_dim=8, repeats=1, compile_peers=False)
+    modes = {(row["mode"], row["method"]) for row in rows}
+    assert ("forward", bench.COPY_FLOOR) in modes and ("forward+backward", "posenc RoPE.rotate") in modes
+    for row in rows:
+        if row["method"] == bench.COPY_FLOOR:
+            assert row["vs_copy"] == 1.0
+        if row["mode"] == "forward" and row["method"] != bench.COPY_FLOOR:
+            assert row["max_err"] < 0.05  # bf16 rounding of values of a few units
+    assert any("Liger and flash-attn run on CUDA only" in note for note in notes)
+    bench.write_table(tmp_path / "rope.md", "t", rows, bench.ROPE_DEVICE_COLUMNS, notes)
+    assert "| 16 | forward | copy q, k" in (tmp_path / "rope.md").read_text()
+    assert (tmp_path / "rope.json").exists()

@@ -23,7 +23,11 @@ OPTIONS = {
     "rope": {"base": 500.0, "scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}},
     "xpos": {"gamma": 0.3, "center": "call", "base": 1000.0}, "alibi": {}, "t5": {"num_buckets": 8, "max_distance": 32},
     "kerple": {"variant": "power"}, "fire": {"mlp_width": 8, "init_L": 100.0}, "shaw": {"max_relative_position": 4},
-    "transformer_xl": {"base": 100.0},
+    "transformer_xl": {"base": 100.0}, "p_rope": {"partial_rotary_factor": 0.5, "base": 500.0},
+    "mrope": {"mrope_section": [2, 1, 1], "mrope_interleaved": True, "base": 1e6},
+    "axial_rope": {"axial_dims": [2, 4], "freqs_for": "pixel", "grid_size": [4, 8], "max_freq": 8.0, "interleaved": True},
+    "irope": {"no_rope_layers": [0], "attention_chunk_size": 4, "floor_scale": 3, "attn_scale": 0.5,
+              "rope_theta": 10000.0, "interleaved": False},
 }
 
 

@@ -12,11 +12,12 @@ import random
 import pytest
 import torch
 
+import posenc
 from posenc import cli
 from posenc.checkpoint import CheckpointMismatch
 from posenc.data import load_corpus
 from posenc.evaluate import evaluate_length
-from posenc.experiments.extrapolation import ExtrapolationConfig, load_trained_base, run_extrapolation
+from posenc.experiments.extrapolation import ExtrapolationConfig, fingerprint, load_trained_base, preset_config, run_extrapolation
 from posenc.experiments.runs import RunStore
 from posenc.rope import EXTENSION_METHODS, RoPE, extension_scaling, rope_frequencies
 
@@ -202,3 +203,26 @@ def test_randomized_positions_add_trained_rows(corpus_file, tmp_path):
         ExtrapolationConfig.from_options(**common, randomized_positions=64)
     with pytest.raises(ValueError, match="must be >= train_len=16"):
         ExtrapolationConfig.from_options(**{**common, "encodings": ("rope",)}, randomized_positions=8)
+
+
+def test_named_randomized_rows_are_the_only_randomized_ones(corpus_file, tmp_path):
+    """``encodings=("alibi", "rope+rand")``: exactly those rows; N defaults to the longest
+    evaluation length; ``rope+rand`` trains as with --randomized-positions (same fingerprint)."""
+    corpus = load_corpus(corpus_file)
+    common = dict(train_len=16, steps=4, batch_size=4, d_model=16, num_layers=1, num_heads=2, eval_factors=(1, 2),
+                  eval_tokens=64)
+    named = ExtrapolationConfig.from_options(**common, encodings=("alibi", "rope+rand"))
+    assert named.rows == ["alibi", "rope+rand"] and named.randomized_positions == 32
+    flag = ExtrapolationConfig.from_options(**common, encodings=("rope",), randomized_positions=32)
+    assert fingerprint(named, corpus, "rope+rand", 0) == fingerprint(flag, corpus, "rope+rand", 0)
+    summary = run_extrapolation(named, corpus, tmp_path / "named")
+    assert list(summary["results"]) == ["alibi", "rope+rand"]
+    with pytest.raises(ValueError, match="unknown encoding 'nothing'"):
+        ExtrapolationConfig.from_options(**common, encodings=("nothing+rand",))
+
+
+def test_full_preset_has_every_encoding_and_a_randomized_row():
+    config = preset_config("full")
+    multi_axis = {"mrope", "axial_rope"}  # on 1-D text, RoPE in another frequency order
+    assert config.rows == [*(n for n in posenc.available() if n not in multi_axis), "rope+rand"]
+    assert config.randomized_positions == max(config.eval_lengths)

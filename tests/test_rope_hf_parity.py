@@ -47,6 +47,9 @@ CASES = [  # (rope_parameters, max_position_embeddings, seq_lens)
     ({"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096, "attention_factor": 1.3}, 32768, [None]),
     ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
       "original_max_position_embeddings": 8192}, 131072, [None]),
+    # Llama 4 Scout: no band between the two wavelengths, a step (transformers warns, computes)
+    ({"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+      "original_max_position_embeddings": 8192}, 10485760, [None]),
     ({**LR, "factor": 8.0}, 2048, [None, 256, 257]),
     ({**LR, "attention_factor": 1.2}, 2048, [None, 300]),
 ]

@@ -69,3 +69,23 @@ def test_hugging_face_dict_round_trip_and_parity(config):
 def test_bad_values_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
         posenc.create("rope", head_dim=8, scaling={"rope_type": "proportional", **bad})
+
+
+def test_p_rope_is_gemma4s_global_rope_trainable_from_scratch():
+    """The registered ``p_rope`` equals the RoPE of Gemma 4's full-attention config (p = 0.25),
+    frequencies by the paper's formula; its pairs past the kept share pass through."""
+    d = 64
+    p_rope = posenc.create("p_rope", head_dim=d, base=1_000_000.0)
+    gemma4 = from_hf_config({"head_dim": d, "hidden_size": 256, "num_attention_heads": 4,
+                             "rope_parameters": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                 "rope_theta": 1_000_000.0}})
+    expected = [1e6 ** (-2 * i / d) if i < 8 else 0.0 for i in range(d // 2)]
+    torch.testing.assert_close(p_rope.inv_freq.double(), torch.tensor(expected, dtype=torch.float64), rtol=1e-6, atol=0)
+    assert torch.equal(p_rope.inv_freq, gemma4.inv_freq) and p_rope.to_hf_dict()["rope_scaling"] == {
+        "rope_type": "proportional", "partial_rotary_factor": 0.25}
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), "0.5", True])
+def test_p_rope_refuses_a_share_outside_0_1(bad):
+    with pytest.raises(ValueError, match=r"partial_rotary_factor must be a number in \[0, 1\]"):
+        posenc.create("p_rope", head_dim=8, partial_rotary_factor=bad)

@@ -47,6 +47,9 @@ CASES = [
                      "original_max_position_embeddings": 8192}, None),
     (32, 10000.0, {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
                    "original_max_position_embeddings": 256}, None),
+    # Llama 4 Scout: low = high, a step with no band in between
+    (128, 500000.0, {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192}, None),
 ]
 _LR = {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
        "long_factor": [2.0 + i for i in range(8)], "original_max_position_embeddings": 64}
@@ -283,8 +286,7 @@ def test_unknown_rope_type_lists_known_ones():
     ({**YARN, "attention_factor": -1.0}, "attention_factor"),
     ({**YARN, "truncate": "yes"}, "truncate"),
     ({**YARN, "mscale": -1.0, "mscale_all_dim": 1.0}, "mscale"),
-    ({**L3, "high_freq_factor": 1.0}, "high_freq_factor must be > low_freq_factor"),
-    ({**L3, "high_freq_factor": 0.5}, "high_freq_factor must be > low_freq_factor"),
+    ({**L3, "high_freq_factor": 0.5}, "high_freq_factor must be >= low_freq_factor"),
     ({**L3, "low_freq_factor": 0.0}, "low_freq_factor"),
     ({**L3, "original_max_position_embeddings": 0}, "original_max_position_embeddings"),
     ({**L3, "original_max_position_embeddings": 8192.5}, "original_max_position_embeddings"),

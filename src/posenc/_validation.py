@@ -29,6 +29,47 @@ def check_positions(positions: Tensor, argname: str = "positions") -> None:
         raise ValueError(f"{argname} must be >= 0, got a minimum of {int(positions.min())}")
 
 
+def check_position_values(positions: Tensor, argname: str = "positions") -> None:
+    """Raise unless ``positions`` is an integer tensor (of any rank) of non-negative values.
+
+    The values are read (a device sync, a graph break) only outside ``torch.compile``; the
+    type and dtype are always checked.
+
+    Raises:
+        TypeError: ``positions`` is not a tensor of an integer dtype.
+        ValueError: a negative entry.
+    """
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"{argname} must be an integer torch.Tensor, got {type(positions).__name__}")
+    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
+        raise TypeError(f"{argname} must have an integer dtype (e.g. torch.long), got {positions.dtype}")
+    if positions.numel() and not torch.compiler.is_compiling() and int(positions.min()) < 0:
+        raise ValueError(f"{argname} must be >= 0, got a minimum of {int(positions.min())}")
+
+
+def fits_sequence_positions(positions: Tensor, length: int, batch: int) -> bool:
+    """Whether ``positions`` has the shape of one coordinate per token for a call of
+    ``length`` tokens and ``batch`` rows: (length,), or (B, length) with B in {1, batch}."""
+    if positions.dim() == 1:
+        return positions.shape[0] == length
+    return positions.dim() == 2 and positions.shape[1] == length and positions.shape[0] in (1, batch)
+
+
+def check_sequence_positions(positions: Tensor, *, length: int, batch: int, argname: str = "positions") -> Tensor:
+    """The positions of one attention call of ``length`` tokens and ``batch`` rows, checked:
+    an integer tensor (T,) or (B, T), B in {1, batch}, of values >= 0 (read outside
+    ``torch.compile`` only). Returns ``positions`` unchanged.
+
+    Raises:
+        TypeError: not an integer tensor.
+        ValueError: another rank or shape (the message gives the allowed ones), a negative entry.
+    """
+    check_positions(positions[..., :0] if torch.compiler.is_compiling() else positions, argname)
+    if not fits_sequence_positions(positions, length, batch):
+        raise ValueError(f"{argname} must have shape ({length},) or ({batch}, {length}), got {tuple(positions.shape)}")
+    return positions
+
+
 def check_even(value: int, argname: str) -> None:
     """Raise ValueError unless ``value`` is a positive even int (pairs of dimensions)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 2 or value % 2:

@@ -24,8 +24,9 @@ import time
 from collections.abc import Callable
 
 import torch
+from torch import Tensor
 
-from .encodings import REGISTRY, apply_rotary, create_for_model
+from .encodings import REGISTRY, apply_rotary, create_for_model, encoding_class
 
 
 def _median_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
@@ -104,6 +105,221 @@ def rope_benchmark(
                 "vs_clone": seconds / clone, "vs_copy_": seconds / copy_, "hf_over_this": hf / seconds,
             })
     return rows, notes
+
+
+# --- RoPE on an accelerator: the fused kernel against the field's kernels -------------------
+
+#: Bytes zeroed between timed calls on CUDA so that q and k are not served from L2 (H100: 50 MB).
+_L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+COPY_FLOOR = "copy q, k (bandwidth floor)"
+HF_EAGER = "HF apply_rotary_pos_emb (eager)"
+
+
+def _device_time(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median seconds of fn. CUDA: CUDA events around each call, L2 flushed before it; CPU:
+    perf_counter. One warm-up call first (compilation, autotuning, allocator)."""
+    fn()
+    if device.type != "cuda":
+        return _median_times({"fn": fn}, repeats)["fn"]
+    flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device=device)
+    times = []
+    for _ in range(repeats):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def _peak_mb(fn: Callable[[], object], device: torch.device) -> float | None:
+    """Extra CUDA memory at the peak of one call (MB); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+
+
+def _hf_tables(rope, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos, sin (1, T, D) in the activation dtype, as Hugging Face's rotary module hands them over."""
+    cos, sin = rope.cos_sin(positions, torch.float32)
+    return cos.to(dtype)[None], sin.to(dtype)[None]
+
+
+def _rope_device_candidates(q, k, q_bthd, k_bthd, positions, rope, compile_peers: bool, notes: list[str]):
+    """name -> (forward fn returning outputs, the inputs to differentiate). q, k: (B, H, T, D)
+    views of the (B, T, H, D) tensors q_bthd, k_bthd (Liger's benchmark layout)."""
+    from . import kernels
+
+    cos, sin = _hf_tables(rope, positions, q.dtype)
+    fns: dict[str, tuple[Callable[[], tuple], tuple]] = {COPY_FLOOR: (lambda: (q.clone(), k.clone()), (q, k))}
+    rotary = kernels.rotary_kernels() if kernels.use_triton(q, k) else None
+    if rotary is not None:
+        inv_freq = rope._inv_freq_f64.to(q.device)
+        fns["posenc fused_rope (Triton, one launch)"] = (
+            lambda: rotary.fused_rope(q, k, positions, positions, inv_freq), (q, k))
+    else:
+        notes.append(f"posenc's Triton kernel not used on {q.device.type} (CUDA with triton only: pip install posenc[gpu])")
+    fns["posenc RoPE.rotate"] = (lambda: rope.rotate(q, k, positions, positions), (q, k))
+
+    def torch_path():
+        enabled, kernels.TRITON_ENABLED = kernels.TRITON_ENABLED, False
+        try:
+            return rope.rotate(q, k, positions, positions)
+        finally:
+            kernels.TRITON_ENABLED = enabled
+
+    if rotary is not None:
+        fns["posenc RoPE.rotate, torch path"] = (torch_path, (q, k))
+    try:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    except ImportError:
+        notes.append("transformers not installed: Hugging Face apply_rotary_pos_emb skipped (pip install posenc[bench])")
+    else:
+        fns[HF_EAGER] = (lambda: apply_rotary_pos_emb(q, k, cos, sin), (q, k))
+        if compile_peers:
+            compiled = torch.compile(apply_rotary_pos_emb, dynamic=False)
+            fns["torch.compile(HF apply_rotary_pos_emb)"] = (lambda: compiled(q, k, cos, sin), (q, k))
+    if q.device.type == "cuda":
+        try:
+            from liger_kernel.transformers.rope import liger_rotary_pos_emb
+        except ImportError:
+            notes.append("liger-kernel not installed: liger_rotary_pos_emb skipped")
+        else:
+            fns["Liger liger_rotary_pos_emb"] = (lambda: liger_rotary_pos_emb(q, k, cos, sin), (q, k))
+        try:
+            from flash_attn.layers.rotary import apply_rotary_emb
+        except ImportError:
+            notes.append("flash-attn not installed: apply_rotary_emb skipped")
+        else:
+            half = q.shape[-1] // 2
+            cos_h, sin_h = cos[0, :, :half].contiguous(), sin[0, :, :half].contiguous()  # (T, D/2), x's dtype
+            fns["flash-attn apply_rotary_emb"] = (
+                lambda: (apply_rotary_emb(q_bthd, cos_h, sin_h), apply_rotary_emb(k_bthd, cos_h, sin_h)), (q_bthd, k_bthd))
+    else:
+        notes.append("Liger and flash-attn run on CUDA only: skipped")
+    return fns
+
+
+def _max_error(outputs: tuple, expected: tuple[Tensor, Tensor], bthd: bool) -> float:
+    """Largest |output - float64 formula| over q and k (outputs in (B, T, H, D) when bthd)."""
+    worst = 0.0
+    for out, ref in zip(outputs, expected):
+        out = out.transpose(1, 2) if bthd else out
+        worst = max(worst, float((out.double() - ref).abs().max()))
+    return worst
+
+
+def rope_device_benchmark(
+    device: str = "cuda",
+    lengths: tuple[int, ...] = (2048, 16384),
+    batch: int = 1,
+    q_heads: int = 32,
+    kv_heads: int = 8,
+    head_dim: int = 128,
+    dtype: str = "bfloat16",
+    repeats: int = 50,
+    compile_peers: bool = True,
+) -> tuple[list[dict], list[str]]:
+    """RoPE apply on q and k, forward and forward+backward, at Liger-Kernel's published shape.
+
+    Liger's benchmark (benchmark/scripts/benchmark_rope.py): bf16, 32 query / 8 key-value
+    heads, q and k made as (B, T, H, D) and transposed to (B, H, T, D), cos/sin precomputed
+    by the rotary module (outside the timing). The peers get exactly that; posenc's fused
+    kernel computes its angles, cos and sin inside the launch (included in its time), and
+    ``RoPE.rotate`` is the user-level call (argument checks included). The floor is a copy of
+    q and k (forward) and two copies (forward+backward: the backward reads and writes the
+    gradients once more).
+
+    Returns rows ``{"T", "mode", "method", "ms", "vs_copy", "copy_fraction", "hf_over_this",
+    "peak_mb", "max_err"}``: time / the copy's, the copy's time / this (the fraction of the copy
+    bandwidth reached), Hugging Face eager's time / this, the extra memory at the peak of one
+    call (CUDA), and the forward's largest deviation from the float64 formula.
+
+    Runs on any device; on the CPU the CUDA-only peers are skipped with a note (a smoke run
+    at small sizes tests the harness).
+    """
+    from .encodings import RoPE
+
+    dev = torch.device(device)
+    dt = getattr(torch, dtype)
+    notes = [f"B={batch}, {q_heads} q heads / {kv_heads} kv heads, head_dim {head_dim}, {dtype}, on {device}; "
+             f"median of {repeats}" + (", L2 flushed before each call" if dev.type == "cuda" else "")]
+    rows = []
+    rope = RoPE(head_dim)
+    for length in lengths:
+        g = torch.Generator(device=dev).manual_seed(0)
+        q_bthd = torch.randn(batch, length, q_heads, head_dim, generator=g, device=dev, dtype=dt).requires_grad_(True)
+        k_bthd = torch.randn(batch, length, kv_heads, head_dim, generator=g, device=dev, dtype=dt).requires_grad_(True)
+        q, k = q_bthd.transpose(1, 2), k_bthd.transpose(1, 2)
+        dq, dk = torch.randn_like(q), torch.randn_like(k)
+        positions = torch.arange(length, device=dev)
+        with torch.no_grad():
+            angle = positions.double()[:, None] * rope._inv_freq_f64.to(dev)
+            cos64, sin64 = (torch.cat((f(angle),) * 2, -1) for f in (torch.cos, torch.sin))
+            expected = tuple(
+                x.double() * cos64 + torch.cat((-x.double()[..., head_dim // 2:], x.double()[..., : head_dim // 2]), -1) * sin64
+                for x in (q, k))
+        fns = _rope_device_candidates(q, k, q_bthd, k_bthd, positions, rope, compile_peers, notes if length == lengths[0] else [])
+        for mode in ("forward", "forward+backward"):
+            results = {}
+            for name, (fn, inputs) in fns.items():
+                if mode == "forward":
+                    def run(fn=fn):
+                        with torch.no_grad():
+                            return fn()
+                elif name == COPY_FLOOR:
+                    def run():
+                        return q.clone(), k.clone(), dq.clone(), dk.clone()
+                else:
+                    grads = tuple(d.transpose(1, 2) if inp is not q and inp is not k else d for inp, d in zip(inputs, (dq, dk)))
+
+                    def run(fn=fn, inputs=inputs, grads=grads):
+                        return torch.autograd.grad(fn(), inputs, grads)
+                try:
+                    err = _max_error(run(), expected, inputs[0] is q_bthd) if mode == "forward" and name != COPY_FLOOR else None
+                    results[name] = (_device_time(run, dev, repeats), _peak_mb(run, dev), err)
+                except Exception as exc:  # a peer that fails here is reported, not fatal
+                    notes.append(f"{name} ({mode}, T={length}) failed: {type(exc).__name__}: {exc}"[:300])
+            copy = results.get(COPY_FLOOR, (None,))[0]
+            hf = results.get(HF_EAGER, (None,))[0]
+            for name, (seconds, peak, err) in results.items():
+                rows.append({
+                    "T": length, "mode": mode, "method": name, "ms": seconds * 1e3,
+                    "vs_copy": seconds / copy if copy else None, "copy_fraction": copy / seconds if copy else None,
+                    "hf_over_this": hf / seconds if hf else None, "peak_mb": peak, "max_err": err,
+                })
+        del q_bthd, k_bthd, q, k, dq, dk, expected, fns
+    return rows, notes
+
+
+ROPE_DEVICE_COLUMNS = [("T", "T", "d"), ("mode", "mode", ""), ("method", "method", ""), ("ms", "ms", ".3f"),
+                       ("vs_copy", "x copy", ".2f"), ("copy_fraction", "copy / this", ".2f"),
+                       ("hf_over_this", "HF eager / this", ".2f"), ("peak_mb", "peak MB", ".1f"),
+                       ("max_err", "max err vs fp64", ".2e")]
+
+
+def write_table(path, title: str, rows: list[dict], columns: list[tuple[str, str, str]], notes: list[str] = ()) -> None:
+    """Write rows as a Markdown table (``path``) and as JSON next to it (same name, ``.json``)."""
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [f"## {title}", "", "| " + " | ".join(h for _, h, _ in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
+    for row in rows:
+        cells = ["" if row.get(key) is None else format(row[key], fmt) for key, _, fmt in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [""] + [f"- {note}" for note in notes]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.with_suffix(".json").write_text(json.dumps({"title": title, "rows": rows, "notes": list(notes)}, indent=1), encoding="utf-8")
 
 
 # --- attention --------------------------------------------------------------------------
@@ -518,7 +734,10 @@ def throughput_benchmark(
     runs, errors = {}, {}
     for name in encodings:
         torch.manual_seed(0)
-        model = TransformerLM(config, name).to(dev.device)
+        # built as posenc extrapolate builds it at L = seq_len (iRoPE's chunk scales with L)
+        options = encoding_class(name).options_for_train_len(seq_len)
+        model = TransformerLM(config, create_for_model(name, **config.encoding_sizes(), **options) if options else name)
+        model = model.to(dev.device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         forward = torch.compile(model) if compile else model
 

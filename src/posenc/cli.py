@@ -175,6 +175,7 @@ def extrapolate(
     from .data import load_corpus
     from .experiments import distributed
     from .experiments.extrapolation import ROW_PROVIDERS, preset_config, run_extrapolation
+    from .experiments.extrapolation_config import RANDOMIZED_SUFFIX
     from .plots import plot_extrapolation
     from ._validation import check_device
 
@@ -212,7 +213,7 @@ def extrapolate(
         + ("; bf16 autocast" if train.autocast else "") + ("; compiled" if train.compile else "")
         + (f"; sliding-window eval, stride {config.eval_stride}" if config.eval_stride else "")
     )
-    if randomized := [row for row in config.rows if row not in config.encodings]:
+    if randomized := [row for row in config.rows if row.endswith(RANDOMIZED_SUFFIX)]:
         console.print(f"[bold]randomized-position rows[/] {', '.join(randomized)} (positions from [0, {config.randomized_positions}))")
     for provider in ROW_PROVIDERS:
         if rows := provider.rows(config):
@@ -329,9 +330,10 @@ def bench(
     quick: bool = typer.Option(False, help="Small sizes, seconds instead of minutes (a smoke run)."),
     threads: int = typer.Option(1, help="torch threads for every side of the comparison."),
     device: Optional[str] = typer.Option(
-        None, help="Measure attention and throughput on this device in one process (e.g. cuda): forward and "
-        "forward+backward time and peak memory against bias-free SDPA and FlashAttention-2's ALiBi, bf16 on CUDA; "
-        "tables written to --out. Default: the CPU benchmarks (a fresh process per attention row).",
+        None, help="Measure on this device in one process (e.g. cuda): RoPE apply against its peers at Liger's "
+        "shape, attention per encoding against bias-free SDPA and FlashAttention-2's ALiBi, training throughput; "
+        "forward and forward+backward time and peak memory, bf16 on CUDA; tables written to --out. "
+        "Default: the CPU benchmarks (a fresh process per attention row).",
     ),
     lengths: Optional[str] = typer.Option(None, help="With --device: attention lengths, e.g. 2048,8192,32768."),
     backends: str = typer.Option("flex,auto", help="With --device: posenc backends per encoding."),
@@ -383,10 +385,14 @@ def _bench_on_device(benchmarks, what: str, device: str, *, quick: bool, threads
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         raise UsageError(f"--backends: unknown {unknown}; choose from {list(BACKENDS)}")
-    if what == "rope":
-        raise UsageError("bench rope has no --device yet: run it without --device (the CPU table)")
     meta = {**benchmarks.environment(), "device": device, "dtype": dtype}
     written = []
+    if what in ("rope", "all"):
+        sizes = dict(lengths=(16,), q_heads=2, kv_heads=1, head_dim=8, repeats=1, compile_peers=False) if quick else {}
+        rows, notes = benchmarks.rope_device_benchmark(device, dtype="bfloat16" if cuda else dtype, **sizes)
+        benchmarks.print_table(f"RoPE apply on q and k, {device}", rows, benchmarks.ROPE_DEVICE_COLUMNS, notes)
+        written += benchmarks.write_tables(out, f"rope-{torch.device(device).type}", rows,
+                                           benchmarks.ROPE_DEVICE_COLUMNS, notes, meta)
     if what in ("attention", "all"):
         sizes = dict(heads=2, head_dim=16, tokens=128, repeats=1) if quick else {}
         rows, notes = benchmarks.device_attention_benchmark(

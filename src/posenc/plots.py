@@ -9,10 +9,17 @@ wavelengths against its contexts (:func:`plot_rope_inspection`, ``posenc inspect
 - ``rotate`` (rope, xpos): q.k against relative distance for q = k = 1 (the long-term decay
   of RoFormer, section 3.4.3, with its relative upper bound), and the wavelength 2 pi / theta_i
   of each rotated pair;
+- positions with several axes (``position_axes`` >= 2: M-RoPE, axial RoPE): q.k of the
+  centre patch of a grid against every patch (the 2-D decay);
 - ``score_bias`` (alibi, t5, kerple, fire): the bias against distance, one line per head, and
   the (i, j) bias of the first head;
 - ``content`` (shaw, transformer_xl): the relative table, learned or sinusoidal
   (``relative_table``);
+- ``mask`` (irope's chunked attention): which keys each query may attend, with the causal
+  mask, over a span that shows the mask's reach (three times how far back a query sees);
+- a layer schedule (``for_layer`` differs between layers, irope): the query scale
+  |rotate(q)| / |q| against position for each kind of layer (1 for a rotation; Llama 4's
+  attention temperature on its NoPE layers);
 - no hook (nope): a figure that says there is no positional signal.
 
 matplotlib is imported inside each function (``import posenc`` needs only torch and numpy)
@@ -102,6 +109,33 @@ def _rotate_panels(enc: PositionalEncoding, head_dim: int, max_distance: int):
     return panels
 
 
+def _grid_panels(enc: PositionalEncoding, head_dim: int, radius: int):
+    """For a multi-axis encoding (``position_axes`` >= 2): q.k / D of the centre patch of a
+    (2R+1) x (2R+1) grid against every patch, q = k = 1, the grid on the last two axes (height,
+    width) and the others at 0. For q = k = 1 the score is the mean over rotated pairs of
+    cos(angle difference), which is also E[q.k] / D for q = k ~ N(0, I): the 2-D decay."""
+    side = 2 * radius + 1
+    rows, cols = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+    keys = torch.zeros(enc.position_axes, 1, side * side, dtype=torch.long)  # axis-first (A, B, T)
+    keys[-2, 0], keys[-1, 0] = rows.flatten(), cols.flatten()
+    centre = torch.zeros(enc.position_axes, 1, 1, dtype=torch.long)
+    centre[-2:] = radius
+    ones = torch.ones(1, 1, 1, head_dim)
+    with torch.no_grad():
+        q_rot, k_rot = enc.rotate(ones, ones.expand(1, 1, side * side, head_dim), centre, keys)
+        score = (q_rot @ k_rot.transpose(-2, -1))[0, 0, 0].reshape(side, side) / head_dim
+
+    def heatmap(ax, fig):
+        extent = (-radius - 0.5, radius + 0.5, radius + 0.5, -radius - 0.5)
+        image = ax.imshow(score.numpy(), cmap="viridis", interpolation="nearest", extent=extent)
+        ax.set_xlabel("width offset from the centre patch (patches)")
+        ax.set_ylabel("height offset (patches)")
+        ax.set_title("q.k / D against the centre patch, q = k = 1")
+        fig.colorbar(image, ax=ax, label="score (1 at the centre)")
+
+    return [heatmap]
+
+
 def _bias_panels(enc: PositionalEncoding, max_distance: int, grid: int):
     distances = torch.arange(max_distance + 1)
     query_pos = torch.tensor([max_distance])
@@ -148,6 +182,78 @@ def _content_panels(enc: PositionalEncoding, max_distance: int):
     return [draw]
 
 
+def _mask_reach(enc: PositionalEncoding, probe: int = 1 << 20) -> int | None:
+    """How far back a query at a large position sees (keys it may attend, itself included),
+    or None when the mask hides nothing before it: the scale the mask panel is drawn at."""
+    keys = torch.arange(probe)
+    allowed = enc.attention_mask(torch.tensor(probe - 1), keys)
+    hidden = (~allowed).nonzero()
+    return probe - 1 - int(hidden.max()) if hidden.numel() else None
+
+
+def _mask_panels(enc: PositionalEncoding, cells: int = 192):
+    reach = _mask_reach(enc)
+    span = 128 if reach is None else 3 * reach
+    positions = torch.linspace(0, span - 1, min(cells, span)).round().long().unique()
+    query, key = positions.unsqueeze(-1), positions.unsqueeze(0)
+    with torch.no_grad():
+        allowed = enc.attention_mask(query, key) & (key <= query)
+
+    def draw(ax, fig):
+        last = float(positions[-1])
+        ax.imshow(allowed.numpy(), cmap="Greys", interpolation="nearest", extent=(0, last, last, 0))
+        ax.set_xlabel("key position (tokens)")
+        ax.set_ylabel("query position (tokens)")
+        reach_text = "everything before it" if reach is None else f"at most {reach} keys back"
+        ax.set_title(f"keys a query may attend (black), causal and mask:\na query sees {reach_text}", fontsize=10)
+
+    return [draw]
+
+
+def _layer_kinds(enc: PositionalEncoding, layers: int = 8) -> list[tuple[list[int], PositionalEncoding]]:
+    """The distinct encodings of the first ``layers`` layers, with the layers using each; empty
+    unless the encoding is a layer schedule (some layer's encoding is not the encoding itself)."""
+    kinds: list[tuple[list[int], PositionalEncoding]] = []
+    for layer in range(layers):
+        try:
+            sub = enc.for_layer(layer)
+        except ValueError:  # an explicit schedule shorter than ``layers``
+            break
+        for indices, known in kinds:
+            if known is sub:
+                indices.append(layer)
+                break
+        else:
+            kinds.append(([layer], sub))
+    return kinds if any(sub is not enc for _, sub in kinds) else []
+
+
+def _schedule_panels(enc: PositionalEncoding, head_dim: int):
+    kinds = _layer_kinds(enc)
+    if not kinds:
+        return []
+    positions = torch.logspace(0, 20, 400, base=2).round().long().unique() - 1
+    ones = torch.ones(1, 1, positions.numel(), head_dim)
+    lines = []
+    for indices, sub in kinds:
+        scale = torch.ones(positions.numel())
+        if "rotate" in sub.hooks:
+            with torch.no_grad():
+                rotated, _ = sub.rotate(ones, ones[:, :, :1], positions, positions[:1])
+            scale = rotated[0, 0].norm(dim=-1) / head_dim**0.5
+        lines.append((f"layers {', '.join(map(str, indices))}: {sub.name or type(sub).__name__}", scale))
+
+    def draw(ax, fig):
+        for label, scale in lines:
+            ax.semilogx((positions + 1).numpy(), scale.numpy(), lw=1.2, label=label)
+        ax.set_xlabel("query position p + 1 (tokens, log scale)")
+        ax.set_ylabel("|rotate(q)| / |q|")
+        ax.set_title("query scale by position, per kind of layer (first 8 layers)", fontsize=10)
+        ax.legend(fontsize=7)
+
+    return [draw]
+
+
 def _no_signal_panel(max_distance: int):
     def draw(ax, fig):
         ax.plot([0, max_distance], [0, 0], lw=2)
@@ -188,10 +294,15 @@ def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
         panels += _embed_panels(enc, sizes["d_model"], min(sizes["max_positions"], enc.max_positions or 10**9))
     if "rotate" in enc.hooks:
         panels += _rotate_panels(enc, sizes["head_dim"], max_distance or 1024)
+    if enc.position_axes >= 2:
+        panels += _grid_panels(enc, sizes["head_dim"], min(max_distance or 16, 64))
     if "score_bias" in enc.hooks:
         panels += _bias_panels(enc, max_distance or 128, grid)
     if "content" in enc.hooks:
         panels += _content_panels(enc, max_distance or 64)
+    if "mask" in enc.hooks and enc.attention_mask(torch.tensor(0), torch.tensor(0)) is not None:
+        panels += _mask_panels(enc)
+    panels += _schedule_panels(enc, sizes["head_dim"])
     if not panels:
         panels = _no_signal_panel(max_distance or 128)
 

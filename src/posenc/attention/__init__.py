@@ -7,25 +7,29 @@ encoding's name. Shapes: B batch, H heads, Tq queries, Tk keys, D head_dim.
 Backends (one module each, in :data:`_BACKENDS`), all with the same two functions:
 
 - ``unsupported(encoding, *, mask, dropout_p) -> str | None``: None when the backend can run a
-  call with this encoding, this (combined, 4-D boolean) mask and this dropout, else the
-  ValueError message that :func:`attention` raises;
+  call with this encoding, this user mask (checked, 4-D boolean, or None) and this dropout,
+  else the ValueError message that :func:`attention` raises;
 - ``run(q, k, v, *, encoding, q_positions, k_positions, causal, mask, scale, dropout_p) ->
   (B, H, Tq, D)`` with q and k already rotated (k and v with H_kv heads dividing H),
-  positions filled in, ``mask`` None or the user mask with the causal one already in it
-  (``causal`` says whether to add the causal mask when ``mask`` is None). How a backend evaluates the score bias (materialized, per
+  positions filled in, ``mask`` None or the user mask and the encoding's positional mask (its
+  ``mask`` hook) with the causal one already in it (``causal`` says whether to add the causal
+  mask when ``mask`` is None). How a backend evaluates the score bias (materialized, per
   tile, per score) is its own affair: :mod:`posenc.attention.tiling`. Only "flex" is handed
-  a mask_mod (then without the causal mask in it); the others get it evaluated into a tensor.
+  a mask_mod (the user's and the encoding's mask and-ed, without the causal one); the others
+  get a user mask_mod evaluated into a tensor.
 
 Which backend "auto" picks depends on the device (:func:`_resolve_backend`): on the CPU, eager
 for content terms and for learned biases in training, "blocked" for biases past 4M entries,
 else "sdpa"; on CUDA, "flash_attention_2" for ALiBi in fp16/bf16 where flash-attn is installed,
-"flex" for mask_mods and for biases past 4M entries, else "sdpa".
+"flex" for mask_mods (the user's or an encoding's mask hook) and for biases past 4M entries,
+else "sdpa".
 
 Masking convention: a causal query i sees key j iff j <= i + (Tk - Tq), i.e. the queries
 are the last Tq of the Tk keys (bottom-right alignment, as with a KV cache). An optional
 boolean ``mask`` (True = may attend: document masks of packed rows, key padding) is combined
-with it by logical and. A query left with no key to attend (a left-padding query) gets an
-output of zeros, never NaN: see :func:`combine_masks`.
+with it by logical and, and so is the mask an encoding states from positions (the ``mask``
+hook: Llama 4's chunked attention). A query left with no key to attend (a left-padding
+query) gets an output of zeros, never NaN: see :func:`combine_masks`.
 """
 
 from __future__ import annotations
@@ -36,9 +40,9 @@ import torch
 from torch import Tensor
 
 from ..encodings.base import PositionalEncoding
-from .._validation import check_number, check_positions
+from .._validation import check_number, check_sequence_positions
 from . import blocked, eager, flash_attention_2, flex, sdpa
-from .masks import causal_mask, check_mask, combine_masks, is_mask_mod, mask_from_mod
+from .masks import causal_mask, check_mask, combine_masks, encoding_mask, is_mask_mod, mask_from_mod
 
 __all__ = ["attention", "BACKENDS", "causal_mask", "combine_masks"]
 
@@ -73,8 +77,9 @@ def _resolve_backend(
     2. a bias that is FlashAttention-2's own (``linear_bias_slopes(causal)``: ALiBi), fp16 or bf16,
        default positions (none passed), no ``mask``, flash-attn installed, outside
        torch.compile: "flash_attention_2";
-    3. no dropout, and a mask_mod or a ``score_bias`` encoding with ``bias_elements`` >= 4M:
-       "flex" (no (Tq, Tk) tensor; compiled once per process, every length reusing it);
+    3. no dropout, and a mask_mod (the user's, or an encoding's ``mask`` hook) or a
+       ``score_bias`` encoding with ``bias_elements`` >= 4M: "flex" (no (Tq, Tk) tensor;
+       compiled once per process, every length reusing it);
     4. with dropout, a ``score_bias`` encoding with ``bias_elements`` >= 4M: "blocked";
     5. otherwise "sdpa" (torch's flash kernel when there is nothing to add).
 
@@ -104,7 +109,7 @@ def _auto_on_cuda(encoding: PositionalEncoding | None, bias_elements: int, *, ca
                   dropout_p: float, default_positions: bool) -> str:
     """Rules 2-5 of the CUDA column of :func:`_resolve_backend`."""
     has_bias = encoding is not None and "score_bias" in encoding.hooks
-    mask_mod = is_mask_mod(mask)
+    mask_mod = is_mask_mod(mask) or (encoding is not None and "mask" in encoding.hooks)
     if has_bias and default_positions and mask is None and dtype in (torch.float16, torch.bfloat16) \
             and not torch.compiler.is_compiling() and encoding.linear_bias_slopes(causal) is not None \
             and flash_attention_2.unsupported(encoding, dropout_p=dropout_p) is None:
@@ -123,17 +128,16 @@ def _learns_bias_on_cpu(encoding: PositionalEncoding, device: torch.device | Non
     return on_cpu and torch.is_grad_enabled() and any(p.requires_grad for p in encoding.parameters())
 
 
-def _default_positions(positions: Tensor | None, length: int, offset: int, device, argname: str, batch: int) -> Tensor:
+def _default_positions(positions: Tensor | None, length: int, offset: int, device, argname: str, batch: int,
+                       encoding: PositionalEncoding | None) -> Tensor:
+    """arange(offset, offset + length) when not given; else the encoding's own check (shape
+    (T,) or (B, T) by default; a multi-axis encoding's forms, returned axis-first (A, B, T)).
+    Values (>= 0) are read in eager calls only: under compile that is a graph break and a sync."""
     if positions is None:
         return torch.arange(offset, offset + length, device=device)
-    if torch.compiler.is_compiling():
-        # >= 0 needs the values (a graph break, a device sync): checked in eager calls only
-        check_positions(positions[..., :0], argname)
-    else:
-        check_positions(positions, argname)
-    if positions.shape[-1] != length or (positions.dim() == 2 and positions.shape[0] not in (1, batch)):
-        raise ValueError(f"{argname} must have shape ({length},) or ({batch}, {length}), got {tuple(positions.shape)}")
-    return positions.to(device)
+    if encoding is None:
+        return check_sequence_positions(positions, length=length, batch=batch, argname=argname).to(device)
+    return encoding.check_positions(positions, length=length, batch=batch, argname=argname).to(device)
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
@@ -177,7 +181,8 @@ def attention(
     """Scaled dot-product attention with a positional encoding.
 
     softmax(scale * (rotate(q) . rotate(k)^T + content) + bias + mask) @ v (+ content on v),
-    the encoding contributing through its hooks (``rotate``, ``score_bias``, ``content``).
+    the encoding contributing through its hooks (``rotate``, ``score_bias``, ``content``, and
+    ``mask``: its positional mask, and'ed with the causal and user masks on every backend).
 
     Args:
         q: (B, H, Tq, D). k, v: (B, H_kv, Tk, D) with H_kv dividing H: multi-head (H_kv = H),
@@ -189,8 +194,10 @@ def attention(
             biases stay per query head. One floating dtype and device.
         encoding: a :class:`~posenc.PositionalEncoding` (``posenc.create(...)``) or None.
         causal: mask keys after each query, queries aligned to the end of the keys.
-        q_positions: integer positions (Tq,) or (B, Tq); default ``arange(Tk - Tq, Tk)``.
-        k_positions: integer positions (Tk,) or (B, Tk); default ``arange(Tk)``.
+        q_positions: integer positions (Tq,) or (B, Tq); default ``arange(Tk - Tq, Tk)``. A
+            multi-axis encoding (``encoding.position_axes`` > 1: M-RoPE, axial RoPE) also takes
+            its own forms, e.g. (3, B, Tq) for M-RoPE: ``encoding.check_positions`` decides.
+        k_positions: integer positions (Tk,) or (B, Tk); default ``arange(Tk)``; as q_positions.
         backend: "eager" (explicit float32 reference; every hook), "sdpa" (torch's
             scaled_dot_product_attention, the bias materialized as a float mask, ``is_causal``
             when there is nothing to add; no content term on the values), "blocked" (query
@@ -267,18 +274,18 @@ def attention(
     batch, num_heads, num_queries, head_dim = q.shape
     num_keys = k.shape[2]
     default_positions = q_positions is None and k_positions is None
-    q_positions = _default_positions(q_positions, num_queries, num_keys - num_queries, q.device, "q_positions", batch)
-    k_positions = _default_positions(k_positions, num_keys, 0, q.device, "k_positions", batch)
-    bias_rows = batch if q_positions.dim() == 2 or k_positions.dim() == 2 else 1
+    q_positions = _default_positions(q_positions, num_queries, num_keys - num_queries, q.device, "q_positions", batch,
+                                     encoding)
+    k_positions = _default_positions(k_positions, num_keys, 0, q.device, "k_positions", batch, encoding)
+    # (B, T) or, from a multi-axis encoding, (A, B, T): per-row positions (the sequence axis is last)
+    bias_rows = batch if q_positions.dim() >= 2 or k_positions.dim() >= 2 else 1
     backend_module = _BACKENDS[_resolve_backend(backend, encoding, bias_rows * num_heads * num_queries * num_keys,
                                                 q.device, causal=causal, dtype=q.dtype, mask=mask, dropout_p=dropout_p,
                                                 default_positions=default_positions)]
-    has_key = None
     if is_mask_mod(mask) and backend_module is not flex:
         mask = mask_from_mod(mask, batch, num_heads, num_queries, num_keys, q.device)  # the backends without mask_mods
     if mask is not None and not is_mask_mod(mask):
         mask = check_mask(mask, batch, num_heads, num_queries, num_keys).to(q.device)
-        mask, has_key = combine_masks(causal_mask(num_queries, num_keys, q.device) if causal else None, mask)
     reason = backend_module.unsupported(encoding, mask=mask, dropout_p=dropout_p)
     if reason is not None:
         raise ValueError(reason)
@@ -287,6 +294,18 @@ def attention(
         # row stays NaN (the rule below), as every backend would give with keys.
         return (q.sum(-1, keepdim=True) * 0 + v.sum() * 0).expand(batch, num_heads, num_queries, v.shape[-1])
     hooks = encoding.hooks if encoding is not None else frozenset()
+    # The encoding's positional mask (its mask hook) joins the user's: on flex as a mask_mod (no
+    # (Tq, Tk) tensor), elsewhere as one boolean mask on the grid of positions; the
+    # rows-without-keys rule and the NaN rule cover it on every backend.
+    if backend_module is flex:
+        mask = flex.with_encoding_mask(mask, encoding, q_positions, k_positions, batch=batch, heads=num_heads)
+    else:
+        positional = encoding_mask(encoding, q_positions, k_positions)
+        if positional is not None:
+            mask = positional if mask is None else mask & positional
+    has_key = None
+    if mask is not None and not is_mask_mod(mask):
+        mask, has_key = combine_masks(causal_mask(num_queries, num_keys, q.device) if causal else None, mask)
     if "rotate" in hooks:
         q, k = encoding.rotate(q, k, q_positions, k_positions)
     if "score_bias" in hooks:

@@ -93,13 +93,7 @@ def mask_mod_for(mask, *, causal: bool, batch: int, heads: int, num_queries: int
 
         mods.append(causal_mod)
     if isinstance(mask, Tensor):
-        # expanded (no copy) so that every (b, h) the kernel asks for is a valid index
-        full = mask.expand(batch, heads, num_queries, num_keys)
-
-        def tensor_mod(b, h, q_idx, kv_idx):
-            return full[b, h, q_idx, kv_idx]
-
-        mods.append(tensor_mod)
+        mods.append(_tensor_mask_mod(mask, batch, heads, num_queries, num_keys))
         mask_batch = batch if mask.shape[0] > 1 else None
         mask_heads = heads if mask.shape[1] > 1 else None
     elif mask is not None:
@@ -108,6 +102,32 @@ def mask_mod_for(mask, *, causal: bool, batch: int, heads: int, num_queries: int
     if not mods:
         return None, None, None
     return (mods[0] if len(mods) == 1 else and_masks(*mods)), mask_batch, mask_heads
+
+
+def _tensor_mask_mod(mask: Tensor, batch: int, heads: int, num_queries: int, num_keys: int) -> Callable:
+    """A 4-D boolean mask (B or 1, H or 1, Tq or 1, Tk) read by a mask_mod."""
+    # expanded (no copy) so that every (b, h) the kernel asks for is a valid index
+    full = mask.expand(batch, heads, num_queries, num_keys)
+
+    def tensor_mod(b, h, q_idx, kv_idx):
+        return full[b, h, q_idx, kv_idx]
+
+    return tensor_mod
+
+
+def with_encoding_mask(mask, encoding: PositionalEncoding | None, q_positions: Tensor, k_positions: Tensor, *,
+                       batch: int, heads: int):
+    """The user's ``mask`` (None, a mask_mod, or a checked 4-D boolean tensor) and-ed with the
+    encoding's ``mask`` hook (its :meth:`~posenc.PositionalEncoding.mask_mod` at the call's
+    positions) as one mask_mod, or ``mask`` unchanged for an encoding without the hook."""
+    positional = encoding.mask_mod(q_positions, k_positions) if encoding is not None else None
+    if positional is None:
+        return mask
+    if mask is None:
+        return positional
+    if isinstance(mask, Tensor):
+        mask = _tensor_mask_mod(mask, batch, heads, q_positions.shape[-1], k_positions.shape[-1])
+    return _flex()[0](mask, positional)
 
 
 def _block_mask(mask, *, causal, batch, heads, num_queries, num_keys, device, use_compiled: bool):

@@ -1,8 +1,10 @@
-"""Masks shared by the backends: the causal mask, user masks, and SDPA's float masks.
+"""Masks shared by the backends: the causal mask, user masks, encodings' positional masks,
+and SDPA's float masks.
 
 Masking convention: a causal query i sees key j iff j <= i + (Tk - Tq), i.e. the queries are
 the last Tq of the Tk keys (bottom-right alignment, as with a KV cache). A user mask is
-boolean, True = may attend, combined with the causal one by logical and.
+boolean, True = may attend, combined with the causal one by logical and; so is the mask an
+encoding states from positions (its ``mask`` hook, e.g. Llama 4's chunked attention).
 """
 
 from __future__ import annotations
@@ -15,6 +17,17 @@ def causal_mask(num_queries: int, num_keys: int, device: torch.device | None = N
     """Boolean (Tq, Tk), True where query i may attend key j (j <= i + Tk - Tq)."""
     q_idx = torch.arange(num_queries, device=device).unsqueeze(-1) + (num_keys - num_queries)
     return torch.arange(num_keys, device=device) <= q_idx
+
+
+def encoding_mask(encoding, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+    """The encoding's ``mask`` hook on the grid of the call's positions: boolean 4-D
+    (1, 1, Tq, Tk), or (B, 1, Tq, Tk) when either side is (B, T); None without the hook."""
+    if encoding is None or "mask" not in encoding.hooks:
+        return None
+    allowed = encoding.attention_mask(q_positions.unsqueeze(-1), k_positions.unsqueeze(-2))
+    if allowed is None:
+        return None
+    return allowed[None, None] if allowed.dim() == 2 else allowed[:, None]
 
 
 def check_mask(mask: Tensor, batch: int, heads: int, num_queries: int, num_keys: int) -> Tensor:

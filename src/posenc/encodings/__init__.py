@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from .absolute import LearnedAbsolute, Sinusoidal, sinusoidal_table
 from .base import NoPE, PositionalEncoding
+from .multiaxis import AxialRoPE, MRoPE, mrope_position_ids
 from .bias import FIRE, ALiBi, Kerple, ScoreBias, T5RelativeBias, alibi_slopes, t5_relative_position_bucket
 from .relative import Shaw, TransformerXL
-from .rotary import RoPE, XPos, apply_rotary, rope_frequencies
+from .rotary import ProportionalRoPE, RoPE, XPos, apply_rotary, rope_frequencies
+from .schedule import IRoPE
 
 #: name -> encoding class. A new encoding is one file (or one class in its family's file)
 #: and one line here.
@@ -14,6 +16,9 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
     cls.name: cls
     for cls in (
         NoPE, Sinusoidal, LearnedAbsolute, RoPE, XPos, ALiBi, T5RelativeBias, Kerple, FIRE, Shaw, TransformerXL,
+        ProportionalRoPE,
+        MRoPE, AxialRoPE,
+        IRoPE,
     )
 }
 
@@ -60,6 +65,8 @@ def create_for_model(
 __all__ = [
     "REGISTRY", "available", "create", "create_for_model", "encoding_class",
     "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
-    "XPos", "Kerple", "FIRE", "Shaw", "TransformerXL",
+    "XPos", "ProportionalRoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
+    "MRoPE", "AxialRoPE", "mrope_position_ids",
+    "IRoPE",
     "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "apply_rotary",
 ]

@@ -1,7 +1,8 @@
 """The encoding protocol: the four hooks through which position enters attention.
 
 Every positional encoding in posenc is a ``torch.nn.Module`` subclass of
-:class:`PositionalEncoding` and overrides one or more of four hooks (DESIGN.md):
+:class:`PositionalEncoding` and overrides one or more of four hooks (DESIGN.md), and a fifth,
+``mask``, for encodings that restrict which keys a query sees:
 
 ========== ============================================== ===============================
 hook       contract                                       used by
@@ -10,6 +11,7 @@ embed      x (B, T, d_model), positions -> x'             sinusoidal, learned
 rotate     q (B, H, Tq, D), k (B, H, Tk, D) -> q', k'     rope, xpos
 score_bias b(h, i, j) added to the logits, fp32           alibi, t5, kerple, fire
 content    query-dependent terms on scores and values     shaw, transformer_xl
+mask       allowed(q_pos, k_pos) -> bool, and'ed in       irope (chunked attention)
 ========== ============================================== ===============================
 
 The class attribute :attr:`PositionalEncoding.hooks` names the hooks an encoding uses, so
@@ -21,9 +23,22 @@ How it is evaluated (materialized, in tiles, as strided views, inside FlexAttent
 attention layer's decision (``posenc.attention.tiling``); :meth:`score_bias` and
 :meth:`score_mod` are the two forms a user calls directly.
 
+A positional mask is stated the same way: :meth:`PositionalEncoding.attention_mask`, an
+elementwise boolean function of (query position, key position), True where the query may
+attend the key. :func:`posenc.attention` ands it with the causal mask and the user's ``mask``
+on every backend (materialized on the position grid for eager, sdpa and blocked; as the
+FlexAttention ``mask_mod`` of :meth:`PositionalEncoding.mask_mod` for flex). Because it reads
+positions, not token indices, a KV-cache step, left padding and packed rows (positions
+restarting per document) get the same mask as the rows alone.
+
 Positions are always explicit integer tensors, shape (T,) shared by the batch or (B, T) per
 row: query positions and key positions are separate, which gives KV-cache offsets, left
-padding and packed sequences to every encoding without a special case.
+padding and packed sequences to every encoding without a special case. An encoding whose
+positions have several coordinates (M-RoPE's temporal, height, width; axial RoPE's grid axes)
+states it with :attr:`PositionalEncoding.position_axes` and accepts them through
+:meth:`PositionalEncoding.check_positions`, which :func:`posenc.attention` calls on the
+positions it is given; its hooks then see them axis-first, (A, B, T), the sequence axis last
+as everywhere else. One-coordinate positions (T,) or (B, T) stay valid for every encoding.
 """
 
 from __future__ import annotations
@@ -34,8 +49,21 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from .._validation import check_sequence_positions
+
 #: FlexAttention's form of a score bias: ``score_mod(score, b, h, q_idx, kv_idx) -> score``.
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+#: FlexAttention's form of a mask: ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = may attend).
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def _position_at(positions: Tensor | None, b: Tensor, idx: Tensor) -> Tensor:
+    """The int64 position of token ``idx`` (row ``b``) inside FlexAttention: the index itself
+    without positions, else looked up in (T,) or (B, T) positions."""
+    if positions is None:
+        return idx.long()
+    return (positions[b, idx] if positions.dim() == 2 else positions[idx]).long()
 
 
 class PositionalEncoding(nn.Module):
@@ -93,6 +121,14 @@ class PositionalEncoding(nn.Module):
         """
         return cls(**kwargs)
 
+    @classmethod
+    def options_for_train_len(cls, train_len: int) -> dict:
+        """Options of this encoding to pass to :meth:`for_model` for a model trained on windows
+        of ``train_len`` tokens (``posenc extrapolate`` does): settings a model card states in
+        tokens of its own training context, which a much shorter one must scale (iRoPE's
+        chunk size and temperature step, 8192 in Llama 4). Default: none, ``{}``."""
+        return {}
+
     def for_layer(self, layer: int) -> PositionalEncoding:
         """The encoding that attention layer ``layer`` (0-based) uses; default: ``self``, one
         encoding for every layer.
@@ -106,6 +142,39 @@ class PositionalEncoding(nn.Module):
         that their parameters are the model's.
         """
         return self
+
+    @property
+    def position_axes(self) -> int:
+        """How many coordinates a position has: 1 (a token index) for every encoding but the
+        multi-axis ones (3 for M-RoPE's temporal, height, width; 2 or 3 for axial RoPE).
+
+        Multi-axis positions reach the hooks **axis-first**, an integer tensor (A, B, T) with B
+        1 or the batch, the sequence axis last as in every other form (Hugging Face's Qwen2-VL
+        ``position_ids`` layout); :meth:`check_positions` turns the forms a user may give into
+        it. Such an encoding's hooks also take one-coordinate positions (T,) or (B, T), meaning
+        every axis equal (how Qwen2-VL positions text), so the LM, the KV cache, packing and
+        padding work unchanged. The attention backends read only the last axis (T) of
+        positions they do not pass to a hook; a multi-axis encoding has no ``score_bias`` or
+        ``content`` hook, whose tiling assumes (T,) or (B, T).
+        """
+        return 1
+
+    def check_positions(self, positions: Tensor, *, length: int, batch: int, argname: str = "positions") -> Tensor:
+        """The positions a user gave one attention call of ``length`` tokens and ``batch`` rows,
+        checked and in the form this encoding's hooks take; :func:`posenc.attention` calls it
+        on ``q_positions`` and ``k_positions`` (moving the result to q's device).
+
+        Default: an integer tensor (T,) or (B, T), B in {1, batch}, of values >= 0, returned
+        unchanged. A multi-axis encoding (:attr:`position_axes` > 1) overrides it to accept
+        its own forms as well and return them axis-first (A, B, T). The values are read
+        outside ``torch.compile`` only (its shapes and dtype always).
+
+        Raises:
+            TypeError: not an integer tensor.
+            ValueError: a shape this encoding does not take (the message names ``argname``
+                and the shapes allowed), or a negative entry.
+        """
+        return check_sequence_positions(positions, length=length, batch=batch, argname=argname)
 
     # -- hooks -----------------------------------------------------------------------------
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
@@ -165,14 +234,9 @@ class PositionalEncoding(nn.Module):
             return None
         self.prepare_bias()
 
-        def lookup(positions: Tensor | None, b: Tensor, idx: Tensor) -> Tensor:
-            if positions is None:
-                return idx.long()
-            return (positions[b, idx] if positions.dim() == 2 else positions[idx]).long()
-
         def score_mod(score, b, h, q_idx, kv_idx):
             # FlexAttention passes int32 indices; bias() gets int64 like every other caller.
-            return score + self.bias(lookup(q_positions, b, q_idx), lookup(k_positions, b, kv_idx), h.long())
+            return score + self.bias(_position_at(q_positions, b, q_idx), _position_at(k_positions, b, kv_idx), h.long())
 
         return score_mod
 
@@ -182,6 +246,37 @@ class PositionalEncoding(nn.Module):
         form; None for any other bias (default). A statement about the math that lets a kernel
         with a native linear bias serve the encoding (FlashAttention-2's ``alibi_slopes``)."""
         return None
+
+    def attention_mask(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+        """The ``mask`` hook as math: elementwise on broadcastable int64 tensors of query and key
+        positions -> a bool tensor of their broadcast shape, True where the query may attend the
+        key (0-d tensors inside FlexAttention). Returns None for an encoding without the hook.
+
+        :func:`posenc.attention` ands it with the causal mask and the user's ``mask`` on every
+        backend: evaluated on the (Tq, Tk) grid of the call's positions ((B, Tq, Tk) for (B, T)
+        positions) for eager, sdpa and blocked, and through :meth:`mask_mod` for flex. It must
+        depend on positions only (not on token indices), so that a KV-cache step, left padding
+        and packed rows see what the rows alone see. A query that it (with the other masks)
+        leaves without any key gets an output of zeros, as for ``mask=``.
+
+        Raises:
+            NotImplementedError: the encoding declares the ``mask`` hook but no ``attention_mask``.
+        """
+        if "mask" in self.hooks:
+            raise NotImplementedError(f"{type(self).__name__} has the mask hook but defines no attention_mask()")
+        return None
+
+    def mask_mod(self, q_positions: Tensor | None = None, k_positions: Tensor | None = None) -> MaskMod | None:
+        """The ``mask`` hook as a FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool``, or None
+        for an encoding without it. Without positions the token indices are the positions; with
+        positions of shape (T,) or (B, T) they are looked up (as :meth:`score_mod` does)."""
+        if "mask" not in self.hooks:
+            return None
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return self.attention_mask(_position_at(q_positions, b, q_idx), _position_at(k_positions, b, kv_idx))
+
+        return mask_mod
 
     def content_scores(
         self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor

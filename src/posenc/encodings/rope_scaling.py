@@ -366,18 +366,24 @@ def _llama3(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | No
     With lambda_i = 2 pi / theta_i: lambda < L0/high_freq_factor keeps theta; lambda >
     L0/low_freq_factor divides it by s; in between, smooth = (L0/lambda - low)/(high - low)
     and inv = (1 - smooth) theta / s + smooth theta. attention_factor = 1.
+
+    high_freq_factor = low_freq_factor (Llama 4 Scout: both 1) leaves no band in between: a
+    step at lambda = L0/low, which keeps theta at exactly L0/low (transformers accepts it with
+    a warning and would give NaN there; Meta's code asserts).
     """
     keys = frozenset({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
     _check_keys(scaling, "llama3", keys)
     factor = _factor(scaling, "llama3")
     low = _number(_required(scaling, "low_freq_factor", "llama3"), "low_freq_factor", minimum=0.0, strict=True)
     high = _number(_required(scaling, "high_freq_factor", "llama3"), "high_freq_factor", minimum=0.0, strict=True)
-    if high <= low:
-        raise ValueError(f"scaling: high_freq_factor must be > low_freq_factor, got high_freq_factor={high:g}, low_freq_factor={low:g}")
+    if high < low:
+        raise ValueError(f"scaling: high_freq_factor must be >= low_freq_factor, got high_freq_factor={high:g}, low_freq_factor={low:g}")
     context_length = _context_length(scaling, "llama3")
 
     theta = default_inv_freq_f64(dim, base)
     wavelength = 2 * math.pi / theta
+    if high == low:
+        return torch.where(wavelength > context_length / low, theta / factor, theta), 1.0
     smooth = (context_length / wavelength - low) / (high - low)
     scaled = torch.where(wavelength > context_length / low, theta / factor, (1 - smooth) * theta / factor + smooth * theta)
     return torch.where(wavelength < context_length / high, theta, scaled), 1.0

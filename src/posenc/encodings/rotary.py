@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 from .base import PositionalEncoding
-from .._validation import broadcast_shape, check_bool, check_even, check_number
+from .. import kernels as _kernels
+from .._validation import broadcast_shape, check_bool, check_even, check_number, is_real_number
 from .rope_interop import read_hf_config, write_hf_config
 from .rope_scaling import compute_rope_parameters, rope_type_record
 
@@ -135,7 +136,14 @@ def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: 
     formula without building rotate(x). Narrower inputs (bf16, fp16) are widened per chunk
     into a cache-sized scratch, reused across chunks, and the result is rounded once into
     ``out``.
+
+    On a kernel device (CUDA, with Triton: :func:`posenc.kernels.use_triton`) the whole
+    rotation is one Triton launch instead (:func:`posenc.kernels.rotary_triton.rotate_with_tables`).
     """
+    if _kernels.use_triton(x, cos, sin):
+        done = _kernels.rotary_kernels().rotate_with_tables(x, cos, sin, out, interleaved)
+        if done is not None:
+            return done
     wide = _wide_dtype(x, cos, sin)
     cos, sin = cos.to(wide), sin.to(wide)
     if x.dim() < 2:  # a single row
@@ -199,6 +207,10 @@ def apply_rotary(
     computes the same products and sums without building ``rotate(x)``: one pass over x per
     chunk of rows, so it runs near memory bandwidth (``benchmarks/bench_rope.py``); its
     backward is again a rotation, differentiable itself (double backward works).
+
+    On CUDA tensors with Triton installed (``pip install posenc[gpu]``) the rotation is one
+    Triton launch, the same arithmetic (:func:`posenc.kernels.rotary_triton.rotate_with_tables`;
+    ``posenc.kernels.TRITON_ENABLED = False`` or ``POSENC_TRITON=0`` turns it off).
 
     Under ``torch.compile`` (``torch.compiler.is_compiling()``) the plain formula runs
     instead, in the same dtype, and traces with ``fullgraph=True``; with ``dynamic=True`` a
@@ -481,12 +493,20 @@ class RoPE(PositionalEncoding):
         (B, T) integers), each returned in its own dtype; the rotation runs in float32 (float64
         for float64 inputs). Traces under ``torch.compile(fullgraph=True)`` (see :meth:`cos_sin`).
 
+        On CUDA with Triton (outside ``torch.compile``), q and k are rotated in one fused launch
+        from the positions and the float64 frequencies (:meth:`kernel_angles`;
+        :func:`posenc.kernels.rotary_triton.fused_rope`): the same cos and sin, no tables.
+
         Raises:
             ValueError: q or k whose last dimension is not head_dim.
         """
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(f"q and k must have head_dim={self.head_dim}, got {q.shape[-1]} and {k.shape[-1]}")
         seq_len = self._seq_len(q_positions, k_positions)
+        if _kernels.use_triton(q, k):
+            fused = self._rotate_fused(q, k, q_positions, k_positions, seq_len)
+            if fused is not None:
+                return fused
         q_dtype, k_dtype = torch.promote_types(q.dtype, torch.float32), torch.promote_types(k.dtype, torch.float32)
         cos_q, sin_q = self.cos_sin(q_positions, q_dtype, seq_len)
         if k_positions is q_positions and k_dtype == q_dtype:  # self-attention: one computation
@@ -494,6 +514,34 @@ class RoPE(PositionalEncoding):
         else:
             cos_k, sin_k = self.cos_sin(k_positions, k_dtype, seq_len)
         return self._apply_tables(q, cos_q, sin_q), self._apply_tables(k, cos_k, sin_k)
+
+    def kernel_angles(self, positions: Tensor, seq_len: int | Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None] | None:
+        """The angles of :meth:`cos_sin` as the fused kernel's inputs, or None if it cannot compute them.
+
+        Returns ``(positions, inv_freq, pair_axis)`` with angle[..., i] =
+        positions[pair_axis[i]] * inv_freq[..., i] (``pair_axis`` None: one row of positions):
+        ``inv_freq`` float64, (r/2,) or one row per position ((T, r/2), (B, T, r/2): the
+        "frozen" mode of the length-dependent scalings); the kernel multiplies cos and sin by
+        :attr:`attention_factor`. A subclass whose angles differ (M-RoPE's per-axis positions)
+        overrides this together with :meth:`cos_sin`; one that overrides only :meth:`cos_sin`
+        gets None here, so it keeps the table path rather than silently losing its change.
+        """
+        if type(self).cos_sin is not RoPE.cos_sin:
+            return None
+        return positions, self._frequencies(positions, seq_len), None
+
+    def _rotate_fused(self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor, seq_len) -> tuple[Tensor, Tensor] | None:
+        """q and k rotated by the Triton kernel in one launch, or None when it does not apply."""
+        if q.dim() != 4 or k.dim() != 4:
+            return None
+        q_in, k_in = self.kernel_angles(q_positions, seq_len), self.kernel_angles(k_positions, seq_len)
+        if q_in is None or k_in is None:
+            return None
+        (q_pos, q_freq, pair_axis), (k_pos, k_freq, _) = q_in, k_in
+        return _kernels.rotary_kernels().fused_rope(
+            q, k, q_pos, k_pos, q_freq, k_inv_freq=k_freq, pair_axis=pair_axis, interleaved=self.interleaved,
+            attention_factor=self.attention_factor,
+        )
 
     def _seq_len(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
         """The call's length for the length-dependent scalings in "rerotate" mode, as a 0-d
@@ -554,6 +602,40 @@ def to_hf_dict(rope: RoPE) -> dict[str, Any]:
     if not isinstance(rope, RoPE):
         raise TypeError(f"rope must be a posenc RoPE, got {type(rope).__name__}")
     return rope.to_hf_dict()
+
+
+class ProportionalRoPE(RoPE):
+    """Proportional RoPE, p-RoPE (Barbero et al. 2024, "Round and Round We Go! What makes
+    Rotary Positional Encodings useful?", arXiv 2410.06205, section 6; Gemma 4's global layers):
+    the rope_type ``proportional`` as an encoding of its own, for training from scratch.
+
+    The frequencies of the whole head, theta_i = base^(-2i/d) for i < d/2, of which only the
+    first ``int(partial_rotary_factor * d // 2)`` (the fastest) are kept; the others are 0, so
+    those pairs pass through unrotated and carry content only (the paper's "semantic
+    channels"). Equal to ``RoPE(head_dim, base=base, scaling={"rope_type": "proportional",
+    "partial_rotary_factor": p})``; GPT-NeoX partial rotary (``RoPE(partial_rotary_factor=p)``)
+    computes its frequencies over the rotated width instead (docs/encodings.md, "proportional vs
+    NeoX").
+
+    Args:
+        head_dim: D, even.
+        partial_rotary_factor: p in [0, 1], the share of frequency pairs kept; default 0.25,
+            Gemma 4's (its config: ``{"rope_type": "proportional", "partial_rotary_factor": 0.25}``).
+        base: rope_theta, default 10000.
+        interleaved: the pair layout, as :class:`RoPE`.
+
+    Hook: ``rotate``. Raises ValueError: an odd head_dim, p outside [0, 1], base not > 0.
+    """
+
+    name = "p_rope"
+
+    def __init__(self, head_dim: int, *, partial_rotary_factor: float = 0.25, base: float = 10000.0,
+                 interleaved: bool = False) -> None:
+        if not is_real_number(partial_rotary_factor) or not 0 <= partial_rotary_factor <= 1:
+            raise ValueError(f"partial_rotary_factor must be a number in [0, 1], got {partial_rotary_factor!r}")
+        super().__init__(head_dim, base=base, interleaved=interleaved,
+                         scaling={"rope_type": "proportional", "partial_rotary_factor": partial_rotary_factor})
+        self.partial_rotary_factor = partial_rotary_factor
 
 
 def xpos_zeta(rotary_dim: int, gamma: float = 0.4) -> Tensor:

@@ -43,11 +43,16 @@ ROW_PROVIDERS: tuple[RowProvider, ...] = (RopeExtension(),)
 
 def fingerprint(config: ExtrapolationConfig, corpus: Corpus, encoding: str, seed: int) -> dict:
     """What a run's result depends on; a stored run is reused only if this matches exactly.
-    ``encoding`` is a trained row (:attr:`ExtrapolationConfig.rows`)."""
-    _, train = config.row_run(encoding, seed)
+    ``encoding`` is a trained row (:attr:`ExtrapolationConfig.rows`). The options an encoding
+    takes from L (:meth:`ExtrapolationConfig.encoding_options`) are in it as
+    ``encoding_options`` when there are any, and the sliding-window stride as ``eval_stride``
+    when set, so the other rows' fingerprints are unchanged."""
+    name, train = config.row_run(encoding, seed)
+    options = config.encoding_options(name)
     fields = {
         "posenc_version": __version__,
         "encoding": encoding,
+        **({"encoding_options": options} if options else {}),
         "seed": seed,
         "model": config.model_config().to_dict(),
         "train": train.to_dict(),
@@ -67,7 +72,7 @@ def train_and_evaluate(
     ``encoding`` is a trained row: an encoding, or ``<encoding>+rand`` (randomized positions)."""
     torch.manual_seed(seed)
     name, train = config.row_run(encoding, seed)
-    model = TransformerLM(config.model_config(), name).to(config.device)
+    model = TransformerLM(config.model_config(), config.encoding(name)).to(config.device)
     training = train_run(model, corpus.train, train, store, encoding, seed, expected, reporter)
     lengths = [n for n in config.eval_lengths if _applicable(model, n)]
     precision = dict(autocast=train.autocast, compile=train.compile)
@@ -105,7 +110,7 @@ def load_trained_base(config: ExtrapolationConfig, corpus: Corpus, store: RunSto
     """
     return load_trained(
         store, encoding, seed, fingerprint(config, corpus, encoding, seed), config.model_config(),
-        config.train_config(seed), encoding, device=config.device, needed_for=needed_for,
+        config.train_config(seed), config.encoding(encoding), device=config.device, needed_for=needed_for,
     )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from .._validation import check_device, check_positive_int
 from ..encodings import REGISTRY, create_for_model, encoding_class
+from ..encodings.base import PositionalEncoding
 from ..model import LMConfig
 from ..rope import EXTENSION_METHODS
 from ..train import TrainConfig
@@ -45,7 +46,9 @@ class ExtrapolationConfig:
     """Everything that determines the results of ``posenc extrapolate``.
 
     Args:
-        encodings: registered encoding names, one row each.
+        encodings: registered encoding names, one row each. A name may carry the suffix
+            ``+rand`` (``"rope+rand"``): that encoding trained with randomized positions
+            (see ``randomized_positions``); the plain name need not be in the list.
         model: the LM's sizes. Its ``max_positions`` is not read: it is set to
             ``learned_positions`` (default: the longest evaluation length, so the learned
             table's rows past L exist but are never trained); lengths past the table are
@@ -63,11 +66,13 @@ class ExtrapolationConfig:
             (:mod:`posenc.experiments.rope_extension`). ``finetune_lr`` None means
             ``train.lr / 10``; the fine-tune's batch is ``train.batch_size // finetune_factor``
             windows (the same tokens per step).
-        randomized_positions: None, or N: every encoding gets a second row ``<name>+rand``,
-            the same model trained with randomized positional encodings (Ruoss et al. 2023:
-            each window's positions a sorted random sample from [0, N), see
-            :class:`posenc.train.TrainConfig`) and evaluated at ordinary positions. N >= L;
-            with a learned table in the sweep, N <= its size.
+        randomized_positions: None, or N: the ``+rand`` rows are trained with randomized
+            positional encodings (Ruoss et al. 2023: each window's positions a sorted random
+            sample from [0, N), see :class:`posenc.train.TrainConfig`) and evaluated at
+            ordinary positions. N >= L; with a learned table in the sweep, N <= its size. When
+            ``encodings`` names no ``+rand`` row, N gives every encoding a second row
+            ``<name>+rand`` (CLI ``--randomized-positions N``); when it names some, those are
+            the randomized rows, and None means N = the longest evaluation length.
         eval_stride: None (default), or S in [1, L]: every length is also evaluated with
             sliding windows of stride S (:func:`posenc.evaluate.evaluate_length`), reported as
             ``eval_sliding`` beside the non-overlapping ``eval``.
@@ -122,7 +127,7 @@ class ExtrapolationConfig:
         if not self.encodings:
             raise ValueError("encodings: give at least one encoding")
         for name in self.encodings:
-            encoding_class(name)  # unknown names raise, listing the available ones
+            encoding_class(_base_name(name))  # unknown names raise, listing the available ones
         if len(set(self.encodings)) != len(self.encodings):
             raise ValueError(f"encodings: each name once, got {list(self.encodings)}")
         if not isinstance(self.model, LMConfig):
@@ -157,13 +162,17 @@ class ExtrapolationConfig:
 
     def _check_randomized_positions(self) -> None:
         if self.randomized_positions is None:
-            return
+            if not self._named_randomized_rows():
+                return
+            # Ruoss et al. sample positions up to (at least) the longest length they test at
+            object.__setattr__(self, "randomized_positions", max(self.eval_lengths))
         option = "randomized_positions (--randomized-positions)"
         check_positive_int(self.randomized_positions, option)
         if self.randomized_positions < self.train_len:
             raise ValueError(f"{option}={self.randomized_positions} must be >= train_len={self.train_len}")
         table = self.model.max_positions
-        if self.randomized_positions > table and any(_holds_a_table(name, self.model) for name in self.encodings):
+        if self.randomized_positions > table and any(_holds_a_table(_base_name(name), self.model) for name in self.rows
+                                                     if name.endswith(RANDOMIZED_SUFFIX)):
             raise ValueError(
                 f"{option}={self.randomized_positions} is past the learned table's {table} positions "
                 "(learned_positions, default the longest eval length): raise learned_positions or lower N"
@@ -203,16 +212,34 @@ class ExtrapolationConfig:
         """The LM every run builds (``model``, with ``max_positions`` set as documented)."""
         return self.model
 
+    def encoding_options(self, name: str) -> dict:
+        """The options the encoding ``name`` is built with in this experiment: those it scales
+        with the training length L (:meth:`~posenc.PositionalEncoding.options_for_train_len`:
+        iRoPE's attention_chunk_size and floor_scale = L // 4), else none. The model's
+        ``max_positions`` is the table size (the longest evaluation length), not L."""
+        return encoding_class(name).options_for_train_len(self.train_len)
+
+    def encoding(self, name: str) -> PositionalEncoding | str:
+        """What the LM of ``name`` is built from: the name itself, or, when the encoding takes
+        options from L (:meth:`encoding_options`), the encoding built with them for the model."""
+        options = self.encoding_options(name)
+        return create_for_model(name, **self.model.encoding_sizes(), **options) if options else name
+
     def train_config(self, seed: int) -> TrainConfig:
         """The training of the run with ``seed``."""
         return dataclasses.replace(self.train, seed=seed)
 
+    def _named_randomized_rows(self) -> bool:
+        return any(name.endswith(RANDOMIZED_SUFFIX) for name in self.encodings)
+
     @property
     def rows(self) -> list[str]:
-        """The trained rows, in table order: every encoding, then its ``+rand`` row when
-        ``randomized_positions`` is set."""
-        randomized = [name + RANDOMIZED_SUFFIX for name in self.encodings] if self.randomized_positions else []
-        return [*self.encodings, *randomized]
+        """The trained rows, in table order: ``encodings`` as given, then, when
+        ``randomized_positions`` is set and ``encodings`` names no ``+rand`` row, every
+        encoding's ``+rand`` row."""
+        if not self.randomized_positions or self._named_randomized_rows():
+            return list(self.encodings)
+        return [*self.encodings, *(name + RANDOMIZED_SUFFIX for name in self.encodings)]
 
     def row_run(self, row: str, seed: int) -> tuple[str, TrainConfig]:
         """(encoding, training) of a trained row: ``<name>+rand`` is ``name`` trained with
@@ -237,6 +264,11 @@ class ExtrapolationConfig:
         return d
 
 
+def _base_name(row: str) -> str:
+    """The registered encoding of a row name (``rope+rand`` -> ``rope``)."""
+    return row[: -len(RANDOMIZED_SUFFIX)] if row.endswith(RANDOMIZED_SUFFIX) else row
+
+
 def _holds_a_table(name: str, model: LMConfig) -> bool:
     """Whether the encoding, built for ``model``, represents a bounded number of positions."""
     return create_for_model(name, **model.encoding_sizes()).max_positions is not None
@@ -244,10 +276,11 @@ def _holds_a_table(name: str, model: LMConfig) -> bool:
 
 #: Named sizes, as options of :meth:`ExtrapolationConfig.from_options`. "default"
 #: reproduces the prototype's setting (< 15 min on 2 cores); "quick" is a smoke run
-#: (< 3 min); "full" is the default size over every encoding (None: every registered one);
-#: "gpu" is the papers' setting on one GPU (L = 512, 25.5M parameters, evaluation to 16L,
-#: non-overlapping and sliding windows of stride L; about 10 minutes per encoding on one H100,
-#: see :func:`train_flops` and docs/results.md), run with ``--device cuda``.
+#: (< 3 min); "full" is the default size over every encoding of 1-D text (None:
+#: :func:`text_encodings`) and the randomized rows of :data:`FULL_RANDOMIZED`; "gpu" is the
+#: papers' setting on one GPU (L = 512, 25.5M parameters, evaluation to 16L, non-overlapping
+#: and sliding windows of stride L; about 10 minutes per encoding on one H100, see
+#: :func:`train_flops` and docs/results.md), run with ``--device cuda``.
 PRESETS: dict[str, dict] = {
     "quick": dict(steps=300, num_layers=2, eval_factors=(1, 2, 4, 8), eval_tokens=16384),
     "default": {},
@@ -255,6 +288,18 @@ PRESETS: dict[str, dict] = {
     "gpu": dict(train_len=512, d_model=512, num_layers=8, num_heads=8, batch_size=64, steps=12000, lr=1e-3,
                 eval_factors=(1, 2, 4, 8, 16), eval_tokens=1 << 20, eval_stride=512),
 }
+
+#: The encodings that ``--preset full`` also trains with randomized positions (one row each,
+#: N = the longest evaluation length): RoPE, the encoding Ruoss et al. (2023) helped most.
+FULL_RANDOMIZED = ("rope",)
+
+
+def text_encodings() -> list[str]:
+    """The registered encodings whose positions are token indices (``position_axes`` 1): every
+    one but the multi-axis RoPEs (mrope, axial_rope), which on text, every axis equal, are
+    RoPE with another frequency order (M-RoPE exactly RoPE) and add no row of their own."""
+    sizes = LMConfig().encoding_sizes()
+    return [name for name in REGISTRY if create_for_model(name, **sizes).position_axes == 1]
 
 
 def train_flops(config: ExtrapolationConfig, parameters: int) -> float:
@@ -279,6 +324,6 @@ def preset_config(preset: str = "default", **overrides) -> ExtrapolationConfig:
         raise ValueError(f"preset must be one of {list(PRESETS)}, got {preset!r}")
     values = dict(PRESETS[preset])
     if "encodings" in values and values["encodings"] is None:
-        values["encodings"] = tuple(REGISTRY)
+        values["encodings"] = (*text_encodings(), *(name + RANDOMIZED_SUFFIX for name in FULL_RANDOMIZED))
     values.update({k: v for k, v in overrides.items() if v is not None})
     return ExtrapolationConfig.from_options(**values)

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from ..checkpoint import CheckpointMismatch, load_checkpoint
 from ..evaluate import LengthResult, evaluate_length
+from ..encodings.base import PositionalEncoding
 from ..model import LMConfig, TransformerLM
 from ..train import TrainConfig, train_lm
 from .runs import Reporter, RunStore, checkpoint_every
@@ -75,12 +76,13 @@ def train_run(
 
 def load_trained(
     store: RunStore, row: str, seed: int, fingerprint: dict, model_config: LMConfig, train_config: TrainConfig,
-    encoding: str, *, device: str = "cpu", needed_for: str = "this run",
+    encoding: str | PositionalEncoding, *, device: str = "cpu", needed_for: str = "this run",
 ) -> TransformerLM:
     """The model that (row, seed) trained, from its final checkpoint in ``store``, in eval mode on ``device``.
 
-    ``fingerprint`` is the one the run trained with (:func:`train_run`'s); ``needed_for`` names
-    what asks for the weights, for the error message.
+    ``fingerprint`` is the one the run trained with (:func:`train_run`'s); ``encoding`` what
+    the model was built from (a name, or an encoding built with the run's options);
+    ``needed_for`` names what asks for the weights, for the error message.
 
     Raises:
         CheckpointMismatch: the checkpoint is missing, unfinished (fewer than

@@ -138,8 +138,8 @@ def use_encoding(model: nn.Module, encoding: PositionalEncoding | str, **kwargs:
         return model
     base.rotary_emb = IdentityRotaryEmbedding(_rotary_dim(original_rotary, head_dim))
     base.posenc_encoding = encoding
-    for layer in base.layers:
-        layer.self_attn.__dict__[_ENCODING_ATTR] = encoding
+    for index, layer in enumerate(base.layers):  # a layer schedule (iRoPE) differs per layer
+        layer.self_attn.__dict__[_ENCODING_ATTR] = encoding.for_layer(index)
     if "embed" in encoding.hooks:
         handle = base.layers[0].register_forward_pre_hook(_embed_hook(encoding), with_kwargs=True)
         base.__dict__["_posenc_embed_hook"] = handle
