@@ -209,3 +209,16 @@ def test_compiled_flex_is_exact_and_compiles_once_per_shape_family():
             graphs.append(_graphs())
     first, square, cache = graphs[0], graphs[:3], graphs[3:]
     assert square == [first] * 3 and cache == [cache[0]] * 2 and cache[0] <= 2 * first, f"graphs after each call: {graphs}"
+
+
+def test_an_encodings_mask_hook_and_a_mask_mod_meet_on_flex():
+    """iRoPE's chunked layer states its chunk mask (the mask hook); a document mask_mod from the
+    user joins it as one mask_mod on flex: equal to eager, where both are tensors."""
+    enc = posenc.create("irope", head_dim=D, attention_chunk_size=3, floor_scale=4).for_layer(0)
+    mod, expected_mask, positions = combined_mask()
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, H, 10, D, generator=g) for _ in range(3))
+    out = posenc.attention(q, k, v, enc, q_positions=positions, k_positions=positions, mask=mod, backend="flex")
+    expected = posenc.attention(q, k, v, enc, q_positions=positions, k_positions=positions, mask=expected_mask,
+                                backend="eager")
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

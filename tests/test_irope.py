@@ -168,8 +168,6 @@ def test_options_for_train_len_scale_chunk_and_temperature_step():
 @pytest.mark.parametrize("backend", ["sdpa", "blocked", "flex"])
 @pytest.mark.parametrize("with_mask", [False, True])
 def test_backends_agree_with_eager(layer, backend, with_mask):
-    if backend == "flex" and with_mask:
-        pytest.skip("flex takes no user mask")
     enc = posenc.create("irope", head_dim=8, **SMALL).for_layer(layer)
     positions = torch.stack((torch.arange(13), torch.tensor([0] * 3 + list(range(10)))))
     mask = key_padding_mask(torch.arange(13).expand(2, -1) >= torch.tensor([[0], [3]])) if with_mask else None
