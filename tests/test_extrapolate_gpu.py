@@ -202,3 +202,17 @@ def test_extrapolate_on_a_saved_dataset(tmp_path, saved_dataset, capsys):
     assert main(["extrapolate", "--encodings", "nope", *TINY, "--corpus", str(root / "wikitext-like"), "--out", str(out)]) == 0
     assert "wikitext-like: 300 rows" in capsys.readouterr().out
     assert json.loads((out / "results.json").read_text())["corpus"]["name"] == "wikitext-like"
+
+
+@pytest.mark.slow
+def test_compiled_training_and_evaluation_on_the_cpu(tmp_path, corpus_file):
+    """--compile (torch.compile of the LM for training, dynamic=True for evaluation): the code path
+    the GPU preset takes, end to end on the CPU, close to the uncompiled run."""
+    losses = {}
+    for flag in ("--no-compile", "--compile"):
+        out = tmp_path / flag
+        assert main(["extrapolate", "--encodings", "alibi", *TINY, "--corpus", str(corpus_file), "--out", str(out), flag]) == 0
+        record = json.loads((out / "runs" / "alibi-seed0.json").read_text())
+        assert record["fingerprint"]["train"].get("compile", False) == (flag == "--compile")
+        losses[flag] = [cell["loss"] for cell in record["eval"].values()]
+    assert losses["--compile"] == pytest.approx(losses["--no-compile"], rel=1e-3)
