@@ -23,6 +23,8 @@ def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dro
     """No content terms (no hook for them in a score_mod that sees one score), no user mask, no dropout."""
     if encoding is not None and "content" in encoding.hooks:
         return "backend='flex' has no content terms; use backend='eager' or 'auto'"
+    if encoding is not None and "gate" in encoding.hooks:
+        return "backend='flex' has no gate bias; use backend='blocked', 'sdpa', 'eager' or 'auto'"
     if mask is not None:
         return "backend='flex' does not take mask=; use backend='blocked', 'sdpa', 'eager' or 'auto'"
     if dropout_p:
@@ -31,7 +33,8 @@ def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dro
 
 
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
-        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0) -> Tensor:
+        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0,
+        gate_state: object = None) -> Tensor:
     global _compiled_flex_attention
     score_mod = None
     if encoding is not None and "score_bias" in encoding.hooks:
