@@ -29,7 +29,7 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     if mask is None and causal:
         mask = causal_mask(num_queries, num_keys, q.device)
     bias = dense_bias(encoding, q_positions, k_positions, num_heads=heads, batch=batch)
-    gate_bias = dense_gate_bias(encoding, gate_state, num_queries, num_keys, causal=causal)
+    gate_bias = dense_gate_bias(encoding, gate_state, num_queries, num_keys, causal=causal, device=q.device)
     if gate_bias is not None:
         bias = gate_bias if bias is None else bias + gate_bias
     content = encoding is not None and "content" in encoding.hooks

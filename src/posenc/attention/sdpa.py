@@ -37,7 +37,7 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         if scores is not None:
             extra = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale  # float64 stays float64
     bias = dense_bias(encoding, q_positions, k_positions, num_heads=q.shape[1], batch=q.shape[0])
-    gate_bias = dense_gate_bias(encoding, gate_state, num_queries, num_keys, causal=causal)
+    gate_bias = dense_gate_bias(encoding, gate_state, num_queries, num_keys, causal=causal, device=q.device)
     if gate_bias is not None:
         bias = gate_bias if bias is None else bias + gate_bias
     if bias is not None:

@@ -190,31 +190,23 @@ def dense_bias(encoding: PositionalEncoding | None, q_positions: Tensor, k_posit
 
 
 def gate_tile(encoding: PositionalEncoding, gate_state: object, start: int, stop: int, num_queries: int,
-              num_keys: int, *, causal: bool, key_end: int | None = None) -> Tensor:
+              num_keys: int, *, causal: bool, device: torch.device, key_end: int | None = None) -> Tensor:
     """The gate bias of query rows start:stop against keys 0 .. key_end - 1 (default: all):
     (B, H, rows, key_end). Query row r is the token of key r + Tk - Tq (the queries are the
     last keys)."""
-    device = _state_device(gate_state)
     offset = num_keys - num_queries
     q_index = torch.arange(start + offset, stop + offset, device=device)
     k_index = torch.arange(num_keys if key_end is None else key_end, device=device)
     return encoding.gate_bias(gate_state, q_index, k_index, causal=causal)
 
 
-def _state_device(state: object) -> torch.device:
-    """The device of the first tensor in a gate state (a tensor or a tuple of them)."""
-    if isinstance(state, Tensor):
-        return state.device
-    return next(_state_device(part) for part in state if part is not None)
-
-
 def dense_gate_bias(encoding: PositionalEncoding | None, gate_state: object, num_queries: int, num_keys: int, *,
-                    causal: bool) -> Tensor | None:
+                    causal: bool, device: torch.device) -> Tensor | None:
     """The whole gate bias (B, H, Tq, Tk) for the backends that take it materialized (eager,
     sdpa), or None without a gate state."""
     if gate_state is None:
         return None
-    return gate_tile(encoding, gate_state, 0, num_queries, num_queries, num_keys, causal=causal)
+    return gate_tile(encoding, gate_state, 0, num_queries, num_queries, num_keys, causal=causal, device=device)
 
 
 class Block(NamedTuple):
@@ -275,7 +267,8 @@ def query_blocks(encoding: PositionalEncoding | None, q_positions: Tensor, k_pos
             tile, owned = bias_tile(encoding, q_pos.flip(-1) if descending else q_pos, k_positions[..., :key_end],
                                     num_heads, causal=fold, buffer=buffer)
         if has_gate:
-            gates = gate_tile(gated, gate_state, start, stop, num_queries, num_keys, causal=causal, key_end=key_end)
+            gates = gate_tile(gated, gate_state, start, stop, num_queries, num_keys, causal=causal,
+                              device=q_positions.device, key_end=key_end)
             tile, owned = (gates if tile is None else tile + gates), True
         block_mask = _block_mask(tile, owned, start, stop, key_end, causal=causal and not fold, user_mask=mask,
                                  dtype=dtype, device=q_positions.device)
