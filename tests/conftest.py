@@ -23,3 +23,13 @@ def make_encoding(name: str, *, d_model: int = 32, num_heads: int = 4, max_posit
         for p in enc.parameters():
             p.normal_(0, 0.5)
     return enc.double()
+
+
+def attention_extras(enc, batch: int, heads: int, num_keys: int, *, dtype=torch.float64, generator=None) -> dict:
+    """The keyword arguments ``posenc.attention`` needs beyond q, k and v for ``enc``: for an
+    encoding with the ``gate`` hook (FoX), ``gates=`` of every key, here random log forget
+    gates in (-inf, 0) (mostly near log sigmoid(2) ~ -0.13, so that several keys matter)."""
+    if enc is None or "gate" not in enc.hooks:
+        return {}
+    logits = torch.randn(batch, heads, num_keys, dtype=dtype, generator=generator) + 2.0
+    return {"gates": torch.nn.functional.logsigmoid(logits)}

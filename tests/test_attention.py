@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import posenc
-from conftest import make_encoding
+from conftest import attention_extras, make_encoding
 
 NAMES = posenc.available()
 
@@ -49,7 +49,8 @@ def test_eager_and_sdpa_agree_for_every_encoding(name, causal):
         pytest.skip("an embed-only encoding acts at the model input, not in attention")
     q, k, v = (torch.randn(2, 4, 12, 8) for _ in range(3))
     backends = ["eager", "auto"] + (["sdpa"] if "content" not in enc.hooks or not getattr(enc, "content_on_values", True) else [])
-    outs = [posenc.attention(q, k, v, enc, causal=causal, backend=b) for b in backends]
+    extras = attention_extras(enc, 2, 4, 12, dtype=torch.float32)
+    outs = [posenc.attention(q, k, v, enc, causal=causal, backend=b, **extras) for b in backends]
     for out in outs[1:]:
         torch.testing.assert_close(out, outs[0], rtol=1e-5, atol=1e-5)
 
@@ -60,10 +61,12 @@ def test_kv_cache_step_equals_the_full_pass(name):
     of the full causal pass."""
     enc = make_encoding(name)
     q, k, v = (torch.randn(1, 4, 9, 8, dtype=torch.float64) for _ in range(3))
-    full = posenc.attention(q, k, v, enc, backend="eager")
-    step = posenc.attention(q[:, :, -1:], k, v, enc, backend="eager")
+    extras = attention_extras(enc, 1, 4, 9)
+    full = posenc.attention(q, k, v, enc, backend="eager", **extras)
+    step = posenc.attention(q[:, :, -1:], k, v, enc, backend="eager", **extras)
     torch.testing.assert_close(step[:, :, 0], full[:, :, -1])
-    explicit = posenc.attention(q[:, :, -1:], k, v, enc, q_positions=torch.tensor([8]), k_positions=torch.arange(9), backend="eager")
+    explicit = posenc.attention(q[:, :, -1:], k, v, enc, q_positions=torch.tensor([8]), k_positions=torch.arange(9), backend="eager",
+                                **extras)
     torch.testing.assert_close(explicit, step)
 
 
@@ -87,7 +90,8 @@ def test_every_encoding_breaks_permutation_equivariance(name):
         if "embed" in enc.hooks:
             h = enc.embed(h, pos)
         q = k = v = h.view(1, 7, 4, 8).transpose(1, 2)
-        return posenc.attention(q, k, v, enc, causal=False, backend="eager")
+        gates = {"gates": enc.gate(h)} if "gate" in enc.hooks else {}  # from the (permuted) hidden states
+        return posenc.attention(q, k, v, enc, causal=False, backend="eager", **gates)
 
     assert not torch.allclose(layer(x[:, perm]), layer(x)[:, :, perm], atol=1e-6)
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import posenc
-from conftest import make_encoding
+from conftest import attention_extras, make_encoding
 from posenc.model import LMConfig, TransformerLM
 
 torch._dynamo.config.cache_size_limit = 64
@@ -45,12 +45,13 @@ def test_attention_traces_in_one_graph(name, backend):
     if _BACKENDS[backend].unsupported(enc, mask=None) is not None:
         pytest.skip(f"{backend} does not serve {name}")
     q, k, v = (torch.randn(2, 4, 12, 8) for _ in range(3))
-    compiled = torch.compile(lambda q, k, v: posenc.attention(q, k, v, enc, backend=backend),
+    extras = attention_extras(enc, 2, 4, 12, dtype=torch.float32)
+    compiled = torch.compile(lambda q, k, v: posenc.attention(q, k, v, enc, backend=backend, **extras),
                              backend="eager", fullgraph=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         got = compiled(q, k, v)
-    torch.testing.assert_close(got, posenc.attention(q, k, v, enc, backend=backend), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, posenc.attention(q, k, v, enc, backend=backend, **extras), rtol=1e-5, atol=1e-5)
     assert _graph_breaks() == 0
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import posenc
-from conftest import make_encoding
+from conftest import attention_extras, make_encoding
 
 NAMES = posenc.available()
 ATTENTION_NAMES = [n for n in NAMES if "embed" not in posenc.encodings.encoding_class(n).hooks]
@@ -28,7 +28,7 @@ def test_empty_batch_or_sequence_gives_an_empty_output(name, backend, shape):
     if not _serves(enc, backend):
         pytest.skip(f"{backend} does not serve {name}")
     q, k, v = (torch.randn(*shape, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    out = posenc.attention(q, k, v, enc, backend=backend)
+    out = posenc.attention(q, k, v, enc, backend=backend, **attention_extras(enc, shape[0], H, shape[2]))
     assert out.shape == shape and out.dtype == q.dtype
     out.sum().backward()  # still in the graph
     assert q.grad.shape == shape
@@ -59,9 +59,10 @@ def test_nan_rule(name, backend):
         pytest.skip(f"{backend} does not serve {name}")
     B, T = 2, 7
     q, k, v = (torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(3))
+    extras = attention_extras(enc, B, H, T)
 
     def run(q, k, v, **kw):
-        return posenc.attention(q, k, v, enc, backend=backend, **kw)
+        return posenc.attention(q, k, v, enc, backend=backend, **kw, **extras)
 
     clean = run(q, k, v)
     # a NaN query: its own row only
@@ -117,7 +118,7 @@ class _Attend(torch.nn.Module):
         return posenc.attention(q, k, v, self.enc)
 
 
-LEARNED = ["t5", "kerple", "fire", "shaw", "transformer_xl"]
+LEARNED = ["t5", "kerple", "fire", "shaw", "transformer_xl", "cope"]
 
 
 @pytest.mark.parametrize("name", LEARNED)
@@ -197,12 +198,13 @@ def test_double_backward(name, backend):
     if not _serves(enc, backend):
         pytest.skip(f"{backend} does not serve {name}")
     q, k, v = (torch.randn(2, H, 6, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    extras = attention_extras(enc, 2, H, 6)
     with sdpa_kernel(SDPBackend.MATH):
-        out = posenc.attention(q, k, v, enc, backend=backend)
+        out = posenc.attention(q, k, v, enc, backend=backend, **extras)
         grads = torch.autograd.grad(out.pow(2).sum(), (q, k, v), create_graph=True)
         penalty = sum(g.pow(2).sum() for g in grads)
         penalty.backward()
         assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in (q, k, v))
         # the second derivative is the float64 one: a finite difference of the first agrees
         assert torch.autograd.gradgradcheck(
-            lambda q: posenc.attention(q, k.detach(), v.detach(), enc, backend=backend), (q.detach().requires_grad_(),))
+            lambda q: posenc.attention(q, k.detach(), v.detach(), enc, backend=backend, **extras), (q.detach().requires_grad_(),))

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import posenc
+from conftest import attention_extras
 from posenc.attention import tiling
 
 H, D = 8, 8
@@ -45,8 +46,9 @@ def inputs(kv_heads, tq=9, tk=9, batch=2):
 
 
 def supported(name, backend):
-    content = "content" in posenc.REGISTRY[name].hooks
-    return not (content and backend != "eager" and not (backend == "sdpa" and not posenc.REGISTRY[name].content_on_values))
+    from posenc.attention import _BACKENDS
+
+    return _BACKENDS[backend].unsupported(make(name), mask=None) is None
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
@@ -54,16 +56,18 @@ def supported(name, backend):
 @pytest.mark.parametrize("name", ATTENDING)
 def test_grouped_query_equals_repeated_keys_and_values(name, backend, kv_heads):
     if not supported(name, backend):
-        pytest.skip(f"{backend} has no content terms for {name}")
+        pytest.skip(f"{backend} does not serve {name}")
     enc = make(name)
     tq, tk = (5, 12) if backend != "flex" else (9, 9)
     q, k, v = inputs(kv_heads, tq, tk)
     if backend == "flex":  # torch's FlexAttention has no backward on the CPU
         q, k, v = q.detach(), k.detach(), v.detach()
     groups = H // kv_heads
-    out = posenc.attention(q, k, v, enc, backend=backend)
+    extras = attention_extras(enc, 2, H, tk)
+    out = posenc.attention(q, k, v, enc, backend=backend, **extras)
     # the same backend with k and v repeated: only the grouping differs (backends against eager: test_attention_backends)
-    reference = posenc.attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), enc, backend=backend)
+    reference = posenc.attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), enc, backend=backend,
+                                 **extras)
     assert out.shape == (2, H, tq, D)
     torch.testing.assert_close(out, reference, rtol=1e-9, atol=1e-9)
     if backend == "flex":

@@ -118,7 +118,7 @@ def test_left_padded_rows_equal_their_unpadded_logits(route):
     assert torch.equal(out[1, 12:], out_alone[0, 12 - pad:])
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "fire", "sinusoidal", "xpos", "shaw"])
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "fire", "sinusoidal", "xpos", "shaw", "cope"])
 def test_bias_and_other_encodings_train_and_generate_with_the_cache(name):
     model = use_encoding(build(), name)
     model.train()
@@ -180,6 +180,8 @@ def test_bad_models_and_encodings_are_refused():
         use_encoding(build(), posenc.create("rope", head_dim=16))
     with pytest.raises(ValueError, match="already scaled"):
         extend_context(build(rope_parameters=ROPE_PARAMETERS["linear"]), "yarn", 2.0)
+    with pytest.raises(ValueError, match="FoX has the gate hook"):
+        use_encoding(build(), "fox")
 
 
 @pytest.mark.parametrize("name", ["alibi", "t5"])

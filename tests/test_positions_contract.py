@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import posenc
+from conftest import attention_extras
 from posenc.model import (
     KVCache,
     LMConfig,
@@ -272,7 +273,7 @@ def test_fully_masked_queries_give_zeros_and_finite_gradients(name):
     q, k, v = (torch.randn(1, 4, 6, 8, requires_grad=True) for _ in range(3))
     mask = torch.ones(1, 6, 6, dtype=torch.bool)
     mask[:, :2] = False
-    out = posenc.attention(q, k, v, enc, mask=mask)
+    out = posenc.attention(q, k, v, enc, mask=mask, **attention_extras(enc, 1, 4, 6, dtype=torch.float32))
     assert out[:, :, :2].abs().max() == 0 and torch.isfinite(out).all()
     out.sum().backward()
     assert all(torch.isfinite(x.grad).all() for x in (q, k, v))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import posenc
-from conftest import make_encoding
+from conftest import attention_extras, make_encoding
 from rope_reference import xpos_reference_score
 from t5_reference import t5_bucket_reference
 
@@ -197,13 +197,16 @@ def test_every_attention_encoding_near_a_million_is_finite_and_close_to_float64(
     q, k, v = (torch.randn(2, 4, t, 8, generator=g).to(dtype) for t in (8, 64, 64))
     kp = torch.cat([torch.tensor([0, 1, 2, 500_000]), torch.arange(P - 59, P + 1)])
     qp = kp[-8:]
-    ref = posenc.attention(q.double(), k.double(), v.double(), ref_enc, q_positions=qp, k_positions=kp, backend="eager")
+    extras = attention_extras(ref_enc, 2, 4, 64, generator=g)  # float64 gates; the model's are float32
+    ref = posenc.attention(q.double(), k.double(), v.double(), ref_enc, q_positions=qp, k_positions=kp, backend="eager",
+                           **extras)
+    extras = {name: value.float() for name, value in extras.items()}
     # 8 roundings of the activation dtype on outputs of size |v|: a position rounded in bf16
     # (4096 apart near 2^20) or an overflowed bias would be off by O(1) or NaN.
     tol = 8 * torch.finfo(dtype).eps * float(v.abs().max())
     backends = ["eager"] if "content" in enc.hooks and enc.content_on_values else ["eager", "sdpa"]
     for backend in backends:
-        out = posenc.attention(q, k, v, enc, q_positions=qp, k_positions=kp, backend=backend)
+        out = posenc.attention(q, k, v, enc, q_positions=qp, k_positions=kp, backend=backend, **extras)
         assert out.dtype == dtype and torch.isfinite(out).all(), backend
         assert (out.double() - ref).abs().max() <= tol, backend
 

@@ -32,6 +32,8 @@ from .encodings import (
     MRoPE,
     AxialRoPE,
     mrope_position_ids,
+    CoPE,
+    FoX,
     alibi_slopes,
     apply_rotary,
     available,
@@ -50,5 +52,6 @@ __all__ = [
     "XPos", "ProportionalRoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids",
     "IRoPE",
+    "CoPE", "FoX",
     "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "apply_rotary",
 ]

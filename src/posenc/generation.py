@@ -35,7 +35,9 @@ class KVCache:
     """Keys and values of the tokens seen so far, for decoding token by token.
 
     Per layer, the keys *before* the encoding's rotate (just after the projection) and the
-    values, (B, H, Tk, D) each, and the positions of the cached tokens, (Tk,) or (B, Tk).
+    values, (B, H, Tk, D) each, then whatever else the layer keeps per key (the ``gate``
+    hook's values, (B, H, Tk), for FoX; every per-key tensor has its token axis at dim 2), and
+    the positions of the cached tokens, (Tk,) or (B, Tk).
     :meth:`~posenc.model.TransformerLM.forward` with ``cache=`` reads it and, once the whole
     call has succeeded, appends the call's tokens (a failed call leaves it as it was). Why the
     keys are kept unrotated, and what it costs: see the module docstring.
@@ -53,19 +55,26 @@ class KVCache:
 
     def __init__(self, num_layers: int) -> None:
         check_positive_int(num_layers, "num_layers")
-        self.keys: list[Tensor | None] = [None] * num_layers
-        self.values: list[Tensor | None] = [None] * num_layers
+        self.layers: list[tuple[Tensor, ...] | None] = [None] * num_layers
         self.positions: Tensor | None = None
+
+    @property
+    def keys(self) -> list[Tensor | None]:
+        """Each layer's cached keys (B, H_kv, Tk, D), unrotated, or None when empty."""
+        return [None if entry is None else entry[0] for entry in self.layers]
+
+    @property
+    def values(self) -> list[Tensor | None]:
+        """Each layer's cached values (B, H_kv, Tk, D), or None when empty."""
+        return [None if entry is None else entry[1] for entry in self.layers]
 
     def __len__(self) -> int:
         """Number of cached tokens, Tk."""
         return 0 if self.positions is None else self.positions.shape[-1]
 
-    def past(self, layer: int) -> tuple[Tensor, Tensor] | None:
-        """(keys, values) of ``layer``, or None when the cache is empty."""
-        if self.keys[layer] is None:
-            return None
-        return self.keys[layer], self.values[layer]
+    def past(self, layer: int) -> tuple[Tensor, ...] | None:
+        """(keys, values, ...) of ``layer``, as the layer returned them, or None when empty."""
+        return self.layers[layer]
 
     def next_positions(self, length: int, device: torch.device | None = None) -> Tensor:
         """Default positions of ``length`` new tokens: after the last cached one (arange when
@@ -84,16 +93,16 @@ class KVCache:
             return torch.cat((self.positions, positions))
         return torch.cat((self.positions.expand(batch, -1), positions.expand(batch, -1)), dim=-1)
 
-    def update(self, presents: list[tuple[Tensor, Tensor]], positions: Tensor) -> None:
-        """Replace the contents with every layer's (keys, values) and all key positions.
+    def update(self, presents: list[tuple[Tensor, ...]], positions: Tensor) -> None:
+        """Replace the contents with every layer's per-key tensors ((keys, values, ...)) and
+        all key positions.
 
         Raises:
-            ValueError: not one (keys, values) pair per layer.
+            ValueError: not one (keys, values, ...) tuple per layer.
         """
-        if len(presents) != len(self.keys):
-            raise ValueError(f"presents: expected {len(self.keys)} layers, got {len(presents)}")
-        for layer, (k, v) in enumerate(presents):
-            self.keys[layer], self.values[layer] = k, v
+        if len(presents) != len(self.layers) or any(len(present) < 2 for present in presents):
+            raise ValueError(f"presents: expected one (keys, values, ...) tuple for each of {len(self.layers)} layers")
+        self.layers = [tuple(present) for present in presents]
         self.positions = positions
 
 

@@ -99,23 +99,27 @@ class CausalSelfAttention(nn.Module):
 
     def forward(
         self, x: Tensor, q_positions: Tensor | None, k_positions: Tensor | None, encoding: PositionalEncoding,
-        mask: Tensor | None = None, past: tuple[Tensor, Tensor] | None = None,
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """x (B, T, d) -> (output (B, T, d), (keys, values) (B, H_kv, Tk, D) of past and new
-        tokens); the keys are returned unrotated, for a cache (why: :mod:`posenc.generation`).
+        mask: Tensor | None = None, past: tuple[Tensor, ...] | None = None,
+    ) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """x (B, T, d) -> (output (B, T, d), per-key tensors of past and new tokens: keys and
+        values (B, H_kv, Tk, D), then the ``gate`` hook's values (B, H, Tk) for an encoding
+        with it); the keys are returned unrotated, for a cache (why: :mod:`posenc.generation`).
         Positions None: :func:`posenc.attention`'s defaults (the row indices)."""
         batch, length, width = x.shape
         q, k, v = self.qkv(x).split([self.num_heads * self.head_dim, *[self.num_kv_heads * self.head_dim] * 2], dim=-1)
         q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = k.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, H_kv, T, D)
         v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        # Everything kept per key has its token axis at dim 2: k, v (B, H_kv, T, D), and the gate
+        # hook's values (B, H, T) (FoX's log forget gate), read from this layer's input x.
+        per_key = (k, v, encoding.gate(x)) if "gate" in encoding.hooks else (k, v)
         if past is not None:
-            k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)  # (B, H_kv, Tk, D)
+            per_key = tuple(torch.cat((old, new), dim=2) for old, new in zip(past, per_key))
         out = attention(
-            q, k, v, encoding, causal=True, q_positions=q_positions, k_positions=k_positions, mask=mask,
-            backend=self.backend,
+            q, per_key[0], per_key[1], encoding, causal=True, q_positions=q_positions, k_positions=k_positions,
+            mask=mask, backend=self.backend, gates=per_key[2] if len(per_key) > 2 else None,
         )
-        return self.proj(out.transpose(1, 2).reshape(batch, length, width)), (k, v)
+        return self.proj(out.transpose(1, 2).reshape(batch, length, width)), per_key
 
 
 class MLP(nn.Module):
@@ -138,8 +142,8 @@ class Block(nn.Module):
 
     def forward(
         self, x: Tensor, q_positions: Tensor, k_positions: Tensor, encoding: PositionalEncoding,
-        mask: Tensor | None = None, past: tuple[Tensor, Tensor] | None = None,
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        mask: Tensor | None = None, past: tuple[Tensor, ...] | None = None,
+    ) -> tuple[Tensor, tuple[Tensor, ...]]:
         attended, present = self.attn(self.ln_attn(x), q_positions, k_positions, encoding, mask, past)
         x = x + attended
         return x + self.mlp(self.ln_mlp(x)), present

@@ -14,7 +14,11 @@ wavelengths against its contexts (:func:`plot_rope_inspection`, ``posenc inspect
 - ``score_bias`` (alibi, t5, kerple, fire): the bias against distance, one line per head, and
   the (i, j) bias of the first head;
 - ``content`` (shaw, transformer_xl): the relative table, learned or sinusoidal
-  (``relative_table``);
+  (``relative_table``); for an encoding that counts positions from the context
+  (``contextual_positions``, cope): the positions p_ij it assigns when only some tokens
+  count, against the token distance, and for random queries and keys;
+- ``gate`` (fox): the bias its gates give for random hidden states (one line per head
+  against distance, and the (i, j) bias of the first head);
 - ``mask`` (irope's chunked attention): which keys each query may attend, with the causal
   mask, over a span that shows the mask's reach (three times how far back a query sees);
 - a layer schedule (``for_layer`` differs between layers, irope): the query scale
@@ -163,10 +167,78 @@ def _bias_panels(enc: PositionalEncoding, max_distance: int, grid: int):
     return [lines, heatmap]
 
 
-def _content_panels(enc: PositionalEncoding, max_distance: int):
+def _contextual_panels(enc: PositionalEncoding, head_dim: int, length: int):
+    """p_ij of ``contextual_positions`` (query i = T - 1): when every 4th key is a "separator"
+    the query counts (gate ~ 1) and the others are skipped (gate ~ 0), against the token
+    distance; and p_ij for random q, k."""
+    direction = torch.ones(head_dim) / math.sqrt(head_dim)
+    sign = torch.where(torch.arange(length) % 4 == 3, 1.0, -1.0)
+    strength = 6.0 * head_dim ** 0.25  # q.k / sqrt(D) = +-6: gates 0.998 and 0.002
+    q = (strength * direction).expand(1, 1, 1, head_dim)
+    k = (strength * sign[:, None] * direction).unsqueeze(0).unsqueeze(0)
+    g = torch.Generator().manual_seed(0)
+    rq, rk = torch.randn(1, 1, length, head_dim, generator=g), torch.randn(1, 1, length, head_dim, generator=g)
+    causal = torch.arange(length) <= torch.arange(length).unsqueeze(-1)
+    with torch.no_grad():
+        counted = enc.contextual_positions(q, k)[0, 0, 0]  # the query sees every key
+        random_p = enc.contextual_positions(rq, rk, causal)[0, 0].masked_fill(~causal, float("nan"))
+    distance = torch.arange(length - 1, -1, -1)  # i - j for the query at i = T - 1
+
+    def counting(ax, fig):
+        ax.plot(distance.numpy(), (distance + 1).numpy(), lw=1, ls="--", label="token count i - j + 1")
+        ax.plot(distance.numpy(), counted.numpy(), lw=1.5, label="p_ij, every 4th token counted")
+        ax.set_xlabel(f"distance i - j (tokens), query at i = {length - 1}")
+        ax.set_ylabel("position p_ij")
+        ax.set_title("contextual positions count only the gated tokens")
+        ax.legend(fontsize=8)
+
+    def heatmap(ax, fig):
+        image = ax.imshow(random_p.numpy(), cmap="viridis", interpolation="nearest")
+        ax.set_xlabel("key j (tokens)")
+        ax.set_ylabel("query i (tokens)")
+        ax.set_title("p_ij for random q, k (j > i masked)")
+        fig.colorbar(image, ax=ax, label="position p_ij")
+
+    return [counting, heatmap]
+
+
+def _gate_panels(enc: PositionalEncoding, d_model: int, max_distance: int, grid: int):
+    """The gate bias of one random sequence of hidden states (unit normal, as after a
+    LayerNorm): per head against distance for the last query, and the (i, j) picture."""
+    length = max_distance + 1
+    x = torch.randn(1, length, d_model, generator=torch.Generator().manual_seed(0))
+    index = torch.arange(length)
+    with torch.no_grad():
+        state = enc.prepare_gates(enc.gate(x))
+        per_head = enc.gate_bias(state, index[-1:], index, causal=True)[0, :, 0].flip(-1)  # (H, distance)
+        square = enc.gate_bias(state, index[:grid], index[:grid], causal=True)[0, 0].clone()
+    square[index[:grid].unsqueeze(-1) < index[:grid]] = float("nan")
+
+    def lines(ax, fig):
+        for h, row in enumerate(per_head):
+            ax.plot(index.numpy(), row.numpy(), lw=1, label=f"head {h}")
+        ax.set_xlabel(f"distance i - j (tokens), query at i = {max_distance}")
+        ax.set_ylabel("bias added to the logit (nats)")
+        ax.set_title("gate bias against distance, random hidden states")
+        ax.legend(fontsize=6, ncol=2)
+
+    def heatmap(ax, fig):
+        image = ax.imshow(square.numpy(), cmap="viridis", interpolation="nearest")
+        ax.set_xlabel("key j (tokens)")
+        ax.set_ylabel("query i (tokens)")
+        ax.set_title("gate bias (i, j), head 0 (j > i masked)")
+        fig.colorbar(image, ax=ax, label="bias (nats)")
+
+    return [lines, heatmap]
+
+
+def _content_panels(enc: PositionalEncoding, max_distance: int, head_dim: int = 8, grid: int = 64):
+    panels = []
+    if hasattr(enc, "contextual_positions"):
+        panels += _contextual_panels(enc, head_dim, min(grid, max_distance + 1))
     table_fn = getattr(enc, "relative_table", None)
     if table_fn is None:
-        return []
+        return panels
     with torch.no_grad():
         distances, table, what = table_fn(max_distance)
 
@@ -179,7 +251,7 @@ def _content_panels(enc: PositionalEncoding, max_distance: int):
         ax.set_title(what)
         fig.colorbar(image, ax=ax, label="value")
 
-    return [draw]
+    return panels + [draw]
 
 
 def _mask_reach(enc: PositionalEncoding, probe: int = 1 << 20) -> int | None:
@@ -299,7 +371,9 @@ def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
     if "score_bias" in enc.hooks:
         panels += _bias_panels(enc, max_distance or 128, grid)
     if "content" in enc.hooks:
-        panels += _content_panels(enc, max_distance or 64)
+        panels += _content_panels(enc, max_distance or 64, sizes["head_dim"], grid)
+    if "gate" in enc.hooks:
+        panels += _gate_panels(enc, sizes["d_model"], max_distance or 128, grid)
     if "mask" in enc.hooks and enc.attention_mask(torch.tensor(0), torch.tensor(0)) is not None:
         panels += _mask_panels(enc)
     panels += _schedule_panels(enc, sizes["head_dim"])

@@ -9,11 +9,13 @@ Backends (one module each, in :data:`_BACKENDS`), all with the same two function
 - ``unsupported(encoding, *, mask, dropout_p) -> str | None``: None when the backend can run a
   call with this encoding, this user mask (checked, 4-D boolean, or None) and this dropout,
   else the ValueError message that :func:`attention` raises;
-- ``run(q, k, v, *, encoding, q_positions, k_positions, causal, mask, scale, dropout_p) ->
-  (B, H, Tq, D)`` with q and k already rotated (k and v with H_kv heads dividing H),
-  positions filled in, ``mask`` None or the user mask and the encoding's positional mask (its
-  ``mask`` hook) with the causal one already in it (``causal`` says whether to add the causal
-  mask when ``mask`` is None). How a backend evaluates the score bias (materialized, per
+- ``run(q, k, v, *, encoding, q_positions, k_positions, causal, mask, scale, dropout_p,
+  gate_state=None) -> (B, H, Tq, D)`` with q and k already rotated (k and v with H_kv heads
+  dividing H), positions filled in, ``mask`` None or the user mask and the encoding's
+  positional mask (its ``mask`` hook) with the causal one already in it (``causal`` says
+  whether to add the causal mask when ``mask`` is None); ``gate_state`` the encoding's
+  :meth:`~posenc.PositionalEncoding.prepare_gates` of the ``gates=`` (``gate`` hook) or None.
+  How a backend evaluates the score bias and the gate bias (materialized, per
   tile, per score) is its own affair: :mod:`posenc.attention.tiling`. Only "flex" is handed
   a mask_mod (the user's and the encoding's mask and-ed, without the causal one); the others
   get a user mask_mod evaluated into a tensor.
@@ -57,17 +59,17 @@ AUTO_BLOCKED_MIN_BIAS_ELEMENTS = 1 << 22
 
 def _resolve_backend(
     backend: str, encoding: PositionalEncoding | None, bias_elements: int = 0, device: torch.device | None = None,
-    *, causal: bool = True, dtype: torch.dtype | None = None, mask=None, dropout_p: float = 0.0,
-    default_positions: bool = False,
+    gates: Tensor | None = None, *, causal: bool = True, dtype: torch.dtype | None = None, mask=None,
+    dropout_p: float = 0.0, default_positions: bool = False,
 ) -> str:
     """The backend a call runs on; ``bias_elements`` = B_bias * H * Tq * Tk. For "auto" on the
     CPU (and any device but CUDA, or no device given), in order:
 
     1. an encoding with the ``content`` hook: "eager" (the only backend with both content terms);
-    2. an encoding with the ``score_bias`` hook and ``bias_elements`` >= 4M
+    2. an encoding with the ``score_bias`` or ``gate`` hook and ``bias_elements`` >= 4M
        (:data:`AUTO_BLOCKED_MIN_BIAS_ELEMENTS`): "blocked";
-    3. an encoding with the ``score_bias`` hook, a parameter requiring grad, grad enabled:
-       "eager";
+    3. an encoding with the ``score_bias`` or ``gate`` hook, a parameter (or ``gates``)
+       requiring grad, grad enabled: "eager";
     4. otherwise "sdpa". A mask_mod is evaluated into a boolean mask first; "flex" and
        "flash_attention_2" are never picked.
 
@@ -77,10 +79,11 @@ def _resolve_backend(
     2. a bias that is FlashAttention-2's own (``linear_bias_slopes(causal)``: ALiBi), fp16 or bf16,
        default positions (none passed), no ``mask``, flash-attn installed, outside
        torch.compile: "flash_attention_2";
-    3. no dropout, and a mask_mod (the user's, or an encoding's ``mask`` hook) or a
-       ``score_bias`` encoding with ``bias_elements`` >= 4M: "flex" (no (Tq, Tk) tensor;
+    3. no dropout, no ``gate`` hook, and a mask_mod (the user's, or an encoding's ``mask`` hook)
+       or a ``score_bias`` encoding with ``bias_elements`` >= 4M: "flex" (no (Tq, Tk) tensor;
        compiled once per process, every length reusing it);
-    4. with dropout, a ``score_bias`` encoding with ``bias_elements`` >= 4M: "blocked";
+    4. a ``score_bias`` or ``gate`` encoding with ``bias_elements`` >= 4M (with dropout, or
+       gates): "blocked";
     5. otherwise "sdpa" (torch's flash kernel when there is nothing to add).
 
     Raises:
@@ -95,12 +98,12 @@ def _resolve_backend(
     if device is not None and torch.device(device).type == "cuda":
         return _auto_on_cuda(encoding, bias_elements, causal=causal, dtype=dtype, mask=mask,
                              dropout_p=dropout_p, default_positions=default_positions)
-    if encoding is not None and "score_bias" in encoding.hooks:
+    if encoding is not None and encoding.hooks & {"score_bias", "gate"}:
         if bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS:
             # blocked was 1.1-1.2x bias-free causal SDPA at T=4096-8192 on CPU for ALiBi, T5
             # and Kerple, against 5-9x for the materialized bias (docs/results.md)
             return "blocked"
-        if _learns_bias_on_cpu(encoding, device):
+        if _learns_bias_on_cpu(encoding, device, gates):
             return "eager"
     return "sdpa"
 
@@ -108,24 +111,26 @@ def _resolve_backend(
 def _auto_on_cuda(encoding: PositionalEncoding | None, bias_elements: int, *, causal: bool, dtype, mask,
                   dropout_p: float, default_positions: bool) -> str:
     """Rules 2-5 of the CUDA column of :func:`_resolve_backend`."""
-    has_bias = encoding is not None and "score_bias" in encoding.hooks
-    mask_mod = is_mask_mod(mask) or (encoding is not None and "mask" in encoding.hooks)
-    if has_bias and default_positions and mask is None and dtype in (torch.float16, torch.bfloat16) \
+    hooks = encoding.hooks if encoding is not None else frozenset()
+    mask_mod = is_mask_mod(mask) or "mask" in hooks
+    if "score_bias" in hooks and default_positions and mask is None and dtype in (torch.float16, torch.bfloat16) \
             and not torch.compiler.is_compiling() and encoding.linear_bias_slopes(causal) is not None \
             and flash_attention_2.unsupported(encoding, dropout_p=dropout_p) is None:
         return "flash_attention_2"
-    large = has_bias and bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS
-    if (mask_mod or large) and not dropout_p:
+    large = bool(hooks & {"score_bias", "gate"}) and bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS
+    if (mask_mod or large) and not dropout_p and "gate" not in hooks:
         return "flex"
     return "blocked" if large else "sdpa"
 
 
-def _learns_bias_on_cpu(encoding: PositionalEncoding, device: torch.device | None) -> bool:
-    """A learned bias (T5, Kerple, FIRE) in training on the CPU: torch's CPU SDPA kernels give
-    no gradient for a float mask, so SDPA runs its math path; the eager backend is the same
-    computation with fewer passes (6.4 against 7.5-8.9 ms per call at B=32, H=4, T=64, D=16)."""
+def _learns_bias_on_cpu(encoding: PositionalEncoding, device: torch.device | None, gates: Tensor | None = None) -> bool:
+    """A learned bias (T5, Kerple, FIRE, a gate bias) in training on the CPU: torch's CPU SDPA
+    kernels give no gradient for a float mask, so SDPA runs its math path; the eager backend is
+    the same computation with fewer passes (6.4 against 7.5-8.9 ms per call at B=32, H=4, T=64,
+    D=16)."""
     on_cpu = device is None or torch.device(device).type == "cpu"
-    return on_cpu and torch.is_grad_enabled() and any(p.requires_grad for p in encoding.parameters())
+    learned = any(p.requires_grad for p in encoding.parameters()) or (gates is not None and gates.requires_grad)
+    return on_cpu and torch.is_grad_enabled() and learned
 
 
 def _default_positions(positions: Tensor | None, length: int, offset: int, device, argname: str, batch: int,
@@ -164,6 +169,36 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
         raise ValueError(f"causal attention needs Tq <= Tk (queries are the last keys), got Tq={q.shape[2]}, Tk={k.shape[2]}")
 
 
+def _check_gates(gates: Tensor | None, encoding: PositionalEncoding | None, q: Tensor, num_keys: int,
+                 causal: bool) -> None:
+    """``gates=`` is given exactly when the encoding has the ``gate`` hook, as (B, H, Tk) floats."""
+    wants = encoding is not None and "gate" in encoding.hooks
+    batch, heads, num_queries = q.shape[0], q.shape[1], q.shape[2]
+
+    def expected() -> str:  # formatted only to raise: formatting a traced size would specialize it
+        return f"(B, H, Tk) = ({batch}, {heads}, {num_keys})"
+
+    if gates is None:
+        if wants:
+            raise ValueError(
+                f"gates: {type(encoding).__name__} has the gate hook, which reads the hidden state: pass "
+                f"gates=encoding.gate(x) for every key, shape {expected()} (a KV cache keeps them with the keys)"
+            )
+        return
+    if not wants:
+        raise ValueError("gates: only an encoding with the gate hook takes gates=, "
+                         f"and {type(encoding).__name__ if encoding is not None else 'None'} has none")
+    if not isinstance(gates, Tensor) or not gates.is_floating_point():
+        kind = gates.dtype if isinstance(gates, Tensor) else type(gates).__name__
+        raise TypeError(f"gates must be a floating-point torch.Tensor {expected()}, got {kind}")
+    if gates.dim() != 3 or gates.shape[0] != batch or gates.shape[1] != heads or gates.shape[2] != num_keys:
+        raise ValueError(f"gates must have shape {expected()}, one value per key and query head, got {tuple(gates.shape)}")
+    if gates.device != q.device:
+        raise ValueError(f"gates must be on q's device {q.device}, got {gates.device}")
+    if not causal and num_queries > num_keys:
+        raise ValueError(f"gates: the queries must be the last keys (Tq <= Tk), got Tq={num_queries}, Tk={num_keys}")
+
+
 def attention(
     q: Tensor,
     k: Tensor,
@@ -177,12 +212,14 @@ def attention(
     mask: Tensor | None = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    gates: Tensor | None = None,
 ) -> Tensor:
     """Scaled dot-product attention with a positional encoding.
 
-    softmax(scale * (rotate(q) . rotate(k)^T + content) + bias + mask) @ v (+ content on v),
-    the encoding contributing through its hooks (``rotate``, ``score_bias``, ``content``, and
-    ``mask``: its positional mask, and'ed with the causal and user masks on every backend).
+    softmax(scale * (rotate(q) . rotate(k)^T + content) + bias + gate bias + mask) @ v
+    (+ content on v), the encoding contributing through its hooks (``rotate``, ``score_bias``,
+    ``content``, ``gate``, and ``mask``: its positional mask, and'ed with the causal and user
+    masks on every backend).
 
     Args:
         q: (B, H, Tq, D). k, v: (B, H_kv, Tk, D) with H_kv dividing H: multi-head (H_kv = H),
@@ -233,18 +270,26 @@ def attention(
             Score biases are added after it, unscaled (ALiBi, T5).
         dropout_p: dropout on the attention probabilities, as SDPA's (use it for training
             only: it applies whenever it is > 0). Every backend but "flex" takes it.
+        gates: for an encoding with the ``gate`` hook (FoX) only, and then required: the
+            hook's values of every key, (B, H, Tk) floats, H the query heads, in key order,
+            ``encoding.gate(x)`` of the keys' hidden states x (B, Tk, d_model) (with a KV
+            cache: the cached keys' gates followed by the new ones', as the LM keeps them).
+            The queries' own tokens are the last Tq keys. The encoding turns them into a
+            bias added after the scale (FoX: D_ij = sum of log f over the keys after j up to
+            the query). Served by "eager", "sdpa" and "blocked" (tile by tile, O(T) memory).
 
     Returns:
         (B, H, Tq, D) in q's dtype.
 
     Raises:
         ValueError: wrong ranks or mismatched shapes, dtypes or devices; causal with Tq > Tk;
+            ``gates`` missing for a ``gate`` encoding, given to another, or mis-shaped;
             negative or mis-shaped positions; a mis-shaped mask; an unknown backend; a
             backend that cannot serve the encoding or the mask (the message names the
             backends that can). TypeError: q/k/v not floating-point tensors, float positions,
             a mask that is not boolean, causal not a bool, scale not a finite number > 0,
             dropout_p not in [0, 1), an encoding that is not a
-            PositionalEncoding. Under torch.compile (``torch.compiler.is_compiling()``) the
+            PositionalEncoding, gates that are not a floating-point tensor. Under torch.compile (``torch.compiler.is_compiling()``) the
             checks that read values (positions >= 0) and those of scale and dropout_p are
             skipped, so that the call traces as one graph; shapes and types are still checked.
 
@@ -277,11 +322,12 @@ def attention(
     q_positions = _default_positions(q_positions, num_queries, num_keys - num_queries, q.device, "q_positions", batch,
                                      encoding)
     k_positions = _default_positions(k_positions, num_keys, 0, q.device, "k_positions", batch, encoding)
+    _check_gates(gates, encoding, q, num_keys, causal)
     # (B, T) or, from a multi-axis encoding, (A, B, T): per-row positions (the sequence axis is last)
-    bias_rows = batch if q_positions.dim() >= 2 or k_positions.dim() >= 2 else 1
+    bias_rows = batch if q_positions.dim() >= 2 or k_positions.dim() >= 2 or gates is not None else 1
     backend_module = _BACKENDS[_resolve_backend(backend, encoding, bias_rows * num_heads * num_queries * num_keys,
-                                                q.device, causal=causal, dtype=q.dtype, mask=mask, dropout_p=dropout_p,
-                                                default_positions=default_positions)]
+                                                q.device, gates, causal=causal, dtype=q.dtype, mask=mask,
+                                                dropout_p=dropout_p, default_positions=default_positions)]
     if is_mask_mod(mask) and backend_module is not flex:
         mask = mask_from_mod(mask, batch, num_heads, num_queries, num_keys, q.device)  # the backends without mask_mods
     if mask is not None and not is_mask_mod(mask):
@@ -310,9 +356,10 @@ def attention(
         q, k = encoding.rotate(q, k, q_positions, k_positions)
     if "score_bias" in hooks:
         encoding.prepare_bias()
+    gate_state = encoding.prepare_gates(gates) if "gate" in hooks else None
     q, k, v, poisoned = _quarantine(q, k, v, causal=causal, mask=mask, has_key=has_key)
     out = backend_module.run(q, k, v, encoding=encoding, q_positions=q_positions, k_positions=k_positions,
-                             causal=causal, mask=mask, scale=scale, dropout_p=dropout_p)
+                             causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, gate_state=gate_state)
     if has_key is not None:
         out = out.masked_fill(~has_key, 0.0)
     return out if poisoned is None else out.masked_fill(poisoned.unsqueeze(-1), float("nan"))

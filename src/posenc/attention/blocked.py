@@ -19,11 +19,12 @@ def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dro
 
 
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
-        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0) -> Tensor:
+        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0,
+        gate_state: object = None) -> Tensor:
     biased = encoding if encoding is not None and "score_bias" in encoding.hooks else None
     out = torch.empty_like(q)
     blocks = query_blocks(biased, q_positions, k_positions, num_heads=q.shape[1], batch=q.shape[0], causal=causal,
-                          mask=mask, dtype=q.dtype)
+                          mask=mask, dtype=q.dtype, gated=encoding, gate_state=gate_state)
     for block in blocks:
         rows = q[:, :, block.start:block.stop]
         keys, values = k[:, :, :block.key_end], v[:, :, :block.key_end]

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from ..encodings.base import PositionalEncoding
 from .masks import causal_mask
-from .tiling import dense_bias
+from .tiling import dense_bias, dense_gate_bias
 
 
 def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dropout_p: float = 0.0) -> str | None:
@@ -17,8 +17,9 @@ def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dro
 
 
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
-        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0) -> Tensor:
-    """logits = scale * (q.k^T + content) + bias + mask (0 or -inf): the terms that are not
+        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0,
+        gate_state: object = None) -> Tensor:
+    """logits = scale * (q.k^T + content) + bias + gate bias + mask (0 or -inf): the terms that are not
     q.k^T are summed first into one additive tensor, which goes into ``baddbmm`` with q.k^T: at
     small head dimensions every pass over the (B, H, Tq, Tk) scores costs as much as the
     product itself, forward and backward (3.2 ms against 5.3-6.5 ms for product, scale,
@@ -28,6 +29,9 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     if mask is None and causal:
         mask = causal_mask(num_queries, num_keys, q.device)
     bias = dense_bias(encoding, q_positions, k_positions, num_heads=heads, batch=batch)
+    gate_bias = dense_gate_bias(encoding, gate_state, num_queries, num_keys, causal=causal, device=q.device)
+    if gate_bias is not None:
+        bias = gate_bias if bias is None else bias + gate_bias
     content = encoding is not None and "content" in encoding.hooks
     if content and k.shape[1] != heads:
         # content terms are per query head and read k (Transformer-XL's u.k_j): one k per head
@@ -45,7 +49,7 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     if bias is not None:
         additive = bias.to(wide) if additive is None else bias.to(wide) + additive
     if content:
-        scores = encoding.content_scores(q, k, q_positions, k_positions)
+        scores = encoding.content_scores(q, k, q_positions, k_positions, mask=mask)
         if scores is not None:
             scores = scores.to(wide)
             additive = scores * scale if additive is None else torch.add(additive, scores, alpha=scale)

@@ -13,7 +13,7 @@ key-value head h // (H / H_kv), as posenc). There is no FlashAttention-3 ALiBi.
 
 Serves: encodings without a score bias (their ``rotate`` hook already applied: NoPE, RoPE,
 xPos, ...) and encodings whose ``linear_bias_slopes(causal)`` is not None (ALiBi); fp16 or
-bf16 CUDA tensors; dropout. Not: content terms, other biases (use "flex"), ``mask=``.
+bf16 CUDA tensors; dropout. Not: content terms, gates, other biases (use "flex"), ``mask=``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def unsupported(encoding: PositionalEncoding | None, *, mask=None, dropout_p: fl
     hooks = encoding.hooks if encoding is not None else frozenset()
     if "content" in hooks:
         return "backend='flash_attention_2' has no content terms; use backend='eager' or 'auto'"
+    if "gate" in hooks:
+        return "backend='flash_attention_2' has no gate bias; use backend='blocked', 'sdpa', 'eager' or 'auto'"
     if "score_bias" in hooks and encoding.linear_bias_slopes(causal=True) is None:
         return (f"backend='flash_attention_2' adds no bias but ALiBi's linear one, not {type(encoding).__name__}'s; "
                 "use backend='flex' or 'auto'")
@@ -85,7 +87,8 @@ def check_index_aligned(q_positions: Tensor, k_positions: Tensor) -> None:
 
 
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
-        k_positions: Tensor, causal: bool, mask=None, scale: float, dropout_p: float = 0.0) -> Tensor:
+        k_positions: Tensor, causal: bool, mask=None, scale: float, dropout_p: float = 0.0,
+        gate_state: object = None) -> Tensor:
     if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"backend='flash_attention_2' runs fp16 or bf16 CUDA tensors, got {q.dtype} on {q.device.type}")
     slopes = None

@@ -53,6 +53,8 @@ def unsupported(encoding: PositionalEncoding | None, *, mask=None, dropout_p: fl
     Every mask is served: a mask_mod natively, a boolean tensor through a lookup."""
     if encoding is not None and "content" in encoding.hooks:
         return "backend='flex' has no content terms; use backend='eager' or 'auto'"
+    if encoding is not None and "gate" in encoding.hooks:
+        return "backend='flex' has no gate bias; use backend='blocked', 'sdpa', 'eager' or 'auto'"
     if dropout_p:
         return "backend='flex' has no attention dropout (dropout_p); use backend='blocked', 'sdpa', 'eager' or 'auto'"
     return None
@@ -176,7 +178,8 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, *, score_mod, mask, causal: bool, s
 
 
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
-        k_positions: Tensor, causal: bool, mask=None, scale: float, dropout_p: float = 0.0) -> Tensor:
+        k_positions: Tensor, causal: bool, mask=None, scale: float, dropout_p: float = 0.0,
+        gate_state: object = None) -> Tensor:
     score_mod, learned_bias = None, False
     if encoding is not None and "score_bias" in encoding.hooks:
         score_mod = encoding.score_mod(q_positions, k_positions)

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ..encodings.base import PositionalEncoding
 from .masks import as_4d, causal_mask, finite_in
-from .tiling import dense_bias
+from .tiling import dense_bias, dense_gate_bias
 
 
 def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dropout_p: float = 0.0) -> str | None:
@@ -22,7 +22,8 @@ def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dro
 
 
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
-        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0) -> Tensor:
+        k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0,
+        gate_state: object = None) -> Tensor:
     num_queries, num_keys = q.shape[2], k.shape[2]
     if encoding is not None and "content" in encoding.hooks and k.shape[1] != q.shape[1]:
         # content terms are per query head and read k (Transformer-XL's u.k_j): one k per head
@@ -31,10 +32,14 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
                              enable_gqa=k.shape[1] != q.shape[1])
     extra = None
     if encoding is not None and "content" in encoding.hooks:
-        scores = encoding.content_scores(q, k, q_positions, k_positions)
+        visible = causal_mask(num_queries, num_keys, q.device) if mask is None and causal else mask
+        scores = encoding.content_scores(q, k, q_positions, k_positions, mask=visible)
         if scores is not None:
             extra = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale  # float64 stays float64
     bias = dense_bias(encoding, q_positions, k_positions, num_heads=q.shape[1], batch=q.shape[0])
+    gate_bias = dense_gate_bias(encoding, gate_state, num_queries, num_keys, causal=causal, device=q.device)
+    if gate_bias is not None:
+        bias = gate_bias if bias is None else bias + gate_bias
     if bias is not None:
         extra = bias if extra is None else extra + bias
     if mask is None and causal:

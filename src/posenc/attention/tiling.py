@@ -12,6 +12,9 @@ An encoding gives only its math (:meth:`~posenc.PositionalEncoding.bias`, elemen
 - :func:`query_blocks` cuts a causal attention into query blocks, each with its own bias tile
   (memory O(T), not O(T^2)), skips the keys wholly in a block's future, folds the causal mask
   into the tile as -inf, and asks for descending queries where that makes the tile a view.
+- :func:`gate_tile` evaluates a ``gate`` encoding's bias (FoX) on a block of query rows from
+  the state :meth:`~posenc.PositionalEncoding.prepare_gates` made once per call; it is added
+  to the score bias tile, if any, and is always per batch row.
 
 The tensors returned here are this module's: an encoding's result is never written into.
 Shapes: H heads, Tq queries, Tk keys, B batch rows of (B, T) positions.
@@ -186,6 +189,26 @@ def dense_bias(encoding: PositionalEncoding | None, q_positions: Tensor, k_posit
     return bias
 
 
+def gate_tile(encoding: PositionalEncoding, gate_state: object, start: int, stop: int, num_queries: int,
+              num_keys: int, *, causal: bool, device: torch.device, key_end: int | None = None) -> Tensor:
+    """The gate bias of query rows start:stop against keys 0 .. key_end - 1 (default: all):
+    (B, H, rows, key_end). Query row r is the token of key r + Tk - Tq (the queries are the
+    last keys)."""
+    offset = num_keys - num_queries
+    q_index = torch.arange(start + offset, stop + offset, device=device)
+    k_index = torch.arange(num_keys if key_end is None else key_end, device=device)
+    return encoding.gate_bias(gate_state, q_index, k_index, causal=causal)
+
+
+def dense_gate_bias(encoding: PositionalEncoding | None, gate_state: object, num_queries: int, num_keys: int, *,
+                    causal: bool, device: torch.device) -> Tensor | None:
+    """The whole gate bias (B, H, Tq, Tk) for the backends that take it materialized (eager,
+    sdpa), or None without a gate state."""
+    if gate_state is None:
+        return None
+    return gate_tile(encoding, gate_state, 0, num_queries, num_queries, num_keys, causal=causal, device=device)
+
+
 class Block(NamedTuple):
     """Query rows ``start:stop`` attend keys ``:key_end`` with ``mask`` (a 4-D float or boolean
     SDPA mask, or None). ``descending``: the mask's rows are for the block's queries in reverse
@@ -199,9 +222,11 @@ class Block(NamedTuple):
 
 
 def query_blocks(encoding: PositionalEncoding | None, q_positions: Tensor, k_positions: Tensor, *, num_heads: int,
-                 batch: int, causal: bool, mask: Tensor | None, dtype: torch.dtype) -> Iterator[Block]:
+                 batch: int, causal: bool, mask: Tensor | None, dtype: torch.dtype,
+                 gated: PositionalEncoding | None = None, gate_state: object = None) -> Iterator[Block]:
     """The query blocks of one attention call, each with its SDPA mask: the bias tile of the
-    encoding (None: no bias) on that block's positions, plus the causal or user mask.
+    encoding (None: no bias) on that block's positions, plus the gate bias of ``gated`` (its
+    ``gate_state``; None: no gate bias) on that block's rows, plus the causal or user mask.
 
     Under a causal mask a block's queries see only keys ``< block end + Tk - Tq``: later key
     blocks are skipped. When the queries are the last keys (default positions, a KV cache) the
@@ -214,14 +239,15 @@ def query_blocks(encoding: PositionalEncoding | None, q_positions: Tensor, k_pos
     """
     num_queries, num_keys = q_positions.shape[-1], k_positions.shape[-1]
     offset = num_keys - num_queries
-    bias_rows = batch if (q_positions.dim() == 2 or k_positions.dim() == 2) else 1
+    has_gate = gated is not None and gate_state is not None
+    bias_rows = batch if (q_positions.dim() == 2 or k_positions.dim() == 2 or has_gate) else 1
     has_bias = encoding is not None
     # Under torch.compile the layout is decided from shapes only (folding and descending
     # views read the positions' values): plain tiles, the causal mask per block.
     compiling = torch.compiler.is_compiling()
     fold = has_bias and causal and mask is None and not compiling and queries_are_last_keys(q_positions, k_positions)
     descending = (has_bias and encoding.translation_invariant and mask is None and q_positions.dim() == 1
-                  and (fold or not causal) and not compiling)
+                  and (fold or not causal) and not compiling and not has_gate)
     # A materialized tile the causal mask is folded into is the encoding's result copied into
     # a buffer of ours: two tiles alive at once, so each gets half the budget.
     copied = fold and not encoding.translation_invariant
@@ -240,6 +266,10 @@ def query_blocks(encoding: PositionalEncoding | None, q_positions: Tensor, k_pos
         if has_bias:
             tile, owned = bias_tile(encoding, q_pos.flip(-1) if descending else q_pos, k_positions[..., :key_end],
                                     num_heads, causal=fold, buffer=buffer)
+        if has_gate:
+            gates = gate_tile(gated, gate_state, start, stop, num_queries, num_keys, causal=causal,
+                              device=q_positions.device, key_end=key_end)
+            tile, owned = (gates if tile is None else tile + gates), True
         block_mask = _block_mask(tile, owned, start, stop, key_end, causal=causal and not fold, user_mask=mask,
                                  dtype=dtype, device=q_positions.device)
         if tile is not None and not compiling and _is_compact(block_mask):

@@ -6,6 +6,8 @@ from .absolute import LearnedAbsolute, Sinusoidal, sinusoidal_table
 from .base import NoPE, PositionalEncoding
 from .multiaxis import AxialRoPE, MRoPE, mrope_position_ids
 from .bias import FIRE, ALiBi, Kerple, ScoreBias, T5RelativeBias, alibi_slopes, t5_relative_position_bucket
+from .contextual import CoPE
+from .gated import FoX
 from .relative import Shaw, TransformerXL
 from .rotary import ProportionalRoPE, RoPE, XPos, apply_rotary, rope_frequencies
 from .schedule import IRoPE
@@ -19,6 +21,7 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
         ProportionalRoPE,
         MRoPE, AxialRoPE,
         IRoPE,
+        CoPE, FoX,
     )
 }
 
@@ -68,5 +71,6 @@ __all__ = [
     "XPos", "ProportionalRoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids",
     "IRoPE",
+    "CoPE", "FoX",
     "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "apply_rotary",
 ]

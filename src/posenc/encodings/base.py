@@ -1,8 +1,9 @@
-"""The encoding protocol: the four hooks through which position enters attention.
+"""The encoding protocol: the hooks through which position enters attention.
 
 Every positional encoding in posenc is a ``torch.nn.Module`` subclass of
-:class:`PositionalEncoding` and overrides one or more of four hooks (DESIGN.md), and a fifth,
-``mask``, for encodings that restrict which keys a query sees:
+:class:`PositionalEncoding` and overrides one or more of four hooks (DESIGN.md), a fifth,
+``mask``, for encodings that restrict which keys a query sees, and a sixth, ``gate``, for
+encodings that read the hidden state:
 
 ========== ============================================== ===============================
 hook       contract                                       used by
@@ -10,9 +11,17 @@ hook       contract                                       used by
 embed      x (B, T, d_model), positions -> x'             sinusoidal, learned
 rotate     q (B, H, Tq, D), k (B, H, Tk, D) -> q', k'     rope, xpos
 score_bias b(h, i, j) added to the logits, fp32           alibi, t5, kerple, fire
-content    query-dependent terms on scores and values     shaw, transformer_xl
+content    query-dependent terms on scores and values     shaw, transformer_xl, cope
 mask       allowed(q_pos, k_pos) -> bool, and'ed in       irope (chunked attention)
+gate       per-token values from the layer's input x      fox
+           (B, T, d_model) -> (B, H, T), kept with the
+           keys; a bias from them on the logits
 ========== ============================================== ===============================
+
+The ``gate`` hook is the one that sees the hidden state: the model calls :meth:`gate` on
+each layer's input, keeps its output per key in the KV cache like k and v, and passes every
+key's values to :func:`posenc.attention` as ``gates=``; the attention turns them into a bias
+with :meth:`prepare_gates` (once per call) and :meth:`gate_bias` (per tile).
 
 The class attribute :attr:`PositionalEncoding.hooks` names the hooks an encoding uses, so
 the attention and the model consume any encoding without knowing its name.
@@ -279,13 +288,56 @@ class PositionalEncoding(nn.Module):
         return mask_mod
 
     def content_scores(
-        self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor
+        self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor, *, mask: Tensor | None = None
     ) -> Tensor | None:
-        """Query-dependent extra logits (B, H, Tq, Tk), added to q.k *before* the 1/sqrt(D) scale."""
+        """Query-dependent extra logits (B, H, Tq, Tk), added to q.k *before* the 1/sqrt(D) scale.
+
+        ``mask``: which keys each query may attend, boolean, broadcastable to (B, H, Tq, Tk)
+        (the causal mask and the user's ``mask=`` combined), or None when every key is
+        visible. Only an encoding whose terms depend on the other visible keys reads it
+        (CoPE counts them); masked entries of the result are never used.
+        """
         return None
 
     def content_values(self, probs: Tensor, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
         """Extra attention output (B, H, Tq, D) from the attention probabilities (B, H, Tq, Tk)."""
+        return None
+
+    def gate(self, x: Tensor) -> Tensor | None:
+        """The ``gate`` hook: per-token values from the layer's input (its hidden state).
+
+        x (B, T, d_model), the input of the attention layer (after its normalization) ->
+        (B, H, T), one value per token and query head, float32 (float64 when x or the
+        parameters are float64). The model calls it on every attention call and keeps the
+        result with the keys (the KV cache stores it like k and v); :func:`posenc.attention`
+        receives every key's values as ``gates=`` (B, H, Tk). FoX returns log f_t here.
+        Returns None for an encoding without the hook.
+        """
+        return None
+
+    def prepare_gates(self, gates: Tensor) -> object:
+        """Called once per attention call on the gates of every key, (B, H, Tk), in key order:
+        whatever :meth:`gate_bias` needs, computed in O(B H Tk) (FoX: the cumulative sum of
+        log f). The attention layer passes the result back untouched. Default: the gates."""
+        return gates
+
+    def gate_bias(self, state: object, q_index: Tensor, k_index: Tensor, *, causal: bool) -> Tensor | None:
+        """The bias from the gates on a tile of the logits: (B, H, len(q_index), len(k_index)),
+        float32 (float64 for float64 gates), added after the 1/sqrt(D) scale like a score bias.
+
+        ``state``: :meth:`prepare_gates`'s result. ``q_index`` (Tq',) int64: the key index of
+        each query row's own token (queries are the last keys: row r is key r + Tk - Tq);
+        ``k_index`` (Tk',) int64: key indices. Positions are not passed: a gate bias is a
+        function of the tokens between i and j in key order, which a KV cache, packed rows
+        (a document mask) and left padding keep intact. ``causal``: only keys at or before
+        the query are used; the others may hold any value (the attention masks them).
+        Called per query block by the blocked backend, so that memory stays O(T).
+
+        Raises:
+            NotImplementedError: the encoding declares the ``gate`` hook but no ``gate_bias``.
+        """
+        if "gate" in self.hooks:
+            raise NotImplementedError(f"{type(self).__name__} has the gate hook but defines no gate_bias()")
         return None
 
     def extra_repr(self) -> str:

@@ -107,8 +107,9 @@ def use_encoding(model: nn.Module, encoding: PositionalEncoding | str, **kwargs:
         plain PyTorch loop and generates with ``model.generate()`` and its cache.
 
     Raises:
-        ValueError: the model is not of that shape, or the encoding's head_dim differs from
-            the model's. TypeError: encoding is neither an encoding nor a name. ImportError:
+        ValueError: the model is not of that shape, the encoding's head_dim differs from
+            the model's, or the encoding has the ``gate`` hook (FoX: it reads each layer's hidden
+            state, which transformers' attention function does not receive). TypeError: encoding is neither an encoding nor a name. ImportError:
             transformers is not installed.
     """
     base = _base_model(model)
@@ -125,6 +126,11 @@ def use_encoding(model: nn.Module, encoding: PositionalEncoding | str, **kwargs:
         raise TypeError(f"encoding must be a posenc.PositionalEncoding or a registered name, got {type(encoding).__name__}")
     if getattr(encoding, "head_dim", head_dim) != head_dim:
         raise ValueError(f"encoding: head_dim={encoding.head_dim} differs from the model's head_dim={head_dim}")
+    if "gate" in encoding.hooks:
+        raise ValueError(
+            f"encoding: {type(encoding).__name__} has the gate hook (values of each layer's hidden state, kept per "
+            "key), which transformers' attention interface and cache cannot carry; use posenc.model.TransformerLM"
+        )
     parameter = next(model.parameters(), None)
     if parameter is not None:
         encoding.to(parameter.device)
