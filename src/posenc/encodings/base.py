@@ -35,8 +35,8 @@ attention layer's decision (``posenc.attention.tiling``); :meth:`score_bias` and
 A positional mask is stated the same way: :meth:`PositionalEncoding.attention_mask`, an
 elementwise boolean function of (query position, key position), True where the query may
 attend the key. :func:`posenc.attention` ands it with the causal mask and the user's ``mask``
-on every backend (materialized on the position grid for eager, sdpa and blocked; as the
-FlexAttention ``mask_mod`` of :meth:`PositionalEncoding.mask_mod` for flex). Because it reads
+on every backend (evaluated on the position grid, or as the FlexAttention ``mask_mod`` of
+:meth:`PositionalEncoding.mask_mod`: the attention layer's choice). Because it reads
 positions, not token indices, a KV-cache step, left padding and packed rows (positions
 restarting per document) get the same mask as the rows alone.
 
@@ -263,7 +263,7 @@ class PositionalEncoding(nn.Module):
 
         :func:`posenc.attention` ands it with the causal mask and the user's ``mask`` on every
         backend: evaluated on the (Tq, Tk) grid of the call's positions ((B, Tq, Tk) for (B, T)
-        positions) for eager, sdpa and blocked, and through :meth:`mask_mod` for flex. It must
+        positions), or per score through :meth:`mask_mod`. It must
         depend on positions only (not on token indices), so that a KV-cache step, left padding
         and packed rows see what the rows alone see. A query that it (with the other masks)
         leaves without any key gets an output of zeros, as for ``mask=``.
@@ -331,7 +331,7 @@ class PositionalEncoding(nn.Module):
         function of the tokens between i and j in key order, which a KV cache, packed rows
         (a document mask) and left padding keep intact. ``causal``: only keys at or before
         the query are used; the others may hold any value (the attention masks them).
-        Called per query block by the blocked backend, so that memory stays O(T).
+        May be called on one tile of queries at a time, so that memory can stay O(T).
 
         Raises:
             NotImplementedError: the encoding declares the ``gate`` hook but no ``gate_bias``.

@@ -58,10 +58,11 @@ class CoPE(PositionalEncoding):
             clamped to npos_max - 1). :meth:`for_model` defaults it to ``max_positions + 1``,
             the reference code's default (block size + 1: position 0 is possible).
 
-    Hook: ``content`` (scores only, ``content_on_values = False``: eager and sdpa serve it).
+    Hook: ``content`` (scores only, ``content_on_values = False``).
     Cost per layer: the gates' q.k^T again, a reverse cumulative sum and two gathers over
     (B, H, Tq, Tk), plus a (B, H, Tq, min(npos_max, Tk + 1)) product: about twice the attention
-    scores' work and several (B, H, Tq, Tk) temporaries (no blocked or flex backend).
+    scores' work and several (B, H, Tq, Tk) temporaries (no tiled form: the counts run over
+    every key of a row).
 
     Raises:
         ValueError: head_dim, num_layers or npos_max not an integer >= 1 (construction); q or k

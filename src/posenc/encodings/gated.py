@@ -10,7 +10,7 @@ a data-dependent ALiBi: a decay whose slope each token chooses. It uses the ``ga
 one that sees the hidden state (docs/design.md): :meth:`FoX.gate` maps x to log f, the model
 keeps log f with the keys (the KV cache stores it like k and v), and the attention turns every
 key's log f into the bias with :meth:`FoX.prepare_gates` (the cumulative sum, once per call,
-O(B H Tk)) and :meth:`FoX.gate_bias` (c_i - c_j on any tile, so the blocked backend keeps
+O(B H Tk)) and :meth:`FoX.gate_bias` (c_i - c_j on any tile, so a tiled evaluation keeps
 memory O(T)).
 
 Shapes: B batch, H query heads, T tokens, Tk keys, d model width.
@@ -64,9 +64,8 @@ class FoX(PositionalEncoding):
             1 (default): one gate shared by every layer of a model.
 
     Hook: ``gate``. Cost per layer: a (B T d) x (d H) projection and an O(B H T) cumulative
-    sum, then the bias c_i - c_j on each tile of the logits as the backend evaluates them:
-    eager and sdpa materialize (B, H, Tq, Tk); blocked makes one (B, H, block, Tk) tile at a
-    time; no flex form.
+    sum, then the bias c_i - c_j on each tile of the logits the attention asks for: the whole
+    (B, H, Tq, Tk) or one (B, H, block, Tk) tile at a time; no per-score (score_mod) form.
 
     Raises:
         ValueError: a size not an integer >= 1 (construction); x without last dimension d_model
