@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from torch import Tensor
 
 from .encodings import create_for_model
 from .encodings.base import PositionalEncoding
@@ -148,20 +149,26 @@ def _bias_panels(enc: PositionalEncoding, max_distance: int, grid: int):
         positions = torch.arange(grid)
         square = enc.score_bias(positions, positions)[0].clone()
     square[positions.unsqueeze(-1) < positions] = float("nan")  # future keys: masked in causal use
+    return _per_head_and_square(distances, per_head, square, max_distance, "bias against distance, per head",
+                                "bias b(i, j), head 0 (j > i masked)", "position ")
 
+
+def _per_head_and_square(distances: Tensor, per_head: Tensor, square: Tensor, max_distance: int,
+                         lines_title: str, square_title: str, axis_word: str = ""):
+    """Two panels of a bias: per head against distance from the last query, and its (i, j) picture."""
     def lines(ax, fig):
         for h, row in enumerate(per_head):
             ax.plot(distances.numpy(), row.numpy(), lw=1, label=f"head {h}")
         ax.set_xlabel(f"distance i - j (tokens), query at i = {max_distance}")
         ax.set_ylabel("bias added to the logit (nats)")
-        ax.set_title("bias against distance, per head")
+        ax.set_title(lines_title)
         ax.legend(fontsize=6, ncol=2)
 
     def heatmap(ax, fig):
         image = ax.imshow(square.numpy(), cmap="viridis", interpolation="nearest")
-        ax.set_xlabel("key position j (tokens)")
-        ax.set_ylabel("query position i (tokens)")
-        ax.set_title("bias b(i, j), head 0 (j > i masked)")
+        ax.set_xlabel(f"key {axis_word}j (tokens)")
+        ax.set_ylabel(f"query {axis_word}i (tokens)")
+        ax.set_title(square_title)
         fig.colorbar(image, ax=ax, label="bias (nats)")
 
     return [lines, heatmap]
@@ -213,23 +220,8 @@ def _gate_panels(enc: PositionalEncoding, d_model: int, max_distance: int, grid:
         per_head = enc.gate_bias(state, index[-1:], index, causal=True)[0, :, 0].flip(-1)  # (H, distance)
         square = enc.gate_bias(state, index[:grid], index[:grid], causal=True)[0, 0].clone()
     square[index[:grid].unsqueeze(-1) < index[:grid]] = float("nan")
-
-    def lines(ax, fig):
-        for h, row in enumerate(per_head):
-            ax.plot(index.numpy(), row.numpy(), lw=1, label=f"head {h}")
-        ax.set_xlabel(f"distance i - j (tokens), query at i = {max_distance}")
-        ax.set_ylabel("bias added to the logit (nats)")
-        ax.set_title("gate bias against distance, random hidden states")
-        ax.legend(fontsize=6, ncol=2)
-
-    def heatmap(ax, fig):
-        image = ax.imshow(square.numpy(), cmap="viridis", interpolation="nearest")
-        ax.set_xlabel("key j (tokens)")
-        ax.set_ylabel("query i (tokens)")
-        ax.set_title("gate bias (i, j), head 0 (j > i masked)")
-        fig.colorbar(image, ax=ax, label="bias (nats)")
-
-    return [lines, heatmap]
+    return _per_head_and_square(index, per_head, square, max_distance, "gate bias against distance, random hidden states",
+                                "gate bias (i, j), head 0 (j > i masked)")
 
 
 def _content_panels(enc: PositionalEncoding, max_distance: int, head_dim: int = 8, grid: int = 64):
