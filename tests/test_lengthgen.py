@@ -36,8 +36,8 @@ def test_lengthgen_end_to_end(tmp_path, capsys):
     summary = json.loads((out / "results.json").read_text())
     config = summary["config"]
     assert config["tasks"] == ["copy", "passkey"] and config["encodings"] == ["nope", "learned"]
-    assert config["task_settings"]["copy"] == {"train_size": 4, "steps": 3, "eval_sizes": [2, 4, 6, 8, 12, 16],
-                                               "size_unit": "letters"}
+    assert config["task_settings"]["copy"] == {"train_size": 4, "steps": 3, "num_layers": 1,
+                                               "eval_sizes": [2, 4, 6, 8, 12, 16], "size_unit": "letters"}
     assert set(summary["results"]) == {"copy", "passkey"}
     for task, rows in summary["results"].items():
         assert set(rows) == {"nope", "learned"}
@@ -145,11 +145,14 @@ def test_config_defaults_and_sizes():
     assert config.eval_sizes("flipflop") == [3, 6, 9, 12, 18, 24]
     # a learned table as long as the longest evaluation sequence: 24 letters, =, 24 letters, END
     assert config.model_config("copy").max_positions == 50
-    assert LengthgenConfig(train_size=5, tasks=("copy",)).eval_sizes("copy") == [2, 5, 8, 10, 15, 20]
+    assert LengthgenConfig(train_size=5, tasks=("copy",)).eval_sizes("copy") == [3, 5, 8, 10, 15, 20]  # half up
+    assert LengthgenConfig().eval_sizes("addition") == [2, 3, 5, 6, 9, 12]
+    assert config.model_config("copy").num_layers == 3 and LengthgenConfig().model_config("passkey").num_layers == 2
+    assert LengthgenConfig(num_layers=1).model_config("passkey").num_layers == 1
     randomized = LengthgenConfig(tasks=("copy",), randomized_positions=100)
     assert randomized.rows[-1] == "t5+rand" and randomized.model_config("copy").max_positions == 100
     assert randomized.row_run("copy", "rope+rand", 3)[1].randomized_positions == 100
-    assert preset_config("quick").encodings == ("nope", "rope", "alibi")
+    assert preset_config("quick").encodings == ("rope", "alibi")
 
 
 @pytest.mark.slow
