@@ -157,7 +157,7 @@ def test_config_defaults_and_sizes():
 
 @pytest.mark.slow
 def test_default_run_learns_every_task_at_its_training_size(tmp_path):
-    torch.set_num_threads(2)
+    # about 20 minutes on one thread of a 2-core machine (conftest's one thread)
     summary = run_lengthgen(preset_config("default"), tmp_path)
     for task, rows in summary["results"].items():
         n = str(summary["config"]["task_settings"][task]["train_size"])

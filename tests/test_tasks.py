@@ -117,6 +117,13 @@ def test_exact_match_counts_a_partial_answer_as_wrong():
     assert not exact_match("abd.", e) and not exact_match("", e)
 
 
+def test_every_task_has_its_default_setting():
+    from posenc.experiments.lengthgen import TASK_SETTINGS
+
+    assert list(TASK_SETTINGS) == list(TASKS)
+    assert all(setting.train_size >= TASKS[name].min_size for name, setting in TASK_SETTINGS.items())
+
+
 def test_bad_sizes_and_names_are_refused():
     with pytest.raises(ValueError, match="size of a copy instance must be an integer >= 1, got 0"):
         get_task("copy").example(0, random.Random(0))

@@ -271,6 +271,14 @@ def _save(fig, plt, out: Path, dpi: int = 110) -> Path:
     return out
 
 
+def _annotate(ax, grid: list[list[float]], fontsize: float) -> None:
+    """Write each accuracy in its cell ("n/a" for NaN), dark on light cells."""
+    for i, line in enumerate(grid):
+        for j, value in enumerate(line):
+            text = "n/a" if value != value else f"{value:.2f}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=fontsize, color="black" if value >= 0.6 else "white")
+
+
 def plot_lengthgen(summary: dict, out_dir: str | Path) -> list[Path]:
     """The figures of a ``posenc lengthgen`` results dict, written to ``out_dir``:
 
@@ -319,10 +327,7 @@ def plot_lengthgen(summary: dict, out_dir: str | Path) -> list[Path]:
         sizes = settings[task]["eval_sizes"]
         grid = [[rows[row]["eval"].get(str(n), {}).get("accuracy", float("nan")) for n in sizes] for row in rows]
         image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
-        for i, line in enumerate(grid):
-            for j, value in enumerate(line):
-                text = "n/a" if value != value else f"{value:.2f}"
-                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if not value >= 0.6 else "black")
+        _annotate(ax, grid, fontsize=7)
         n = settings[task]["train_size"]
         ax.set_xticks(range(len(sizes)), [f"{s}\n{s / n:g}N" for s in sizes], fontsize=7)
         ax.set_yticks(range(len(rows)), list(rows), fontsize=8)
@@ -339,6 +344,7 @@ def plot_lengthgen(summary: dict, out_dir: str | Path) -> list[Path]:
             depths = sorted({d for cell in res["eval"].values() for d in cell.get("by_depth", {})}, key=float)
             grid = [[res["eval"].get(str(n), {}).get("by_depth", {}).get(d, float("nan")) for n in sizes] for d in depths]
             image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+            _annotate(ax, grid, fontsize=6)
             ax.set_xticks(range(len(sizes)), [str(s) for s in sizes], fontsize=7)
             ax.set_yticks(range(len(depths)), depths, fontsize=7)
             ax.set_xlabel("filler bytes")

@@ -14,7 +14,8 @@ sweep resumes and torchrun splits the runs, as ``posenc extrapolate`` does.
 
 ``results.json`` (what :func:`run_lengthgen` returns)::
 
-    {"config": {...LengthgenConfig.to_dict(), "posenc_version"},
+    {"config": {...LengthgenConfig.to_dict(), "posenc_version",
+                "task_settings": {task: {"train_size", "steps", "num_layers", "eval_sizes", "size_unit"}}},
      "results": {task: {row: {
          "train_size": N, "size_unit": str, "parameters": int,
          "eval": {"<size>": {"factor": size / N, "accuracy": mean exact match over seeds in [0, 1],

@@ -163,7 +163,7 @@ class Addition(Task):
 
 class FlipFlop(Task):
     """Flip-flop language (Liu et al. 2023, "Exposing Attention Glitches with Flip-Flop
-    Language Modeling", arXiv 2306.00946, section 3): a string of n instructions, each an
+    Language Modeling", arXiv 2306.00946): a string of n instructions, each an
     opcode and a bit, ``w`` (write the bit), ``i`` (ignore it), ``r`` (read: the bit is the
     last one written). The first is a write, the last a read whose bit is the answer:
     ``"w1i0r1i1w0i1r"`` -> ``"0"``. Opcodes in between are drawn as in their FFL(0.8):
@@ -192,9 +192,9 @@ class FlipFlop(Task):
 
 class SelectiveCopy(Task):
     """Copy the letters, skip the blanks (the CoPE paper's selective copy, Golovneva et al.
-    2024, arXiv 2405.18719, section 5.2, after Gu and Dao's Mamba): n letters among n blanks
-    ``_``, their places random: ``"_q__hx_a="`` -> ``"qhxa"``. Size n = letters to copy;
-    the prompt is 2n + 1 bytes."""
+    2024, arXiv 2405.18719, after Gu and Dao's Mamba; their in-distribution split has as many
+    blanks as letters, as here): n letters among n blanks ``_``, their places random:
+    ``"_q__hx_a="`` -> ``"qhxa"``. Size n = letters to copy; the prompt is 2n + 1 bytes."""
 
     name, size_unit = "selective_copy", "letters"
 
@@ -209,10 +209,13 @@ class SelectiveCopy(Task):
 
 
 class Passkey(Task):
-    """Passkey retrieval (Chen et al. 2023, Position Interpolation, section 3.3 and appendix;
-    Mohtashami and Jaggi 2023, Landmark Attention): ``n`` bytes of the PI filler (its five
+    """Passkey retrieval (Chen et al. 2023, Position Interpolation, arXiv 2306.15595; Mohtashami
+    and Jaggi 2023, Landmark Attention, arXiv 2305.16300): ``n`` bytes of the PI filler (its five
     sentences repeated, cut at n bytes), the sentence ``KEY_SENTENCE`` with a random 5-digit
     key inserted at byte ``round(depth * n)`` of it, then ``QUESTION``; the answer is the key.
+    PI's key sentence and question, shortened (no "Remember it.", no "The pass key is" after
+    the question: our model is trained on the format, so it needs no cue), keep the fixed
+    text at 47 bytes.
     Size n = filler bytes (the prompt is n + 47 bytes). ``depth`` is uniform in [0, 1] unless
     given (evaluation uses a grid of depths, see :data:`DEPTHS`)."""
 
