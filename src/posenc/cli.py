@@ -234,6 +234,140 @@ def extrapolate(
     console.print(f"wrote {out / 'results.json'}, {out / 'results.csv'}, {figure} in {time.perf_counter() - started:.0f}s")
 
 
+class TaskReporter(RichReporter):
+    """RichReporter for ``posenc lengthgen``: the training bar shows the answer-token loss, and
+    each finished run prints its exact-match accuracy per size. ``seconds`` adds up each
+    task's training and evaluation wall time (stored runs included, from their records)."""
+
+    def __init__(self, progress: Progress) -> None:
+        super().__init__(progress)
+        self.seconds: dict[str, list[float]] = {}
+
+    def train_step(self, step, loss):
+        self.progress.update(self.task, completed=step + 1, loss=f"answer loss {loss:.3f}")
+
+    def run_finished(self, row, seed, record, skipped):
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+            self.task = None
+        spent = self.seconds.setdefault(record["task"], [0.0, 0.0])
+        spent[0] += record["train_seconds"]
+        spent[1] += record["eval_seconds"]
+        cells = " ".join(f"{n}:{c['accuracy']:.2f}" for n, c in record["eval"].items())
+        state = "already done" if skipped else f"{record['train_seconds']:.0f}s train, {record['eval_seconds']:.0f}s eval"
+        if not skipped and getattr(self, "resumed_step", 0):
+            state += f", resumed at step {self.resumed_step}"
+        self.progress.console.print(f"[bold]{row}[/] seed {seed} ({state}) exact match at size {cells}")
+
+
+def lengthgen_table(summary: dict) -> Table:
+    """Rows: task and encoding; columns: evaluation sizes as multiples of N (the size in
+    each task's unit in the cell's task row); cells: exact-match accuracy (± seed spread)."""
+    config = summary["config"]
+    factors = sorted({f for f in config["eval_factors"]})
+    table = Table(title="exact-match accuracy (greedy decoding; trained on sizes <= N)")
+    table.add_column("task", style="bold", no_wrap=True)
+    table.add_column("encoding", no_wrap=True)
+    for f in factors:
+        table.add_column(f"{f:g}N", justify="right")
+    tasks = list(summary["results"].items())
+    for index, (task, rows) in enumerate(tasks):
+        setting = config["task_settings"][task]
+        n = setting["train_size"]
+        sizes = {size: size / n for size in setting["eval_sizes"]}
+        names = list(rows.items())
+        for position, (row, res) in enumerate(names):
+            cells = []
+            for f in factors:
+                size = max(sizes, key=lambda s: -abs(sizes[s] - f))  # the size this factor gave
+                cell = res["eval"].get(str(size))
+                if cell is None:
+                    cells.append("[dim]n/a[/]")
+                    continue
+                spread = f" ±{cell['accuracy_std']:.2f}" if cell["seeds"] > 1 else ""
+                colour = "green" if cell["accuracy"] >= 0.9 else "red" if cell["accuracy"] < 0.1 else "yellow"
+                cells.append(f"[{colour}]{cell['accuracy']:.2f}[/]{spread}")
+            label = f"{task} (N={n})" if position == 0 else ""
+            table.add_row(label, row, *cells, end_section=position == len(names) - 1 and index < len(tasks) - 1)
+    return table
+
+
+@app.command()
+def lengthgen(
+    tasks: Optional[str] = typer.Option(None, help="Comma-separated tasks: copy, reverse, sort, addition, flipflop, "
+                                        "selective_copy, passkey (default: the preset's)."),
+    encodings: Optional[str] = typer.Option(None, help="Comma-separated encoding names (default: the preset's)."),
+    preset: str = typer.Option("default", help="quick | default | full (every task on every registered encoding)."),
+    train_size: Optional[int] = typer.Option(None, help="N for every task: train on sizes <= N (default: each task's own)."),
+    steps: Optional[int] = typer.Option(None, help="Training steps per run (default: each task's own)."),
+    batch_size: Optional[int] = typer.Option(None, help="Training batch size (instances)."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate."),
+    d_model: Optional[int] = typer.Option(None, help="Model width."),
+    layers: Optional[int] = typer.Option(None, help="Number of transformer blocks."),
+    heads: Optional[int] = typer.Option(None, help="Attention heads."),
+    eval_instances: Optional[int] = typer.Option(None, help="Fresh instances scored at each size."),
+    seeds: Optional[str] = typer.Option(None, help="Comma-separated seeds, e.g. 0,1,2."),
+    out: Path = typer.Option(Path("results/lengthgen"), help="Output folder (results.json, results.csv, figures, checkpoints)."),
+    device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
+    randomized_positions: Optional[int] = typer.Option(
+        None, help="Also train every encoding with randomized positions (Ruoss et al. 2023): each sequence's positions a "
+        "sorted random sample from [0, M); evaluated at ordinary positions (rows <encoding>+rand).",
+    ),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)."),
+) -> None:
+    """Synthetic tasks (copy, reverse, addition, flip-flop, passkey, ...): train on sizes <= N,
+    score exact match at N/2, N, 1.5N, 2N, 3N, 4N. Which encoding still gets the answer right?
+
+    Rerun with the same arguments to resume an interrupted sweep; under torchrun the
+    (task, encoding, seed) runs are split across the processes.
+    """
+    from .experiments import distributed
+    from .experiments.lengthgen import preset_config, run_lengthgen
+    from .plots import plot_lengthgen
+    from ._validation import check_device
+
+    if threads is not None:
+        if threads < 1:
+            raise UsageError(f"--threads must be an integer >= 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
+    check_device(device, "--device")
+    device = distributed.init_from_env(device)
+    console.quiet = not distributed.current().is_main
+
+    config = preset_config(
+        preset, tasks=_split_list(tasks, "--tasks"), encodings=_split_list(encodings, "--encodings"),
+        train_size=train_size, steps=steps, batch_size=batch_size, lr=lr, d_model=d_model, num_layers=layers,
+        num_heads=heads, eval_instances=eval_instances, seeds=_split_list(seeds, "--seeds", int), device=device,
+        randomized_positions=randomized_positions,
+    )
+    model, train = config.model, config.train
+    console.print(
+        f"[bold]runs[/] {', '.join(config.tasks)} x {', '.join(config.rows)} x seeds {list(config.seeds)}; "
+        f"d_model {model.d_model}, {model.num_heads} heads; batch {train.batch_size}, lr {train.lr}"
+    )
+    for task in config.tasks:
+        console.print(
+            f"  [bold]{task}[/] N={config.task_train_size(task)}, {config.task_layers(task)} layers, {config.task_steps(task)} steps, "
+            f"eval sizes {config.eval_sizes(task)} x {config.eval_instances} instances"
+        )
+    started = time.perf_counter()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        reporter = TaskReporter(progress)
+        summary = run_lengthgen(config, out, reporter)
+    if summary is None:  # not rank 0
+        return
+    figures = plot_lengthgen(summary, out)
+    console.print(lengthgen_table(summary))
+    console.print("[bold]wall time per task[/] (train + eval, all its runs; this machine's share): " + ", ".join(
+        f"{task} {train:.0f}s + {evaluation:.0f}s" for task, (train, evaluation) in reporter.seconds.items()))
+    console.print(f"wrote {out / 'results.json'}, {out / 'results.csv'}, {', '.join(map(str, figures))} "
+                  f"in {time.perf_counter() - started:.0f}s")
+
+
 def _read_config_json(path: Path) -> dict:
     """A parsed config.json; every failure as one clear error naming the file."""
     if not path.exists():

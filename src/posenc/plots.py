@@ -1,6 +1,7 @@
 """Figures: what each encoding does (:func:`plot_encoding`, drawn from its hooks, never from
-its name), the extrapolation results (:func:`plot_extrapolation`) and a model's RoPE
-wavelengths against its contexts (:func:`plot_rope_inspection`, ``posenc inspect``).
+its name), the extrapolation results (:func:`plot_extrapolation`), the synthetic-task
+accuracies of ``posenc lengthgen`` (:func:`plot_lengthgen`) and a model's RoPE wavelengths
+against its contexts (:func:`plot_rope_inspection`, ``posenc inspect``).
 
 ``plot_encoding(name, out)`` builds the encoding at a small model size and draws one panel
 (or two) per hook it uses:
@@ -427,6 +428,110 @@ def plot_extrapolation(summary: dict, out: str | Path) -> Path:
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def _task_axes(plt, count: int, width: float, height: float):
+    """A grid of ``count`` panels, at most three a row, the unused ones hidden; constrained
+    layout keeps titles, tick labels and a shared colour bar apart."""
+    columns = min(3, count)
+    rows = -(-count // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False, layout="constrained")
+    for ax in axes.flat[count:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:count])
+
+
+def _save(fig, plt, out: Path, dpi: int = 110) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    plt.close(fig)
+    return out
+
+
+def _annotate(ax, grid: list[list[float]], fontsize: float) -> None:
+    """Write each accuracy in its cell ("n/a" for NaN), dark on light cells."""
+    for i, line in enumerate(grid):
+        for j, value in enumerate(line):
+            text = "n/a" if value != value else f"{value:.2f}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=fontsize, color="black" if value >= 0.6 else "white")
+
+
+def plot_lengthgen(summary: dict, out_dir: str | Path) -> list[Path]:
+    """The figures of a ``posenc lengthgen`` results dict, written to ``out_dir``:
+
+    - ``accuracy.png``: exact-match accuracy against instance size, one panel per task, one
+      line per row (encoding), the training size N marked (error bars: spread over seeds);
+    - ``heatmap.png``: the same numbers as an (encoding x size) grid per task;
+    - ``passkey_depth.png`` (when passkey ran): accuracy by the key's depth in the filler
+      against size, one panel per row.
+
+    Returns the paths written.
+    """
+    plt = _pyplot()
+    out_dir = Path(out_dir)
+    tasks = summary["results"]
+    settings = summary["config"]["task_settings"]
+    paths = []
+
+    fig, axes = _task_axes(plt, len(tasks), 5.0, 3.8)
+    for ax, (task, rows) in zip(axes, tasks.items()):
+        colors = plt.get_cmap("tab10" if len(rows) <= 10 else "tab20")
+        for index, (row, res) in enumerate(rows.items()):
+            sizes = sorted(int(n) for n in res["eval"])
+            values = [res["eval"][str(n)]["accuracy"] for n in sizes]
+            errors = [res["eval"][str(n)]["accuracy_std"] for n in sizes]
+            style = dict(color=colors(index % colors.N), marker="os^Dv<>PXph"[index % 11],
+                         linestyle="--" if row.endswith("+rand") else "-", label=row)
+            if any(errors):
+                ax.errorbar(sizes, values, yerr=errors, capsize=3, **style)
+            else:
+                ax.plot(sizes, values, **style)
+        n = settings[task]["train_size"]
+        ax.axvline(n, color="grey", linestyle=":", linewidth=1.2)
+        ax.axvspan(0, n, color="grey", alpha=0.08, label=f"trained (size <= N = {n})")
+        ax.set_xlim(0, max(settings[task]["eval_sizes"]) * 1.05)
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_title(task)
+        ax.set_xlabel(f"instance size ({settings[task]['size_unit']})")
+        ax.set_ylabel("exact-match accuracy")
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize="x-small", loc="lower left")
+    fig.suptitle("Train on sizes <= N, test longer: exact match, greedy decoding", fontsize="medium")
+    paths.append(_save(fig, plt, out_dir / "accuracy.png"))
+
+    fig, axes = _task_axes(plt, len(tasks), 5.2, 0.9 + 0.36 * max(len(rows) for rows in tasks.values()))
+    for ax, (task, rows) in zip(axes, tasks.items()):
+        sizes = settings[task]["eval_sizes"]
+        grid = [[rows[row]["eval"].get(str(n), {}).get("accuracy", float("nan")) for n in sizes] for row in rows]
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        _annotate(ax, grid, fontsize=7)
+        n = settings[task]["train_size"]
+        ax.set_xticks(range(len(sizes)), [f"{s}\n{s / n:g}N" for s in sizes], fontsize=7)
+        ax.set_yticks(range(len(rows)), list(rows), fontsize=8)
+        ax.set_title(f"{task} (N = {n} {settings[task]['size_unit']})", fontsize=9)
+    fig.colorbar(image, ax=axes, label="exact-match accuracy", shrink=0.8)
+    fig.suptitle("Exact-match accuracy, encoding x instance size", fontsize="medium")
+    paths.append(_save(fig, plt, out_dir / "heatmap.png"))
+
+    if "passkey" in tasks:
+        rows = tasks["passkey"]
+        sizes = settings["passkey"]["eval_sizes"]
+        fig, axes = _task_axes(plt, len(rows), 3.6, 3.0)
+        for ax, (row, res) in zip(axes, rows.items()):
+            depths = sorted({d for cell in res["eval"].values() for d in cell.get("by_depth", {})}, key=float)
+            grid = [[res["eval"].get(str(n), {}).get("by_depth", {}).get(d, float("nan")) for n in sizes] for d in depths]
+            image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+            _annotate(ax, grid, fontsize=6)
+            ax.set_xticks(range(len(sizes)), [str(s) for s in sizes], fontsize=7)
+            ax.set_yticks(range(len(depths)), depths, fontsize=7)
+            ax.set_xlabel("filler bytes")
+            ax.set_ylabel("key depth")
+            ax.set_title(row, fontsize=9)
+        fig.colorbar(image, ax=axes, label="exact-match accuracy", shrink=0.8)
+        fig.suptitle(f"passkey: accuracy by key depth (0 = start of the filler) and size (N = {settings['passkey']['train_size']})",
+                     fontsize="medium")
+        paths.append(_save(fig, plt, out_dir / "passkey_depth.png"))
+    return paths
 
 
 def plot_rope_inspection(report: RopeInspection, out_png: str | Path, *, title: str | None = None) -> Path:

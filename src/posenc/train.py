@@ -1,9 +1,15 @@
-"""The training loop: AdamW, linear warm-up then cosine decay, gradient clipping."""
+"""The training loop: AdamW, linear warm-up then cosine decay, gradient clipping.
+
+It trains on random windows of a byte corpus, or on the batches of a :data:`BatchSource`
+(e.g. synthetic task instances, :mod:`posenc.experiments.lengthgen`) whose targets mark with
+:data:`IGNORE_INDEX` the tokens that carry no loss.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Union
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -17,6 +23,16 @@ from .data import random_windows
 from .model import TransformerLM
 from ._amp import autocast_context, check_autocast
 from ._validation import check_bool, check_number, check_positive_int, is_real_number
+
+
+#: A target that carries no loss (F.cross_entropy's ``ignore_index``): a prompt token, padding.
+IGNORE_INDEX = -100
+
+#: Makes one training batch: ``(batch_size, generator) -> (inputs, targets)``, both int64
+#: (B, T); ``targets`` holds :data:`IGNORE_INDEX` where no loss is taken. It must draw its
+#: randomness from ``generator`` alone: the generator's state is checkpointed, so a resumed
+#: run sees the batches an uninterrupted one would.
+BatchSource = Callable[[int, torch.Generator], "tuple[Tensor, Tensor]"]
 
 
 @dataclass(frozen=True)
@@ -108,7 +124,7 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def train_lm(
     model: nn.Module,
-    data: Tensor,
+    data: Union[Tensor, BatchSource],
     config: TrainConfig,
     on_step: Callable[[int, float], None] | None = None,
     *,
@@ -117,12 +133,16 @@ def train_lm(
     fingerprint: dict | None = None,
     on_resume: Callable[[int], None] | None = None,
 ) -> list[float]:
-    """Train ``model`` on random windows of ``data`` (uint8 bytes) for next-byte prediction.
+    """Train ``model`` for next-byte prediction on random windows of ``data`` (uint8 bytes),
+    or on the batches a :data:`BatchSource` ``data`` makes.
+
+    The loss is the mean cross-entropy over the targets that are not :data:`IGNORE_INDEX`.
 
     Args:
         model: maps tokens (B, T) -> logits (B, T, V); with ``config.randomized_positions``
             it is called as ``model(tokens, positions)``, positions (B, T) int64.
-        data: 1-D uint8 tensor of training bytes.
+        data: 1-D uint8 tensor of training bytes (windows of ``config.seq_len``), or a
+            :data:`BatchSource` (batches of any width T; ``config.seq_len`` is not read).
         config: steps, batch size, window length, optimizer settings, seed.
         on_step: called after each step with (step, loss in nats per token).
         checkpoint_path: if given, the model, optimizer, batch generator and losses are saved
@@ -173,14 +193,17 @@ def train_lm(
     for step in range(start, config.steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
-        inputs, targets = random_windows(data, config.batch_size, config.seq_len, generator)
+        if callable(data):
+            inputs, targets = data(config.batch_size, generator)
+        else:
+            inputs, targets = random_windows(data, config.batch_size, config.seq_len, generator)
         inputs, targets = inputs.to(device), targets.to(device)
         positions = None
         if config.randomized_positions is not None:
-            positions = random_positions(config.batch_size, config.seq_len, config.randomized_positions, generator)
+            positions = random_positions(*inputs.shape, config.randomized_positions, generator)
         with autocast_context(device, config.autocast):
             logits = forward(inputs) if positions is None else forward(inputs, positions.to(device))
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
