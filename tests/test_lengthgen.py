@@ -164,7 +164,7 @@ def test_config_defaults_and_sizes():
     randomized = LengthgenConfig(tasks=("copy",), randomized_positions=100)
     assert randomized.rows[-1] == "t5+rand" and randomized.model_config("copy").max_positions == 100
     assert randomized.row_run("copy", "rope+rand", 3)[1].randomized_positions == 100
-    assert preset_config("quick").encodings == ("rope", "alibi")
+    assert preset_config("quick").encodings == ("nope", "rope", "alibi")
 
 
 @pytest.mark.slow
