@@ -297,6 +297,8 @@ CASES = [
     *[(f"TrainConfig lr={v!r}", (lambda v=v: TrainConfig(lr=v)), ValueError, r"lr must be a finite number > 0") for v in (0.0, -1e-3, NAN, INF)],
     *[(f"TrainConfig {f}={v!r}", (lambda f=f, v=v: TrainConfig(**{f: v})), ValueError, rf"{f} must be in") for f, v in
       (("warmup_frac", 1.0), ("warmup_frac", NAN), ("min_lr_frac", -0.1), ("min_lr_frac", NAN))],
+    *[(f"TrainConfig stable_frac={v!r}", (lambda v=v: TrainConfig(stable_frac=v)), ValueError,
+       r"stable_frac must be >= 0 with warmup_frac \+ stable_frac < 1") for v in (-0.1, 0.95, NAN)],
     *[(f"TrainConfig {f}={v!r}", (lambda f=f, v=v: TrainConfig(**{f: v})), ValueError, rf"{f} must be a finite number") for f, v in
       (("grad_clip", 0.0), ("grad_clip", NAN), ("weight_decay", -0.1), ("weight_decay", INF))],
     *[(f"TrainConfig seed={v!r}", (lambda v=v: TrainConfig(seed=v)), ValueError, r"seed must be an integer >= 0") for v in (-1, 1.5, True)],

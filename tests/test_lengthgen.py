@@ -15,7 +15,7 @@ from posenc.experiments.lengthgen import (
 )
 from posenc.experiments.tasks import END, Example, get_task
 from posenc.model import LMConfig, TransformerLM
-from posenc.train import IGNORE_INDEX
+from posenc.train import IGNORE_INDEX, TrainConfig, lr_at
 
 TINY = ["--steps", "3", "--batch-size", "4", "--d-model", "16", "--layers", "1", "--heads", "2",
         "--eval-instances", "5", "--train-size", "4", "--threads", "1"]
@@ -36,8 +36,9 @@ def test_lengthgen_end_to_end(tmp_path, capsys):
     summary = json.loads((out / "results.json").read_text())
     config = summary["config"]
     assert config["tasks"] == ["copy", "passkey"] and config["encodings"] == ["nope", "learned"]
-    assert config["task_settings"]["copy"] == {"train_size": 4, "steps": 3, "num_layers": 1,
-                                               "eval_sizes": [2, 4, 6, 8, 12, 16], "size_unit": "letters"}
+    assert config["task_settings"]["copy"] == {"train_size": 4, "steps": 3, "eval_sizes": [2, 4, 6, 8, 12, 16],
+                                               "size_unit": "letters"}
+    assert config["model"]["num_layers"] == 1 and config["train"]["stable_frac"] == 0.6
     assert set(summary["results"]) == {"copy", "passkey"}
     for task, rows in summary["results"].items():
         assert set(rows) == {"nope", "learned"}
@@ -108,6 +109,18 @@ def test_training_batch_takes_the_loss_on_answer_tokens_only():
     assert batch[0].shape[1] <= 2 * 6 + 1
 
 
+def test_warmup_stable_decay_schedule():
+    config = TrainConfig(steps=100, lr=1.0, warmup_frac=0.1, stable_frac=0.5, min_lr_frac=0.2)
+    rates = [lr_at(step, config) for step in range(100)]
+    assert rates[:10] == pytest.approx([(s + 1) / 10 for s in range(10)])  # linear warm-up
+    assert rates[10:60] == [1.0] * 50  # stable
+    # then a cosine from lr at step 60 to min_lr_frac * lr at the last step, by the formula
+    assert rates[60:] == pytest.approx([0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi * (s - 60) / 40)) for s in range(60, 100)])
+    plain = TrainConfig(steps=100, lr=1.0, warmup_frac=0.1, min_lr_frac=0.2)
+    assert "stable_frac" not in plain.to_dict() and config.to_dict()["stable_frac"] == 0.5
+    assert lr_at(10, plain) == pytest.approx(1.0) and lr_at(55, plain) == pytest.approx(0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+
+
 class Oracle(TransformerLM):
     """Logits that spell out given continuations, one per row (or a fixed wrong one)."""
 
@@ -147,12 +160,11 @@ def test_config_defaults_and_sizes():
     assert config.model_config("copy").max_positions == 50
     assert LengthgenConfig(train_size=5, tasks=("copy",)).eval_sizes("copy") == [3, 5, 8, 10, 15, 20]  # half up
     assert LengthgenConfig().eval_sizes("addition") == [2, 3, 5, 6, 9, 12]
-    assert config.model_config("copy").num_layers == 3 and LengthgenConfig().model_config("passkey").num_layers == 2
-    assert LengthgenConfig(num_layers=1).model_config("passkey").num_layers == 1
+    assert preset_config(num_layers=1).model_config("passkey").num_layers == 1
     randomized = LengthgenConfig(tasks=("copy",), randomized_positions=100)
     assert randomized.rows[-1] == "t5+rand" and randomized.model_config("copy").max_positions == 100
     assert randomized.row_run("copy", "rope+rand", 3)[1].randomized_positions == 100
-    assert preset_config("quick").encodings == ("rope", "alibi")
+    assert preset_config("quick").encodings == ("nope", "rope", "alibi")
 
 
 @pytest.mark.slow

@@ -345,11 +345,12 @@ def lengthgen(
     model, train = config.model, config.train
     console.print(
         f"[bold]runs[/] {', '.join(config.tasks)} x {', '.join(config.rows)} x seeds {list(config.seeds)}; "
-        f"d_model {model.d_model}, {model.num_heads} heads; batch {train.batch_size}, lr {train.lr}"
+        f"d_model {model.d_model}, {model.num_layers} layers, {model.num_heads} heads, MLP x{model.mlp_ratio}; "
+        f"batch {train.batch_size}, lr {train.lr}"
     )
     for task in config.tasks:
         console.print(
-            f"  [bold]{task}[/] N={config.task_train_size(task)}, {config.task_layers(task)} layers, {config.task_steps(task)} steps, "
+            f"  [bold]{task}[/] N={config.task_train_size(task)}, {config.task_steps(task)} steps, "
             f"eval sizes {config.eval_sizes(task)} x {config.eval_instances} instances"
         )
     started = time.perf_counter()

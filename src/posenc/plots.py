@@ -488,14 +488,16 @@ def plot_lengthgen(summary: dict, out_dir: str | Path) -> list[Path]:
                 ax.plot(sizes, values, **style)
         n = settings[task]["train_size"]
         ax.axvline(n, color="grey", linestyle=":", linewidth=1.2)
-        ax.axvspan(0, n, color="grey", alpha=0.08, label=f"trained (size <= N = {n})")
+        ax.axvspan(0, n, color="grey", alpha=0.08, label="trained sizes (<= N)")
         ax.set_xlim(0, max(settings[task]["eval_sizes"]) * 1.05)
         ax.set_ylim(-0.03, 1.03)
-        ax.set_title(task)
+        ax.set_title(f"{task} (N = {n})")
         ax.set_xlabel(f"instance size ({settings[task]['size_unit']})")
         ax.set_ylabel("exact-match accuracy")
         ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize="x-small", loc="lower left")
+    # one legend for every panel, beside them: inside, it hides the curves at small sizes
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right center", fontsize="small")
     fig.suptitle("Train on sizes <= N, test longer: exact match, greedy decoding", fontsize="medium")
     paths.append(_save(fig, plt, out_dir / "accuracy.png"))
 

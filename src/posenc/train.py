@@ -39,6 +39,12 @@ BatchSource = Callable[[int, torch.Generator], "tuple[Tensor, Tensor]"]
 class TrainConfig:
     """Hyper-parameters of :func:`train_lm`. ``lr`` is the peak learning rate.
 
+    The learning rate warms up linearly over ``warmup_frac`` of the steps, stays at ``lr`` for
+    a further ``stable_frac`` of them, then follows a cosine down to ``min_lr_frac * lr`` at the
+    last step (:func:`lr_at`). ``stable_frac`` 0 (default) is plain warm-up + cosine; > 0 is a
+    warmup-stable-decay schedule, for tasks whose learning comes in a sudden phase transition
+    that a decaying rate can postpone past the last step.
+
     ``randomized_positions``: None (default) trains at positions 0 .. seq_len - 1. An integer
     N >= seq_len trains with randomized positional encodings (Ruoss et al. 2023, "Randomized
     Positional Encodings Boost Length Generalization of Transformers", arXiv 2305.16843,
@@ -65,6 +71,7 @@ class TrainConfig:
     randomized_positions: int | None = None
     autocast: str | None = None
     compile: bool = False
+    stable_frac: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len"):
@@ -72,6 +79,8 @@ class TrainConfig:
         check_number(self.lr, "lr", gt=0)
         if not (is_real_number(self.warmup_frac) and 0 <= self.warmup_frac < 1):
             raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac!r}")
+        if not (is_real_number(self.stable_frac) and 0 <= self.stable_frac and self.warmup_frac + self.stable_frac < 1):
+            raise ValueError(f"stable_frac must be >= 0 with warmup_frac + stable_frac < 1, got {self.stable_frac!r}")
         if not (is_real_number(self.min_lr_frac) and 0 <= self.min_lr_frac <= 1):
             raise ValueError(f"min_lr_frac must be in [0, 1], got {self.min_lr_frac!r}")
         check_number(self.grad_clip, "grad_clip", gt=0)
@@ -89,10 +98,12 @@ class TrainConfig:
         check_bool(self.compile, "compile")
 
     def to_dict(self) -> dict:
-        """The fields as plain data; ``randomized_positions``, ``autocast`` and ``compile`` only
-        when set, so that a run's fingerprint from before they existed reads the same."""
+        """The fields as plain data; ``randomized_positions``, ``autocast``, ``compile`` and
+        ``stable_frac`` only when set, so that a run's fingerprint from before they existed
+        reads the same."""
         fields = asdict(self)
-        for name, default in (("randomized_positions", None), ("autocast", None), ("compile", False)):
+        for name, default in (("randomized_positions", None), ("autocast", None), ("compile", False),
+                              ("stable_frac", 0.0)):
             if fields[name] == default:
                 del fields[name]
         return fields
@@ -106,11 +117,15 @@ def random_positions(batch_size: int, seq_len: int, num_positions: int, generato
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
-    """Learning rate at ``step`` (0-based): linear warm-up, then cosine to min_lr_frac * lr."""
+    """Learning rate at ``step`` (0-based): linear warm-up, ``lr`` for ``stable_frac`` of the
+    steps, then cosine to min_lr_frac * lr."""
     warmup = max(1, int(config.warmup_frac * config.steps))
     if step < warmup:
         return config.lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, config.steps - warmup)
+    decay_start = warmup + int(config.stable_frac * config.steps)
+    if step < decay_start:
+        return config.lr
+    progress = (step - decay_start) / max(1, config.steps - decay_start)
     cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     return config.lr * (config.min_lr_frac + (1 - config.min_lr_frac) * cosine)
 
