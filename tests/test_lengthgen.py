@@ -11,7 +11,8 @@ import torch
 
 from posenc.cli import main
 from posenc.experiments.lengthgen import (
-    DEFAULT_TASKS, LengthgenConfig, encode_training_batch, preset_config, run_lengthgen, score, task_batches,
+    DEFAULT_TASKS, LengthgenConfig, encode_training_batch, fractional_ranks, preset_config, rankings, run_lengthgen,
+    score, task_batches,
 )
 from posenc.experiments.tasks import END, Example, get_task
 from posenc.model import LMConfig, TransformerLM
@@ -32,7 +33,7 @@ def test_lengthgen_end_to_end(tmp_path, capsys):
     args = ["lengthgen", "--tasks", "copy,passkey", "--encodings", "nope,learned", "--seeds", "0,1", "--out", str(out), *TINY]
     code, stdout, err = run_cli(args, capsys)
     assert code == 0, err
-    assert "exact-match accuracy" in stdout and "wall time per task" in stdout
+    assert "exact-match accuracy" in stdout and "time per task" in stdout and "mean reciprocal rank" in stdout
     summary = json.loads((out / "results.json").read_text())
     config = summary["config"]
     assert config["tasks"] == ["copy", "passkey"] and config["encodings"] == ["nope", "learned"]
@@ -53,6 +54,14 @@ def test_lengthgen_end_to_end(tmp_path, capsys):
                 assert cell["accuracy"] == pytest.approx(sum(runs) / 2)
                 if task == "passkey":
                     assert set(cell["by_depth"]) == {"0", "0.25", "0.5", "0.75", "1"}
+    ranking = summary["ranking"]
+    assert set(ranking) == {"learned_at_n", "2", "4"} and set(ranking["learned_at_n"]) == {"copy", "passkey"}
+    for factor in ("2", "4"):
+        for task, entries in ranking[factor]["per_task"].items():
+            size = str(int(factor) * 4)
+            assert {e["row"]: e["accuracy"] for e in entries} == {
+                row: res["eval"][size]["accuracy"] for row, res in summary["results"][task].items()}
+        assert set(ranking[factor]["mean_reciprocal_rank"]) == {"nope", "learned"}
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert len(rows) == 2 * 2 * 6
     assert {(r["task"], r["encoding"]) for r in rows} == {(t, e) for t in ("copy", "passkey") for e in ("nope", "learned")}
@@ -65,7 +74,7 @@ def test_lengthgen_end_to_end(tmp_path, capsys):
     record = json.loads((out / "runs" / "passkey-learned-seed0.json").read_text())
     assert record["train_seconds"] > 0 and record["eval_seconds"] > 0
     example = record["eval"]["16"]["example"]
-    assert example["prompt"].endswith("What is the pass key? ") and example["target"].endswith(END)
+    assert example["prompt"].endswith(" key? ") and example["target"].endswith(END)
 
     # the same arguments again: every run reused, the same results
     code, stdout, _ = run_cli(args, capsys)
@@ -165,6 +174,44 @@ def test_config_defaults_and_sizes():
     assert randomized.rows[-1] == "t5+rand" and randomized.model_config("copy").max_positions == 100
     assert randomized.row_run("copy", "rope+rand", 3)[1].randomized_positions == 100
     assert preset_config("quick").encodings == ("nope", "rope", "alibi")
+
+
+def test_workers_give_the_results_of_one_process(tmp_path, capsys):
+    # two runs trained in two spawned processes: the same records and results as one by one
+    base = ["lengthgen", "--tasks", "copy", "--encodings", "nope,rope", *TINY]
+    assert run_cli([*base, "--out", str(tmp_path / "one"), "--workers", "1"], capsys)[0] == 0
+    code, stdout, err = run_cli([*base, "--out", str(tmp_path / "two"), "--workers", "2"], capsys)
+    assert code == 0, err
+    assert "2 runs, 2 at a time" in stdout
+    one, two = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("one", "two"))
+    assert two["results"] == one["results"] and two["ranking"] == one["ranking"]
+    # a rerun finds both records: nothing is trained again
+    code, stdout, _ = run_cli([*base, "--out", str(tmp_path / "two"), "--workers", "2"], capsys)
+    assert code == 0 and stdout.count("already done") == 2
+
+
+def test_fractional_ranks_share_tied_places():
+    assert fractional_ranks([0.2, 0.9, 0.5]) == [3, 1, 2]
+    assert fractional_ranks([1.0, 1.0, 0.0, 1.0]) == [2, 2, 4, 2]  # three tied for first: (1 + 2 + 3) / 3
+    assert fractional_ranks([0.0, 0.0]) == [1.5, 1.5]
+
+
+def _result(n, accuracies):
+    return {"train_size": n, "not_applicable": {},
+            "eval": {str(int(f * n)): {"factor": f, "accuracy": a} for f, a in accuracies.items()}}
+
+
+def test_rankings_rank_each_task_and_average_reciprocal_ranks():
+    results = {
+        "copy": {"a": _result(4, {1.0: 1.0, 2.0: 0.5, 4.0: 0.0}), "b": _result(4, {1.0: 0.5, 2.0: 0.7, 4.0: 0.0})},
+        "flipflop": {"a": _result(8, {1.0: 0.95, 2.0: 0.9, 4.0: 0.3}), "b": _result(8, {1.0: 1.0, 2.0: 0.1, 4.0: 0.2})},
+    }
+    ranked = rankings(results)
+    assert ranked["learned_at_n"] == {"copy": ["a"], "flipflop": ["a", "b"]}
+    assert [e["row"] for e in ranked["2"]["per_task"]["copy"]] == ["b", "a"]
+    # at 2N: a is second on copy, first on flip-flop; at 4N a ties b on copy (1.5) and leads flip-flop
+    assert ranked["2"]["mean_reciprocal_rank"] == pytest.approx({"a": (1 / 2 + 1) / 2, "b": (1 + 1 / 2) / 2})
+    assert ranked["4"]["mean_reciprocal_rank"] == pytest.approx({"a": (1 / 1.5 + 1) / 2, "b": (1 / 1.5 + 1 / 2) / 2})
 
 
 @pytest.mark.slow

@@ -64,3 +64,40 @@ def test_config_composes_model_and_train():
     d = config.to_dict()
     assert d["model"]["d_model"] == 32 and d["train"]["seq_len"] == 16 and "seed" not in d["train"]
     assert d["train_len"] == 16 and d["eval_lengths"] == [16, 64] and d["extension_methods"] == ()
+
+
+def _body_or_fail(row, seed, expected):
+    """A sweep job for the worker tests: row "bad" fails, "slow" takes a second."""
+    import time
+
+    if row == "bad":
+        raise RuntimeError("this run failed")
+    if row == "slow":
+        time.sleep(1.0)
+    return {"value": f"{row}{seed}"}
+
+
+def test_sweep_in_worker_processes(tmp_path):
+    store = RunStore(tmp_path)
+    jobs = [("a", 0), ("b", 0), ("a", 1)]
+    store.write("b", 0, {"fingerprint": {"row": "b"}, "value": "stored"})
+    finished = []
+
+    class Seen(Reporter):
+        def run_finished(self, row, seed, record, skipped):
+            finished.append((row, seed, skipped))
+
+    records = store.sweep(jobs, lambda row, seed: {"row": row}, _body_or_fail, Seen(), workers=2)
+    assert [r["value"] for r in records] == ["a0", "stored", "a1"]  # in jobs order, the stored one reused
+    assert sorted(finished) == [("a", 0, False), ("a", 1, False), ("b", 0, True)]
+    assert json.loads(store.record_path("a", 1).read_text()) == {"fingerprint": {"row": "a"}, "value": "a1"}
+
+
+def test_a_failed_worker_run_keeps_the_finished_ones(tmp_path):
+    store = RunStore(tmp_path)
+    with pytest.raises(RuntimeError, match="this run failed"):
+        store.sweep([("slow", 0), ("bad", 0)], lambda row, seed: {"row": row}, _body_or_fail, workers=2)
+    assert store.stored("slow", 0, {"row": "slow"})["value"] == "slow0"  # running when "bad" failed: kept
+    assert not store.record_path("bad", 0).exists()
+    with pytest.raises(ValueError, match="workers must be an integer >= 1"):
+        store.sweep([("a", 0)], lambda row, seed: {}, _body_or_fail, workers=0)

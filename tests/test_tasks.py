@@ -97,9 +97,9 @@ def test_passkey_hides_the_key_at_its_depth(size):
     rng = random.Random(5)
     for depth in DEPTHS:
         e = task.example(size, rng, depth)
-        keys = re.findall(r"The pass key is (\d{5})\.", e.prompt)
+        keys = re.findall(r" key (\d{5})\. ", e.prompt)
         assert keys == [e.answer] and e.depth == depth
-        start = e.prompt.index(" The pass key is")
+        start = e.prompt.index(" key ")
         assert start == round(depth * size)  # the filler before the key
         filler = e.prompt[:start] + e.prompt[start + len(Passkey.KEY_SENTENCE.format(key=e.answer)):-len(Passkey.QUESTION)]
         assert filler == (Passkey.FILLER * 10)[:size]

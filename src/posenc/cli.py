@@ -239,9 +239,10 @@ class TaskReporter(RichReporter):
     each finished run prints its exact-match accuracy per size. ``seconds`` adds up each
     task's training and evaluation wall time (stored runs included, from their records)."""
 
-    def __init__(self, progress: Progress) -> None:
+    def __init__(self, progress: Progress, runs: int) -> None:
         super().__init__(progress)
         self.seconds: dict[str, list[float]] = {}
+        self.overall = progress.add_task("runs finished", total=runs, loss="")
 
     def train_step(self, step, loss):
         self.progress.update(self.task, completed=step + 1, loss=f"answer loss {loss:.3f}")
@@ -250,6 +251,7 @@ class TaskReporter(RichReporter):
         if self.task is not None:
             self.progress.remove_task(self.task)
             self.task = None
+        self.progress.advance(self.overall)
         spent = self.seconds.setdefault(record["task"], [0.0, 0.0])
         spent[0] += record["train_seconds"]
         spent[1] += record["eval_seconds"]
@@ -292,6 +294,26 @@ def lengthgen_table(summary: dict) -> Table:
     return table
 
 
+def lengthgen_ranking_table(summary: dict) -> Table:
+    """One row per encoding row: the tasks it learned at N, and its mean reciprocal rank over
+    the tasks at each ranked size (``summary["ranking"]``, best first by the first size)."""
+    ranking = summary["ranking"]
+    factors = [key for key in ranking if key != "learned_at_n"]
+    rows = list(next(iter(summary["results"].values())))
+    learned = {row: sum(row in names for names in ranking["learned_at_n"].values()) for row in rows}
+    table = Table(title="mean reciprocal rank over tasks (1 = first on every task; the NoPE paper's summary)")
+    table.add_column("encoding", style="bold", no_wrap=True)
+    table.add_column("learned at N", justify="right")
+    for factor in factors:
+        table.add_column(f"MRR at {factor}N", justify="right")
+    first = ranking[factors[0]]["mean_reciprocal_rank"] if factors else {}
+    for row in sorted(rows, key=lambda r: -first.get(r, 0.0)):
+        cells = [f"{ranking[f]['mean_reciprocal_rank'][row]:.2f}" if row in ranking[f]["mean_reciprocal_rank"] else "n/a"
+                 for f in factors]
+        table.add_row(row, f"{learned[row]}/{len(ranking['learned_at_n'])}", *cells)
+    return table
+
+
 @app.command()
 def lengthgen(
     tasks: Optional[str] = typer.Option(None, help="Comma-separated tasks: copy, reverse, sort, addition, flipflop, "
@@ -314,6 +336,10 @@ def lengthgen(
         "sorted random sample from [0, M); evaluated at ordinary positions (rows <encoding>+rand).",
     ),
     threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)."),
+    workers: Optional[int] = typer.Option(
+        None, help="Runs trained at once, each in its own process with threads / workers threads (default: on a "
+        "CPU one per core, as these small models gain nothing from a second thread; 1 on CUDA or under torchrun).",
+    ),
 ) -> None:
     """Synthetic tasks (copy, reverse, addition, flip-flop, passkey, ...): train on sizes <= N,
     score exact match at N/2, N, 1.5N, 2N, 3N, 4N. Which encoding still gets the answer right?
@@ -333,6 +359,8 @@ def lengthgen(
 
         torch.set_num_threads(threads)
     check_device(device, "--device")
+    if workers is not None and workers < 1:
+        raise UsageError(f"--workers must be an integer >= 1, got {workers}")
     device = distributed.init_from_env(device)
     console.quiet = not distributed.current().is_main
 
@@ -343,8 +371,13 @@ def lengthgen(
         randomized_positions=randomized_positions,
     )
     model, train = config.model, config.train
+    runs = len(config.tasks) * len(config.rows) * len(config.seeds)
+    if workers is None:
+        local = device.startswith("cpu") and distributed.current().world_size == 1
+        workers = min(len(os.sched_getaffinity(0)), runs) if local else 1
     console.print(
-        f"[bold]runs[/] {', '.join(config.tasks)} x {', '.join(config.rows)} x seeds {list(config.seeds)}; "
+        f"[bold]runs[/] {', '.join(config.tasks)} x {', '.join(config.rows)} x seeds {list(config.seeds)} "
+        f"({runs} runs, {workers} at a time); "
         f"d_model {model.d_model}, {model.num_layers} layers, {model.num_heads} heads, MLP x{model.mlp_ratio}; "
         f"batch {train.batch_size}, lr {train.lr}"
     )
@@ -357,13 +390,14 @@ def lengthgen(
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as progress:
-        reporter = TaskReporter(progress)
-        summary = run_lengthgen(config, out, reporter)
+        reporter = TaskReporter(progress, runs)
+        summary = run_lengthgen(config, out, reporter, workers=workers)
     if summary is None:  # not rank 0
         return
     figures = plot_lengthgen(summary, out)
     console.print(lengthgen_table(summary))
-    console.print("[bold]wall time per task[/] (train + eval, all its runs; this machine's share): " + ", ".join(
+    console.print(lengthgen_ranking_table(summary))
+    console.print("[bold]time per task[/] (train + eval, summed over its runs, which may have run side by side): " + ", ".join(
         f"{task} {train:.0f}s + {evaluation:.0f}s" for task, (train, evaluation) in reporter.seconds.items()))
     console.print(f"wrote {out / 'results.json'}, {out / 'results.csv'}, {', '.join(map(str, figures))} "
                   f"in {time.perf_counter() - started:.0f}s")

@@ -23,7 +23,9 @@ sweep resumes and torchrun splits the runs, as ``posenc extrapolate`` does.
                              share of answer bytes (and END) right at their place, "instances": per seed,
                              "seeds": int, "by_depth": {"<depth>": accuracy} (passkey only)}},
          "not_applicable": {"<size>": why},
-         "runs": {"<seed>": that seed's "eval"}}}}}
+         "runs": {"<seed>": that seed's "eval"}}}},
+     "ranking": {"learned_at_n": {task: [rows]}, "2": {"per_task": {task: [{"row", "accuracy",
+                 "rank"}, ...]}, "mean_reciprocal_rank": {row: float}}, "4": {...}}}
 
 A row is an encoding, or ``<encoding>+rand`` for the same encoding trained with randomized
 positions (Ruoss et al. 2023). Accuracies are fractions of instances; sizes are counted in
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import math
 import random
 import statistics
@@ -82,7 +85,7 @@ TASK_SETTINGS: dict[str, TaskSetting] = {
     "addition": TaskSetting(train_size=3, steps=2500),
     "flipflop": TaskSetting(train_size=16, steps=700),
     "selective_copy": TaskSetting(train_size=8, steps=3000),
-    "passkey": TaskSetting(train_size=16, steps=800),
+    "passkey": TaskSetting(train_size=16, steps=1200),
 }
 
 
@@ -419,27 +422,112 @@ def aggregate(config: LengthgenConfig, records: Sequence[dict]) -> dict:
     return results
 
 
-def run_lengthgen(config: LengthgenConfig, out: Path, reporter: Reporter | None = None) -> dict | None:
+#: The sizes, as multiples of N, that :func:`rankings` ranks the rows at.
+RANK_FACTORS = (2.0, 4.0)
+#: Accuracy at N from which a row counts as having learned a task (the issue's bar).
+LEARNED_ACCURACY = 0.9
+
+
+def fractional_ranks(scores: Sequence[float]) -> list[float]:
+    """1-based ranks of ``scores``, highest first; tied scores share the mean of their ranks
+    (two rows tied for first both rank 1.5)."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    ranks = [0.0] * len(scores)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and scores[order[end + 1]] == scores[order[start]]:
+            end += 1
+        for k in range(start, end + 1):
+            ranks[order[k]] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def _accuracy_at(result: dict, factor: float) -> float | None:
+    """A row's accuracy at size factor * N; 0 where the size was not applicable (the
+    encoding cannot represent it); None where no evaluation size has this factor."""
+    for size, cell in result["eval"].items():
+        if math.isclose(cell["factor"], factor):
+            return cell["accuracy"]
+    if any(math.isclose(int(size) / result["train_size"], factor) for size in result["not_applicable"]):
+        return 0.0
+    return None
+
+
+def rankings(results: dict, factors: Sequence[float] = RANK_FACTORS) -> dict:
+    """The rows ranked per task by accuracy at factor * N, and each row's mean reciprocal rank
+    over the tasks (the NoPE paper's summary statistic, Kazemnejad et al. 2023, section 4).
+
+    Returns ``{"learned_at_n": {task: [rows with accuracy >= LEARNED_ACCURACY at N]},
+    "<factor>": {"per_task": {task: [{"row", "accuracy", "rank"}, ...] best first},
+    "mean_reciprocal_rank": {row: float}}}`` (factor formatted ``%g``); ties share their mean
+    rank (:func:`fractional_ranks`). Rows that did not learn a task are ranked too, as the
+    paper does; ``learned_at_n`` says which ones did.
+    """
+    ranked: dict = {"learned_at_n": {
+        task: [row for row, res in rows.items() if (_accuracy_at(res, 1.0) or 0.0) >= LEARNED_ACCURACY]
+        for task, rows in results.items()
+    }}
+    for factor in factors:
+        per_task, reciprocal = {}, {}
+        for task, rows in results.items():
+            scored = [(row, _accuracy_at(res, factor)) for row, res in rows.items()]
+            scored = [(row, acc) for row, acc in scored if acc is not None]
+            if not scored:
+                continue
+            ranks = fractional_ranks([acc for _, acc in scored])
+            entries = sorted(({"row": row, "accuracy": acc, "rank": rank} for (row, acc), rank in zip(scored, ranks)),
+                             key=lambda e: e["rank"])
+            per_task[task] = entries
+            for entry in entries:
+                reciprocal.setdefault(entry["row"], []).append(1 / entry["rank"])
+        ranked[f"{factor:g}"] = {
+            "per_task": per_task,
+            "mean_reciprocal_rank": {row: statistics.fmean(r) for row, r in reciprocal.items()},
+        }
+    return ranked
+
+
+def _jobs(config: LengthgenConfig) -> dict[str, tuple[str, str]]:
+    """Every run store row of the sweep: ``<task>-<row>`` -> (task, row)."""
+    return {row_name(task, row): (task, row) for task in config.tasks for row in config.rows}
+
+
+def _compute_in_worker(config: LengthgenConfig, out: str, name: str, seed: int, expected: dict) -> dict:
+    """:func:`train_and_evaluate` of one run store row, for a worker process (module level, so
+    that it pickles; the worker reports no progress)."""
+    return train_and_evaluate(config, *_jobs(config)[name], seed, RunStore(out), Reporter(), expected)
+
+
+def run_lengthgen(config: LengthgenConfig, out: Path, reporter: Reporter | None = None, workers: int = 1) -> dict | None:
     """Run (or resume) the sweep over tasks x rows x seeds; write results.json and
     results.csv to ``out``; return the results dict (schema in the module docstring). Under
     torchrun, rank 0 merges every rank's runs and returns the dict; the others return None.
 
+    ``workers`` > 1 trains that many runs at once, in separate processes
+    (:meth:`~posenc.experiments.runs.RunStore.sweep`); the results do not depend on it.
+
     Raises:
         CheckpointMismatch: ``out`` holds runs made with other arguments, or corrupt ones.
+        ValueError: ``workers`` not a positive integer.
     """
     reporter = reporter or Reporter()
     store = RunStore(out)
+    split = _jobs(config)
     jobs = [(row_name(task, row), seed) for task in config.tasks for row in config.rows for seed in config.seeds]
-    split = {row_name(task, row): (task, row) for task in config.tasks for row in config.rows}
-    records = store.sweep(
-        jobs,
-        fingerprint=lambda name, seed: fingerprint(config, *split[name], seed),
-        compute=lambda name, seed, expected: train_and_evaluate(config, *split[name], seed, store, reporter, expected),
-        reporter=reporter,
-    )
+    if workers > 1:
+        compute = functools.partial(_compute_in_worker, config, str(out))
+    else:
+        def compute(name: str, seed: int, expected: dict) -> dict:
+            return train_and_evaluate(config, *split[name], seed, store, reporter, expected)
+    records = store.sweep(jobs, fingerprint=lambda name, seed: fingerprint(config, *split[name], seed),
+                          compute=compute, reporter=reporter, workers=workers)
     if records is None:  # not rank 0
         return None
-    summary = {"config": {**config.to_dict(), "posenc_version": __version__}, "results": aggregate(config, records)}
+    results = aggregate(config, records)
+    summary = {"config": {**config.to_dict(), "posenc_version": __version__}, "results": results,
+               "ranking": rankings(results)}
     store.write_json("results.json", summary)
     write_csv(store.out / "results.csv", summary)
     return summary
@@ -474,6 +562,7 @@ def write_csv(path: Path, summary: dict) -> None:
 
 __all__ = [
     "DEFAULT_TASKS", "EVAL_FACTORS", "OPTIONS", "PRESETS", "TASK_SETTINGS", "LengthgenConfig", "TaskSetting",
-    "aggregate", "encode_training_batch", "fingerprint", "preset_config", "run_lengthgen", "score", "task_batches",
-    "train_and_evaluate", "write_csv",
+    "LEARNED_ACCURACY", "RANK_FACTORS",
+    "aggregate", "encode_training_batch", "fingerprint", "fractional_ranks", "preset_config", "rankings",
+    "run_lengthgen", "score", "task_batches", "train_and_evaluate", "write_csv",
 ]

@@ -42,13 +42,21 @@ def windows_at(length: int, eval_tokens: int, val: Tensor, stride: int | None = 
     return max(0, (usable - length) // stride + 1)
 
 
+#: Steps per point of a run record's ``loss_curve``.
+LOSS_CURVE_STEPS = 50
+
+
 def training_fields(config: TrainConfig, losses: Sequence[float], seconds: float) -> dict:
-    """``train_seconds``, ``tokens_per_second`` and ``final_train_loss`` of a training run of ``config``."""
+    """``train_seconds``, ``tokens_per_second``, ``final_train_loss`` (mean of the last 50
+    steps) and ``loss_curve`` (the mean loss of each block of :data:`LOSS_CURVE_STEPS` steps,
+    nats per token: where a task's sudden learning transition came) of a training run."""
     tokens = config.steps * config.batch_size * config.seq_len
     return {
         "train_seconds": round(seconds, 3),
         "tokens_per_second": round(tokens / max(seconds, 1e-9)),
         "final_train_loss": sum(losses[-50:]) / len(losses[-50:]) if losses else None,
+        "loss_curve": [round(sum(block) / len(block), 4) for block in
+                       (losses[i : i + LOSS_CURVE_STEPS] for i in range(0, len(losses), LOSS_CURVE_STEPS))],
     }
 
 

@@ -15,15 +15,20 @@ silently overwritten, so one folder never mixes two settings. A run killed mid-w
 either no record or a whole one (and a checkpoint to resume training from).
 
 :meth:`RunStore.sweep` spreads a list of runs over the ranks of a torchrun group
-(:mod:`posenc.experiments.distributed`) and gives rank 0 every record once all are done.
+(:mod:`posenc.experiments.distributed`) and gives rank 0 every record once all are done; with
+``workers`` > 1 each rank also runs its share in that many local processes.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..checkpoint import CheckpointMismatch, atomic_write_json, read_json
 from . import distributed
@@ -130,9 +135,19 @@ class RunStore:
         fingerprint: Callable[[str, int], dict],
         compute: Callable[[str, int, dict], dict],
         reporter: Reporter | None = None,
+        workers: int = 1,
     ) -> list[dict] | None:
         """Run (or resume) every (row, seed) of ``jobs`` through :meth:`run`, split across the
         ranks of a torchrun group; ``compute(row, seed, fingerprint)`` makes a record's body.
+
+        ``workers`` > 1: this rank's unfinished runs go to that many spawned processes, each
+        with ``torch.get_num_threads() // workers`` threads (at least one). Small models gain
+        nothing from a second intra-op thread, so on a CPU this is how a sweep of small runs uses
+        every core. ``compute`` is then pickled: a module-level function, or a
+        ``functools.partial`` of one, whose arguments pickle. Records are written here, in
+        this process, as each run finishes; ``reporter`` hears only ``run_finished`` (the
+        workers' steps are not relayed). A failed run stops the runs not yet started, lets the
+        running ones finish (their records are kept), then raises its error.
 
         Returns:
             On rank 0 (the only rank without torchrun) every job's record, in ``jobs``
@@ -141,12 +156,19 @@ class RunStore:
         Raises:
             CheckpointMismatch: a stored record from other arguments.
             RuntimeError: a record is missing after every rank finished.
+            ValueError: ``workers`` not a positive integer.
         """
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
         shard = distributed.current()
-        mine = {}
-        for row, seed in shard.take(jobs):
-            expected = fingerprint(row, seed)
-            mine[row, seed] = self.run(row, seed, expected, lambda: compute(row, seed, expected), reporter)
+        share = shard.take(jobs)
+        if workers > 1:
+            mine = self._run_in_workers(share, fingerprint, compute, reporter or Reporter(), workers)
+        else:
+            mine = {}
+            for row, seed in share:
+                expected = fingerprint(row, seed)
+                mine[row, seed] = self.run(row, seed, expected, lambda: compute(row, seed, expected), reporter)
         # the slowest rank sets the pace: records of the other ranks exist only after this
         distributed.barrier()
         if not shard.is_main:
@@ -156,3 +178,44 @@ class RunStore:
         if missing:
             raise RuntimeError(f"runs missing after every rank finished: {missing}")
         return records
+
+    def _run_in_workers(
+        self, share: Sequence[tuple[str, int]], fingerprint: Callable[[str, int], dict],
+        compute: Callable[[str, int, dict], dict], reporter: Reporter, workers: int,
+    ) -> dict:
+        """:meth:`sweep`'s share of runs, the unfinished ones in ``workers`` spawned processes."""
+        done, pending = {}, []
+        for row, seed in share:
+            expected = fingerprint(row, seed)
+            record = self.stored(row, seed, expected)
+            if record is None:
+                pending.append((row, seed, expected))
+            else:
+                reporter.run_finished(row, seed, record, skipped=True)
+                done[row, seed] = record
+        if not pending:
+            return done
+        threads = max(1, torch.get_num_threads() // workers)
+        # spawn, not fork: the parent may hold torch's thread pools and a progress display's thread
+        with ProcessPoolExecutor(min(workers, len(pending)), mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=torch.set_num_threads, initargs=(threads,)) as pool:
+            running = {pool.submit(compute, row, seed, expected): (row, seed, expected) for row, seed, expected in pending}
+            error = None
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    row, seed, expected = running.pop(future)
+                    if future.cancelled():
+                        continue
+                    if future.exception() is not None:
+                        error = error or future.exception()
+                        for other in running:
+                            other.cancel()
+                        continue
+                    record = {"fingerprint": expected, **future.result()}
+                    self.write(row, seed, record)
+                    reporter.run_finished(row, seed, record, skipped=False)
+                    done[row, seed] = record
+        if error is not None:
+            raise error
+        return done

@@ -25,8 +25,8 @@ flipflop        n instructions ``w<bit>``, ``i<bit>``,     the last written     
                 ``r<bit>``; the n-th is a bare ``r``       bit
 selective_copy  n letters among n blanks ``_`` (2n         the n letters, in    CoPE paper (after
                 bytes, blanks at random), then ``=``       order                Mamba's task)
-passkey         n bytes of filler with a 5-digit key       the key              PI, Landmark
-                sentence at a random depth, a question
+passkey         n bytes of filler, ``key <5 digits>.`` at  the key              PI, Landmark
+                a random depth in it, then ``key?``
 ==============  =========================================  ===================  =====================
 
 Training draws sizes uniformly from ``min_size .. N`` (:meth:`Task.train_example`);
@@ -212,18 +212,23 @@ class Passkey(Task):
     """Passkey retrieval (Chen et al. 2023, Position Interpolation, arXiv 2306.15595; Mohtashami
     and Jaggi 2023, Landmark Attention, arXiv 2305.16300): ``n`` bytes of the PI filler (its five
     sentences repeated, cut at n bytes), the sentence ``KEY_SENTENCE`` with a random 5-digit
-    key inserted at byte ``round(depth * n)`` of it, then ``QUESTION``; the answer is the key.
-    PI's key sentence and question, shortened (no "Remember it.", no "The pass key is" after
-    the question: our model is trained on the format, so it needs no cue), keep the fixed
-    text at 47 bytes.
-    Size n = filler bytes (the prompt is n + 47 bytes). ``depth`` is uniform in [0, 1] unless
+    key inserted at byte ``round(depth * n)`` of it, then ``QUESTION``; the answer is the key:
+    ``"The grass is green. key 36937. The sky is blue. key? "`` -> ``"36937"``.
+
+    The papers' key sentence ("The pass key is 12345. Remember it. 12345 is the pass key.")
+    and question ("What is the pass key? The pass key is") are instructions for a pretrained
+    model; ours is trained on the format from scratch and needs only the marker ``key``, so
+    both are cut to 18 bytes of fixed text. The filler then fills most of each prompt,
+    and the task is learned in a third of the steps: with PI's wording (47 fixed bytes),
+    RoPE had not learned it after 1,600 steps at N = 16; with this one it had by step 900.
+    Size n = filler bytes (the prompt is n + 18 bytes). ``depth`` is uniform in [0, 1] unless
     given (evaluation uses a grid of depths, see :data:`DEPTHS`)."""
 
     name, size_unit = "passkey", "filler bytes"
     min_size = 0
     FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-    KEY_SENTENCE = " The pass key is {key}. "
-    QUESTION = " What is the pass key? "
+    KEY_SENTENCE = " key {key}. "
+    QUESTION = " key? "
     KEY_DIGITS = 5
 
     def example(self, size, rng, depth=None):
