@@ -5,6 +5,7 @@ that the default run learns every task at its training size."""
 import csv
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -94,6 +95,7 @@ def test_lengthgen_end_to_end(tmp_path, capsys):
     (["lengthgen", "--preset", "huge"], "preset must be one of"),
     (["lengthgen", "--eval-instances", "0"], "eval_instances must be an integer >= 1"),
     (["lengthgen", "--tasks", "copy", "--randomized-positions", "10"], "must be >= 18, the longest copy training sequence"),
+    (["lengthgen", "--workers", "0"], "--workers must be an integer >= 1, got 0"),
 ])
 def test_bad_arguments_print_one_line_and_exit_2(args, match, capsys):
     code, _, err = run_cli(args, capsys)
@@ -216,8 +218,8 @@ def test_rankings_rank_each_task_and_average_reciprocal_ranks():
 
 @pytest.mark.slow
 def test_default_run_learns_every_task_at_its_training_size(tmp_path):
-    # about 20 minutes on one thread of a 2-core machine (conftest's one thread)
-    summary = run_lengthgen(preset_config("default"), tmp_path)
+    # about 10 minutes on a 2-core machine: one worker process per core, as the CLI's default
+    summary = run_lengthgen(preset_config("default"), tmp_path, workers=len(os.sched_getaffinity(0)))
     for task, rows in summary["results"].items():
         n = str(summary["config"]["task_settings"][task]["train_size"])
         best = max(res["eval"][n]["accuracy"] for res in rows.values())

@@ -482,10 +482,8 @@ def plot_lengthgen(summary: dict, out_dir: str | Path) -> list[Path]:
             errors = [res["eval"][str(n)]["accuracy_std"] for n in sizes]
             style = dict(color=colors(index % colors.N), marker="os^Dv<>PXph"[index % 11],
                          linestyle="--" if row.endswith("+rand") else "-", label=row)
-            if any(errors):
-                ax.errorbar(sizes, values, yerr=errors, capsize=3, **style)
-            else:
-                ax.plot(sizes, values, **style)
+            # errorbar for every row, so that the legend keeps the rows' order
+            ax.errorbar(sizes, values, yerr=errors if any(errors) else None, capsize=3, **style)
         n = settings[task]["train_size"]
         ax.axvline(n, color="grey", linestyle=":", linewidth=1.2)
         ax.axvspan(0, n, color="grey", alpha=0.08, label="trained sizes (<= N)")
@@ -508,7 +506,7 @@ def plot_lengthgen(summary: dict, out_dir: str | Path) -> list[Path]:
         image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
         _annotate(ax, grid, fontsize=7)
         n = settings[task]["train_size"]
-        ax.set_xticks(range(len(sizes)), [f"{s}\n{s / n:g}N" for s in sizes], fontsize=7)
+        ax.set_xticks(range(len(sizes)), [f"{s}\n{s / n:.2g}N" for s in sizes], fontsize=7)
         ax.set_yticks(range(len(rows)), list(rows), fontsize=8)
         ax.set_title(f"{task} (N = {n} {settings[task]['size_unit']})", fontsize=9)
     fig.colorbar(image, ax=axes, label="exact-match accuracy", shrink=0.8)
