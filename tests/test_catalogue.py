@@ -16,6 +16,7 @@ import posenc
 from posenc.encodings.relative import relative_shift
 from posenc.encodings.rotary import xpos_zeta
 from rope_reference import xpos_reference_score
+from loop_reference import dot, softmax_average
 
 B, H, D = 2, 2, 4
 ATOL = 2e-5  # float32 arithmetic against a float64 reference
@@ -37,19 +38,9 @@ def naive_attention(q, k, v, logit, *, q_pos, k_pos, causal=True, value_extra=No
             for i in range(tq):
                 keys = [j for j in range(tk) if not causal or j <= i + tk - tq]
                 logits = [logit(b, h, i, j) for j in keys]
-                top = max(logits)
-                weights = [math.exp(x - top) for x in logits]
-                total = sum(weights)
-                for j, w in zip(keys, weights):
-                    row = v[b, h, j].clone()
-                    if value_extra is not None:
-                        row = row + value_extra(b, h, i, j)
-                    out[b, h, i] += (w / total) * row
+                rows = [v[b, h, j] if value_extra is None else v[b, h, j] + value_extra(b, h, i, j) for j in keys]
+                out[b, h, i] = softmax_average(logits, rows)
     return out
-
-
-def dot(a, b):
-    return sum(float(x) * float(y) for x, y in zip(a, b))
 
 
 def rows(positions, nb):

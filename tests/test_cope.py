@@ -13,12 +13,9 @@ import torch
 
 import posenc
 from posenc.model import KVCache, LMConfig, TransformerLM
+from loop_reference import dot, softmax_average
 
 B, H, D = 2, 2, 4
-
-
-def dot(a, b) -> float:
-    return sum(float(x) * float(y) for x, y in zip(a, b))
 
 
 def sigmoid(x: float) -> float:
@@ -46,11 +43,7 @@ def cope_reference(q, k, v, table, *, npos_max, causal=True, mask=None):
                     w = p - low
                     z = dot(q[b, h, i], table[high]) * w + dot(q[b, h, i], table[low]) * (1 - w)
                     logits.append((dot(q[b, h, i], k[b, h, j]) + z) / math.sqrt(d))
-                top = max(logits)
-                weights = [math.exp(x - top) for x in logits]
-                total = sum(weights)
-                for j, w in zip(visible, weights):
-                    out[b, h, i] += (w / total) * v[b, h, j].double()
+                out[b, h, i] = softmax_average(logits, [v[b, h, j] for j in visible])
     return out
 
 

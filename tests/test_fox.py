@@ -15,12 +15,9 @@ import torch
 import posenc
 from posenc.attention import tiling
 from posenc.model import KVCache, LMConfig, TransformerLM
+from loop_reference import dot, softmax_average
 
 B, H, D, DM = 2, 2, 4, 6
-
-
-def dot(a, b) -> float:
-    return sum(float(x) * float(y) for x, y in zip(a, b))
 
 
 def log_forget_gates(x, weight, bias):
@@ -44,11 +41,7 @@ def fox_reference(q, k, v, log_f, *, causal=True):
                 for j in keys:
                     decay = sum(log_f[b][h][l] for l in range(min(j, own) + 1, max(j, own) + 1))
                     logits.append(dot(q[b, h, i], k[b, h, j]) / math.sqrt(d) + decay)
-                top = max(logits)
-                weights = [math.exp(x - top) for x in logits]
-                total = sum(weights)
-                for j, w in zip(keys, weights):
-                    out[b, h, i] += (w / total) * v[b, h, j].double()
+                out[b, h, i] = softmax_average(logits, [v[b, h, j] for j in keys])
     return out
 
 

@@ -16,6 +16,7 @@ from posenc.encodings.base import NoPE
 from posenc.encodings.schedule import AttentionTemperature, ChunkedRoPE, IRoPE, attention_temperature, chunk_mask
 from posenc.model import KVCache, document_mask, key_padding_mask, positions_from_document_ids, positions_from_padding_mask
 from test_positions_contract import TOL, decode_with_cache, tiny_lm
+from loop_reference import softmax_average
 
 BACKENDS = ("eager", "sdpa", "blocked", "flex")
 #: flex compiles or builds a block mask per call: seconds per test on a CPU.
@@ -89,10 +90,7 @@ def chunked_rope_reference(q, k, v, q_pos, k_pos, chunk, base):
                 if not allowed:
                     continue
                 logits = [sum((a * c.conjugate()).real for a, c in zip(qi, keys[j])) / math.sqrt(D) for j in allowed]
-                top = max(logits)
-                weights = [math.exp(x - top) for x in logits]
-                for w, j in zip(weights, allowed):
-                    out[b, h, i] += w / sum(weights) * v[b, h // groups, j].double()
+                out[b, h, i] = softmax_average(logits, [v[b, h // groups, j] for j in allowed])
     return out
 
 

@@ -52,7 +52,7 @@ as everywhere else. One-coordinate positions (T,) or (B, T) stay valid for every
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import torch
@@ -354,3 +354,18 @@ class NoPE(PositionalEncoding):
 
     name = "nope"
     hooks = frozenset()
+
+
+def layer_of_copies(first: PositionalEncoding, deeper: Sequence[PositionalEncoding], layer: int) -> PositionalEncoding:
+    """:meth:`PositionalEncoding.for_layer` of an encoding with its own parameters per layer:
+    layer 0 is ``first``, layer l > 0 is ``deeper[l - 1]``; with no deeper copies every layer
+    shares ``first`` (any layer index).
+
+    Raises:
+        ValueError: deeper copies exist and ``layer`` is outside 0..len(deeper).
+    """
+    if not deeper:
+        return first
+    if not isinstance(layer, int) or not 0 <= layer <= len(deeper):
+        raise ValueError(f"layer must be in 0..{len(deeper)}, got {layer!r}")
+    return first if layer == 0 else deeper[layer - 1]

@@ -22,7 +22,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .base import PositionalEncoding
+from .base import PositionalEncoding, layer_of_copies
 from .._validation import check_positive_int
 
 
@@ -90,11 +90,7 @@ class CoPE(PositionalEncoding):
     def for_layer(self, layer: int) -> PositionalEncoding:
         """Layer 0 is this instance; layer l > 0 the l-th of ``deeper_layers``. With
         num_layers = 1 every layer shares this table."""
-        if self.num_layers == 1:
-            return self
-        if not isinstance(layer, int) or not 0 <= layer < self.num_layers:
-            raise ValueError(f"layer must be in 0..{self.num_layers - 1}, got {layer!r}")
-        return self if layer == 0 else self.deeper_layers[layer - 1]
+        return layer_of_copies(self, self.deeper_layers, layer)
 
     def _check_dim(self, x: Tensor, argname: str) -> None:
         if x.shape[-1] != self.head_dim:

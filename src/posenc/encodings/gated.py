@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import PositionalEncoding
+from .base import PositionalEncoding, layer_of_copies
 from .._validation import check_positive_int
 
 
@@ -92,11 +92,7 @@ class FoX(PositionalEncoding):
     def for_layer(self, layer: int) -> PositionalEncoding:
         """Layer 0 is this instance; layer l > 0 the l-th of ``deeper_layers``. With
         num_layers = 1 every layer shares this gate."""
-        if self.num_layers == 1:
-            return self
-        if not isinstance(layer, int) or not 0 <= layer < self.num_layers:
-            raise ValueError(f"layer must be in 0..{self.num_layers - 1}, got {layer!r}")
-        return self if layer == 0 else self.deeper_layers[layer - 1]
+        return layer_of_copies(self, self.deeper_layers, layer)
 
     def gate(self, x: Tensor) -> Tensor:
         """log f_t: x (B, T, d_model) -> (B, H, T), float32 (float64 for float64 x and

@@ -19,6 +19,7 @@ from ..encodings.base import PositionalEncoding
 from ..model import LMConfig
 from ..rope import EXTENSION_METHODS
 from ..train import TrainConfig
+from .lm import fold_flat_options
 
 #: The row of an encoding trained with randomized positions (Ruoss et al. 2023).
 RANDOMIZED_SUFFIX = "+rand"
@@ -111,15 +112,7 @@ class ExtrapolationConfig:
         """
         if "train_len" in options:
             check_positive_int(options["train_len"], "train_len")  # TrainConfig would call it seq_len
-        changes: dict[str, dict] = {"model": {}, "train": {}}
-        for name in [n for n in options if n in OPTIONS]:
-            part, field_name = OPTIONS[name]
-            changes[part][field_name] = options.pop(name)
-        defaults = {"model": LMConfig, "train": TrainConfig}
-        for part, values in changes.items():
-            if values:
-                options[part] = dataclasses.replace(options.get(part) or defaults[part](), **values)
-        return cls(**options)
+        return cls(**fold_flat_options(options, OPTIONS, {"model": LMConfig(), "train": TrainConfig()}))
 
     def __post_init__(self) -> None:
         if isinstance(self.encodings, str) or not isinstance(self.encodings, (tuple, list)):

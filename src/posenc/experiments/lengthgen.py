@@ -55,7 +55,7 @@ from ..encodings import encoding_class
 from ..model import LMConfig, TransformerLM
 from ..train import IGNORE_INDEX, BatchSource, TrainConfig
 from .extrapolation_config import CORE_ENCODINGS, RANDOMIZED_SUFFIX
-from .lm import train_run
+from .lm import fold_flat_options, train_run
 from .runs import Reporter, RunStore
 from .tasks import DEPTHS, END, TASKS, Example, Passkey, Task, eval_examples, exact_match, get_task
 
@@ -266,14 +266,7 @@ def preset_config(preset: str = "default", **overrides) -> LengthgenConfig:
         values["encodings"] = tuple(REGISTRY)
     values.update({k: v for k, v in overrides.items() if v is not None})
     defaults = LengthgenConfig()
-    changes: dict[str, dict] = {"model": {}, "train": {}}
-    for name in [n for n in values if n in OPTIONS]:
-        part, field_name = OPTIONS[name]
-        changes[part][field_name] = values.pop(name)
-    for part, fields in changes.items():
-        if fields:
-            values[part] = dataclasses.replace(getattr(defaults, part), **fields)
-    return LengthgenConfig(**values)
+    return LengthgenConfig(**fold_flat_options(values, OPTIONS, {"model": defaults.model, "train": defaults.train}))
 
 
 def encode_training_batch(examples: Sequence[Example]) -> tuple[Tensor, Tensor]:

@@ -9,8 +9,9 @@ per evaluation length ``loss`` / ``loss_last`` (nats per token), ``ppl``, ``bits
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -22,6 +23,21 @@ from ..encodings.base import PositionalEncoding
 from ..model import LMConfig, TransformerLM
 from ..train import TrainConfig, train_lm
 from .runs import Reporter, RunStore, checkpoint_every
+
+
+def fold_flat_options(options: dict, table: Mapping[str, tuple[str, str]], defaults: Mapping[str, object]) -> dict:
+    """``options`` with the flat names of ``table`` (option -> (composed config, its field),
+    e.g. ``"lr": ("train", "lr")``) moved into their composed configs: each such config is
+    ``options[part]`` (or ``defaults[part]``) with those fields replaced. The CLI's flat flags
+    become an experiment config's ``model`` and ``train`` this way."""
+    options = dict(options)
+    changes: dict[str, dict] = {}
+    for name in [n for n in options if n in table]:
+        part, field_name = table[name]
+        changes.setdefault(part, {})[field_name] = options.pop(name)
+    for part, fields in changes.items():
+        options[part] = dataclasses.replace(options.get(part) or defaults[part], **fields)
+    return options
 
 
 def length_record(result: LengthResult) -> dict:
