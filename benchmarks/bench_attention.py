@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from posenc.bench import (ATTENTION_COLUMNS, DEVICE_ATTENTION, DEVICE_ATTENTION_COLUMNS, attention_benchmark,
+from posenc.lab.bench import (ATTENTION_COLUMNS, DEVICE_ATTENTION, DEVICE_ATTENTION_COLUMNS, attention_benchmark,
                           device_attention_benchmark, environment, print_table, write_tables)
 
 

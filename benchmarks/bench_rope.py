@@ -3,7 +3,7 @@
 Run from the repository root: ``python benchmarks/bench_rope.py`` (``--help`` for options). The same
 CPU tables come from ``posenc bench``; this script exposes every knob.
 
-``--device cuda`` runs the accelerator comparison instead (``posenc.bench.rope_device_benchmark``):
+``--device cuda`` runs the accelerator comparison instead (``posenc.lab.bench.rope_device_benchmark``):
 posenc's fused Triton kernel against Hugging Face's ``apply_rotary_pos_emb`` (eager and
 ``torch.compile``), Liger-Kernel's ``liger_rotary_pos_emb`` and flash-attn's
 ``apply_rotary_emb`` where they import, and a copy of q and k (the bandwidth floor), forward and
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from posenc.bench import ROPE_COLUMNS, ROPE_DEVICE_COLUMNS, print_table, rope_benchmark, rope_device_benchmark, write_table
+from posenc.lab.bench import ROPE_COLUMNS, ROPE_DEVICE_COLUMNS, print_table, rope_benchmark, rope_device_benchmark, write_table
 
 
 def main(argv: list[str] | None = None) -> None:

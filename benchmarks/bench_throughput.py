@@ -2,14 +2,14 @@
 
 Run from the repository root: ``python benchmarks/bench_throughput.py`` (``--help`` for options). The same
 tables come from ``posenc bench``; this script exposes every knob. ``--device cuda`` trains at the
-GPU size (``posenc.bench.DEVICE_THROUGHPUT``, bf16 autocast) and writes the table to ``--out``.
+GPU size (``posenc.lab.bench.DEVICE_THROUGHPUT``, bf16 autocast) and writes the table to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from posenc.bench import DEVICE_THROUGHPUT, THROUGHPUT_COLUMNS, environment, print_table, throughput_benchmark, write_tables
+from posenc.lab.bench import DEVICE_THROUGHPUT, THROUGHPUT_COLUMNS, environment, print_table, throughput_benchmark, write_tables
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 import posenc
-import posenc.evaluate
+import posenc.lab.evaluate
 import posenc.masks
 import posenc.rope
-from posenc.cli import main
-from posenc.data import CorpusError, load_corpus
-from posenc.experiments.extrapolation import ExtrapolationConfig, preset_config
-from posenc.model import LMConfig, TransformerLM
-from posenc.train import TrainConfig
+from posenc.lab.cli import main
+from posenc.lab.data import CorpusError, load_corpus
+from posenc.lab.experiments.extrapolation import ExtrapolationConfig, preset_config
+from posenc.lab.model import LMConfig, TransformerLM
+from posenc.lab.train import TrainConfig
 
 NAN, INF = float("nan"), float("inf")
 
@@ -194,7 +194,7 @@ CASES = [
     # -- irope -------------------------------------------------------------------------------------
     *[(f"irope attention_chunk_size={v!r}", (lambda v=v: posenc.create("irope", head_dim=8, attention_chunk_size=v)),
        ValueError, r"attention_chunk_size must be an integer >= 1") for v in (0, -4, 8.0, True)],
-    ("irope chunked layer size", lambda: posenc.encodings.schedule.ChunkedRoPE(8, attention_chunk_size=0), ValueError,
+    ("irope chunked layer size", lambda: posenc.encodings.irope.ChunkedRoPE(8, attention_chunk_size=0), ValueError,
      r"attention_chunk_size must be an integer >= 1"),
     *[(f"irope no_rope_layers={v!r}", (lambda v=v: posenc.create("irope", head_dim=8, no_rope_layers=v)), ValueError,
        r"no_rope_layers must be a non-empty list of 0 and 1") for v in ([], [1, 2], "1101", [True, False], 4)],
@@ -282,7 +282,7 @@ CASES = [
     ("LMConfig backend", lambda: LMConfig(backend="flex2"), ValueError, r"backend must be one of"),
     ("TransformerLM unknown encoding", lambda: TransformerLM(LMConfig(d_model=16, num_heads=2, num_layers=1), "rotary"), ValueError, r"unknown encoding 'rotary'"),
     ("TransformerLM encoding type", lambda: TransformerLM(LMConfig(d_model=16, num_heads=2, num_layers=1), 3), TypeError, r"encoding must be a posenc.PositionalEncoding or a registered name"),
-    ("TransformerLM config type", lambda: TransformerLM({"d_model": 16}, "rope"), TypeError, r"config must be a posenc.model.LMConfig"),
+    ("TransformerLM config type", lambda: TransformerLM({"d_model": 16}, "rope"), TypeError, r"config must be a posenc.lab.model.LMConfig"),
     ("TransformerLM tokens 1-D", lambda: TransformerLM(LMConfig(d_model=16, num_heads=2, num_layers=1), "nope")(torch.zeros(4, dtype=torch.long)),
      ValueError, r"tokens must have shape \(B, T\)"),
     ("TransformerLM tokens float", lambda: TransformerLM(LMConfig(d_model=16, num_heads=2, num_layers=1), "nope")(torch.zeros(1, 4)),
@@ -306,7 +306,7 @@ CASES = [
     ("TrainConfig compile str", lambda: TrainConfig(compile="yes"), TypeError, r"compile must be a bool"),
     ("config eval_stride > L", lambda: ExtrapolationConfig.from_options(train_len=8, eval_tokens=200, eval_stride=9), ValueError,
      r"eval_stride=9 must be <= train_len=8"),
-    ("sliding windows stride", lambda: posenc.evaluate.sliding_windows(torch.zeros(100, dtype=torch.uint8), 8, 0, 50), ValueError,
+    ("sliding windows stride", lambda: posenc.lab.evaluate.sliding_windows(torch.zeros(100, dtype=torch.uint8), 8, 0, 50), ValueError,
      r"stride must be an integer in \[1, length=8\]"),
     # -- ExtrapolationConfig / preset_config ---------------------------------------------------
     ("preset unknown", lambda: preset_config("huge"), ValueError, r"preset must be one of \['quick', 'default', 'full', 'gpu'\]"),
@@ -324,8 +324,8 @@ CASES = [
     ("config device", lambda: ExtrapolationConfig(device="gpu0"), ValueError, r"device must be a torch device such as 'cpu' or 'cuda', got 'gpu0'"),
     ("config heads divide", lambda: ExtrapolationConfig.from_options(num_heads=3), ValueError, r"divisible"),
     ("config option unknown", lambda: ExtrapolationConfig.from_options(layers=2), TypeError, r"unexpected keyword argument 'layers'"),
-    ("config model type", lambda: ExtrapolationConfig(model={"d_model": 64}), TypeError, r"model must be a posenc.model.LMConfig, got dict"),
-    ("config train type", lambda: ExtrapolationConfig(train=None), TypeError, r"train must be a posenc.train.TrainConfig, got NoneType"),
+    ("config model type", lambda: ExtrapolationConfig(model={"d_model": 64}), TypeError, r"model must be a posenc.lab.model.LMConfig, got dict"),
+    ("config train type", lambda: ExtrapolationConfig(train=None), TypeError, r"train must be a posenc.lab.train.TrainConfig, got NoneType"),
     ("config extension_methods str", lambda: ExtrapolationConfig(extension_methods="yarn"), TypeError, r"extension_methods \(--rope-scaling\) must be a sequence"),
     ("config extension_methods unknown", lambda: ExtrapolationConfig(extension_methods=("su",)), ValueError, r"extension_methods \(--rope-scaling\): unknown method\(s\) \['su'\]"),
     # -- load_corpus -----------------------------------------------------------------------------
@@ -333,9 +333,9 @@ CASES = [
     ("corpus type", lambda: load_corpus(123), TypeError, r"path must be a str or os.PathLike \(a file or folder\), got int"),
     *[(f"corpus val_fraction={v!r}", (lambda v=v: load_corpus(None, val_fraction=v)), ValueError, r"val_fraction must be in \(0, 1\)") for v in (0.0, 1.0, NAN, "0.1")],
     # -- plots.plot_encoding / posenc.rope.from_hf_config ----------------------------------------
-    ("plot_encoding unknown", lambda: __import__("posenc.plots").plots.plot_encoding("rotary", "x.png"), ValueError, r"unknown encoding 'rotary'; available"),
-    ("plot_encoding bad option", lambda: __import__("posenc.plots").plots.plot_encoding("kerple", "x.png", variant="exp"), ValueError, r"variant must be one of"),
-    ("plot_encoding bad size", lambda: __import__("posenc.plots").plots.plot_encoding("rope", "x.png", head_dim=7), ValueError, r"head_dim must be a positive even integer"),
+    ("plot_encoding unknown", lambda: __import__("posenc.lab.plots").lab.plots.plot_encoding("rotary", "x.png"), ValueError, r"unknown encoding 'rotary'; available"),
+    ("plot_encoding bad option", lambda: __import__("posenc.lab.plots").lab.plots.plot_encoding("kerple", "x.png", variant="exp"), ValueError, r"variant must be one of"),
+    ("plot_encoding bad size", lambda: __import__("posenc.lab.plots").lab.plots.plot_encoding("rope", "x.png", head_dim=7), ValueError, r"head_dim must be a positive even integer"),
     ("from_hf_config not dict", lambda: posenc.rope.from_hf_config("config.json"), TypeError, r"config must be a dict"),
     ("from_hf_config no head_dim", lambda: posenc.rope.from_hf_config({"rope_theta": 10000.0}), KeyError, r"head_dim"),
     ("from_hf_config bad theta", lambda: posenc.rope.from_hf_config({"head_dim": 8, "rope_theta": 0.5}), ValueError, r"rope_theta"),
@@ -343,11 +343,23 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("call, error, match", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input(call, error, match, tmp_path, monkeypatch):
+#: Cases where Python itself refuses the call (a missing or unexpected keyword argument): the
+#: interpreter's TypeError, not one of posenc's checks.
+SIGNATURE_CASES = {"create unexpected kwarg", "create missing kwarg", "create nope kwarg", "cope missing npos_max",
+                   "config option unknown"}
+
+
+@pytest.mark.parametrize("case_id, call, error, match", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(case_id, call, error, match, tmp_path, monkeypatch):
+    """The documented type and message; and every check of posenc raises a class of
+    posenc.errors (what the CLI maps to exit 2), where Python's own signature errors stay
+    plain TypeErrors."""
+    from posenc.errors import PosencError
+
     monkeypatch.chdir(tmp_path)  # plot cases never write into the checkout
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=match) as info:
         call()
+    assert isinstance(info.value, PosencError) == (case_id not in SIGNATURE_CASES), type(info.value)
 
 
 def test_corpus_files(tmp_path):

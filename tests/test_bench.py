@@ -1,4 +1,4 @@
-"""`posenc bench`: wired to posenc.bench, one-line errors; a smoke run of the RoPE table."""
+"""`posenc bench`: wired to posenc.lab.bench, one-line errors; a smoke run of the RoPE table."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import torch
 
 import posenc
-from posenc import bench
-from posenc.cli import main
+from posenc.lab import bench
+from posenc.lab.cli import main
 
 
 def test_bench_rejects_unknown_target(capsys):

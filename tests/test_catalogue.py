@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import posenc
-from posenc.encodings.relative import relative_shift
-from posenc.encodings.rotary import xpos_zeta
+from posenc.encodings.transformer_xl import relative_shift
+from posenc.encodings.rope.xpos import xpos_zeta
 from rope_reference import xpos_reference_score
 from loop_reference import dot, softmax_average
 

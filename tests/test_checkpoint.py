@@ -1,4 +1,4 @@
-"""The checkpoint format (posenc.checkpoint): one writer, one reader, plain data only.
+"""The checkpoint format (posenc.lab.checkpoint): one writer, one reader, plain data only.
 
 Every checkpoint, a model's (TransformerLM.save) or a training run's (train_lm), loads with
 torch.load(weights_only=True), names its config and encoding in its own keys (not only inside
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import posenc
-from posenc.checkpoint import FORMAT, CheckpointMismatch, load_checkpoint, read_model
+from posenc.lab.checkpoint import FORMAT, CheckpointMismatch, load_checkpoint, read_model
 from posenc.encodings import RoPE
-from posenc.model import LMConfig, TransformerLM
-from posenc.train import TrainConfig, train_lm
+from posenc.lab.model import LMConfig, TransformerLM
+from posenc.lab.train import TrainConfig, train_lm
 
 CONFIG = LMConfig(d_model=32, num_layers=1, num_heads=4, max_positions=64)
 

@@ -8,9 +8,9 @@ import sys
 import pytest
 
 import posenc
-from posenc.cli import main
-from posenc.data import load_corpus
-from posenc.experiments.extrapolation import preset_config, run_extrapolation
+from posenc.lab.cli import main
+from posenc.lab.data import load_corpus
+from posenc.lab.experiments.extrapolation import preset_config, run_extrapolation
 
 TINY = ["--train-len", "8", "--steps", "4", "--batch-size", "4", "--d-model", "16", "--layers", "1",
         "--heads", "2", "--eval-factors", "1,2,4", "--eval-tokens", "128"]
@@ -89,7 +89,7 @@ def test_bad_arguments_print_one_line_and_exit_2(args, match, capsys):
 
 
 def test_console_script_exit_code_and_no_traceback():
-    proc = subprocess.run([sys.executable, "-m", "posenc.cli", "extrapolate", "--encodings", "bogus"],
+    proc = subprocess.run([sys.executable, "-m", "posenc.lab.cli", "extrapolate", "--encodings", "bogus"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == f"posenc: error: unknown encoding 'bogus'; available: {', '.join(posenc.available())}"
@@ -106,9 +106,9 @@ def _buggy_plot(name, out):
 
 @pytest.mark.parametrize("debug", [False, True])
 def test_an_unexpected_exception_is_an_internal_error_exit_1(monkeypatch, capsys, debug):
-    import posenc.plots
+    import posenc.lab.plots
 
-    monkeypatch.setattr(posenc.plots, "plot_encoding", _buggy_plot)
+    monkeypatch.setattr(posenc.lab.plots, "plot_encoding", _buggy_plot)
     if debug:
         monkeypatch.setenv("POSENC_DEBUG", "1")
         with pytest.raises(TypeError):

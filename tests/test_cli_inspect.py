@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import posenc.rope
-from posenc import cli
+from posenc.lab import cli
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

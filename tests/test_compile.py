@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import posenc
 from conftest import attention_extras, make_encoding
-from posenc.model import LMConfig, TransformerLM
+from posenc.lab.model import LMConfig, TransformerLM
 
 torch._dynamo.config.cache_size_limit = 64
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.model import KVCache, LMConfig, TransformerLM
+from posenc.lab.model import KVCache, LMConfig, TransformerLM
 from loop_reference import dot, softmax_average
 
 B, H, D = 2, 2, 4

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from posenc.data import CorpusError, is_validation, load_corpus, random_windows
+from posenc.lab.data import CorpusError, is_validation, load_corpus, random_windows
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ def test_torchrun_two_processes_split_the_runs_and_rank0_merges(tmp_path):
     corpus.write_text("".join(f"row {i}: x{i % 11} = {i * 3 % 97}\n" for i in range(300)))
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "posenc.cli", "extrapolate", "--encodings", "nope,alibi,rope", "--seeds", "0,1",
+           "-m", "posenc.lab.cli", "extrapolate", "--encodings", "nope,alibi,rope", "--seeds", "0,1",
            "--train-len", "8", "--steps", "3", "--batch-size", "2", "--d-model", "16", "--layers", "1",
            "--heads", "2", "--eval-factors", "1,2", "--eval-tokens", "32", "--corpus", str(corpus), "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

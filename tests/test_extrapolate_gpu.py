@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posenc.cli import main
-from posenc.data import CorpusError, load_corpus
-from posenc.evaluate import evaluate_length, sliding_windows
-from posenc.experiments.extrapolation import ExtrapolationConfig, fingerprint, preset_config
-from posenc.experiments.extrapolation_config import train_flops
-from posenc.model import LMConfig, TransformerLM
-from posenc.train import TrainConfig
+from posenc.lab.cli import main
+from posenc.lab.data import CorpusError, load_corpus
+from posenc.lab.evaluate import evaluate_length, sliding_windows
+from posenc.lab.experiments.extrapolation import ExtrapolationConfig, fingerprint, preset_config
+from posenc.lab.experiments.extrapolation_config import train_flops
+from posenc.lab.model import LMConfig, TransformerLM
+from posenc.lab.train import TrainConfig
 
 TINY = ["--train-len", "8", "--steps", "4", "--batch-size", "4", "--d-model", "16", "--layers", "1",
         "--heads", "2", "--eval-factors", "1,2", "--eval-tokens", "96", "--seeds", "0"]

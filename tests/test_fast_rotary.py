@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-import posenc.encodings.rotary as rotary
+import posenc.kernels.rotary_torch as rotary
 
 
 def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:

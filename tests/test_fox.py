@@ -14,7 +14,7 @@ import torch
 
 import posenc
 from posenc.attention import tiling
-from posenc.model import KVCache, LMConfig, TransformerLM
+from posenc.lab.model import KVCache, LMConfig, TransformerLM
 from loop_reference import dot, softmax_average
 
 B, H, D, DM = 2, 2, 4, 6

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from posenc.cli import main
-from posenc.data import decode_bytes, encode_text
-from posenc.model import TransformerLM
+from posenc.lab.cli import main
+from posenc.lab.data import decode_bytes, encode_text
+from posenc.lab.model import TransformerLM
 from test_positions_contract import DYNAMIC, NAMES, tiny_lm
 
 

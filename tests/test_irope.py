@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import posenc
-from posenc.encodings.base import NoPE
-from posenc.encodings.schedule import AttentionTemperature, ChunkedRoPE, IRoPE, attention_temperature, chunk_mask
-from posenc.model import KVCache, document_mask, key_padding_mask, positions_from_document_ids, positions_from_padding_mask
+from posenc.encodings.nope import NoPE
+from posenc.encodings.irope import AttentionTemperature, ChunkedRoPE, IRoPE, attention_temperature, chunk_mask
+from posenc.lab.model import KVCache, document_mask, key_padding_mask, positions_from_document_ids, positions_from_padding_mask
 from test_positions_contract import TOL, decode_with_cache, tiny_lm
 from loop_reference import softmax_average
 
@@ -151,7 +151,7 @@ def test_options_for_train_len_scale_chunk_and_temperature_step():
     assert IRoPE.options_for_train_len(64) == {"attention_chunk_size": 16, "floor_scale": 16}
     assert IRoPE.options_for_train_len(2) == {"attention_chunk_size": 1, "floor_scale": 1}
     assert posenc.RoPE.options_for_train_len(64) == {}
-    from posenc.experiments.extrapolation_config import preset_config
+    from posenc.lab.experiments.extrapolation_config import preset_config
 
     config = preset_config("full", train_len=128, steps=1)
     assert "irope" in config.encodings
@@ -274,7 +274,7 @@ def test_model_trains_and_checkpoints_its_schedule(tmp_path):
     loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
     loss.backward()
     model.save(tmp_path / "m.pt")
-    loaded = posenc.model.TransformerLM.from_checkpoint(tmp_path / "m.pt")
+    loaded = posenc.lab.model.TransformerLM.from_checkpoint(tmp_path / "m.pt")
     assert loaded.encoding.no_rope_layers == [1, 0] and loaded.encoding.for_layer(0).attention_chunk_size == 4
     with torch.no_grad():
         torch.testing.assert_close(loaded(tokens), model.eval()(tokens), rtol=0, atol=0)
@@ -365,7 +365,7 @@ def test_default_schedule_matches_transformers():
 
 @pytest.mark.slow  # ~20 s of tracing on a CPU
 def test_lm_with_both_kinds_of_layer_compiles_without_breaks_or_recompiles():
-    from posenc.model import LMConfig, TransformerLM
+    from posenc.lab.model import LMConfig, TransformerLM
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()

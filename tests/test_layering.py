@@ -100,9 +100,9 @@ def cycles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
 
 def test_the_graph_sees_relative_and_lazy_imports():
     graph = import_graph()
-    assert "posenc.experiments.extrapolation" in graph["posenc.cli"]  # imported inside a function
-    assert "posenc.experiments.distributed" in graph["posenc.experiments.runs"]  # `from . import distributed`
-    assert "posenc.checkpoint" in graph["posenc.experiments.runs"]  # `from ..checkpoint import ...`
+    assert "posenc.lab.experiments.extrapolation" in graph["posenc.lab.cli"]  # imported inside a function
+    assert "posenc.lab.experiments.distributed" in graph["posenc.lab.experiments.runs"]  # `from . import distributed`
+    assert "posenc.lab.checkpoint" in graph["posenc.lab.experiments.runs"]  # `from ..checkpoint import ...`
 
 
 def test_no_import_cycle_between_posenc_modules():

@@ -10,14 +10,14 @@ import os
 import pytest
 import torch
 
-from posenc.cli import main
-from posenc.experiments.lengthgen import (
+from posenc.lab.cli import main
+from posenc.lab.experiments.lengthgen import (
     DEFAULT_TASKS, LengthgenConfig, encode_training_batch, fractional_ranks, preset_config, rankings, run_lengthgen,
     score, task_batches,
 )
-from posenc.experiments.tasks import END, Example, get_task
-from posenc.model import LMConfig, TransformerLM
-from posenc.train import IGNORE_INDEX, TrainConfig, lr_at
+from posenc.lab.experiments.tasks import END, Example, get_task
+from posenc.lab.model import LMConfig, TransformerLM
+from posenc.lab.train import IGNORE_INDEX, TrainConfig, lr_at
 
 TINY = ["--steps", "3", "--batch-size", "4", "--d-model", "16", "--layers", "1", "--heads", "2",
         "--eval-instances", "5", "--train-size", "4", "--threads", "1"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.model import KVCache, LMConfig, TransformerLM
+from posenc.lab.model import KVCache, LMConfig, TransformerLM
 
 SRC = pathlib.Path(posenc.__file__).parent
 
@@ -37,7 +37,7 @@ def test_model_and_attention_never_name_an_encoding():
     names = "|".join(re.escape(n) for n in posenc.available() if n != "nope")
     pattern = re.compile(rf"""["']({names})["']""")
     attention = sorted(f"attention/{p.name}" for p in (SRC / "attention").glob("*.py"))  # the package
-    for path in ("model.py", "masks.py", "generation.py", "checkpoint.py", *attention, "train.py", "evaluate.py"):
+    for path in ("lab/model.py", "masks.py", "lab/generation.py", "lab/checkpoint.py", *attention, "lab/train.py", "lab/evaluate.py"):
         assert not pattern.search((SRC / path).read_text()), path
 
 
@@ -91,7 +91,7 @@ def test_grouped_query_lm_trains_and_caches():
 def test_randomized_positions_training_samples_sorted_distinct_positions_per_row():
     """Ruoss et al. 2023: positions are a sorted sample of T distinct values from [0, N) per
     row, new every step; the model is then evaluated at ordinary positions."""
-    from posenc.train import TrainConfig, random_positions, train_lm
+    from posenc.lab.train import TrainConfig, random_positions, train_lm
 
     g = torch.Generator().manual_seed(0)
     positions = random_positions(64, 16, 128, g)
@@ -119,7 +119,7 @@ def test_randomized_positions_training_samples_sorted_distinct_positions_per_row
 def test_each_layer_runs_the_encoding_its_for_layer_names():
     """A layer schedule (for_layer) reaches every block: a toy schedule that rotates on even
     layers only equals a model whose odd layers were given no encoding (checked by hand)."""
-    from posenc.encodings.base import NoPE
+    from posenc.encodings.nope import NoPE
 
     class EvenLayersRoPE(posenc.PositionalEncoding):
         name = "even_layers_rope"

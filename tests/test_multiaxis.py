@@ -1,4 +1,4 @@
-"""M-RoPE and axial RoPE (posenc.encodings.multiaxis) against independent references.
+"""M-RoPE and axial RoPE (posenc.encodings.rope.multiaxis) against independent references.
 
 - float64 loops written from the definitions (Qwen2-VL section 2.1 and Hugging Face's chunked /
   interleaved assignment; rotary-embedding-torch's ``get_axial_freqs`` + ``apply_rotary_emb``,
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.encodings.multiaxis import AxialRoPE, MRoPE, mrope_axis_of_pair, mrope_position_ids
+from posenc.encodings.rope.multiaxis import AxialRoPE, MRoPE, mrope_axis_of_pair, mrope_position_ids
 
 F64 = torch.float64
 

@@ -1,4 +1,4 @@
-"""posenc.plots: a PNG for every registered encoding, small sizes to stay fast."""
+"""posenc.lab.plots: a PNG for every registered encoding, small sizes to stay fast."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import posenc
-from posenc.plots import plot_encoding
+from posenc.lab.plots import plot_encoding
 
 SMALL = {"d_model": 16, "num_heads": 4, "head_dim": 8, "max_positions": 32, "max_distance": 48}
 
@@ -29,12 +29,12 @@ def test_encoding_options_pass_through_and_unknown_names_fail(tmp_path):
 
 
 def test_import_posenc_does_not_import_matplotlib():
-    code = "import sys, posenc, posenc.plots; assert 'matplotlib' not in sys.modules"
+    code = "import sys, posenc, posenc.lab.plots; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_cli_plot_writes_the_png_and_rejects_unknown_names(tmp_path, capsys):
-    from posenc.cli import main
+    from posenc.lab.cli import main
 
     out = tmp_path / "alibi.png"
     assert main(["plot", "alibi", "--out", str(out)]) == 0

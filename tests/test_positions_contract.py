@@ -17,7 +17,7 @@ import torch
 
 import posenc
 from conftest import attention_extras
-from posenc.model import (
+from posenc.lab.model import (
     KVCache,
     LMConfig,
     TransformerLM,

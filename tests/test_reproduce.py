@@ -6,8 +6,8 @@ training length; sinusoidal and learned absolute positions break; RoPE lies betw
 
 import pytest
 
-from posenc.data import load_corpus
-from posenc.experiments.extrapolation import preset_config, run_extrapolation
+from posenc.lab.data import load_corpus
+from posenc.lab.experiments.extrapolation import preset_config, run_extrapolation
 
 
 @pytest.mark.slow

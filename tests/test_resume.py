@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from posenc.cli import main
+from posenc.lab.cli import main
 
 ARGS = ["--encodings", "nope,rope", "--train-len", "8", "--steps", "150", "--batch-size", "4", "--d-model", "16",
         "--layers", "1", "--heads", "2", "--eval-factors", "1,2", "--eval-tokens", "64", "--seeds", "3"]
@@ -27,7 +27,7 @@ def corpus_file(tmp_path_factory):
 
 
 def command(corpus, out):
-    return [sys.executable, "-m", "posenc.cli", "extrapolate", *ARGS, "--corpus", str(corpus), "--out", str(out)]
+    return [sys.executable, "-m", "posenc.lab.cli", "extrapolate", *ARGS, "--corpus", str(corpus), "--out", str(out)]
 
 
 def environment():

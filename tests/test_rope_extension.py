@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import posenc
-from posenc import cli
-from posenc.checkpoint import CheckpointMismatch
-from posenc.data import load_corpus
-from posenc.evaluate import evaluate_length
-from posenc.experiments.extrapolation import ExtrapolationConfig, fingerprint, load_trained_base, preset_config, run_extrapolation
-from posenc.experiments.runs import RunStore
+from posenc.lab import cli
+from posenc.lab.checkpoint import CheckpointMismatch
+from posenc.lab.data import load_corpus
+from posenc.lab.evaluate import evaluate_length
+from posenc.lab.experiments.extrapolation import ExtrapolationConfig, fingerprint, load_trained_base, preset_config, run_extrapolation
+from posenc.lab.experiments.runs import RunStore
 from posenc.rope import EXTENSION_METHODS, RoPE, extension_scaling, rope_frequencies
 
 

@@ -201,14 +201,15 @@ def test_hf_layout_and_max_position_embeddings_are_constructor_arguments():
 
 
 def test_interop_names_keep_their_import_paths():
-    import posenc.plots
-    from posenc.encodings import rope_interop, rotary
+    import posenc.lab.plots
+    from posenc.encodings import rope_interop
+    from posenc.encodings.rope import rotary
 
     for name in ("HF_ROPE_FIELDS", "read_hf_config", "write_hf_config", "inspect_config", "RopeInspection"):
         assert getattr(rope_interop, name) is getattr(posenc.rope, name)
     for name in ("from_hf_config", "to_hf_dict"):
         assert getattr(posenc.rope, name) is getattr(rotary, name)
-    assert plot_rope_inspection is posenc.plots.plot_rope_inspection
+    assert plot_rope_inspection is posenc.lab.plots.plot_rope_inspection
     with pytest.raises(AttributeError):
         posenc.rope.no_such_name  # noqa: B018
 
@@ -217,5 +218,5 @@ def test_import_posenc_rope_loads_neither_the_figures_nor_matplotlib():
     import subprocess
     import sys
 
-    code = "import sys, posenc.rope; assert 'posenc.plots' not in sys.modules and 'matplotlib' not in sys.modules"
+    code = "import sys, posenc.rope; assert 'posenc.lab.plots' not in sys.modules and 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.encodings.rope_scaling import inv_freq_per_position
+from posenc.encodings.rope.scaling import inv_freq_per_position
 from rope_reference import ref_default, ref_inv_freq
 
 def assert_f32_close(got, ref):

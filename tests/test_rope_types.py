@@ -1,4 +1,4 @@
-"""The rope_type table (posenc.encodings.rope_scaling.ROPE_TYPES): every record is complete and
+"""The rope_type table (posenc.encodings.rope.scaling.ROPE_TYPES): every record is complete and
 keeps its contracts, and RoPE follows the record, so a new rope_type needs no change to RoPE."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from rope_reference import ref_default
 
 import posenc
-from posenc.encodings import rope_scaling
-from posenc.encodings.rope_scaling import (
+from posenc.encodings.rope import scaling as rope_scaling
+from posenc.encodings.rope.scaling import (
     LENGTH_DEPENDENT,
     ROPE_INIT_FUNCTIONS,
     ROPE_TYPES,

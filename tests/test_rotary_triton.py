@@ -391,7 +391,7 @@ def test_the_environment_switch(monkeypatch):
 
 def test_the_benchmark_times_the_kernel(on_cpu):
     """The accelerator benchmark lists the fused kernel where it runs, checked against float64."""
-    from posenc import bench
+    from posenc.lab import bench
 
     rows, _ = bench.rope_device_benchmark("cpu", lengths=(8,), q_heads=2, kv_heads=1, head_dim=8, repeats=1, compile_peers=False)
     fused = [row for row in rows if row["method"].startswith("posenc fused_rope")]

@@ -1,4 +1,4 @@
-"""The run store (posenc.experiments.runs) and ExtrapolationConfig's composition of the model
+"""The run store (posenc.lab.experiments.runs) and ExtrapolationConfig's composition of the model
 and training configs, on their own (end to end they are in test_cli, test_resume and
 test_rope_extension)."""
 
@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from posenc.checkpoint import CheckpointMismatch
-from posenc.experiments.extrapolation import ExtrapolationConfig, preset_config
-from posenc.experiments.runs import Reporter, RunStore
-from posenc.model import LMConfig
-from posenc.train import TrainConfig
+from posenc.lab.checkpoint import CheckpointMismatch
+from posenc.lab.experiments.extrapolation import ExtrapolationConfig, preset_config
+from posenc.lab.experiments.runs import Reporter, RunStore
+from posenc.lab.model import LMConfig
+from posenc.lab.train import TrainConfig
 
 
 class Seen(Reporter):

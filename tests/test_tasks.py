@@ -1,4 +1,4 @@
-"""The synthetic tasks of `posenc lengthgen` (posenc.experiments.tasks): each generator is
+"""The synthetic tasks of `posenc lengthgen` (posenc.lab.experiments.tasks): each generator is
 deterministic from its seed, its instances have the documented shape, and its answers are
 right by an independent computation (Python's sorted and int arithmetic, a replay of the
 flip-flop string, the key found by a regular expression)."""
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from posenc.experiments.tasks import DEPTHS, END, TASKS, Example, Passkey, eval_examples, exact_match, get_task
+from posenc.lab.experiments.tasks import DEPTHS, END, TASKS, Example, Passkey, eval_examples, exact_match, get_task
 
 SIZES = (1, 2, 5, 13, 40)
 
@@ -118,7 +118,7 @@ def test_exact_match_counts_a_partial_answer_as_wrong():
 
 
 def test_every_task_has_its_default_setting():
-    from posenc.experiments.lengthgen import TASK_SETTINGS
+    from posenc.lab.experiments.lengthgen import TASK_SETTINGS
 
     assert list(TASK_SETTINGS) == list(TASKS)
     assert all(setting.train_size >= TASKS[name].min_size for name, setting in TASK_SETTINGS.items())

@@ -10,9 +10,9 @@ libraries when used.
 
 from __future__ import annotations
 
-from . import rope
-from .attention import BACKENDS, attention
-from .encodings import (
+from posenc import _moved, rope
+from posenc.attention import BACKENDS, attention
+from posenc.encodings import (
     REGISTRY,
     ALiBi,
     LearnedAbsolute,
@@ -45,6 +45,8 @@ from .encodings import (
 )
 
 __version__ = "0.1.0"
+
+_moved.install()  # the lab's modules left the root: posenc.model is posenc.lab.model
 
 __all__ = [
     "__version__", "attention", "BACKENDS", "available", "create", "create_for_model", "REGISTRY",

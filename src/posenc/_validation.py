@@ -10,6 +10,7 @@ import math
 
 import torch
 from torch import Tensor
+from posenc.errors import InvalidArgument, InvalidType
 
 
 def check_positions(positions: Tensor, argname: str = "positions") -> None:
@@ -20,13 +21,13 @@ def check_positions(positions: Tensor, argname: str = "positions") -> None:
         ValueError: it has the wrong rank or a negative entry.
     """
     if not isinstance(positions, Tensor):
-        raise TypeError(f"{argname} must be an integer torch.Tensor, got {type(positions).__name__}")
+        raise InvalidType(f"{argname} must be an integer torch.Tensor, got {type(positions).__name__}")
     if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
-        raise TypeError(f"{argname} must have an integer dtype (e.g. torch.long), got {positions.dtype}")
+        raise InvalidType(f"{argname} must have an integer dtype (e.g. torch.long), got {positions.dtype}")
     if positions.dim() not in (1, 2):
-        raise ValueError(f"{argname} must have shape (T,) or (B, T), got {tuple(positions.shape)}")
+        raise InvalidArgument(f"{argname} must have shape (T,) or (B, T), got {tuple(positions.shape)}")
     if positions.numel() and int(positions.min()) < 0:
-        raise ValueError(f"{argname} must be >= 0, got a minimum of {int(positions.min())}")
+        raise InvalidArgument(f"{argname} must be >= 0, got a minimum of {int(positions.min())}")
 
 
 def check_position_values(positions: Tensor, argname: str = "positions") -> None:
@@ -40,11 +41,11 @@ def check_position_values(positions: Tensor, argname: str = "positions") -> None
         ValueError: a negative entry.
     """
     if not isinstance(positions, Tensor):
-        raise TypeError(f"{argname} must be an integer torch.Tensor, got {type(positions).__name__}")
+        raise InvalidType(f"{argname} must be an integer torch.Tensor, got {type(positions).__name__}")
     if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
-        raise TypeError(f"{argname} must have an integer dtype (e.g. torch.long), got {positions.dtype}")
+        raise InvalidType(f"{argname} must have an integer dtype (e.g. torch.long), got {positions.dtype}")
     if positions.numel() and not torch.compiler.is_compiling() and int(positions.min()) < 0:
-        raise ValueError(f"{argname} must be >= 0, got a minimum of {int(positions.min())}")
+        raise InvalidArgument(f"{argname} must be >= 0, got a minimum of {int(positions.min())}")
 
 
 def fits_sequence_positions(positions: Tensor, length: int, batch: int) -> bool:
@@ -66,20 +67,20 @@ def check_sequence_positions(positions: Tensor, *, length: int, batch: int, argn
     """
     check_positions(positions[..., :0] if torch.compiler.is_compiling() else positions, argname)
     if not fits_sequence_positions(positions, length, batch):
-        raise ValueError(f"{argname} must have shape ({length},) or ({batch}, {length}), got {tuple(positions.shape)}")
+        raise InvalidArgument(f"{argname} must have shape ({length},) or ({batch}, {length}), got {tuple(positions.shape)}")
     return positions
 
 
 def check_even(value: int, argname: str) -> None:
     """Raise ValueError unless ``value`` is a positive even int (pairs of dimensions)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 2 or value % 2:
-        raise ValueError(f"{argname} must be a positive even integer, got {value!r}")
+        raise InvalidArgument(f"{argname} must be a positive even integer, got {value!r}")
 
 
 def check_positive_int(value: int, argname: str) -> None:
     """Raise ValueError unless ``value`` is an int >= 1."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{argname} must be an integer >= 1, got {value!r}")
+        raise InvalidArgument(f"{argname} must be an integer >= 1, got {value!r}")
 
 
 def is_real_number(value) -> bool:
@@ -93,14 +94,14 @@ def check_number(value, argname: str, *, gt: float | None = None, ge: float | No
     bound = f" > {gt:g}" if gt is not None else f" >= {ge:g}" if ge is not None else ""
     if not is_real_number(value) or not math.isfinite(value) or (gt is not None and not value > gt) \
             or (ge is not None and not value >= ge):
-        raise ValueError(f"{argname} must be a finite number{bound}, got {value!r}")
+        raise InvalidArgument(f"{argname} must be a finite number{bound}, got {value!r}")
     return float(value)
 
 
 def check_bool(value, argname: str) -> bool:
     """Raise TypeError unless ``value`` is a bool (a truthy string is not an answer)."""
     if not isinstance(value, bool):
-        raise TypeError(f"{argname} must be a bool (True or False), got {value!r}")
+        raise InvalidType(f"{argname} must be a bool (True or False), got {value!r}")
     return value
 
 
@@ -121,7 +122,7 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> torch.Size:
         for other in sizes:
             if other != 1:
                 if size != 1 and other != size:
-                    raise ValueError(f"shapes {[tuple(shape) for shape in shapes]} do not broadcast")
+                    raise InvalidArgument(f"shapes {[tuple(shape) for shape in shapes]} do not broadcast")
                 size = other
         result.append(size)
     return torch.Size(result)
@@ -138,7 +139,7 @@ def check_device(device, argname: str = "device") -> torch.device:
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"{argname} must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
+        raise InvalidArgument(f"{argname} must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
     if parsed.type == "cpu":
         return parsed
     backend = getattr(torch, parsed.type, None)
@@ -146,11 +147,11 @@ def check_device(device, argname: str = "device") -> torch.device:
         backend = getattr(torch.backends, "mps", None)
     available = backend is not None and hasattr(backend, "is_available") and backend.is_available()
     if not available:
-        raise ValueError(
+        raise InvalidArgument(
             f"{argname}={str(device)!r}: this machine or torch build has no {parsed.type} device "
             f"(torch {torch.__version__}); use {argname}='cpu'"
         )
     count = backend.device_count() if hasattr(backend, "device_count") else None
     if parsed.index is not None and count is not None and parsed.index >= count:
-        raise ValueError(f"{argname}={str(device)!r}: only {count} {parsed.type} device(s) here (indices 0..{count - 1})")
+        raise InvalidArgument(f"{argname}={str(device)!r}: only {count} {parsed.type} device(s) here (indices 0..{count - 1})")
     return parsed

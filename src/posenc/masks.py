@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+from posenc.errors import InvalidArgument
 
 #: FlexAttention's mask form: ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor`` (True = may
 #: attend), elementwise on broadcastable integer tensors.
@@ -44,9 +45,9 @@ def check_padding_mask(padding_mask: Tensor) -> Tensor:
     """
     if not isinstance(padding_mask, Tensor) or padding_mask.dim() != 2 or padding_mask.is_floating_point():
         got = tuple(padding_mask.shape) if isinstance(padding_mask, Tensor) else type(padding_mask).__name__
-        raise ValueError(f"padding_mask must be a (B, T) boolean or 0/1 integer tensor, got {got}")
+        raise InvalidArgument(f"padding_mask must be a (B, T) boolean or 0/1 integer tensor, got {got}")
     if padding_mask.dtype != torch.bool and not bool(((padding_mask == 0) | (padding_mask == 1)).all()):
-        raise ValueError("padding_mask must hold only 0 (pad) and 1 (token)")
+        raise InvalidArgument("padding_mask must hold only 0 (pad) and 1 (token)")
     return padding_mask.bool()
 
 
@@ -86,7 +87,7 @@ def _check_document_ids(document_ids: Tensor, argname: str) -> None:
     if not isinstance(document_ids, Tensor) or document_ids.dim() not in (1, 2) or document_ids.is_floating_point() \
             or document_ids.dtype == torch.bool:
         got = tuple(document_ids.shape) if isinstance(document_ids, Tensor) else type(document_ids).__name__
-        raise ValueError(f"{argname} must be an integer tensor (T,) or (B, T), got {got}")
+        raise InvalidArgument(f"{argname} must be an integer tensor (T,) or (B, T), got {got}")
 
 
 def positions_from_document_ids(document_ids: Tensor) -> Tensor:
@@ -123,7 +124,7 @@ def document_mask(q_document_ids: Tensor, k_document_ids: Tensor | None = None) 
     Returns:
         bool (Tq, Tk), or (B, Tq, Tk) if either side is per row; combine it with the causal
         mask by passing it as ``mask=`` to :func:`posenc.attention` or
-        :meth:`posenc.model.TransformerLM.forward`.
+        :meth:`posenc.lab.model.TransformerLM.forward`.
 
     Raises:
         ValueError: not integer tensors of rank 1 or 2.
@@ -174,7 +175,7 @@ def _check_index_tensor(values: Tensor | None, argname: str) -> None:
 
 def _check_window(value: int, argname: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{argname} must be an integer >= 1 (tokens), got {value!r}")
+        raise InvalidArgument(f"{argname} must be an integer >= 1 (tokens), got {value!r}")
 
 
 def document_mask_mod(q_document_ids: Tensor, k_document_ids: Tensor | None = None) -> MaskMod:

@@ -7,12 +7,12 @@
 >>> posenc.rope.plot_rope_inspection(report, "rope.png")                              # doctest: +SKIP
 
 Where things live: the scalings themselves (linear / PI, ntk, dynamic, yarn, llama3,
-longrope), one :class:`~posenc.encodings.rope_scaling.RopeType` record each, in
-:mod:`posenc.encodings.rope_scaling`; :func:`rope_frequencies` dispatches on a Hugging Face
+longrope), one :class:`~posenc.encodings.rope.scaling.RopeType` record each, in
+:mod:`posenc.encodings.rope.scaling`; :func:`rope_frequencies` dispatches on a Hugging Face
 ``rope_scaling`` dict; config.json interop (:func:`from_hf_config`, :func:`to_hf_dict`,
 :func:`inspect_config`, :func:`read_hf_config`, :func:`write_hf_config`) in
 :mod:`posenc.encodings.rope_interop`; the figure :func:`plot_rope_inspection` in
-:mod:`posenc.plots`, loaded on first use, so ``import posenc.rope`` does not import the
+:mod:`posenc.lab.plots`, loaded on first use, so ``import posenc.rope`` does not import the
 figures (and matplotlib is imported only when one is drawn).
 """
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .encodings.rope_interop import HF_ROPE_FIELDS, RopeInspection, inspect_config, read_hf_config, write_hf_config
-from .encodings.rope_scaling import (
+from posenc.encodings.rope_interop import HF_ROPE_FIELDS, RopeInspection, inspect_config, read_hf_config, write_hf_config
+from posenc.encodings.rope.scaling import (
     LENGTH_DEPENDENT,
     ROPE_INIT_FUNCTIONS,
     ROPE_TYPES,
@@ -30,7 +30,9 @@ from .encodings.rope_scaling import (
     rope_type_of,  # noqa: F401 (importable from here before the split)
     yarn_correction_dim,  # noqa: F401
 )
-from .encodings.rotary import RoPE, apply_rotary, from_hf_config, rope_frequencies, to_hf_dict
+from posenc.encodings.rope.rotary import RoPE, from_hf_config, rope_frequencies, to_hf_dict
+from posenc.kernels.rotary_torch import apply_rotary
+from posenc.errors import InvalidArgument
 
 __all__ = [
     "RoPE", "rope_frequencies", "apply_rotary", "ROPE_INIT_FUNCTIONS", "LENGTH_DEPENDENT", "HF_ROPE_FIELDS",
@@ -49,7 +51,7 @@ def extension_scaling(method: str, factor: float, original_max_position_embeddin
     """The ``rope_scaling`` dict that extends a RoPE trained at context L0 by ``factor`` s.
 
     Each method with its published defaults (its record's ``extension`` in
-    :data:`~posenc.encodings.rope_scaling.ROPE_TYPES`):
+    :data:`~posenc.encodings.rope.scaling.ROPE_TYPES`):
 
     - ``linear``: Position Interpolation (Chen et al. 2023), theta_i / s.
     - ``ntk``: static NTK-aware, base * s^(d/(d-2)).
@@ -74,12 +76,12 @@ def extension_scaling(method: str, factor: float, original_max_position_embeddin
     """
     record = ROPE_TYPES.get(method) if isinstance(method, str) else None
     if record is None or record.extension is None:
-        raise ValueError(f"method must be one of {list(extension_methods())}, got {method!r}")
+        raise InvalidArgument(f"method must be one of {list(extension_methods())}, got {method!r}")
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1 or math.isinf(factor):
-        raise ValueError(f"factor must be a finite number >= 1, got {factor!r}")
+        raise InvalidArgument(f"factor must be a finite number >= 1, got {factor!r}")
     context = original_max_position_embeddings
     if isinstance(context, bool) or not isinstance(context, int) or context < 1:
-        raise ValueError(f"original_max_position_embeddings must be a positive integer, got {context!r}")
+        raise InvalidArgument(f"original_max_position_embeddings must be a positive integer, got {context!r}")
     if factor == 1:
         return None
     scaling: dict[str, Any] = {"rope_type": method, "factor": float(factor)}
@@ -91,9 +93,9 @@ def extension_scaling(method: str, factor: float, original_max_position_embeddin
 
 def __getattr__(name: str) -> Any:
     # the figure lives with the other figures; fetched on first use so that importing this
-    # module (and posenc) never imports posenc.plots
+    # module (and posenc) never imports posenc.lab.plots
     if name == "plot_rope_inspection":
-        from .plots import plot_rope_inspection
+        from posenc.lab.plots import plot_rope_inspection
 
         return plot_rope_inspection
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -41,10 +41,11 @@ import math
 import torch
 from torch import Tensor
 
-from ..encodings.base import PositionalEncoding
-from .._validation import check_number, check_sequence_positions
-from . import blocked, eager, flash_attention_2, flex, sdpa
-from .masks import causal_mask, check_mask, combine_masks, encoding_mask, is_mask_mod, mask_from_mod
+from posenc.encodings.base import PositionalEncoding
+from posenc._validation import check_number, check_sequence_positions
+from posenc.attention import blocked, eager, flash_attention_2, flex, sdpa
+from posenc.attention.masks import causal_mask, check_mask, combine_masks, encoding_mask, is_mask_mod, mask_from_mod
+from posenc.errors import InvalidArgument, InvalidType
 
 __all__ = ["attention", "BACKENDS", "causal_mask", "combine_masks"]
 
@@ -90,7 +91,7 @@ def _resolve_backend(
         ValueError: an unknown backend name.
     """
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        raise InvalidArgument(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend != "auto":
         return backend
     if encoding is not None and "content" in encoding.hooks:
@@ -148,25 +149,25 @@ def _default_positions(positions: Tensor | None, length: int, offset: int, devic
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
     for argname, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor):
-            raise TypeError(f"{argname} must be a floating-point torch.Tensor (B, H, T, D), got {type(x).__name__}")
+            raise InvalidType(f"{argname} must be a floating-point torch.Tensor (B, H, T, D), got {type(x).__name__}")
         if x.dim() != 4:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"{argname} must be a 4-D tensor (B, H, T, D), got {shape}")
+            raise InvalidArgument(f"{argname} must be a 4-D tensor (B, H, T, D), got {shape}")
         if not x.is_floating_point():
-            raise TypeError(f"{argname} must be a floating-point tensor, got {x.dtype}")
+            raise InvalidType(f"{argname} must be a floating-point tensor, got {x.dtype}")
     heads, kv_heads = q.shape[1], k.shape[1]
     if q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3] or kv_heads < 1 or heads % kv_heads:
-        raise ValueError(
+        raise InvalidArgument(
             f"q (B, H, Tq, D), k and v (B, H_kv, Tk, D) disagree: got {tuple(q.shape)}, {tuple(k.shape)}, "
             f"{tuple(v.shape)}; k and v share B and Tk, and their heads H_kv must divide q's H "
             "(H_kv = H: multi-head; 1 <= H_kv < H: grouped-query, query head h reading key-value head h // (H / H_kv))"
         )
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share head_dim, got {q.shape[-1]} and {k.shape[-1]}")
+        raise InvalidArgument(f"q and k must share head_dim, got {q.shape[-1]} and {k.shape[-1]}")
     if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
-        raise ValueError("q, k and v must share one dtype and one device")
+        raise InvalidArgument("q, k and v must share one dtype and one device")
     if causal and q.shape[2] > k.shape[2]:
-        raise ValueError(f"causal attention needs Tq <= Tk (queries are the last keys), got Tq={q.shape[2]}, Tk={k.shape[2]}")
+        raise InvalidArgument(f"causal attention needs Tq <= Tk (queries are the last keys), got Tq={q.shape[2]}, Tk={k.shape[2]}")
 
 
 def _check_gates(gates: Tensor | None, encoding: PositionalEncoding | None, q: Tensor, num_keys: int,
@@ -180,23 +181,23 @@ def _check_gates(gates: Tensor | None, encoding: PositionalEncoding | None, q: T
 
     if gates is None:
         if wants:
-            raise ValueError(
+            raise InvalidArgument(
                 f"gates: {type(encoding).__name__} has the gate hook, which reads the hidden state: pass "
                 f"gates=encoding.gate(x) for every key, shape {expected()} (a KV cache keeps them with the keys)"
             )
         return
     if not wants:
-        raise ValueError("gates: only an encoding with the gate hook takes gates=, "
+        raise InvalidArgument("gates: only an encoding with the gate hook takes gates=, "
                          f"and {type(encoding).__name__ if encoding is not None else 'None'} has none")
     if not isinstance(gates, Tensor) or not gates.is_floating_point():
         kind = gates.dtype if isinstance(gates, Tensor) else type(gates).__name__
-        raise TypeError(f"gates must be a floating-point torch.Tensor {expected()}, got {kind}")
+        raise InvalidType(f"gates must be a floating-point torch.Tensor {expected()}, got {kind}")
     if gates.dim() != 3 or gates.shape[0] != batch or gates.shape[1] != heads or gates.shape[2] != num_keys:
-        raise ValueError(f"gates must have shape {expected()}, one value per key and query head, got {tuple(gates.shape)}")
+        raise InvalidArgument(f"gates must have shape {expected()}, one value per key and query head, got {tuple(gates.shape)}")
     if gates.device != q.device:
-        raise ValueError(f"gates must be on q's device {q.device}, got {gates.device}")
+        raise InvalidArgument(f"gates must be on q's device {q.device}, got {gates.device}")
     if not causal and num_queries > num_keys:
-        raise ValueError(f"gates: the queries must be the last keys (Tq <= Tk), got Tq={num_queries}, Tk={num_keys}")
+        raise InvalidArgument(f"gates: the queries must be the last keys (Tq <= Tk), got Tq={num_queries}, Tk={num_keys}")
 
 
 def attention(
@@ -262,7 +263,7 @@ def attention(
             Tk) tensor and the other backends evaluate on index grids (a mask_mod is evaluated
             per batch row and must not depend on h under "flex"). Combined with the causal
             mask by logical and. Used for document masks of packed rows and for padding
-            (:func:`posenc.model.document_mask`, :func:`posenc.model.key_padding_mask`).
+            (:func:`posenc.lab.model.document_mask`, :func:`posenc.lab.model.key_padding_mask`).
             A query that may attend no key at all (e.g. a left-padding query) gets an output
             of zeros, Shaw's value term included: no NaN. Every backend but
             "flash_attention_2" takes it.
@@ -303,7 +304,7 @@ def attention(
     """
     _check_qkv(q, k, v, causal)
     if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+        raise InvalidType(f"causal must be a bool, got {causal!r}")
     if torch.compiler.is_compiling():
         # dynamo cannot trace math.isfinite on a specialized float: numbers are checked in eager calls
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -311,9 +312,9 @@ def attention(
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_number(scale, "scale", gt=0)
         dropout_p = check_number(dropout_p, "dropout_p", ge=0)
     if dropout_p >= 1:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+        raise InvalidArgument(f"dropout_p must be in [0, 1), got {dropout_p!r}")
     if encoding is not None and not isinstance(encoding, PositionalEncoding):
-        raise TypeError(
+        raise InvalidType(
             f"encoding must be a posenc.PositionalEncoding (posenc.create(name, ...)) or None, got {type(encoding).__name__}"
         )
     batch, num_heads, num_queries, head_dim = q.shape
@@ -334,7 +335,7 @@ def attention(
         mask = check_mask(mask, batch, num_heads, num_queries, num_keys).to(q.device)
     reason = backend_module.unsupported(encoding, mask=mask, dropout_p=dropout_p)
     if reason is not None:
-        raise ValueError(reason)
+        raise InvalidArgument(reason)
     if batch == 0 or num_queries == 0 or num_keys == 0:
         # Nothing to attend (or no one asking): zeros, still in q's and v's graph; a NaN query
         # row stays NaN (the rule below), as every backend would give with keys.

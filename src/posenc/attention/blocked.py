@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..encodings.base import PositionalEncoding
-from .tiling import query_blocks
+from posenc.encodings.base import PositionalEncoding
+from posenc.attention.tiling import query_blocks
 
 
 def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dropout_p: float = 0.0) -> str | None:

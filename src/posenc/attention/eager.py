@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..encodings.base import PositionalEncoding
-from .masks import causal_mask
-from .tiling import dense_bias, dense_gate_bias
+from posenc.encodings.base import PositionalEncoding
+from posenc.attention.masks import causal_mask
+from posenc.attention.tiling import dense_bias, dense_gate_bias
 
 
 def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dropout_p: float = 0.0) -> str | None:

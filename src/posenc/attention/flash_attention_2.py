@@ -23,7 +23,8 @@ import importlib
 import torch
 from torch import Tensor
 
-from ..encodings.base import PositionalEncoding
+from posenc.encodings.base import PositionalEncoding
+from posenc.errors import InvalidArgument
 
 _INSTALL = "pip install flash-attn (NVIDIA GPUs from Ampere on, CUDA, fp16/bf16)"
 
@@ -80,7 +81,7 @@ def check_index_aligned(q_positions: Tensor, k_positions: Tensor) -> None:
     aligned = (q_shift == q_shift[..., :1]).all() & (k_shift == k_shift[..., :1]).all() \
         & (q_shift[..., 0] - k_shift[..., 0] == num_keys - num_queries).all()
     if not bool(aligned):
-        raise ValueError(
+        raise InvalidArgument(
             "backend='flash_attention_2' adds ALiBi by row index: it needs consecutive positions with the queries at the "
             "end of the keys (no gaps, no packed documents); use backend='flex' for other positions"
         )
@@ -90,12 +91,12 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         k_positions: Tensor, causal: bool, mask=None, scale: float, dropout_p: float = 0.0,
         gate_state: object = None) -> Tensor:
     if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"backend='flash_attention_2' runs fp16 or bf16 CUDA tensors, got {q.dtype} on {q.device.type}")
+        raise InvalidArgument(f"backend='flash_attention_2' runs fp16 or bf16 CUDA tensors, got {q.dtype} on {q.device.type}")
     slopes = None
     if encoding is not None and "score_bias" in encoding.hooks:
         slopes = encoding.linear_bias_slopes(causal=causal)
         if slopes is None:
-            raise ValueError(f"backend='flash_attention_2': {type(encoding).__name__}'s bias is -m|i - j| only under a "
+            raise InvalidArgument(f"backend='flash_attention_2': {type(encoding).__name__}'s bias is -m|i - j| only under a "
                              "causal mask; use causal=True or backend='flex'")
         if not torch.compiler.is_compiling():
             check_index_aligned(q_positions, k_positions)

@@ -29,8 +29,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..encodings.base import PositionalEncoding
-from .masks import is_mask_mod
+from posenc.encodings.base import PositionalEncoding
+from posenc.attention.masks import is_mask_mod
+from posenc.errors import InvalidArgument
 
 #: Compile FlexAttention only when both the queries and the keys are longer than this (one
 #: 128-token block of FlexAttention): with a single block on a side, dynamo specializes the
@@ -64,7 +65,7 @@ def _flex():
     try:
         from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
     except ImportError as err:  # pragma: no cover - torch < 2.5
-        raise ValueError("backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)") from err
+        raise InvalidArgument("backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)") from err
     return and_masks, create_block_mask, flex_attention
 
 
@@ -184,13 +185,13 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     if encoding is not None and "score_bias" in encoding.hooks:
         score_mod = encoding.score_mod(q_positions, k_positions)
         if score_mod is None:
-            raise ValueError(f"backend='flex' needs the encoding's score_mod(); {type(encoding).__name__} has none")
+            raise InvalidArgument(f"backend='flex' needs the encoding's score_mod(); {type(encoding).__name__} has none")
         learned_bias = torch.is_grad_enabled() and any(p.requires_grad for p in encoding.parameters())
     if q.device.type == "cpu" and not torch.is_grad_enabled():
         # torch's CPU FlexAttention refuses inputs that require grad even when none is taken
         q, k, v = q.detach(), k.detach(), v.detach()
     if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise ValueError(
+        raise InvalidArgument(
             f"backend='flex' has no backward for q, k, v on the CPU (torch {torch.__version__}'s FlexAttention refuses it); "
             "use backend='blocked', 'eager' or 'auto' to train on the CPU, or call it under torch.no_grad()"
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from posenc.errors import InvalidArgument, InvalidType
 
 
 def causal_mask(num_queries: int, num_keys: int, device: torch.device | None = None) -> Tensor:
@@ -38,14 +39,14 @@ def check_mask(mask: Tensor, batch: int, heads: int, num_queries: int, num_keys:
     """
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         kind = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-        raise TypeError(f"mask must be a boolean tensor (True = may attend) or a mask_mod(b, h, q_idx, kv_idx) (posenc.masks), got {kind}")
+        raise InvalidType(f"mask must be a boolean tensor (True = may attend) or a mask_mod(b, h, q_idx, kv_idx) (posenc.masks), got {kind}")
     allowed = f"(Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk) with B={batch}, H={heads}, Tq={num_queries}, Tk={num_keys} (or 1 to broadcast)"
     if mask.dim() not in (2, 3, 4):
-        raise ValueError(f"mask must have shape {allowed}, got {tuple(mask.shape)}")
+        raise InvalidArgument(f"mask must have shape {allowed}, got {tuple(mask.shape)}")
     full = mask[None, None] if mask.dim() == 2 else mask[:, None] if mask.dim() == 3 else mask
     if full.shape[-1] != num_keys or full.shape[-2] not in (1, num_queries) \
             or full.shape[0] not in (1, batch) or full.shape[1] not in (1, heads):
-        raise ValueError(f"mask must have shape {allowed}, got {tuple(mask.shape)}")
+        raise InvalidArgument(f"mask must have shape {allowed}, got {tuple(mask.shape)}")
     return full
 
 
@@ -71,7 +72,7 @@ def mask_from_mod(mask_mod, batch: int, heads: int, num_queries: int, num_keys: 
     out = mask_mod(*grids)
     if not isinstance(out, Tensor) or out.dtype != torch.bool:
         got = out.dtype if isinstance(out, Tensor) else type(out).__name__
-        raise TypeError(f"mask: a mask_mod must return a boolean tensor (True = may attend), got {got}")
+        raise InvalidType(f"mask: a mask_mod must return a boolean tensor (True = may attend), got {got}")
     while out.dim() < 4:
         out = out.unsqueeze(0)
     if out.shape[-1] == 1 and num_keys != 1:  # a mask that ignores the keys

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..encodings.base import PositionalEncoding
-from .masks import as_4d, causal_mask, finite_in
-from .tiling import dense_bias, dense_gate_bias
+from posenc.encodings.base import PositionalEncoding
+from posenc.attention.masks import as_4d, causal_mask, finite_in
+from posenc.attention.tiling import dense_bias, dense_gate_bias
 
 
 def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dropout_p: float = 0.0) -> str | None:

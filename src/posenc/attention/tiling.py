@@ -28,9 +28,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..encodings.base import PositionalEncoding
-from .._validation import broadcast_shape
-from .masks import as_4d, causal_mask, finite_in
+from posenc.encodings.base import PositionalEncoding
+from posenc._validation import broadcast_shape
+from posenc.attention.masks import as_4d, causal_mask, finite_in
 
 #: Query blocks are sized so that one bias tile, B_bias * H * block * Tk, holds at most this
 #: many float32 entries (16 MiB): memory stays O(T), not O(T^2).

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from .absolute import LearnedAbsolute, Sinusoidal, sinusoidal_table
-from .base import NoPE, PositionalEncoding
-from .multiaxis import AxialRoPE, MRoPE, mrope_position_ids
-from .bias import FIRE, ALiBi, Kerple, ScoreBias, T5RelativeBias, alibi_slopes, t5_relative_position_bucket
-from .contextual import CoPE
-from .gated import FoX
-from .relative import Shaw, TransformerXL
-from .rotary import ProportionalRoPE, RoPE, XPos, apply_rotary, rope_frequencies
-from .schedule import IRoPE
+from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.nope import NoPE
+from posenc.encodings.sinusoidal import Sinusoidal, sinusoidal_table
+from posenc.encodings.learned import LearnedAbsolute
+from posenc.encodings.rope.multiaxis import AxialRoPE, MRoPE, mrope_position_ids
+from posenc.encodings.score_bias import ScoreBias
+from posenc.encodings.alibi import ALiBi, alibi_slopes
+from posenc.encodings.t5 import T5RelativeBias, t5_relative_position_bucket
+from posenc.encodings.kerple import Kerple
+from posenc.encodings.fire import FIRE
+from posenc.encodings.cope import CoPE
+from posenc.encodings.fox import FoX
+from posenc.encodings.shaw import Shaw
+from posenc.encodings.transformer_xl import TransformerXL
+from posenc.encodings.rope import ProportionalRoPE, RoPE, XPos, apply_rotary, rope_frequencies
+from posenc.encodings.irope import IRoPE
+from posenc.errors import InvalidArgument
 
 #: name -> encoding class. A new encoding is one file (or one class in its family's file)
 #: and one line here.
@@ -38,7 +46,7 @@ def encoding_class(name: str) -> type[PositionalEncoding]:
         ValueError: an unknown name; the message lists the available ones.
     """
     if not isinstance(name, str) or name not in REGISTRY:
-        raise ValueError(f"unknown encoding {name!r}; available: {', '.join(REGISTRY)}")
+        raise InvalidArgument(f"unknown encoding {name!r}; available: {', '.join(REGISTRY)}")
     return REGISTRY[name]
 
 

@@ -55,10 +55,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
-import torch
 from torch import Tensor, nn
 
-from .._validation import check_sequence_positions
+from posenc._validation import check_sequence_positions
+from posenc.errors import InvalidArgument
 
 #: FlexAttention's form of a score bias: ``score_mod(score, b, h, q_idx, kv_idx) -> score``.
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -104,7 +104,7 @@ class PositionalEncoding(nn.Module):
     def call_invariant(self) -> bool:
         """True when the hooks' terms for a (query position, key position) pair do not depend
         on the other positions of the call. A token's hidden states then never change once
-        computed, so a KV cache of them is exact (:class:`posenc.model.KVCache`). False for an
+        computed, so a KV cache of them is exact (:class:`posenc.lab.model.KVCache`). False for an
         encoding that reads the whole call, e.g. dynamic NTK RoPE in "rerotate" mode (every
         token rotated with the frequencies of the call's length)."""
         return True
@@ -344,18 +344,6 @@ class PositionalEncoding(nn.Module):
         return f"name={self.name!r}"
 
 
-class NoPE(PositionalEncoding):
-    """No positional encoding (Kazemnejad et al., NeurIPS 2023, "The Impact of Positional
-    Encoding on Length Generalization in Transformers").
-
-    Uses no hook. Order reaches the model only through the causal mask; a bidirectional
-    encoder without positions is permutation-equivariant.
-    """
-
-    name = "nope"
-    hooks = frozenset()
-
-
 def layer_of_copies(first: PositionalEncoding, deeper: Sequence[PositionalEncoding], layer: int) -> PositionalEncoding:
     """:meth:`PositionalEncoding.for_layer` of an encoding with its own parameters per layer:
     layer 0 is ``first``, layer l > 0 is ``deeper[l - 1]``; with no deeper copies every layer
@@ -367,5 +355,10 @@ def layer_of_copies(first: PositionalEncoding, deeper: Sequence[PositionalEncodi
     if not deeper:
         return first
     if not isinstance(layer, int) or not 0 <= layer <= len(deeper):
-        raise ValueError(f"layer must be in 0..{len(deeper)}, got {layer!r}")
+        raise InvalidArgument(f"layer must be in 0..{len(deeper)}, got {layer!r}")
     return first if layer == 0 else deeper[layer - 1]
+
+
+def per_batch_index(index: Tensor) -> Tensor:
+    """(Tq, Tk) -> (1, 1, Tq, Tk); (B, Tq, Tk) -> (B, 1, Tq, Tk): broadcastable over heads."""
+    return index.unsqueeze(0).unsqueeze(0) if index.dim() == 2 else index.unsqueeze(1)

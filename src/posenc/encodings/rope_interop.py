@@ -4,14 +4,14 @@
 - :func:`read_hf_config` / :func:`write_hf_config`: config dict <-> RoPE arguments, v4
   (``rope_scaling``) and v5 (``rope_parameters``, per-layer dicts) spellings, the round trip
   the identity on :data:`HF_ROPE_FIELDS`.
-- ``posenc.rope.from_hf_config`` / ``to_hf_dict`` (in :mod:`posenc.encodings.rotary`, which
+- ``posenc.rope.from_hf_config`` / ``to_hf_dict`` (in :mod:`posenc.encodings.rope.rotary`, which
   imports this module): the same through a RoPE module.
 - :func:`inspect_config` -> :class:`RopeInspection`: per frequency pair, the wavelengths
-  against the original and extended contexts (drawn by :func:`posenc.plots.plot_rope_inspection`).
+  against the original and extended contexts (drawn by :func:`posenc.lab.plots.plot_rope_inspection`).
 
 What Hugging Face takes from the model config rather than the rope dict (L0, a derived
 factor) is filled in as each rope_type's record in
-:data:`~posenc.encodings.rope_scaling.ROPE_TYPES` says. Imports torch and posenc.encodings only.
+:data:`~posenc.encodings.rope.scaling.ROPE_TYPES` says. Imports torch and posenc.encodings only.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from typing import Any
 
 from torch import Tensor
 
-from .rope_scaling import ROPE_TYPES, compute_rope_parameters, rope_type_of, yarn_correction_dim
-from .._validation import check_even, check_number
+from posenc.encodings.rope.scaling import ROPE_TYPES, compute_rope_parameters, rope_type_of, yarn_correction_dim
+from posenc._validation import check_even, check_number
+from posenc.errors import InvalidArgument, InvalidType, MissingKey
 
 #: The config.json fields that determine a model's RoPE (read by :func:`read_hf_config`).
 HF_ROPE_FIELDS = (
@@ -42,10 +43,10 @@ def _scaling_container(config: Mapping[str, Any], layer_type: str | None) -> tup
             if isinstance(value, Mapping) and value and all(isinstance(v, Mapping) or v is None for v in value.values()):
                 # v5 per-layer dict: {"full_attention": {...}, "sliding_attention": {...}}
                 if layer_type not in value:
-                    raise ValueError(f"config[{key!r}] holds one rope dict per layer type {sorted(value)}; pass layer_type=one of them")
+                    raise InvalidArgument(f"config[{key!r}] holds one rope dict per layer type {sorted(value)}; pass layer_type=one of them")
                 return key, value[layer_type]
             if value is not None and not isinstance(value, Mapping):
-                raise ValueError(f"config[{key!r}] must be a dict or null, got {type(value).__name__}")
+                raise InvalidArgument(f"config[{key!r}] must be a dict or null, got {type(value).__name__}")
             return key, value
     return None, None
 
@@ -80,7 +81,7 @@ def _refuse_without_rope(config: Mapping[str, Any]) -> None:
     elif config.get("model_type") in _NON_ROPE_MODEL_TYPES:
         found = f"model_type={config['model_type']!r}"
     if found is not None:
-        raise ValueError(
+        raise InvalidArgument(
             f"config: this model has no RoPE ({found}; no rope_theta, rope_parameters or rope_scaling); "
             "posenc reads the RoPE of rotary models (Llama, Qwen, Mistral, Gemma, Phi, ...)"
         )
@@ -109,7 +110,7 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
         RoPE (see :func:`_refuse_without_rope`).
     """
     if not isinstance(config, Mapping):
-        raise TypeError(f"config must be a dict (a parsed config.json), got {type(config).__name__}")
+        raise InvalidType(f"config must be a dict (a parsed config.json), got {type(config).__name__}")
     _refuse_without_rope(config)
     present = {key: config[key] for key in HF_ROPE_FIELDS if key in config}
     container, params = _scaling_container(config, layer_type)
@@ -120,7 +121,7 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
     elif config.get("hidden_size") is not None and config.get("num_attention_heads") is not None:
         head_dim = config["hidden_size"] // config["num_attention_heads"]
     else:
-        raise KeyError("config: needs 'head_dim', or 'hidden_size' and 'num_attention_heads'")
+        raise MissingKey("config: needs 'head_dim', or 'hidden_size' and 'num_attention_heads'")
 
     base = config.get("rope_theta", 10000.0)
     prf = config.get("partial_rotary_factor")
@@ -140,7 +141,7 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
         if top is not None or scaling.get("original_max_position_embeddings") is None:
             context = top if top is not None else max_pos
             if context is None:
-                raise KeyError(f"config: rope_type {rope_type!r} needs 'original_max_position_embeddings' or 'max_position_embeddings'")
+                raise MissingKey(f"config: rope_type {rope_type!r} needs 'original_max_position_embeddings' or 'max_position_embeddings'")
             if scaling.get("original_max_position_embeddings") != context:
                 implicit["original_max_position_embeddings"] = scaling.get("original_max_position_embeddings", _MISSING)
                 scaling["original_max_position_embeddings"] = context
@@ -187,7 +188,7 @@ def write_hf_config(
     if "head_dim" in present and present["head_dim"] is not None:
         out["head_dim"] = head_dim
     elif present.get("hidden_size") is not None and present["hidden_size"] // present["num_attention_heads"] != head_dim:
-        raise ValueError(f"hidden_size // num_attention_heads != head_dim={head_dim}; write head_dim instead")
+        raise InvalidArgument(f"hidden_size // num_attention_heads != head_dim={head_dim}; write head_dim instead")
     prf = layout["partial_rotary_factor"]
     if prf is None or int(head_dim * prf) != rotary_dim:
         prf = None if rotary_dim == head_dim else rotary_dim / head_dim
@@ -294,7 +295,7 @@ def inspect_config(
     if original_context is None:
         original_context = (scaling or {}).get("original_max_position_embeddings") or max_pos
         if original_context is None:
-            raise KeyError("config: needs 'max_position_embeddings' (or pass original_context=)")
+            raise MissingKey("config: needs 'max_position_embeddings' (or pass original_context=)")
     if extended_context is None:
         factor = (scaling or {}).get("factor") or 1.0
         extended_context = max(int(max_pos or 0), int(round(original_context * factor)), int(original_context))

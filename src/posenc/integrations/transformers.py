@@ -41,10 +41,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attention import attention
-from ..encodings import PositionalEncoding, RoPE, create_for_model, rope_frequencies
-from ..encodings.rope_scaling import rope_type_record
-from ..rope import extension_scaling, from_hf_config
+from posenc.attention import attention
+from posenc.encodings import PositionalEncoding, RoPE, create_for_model, rope_frequencies
+from posenc.encodings.rope.scaling import rope_type_record
+from posenc.rope import extension_scaling, from_hf_config
+from posenc.errors import InvalidArgument, InvalidType
 
 __all__ = ["ATTN_IMPLEMENTATION", "use_encoding", "extend_context", "RotaryEmbedding", "IdentityRotaryEmbedding"]
 
@@ -121,15 +122,15 @@ def use_encoding(model: nn.Module, encoding: PositionalEncoding | str, **kwargs:
             max_positions=config.max_position_embeddings, causal=True, **kwargs,
         )
     elif kwargs:
-        raise TypeError(f"keyword arguments {sorted(kwargs)} are for building an encoding from a name; got an encoding")
+        raise InvalidType(f"keyword arguments {sorted(kwargs)} are for building an encoding from a name; got an encoding")
     if not isinstance(encoding, PositionalEncoding):
-        raise TypeError(f"encoding must be a posenc.PositionalEncoding or a registered name, got {type(encoding).__name__}")
+        raise InvalidType(f"encoding must be a posenc.PositionalEncoding or a registered name, got {type(encoding).__name__}")
     if getattr(encoding, "head_dim", head_dim) != head_dim:
-        raise ValueError(f"encoding: head_dim={encoding.head_dim} differs from the model's head_dim={head_dim}")
+        raise InvalidArgument(f"encoding: head_dim={encoding.head_dim} differs from the model's head_dim={head_dim}")
     if "gate" in encoding.hooks:
-        raise ValueError(
+        raise InvalidArgument(
             f"encoding: {type(encoding).__name__} has the gate hook (values of each layer's hidden state, kept per "
-            "key), which transformers' attention interface and cache cannot carry; use posenc.model.TransformerLM"
+            "key), which transformers' attention interface and cache cannot carry; use posenc.lab.model.TransformerLM"
         )
     parameter = next(model.parameters(), None)
     if parameter is not None:
@@ -187,7 +188,7 @@ def extend_context(model: nn.Module, rope_type: str, factor: float, **params: An
     config = model.config
     current = from_hf_config(config.to_dict())
     if current.scaling is not None:
-        raise ValueError(f"model: its RoPE is already scaled ({current.scaling.get('rope_type')}); extend a model with the default rope_type")
+        raise InvalidArgument(f"model: its RoPE is already scaled ({current.scaling.get('rope_type')}); extend a model with the default rope_type")
     params = dict(params)
     original = int(params.pop("original_max_position_embeddings", None) or config.max_position_embeddings)
     scaling = extension_scaling(rope_type, factor, original)  # validates rope_type and factor
@@ -236,7 +237,7 @@ def posenc_attention_forward(
     query (B, H, Tq, D), key and value (B, H_kv, Tk, D) -> (output (B, Tq, H, D), None).
     """
     if kwargs.get("softcap") is not None:
-        raise ValueError("posenc attention does not apply logit soft-capping (softcap); use the model's own attention")
+        raise InvalidArgument("posenc attention does not apply logit soft-capping (softcap); use the model's own attention")
     encoding = module.__dict__.get(_ENCODING_ATTR)
     q_positions = _query_positions(kwargs.get("position_ids"), query)
     k_positions = _key_positions(q_positions, key.shape[2])
@@ -288,7 +289,7 @@ def _base_model(model: nn.Module) -> nn.Module:
     base = getattr(model, "base_model", model)
     missing = [name for name in ("layers", "rotary_emb") if not hasattr(base, name)]
     if missing or not hasattr(model, "config"):
-        raise ValueError(
+        raise InvalidArgument(
             f"model: expected a transformers decoder whose base model has 'layers' and 'rotary_emb' "
             f"(LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, ...); {type(model).__name__} lacks {missing or ['config']}"
         )

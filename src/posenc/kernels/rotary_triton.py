@@ -8,7 +8,7 @@ Two entry points:
 - :func:`rotate_with_tables` is :func:`posenc.apply_rotary`'s kernel: it reads cos and sin
   tables given by the caller (xPos, user code), one tensor per launch.
 
-Conventions are posenc's (docs/encodings.md, :mod:`posenc.encodings.rotary`): half-split
+Conventions are posenc's (docs/encodings.md, :mod:`posenc.kernels.rotary_torch`): half-split
 pairs (i, i + r/2) (GPT-NeoX, Hugging Face Llama) or interleaved pairs (2i, 2i+1) (RoFormer,
 GPT-J), r = rotary_dim = 2 * len(inv_freq) <= D; ``x[..., r:]`` passes through (Hugging Face's
 ``partial_rotary_factor``). A pair rotates as
@@ -52,6 +52,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from posenc.errors import InvalidArgument, InvalidType
 
 #: Pairs per tile: a program of the fused kernel takes BLOCK_T tokens of one batch row of q or
 #: k, computes their angles once, and loops over the heads BLOCK_H at a time, each tile
@@ -352,18 +353,18 @@ class _FusedRope(torch.autograd.Function):
 def _check_rotated(x: Tensor, argname: str) -> None:
     if not isinstance(x, Tensor) or not x.is_floating_point():
         got = x.dtype if isinstance(x, Tensor) else type(x).__name__
-        raise TypeError(f"{argname} must be a floating-point torch.Tensor, got {got}")
+        raise InvalidType(f"{argname} must be a floating-point torch.Tensor, got {got}")
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
-        raise ValueError(f"{argname} must be float32, bfloat16, float16 or float64, got {x.dtype}")
+        raise InvalidArgument(f"{argname} must be float32, bfloat16, float16 or float64, got {x.dtype}")
     if x.dim() != 4:
-        raise ValueError(f"{argname} must have shape (B, H, T, D), got {tuple(x.shape)}")
+        raise InvalidArgument(f"{argname} must have shape (B, H, T, D), got {tuple(x.shape)}")
 
 
 def _check_positions(positions: Tensor, x: Tensor, argname: str, num_axes: int | None) -> None:
     if not isinstance(positions, Tensor) or positions.dtype.is_floating_point or positions.dtype.is_complex \
             or positions.dtype == torch.bool:
         got = positions.dtype if isinstance(positions, Tensor) else type(positions).__name__
-        raise TypeError(f"{argname} must be an integer torch.Tensor, got {got}")
+        raise InvalidType(f"{argname} must be an integer torch.Tensor, got {got}")
     batch, tokens = x.shape[0], x.shape[2]
     shape = tuple(positions.shape)
     if num_axes is None:
@@ -374,28 +375,28 @@ def _check_positions(positions: Tensor, x: Tensor, argname: str, num_axes: int |
         ok = ok and shape[0] == num_axes
         allowed = f"({num_axes}, {tokens}) or ({num_axes}, {batch}, {tokens}) (one row per axis of pair_axis)"
     if not ok:
-        raise ValueError(f"{argname} must have shape {allowed} for {tuple(x.shape)}, got {shape}")
+        raise InvalidArgument(f"{argname} must have shape {allowed} for {tuple(x.shape)}, got {shape}")
     if positions.device != x.device:
-        raise ValueError(f"{argname} must be on {x.device}, got {positions.device}")
+        raise InvalidArgument(f"{argname} must be on {x.device}, got {positions.device}")
 
 
 def _check_freq(freq: Tensor, x: Tensor, argname: str) -> None:
     if not isinstance(freq, Tensor) or not freq.is_floating_point():
         got = freq.dtype if isinstance(freq, Tensor) else type(freq).__name__
-        raise TypeError(f"{argname} must be a floating-point torch.Tensor (float64), got {got}")
+        raise InvalidType(f"{argname} must be a floating-point torch.Tensor (float64), got {got}")
     pairs, batch, tokens = freq.shape[-1] if freq.dim() else 0, x.shape[0], x.shape[2]
     shape = tuple(freq.shape)
     ok = freq.dim() in (1, 2, 3) and 1 <= pairs and 2 * pairs <= x.shape[-1]
     ok = ok and (freq.dim() < 2 or shape[-2] in (1, tokens)) and (freq.dim() < 3 or shape[0] in (1, batch))
     if not ok:
-        raise ValueError(
+        raise InvalidArgument(
             f"{argname} must have shape (P,), ({tokens}, P) or ({batch}, {tokens}, P) with 1 <= P <= D/2 = "
             f"{x.shape[-1] // 2} (P = rotary_dim / 2), got {shape}"
         )
     if freq.device != x.device:
-        raise ValueError(f"{argname} must be on {x.device}, got {freq.device}")
+        raise InvalidArgument(f"{argname} must be on {x.device}, got {freq.device}")
     if freq.requires_grad and torch.is_grad_enabled():
-        raise ValueError(f"{argname} must not require grad: the kernel gives no gradient to the frequencies")
+        raise InvalidArgument(f"{argname} must not require grad: the kernel gives no gradient to the frequencies")
 
 
 def fused_rope(
@@ -453,37 +454,37 @@ def fused_rope(
     _check_rotated(q, "q")
     _check_rotated(k, "k")
     if k.shape[0] != q.shape[0] or k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"k must have q's batch size and head_dim {q.shape[0]}, {q.shape[-1]}, got {tuple(k.shape)}")
+        raise InvalidArgument(f"k must have q's batch size and head_dim {q.shape[0]}, {q.shape[-1]}, got {tuple(k.shape)}")
     if k.device != q.device:
-        raise ValueError(f"k must be on q's device {q.device}, got {k.device}")
+        raise InvalidArgument(f"k must be on q's device {q.device}, got {k.device}")
     if not isinstance(interleaved, bool):
-        raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
+        raise InvalidType(f"interleaved must be a bool, got {type(interleaved).__name__}")
     if not isinstance(inplace, bool):
-        raise TypeError(f"inplace must be a bool, got {type(inplace).__name__}")
+        raise InvalidType(f"inplace must be a bool, got {type(inplace).__name__}")
     if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)) \
             or not float(attention_factor) == float(attention_factor) or abs(float(attention_factor)) == float("inf"):
-        raise ValueError(f"attention_factor must be a finite number, got {attention_factor!r}")
+        raise InvalidArgument(f"attention_factor must be a finite number, got {attention_factor!r}")
     num_axes = None
     if pair_axis is not None:
         if not isinstance(pair_axis, Tensor) or pair_axis.dtype.is_floating_point or pair_axis.dtype == torch.bool:
-            raise TypeError("pair_axis must be an integer torch.Tensor (P,)")
+            raise InvalidType("pair_axis must be an integer torch.Tensor (P,)")
         if not isinstance(q_positions, Tensor) or q_positions.dim() not in (2, 3):
-            raise ValueError("with pair_axis, q_positions must have shape (A, T) or (A, B, T)")
+            raise InvalidArgument("with pair_axis, q_positions must have shape (A, T) or (A, B, T)")
         num_axes = q_positions.shape[0]
         if pair_axis.device != q.device:
-            raise ValueError(f"pair_axis must be on {q.device}, got {pair_axis.device}")
+            raise InvalidArgument(f"pair_axis must be on {q.device}, got {pair_axis.device}")
     _check_positions(q_positions, q, "q_positions", num_axes)
     _check_positions(k_positions, k, "k_positions", num_axes)
     k_inv_freq = inv_freq if k_inv_freq is None else k_inv_freq
     _check_freq(inv_freq, q, "inv_freq")
     _check_freq(k_inv_freq, k, "k_inv_freq")
     if k_inv_freq.shape[-1] != inv_freq.shape[-1]:
-        raise ValueError(f"k_inv_freq must have inv_freq's {inv_freq.shape[-1]} pairs, got {k_inv_freq.shape[-1]}")
+        raise InvalidArgument(f"k_inv_freq must have inv_freq's {inv_freq.shape[-1]} pairs, got {k_inv_freq.shape[-1]}")
     if pair_axis is not None:
         if tuple(pair_axis.shape) != (inv_freq.shape[-1],):
-            raise ValueError(f"pair_axis must have shape ({inv_freq.shape[-1]},) (one axis per pair), got {tuple(pair_axis.shape)}")
+            raise InvalidArgument(f"pair_axis must have shape ({inv_freq.shape[-1]},) (one axis per pair), got {tuple(pair_axis.shape)}")
         if pair_axis.device.type == "cpu" and pair_axis.numel() and not (0 <= int(pair_axis.min()) and int(pair_axis.max()) < num_axes):
-            raise ValueError(f"pair_axis values must be in [0, {num_axes}) (rows of the positions), got {pair_axis.tolist()}")
+            raise InvalidArgument(f"pair_axis values must be in [0, {num_axes}) (rows of the positions), got {pair_axis.tolist()}")
     angles = _Angles(
         q_positions, k_positions, inv_freq.detach(), k_inv_freq.detach(), pair_axis, interleaved, float(attention_factor),
         inplace=inplace,

@@ -1,0 +1,130 @@
+"""Forget gates: the Forgetting Transformer (FoX; Lin, Nikishin, He and Courville, ICLR 2025,
+"Forgetting Transformer: Softmax Attention with a Forget Gate", arXiv 2503.02130).
+
+Each token t writes a scalar forget gate per head, f_t = sigmoid(w_h . x_t + b_h), from the
+layer's input x_t; the logit of query i on key j gains
+
+    D_ij = sum_{l = j+1 .. i} log f_l = c_i - c_j,      c_t = sum_{l <= t} log f_l,
+
+a data-dependent ALiBi: a decay whose slope each token chooses. It uses the ``gate`` hook, the
+one that sees the hidden state (docs/design.md): :meth:`FoX.gate` maps x to log f, the model
+keeps log f with the keys (the KV cache stores it like k and v), and the attention turns every
+key's log f into the bias with :meth:`FoX.prepare_gates` (the cumulative sum, once per call,
+O(B H Tk)) and :meth:`FoX.gate_bias` (c_i - c_j on any tile, so a tiled evaluation keeps
+memory O(T)).
+
+Shapes: B batch, H query heads, T tokens, Tk keys, d model width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posenc.encodings.base import PositionalEncoding, layer_of_copies
+from posenc._validation import check_positive_int
+from posenc.errors import InvalidArgument
+
+
+def _sum_dtype(gates: Tensor) -> torch.dtype:
+    """float64 for the cumulative sum (MPS has none: float32 there)."""
+    return torch.float32 if gates.device.type == "mps" else torch.float64
+
+
+class FoX(PositionalEncoding):
+    """Forgetting Attention's forget gate (Lin et al. 2025, section 2, eqs. (3)-(6); reference
+    code: zhixuan-lin/forgetting-transformer, ``ForgettingAttentionLayer`` with
+    ``fgate_type="full"`` and ``forgetting_attention``)::
+
+        log f_t = logsigmoid(w_h . x_t + b_h)           per head h, from the layer input x_t
+        D_ij    = c_i - c_j,  c_t = sum_{l <= t} log f_l   (= sum_{l=j+1..i} log f_l, j <= i)
+        a_ij    = softmax_j(q_i . k_j / sqrt(D) + D_ij)
+
+    ``fgate_proj`` is ``Linear(d_model, num_heads)`` with a bias, as the reference's; x is the
+    attention layer's input after its normalization (the posenc LM passes ``ln_attn(x)``, as
+    the reference passes the normed hidden state). The reference initialises the weight
+    normal(0, 0.02) and the bias to zero (f = 1/2 at the start); so does this class (and the
+    posenc LM's own init). No RoPE and no other position signal: FoX is a NoPE transformer
+    with forget gates (the paper's "FoX (LLaMA)"); the Pro block's output gate, QK-norm and
+    key shifts are architecture, not position, and are not here.
+
+    Conventions. The query's own token is the key at index i + Tk - Tq (queries are the last
+    keys, as the causal mask and the reference kernel's ``P_SEQ``). c is accumulated in
+    float64 and kept as two float32 parts (c = hi + lo), so that c_i - c_j loses nothing to
+    cancellation however long the sequence (the reference accumulates c in float32 over the
+    whole sequence: at |c| ~ 1e4, its D_ij near the diagonal is off by ~1e-3). Bidirectional
+    use (``causal=False``, not in the paper) gets D_ij = -|c_i - c_j|, the gates between the
+    two tokens either way. Positions are not read: a KV cache, packed rows (a document mask)
+    and left padding give the same D_ij, since everything before j cancels.
+
+    Args:
+        d_model: the width of x.
+        num_heads: H, one gate per query head.
+        num_layers: the number of attention layers, each with its own gate (:meth:`for_layer`);
+            1 (default): one gate shared by every layer of a model.
+
+    Hook: ``gate``. Cost per layer: a (B T d) x (d H) projection and an O(B H T) cumulative
+    sum, then the bias c_i - c_j on each tile of the logits the attention asks for: the whole
+    (B, H, Tq, Tk) or one (B, H, block, Tk) tile at a time; no per-score (score_mod) form.
+
+    Raises:
+        ValueError: a size not an integer >= 1 (construction); x without last dimension d_model
+            or not 3-D (:meth:`gate`); a layer outside 0..num_layers-1.
+    """
+
+    name = "fox"
+    hooks = frozenset({"gate"})
+
+    def __init__(self, d_model: int, num_heads: int, num_layers: int = 1) -> None:
+        super().__init__()
+        for argname, value in (("d_model", d_model), ("num_heads", num_heads), ("num_layers", num_layers)):
+            check_positive_int(value, argname)
+        self.d_model, self.num_heads, self.num_layers = d_model, num_heads, num_layers
+        self.fgate_proj = nn.Linear(d_model, num_heads, bias=True)
+        nn.init.normal_(self.fgate_proj.weight, std=0.02)
+        nn.init.zeros_(self.fgate_proj.bias)
+        self.deeper_layers = nn.ModuleList(FoX(d_model, num_heads) for _ in range(num_layers - 1))
+
+    @classmethod
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
+        return cls(d_model, num_heads, num_layers, **kwargs)
+
+    def for_layer(self, layer: int) -> PositionalEncoding:
+        """Layer 0 is this instance; layer l > 0 the l-th of ``deeper_layers``. With
+        num_layers = 1 every layer shares this gate."""
+        return layer_of_copies(self, self.deeper_layers, layer)
+
+    def gate(self, x: Tensor) -> Tensor:
+        """log f_t: x (B, T, d_model) -> (B, H, T), float32 (float64 for float64 x and
+        parameters), as the reference (``logsigmoid(fgate_proj(x).float())``)."""
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise InvalidArgument(f"x must have shape (B, T, d_model={self.d_model}), got {shape}")
+        logits = self.fgate_proj(x)  # (B, T, H)
+        wide = torch.promote_types(logits.dtype, torch.float32)
+        return F.logsigmoid(logits.to(wide)).transpose(-2, -1)
+
+    def prepare_gates(self, gates: Tensor) -> tuple[Tensor, Tensor | None]:
+        """c = cumsum(log f) over the keys, as (hi, lo): float32 hi = c rounded, lo = the rest
+        (None for float64 gates, whose c is exact enough alone)."""
+        total = torch.cumsum(gates.to(_sum_dtype(gates)), dim=-1)  # (B, H, Tk)
+        if gates.dtype == torch.float64 or total.dtype != torch.float64:
+            return total.to(gates.dtype), None
+        hi = total.float()
+        # hi is c rounded to float32; lo holds what the rounding dropped (no gradient flows
+        # through lo: d lo / d c = 1 - 1), so hi_i - hi_j + lo_i - lo_j is c_i - c_j to float32
+        return hi, (total - hi.double()).float()
+
+    def gate_bias(self, state, q_index, k_index, *, causal):
+        """D_ij = c_i - c_j (-|c_i - c_j| when not causal): (B, H, len(q_index), len(k_index))."""
+        hi, lo = state
+        bias = hi[..., q_index].unsqueeze(-1) - hi[..., k_index].unsqueeze(-2)
+        if lo is not None:
+            # in place: no second tile; near the diagonal hi_i - hi_j is exact (Sterbenz), so
+            # adding the low parts back recovers the difference the float32 c would lose
+            bias = bias.add_(lo[..., q_index].unsqueeze(-1)).sub_(lo[..., k_index].unsqueeze(-2))
+        return bias if causal else -bias.abs()
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, num_layers={self.num_layers}"

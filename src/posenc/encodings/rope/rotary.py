@@ -1,0 +1,432 @@
+"""Rotary position embedding (RoPE; Su et al. 2021, "RoFormer", section 3.4) and
+proportional RoPE (p-RoPE). The rotation itself is :mod:`posenc.kernels.rotary_torch`.
+
+Shapes: B batch, H heads, T sequence length, D head_dim, r rotary_dim (r <= D, even).
+
+Conventions (they differ between codebases):
+- ``half-split`` (default; GPT-NeoX, Hugging Face Llama): dimension i pairs with i + r/2;
+  cos and sin are full width, the half repeated: [c_0 .. c_{r/2-1}, c_0 .. c_{r/2-1}].
+- ``interleaved`` (RoFormer paper, GPT-J, Meta's original Llama): dimension 2i pairs with
+  2i+1; cos and sin duplicate each pair: [c_0, c_0, c_1, c_1, ...].
+- Partial rotary, Hugging Face ``partial_rotary_factor`` semantics: only ``x[..., :r]``
+  rotates, with frequencies built from r (base^(-2i/r)); ``x[..., r:]`` passes through.
+- Angles ``position * inv_freq`` are computed in float64 and rounded once, whatever the
+  activation dtype; the rotation itself runs in float32 or wider and is cast back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posenc.encodings.base import PositionalEncoding
+from posenc import kernels as _kernels
+from posenc._validation import check_bool, check_even, check_number, is_real_number
+from posenc.kernels.rotary_torch import _full_width, apply_rotary
+from posenc.encodings.rope_interop import read_hf_config, write_hf_config
+from posenc.encodings.rope.scaling import compute_rope_parameters, rope_type_record
+from posenc.errors import InvalidArgument, InvalidType
+
+def rope_frequencies(
+    head_dim: int,
+    *,
+    base: float = 10000.0,
+    scaling: Mapping[str, Any] | None = None,
+    seq_len: int | None = None,
+) -> tuple[Tensor, float]:
+    """RoPE inverse frequencies and attention factor.
+
+    ``inv_freq[i] = base^(-2i/head_dim)`` for i < head_dim / 2 (RoFormer eq. 15), modified by
+    ``scaling``, a Hugging Face ``rope_scaling`` dict (``{"rope_type": ..., "factor": ...}``):
+    ``linear``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``, ``longrope`` (formulas, sources and
+    where posenc departs from Hugging Face: :mod:`posenc.encodings.rope.scaling`). ``seq_len``,
+    the current length, matters for ``dynamic`` (frequencies recomputed for seq_len > L0) and
+    ``longrope`` (long factors for seq_len > L0); None means "within L0". Pass the rotary
+    dimension as ``head_dim`` for partial rotary.
+
+    Returns:
+        (inv_freq, attention_factor): float32 tensor (head_dim // 2,) in radians per token,
+        and the float that Hugging Face multiplies cos and sin by (1.0 without scaling).
+
+    Raises:
+        ValueError: ``head_dim`` not a positive even integer, ``base`` <= 1, an unknown
+            rope_type (the message lists the known ones), a bad scaling value (factor < 1,
+            beta_fast < beta_slow, ...; the message names the key) or seq_len < 1.
+        KeyError: a required scaling key is missing (the message names it).
+    """
+    check_even(head_dim, "head_dim")
+    check_number(base, "base (rope_theta)", gt=1)
+    return compute_rope_parameters(head_dim, float(base), scaling, seq_len)
+
+
+#: Values of ``RoPE(dynamic_cache=...)``.
+DYNAMIC_CACHE_MODES = ("rerotate", "frozen")
+
+#: The regime of RoPE(dynamic_cache="frozen"): per-position frequencies (the record's
+#: ``per_position``), not those of one length.
+_FROZEN_REGIME = ("frozen", None)
+
+
+
+
+def _short_repr(scaling: Mapping[str, Any] | None) -> str:
+    """The scaling dict with its long lists (longrope factors) abbreviated."""
+    if scaling is None:
+        return "None"
+    items = (f"{k!r}: [{len(v)} values]" if isinstance(v, (list, tuple)) else f"{k!r}: {v!r}" for k, v in scaling.items())
+    return "{" + ", ".join(items) + "}"
+
+
+class RoPE(PositionalEncoding):
+    """Rotary position embedding (Su et al. 2021, RoFormer, section 3.4.2, eq. 34).
+
+    q_m and k_n are rotated by angles m * theta_i and n * theta_i, so q_m . k_n depends on
+    positions only through m - n.
+
+    Args:
+        head_dim: D, the per-head width of q and k (positive, even).
+        rotary_dim: r, how many leading dimensions rotate (even, <= head_dim); default D.
+        partial_rotary_factor: alternatively r = int(head_dim * factor) (Hugging Face).
+        base: rope_theta, 10000 in the paper.
+        interleaved: pair (2i, 2i+1) (RoFormer / GPT-J) instead of (i, i + r/2) (NeoX / HF).
+        scaling: a Hugging Face ``rope_scaling`` dict, or None (see :func:`rope_frequencies`).
+            cos and sin are multiplied by its attention_factor, as Hugging Face does.
+        dynamic_cache: for the length-dependent scalings (``dynamic``, ``longrope``), which
+            frequencies rotate a token (other types ignore it):
+
+            - ``"rerotate"`` (default): every q and k of a call is rotated with the
+              frequencies of the current length L = max(q and k positions) + 1. Exact for a
+              full forward pass; under a KV cache, cache *unrotated* keys (as
+              :func:`posenc.attention` does: it rotates all the keys it is given) so that old
+              keys are re-rotated with the frequencies of the moment.
+              In a multi-layer model that is exact for the first layer only: deeper layers'
+              keys and values come from hidden states computed at a shorter length, so
+              :attr:`call_invariant` is False and posenc's ``generate()`` re-runs the prefix.
+            - ``"frozen"``: the token at position p is rotated with the frequencies at length
+              p + 1, whatever the call; a key's rotation never changes, so caching rotated
+              keys is exact. This is what Hugging Face computes when decoding token by token
+              (it caches rotated keys); a Hugging Face prefill longer than L0 uses the
+              prefill's length for all its tokens instead.
+        hf_layout: how a Hugging Face config.json spelled these fields (the layout of
+            :func:`~posenc.encodings.rope_interop.read_hf_config`); :meth:`to_hf_dict`
+            writes them back in that spelling. None (default): the plain spelling.
+            Set by :func:`posenc.rope.from_hf_config`.
+        max_position_embeddings: the config's context length, or None; informational
+            (the scalings read L0 from ``scaling``). Set by :func:`posenc.rope.from_hf_config`.
+
+    Hook: ``rotate``. Raises ValueError on an odd head_dim or rotary_dim, rotary_dim >
+    head_dim, or an unknown dynamic_cache; scaling errors as :func:`rope_frequencies`.
+    """
+
+    name = "rope"
+    hooks = frozenset({"rotate"})
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        rotary_dim: int | None = None,
+        partial_rotary_factor: float | None = None,
+        base: float = 10000.0,
+        interleaved: bool = False,
+        scaling: Mapping[str, Any] | None = None,
+        dynamic_cache: str = "rerotate",
+        hf_layout: Mapping[str, Any] | None = None,
+        max_position_embeddings: int | None = None,
+    ) -> None:
+        super().__init__()
+        check_even(head_dim, "head_dim")
+        if rotary_dim is not None and partial_rotary_factor is not None:
+            raise InvalidArgument("give rotary_dim or partial_rotary_factor, not both")
+        if partial_rotary_factor is not None:
+            if not 0 < partial_rotary_factor <= 1:
+                raise InvalidArgument(f"partial_rotary_factor must be in (0, 1], got {partial_rotary_factor!r}")
+            rotary_dim = int(head_dim * partial_rotary_factor)
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        check_even(rotary_dim, "rotary_dim")
+        if rotary_dim > head_dim:
+            raise InvalidArgument(f"rotary_dim must be <= head_dim={head_dim}, got {rotary_dim}")
+        self.head_dim, self.rotary_dim = head_dim, rotary_dim
+        self.base, self.interleaved = float(base), check_bool(interleaved, "interleaved")
+        self.scaling = dict(scaling) if scaling is not None else None
+        inv_freq, self.attention_factor = rope_frequencies(rotary_dim, base=base, scaling=self.scaling)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        if dynamic_cache not in DYNAMIC_CACHE_MODES:
+            raise InvalidArgument(f"dynamic_cache must be one of {DYNAMIC_CACHE_MODES}, got {dynamic_cache!r}")
+        self.dynamic_cache = dynamic_cache
+        self._rope_type = rope_type_record(self.scaling)  # how the frequencies follow the length
+        self.length_dependent = self._rope_type.length_dependent
+        self.hf_layout, self.max_position_embeddings = hf_layout, max_position_embeddings
+        # Frequencies in float64, kept off the module's .to() (which would round them): cos and
+        # sin are computed from them for exactly the positions asked, so memory follows the
+        # number of positions in a call, never the largest position.
+        self._inv_freq_f64, _ = compute_rope_parameters(rotary_dim, self.base, self.scaling, None, dtype=torch.float64)
+        of_length = self._rope_type.of_length
+        self._of_length = (
+            of_length(rotary_dim, self.base, self.scaling) if self.length_dependent and of_length is not None else None
+        )
+        self._freq_on: dict[torch.device, Tensor] = {}
+        # (device, float64, regime) -> frequencies, for a length-dependent record without of_length
+        self._cache: dict[tuple, Tensor] = {}
+
+    @classmethod
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
+        return cls(head_dim, **kwargs)
+
+    @property
+    def call_invariant(self) -> bool:
+        """False for dynamic / longrope in "rerotate" mode: a longer call changes the
+        frequencies of every token, so hidden states cached at a shorter length go stale."""
+        return not (self.length_dependent and self.dynamic_cache == "rerotate")
+
+    def _regime(self, seq_len: int | None) -> tuple:
+        """Which frequencies a call of length ``seq_len`` uses, (key, seq_len to compute them
+        at). The rope_type's record decides, except in the "frozen" mode, where every
+        position has its own frequencies whatever the call."""
+        if self.length_dependent and self.dynamic_cache == "frozen":
+            return _FROZEN_REGIME
+        return self._rope_type.regime(self.scaling, seq_len)
+
+    def _static_frequencies(self, device: torch.device) -> Tensor:
+        """The length-independent float64 frequencies (r/2,) on ``device``."""
+        if torch.compiler.is_compiling():
+            return self._inv_freq_f64.to(device)
+        freq = self._freq_on.get(device)
+        if freq is None:
+            freq = self._freq_on[device] = self._inv_freq_f64.to(device)
+        return freq
+
+    def _frequencies_at(self, seq_len: int, device: torch.device) -> Tensor:
+        """float64 frequencies (r/2,) at one length from the record's regime and inv_freq: the
+        uncompiled fallback for a length-dependent record without ``of_length``. One entry per
+        regime; only the last few length regimes are kept."""
+        regime = self._rope_type.regime(self.scaling, seq_len)  # the length's own, in either mode
+        key = (device, torch.float64, regime)
+        freq = self._cache.get(key)
+        if freq is None:
+            freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, regime[1], dtype=torch.float64)
+            if regime[1] is not None:
+                stale = [k for k in self._cache if k[2][1] is not None]
+                for k in stale[: max(0, len(stale) - 3)]:
+                    del self._cache[k]
+            freq = self._cache[key] = freq.to(device)
+        return freq
+
+    def _frequencies(self, positions: Tensor, seq_len: int | Tensor | None) -> Tensor:
+        """float64 frequencies for ``positions``: (r/2,) shared by the call, or one row per
+        position ((T, r/2) or (B, T, r/2)) in the "frozen" mode.
+
+        Length-dependent types take L = max(max(positions) + 1, seq_len) as a tensor and their
+        record's ``of_length``, so no value leaves the device (nothing to sync, nothing for
+        ``torch.compile`` to break on).
+        """
+        device = positions.device
+        if not self.length_dependent:
+            return self._static_frequencies(device)
+        if self.dynamic_cache == "frozen":
+            lengths = positions + 1
+            if self._of_length is not None:
+                return self._of_length(lengths.to(torch.float64))
+            unique, inverse = torch.unique(lengths, return_inverse=True)
+            rows = [self._frequencies_at(n, device) for n in unique.tolist()]
+            return torch.stack(rows)[inverse] if rows else self._static_frequencies(device)
+        length = None if seq_len is None else torch.as_tensor(seq_len, dtype=torch.long, device=device)
+        if positions.numel():
+            furthest = positions.max().to(torch.long) + 1
+            length = furthest if length is None else torch.maximum(furthest, length)
+        if length is None:  # no positions: nothing is rotated, any frequencies do
+            return self._static_frequencies(device)
+        if self._of_length is not None:
+            return self._of_length(length.to(torch.float64))
+        return self._frequencies_at(int(length), device)
+
+    def cos_sin(
+        self, positions: Tensor, dtype: torch.dtype = torch.float32, seq_len: int | Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """cos and sin (attention factor included) at integer positions (T,) or (B, T).
+
+        ``seq_len``: the current length for the length-dependent scalings (dynamic,
+        longrope; an int or a 0-d integer tensor); the length used is
+        max(max(positions) + 1, seq_len). Ignored by the other types and in the "frozen"
+        mode (position p uses length p + 1).
+
+        The angles are ``positions`` (int64 -> float64, exact below 2^53) times the float64
+        frequencies, their cos and sin taken in float64 and rounded once to ``dtype``
+        (docs/precision.md), computed for the positions asked only: memory and time follow
+        the number of positions, whatever their values (a decoding step at 2^31 - 1 builds a
+        few hundred bytes). Traces under ``torch.compile(fullgraph=True)`` for every rope_type
+        whose record has ``of_length`` (all built-in ones).
+
+        Returns two tensors (T, r) or (B, T, r) of ``dtype`` in this encoding's layout.
+        """
+        angles = positions.to(torch.float64).unsqueeze(-1) * self._frequencies(positions, seq_len)
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return _full_width(cos.to(dtype), self.interleaved), _full_width(sin.to(dtype), self.interleaved)
+
+    def _rotate_one(self, x: Tensor, positions: Tensor, seq_len: int | Tensor | None = None) -> Tensor:
+        cos, sin = self.cos_sin(positions, torch.promote_types(x.dtype, torch.float32), seq_len)
+        return self._apply_tables(x, cos, sin)
+
+    def _apply_tables(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Rotate x (B, H, T, D) with cos/sin (T, r) or (B, T, r); the tail past r passes through."""
+        if cos.dim() == 3:  # (B, T, r) -> (B, 1, T, r) to broadcast over heads
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        r = self.rotary_dim
+        if r == x.shape[-1]:
+            return apply_rotary(x, cos, sin, interleaved=self.interleaved)
+        rotated = apply_rotary(x[..., :r], cos, sin, interleaved=self.interleaved)
+        return torch.cat((rotated, x[..., r:]), dim=-1)
+
+    def rotate(self, q, k, q_positions, k_positions):
+        """q (B, H, Tq, D) and k (B, H_kv, Tk, D) rotated at q_positions and k_positions ((T,) or
+        (B, T) integers), each returned in its own dtype; the rotation runs in float32 (float64
+        for float64 inputs). Traces under ``torch.compile(fullgraph=True)`` (see :meth:`cos_sin`).
+
+        On CUDA with Triton (outside ``torch.compile``), q and k are rotated in one fused launch
+        from the positions and the float64 frequencies (:meth:`kernel_angles`;
+        :func:`posenc.kernels.rotary_triton.fused_rope`): the same cos and sin, no tables.
+
+        Raises:
+            ValueError: q or k whose last dimension is not head_dim.
+        """
+        if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
+            raise InvalidArgument(f"q and k must have head_dim={self.head_dim}, got {q.shape[-1]} and {k.shape[-1]}")
+        seq_len = self._seq_len(q_positions, k_positions)
+        if _kernels.use_triton(q, k):
+            fused = self._rotate_fused(q, k, q_positions, k_positions, seq_len)
+            if fused is not None:
+                return fused
+        q_dtype, k_dtype = torch.promote_types(q.dtype, torch.float32), torch.promote_types(k.dtype, torch.float32)
+        cos_q, sin_q = self.cos_sin(q_positions, q_dtype, seq_len)
+        if k_positions is q_positions and k_dtype == q_dtype:  # self-attention: one computation
+            cos_k, sin_k = cos_q, sin_q
+        else:
+            cos_k, sin_k = self.cos_sin(k_positions, k_dtype, seq_len)
+        return self._apply_tables(q, cos_q, sin_q), self._apply_tables(k, cos_k, sin_k)
+
+    def kernel_angles(self, positions: Tensor, seq_len: int | Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None] | None:
+        """The angles of :meth:`cos_sin` as the fused kernel's inputs, or None if it cannot compute them.
+
+        Returns ``(positions, inv_freq, pair_axis)`` with angle[..., i] =
+        positions[pair_axis[i]] * inv_freq[..., i] (``pair_axis`` None: one row of positions):
+        ``inv_freq`` float64, (r/2,) or one row per position ((T, r/2), (B, T, r/2): the
+        "frozen" mode of the length-dependent scalings); the kernel multiplies cos and sin by
+        :attr:`attention_factor`. A subclass whose angles differ (M-RoPE's per-axis positions)
+        overrides this together with :meth:`cos_sin`; one that overrides only :meth:`cos_sin`
+        gets None here, so it keeps the table path rather than silently losing its change.
+        """
+        if type(self).cos_sin is not RoPE.cos_sin:
+            return None
+        return positions, self._frequencies(positions, seq_len), None
+
+    def _rotate_fused(self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor, seq_len) -> tuple[Tensor, Tensor] | None:
+        """q and k rotated by the Triton kernel in one launch, or None when it does not apply."""
+        if q.dim() != 4 or k.dim() != 4:
+            return None
+        q_in, k_in = self.kernel_angles(q_positions, seq_len), self.kernel_angles(k_positions, seq_len)
+        if q_in is None or k_in is None:
+            return None
+        (q_pos, q_freq, pair_axis), (k_pos, k_freq, _) = q_in, k_in
+        return _kernels.rotary_kernels().fused_rope(
+            q, k, q_pos, k_pos, q_freq, k_inv_freq=k_freq, pair_axis=pair_axis, interleaved=self.interleaved,
+            attention_factor=self.attention_factor,
+        )
+
+    def _seq_len(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+        """The call's length for the length-dependent scalings in "rerotate" mode, as a 0-d
+        int64 tensor (the furthest query or key position + 1), else None."""
+        if self.length_dependent and self.dynamic_cache == "rerotate" and q_positions.numel() and k_positions.numel():
+            return torch.maximum(q_positions.max(), k_positions.max()).to(torch.long) + 1
+        return None
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The RoPE fields of a Hugging Face config.json (rope_theta, rope_scaling, head_dim, ...).
+
+        An encoding built by :func:`posenc.rope.from_hf_config` (its ``hf_layout``) writes
+        them back in the config's own spelling (v4 or v5), so the round trip is the identity;
+        see :func:`~posenc.encodings.rope_interop.write_hf_config`.
+        """
+
+        return write_hf_config(
+            head_dim=self.head_dim, rotary_dim=self.rotary_dim, base=self.base, scaling=self.scaling,
+            layout=self.hf_layout,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
+            f"interleaved={self.interleaved}, scaling={_short_repr(self.scaling)}"
+            + (f", dynamic_cache={self.dynamic_cache!r}" if self.length_dependent else "")
+        )
+
+
+def from_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None, **kwargs: Any) -> RoPE:
+    """The :class:`RoPE` of a Hugging Face model config (a parsed ``config.json``).
+
+    Reads rope_theta, rope_scaling (v4) or rope_parameters (v5), head_dim (or hidden_size //
+    num_attention_heads), partial_rotary_factor and max_position_embeddings, filling in what
+    Hugging Face takes from the config rather than the rope dict (see :func:`read_hf_config`).
+    Hugging Face's layout: half-split pairs (i, i + r/2), cos and sin multiplied by the
+    attention factor.
+
+    Args:
+        config: the config dict.
+        layer_type: for a v5 per-layer ``rope_parameters`` dict, which layer type to read.
+        kwargs: more :class:`RoPE` options (``interleaved``, ``dynamic_cache``).
+
+    Returns:
+        A RoPE whose :meth:`RoPE.to_hf_dict` gives back the config's RoPE fields unchanged
+        (its ``hf_layout`` is the layout read); ``rope.max_position_embeddings`` holds the
+        config's value (or None).
+
+    Raises:
+        TypeError, KeyError, ValueError: as :func:`read_hf_config` and :class:`RoPE`.
+    """
+    rope_kwargs, layout = read_hf_config(config, layer_type=layer_type)
+    return RoPE(**rope_kwargs, **kwargs, hf_layout=layout, max_position_embeddings=config.get("max_position_embeddings"))
+
+
+def to_hf_dict(rope: RoPE) -> dict[str, Any]:
+    """The RoPE fields of a Hugging Face config for ``rope`` (same as ``rope.to_hf_dict()``)."""
+    if not isinstance(rope, RoPE):
+        raise InvalidType(f"rope must be a posenc RoPE, got {type(rope).__name__}")
+    return rope.to_hf_dict()
+
+
+class ProportionalRoPE(RoPE):
+    """Proportional RoPE, p-RoPE (Barbero et al. 2024, "Round and Round We Go! What makes
+    Rotary Positional Encodings useful?", arXiv 2410.06205, section 6; Gemma 4's global layers):
+    the rope_type ``proportional`` as an encoding of its own, for training from scratch.
+
+    The frequencies of the whole head, theta_i = base^(-2i/d) for i < d/2, of which only the
+    first ``int(partial_rotary_factor * d // 2)`` (the fastest) are kept; the others are 0, so
+    those pairs pass through unrotated and carry content only (the paper's "semantic
+    channels"). Equal to ``RoPE(head_dim, base=base, scaling={"rope_type": "proportional",
+    "partial_rotary_factor": p})``; GPT-NeoX partial rotary (``RoPE(partial_rotary_factor=p)``)
+    computes its frequencies over the rotated width instead (docs/encodings.md, "proportional vs
+    NeoX").
+
+    Args:
+        head_dim: D, even.
+        partial_rotary_factor: p in [0, 1], the share of frequency pairs kept; default 0.25,
+            Gemma 4's (its config: ``{"rope_type": "proportional", "partial_rotary_factor": 0.25}``).
+        base: rope_theta, default 10000.
+        interleaved: the pair layout, as :class:`RoPE`.
+
+    Hook: ``rotate``. Raises ValueError: an odd head_dim, p outside [0, 1], base not > 0.
+    """
+
+    name = "p_rope"
+
+    def __init__(self, head_dim: int, *, partial_rotary_factor: float = 0.25, base: float = 10000.0,
+                 interleaved: bool = False) -> None:
+        if not is_real_number(partial_rotary_factor) or not 0 <= partial_rotary_factor <= 1:
+            raise InvalidArgument(f"partial_rotary_factor must be a number in [0, 1], got {partial_rotary_factor!r}")
+        super().__init__(head_dim, base=base, interleaved=interleaved,
+                         scaling={"rope_type": "proportional", "partial_rotary_factor": partial_rotary_factor})
+        self.partial_rotary_factor = partial_rotary_factor

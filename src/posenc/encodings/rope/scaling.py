@@ -1,0 +1,629 @@
+"""RoPE frequencies and their context-extension scalings, as pure functions.
+
+Each ``rope_type`` is one :class:`RopeType` record in the table :data:`ROPE_TYPES`: its
+function ``(dim, base, scaling, seq_len) -> (inv_freq, attention_factor)`` (the shape of
+Hugging Face's ``modeling_rope_utils``, with plain arguments instead of a model config;
+:data:`ROPE_INIT_FUNCTIONS` is the view of those functions alone) and everything else posenc
+needs to know about the type: how its frequencies follow the length, what a Hugging Face
+config supplies, its context-extension defaults. Config.json interop itself lives in
+:mod:`posenc.encodings.rope_interop`. ``inv_freq`` is computed in float64 and rounded once to
+float32 by :func:`compute_rope_parameters`; ``attention_factor`` is the factor Hugging Face
+multiplies cos and sin by (so the logits scale by its square).
+
+Notation: d = ``dim`` (the rotary dimension), b = ``base`` (rope_theta), s = ``factor``,
+L0 = ``original_max_position_embeddings`` (the pre-training context), L = ``seq_len``.
+
+The scaling dict uses Hugging Face's key names and defaults (transformers v5
+``rope_parameters``; the v4 ``rope_scaling`` spelling ``"type"`` is read too). Where
+Hugging Face reads a value from the model config rather than from the dict, posenc reads
+it from the dict, so that these functions need no config object:
+
+- ``dynamic``: L0 is the dict's ``original_max_position_embeddings`` (Hugging Face uses
+  ``config.max_position_embeddings``; :func:`posenc.rope.from_hf_config` fills it in).
+- ``yarn`` / ``longrope`` / ``llama3``: L0 is the dict's ``original_max_position_embeddings``
+  (required, as in v5). For ``yarn`` the explicit ``factor`` is used, as in v5 (v4.4x let
+  ``original_max_position_embeddings`` override it: transformers issue #38224).
+- ``longrope`` without ``factor``: Hugging Face derives s = max_position_embeddings / L0;
+  :func:`posenc.rope.from_hf_config` fills it in. It is needed only for the default
+  attention factor.
+
+Errors: a missing required key raises KeyError naming it; a bad value (factor < 1,
+beta_fast < beta_slow, high_freq_factor <= low_freq_factor, a longrope list whose length
+is not d/2, ...) raises ValueError naming the key and the allowed values; an unknown
+rope_type raises ValueError listing the known ones. Hugging Face only logs warnings for
+most of these; posenc refuses them, since the result would be silently wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from torch import Tensor
+from posenc.errors import InvalidArgument, InvalidType, MissingKey
+
+#: Keys every scaling dict may carry whatever its type (v5 ``rope_parameters`` carries the
+#: last two; the rotary dimension and base are given to the functions separately).
+_COMMON_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
+
+
+def default_inv_freq_f64(dim: int, base: float) -> Tensor:
+    """theta_i = base^(-2i/dim), i = 0 .. dim/2 - 1 (Su et al. 2021, eq. 15), float64."""
+    return 1.0 / (float(base) ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+
+# -- reading and checking the dict -----------------------------------------------------------
+def _required(scaling: Mapping[str, Any], key: str, rope_type: str) -> Any:
+    if key not in scaling or scaling[key] is None:
+        raise MissingKey(f"scaling: rope_type {rope_type!r} requires the key {key!r}")
+    return scaling[key]
+
+
+def _number(value: Any, key: str, *, minimum: float | None = None, strict: bool = False) -> float:
+    """A finite real number (not a bool), optionally >= (or >) ``minimum``."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+    if ok and minimum is not None:
+        ok = float(value) > minimum if strict else float(value) >= minimum
+    if not ok:
+        bound = "" if minimum is None else f" {'>' if strict else '>='} {minimum:g}"
+        raise InvalidArgument(f"scaling[{key!r}] must be a finite number{bound}, got {value!r}")
+    return float(value)
+
+
+def _factor(scaling: Mapping[str, Any], rope_type: str) -> float:
+    return _number(_required(scaling, "factor", rope_type), "factor", minimum=1.0)
+
+
+def _context_length(scaling: Mapping[str, Any], rope_type: str) -> int:
+    """L0 = ``original_max_position_embeddings``, a positive integer."""
+    value = _required(scaling, "original_max_position_embeddings", rope_type)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise InvalidArgument(f"scaling['original_max_position_embeddings'] must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _ntk_exponent(dim: int, rope_type: str) -> float:
+    """d / (d - 2), the exponent of NTK-aware base scaling; undefined for d = 2."""
+    if dim <= 2:
+        raise InvalidArgument(f"rope_type {rope_type!r} rescales the base by factor^(d/(d-2)): the rotary dim must be > 2, got {dim}")
+    return dim / (dim - 2)
+
+
+def _check_keys(scaling: Mapping[str, Any], rope_type: str, allowed: frozenset[str]) -> None:
+    """Warn (as Hugging Face does) about keys this rope_type does not read."""
+    unknown = set(scaling) - allowed - _COMMON_KEYS
+    if unknown:
+        warnings.warn(
+            f"scaling: keys {sorted(unknown)} are not used by rope_type {rope_type!r} (it reads {sorted(allowed)})",
+            stacklevel=4,
+        )
+
+
+# -- the record of a rope_type ----------------------------------------------------------------------
+RopeInitFn = Callable[[int, float, Mapping[str, Any], "int | None"], tuple[Tensor, float]]
+#: (scaling, seq_len) -> (key, seq_len to compute the frequencies at); see :class:`RopeType`.
+RegimeFn = Callable[[Mapping[str, Any], "int | None"], tuple[Hashable, "int | None"]]
+#: (dim, base, scaling, num_positions, *, dtype) -> (num_positions, dim // 2) of dtype.
+PerPositionFn = Callable[..., Tensor]
+#: (dim, base, scaling) -> (lengths float64 Tensor (...) -> frequencies float64 (..., dim // 2)).
+LengthFrequenciesFn = Callable[[int, float, Mapping[str, Any]], Callable[[Tensor], Tensor]]
+
+#: The regime of every call of a length-independent type, and of a length-dependent one whose
+#: length does not change its frequencies: those computed with seq_len None.
+STATIC_REGIME: tuple[Hashable, None] = ("static", None)
+
+
+def static_regime(scaling: Mapping[str, Any] | None, seq_len: int | None) -> tuple[Hashable, None]:
+    """The regime function of a length-independent type: always :data:`STATIC_REGIME`."""
+    return STATIC_REGIME
+
+
+def repeat_per_position(
+    dim: int, base: float, scaling: Mapping[str, Any] | None, num_positions: int, *, dtype: torch.dtype
+) -> Tensor:
+    """The per-position frequencies of a length-independent type: one row, repeated."""
+    inv_freq, _ = compute_rope_parameters(dim, base, scaling, None, dtype=dtype)
+    return inv_freq.expand(num_positions, -1).clone()
+
+
+@dataclass(frozen=True)
+class RopeType:
+    """Everything posenc knows about one ``rope_type``: the single place to look.
+
+    Fields:
+        inv_freq: the pure ``(dim, base, scaling, seq_len) -> (inv_freq float64 (dim // 2,),
+            attention_factor)`` function. It validates the dict (KeyError for a missing key,
+            ValueError for a bad value, a warning for an unused key).
+        length_dependent: the frequencies depend on the current length ``seq_len``
+            (dynamic, longrope); :class:`~posenc.RoPE` then honours ``dynamic_cache``.
+        regime: ``(scaling, seq_len) -> (key, seq_len')``: calls with equal (key, seq_len')
+            share one cos/sin table, computed with ``inv_freq(..., seq_len')``, which must
+            give the frequencies of ``seq_len`` itself. Length-independent types keep
+            :func:`static_regime`.
+        per_position: ``(dim, base, scaling, n, *, dtype) -> (n, dim // 2)``, row p the
+            frequencies at length p + 1 (the "frozen" KV-cache mode, see
+            :func:`inv_freq_per_position`). Length-independent types keep
+            :func:`repeat_per_position`.
+        of_length: optional, for a length-dependent type: ``(dim, base, scaling) -> f``,
+            called once (it validates the dict and precomputes), where ``f(lengths)`` maps a
+            float64 tensor of lengths (any shape S, any device) to the float64 frequencies
+            (S + (dim // 2,)) at each length, with tensor ops only (no Python branch on a
+            value), so that :class:`~posenc.RoPE` computes them for any call length, or per
+            position, inside ``torch.compile`` and without building rows for positions
+            nobody asked for. It must equal ``inv_freq(dim, base, scaling, L)`` at every L.
+            Without it RoPE falls back to ``regime`` / ``inv_freq`` per distinct length
+            (uncompiled calls only: a graph break under ``torch.compile``).
+        needs_context: the dict carries the original context L0 =
+            ``original_max_position_embeddings`` (a required key); Hugging Face reads it from
+            the model config, so :func:`posenc.rope.read_hf_config` fills it in from
+            ``max_position_embeddings``, and :func:`posenc.rope.extension_scaling` from L0.
+        hf_top_level_context: a top-level ``original_max_position_embeddings`` in a config
+            (Phi-3) overrides the dict's L0, as in Hugging Face.
+        hf_factor_from_context: a predicate on the rope dict: Hugging Face derives this dict's
+            ``factor`` as max_position_embeddings / L0 (None: never).
+        extension: the keys :func:`posenc.rope.extension_scaling` adds, with their published
+            defaults, besides rope_type, factor and (when ``needs_context``) L0; None when the
+            type is not a context-extension method of a trained model.
+        partial_rotary_selects_frequencies: ``partial_rotary_factor`` is this type's own
+            parameter, kept in the dict: it selects which frequencies are nonzero while the
+            rotation spans the whole head (proportional / p-RoPE). Otherwise it is Hugging Face's
+            GPT-NeoX partial rotary, read into the RoPE's ``rotary_dim``.
+        hf_equivalent: for a type Hugging Face does not know, ``(scaling, base, dim) ->
+            (rope_theta, scaling or None)`` of the same frequencies in a type it knows (ntk:
+            plain RoPE with base * s^(d/(d-2))); None when Hugging Face has the type itself.
+
+    Adding a rope_type is one :data:`RopeInitFn` (and, if it depends on the length, its
+    regime and per-position functions) and one entry of :data:`ROPE_TYPES`.
+
+    Raises:
+        TypeError: a length-dependent record without its own regime and per_position.
+    """
+
+    inv_freq: RopeInitFn
+    length_dependent: bool = False
+    regime: RegimeFn = static_regime
+    per_position: PerPositionFn = repeat_per_position
+    of_length: LengthFrequenciesFn | None = None
+    needs_context: bool = False
+    hf_top_level_context: bool = False
+    hf_factor_from_context: Callable[[Mapping[str, Any]], bool] | None = None
+    extension: Mapping[str, Any] | None = None
+    partial_rotary_selects_frequencies: bool = False
+    hf_equivalent: Callable[[Mapping[str, Any], float, int], tuple[float, Mapping[str, Any] | None]] | None = None
+
+    def __post_init__(self) -> None:
+        # the static defaults would silently freeze a length-dependent type at seq_len None
+        if self.length_dependent and (self.regime is static_regime or self.per_position is repeat_per_position):
+            raise InvalidType("a length-dependent RopeType needs its own regime and per_position functions")
+        if self.extension is not None:
+            object.__setattr__(self, "extension", MappingProxyType(dict(self.extension)))
+
+
+# -- one function per rope_type ------------------------------------------------------------------
+def _default(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    return default_inv_freq_f64(dim, base), 1.0
+
+
+def _linear(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """Position Interpolation (Chen et al. 2023, eq. 2; kaiokendev): m -> m/s, i.e. theta_i / s."""
+    _check_keys(scaling, "linear", frozenset({"factor"}))
+    return default_inv_freq_f64(dim, base) / _factor(scaling, "linear"), 1.0
+
+
+def _ntk(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """Static NTK-aware scaling (bloc97, 2023): base' = b * s^(d/(d-2)).
+
+    The exponent makes the lowest frequency exactly theta_{d/2-1} / s (interpolated) while
+    the highest stays 1 (extrapolated). Same as x-transformers' ``base_rescale_factor`` and
+    rotary-embedding-torch's ``theta_rescale_factor``. Not a Hugging Face rope_type: it equals
+    Hugging Face's ``dynamic`` with factor 1 at seq_len = s * L0.
+    """
+    _check_keys(scaling, "ntk", frozenset({"factor"}))
+    factor = _factor(scaling, "ntk")
+    return default_inv_freq_f64(dim, base * factor ** _ntk_exponent(dim, "ntk")), 1.0
+
+
+def _ntk_as_plain_rope(scaling: Mapping[str, Any], base: float, dim: int) -> tuple[float, None]:
+    """Static NTK in Hugging Face's terms, which have no such type: plain RoPE, rope_theta = b * s^(d/(d-2))."""
+    return base * _factor(scaling, "ntk") ** _ntk_exponent(dim, "ntk"), None
+
+
+def dynamic_ntk_base(base: float, factor: float, seq_len: Any, context_length: int, dim: int) -> Any:
+    """Dynamic NTK base (emozilla, 2023; Hugging Face ``_compute_dynamic_ntk_parameters``).
+
+    base' = b * (s * L / L0 - (s - 1))^(d/(d-2)) with L = max(seq_len, L0), so base' = b for
+    L <= L0. ``seq_len`` may be a float64 tensor of lengths (then a tensor is returned).
+    """
+    exponent = _ntk_exponent(dim, "dynamic")
+    if isinstance(seq_len, Tensor):
+        length = seq_len.clamp(min=context_length)
+    else:
+        length = max(seq_len, context_length)
+    return base * (factor * length / context_length - (factor - 1)) ** exponent
+
+
+def _dynamic(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """Dynamic NTK: the NTK base recomputed from the current length (see :func:`dynamic_ntk_base`).
+
+    seq_len None or <= L0 gives the original frequencies.
+    """
+    _check_keys(scaling, "dynamic", frozenset({"factor", "original_max_position_embeddings"}))
+    factor = _factor(scaling, "dynamic")
+    context_length = _context_length(scaling, "dynamic")
+    length = context_length if seq_len is None else seq_len
+    return default_inv_freq_f64(dim, dynamic_ntk_base(base, factor, length, context_length, dim)), 1.0
+
+
+def _dynamic_regime(scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Hashable, int | None]:
+    """Within L0 the original frequencies; past it, one table per length."""
+    if seq_len is None or seq_len <= int(scaling["original_max_position_embeddings"]):
+        return STATIC_REGIME
+    return ("length", seq_len)
+
+
+def _dynamic_per_position(
+    dim: int, base: float, scaling: Mapping[str, Any], num_positions: int, *, dtype: torch.dtype
+) -> Tensor:
+    """Row p: the dynamic NTK frequencies at length p + 1, one base per row."""
+    compute_rope_parameters(dim, base, scaling, None)  # validates the dict
+    factor, context_length = _factor(scaling, "dynamic"), _context_length(scaling, "dynamic")
+    lengths = torch.arange(1, num_positions + 1, dtype=torch.float64)
+    bases = dynamic_ntk_base(base, factor, lengths, context_length, dim)
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+    return (1.0 / bases.unsqueeze(-1) ** exponents).to(dtype)
+
+
+def _dynamic_of_length(dim: int, base: float, scaling: Mapping[str, Any]) -> Callable[[Tensor], Tensor]:
+    """f(lengths) -> the dynamic NTK frequencies at each length, float64 (..., dim // 2)."""
+    compute_rope_parameters(dim, base, scaling, None)  # validates the dict
+    factor, context_length = _factor(scaling, "dynamic"), _context_length(scaling, "dynamic")
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+
+    def of_length(lengths: Tensor) -> Tensor:
+        bases = dynamic_ntk_base(base, factor, lengths, context_length, dim)
+        return 1.0 / bases.unsqueeze(-1) ** exponents.to(lengths.device)
+
+    return of_length
+
+
+def yarn_get_mscale(factor: float, mscale: float = 1.0) -> float:
+    """sqrt(1/t) = 0.1 * mscale * ln(s) + 1 for s > 1, else 1 (YaRN, Peng et al. 2023, eq. 22)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_correction_dim(num_rotations: float, dim: int, base: float, context_length: int) -> float:
+    """The (fractional) pair index whose wavelength fits ``num_rotations`` times into L0.
+
+    dim_of(r) = d * ln(L0 / (2 pi r)) / (2 ln b) (YaRN, eq. 17 solved for the dimension).
+    ``num_rotations = 1`` gives the critical dimension: pairs below it complete a full
+    rotation within L0.
+    """
+    return dim * math.log(context_length / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
+
+
+def _yarn(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """YaRN "NTK-by-parts" interpolation plus attention temperature (Peng et al. 2023, sec. 3.2-3.4),
+    as Hugging Face ``_compute_yarn_parameters`` (v5) computes it.
+
+    low = floor(dim_of(beta_fast)), high = ceil(dim_of(beta_slow)) (no rounding when
+    ``truncate`` is False), clamped to [0, d-1]; ramp_i = clamp((i - low)/(high - low), 0, 1)
+    (high += 0.001 when equal); inv_i = theta_i / s * ramp_i + theta_i * (1 - ramp_i).
+    attention_factor defaults to 0.1 ln s + 1, or, when both ``mscale`` and ``mscale_all_dim``
+    are set (DeepSeek), g(s, mscale) / g(s, mscale_all_dim) with g = :func:`yarn_get_mscale`.
+    """
+    keys = {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+            "mscale", "mscale_all_dim", "truncate"}
+    _check_keys(scaling, "yarn", frozenset(keys))
+    factor = _factor(scaling, "yarn")
+    context_length = _context_length(scaling, "yarn")
+    # Hugging Face reads `.get(key) or default`, so None means the default.
+    beta_fast = _number(scaling.get("beta_fast") or 32, "beta_fast", minimum=0.0, strict=True)
+    beta_slow = _number(scaling.get("beta_slow") or 1, "beta_slow", minimum=0.0, strict=True)
+    if beta_fast < beta_slow:
+        raise InvalidArgument(f"scaling: beta_fast must be >= beta_slow, got beta_fast={beta_fast:g}, beta_slow={beta_slow:g}")
+    truncate = scaling.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise InvalidArgument(f"scaling['truncate'] must be True or False, got {truncate!r}")
+
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is not None:
+        attention_factor = _number(attention_factor, "attention_factor", minimum=0.0, strict=True)
+    else:
+        mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            mscale = _number(mscale, "mscale", minimum=0.0, strict=True)
+            mscale_all_dim = _number(mscale_all_dim, "mscale_all_dim", minimum=0.0, strict=True)
+            attention_factor = yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = yarn_get_mscale(factor)
+
+    low = yarn_correction_dim(beta_fast, dim, base, context_length)
+    high = yarn_correction_dim(beta_slow, dim, base, context_length)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # Hugging Face's guard against a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)
+    theta = default_inv_freq_f64(dim, base)
+    return theta / factor * ramp + theta * (1.0 - ramp), float(attention_factor)
+
+
+def _yarn_factor_is_null(scaling: Mapping[str, Any]) -> bool:
+    """An explicit ``factor: null`` (v5 ``standardize_rope_params`` derives it)."""
+    return "factor" in scaling and scaling["factor"] is None
+
+
+def _llama3(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """Llama 3.1 frequency scaling (Meta's ``apply_scaling``; Hugging Face ``_compute_llama3_parameters``).
+
+    With lambda_i = 2 pi / theta_i: lambda < L0/high_freq_factor keeps theta; lambda >
+    L0/low_freq_factor divides it by s; in between, smooth = (L0/lambda - low)/(high - low)
+    and inv = (1 - smooth) theta / s + smooth theta. attention_factor = 1.
+
+    high_freq_factor = low_freq_factor (Llama 4 Scout: both 1) leaves no band in between: a
+    step at lambda = L0/low, which keeps theta at exactly L0/low (transformers accepts it with
+    a warning and would give NaN there; Meta's code asserts).
+    """
+    keys = frozenset({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+    _check_keys(scaling, "llama3", keys)
+    factor = _factor(scaling, "llama3")
+    low = _number(_required(scaling, "low_freq_factor", "llama3"), "low_freq_factor", minimum=0.0, strict=True)
+    high = _number(_required(scaling, "high_freq_factor", "llama3"), "high_freq_factor", minimum=0.0, strict=True)
+    if high < low:
+        raise InvalidArgument(f"scaling: high_freq_factor must be >= low_freq_factor, got high_freq_factor={high:g}, low_freq_factor={low:g}")
+    context_length = _context_length(scaling, "llama3")
+
+    theta = default_inv_freq_f64(dim, base)
+    wavelength = 2 * math.pi / theta
+    if high == low:
+        return torch.where(wavelength > context_length / low, theta / factor, theta), 1.0
+    smooth = (context_length / wavelength - low) / (high - low)
+    scaled = torch.where(wavelength > context_length / low, theta / factor, (1 - smooth) * theta / factor + smooth * theta)
+    return torch.where(wavelength < context_length / high, theta, scaled), 1.0
+
+
+def _proportional(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """Proportional RoPE, p-RoPE (Barbero et al. 2024, "Round and Round We Go! What makes Rotary
+    Positional Encodings useful?", arXiv 2410.06205, section 6; Gemma 4 in transformers,
+    ``_compute_proportional_rope_parameters``).
+
+    The frequencies of the *whole* head, theta_i = b^(-2i/d) for i < d/2, of which only the
+    first ``int(p * d // 2)`` are kept (p = ``partial_rotary_factor``, default 1) and the rest
+    set to 0, so those pairs pass through unrotated; all divided by ``factor`` (default 1).
+    GPT-NeoX partial rotary instead rotates only the first r = int(p * d) dimensions, with
+    frequencies over r: b^(-2i/r) (docs/encodings.md compares the two). attention_factor = 1.
+    """
+    _check_keys(scaling, "proportional", frozenset({"factor", "partial_rotary_factor"}))
+    factor = _number(scaling.get("factor", 1.0), "factor", minimum=0.0, strict=True)
+    share = _number(scaling.get("partial_rotary_factor", 1.0), "partial_rotary_factor", minimum=0.0)
+    if share > 1:
+        raise InvalidArgument(f"scaling['partial_rotary_factor'] must be in [0, 1], got {share:g}")
+    kept = int(share * dim // 2)
+    theta = default_inv_freq_f64(dim, base)
+    return torch.where(torch.arange(dim // 2) < kept, theta, torch.zeros_like(theta)) / factor, 1.0
+
+
+def _factor_list(scaling: Mapping[str, Any], key: str, dim: int) -> Tensor:
+    value = _required(scaling, key, "longrope")
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != dim // 2:
+        length = len(value) if isinstance(value, Sequence) else type(value).__name__
+        raise InvalidArgument(f"scaling[{key!r}] must be a list of dim/2 = {dim // 2} numbers, got {length}")
+    for x in value:
+        _number(x, key, minimum=0.0, strict=True)
+    return torch.tensor([float(x) for x in value], dtype=torch.float64)
+
+
+def _longrope(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """LongRoPE (Ding et al. 2024; Phi-3), as Hugging Face ``_compute_longrope_parameters``.
+
+    inv_i = 1 / (ext_i * b^(2i/d)) with ext = ``long_factor`` when seq_len > L0, else
+    ``short_factor`` (seq_len None: short). attention_factor defaults to
+    sqrt(1 + ln s / ln L0) (1 when s <= 1), whatever the length: Hugging Face applies it to
+    the short factors too.
+    """
+    keys = frozenset({"short_factor", "long_factor", "original_max_position_embeddings", "factor", "attention_factor"})
+    _check_keys(scaling, "longrope", keys)
+    short_factor = _factor_list(scaling, "short_factor", dim)
+    long_factor = _factor_list(scaling, "long_factor", dim)
+    context_length = _context_length(scaling, "longrope")
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is not None:
+        attention_factor = _number(attention_factor, "attention_factor", minimum=0.0, strict=True)
+    else:
+        if scaling.get("factor") is None:
+            raise MissingKey(
+                "scaling: rope_type 'longrope' requires the key 'factor' (or 'attention_factor'); Hugging Face "
+                "derives it as max_position_embeddings / original_max_position_embeddings (posenc.rope.from_hf_config does too)"
+            )
+        factor = _factor(scaling, "longrope")
+        attention_factor = math.sqrt(1 + math.log(factor) / math.log(context_length)) if factor > 1 else 1.0
+    ext = long_factor if seq_len is not None and seq_len > context_length else short_factor
+    return default_inv_freq_f64(dim, base) / ext, float(attention_factor)
+
+
+def _longrope_regime(scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Hashable, int | None]:
+    """The short factors within L0; past it the long ones, the same for every length."""
+    context_length = int(scaling["original_max_position_embeddings"])
+    if seq_len is None or seq_len <= context_length:
+        return STATIC_REGIME
+    return ("long", context_length + 1)
+
+
+def _longrope_per_position(
+    dim: int, base: float, scaling: Mapping[str, Any], num_positions: int, *, dtype: torch.dtype
+) -> Tensor:
+    """Row p: the short factors' frequencies for p + 1 <= L0, the long factors' after."""
+    context_length = _context_length(scaling, "longrope")
+    short, _ = compute_rope_parameters(dim, base, scaling, None, dtype=dtype)
+    long, _ = compute_rope_parameters(dim, base, scaling, context_length + 1, dtype=dtype)
+    is_long = torch.arange(1, num_positions + 1).unsqueeze(-1) > context_length
+    return torch.where(is_long, long, short)
+
+
+def _longrope_of_length(dim: int, base: float, scaling: Mapping[str, Any]) -> Callable[[Tensor], Tensor]:
+    """f(lengths) -> the short factors' frequencies for L <= L0, the long ones' after."""
+    context_length = _context_length(scaling, "longrope")
+    short, _ = compute_rope_parameters(dim, base, scaling, None, dtype=torch.float64)
+    long, _ = compute_rope_parameters(dim, base, scaling, context_length + 1, dtype=torch.float64)
+
+    def of_length(lengths: Tensor) -> Tensor:
+        is_long = (lengths > context_length).unsqueeze(-1)
+        return torch.where(is_long, long.to(lengths.device), short.to(lengths.device))
+
+    return of_length
+
+
+def _longrope_factor_missing(scaling: Mapping[str, Any]) -> bool:
+    """No ``factor``: Hugging Face derives it, when the default attention factor needs it."""
+    return scaling.get("factor") is None and scaling.get("attention_factor") is None
+
+
+# -- the table ----------------------------------------------------------------------------------------
+#: rope_type -> its :class:`RopeType` record; the order is that of :func:`extension_methods`.
+ROPE_TYPES: dict[str, RopeType] = {
+    "default": RopeType(_default),
+    "linear": RopeType(_linear, extension={}),
+    "ntk": RopeType(_ntk, extension={}, hf_equivalent=_ntk_as_plain_rope),
+    "dynamic": RopeType(
+        _dynamic, length_dependent=True, regime=_dynamic_regime, per_position=_dynamic_per_position,
+        of_length=_dynamic_of_length, needs_context=True, extension={},
+    ),
+    "yarn": RopeType(
+        _yarn, needs_context=True, hf_top_level_context=True, hf_factor_from_context=_yarn_factor_is_null, extension={},
+    ),
+    "llama3": RopeType(
+        _llama3, needs_context=True, hf_top_level_context=True,
+        extension={"low_freq_factor": 1.0, "high_freq_factor": 4.0},  # Llama 3.1's published values
+    ),
+    "proportional": RopeType(_proportional, partial_rotary_selects_frequencies=True),
+    # not an extension method: it needs searched per-pair factors, not just a factor and L0
+    "longrope": RopeType(
+        _longrope, length_dependent=True, regime=_longrope_regime, per_position=_longrope_per_position,
+        of_length=_longrope_of_length, needs_context=True, hf_top_level_context=True, hf_factor_from_context=_longrope_factor_missing,
+    ),
+}
+
+
+class _InitFunctions(Mapping):
+    """rope_type -> its ``inv_freq`` function: a read-only live view of :data:`ROPE_TYPES`."""
+
+    def __getitem__(self, rope_type: str) -> RopeInitFn:
+        return ROPE_TYPES[rope_type].inv_freq
+
+    def __iter__(self):
+        return iter(ROPE_TYPES)
+
+    def __len__(self) -> int:
+        return len(ROPE_TYPES)
+
+    def __repr__(self) -> str:
+        return f"ROPE_INIT_FUNCTIONS({sorted(self)})"
+
+
+class _LengthDependent(AbstractSet):
+    """The length-dependent rope_types: a read-only live view of :data:`ROPE_TYPES`."""
+
+    def __contains__(self, rope_type: object) -> bool:
+        record = ROPE_TYPES.get(rope_type) if isinstance(rope_type, str) else None
+        return record is not None and record.length_dependent
+
+    def __iter__(self):
+        return (name for name, record in ROPE_TYPES.items() if record.length_dependent)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"LENGTH_DEPENDENT({sorted(self)})"
+
+
+#: rope_type -> function(dim, base, scaling dict, seq_len) -> (inv_freq float64, attention_factor),
+#: Hugging Face's dict of the same name; derived from :data:`ROPE_TYPES`.
+ROPE_INIT_FUNCTIONS: Mapping[str, RopeInitFn] = _InitFunctions()
+
+#: rope_types whose frequencies depend on the current length (``seq_len``); from :data:`ROPE_TYPES`.
+LENGTH_DEPENDENT: AbstractSet[str] = _LengthDependent()
+
+
+def extension_methods() -> tuple[str, ...]:
+    """The rope_types that extend a trained RoPE from a factor and L0 alone, in table order."""
+    return tuple(name for name, record in ROPE_TYPES.items() if record.extension is not None)
+
+
+def rope_type_of(scaling: Mapping[str, Any] | None) -> str:
+    """``scaling["rope_type"]`` (or the v4 ``"type"``), ``"default"`` for None."""
+    if scaling is None:
+        return "default"
+    if not isinstance(scaling, Mapping):
+        raise InvalidType(f"scaling must be a dict in the Hugging Face rope_scaling form, got {type(scaling).__name__}")
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+def rope_type_record(scaling: Mapping[str, Any] | None) -> RopeType:
+    """The :class:`RopeType` record of a scaling dict (None: ``"default"``).
+
+    Raises:
+        ValueError: an unknown rope_type (the message lists the known ones).
+        TypeError: ``scaling`` is not a mapping.
+    """
+    rope_type = rope_type_of(scaling)
+    record = ROPE_TYPES.get(rope_type) if isinstance(rope_type, str) else None
+    if record is None:
+        raise InvalidArgument(f"scaling: unknown rope_type {rope_type!r}; known: {sorted(ROPE_TYPES)}")
+    return record
+
+
+def _check_seq_len(seq_len: Any) -> int | None:
+    if seq_len is None:
+        return None
+    if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 1:
+        raise InvalidArgument(f"seq_len must be None or an integer >= 1, got {seq_len!r}")
+    return int(seq_len)
+
+
+def compute_rope_parameters(
+    dim: int, base: float, scaling: Mapping[str, Any] | None, seq_len: int | None, *, dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, float]:
+    """Dispatch on ``scaling["rope_type"]`` (``"type"`` is read too, as Hugging Face does).
+
+    Returns (inv_freq (dim // 2,) of ``dtype``, attention_factor float). The public value is
+    float32 (Hugging Face's ``inv_freq``); the rope encoding asks for float64 so that
+    position * inv_freq keeps full precision at long positions.
+
+    Raises:
+        ValueError: an unknown rope_type (the message lists the known ones), a bad value,
+            a ``rope_theta`` in ``scaling`` that disagrees with ``base``, or a bad seq_len.
+        KeyError: a required key is missing (the message names it).
+        TypeError: ``scaling`` is not a mapping.
+    """
+    record = rope_type_record(scaling)
+    scaling = {} if scaling is None else scaling
+    theta = scaling.get("rope_theta")
+    if theta is not None and float(theta) != float(base):
+        raise InvalidArgument(f"scaling['rope_theta']={theta!r} disagrees with base={base!r}; pass one value")
+    seq_len = _check_seq_len(seq_len)
+    inv_freq, attention_factor = record.inv_freq(dim, base, scaling, seq_len)
+    return inv_freq.to(dtype), float(attention_factor)
+
+
+def inv_freq_per_position(
+    dim: int, base: float, scaling: Mapping[str, Any], num_positions: int, *, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """(num_positions, dim // 2) of ``dtype``: row p holds the frequencies at length p + 1.
+
+    The "rotate once" convention for length-dependent scalings under a KV cache: the token
+    at position p is rotated with the frequencies in force when it was the last token
+    (Hugging Face's behaviour when decoding token by token). Static types repeat one row.
+    Each type's rows come from its record's ``per_position``.
+
+    Raises as :func:`compute_rope_parameters`.
+    """
+    return rope_type_record(scaling).per_position(dim, base, scaling, num_positions, dtype=dtype)

@@ -1,0 +1,108 @@
+"""Relative position representations (Shaw, Uszkoreit and Vaswani, NAACL 2018).
+
+Uses the ``content`` hook: :meth:`Shaw.content_scores` returns extra logits (B, H, Tq, Tk) that
+the attention adds to q.k *before* the 1/sqrt(D) scale, and :meth:`Shaw.content_values`
+returns an extra output (B, H, Tq, D) computed from the attention probabilities. The queries
+are projected onto a small table of relative vectors, then indexed by distance: no
+(B, H, Tq, Tk, D) tensor is made.
+"""
+
+from __future__ import annotations
+
+
+import torch
+from torch import Tensor, nn
+
+from posenc._validation import check_positive_int
+from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import per_batch_index
+from posenc.errors import InvalidArgument
+
+
+class Shaw(PositionalEncoding):
+    """Relative position representations (Shaw, Uszkoreit and Vaswani, NAACL 2018, eqs. 3-5).
+
+        e_ij = q_i . (k_j + a^K_ij) / sqrt(D),      z_i = sum_j alpha_ij (v_j + a^V_ij),
+        a^K_ij = w^K_{clip(j - i, k)},  a^V_ij = w^V_{clip(j - i, k)},  clip(x, k) = max(-k, min(k, x)),
+
+    2k + 1 learned vectors of head dimension for keys and for values, shared by all heads
+    (section 3.3). j - i is key position minus query position.
+
+    Efficient form (section 3.3 splits e_ij the same way): q_i . w^K_r for the 2k + 1 rows r
+    is one (B, H, Tq, 2k+1) product, then indexed by clip(j - i); the value term sums
+    alpha_ij by bucket (scatter-add into (B, H, Tq, 2k+1)) and multiplies by w^V. No
+    (B, H, Tq, Tk, D) tensor is formed.
+
+    Args:
+        head_dim: D.
+        max_relative_position: k, the clip distance (tensor2tensor's name); default 16 (the
+            paper found little change for k >= 2).
+
+    Hook: ``content`` (scores and values: the value term reads the attention probabilities,
+    ``content_on_values = True``). Parameters ``relative_key`` and ``relative_value``,
+    float32 (2k + 1, D), Glorot-uniform initialised as tensorflow's default in tensor2tensor.
+    Cost: O(B H Tq (2k+1) D) extra for the two products plus O(B H Tq Tk) for the indexing.
+
+    Raises:
+        ValueError: head_dim or max_relative_position not an int >= 1 (construction), q or
+            v whose last dimension is not head_dim (call).
+    """
+
+    name = "shaw"
+    hooks = frozenset({"content"})
+    content_on_values = True
+
+    def __init__(self, head_dim: int, *, max_relative_position: int = 16) -> None:
+        super().__init__()
+        check_positive_int(head_dim, "head_dim")
+        check_positive_int(max_relative_position, "max_relative_position")
+        self.head_dim, self.max_relative_position = head_dim, max_relative_position
+        self.relative_key = nn.Parameter(torch.empty(2 * max_relative_position + 1, head_dim))
+        self.relative_value = nn.Parameter(torch.empty(2 * max_relative_position + 1, head_dim))
+        nn.init.xavier_uniform_(self.relative_key)
+        nn.init.xavier_uniform_(self.relative_value)
+
+    @classmethod
+    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
+        return cls(head_dim, **kwargs)
+
+    def relative_index(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+        """clip(j - i, k) + k in [0, 2k], LongTensor (Tq, Tk) or (B, Tq, Tk)."""
+        k = self.max_relative_position
+        rel = k_positions.unsqueeze(-2) - q_positions.unsqueeze(-1)
+        return rel.clamp(-k, k) + k
+
+    def relative_table(self, max_distance: int) -> tuple[Tensor, Tensor, str]:
+        """For figures: key distances j - i in [-m, m], m = min(max_distance, k + 8), the key
+        vectors w^K_{clip(j - i, k)} they use (2m + 1, D), and a title."""
+        m = min(max_distance, self.max_relative_position + 8)
+        distances = torch.arange(-m, m + 1)
+        index = distances.clamp(-self.max_relative_position, self.max_relative_position) + self.max_relative_position
+        title = f"learned key vectors w^K_clip(j-i, k), k={self.max_relative_position}"
+        return distances, self.relative_key.detach()[index], title
+
+    def _check_dim(self, x: Tensor, argname: str) -> None:
+        if x.shape[-1] != self.head_dim:
+            raise InvalidArgument(f"{argname} must have head_dim={self.head_dim}, got {x.shape[-1]}")
+
+    def content_scores(self, q, k, q_positions, k_positions, *, mask=None):
+        """q_i . w^K_{clip(j - i)}: (B, H, Tq, Tk) before the 1/sqrt(D) scale, float32 (float64
+        when q or the parameters are float64)."""
+        self._check_dim(q, "q")
+        wide = torch.promote_types(torch.promote_types(q.dtype, self.relative_key.dtype), torch.float32)
+        per_row = q.to(wide) @ self.relative_key.to(wide).t()  # (B, H, Tq, 2k+1)
+        index = per_batch_index(self.relative_index(q_positions, k_positions))
+        index = index.expand(q.shape[0], q.shape[1], -1, -1)
+        return per_row.gather(-1, index)
+
+    def content_values(self, probs, q_positions, k_positions):
+        """sum_j alpha_ij w^V_{clip(j - i)}: (B, H, Tq, D), float32 (float64 when the
+        probabilities or the parameters are float64)."""
+        index = per_batch_index(self.relative_index(q_positions, k_positions)).expand_as(probs)
+        per_bucket = probs.new_zeros(*probs.shape[:-1], self.relative_value.shape[0])
+        per_bucket = per_bucket.scatter_add(-1, index, probs)  # (B, H, Tq, 2k+1)
+        wide = torch.promote_types(torch.promote_types(probs.dtype, self.relative_value.dtype), torch.float32)
+        return per_bucket.to(wide) @ self.relative_value.to(wide)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, max_relative_position={self.max_relative_position}"

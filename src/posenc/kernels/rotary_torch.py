@@ -1,0 +1,230 @@
+"""The rotation of RoPE in torch: ``x * cos + rotate(x) * sin`` (Su et al. 2021, RoFormer,
+eq. 34), written once, with its autograd, its chunked in-place fast path and the plain formula
+that ``torch.compile`` fuses. The Triton twin is :mod:`posenc.kernels.rotary_triton`.
+
+Conventions (they differ between codebases):
+- ``half-split`` (default; GPT-NeoX, Hugging Face Llama): dimension i pairs with i + r/2;
+  cos and sin are full width, the half repeated: [c_0 .. c_{r/2-1}, c_0 .. c_{r/2-1}].
+- ``interleaved`` (RoFormer paper, GPT-J, Meta's original Llama): dimension 2i pairs with
+  2i+1; cos and sin duplicate each pair: [c_0, c_0, c_1, c_1, ...].
+- The rotation runs in float32 or wider and is cast back to x's dtype.
+
+Layer: kernels (imports torch and ``_validation`` only).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posenc import kernels as _kernels
+from posenc._validation import broadcast_shape, check_bool
+from posenc.errors import InvalidArgument, InvalidType
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(x_1, x_2) -> (-x_2, x_1) on the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_every_two(x: Tensor) -> Tensor:
+    """(x_0, x_1, x_2, x_3, ...) -> (-x_1, x_0, -x_3, x_2, ...)."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+
+#: Elements per chunk of :func:`apply_rotary`'s fast path (2 MiB of float32): big enough
+#: that the per-op overhead of the few ops per chunk is small, small enough that a chunk
+#: stays in cache between those ops, so each element crosses main memory about once each
+#: way. Measured best of 2^15 .. 2^24 on a 2-core AVX2 CPU (benchmarks/bench_rope.py).
+_CHUNK_ELEMENTS = 1 << 19
+
+
+def _pair_views(t: Tensor, interleaved: bool) -> tuple[Tensor, Tensor]:
+    """The two members of each rotated pair, as views: halves (i, i + D/2) or (2i, 2i+1)."""
+    if interleaved:
+        return t[..., 0::2], t[..., 1::2]
+    half = t.shape[-1] // 2
+    return t[..., :half], t[..., half:]
+
+
+def _join_pairs(first: Tensor, second: Tensor, interleaved: bool) -> Tensor:
+    """The inverse of :func:`_pair_views`: a new tensor whose pair members are first, second."""
+    if interleaved:
+        return torch.stack((first, second), dim=-1).flatten(-2)
+    return torch.cat((first, second), dim=-1)
+
+
+def _wide_dtype(x: Tensor, cos: Tensor, sin: Tensor) -> torch.dtype:
+    """The arithmetic dtype: float32, or the widest of x's, cos's and sin's dtypes if wider."""
+    return torch.promote_types(torch.promote_types(x.dtype, torch.float32), torch.promote_types(cos.dtype, sin.dtype))
+
+
+def _rotate_formula(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """x * cos + rotate(x) * sin with plain differentiable ops in the wide dtype, cast once.
+
+    The path under ``torch.compile`` (the compiler fuses it; the chunked kernel's Python loop
+    and ``out=`` writes would not trace) and when cos or sin require grad.
+    """
+    wide = _wide_dtype(x, cos, sin)
+    xw = x.to(wide)
+    rotated = rotate_every_two(xw) if interleaved else rotate_half(xw)
+    return (xw * cos.to(wide) + rotated * sin.to(wide)).to(x.dtype)
+
+
+def _rows(t: Tensor, start: int, stop: int, num_rows: int) -> Tensor:
+    """Rows start:stop of dimension -2 when t has all num_rows of them (else t broadcasts)."""
+    if t.dim() >= 2 and t.shape[-2] == num_rows:
+        return t[..., start:stop, :]
+    return t
+
+
+def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: bool) -> Tensor:
+    """out = x * cos + rotate(x) * sin, chunked over dimension -2, no autograd.
+
+    Per chunk: one product over the full width, then one ``addcmul_`` per pair member,
+    ``out_1 -= x_2 * sin_1`` and ``out_2 += x_1 * sin_2``: the products and sums of the
+    formula without building rotate(x). Narrower inputs (bf16, fp16) are widened per chunk
+    into a cache-sized scratch, reused across chunks, and the result is rounded once into
+    ``out``.
+
+    On a kernel device (CUDA, with Triton: :func:`posenc.kernels.use_triton`) the whole
+    rotation is one Triton launch instead (:func:`posenc.kernels.rotary_triton.rotate_with_tables`).
+    """
+    if _kernels.use_triton(x, cos, sin):
+        done = _kernels.rotary_kernels().rotate_with_tables(x, cos, sin, out, interleaved)
+        if done is not None:
+            return done
+    wide = _wide_dtype(x, cos, sin)
+    cos, sin = cos.to(wide), sin.to(wide)
+    if x.dim() < 2:  # a single row
+        x, out, cos, sin = x.unsqueeze(0), out.unsqueeze(0), cos.unsqueeze(0), sin.unsqueeze(0)
+    num_rows = x.shape[-2]
+    step = max(1, min(num_rows, _CHUNK_ELEMENTS * num_rows // max(1, x.numel())))
+    chunk_shape = x.shape[:-2] + (step, x.shape[-1])
+    widen = x.dtype != wide
+    direct = out.dtype == wide and out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    x_scratch = torch.empty(chunk_shape, dtype=wide, device=x.device) if widen else None
+    out_scratch = None if direct else torch.empty(chunk_shape, dtype=wide, device=x.device)
+    for start in range(0, num_rows, step):
+        stop = min(num_rows, start + step)
+        xs, os_ = x[..., start:stop, :], out[..., start:stop, :]
+        c, s = _rows(cos, start, stop, num_rows), _rows(sin, start, stop, num_rows)
+        if widen:
+            xs = x_scratch[..., : stop - start, :].copy_(xs)
+        dst = os_ if direct else out_scratch[..., : stop - start, :]
+        torch.mul(xs, c, out=dst)
+        x1, x2 = _pair_views(xs, interleaved)
+        d1, d2 = _pair_views(dst, interleaved)
+        s1, s2 = _pair_views(s, interleaved)
+        d1.addcmul_(x2, s1, value=-1)
+        d2.addcmul_(x1, s2)
+        if not direct:
+            os_.copy_(dst)
+    return out
+
+
+class _ApplyRotary(torch.autograd.Function):
+    """The fast path with its gradient: the transpose of a rotation, itself a rotation."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, interleaved):
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved = interleaved
+        return _rotate_into(x, cos, sin, torch.empty_like(x, memory_format=torch.contiguous_format), interleaved)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        cos, sin = ctx.saved_tensors
+        # out_1 = x_1 c_1 - x_2 s_1, out_2 = x_2 c_2 + x_1 s_2  =>  grad_x_1 = g_1 c_1 + g_2 s_2,
+        # grad_x_2 = g_2 c_2 - g_1 s_1: the same rotation with sin' = -(s_2, s_1) (swapped members).
+        s1, s2 = _pair_views(sin, ctx.interleaved)
+        sin_t = _join_pairs(-s2, -s1, ctx.interleaved)
+        if torch.is_grad_enabled():
+            # create_graph=True (double backward): the gradient must itself be differentiable,
+            # and it is again a rotation, so it goes through this Function once more.
+            return _ApplyRotary.apply(grad_out, cos, sin_t, ctx.interleaved), None, None, None
+        grad = _rotate_into(grad_out, cos, sin_t, torch.empty_like(grad_out, memory_format=torch.contiguous_format), ctx.interleaved)
+        return grad, None, None, None
+
+
+def apply_rotary(
+    x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False, out: Tensor | None = None
+) -> Tensor:
+    """Rotate pairs of x's last dimension: ``x * cos + rotate(x) * sin``.
+
+    ``rotate`` is ``rotate_half`` (half-split: (x_1, x_2) -> (-x_2, x_1)) or, interleaved,
+    ``rotate_every_two`` ((x_0, x_1, ...) -> (-x_1, x_0, ...)). Uncompiled, the fast path
+    computes the same products and sums without building ``rotate(x)``: one pass over x per
+    chunk of rows, so it runs near memory bandwidth (``benchmarks/bench_rope.py``); its
+    backward is again a rotation, differentiable itself (double backward works).
+
+    On CUDA tensors with Triton installed (``pip install posenc[gpu]``) the rotation is one
+    Triton launch, the same arithmetic (:func:`posenc.kernels.rotary_triton.rotate_with_tables`;
+    ``posenc.kernels.TRITON_ENABLED = False`` or ``POSENC_TRITON=0`` turns it off).
+
+    Under ``torch.compile`` (``torch.compiler.is_compiling()``) the plain formula runs
+    instead, in the same dtype, and traces with ``fullgraph=True``; with ``dynamic=True`` a
+    change of T (or of any other size) does not recompile, except that T = 1 is
+    specialized once, as torch does for every size 0 or 1.
+
+    Args:
+        x: (..., T, D), D even.
+        cos, sin: broadcastable to x, full width D: half-split repeats the half
+            ``[c_0 .. c_{D/2-1}, c_0 .. c_{D/2-1}]``; interleaved duplicates each pair
+            ``[c_0, c_0, c_1, c_1, ...]``. Every entry is read, as in the formula.
+        interleaved: pair (2i, 2i+1) instead of (i, i + D/2).
+        out: optional preallocated result of x's shape and dtype (no autograd); it may be x
+            itself, for an in-place rotation.
+
+    Returns:
+        A new tensor of x's shape and dtype (or ``out``); the arithmetic runs in float32, or
+        the widest of x's, cos's and sin's dtypes if that is wider (float64 for float64
+        inputs), and is rounded to x's dtype once. Differentiable in x, to any order; if cos
+        or sin require grad, the plain formula runs instead.
+
+    Raises:
+        TypeError: x, cos or sin not a floating-point tensor; interleaved not a bool.
+        ValueError: odd D, cos/sin whose last dimension is not D, that do not broadcast to
+            x's shape or are on another device, or an ``out`` of another shape or dtype.
+    """
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise InvalidType(f"x must be a floating-point torch.Tensor, got {x.dtype if isinstance(x, Tensor) else type(x).__name__}")
+    for t in (cos, sin):
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            got = t.dtype if isinstance(t, Tensor) else type(t).__name__
+            raise InvalidType(f"cos and sin must be floating-point torch.Tensors, got {got}")
+    check_bool(interleaved, "interleaved")
+    d = x.shape[-1]
+    if d % 2:
+        raise InvalidArgument(f"x: the last dimension must be even to form pairs, got {d}")
+    if cos.shape[-1] != d or sin.shape[-1] != d:
+        raise InvalidArgument(f"cos and sin must have last dimension {d} (full width), got {cos.shape[-1]} and {sin.shape[-1]}")
+    try:
+        shape = broadcast_shape(x.shape, cos.shape, sin.shape)
+    except ValueError as err:
+        raise InvalidArgument(f"cos and sin must broadcast to x's shape {tuple(x.shape)}, got {tuple(cos.shape)} and {tuple(sin.shape)}") from err
+    if shape != x.shape:
+        raise InvalidArgument(f"cos and sin must broadcast to x's shape {tuple(x.shape)}, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if cos.device != x.device or sin.device != x.device:
+        raise InvalidArgument(f"cos and sin must be on x's device {x.device}, got {cos.device} and {sin.device}")
+    if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
+        raise InvalidArgument(f"out must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got {tuple(out.shape)}, {out.dtype}")
+    if torch.compiler.is_compiling():
+        result = _rotate_formula(x, cos, sin, interleaved)
+        return result if out is None else out.copy_(result)
+    if out is not None:
+        return _rotate_into(x, cos, sin, out, interleaved)
+    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        return _rotate_formula(x, cos, sin, interleaved)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _ApplyRotary.apply(x, cos, sin, interleaved)
+    return _rotate_into(x, cos, sin, torch.empty_like(x, memory_format=torch.contiguous_format), interleaved)
+
+
+def _full_width(half: Tensor, interleaved: bool) -> Tensor:
+    """(..., r/2) -> (..., r) in the layout's order."""
+    if interleaved:
+        return half.repeat_interleave(2, dim=-1)
+    return torch.cat((half, half), dim=-1)

@@ -1,0 +1,241 @@
+"""Atomic writes and checked reads of results, and the one checkpoint format.
+
+A file is written to a temporary name in the same folder and renamed over the target, so a
+process killed mid-write leaves either the old file or the new one, never half of one.
+
+A checkpoint (:func:`save`, :func:`read_model`) is a ``torch.save`` dict of plain data and
+tensors only, so every read uses ``torch.load(..., weights_only=True)`` and runs no code
+from the file::
+
+    {"format": 1,
+     "config": {...},                              # the LMConfig fields
+     "encoding": {"name": str, "kwargs": {...}},   # create_for_model(name, <sizes>, **kwargs)
+     "model": state_dict,
+     # a training checkpoint (posenc.lab.train) adds:
+     "fingerprint": {...}, "step": int, "losses": [float], "optimizer": state_dict,
+     "generator": ByteTensor}                      # torch.Generator.get_state()
+
+The encoding is named by its registry name and its own options; its sizes (d_model,
+num_heads, head_dim, max_positions) come from the config, as when the model builds it from
+a name. Files written before format 1 (training checkpoints with the config and encoding
+name only inside ``fingerprint["model"]`` and ``fingerprint["encoding"]``) still read.
+
+This module knows the encodings' registry but not the model: the model imports it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posenc.encodings import REGISTRY, create_for_model
+from posenc.encodings.base import PositionalEncoding
+from posenc.errors import InvalidArgument
+
+#: Version of the checkpoint layout above; a reader refuses a newer one.
+FORMAT = 1
+
+
+class CheckpointMismatch(InvalidArgument):
+    """A stored checkpoint or result was made with other arguments, or is unreadable."""
+
+
+def _atomic(path: Path, write) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    _atomic(path, lambda handle: handle.write(json.dumps(obj, indent=2).encode("utf-8")))
+
+
+def atomic_save(path: Path, obj: Any) -> None:
+    _atomic(path, lambda handle: torch.save(obj, handle))
+
+
+def read_json(path: Path) -> dict:
+    """Read a JSON file written by :func:`atomic_write_json`.
+
+    Raises:
+        CheckpointMismatch: the file is not valid JSON (corrupt).
+    """
+    try:
+        return json.loads(Path(path).read_text("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointMismatch(f"{path} is corrupt ({err}); delete it to recompute") from err
+
+
+# -- the encoding as plain data ------------------------------------------------------------
+
+def build_encoding(spec: Mapping[str, Any], **sizes: Any) -> PositionalEncoding:
+    """The encoding of ``spec`` ({"name", "kwargs"}) for a model of ``sizes`` (the keyword
+    arguments of :func:`posenc.create_for_model`: d_model, num_heads, head_dim,
+    max_positions, causal).
+
+    Raises:
+        ValueError: an unknown name or a bad option. TypeError: an unexpected option.
+    """
+    return create_for_model(spec["name"], **sizes, **spec["kwargs"])
+
+
+def encoding_spec(encoding: PositionalEncoding, recorded: Mapping[str, Any] | None = None, **sizes: Any) -> dict:
+    """``{"name": registry name, "kwargs": plain options}`` that rebuild ``encoding`` with
+    :func:`build_encoding` for a model of ``sizes``.
+
+    ``recorded`` (what the model was built from) is used if it still rebuilds ``encoding``;
+    otherwise the options are read back from the instance: each keyword-only argument of its
+    class's constructor that it keeps as a same-named attribute of plain data (int, float,
+    str, bool, None, or lists and dicts of those). Either way the answer is checked: the
+    rebuilt encoding must be of the same class, with the same parameter and buffer shapes,
+    the same non-persistent buffers (persistent ones come from the state_dict) and the same
+    public plain attributes.
+
+    Raises:
+        ValueError: ``encoding`` is not of a registered class, or its options cannot be read
+            back (e.g. it was built with sizes other than the model's).
+    """
+    cls = type(encoding)
+    candidates = [dict(recorded)] if recorded is not None else []
+    if REGISTRY.get(cls.name) is cls:
+        candidates.append({"name": cls.name, "kwargs": _options(encoding)})
+    for spec in candidates:
+        if _rebuilds(spec, encoding, sizes):
+            return spec
+    raise InvalidArgument(
+        f"cannot save a model whose encoding cannot be rebuilt: {cls.__name__} "
+        + ("is not a registered encoding class" if REGISTRY.get(cls.name) is not cls else
+           "has options that cannot be read back from the instance (or sizes other than the model's)")
+        + "; build the model from a registered name, or from posenc.create_for_model with the model's sizes"
+    )
+
+
+def _is_plain(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    return False
+
+
+def _options(encoding: PositionalEncoding) -> dict:
+    """Keyword-only constructor arguments that ``encoding`` keeps as attributes and that differ
+    from their defaults; a class whose constructor takes ``**kwargs`` passes them to its
+    parent's (xPos to RoPE), so the parent's are read too."""
+    options: dict[str, Any] = {}
+    for klass in type(encoding).__mro__:
+        if not issubclass(klass, PositionalEncoding) or klass is PositionalEncoding:
+            break
+        parameters = inspect.signature(klass.__init__).parameters.values()
+        for p in parameters:
+            if p.kind is p.KEYWORD_ONLY and p.name not in options and hasattr(encoding, p.name):
+                value = getattr(encoding, p.name)
+                if _is_plain(value) and value != p.default:
+                    options[p.name] = value
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
+    return options
+
+
+def _plain_attributes(module: torch.nn.Module) -> dict:
+    return {k: v for k, v in vars(module).items() if not k.startswith("_") and k != "training" and _is_plain(v)}
+
+
+def _rebuilds(spec: Mapping[str, Any], encoding: PositionalEncoding, sizes: Mapping[str, Any]) -> bool:
+    try:
+        with torch.random.fork_rng(devices=[]):  # building initializes parameters: leave the caller's RNG alone
+            twin = build_encoding(spec, **sizes)
+    except (KeyError, TypeError, ValueError):
+        return False
+    ours, theirs = encoding.state_dict(), twin.state_dict()
+    if type(twin) is not type(encoding) or ours.keys() != theirs.keys() \
+            or any(ours[k].shape != theirs[k].shape for k in ours):
+        return False
+    twin_buffers = dict(twin.named_buffers())
+    for name, buffer in encoding.named_buffers():
+        if name not in ours and not torch.equal(buffer.cpu(), twin_buffers[name].to(buffer.dtype)):
+            return False
+    return _plain_attributes(encoding) == _plain_attributes(twin)
+
+
+# -- model checkpoints ---------------------------------------------------------------------
+
+def save(path: Path, model: Mapping[str, torch.Tensor], *, config: Mapping[str, Any] | None,
+         encoding: Mapping[str, Any] | None, **training: Any) -> None:
+    """Write a checkpoint atomically: ``model`` (a state_dict), ``config`` (the LMConfig
+    fields) and ``encoding`` (:func:`encoding_spec`), plus any ``training`` state as plain
+    data or tensors. ``config`` and ``encoding`` are None only for a model that
+    :func:`read_model` cannot rebuild (a training checkpoint of another module)."""
+    state = {"format": FORMAT, "model": model, **training}  # as given: a state_dict's _metadata is kept
+    if config is not None:
+        state["config"] = dict(config)
+    if encoding is not None:
+        state["encoding"] = {"name": encoding["name"], "kwargs": dict(encoding["kwargs"])}
+    atomic_save(path, state)
+
+
+def read_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[dict, dict, dict]:
+    """(config fields, encoding spec, state_dict) of a checkpoint written by :func:`save`, or
+    of a training checkpoint from before format 1. Loaded with ``weights_only=True``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: unreadable, of a newer format, or missing keys.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint: no such file: {path}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # torch raises many types for a truncated or foreign file
+        raise InvalidArgument(f"checkpoint: {path} is not a readable posenc checkpoint ({type(err).__name__})") from err
+    if isinstance(state, dict) and isinstance(state.get("format"), int) and state["format"] > FORMAT:
+        raise InvalidArgument(f"checkpoint: {path} has format {state['format']}, newer than this posenc reads ({FORMAT})")
+    try:
+        if isinstance(state, dict) and "format" in state:
+            config, encoding = dict(state["config"]), dict(state["encoding"])
+            encoding = {"name": encoding["name"], "kwargs": dict(encoding["kwargs"])}
+        else:  # before format 1: only the experiment's fingerprint named the model
+            config = dict(state["fingerprint"]["model"])
+            encoding = {"name": state["fingerprint"]["encoding"], "kwargs": {}}
+        return config, encoding, state["model"]
+    except (KeyError, TypeError, ValueError) as err:
+        raise InvalidArgument(
+            f"checkpoint: {path} lacks the 'model' weights or fingerprint of a posenc checkpoint: neither 'config' "
+            f"and 'encoding' (format {FORMAT}) nor fingerprint['model'] / fingerprint['encoding'] (older training "
+            f"checkpoints) ({type(err).__name__}: {err})"
+        ) from err
+
+
+def load_checkpoint(path: Path, fingerprint: dict) -> dict:
+    """Load a training checkpoint (``weights_only=True``) and check it was made with the same
+    ``fingerprint``.
+
+    Raises:
+        CheckpointMismatch: unreadable, or made with other arguments or another version.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for a truncated or foreign file
+        raise CheckpointMismatch(f"{path} is corrupt or not a posenc checkpoint ({type(err).__name__}); delete it to retrain") from err
+    if not isinstance(state, dict) or state.get("fingerprint") != fingerprint:
+        raise CheckpointMismatch(
+            f"{path} was made with other arguments or another posenc version; use another --out folder or delete it"
+        )
+    return state

@@ -1,0 +1,645 @@
+"""The ``posenc`` command.
+
+Bad arguments, whatever their source (the parser, a config check, a missing corpus), print one
+line on stderr, ``posenc: error: ...``, and exit with code 2; no traceback. Any other exception
+is a bug: one line, ``posenc: internal error: ...``, exit code 1 (``POSENC_DEBUG=1`` shows the
+traceback of either).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from posenc.errors import InvalidArgument
+
+app = typer.Typer(
+    name="posenc",
+    help="Transformer positional encodings: list them, compare their length extrapolation on real text.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+
+
+class UsageError(typer.BadParameter):
+    """A bad argument found after parsing; shown as one line, exit code 2."""
+
+
+def _split_list(value: str | None, argname: str, cast=str) -> tuple | None:
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise UsageError(f"{argname}: give a comma-separated list, got {value!r}")
+    try:
+        return tuple(cast(v) for v in items)
+    except ValueError:
+        raise UsageError(f"{argname}: every item must be {cast.__name__}, got {value!r}") from None
+
+
+@app.command("list")
+def list_encodings() -> None:
+    """List the registered encodings with the hooks each uses."""
+    from posenc.encodings import REGISTRY
+
+    table = Table("name", "hooks", "class", title="posenc encodings")
+    for name, cls in REGISTRY.items():
+        table.add_row(name, ", ".join(sorted(cls.hooks)) or "(none)", cls.__name__)
+    console.print(table)
+
+
+class RichReporter:
+    """Draws a training bar and an evaluation bar per (row, seed): an encoding or a row built on one."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task = None
+
+    def _replace(self, description: str, total: int, completed: int = 0) -> None:
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        self.task = self.progress.add_task(description, total=max(total, 1), completed=completed, loss="")
+
+    def run_started(self, row, seed, steps, resumed_step):
+        self.resumed_step = resumed_step
+        note = f" (resumed at {resumed_step})" if resumed_step else ""
+        self._replace(f"train {row} seed {seed}{note}", steps, resumed_step)
+
+    def train_step(self, step, loss):
+        self.progress.update(self.task, completed=step + 1, loss=f"loss {loss / 0.6931471805599453:.3f} bpb")
+
+    def eval_started(self, row, seed, total_windows):
+        self._replace(f"eval  {row} seed {seed}", total_windows)
+
+    def eval_advanced(self, windows):
+        self.progress.advance(self.task, windows)
+
+    def run_finished(self, row, seed, record, skipped):
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+            self.task = None
+        cells = " ".join(f"{n}:{c['bits_per_byte']:.3f}" for n, c in record["eval"].items())
+        state = "already done" if skipped else f"{record['train_seconds']:.0f}s train"
+        if not skipped and getattr(self, "resumed_step", 0):
+            state += f", resumed at step {self.resumed_step}"
+        self.progress.console.print(f"[bold]{row}[/] seed {seed} ({state}) bits/byte at {cells}")
+
+
+def results_table(summary: dict, key: str = "bits_per_byte", title: str | None = None, eval_key: str = "eval") -> Table:
+    """Rows: encodings; columns: evaluation lengths; cells: mean bits per byte (± seed spread),
+    from each result's ``eval_key`` (``eval``, or ``eval_sliding``: rows without it are left out)."""
+    config = summary["config"]
+    train_len = config["train_len"]
+    lengths = config["eval_lengths"]
+    table = Table(title=title or f"validation loss, bits per byte (train L={train_len})")
+    table.add_column("encoding", style="bold", no_wrap=True)
+    for n in lengths:
+        table.add_column(f"{n} ({n // train_len}L)", justify="right")
+    table.add_column(f"{lengths[-1] // train_len}L / L", justify="right")
+    for encoding, res in summary["results"].items():
+        if eval_key not in res:
+            continue
+        row = []
+        for n in lengths:
+            cell = res[eval_key].get(str(n))
+            if cell is None:
+                row.append("[dim]n/a[/]")
+                continue
+            spread = f" ±{cell['loss_std'] / 0.6931471805599453:.2f}" if cell.get("seeds", 1) > 1 else ""
+            row.append(f"{cell[key]:.3f}{spread}")
+        first, last = res[eval_key].get(str(lengths[0])), res[eval_key].get(str(lengths[-1]))
+        row.append(f"{last[key] / first[key]:.2f}x" if first and last else "[dim]n/a[/]")
+        table.add_row(encoding, *row)
+    return table
+
+
+@app.command()
+def extrapolate(
+    encodings: Optional[str] = typer.Option(None, help="Comma-separated encoding names (default: the preset's)."),
+    preset: str = typer.Option("default", help="quick | default | full (every registered encoding) | gpu (L=512, "
+                               "25.5M parameters, eval to 16L with sliding windows; ~10 min per encoding on one H100)."),
+    corpus: Optional[str] = typer.Option(
+        None, help="A text file, a folder of text files, a folder saved by Hugging Face datasets' save_to_disk, or a "
+        "Hugging Face dataset name NAME[:CONFIG], e.g. Salesforce/wikitext:wikitext-103-raw-v1 (pip install "
+        "'posenc[data]'). Default: the Python stdlib source."),
+    train_len: Optional[int] = typer.Option(None, help="Training length L in tokens (bytes)."),
+    steps: Optional[int] = typer.Option(None, help="Training steps per run."),
+    batch_size: Optional[int] = typer.Option(None, help="Training batch size."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate."),
+    d_model: Optional[int] = typer.Option(None, help="Model width."),
+    layers: Optional[int] = typer.Option(None, help="Number of transformer blocks."),
+    heads: Optional[int] = typer.Option(None, help="Attention heads."),
+    eval_factors: Optional[str] = typer.Option(None, help="Evaluation lengths as multiples of L, e.g. 1,2,4,8,16."),
+    eval_tokens: Optional[int] = typer.Option(None, help="Validation tokens read at every length."),
+    eval_stride: Optional[int] = typer.Option(
+        None, help="Also evaluate with sliding windows of this stride S (1 <= S <= L; Press et al.): each token "
+        "predicted after at least length - S tokens of context. The gpu preset uses S = L."),
+    seeds: Optional[str] = typer.Option(None, help="Comma-separated seeds, e.g. 0,1,2."),
+    out: Path = typer.Option(Path("results/extrapolate"), help="Output folder (results.json, results.csv, figure, checkpoints)."),
+    device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
+    rope_scaling: Optional[str] = typer.Option(
+        None, help="Also evaluate the trained rope model with these RoPE scalings at inference, factor = length / L: "
+        "a comma-separated list of linear, ntk, dynamic, yarn, llama3 (rows rope+<method>).",
+    ),
+    finetune_steps: Optional[int] = typer.Option(
+        None, help="Also fine-tune a copy of the rope model for N steps at finetune-factor x L with each scaling "
+        "(and without: the control), then evaluate it (rows rope+<method>+ft, rope+ft).",
+    ),
+    finetune_factor: Optional[int] = typer.Option(None, help="Fine-tune length as a multiple of L, and the scaling factor (default 4)."),
+    randomized_positions: Optional[int] = typer.Option(
+        None, help="Also train every encoding with randomized positions (Ruoss et al. 2023): each window's positions a "
+        "sorted random sample from [0, N); evaluated at ordinary positions (rows <encoding>+rand). N >= L.",
+    ),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)."),
+    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast for training and evaluation "
+                                        "(default: on with --device cuda, off on the CPU)."),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the model (default: "
+                                           "on with --device cuda, off on the CPU)."),
+) -> None:
+    """Train each encoding at length L on real text, evaluate at L, 2L, ... 16L: which still works?
+
+    Rerun with the same arguments to resume an interrupted sweep: finished runs are reused.
+    Under `torchrun --nproc-per-node N`, the (encoding, seed) runs are split across the N
+    processes and rank 0 writes the merged results.
+    """
+    from posenc.lab.data import load_corpus
+    from posenc.lab.experiments import distributed
+    from posenc.lab.experiments.extrapolation import ROW_PROVIDERS, preset_config, run_extrapolation
+    from posenc.lab.experiments.extrapolation_config import RANDOMIZED_SUFFIX
+    from posenc.lab.plots import plot_extrapolation
+    from posenc._validation import check_device
+
+    if threads is not None:
+        if threads < 1:
+            raise UsageError(f"--threads must be an integer >= 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
+
+    check_device(device, "--device")  # before any work, in one line: not a traceback from deep inside
+    device = distributed.init_from_env(device)  # under torchrun: this rank does its share of the runs
+    console.quiet = not distributed.current().is_main  # rank 0 reports; the others print only errors
+    on_cuda = check_device(device, "--device").type == "cuda"
+    bf16 = on_cuda if bf16 is None else bf16
+    compile = on_cuda if compile is None else compile
+
+    config = preset_config(
+        preset,
+        encodings=_split_list(encodings, "--encodings"),
+        train_len=train_len, steps=steps, batch_size=batch_size, lr=lr, d_model=d_model,
+        num_layers=layers, num_heads=heads, eval_factors=_split_list(eval_factors, "--eval-factors", int),
+        eval_tokens=eval_tokens, seeds=_split_list(seeds, "--seeds", int), device=device,
+        extension_methods=_split_list(rope_scaling, "--rope-scaling"), finetune_steps=finetune_steps,
+        finetune_factor=finetune_factor, randomized_positions=randomized_positions, eval_stride=eval_stride,
+        autocast="bfloat16" if bf16 else None, compile=compile or None,
+    )
+    data = load_corpus(corpus)
+    console.print(f"[bold]corpus[/] {data.describe()}")
+    model, train = config.model, config.train
+    console.print(
+        f"[bold]runs[/] {', '.join(config.encodings)} x seeds {list(config.seeds)}; L={config.train_len}, "
+        f"eval {config.eval_lengths}; d_model {model.d_model}, {model.num_layers} layers, {model.num_heads} heads; "
+        f"{train.steps} steps x batch {train.batch_size}, lr {train.lr}"
+        + ("; bf16 autocast" if train.autocast else "") + ("; compiled" if train.compile else "")
+        + (f"; sliding-window eval, stride {config.eval_stride}" if config.eval_stride else "")
+    )
+    if randomized := [row for row in config.rows if row.endswith(RANDOMIZED_SUFFIX)]:
+        console.print(f"[bold]randomized-position rows[/] {', '.join(randomized)} (positions from [0, {config.randomized_positions}))")
+    for provider in ROW_PROVIDERS:
+        if rows := provider.rows(config):
+            console.print(f"[bold]{provider.name} rows[/] {', '.join(rows)}")
+    started = time.perf_counter()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        summary = run_extrapolation(config, data, out, RichReporter(progress))
+    if summary is None:  # not rank 0: rank 0 merges the runs and reports
+        return
+    figure = plot_extrapolation(summary, out / "extrapolation.png")
+    console.print(results_table(summary))
+    console.print(results_table(summary, "bits_per_byte_last", f"last {config.train_len} tokens of each window, bits per byte"))
+    if config.eval_stride is not None:
+        console.print(results_table(summary, title=f"sliding windows (stride {config.eval_stride}), bits per byte",
+                                    eval_key="eval_sliding"))
+    console.print(f"wrote {out / 'results.json'}, {out / 'results.csv'}, {figure} in {time.perf_counter() - started:.0f}s")
+
+
+class TaskReporter(RichReporter):
+    """RichReporter for ``posenc lengthgen``: the training bar shows the answer-token loss, and
+    each finished run prints its exact-match accuracy per size. ``seconds`` adds up each
+    task's training and evaluation wall time (stored runs included, from their records)."""
+
+    def __init__(self, progress: Progress, runs: int) -> None:
+        super().__init__(progress)
+        self.seconds: dict[str, list[float]] = {}
+        self.overall = progress.add_task("runs finished", total=runs, loss="")
+
+    def train_step(self, step, loss):
+        self.progress.update(self.task, completed=step + 1, loss=f"answer loss {loss:.3f}")
+
+    def run_finished(self, row, seed, record, skipped):
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+            self.task = None
+        self.progress.advance(self.overall)
+        spent = self.seconds.setdefault(record["task"], [0.0, 0.0])
+        spent[0] += record["train_seconds"]
+        spent[1] += record["eval_seconds"]
+        cells = " ".join(f"{n}:{c['accuracy']:.2f}" for n, c in record["eval"].items())
+        state = "already done" if skipped else f"{record['train_seconds']:.0f}s train, {record['eval_seconds']:.0f}s eval"
+        if not skipped and getattr(self, "resumed_step", 0):
+            state += f", resumed at step {self.resumed_step}"
+        self.progress.console.print(f"[bold]{row}[/] seed {seed} ({state}) exact match at size {cells}")
+
+
+def lengthgen_table(summary: dict) -> Table:
+    """Rows: task and encoding; columns: evaluation sizes as multiples of N (the size in
+    each task's unit in the cell's task row); cells: exact-match accuracy (± seed spread)."""
+    config = summary["config"]
+    factors = sorted({f for f in config["eval_factors"]})
+    table = Table(title="exact-match accuracy (greedy decoding; trained on sizes <= N)")
+    table.add_column("task", style="bold", no_wrap=True)
+    table.add_column("encoding", no_wrap=True)
+    for f in factors:
+        table.add_column(f"{f:g}N", justify="right")
+    tasks = list(summary["results"].items())
+    for index, (task, rows) in enumerate(tasks):
+        setting = config["task_settings"][task]
+        n = setting["train_size"]
+        sizes = {size: size / n for size in setting["eval_sizes"]}
+        names = list(rows.items())
+        for position, (row, res) in enumerate(names):
+            cells = []
+            for f in factors:
+                size = max(sizes, key=lambda s: -abs(sizes[s] - f))  # the size this factor gave
+                cell = res["eval"].get(str(size))
+                if cell is None:
+                    cells.append("[dim]n/a[/]")
+                    continue
+                spread = f" ±{cell['accuracy_std']:.2f}" if cell["seeds"] > 1 else ""
+                colour = "green" if cell["accuracy"] >= 0.9 else "red" if cell["accuracy"] < 0.1 else "yellow"
+                cells.append(f"[{colour}]{cell['accuracy']:.2f}[/]{spread}")
+            label = f"{task} (N={n})" if position == 0 else ""
+            table.add_row(label, row, *cells, end_section=position == len(names) - 1 and index < len(tasks) - 1)
+    return table
+
+
+def lengthgen_ranking_table(summary: dict) -> Table:
+    """One row per encoding row: the tasks it learned at N, and its mean reciprocal rank over
+    the tasks at each ranked size (``summary["ranking"]``, best first by the first size)."""
+    ranking = summary["ranking"]
+    factors = [key for key in ranking if key != "learned_at_n"]
+    rows = list(next(iter(summary["results"].values())))
+    learned = {row: sum(row in names for names in ranking["learned_at_n"].values()) for row in rows}
+    table = Table(title="mean reciprocal rank over tasks (1 = first on every task; the NoPE paper's summary)")
+    table.add_column("encoding", style="bold", no_wrap=True)
+    table.add_column("learned at N", justify="right")
+    for factor in factors:
+        table.add_column(f"MRR at {factor}N", justify="right")
+    first = ranking[factors[0]]["mean_reciprocal_rank"] if factors else {}
+    for row in sorted(rows, key=lambda r: -first.get(r, 0.0)):
+        cells = [f"{ranking[f]['mean_reciprocal_rank'][row]:.2f}" if row in ranking[f]["mean_reciprocal_rank"] else "n/a"
+                 for f in factors]
+        table.add_row(row, f"{learned[row]}/{len(ranking['learned_at_n'])}", *cells)
+    return table
+
+
+@app.command()
+def lengthgen(
+    tasks: Optional[str] = typer.Option(None, help="Comma-separated tasks: copy, reverse, sort, addition, flipflop, "
+                                        "selective_copy, passkey (default: the preset's)."),
+    encodings: Optional[str] = typer.Option(None, help="Comma-separated encoding names (default: the preset's)."),
+    preset: str = typer.Option("default", help="quick | default | full (every task on every registered encoding)."),
+    train_size: Optional[int] = typer.Option(None, help="N for every task: train on sizes <= N (default: each task's own)."),
+    steps: Optional[int] = typer.Option(None, help="Training steps per run (default: each task's own)."),
+    batch_size: Optional[int] = typer.Option(None, help="Training batch size (instances)."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate."),
+    d_model: Optional[int] = typer.Option(None, help="Model width."),
+    layers: Optional[int] = typer.Option(None, help="Number of transformer blocks."),
+    heads: Optional[int] = typer.Option(None, help="Attention heads."),
+    eval_instances: Optional[int] = typer.Option(None, help="Fresh instances scored at each size."),
+    seeds: Optional[str] = typer.Option(None, help="Comma-separated seeds, e.g. 0,1,2."),
+    out: Path = typer.Option(Path("results/lengthgen"), help="Output folder (results.json, results.csv, figures, checkpoints)."),
+    device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
+    randomized_positions: Optional[int] = typer.Option(
+        None, help="Also train every encoding with randomized positions (Ruoss et al. 2023): each sequence's positions a "
+        "sorted random sample from [0, M); evaluated at ordinary positions (rows <encoding>+rand).",
+    ),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)."),
+    workers: Optional[int] = typer.Option(
+        None, help="Runs trained at once, each in its own process with threads / workers threads (default: on a "
+        "CPU one per core, as these small models gain nothing from a second thread; 1 on CUDA or under torchrun).",
+    ),
+) -> None:
+    """Synthetic tasks (copy, reverse, addition, flip-flop, passkey, ...): train on sizes <= N,
+    score exact match at N/2, N, 1.5N, 2N, 3N, 4N. Which encoding still gets the answer right?
+
+    Rerun with the same arguments to resume an interrupted sweep; under torchrun the
+    (task, encoding, seed) runs are split across the processes.
+    """
+    from posenc.lab.experiments import distributed
+    from posenc.lab.experiments.lengthgen import preset_config, run_lengthgen
+    from posenc.lab.plots import plot_lengthgen
+    from posenc._validation import check_device
+
+    if threads is not None:
+        if threads < 1:
+            raise UsageError(f"--threads must be an integer >= 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
+    check_device(device, "--device")
+    if workers is not None and workers < 1:
+        raise UsageError(f"--workers must be an integer >= 1, got {workers}")
+    device = distributed.init_from_env(device)
+    console.quiet = not distributed.current().is_main
+
+    config = preset_config(
+        preset, tasks=_split_list(tasks, "--tasks"), encodings=_split_list(encodings, "--encodings"),
+        train_size=train_size, steps=steps, batch_size=batch_size, lr=lr, d_model=d_model, num_layers=layers,
+        num_heads=heads, eval_instances=eval_instances, seeds=_split_list(seeds, "--seeds", int), device=device,
+        randomized_positions=randomized_positions,
+    )
+    model, train = config.model, config.train
+    runs = len(config.tasks) * len(config.rows) * len(config.seeds)
+    if workers is None:
+        local = device.startswith("cpu") and distributed.current().world_size == 1
+        workers = min(len(os.sched_getaffinity(0)), runs) if local else 1
+    console.print(
+        f"[bold]runs[/] {', '.join(config.tasks)} x {', '.join(config.rows)} x seeds {list(config.seeds)} "
+        f"({runs} runs, {workers} at a time); "
+        f"d_model {model.d_model}, {model.num_layers} layers, {model.num_heads} heads, MLP x{model.mlp_ratio}; "
+        f"batch {train.batch_size}, lr {train.lr}"
+    )
+    for task in config.tasks:
+        console.print(
+            f"  [bold]{task}[/] N={config.task_train_size(task)}, {config.task_steps(task)} steps, "
+            f"eval sizes {config.eval_sizes(task)} x {config.eval_instances} instances"
+        )
+    started = time.perf_counter()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        reporter = TaskReporter(progress, runs)
+        summary = run_lengthgen(config, out, reporter, workers=workers)
+    if summary is None:  # not rank 0
+        return
+    figures = plot_lengthgen(summary, out)
+    console.print(lengthgen_table(summary))
+    console.print(lengthgen_ranking_table(summary))
+    console.print("[bold]time per task[/] (train + eval, summed over its runs, which may have run side by side): " + ", ".join(
+        f"{task} {train:.0f}s + {evaluation:.0f}s" for task, (train, evaluation) in reporter.seconds.items()))
+    console.print(f"wrote {out / 'results.json'}, {out / 'results.csv'}, {', '.join(map(str, figures))} "
+                  f"in {time.perf_counter() - started:.0f}s")
+
+
+def _read_config_json(path: Path) -> dict:
+    """A parsed config.json; every failure as one clear error naming the file."""
+    if not path.exists():
+        raise FileNotFoundError(f"CONFIG: {path} does not exist")
+    if not path.is_file():
+        raise InvalidArgument(f"CONFIG: {path} is not a file")
+    try:
+        config = json.loads(path.read_text("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InvalidArgument(f"CONFIG: {path} is not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise InvalidArgument(f"CONFIG: {path} must hold a JSON object (a model config.json), got {type(config).__name__}")
+    return config
+
+
+def rope_inspection_table(report, title: str) -> Table:
+    """One row per frequency pair i (dimensions i and i + r/2, Hugging Face's half-split
+    layout): theta_i, the wavelength lambda_i = 2 pi / theta_i in tokens before and after the
+    scaling, each against its context (L0, the original; L, the extended), the stretch
+    lambda'/lambda, and whether the pair turns fully within L0. A rule marks where that stops:
+    YaRN's critical dimension."""
+    half = report.rotary_dim // 2
+    table = Table(title=title, caption=(
+        f"pair i rotates dims (i, i + {half}); λ = 2π/θ_i; λ' after {report.rope_type} scaling.\n"
+        f"Critical dimension (YaRN eq. 17, r = 1): {report.critical_dim:.2f}: "
+        f"{report.num_full_rotation_pairs} of {half} pairs turn fully within L0 = {report.original_context}."
+    ))
+    for header in ("i", "θ_i (rad)", "λ (tokens)", "λ / L0", "λ' (tokens)", "λ' / L", "λ'/λ"):
+        table.add_column(header, justify="right")
+    table.add_column("turns in L0", justify="center")
+    critical_row = math.floor(report.critical_dim)
+    for i in range(half):
+        wavelength = float(report.wavelength_original[i])
+        scaled = float(report.wavelength_scaled[i])
+        table.add_row(
+            str(i), f"{2 * math.pi / wavelength:.3g}", f"{wavelength:.3g}", f"{wavelength / report.original_context:.3g}",
+            f"{scaled:.3g}", f"{scaled / report.extended_context:.3g}", f"{scaled / wavelength:.3g}",
+            "[green]yes[/]" if bool(report.full_rotation[i]) else "[red]no[/]",
+            end_section=i == critical_row,
+        )
+    return table
+
+
+@app.command()
+def inspect(
+    config: Path = typer.Argument(..., help="A model's config.json (Hugging Face format).", show_default=False),
+    out: Optional[Path] = typer.Option(None, help="PNG of the wavelengths (default: <config stem>.rope.png in the current folder)."),
+    original_context: Optional[int] = typer.Option(None, help="L0, the pre-training context (default: from the config)."),
+    extended_context: Optional[int] = typer.Option(None, help="The extended context (default: max(max_position_embeddings, L0 x factor))."),
+    layer_type: Optional[str] = typer.Option(None, help="For a per-layer-type rope_parameters dict: which layer type."),
+) -> None:
+    """The RoPE of a model config at a glance: per frequency pair, its wavelength in tokens against
+    the original and the extended context, which pairs turn fully within the training context
+    (YaRN's critical dimension), the attention factor, and a PNG of it."""
+    from posenc.lab.plots import plot_rope_inspection
+    from posenc.rope import inspect_config
+
+    for value, name in ((original_context, "--original-context"), (extended_context, "--extended-context")):
+        if value is not None and value < 1:
+            raise UsageError(f"{name} must be a positive integer, got {value}")
+    report = inspect_config(
+        _read_config_json(config), layer_type=layer_type,
+        original_context=original_context, extended_context=extended_context,
+    )
+    name = report.model_type or config.stem
+    console.print(rope_inspection_table(report, (
+        f"{name}: RoPE θ = {report.rope_theta:g}, head_dim {report.head_dim}, rotary_dim {report.rotary_dim}, "
+        f"rope_type {report.rope_type}"
+    )))
+    console.print(
+        f"[bold]attention factor[/] {report.attention_factor:.6g} (cos and sin multiplied by it: logits x "
+        f"{report.attention_factor ** 2:.6g}); [bold]contexts[/] L0 = {report.original_context}, "
+        f"extended L = {report.extended_context}"
+    )
+    figure = plot_rope_inspection(report, out if out is not None else Path(f"{config.stem}.rope.png"))
+    console.print(f"wrote {figure}")
+
+
+@app.command()
+def plot(
+    name: str = typer.Argument(..., help="A registered encoding (see `posenc list`)."),
+    out: Optional[Path] = typer.Option(None, help="The PNG to write (default: NAME.png)."),
+) -> None:
+    """Draw what an encoding does: its position table, rotary decay, bias or relative vectors."""
+    from posenc.lab.plots import plot_encoding
+
+    path = plot_encoding(name, out if out is not None else Path(f"{name}.png"))  # unknown name: ValueError
+    console.print(f"wrote {path}")
+
+
+@app.command()
+def bench(
+    what: str = typer.Argument("all", help="rope, attention, throughput or all."),
+    quick: bool = typer.Option(False, help="Small sizes, seconds instead of minutes (a smoke run)."),
+    threads: int = typer.Option(1, help="torch threads for every side of the comparison."),
+    device: Optional[str] = typer.Option(
+        None, help="Measure on this device in one process (e.g. cuda): RoPE apply against its peers at Liger's "
+        "shape, attention per encoding against bias-free SDPA and FlashAttention-2's ALiBi, training throughput; "
+        "forward and forward+backward time and peak memory, bf16 on CUDA; tables written to --out. "
+        "Default: the CPU benchmarks (a fresh process per attention row).",
+    ),
+    lengths: Optional[str] = typer.Option(None, help="With --device: attention lengths, e.g. 2048,8192,32768."),
+    backends: str = typer.Option("flex,auto", help="With --device: posenc backends per encoding."),
+    dtype: Optional[str] = typer.Option(None, help="With --device: attention dtype (default bfloat16 on CUDA, float32 elsewhere)."),
+    compile: bool = typer.Option(False, help="With --device: torch.compile each model of the throughput benchmark."),
+    out: Path = typer.Option(Path("results/bench"), help="With --device: folder for the tables (JSON, CSV, Markdown)."),
+) -> None:
+    """Speed and memory of posenc side by side with its baselines, in one run, as ratios."""
+    from posenc.lab import bench as benchmarks
+    from posenc._validation import check_device
+
+    choices = ("rope", "attention", "throughput", "all")
+    if what not in choices:
+        raise UsageError(f"what must be one of {', '.join(choices)}, got {what!r}")
+    if threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {threads}")
+    if device is not None:
+        check_device(device, "--device")
+        _bench_on_device(benchmarks, what, device, quick=quick, threads=threads, compile=compile, out=out,
+                         lengths=_split_list(lengths, "--lengths", int), backends=_split_list(backends, "--backends"),
+                         dtype=dtype)
+        return
+    if what in ("rope", "all"):
+        shape = (1, 4, 256, 64) if quick else (1, 32, 2048, 128)
+        rows, notes = benchmarks.rope_benchmark(shape, repeats=3 if quick else 7, threads=threads)
+        benchmarks.print_table(f"RoPE on q and k {shape}", rows, benchmarks.ROPE_COLUMNS, notes)
+    if what in ("attention", "all"):
+        lengths = (256, 512) if quick else (1024, 2048, 4096, 8192)
+        rows, notes = benchmarks.attention_benchmark(lengths, repeats=1 if quick else 2, threads=threads)
+        benchmarks.print_table("causal attention, H=8, D=64, fp32", rows, benchmarks.ATTENTION_COLUMNS, notes)
+    if what in ("throughput", "all"):
+        rows, notes = benchmarks.throughput_benchmark(steps=1 if quick else 5, repeats=1 if quick else 3, threads=threads)
+        benchmarks.print_table("LM training throughput", rows, benchmarks.THROUGHPUT_COLUMNS, notes)
+
+
+def _bench_on_device(benchmarks, what: str, device: str, *, quick: bool, threads: int, compile: bool, out: Path,
+                     lengths: tuple | None, backends: tuple, dtype: str | None) -> None:
+    """``posenc bench --device DEVICE``: the attention and throughput tables on one device, in
+    this process, printed and written to ``out`` (JSON with the environment, CSV, Markdown)."""
+    import torch
+
+    from posenc.attention import BACKENDS
+
+    torch.set_num_threads(threads)
+    cuda = torch.device(device).type == "cuda"
+    dtype = dtype or ("bfloat16" if cuda else "float32")
+    if not isinstance(getattr(torch, dtype, None), torch.dtype):
+        raise UsageError(f"--dtype must be a torch dtype name such as bfloat16, float16 or float32, got {dtype!r}")
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        raise UsageError(f"--backends: unknown {unknown}; choose from {list(BACKENDS)}")
+    meta = {**benchmarks.environment(), "device": device, "dtype": dtype}
+    written = []
+    if what in ("rope", "all"):
+        sizes = dict(lengths=(16,), q_heads=2, kv_heads=1, head_dim=8, repeats=1, compile_peers=False) if quick else {}
+        rows, notes = benchmarks.rope_device_benchmark(device, dtype="bfloat16" if cuda else dtype, **sizes)
+        benchmarks.print_table(f"RoPE apply on q and k, {device}", rows, benchmarks.ROPE_DEVICE_COLUMNS, notes)
+        written += benchmarks.write_tables(out, f"rope-{torch.device(device).type}", rows,
+                                           benchmarks.ROPE_DEVICE_COLUMNS, notes, meta)
+    if what in ("attention", "all"):
+        sizes = dict(heads=2, head_dim=16, tokens=128, repeats=1) if quick else {}
+        rows, notes = benchmarks.device_attention_benchmark(
+            device, lengths or ((32, 64) if quick else benchmarks.DEVICE_ATTENTION["lengths"]), backends=backends,
+            dtype=dtype, **sizes)
+        benchmarks.print_table(f"causal attention on {device}, {dtype}", rows, benchmarks.DEVICE_ATTENTION_COLUMNS, notes)
+        written += benchmarks.write_tables(out, f"attention-{torch.device(device).type}", rows,
+                                           benchmarks.DEVICE_ATTENTION_COLUMNS, notes, meta)
+    if what in ("throughput", "all"):
+        sizes = dict(d_model=16, num_layers=1, num_heads=2, seq_len=16, batch_size=2, steps=1, repeats=1) if quick \
+            else dict(benchmarks.DEVICE_THROUGHPUT)
+        rows, notes = benchmarks.throughput_benchmark(device=device, autocast="bfloat16" if cuda else None,
+                                                      compile=compile, **sizes)
+        benchmarks.print_table(f"LM training throughput on {device}", rows, benchmarks.THROUGHPUT_COLUMNS, notes)
+        written += benchmarks.write_tables(out, f"throughput-{torch.device(device).type}", rows,
+                                           benchmarks.THROUGHPUT_COLUMNS, notes, meta)
+    console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+@app.command()
+def generate(
+    checkpoint: Path = typer.Argument(..., help="A model or training checkpoint, e.g. OUT/checkpoints/rope-seed0.pt from `posenc extrapolate`."),
+    prompt: str = typer.Option(..., help="The text to continue (encoded as UTF-8 bytes)."),
+    max_new_tokens: int = typer.Option(200, help="How many bytes to generate (>= 1)."),
+    temperature: Optional[float] = typer.Option(None, help="Sample at this temperature (> 0); default greedy."),
+    top_k: Optional[int] = typer.Option(None, help="Sample from the K most likely bytes (>= 1); default greedy."),
+    seed: int = typer.Option(0, help="Seed of the sampling generator (same seed, same text)."),
+) -> None:
+    """Continue a prompt with a trained checkpoint: greedy, or sampling with --temperature / --top-k.
+
+    Prints the continuation only; bytes that are not valid UTF-8 print as U+FFFD.
+    """
+    import torch
+
+    from posenc.lab.data import decode_bytes, encode_text
+    from posenc.lab.model import TransformerLM
+
+    if not prompt:
+        raise UsageError("--prompt: give at least one character to continue")
+    model = TransformerLM.from_checkpoint(checkpoint)  # missing: FileNotFoundError; unreadable: ValueError
+    tokens = encode_text(prompt).unsqueeze(0)
+    generator = torch.Generator().manual_seed(seed)
+    out = model.generate(tokens, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
+    print(decode_bytes(out[0, tokens.shape[1]:]))
+
+
+#: Errors that mean "your arguments", not "posenc's bug": posenc's own checks (posenc.errors;
+#: the lab's CorpusError and CheckpointMismatch are among them), and the OS refusing a user's path.
+ARGUMENT_ERRORS = (InvalidArgument, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point. A bad argument (the parser's usage errors, posenc's validators, a missing
+    file) prints one line and exits 2; any other exception is an internal error: one line
+    saying so and how to see the traceback, exit 1. ``POSENC_DEBUG=1`` re-raises either."""
+    try:
+        app(args=argv, prog_name="posenc", standalone_mode=False)
+    except typer.Exit as exit_:
+        return exit_.exit_code
+    except typer.Abort:
+        print("posenc: interrupted", file=sys.stderr)
+        return 130
+    except typer.TyperException as err:  # the parser's usage errors
+        print(f"posenc: error: {err.format_message()}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        if os.environ.get("POSENC_DEBUG"):
+            raise
+        if isinstance(err, ARGUMENT_ERRORS):
+            print(f"posenc: error: {err}", file=sys.stderr)
+            return 2
+        detail = " ".join(str(err).split())
+        print(f"posenc: internal error: {type(err).__name__}: {detail} (a bug in posenc, not in your arguments; "
+              "rerun with POSENC_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""What determines the results of ``posenc extrapolate``: its config, presets and options.
+
+:class:`ExtrapolationConfig` composes the model's :class:`~posenc.lab.model.LMConfig` and the
+training's :class:`~posenc.lab.train.TrainConfig` (their fields and defaults are declared once,
+there) with the experiment's own fields. The flat options of the CLI and of
+:func:`preset_config` (``steps``, ``d_model``, ``train_len``, ...) are mapped onto the
+composed configs in one place, :data:`OPTIONS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from posenc._validation import check_device, check_positive_int
+from posenc.encodings import REGISTRY, create_for_model, encoding_class
+from posenc.encodings.base import PositionalEncoding
+from posenc.lab.model import LMConfig
+from posenc.rope import EXTENSION_METHODS
+from posenc.lab.train import TrainConfig
+from posenc.lab.experiments.lm import fold_flat_options
+from posenc.errors import InvalidArgument, InvalidType
+
+#: The row of an encoding trained with randomized positions (Ruoss et al. 2023).
+RANDOMIZED_SUFFIX = "+rand"
+
+#: The six encodings of the default run.
+CORE_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")
+
+#: Flat option -> (composed config, its field). ``train_len`` is the training window, the L
+#: of "train short, test long"; every other option keeps its field's name.
+OPTIONS: dict[str, tuple[str, str]] = {
+    "train_len": ("train", "seq_len"),
+    "steps": ("train", "steps"),
+    "batch_size": ("train", "batch_size"),
+    "lr": ("train", "lr"),
+    "d_model": ("model", "d_model"),
+    "num_layers": ("model", "num_layers"),
+    "num_heads": ("model", "num_heads"),
+    "autocast": ("train", "autocast"),
+    "compile": ("train", "compile"),
+}
+
+
+@dataclass(frozen=True)
+class ExtrapolationConfig:
+    """Everything that determines the results of ``posenc extrapolate``.
+
+    Args:
+        encodings: registered encoding names, one row each. A name may carry the suffix
+            ``+rand`` (``"rope+rand"``): that encoding trained with randomized positions
+            (see ``randomized_positions``); the plain name need not be in the list.
+        model: the LM's sizes. Its ``max_positions`` is not read: it is set to
+            ``learned_positions`` (default: the longest evaluation length, so the learned
+            table's rows past L exist but are never trained); lengths past the table are
+            reported as not applicable.
+        train: the training run; ``train.seq_len`` is the training length L. Its ``seed`` is
+            not read: each run trains with its own seed from ``seeds``.
+        eval_factors: evaluation lengths as whole multiples (>= 1) of L.
+        seeds: one run per (encoding, seed); results are means over seeds.
+        eval_tokens: validation tokens read at every length (the same prefix for all).
+        learned_positions: see ``model``.
+        device: a torch device string.
+        extension_methods: :data:`posenc.rope.EXTENSION_METHODS` names (CLI ``--rope-scaling``):
+            rows for the trained rope model extended with each RoPE scaling, at inference and,
+            with ``finetune_steps`` > 0, after a short fine-tune at ``finetune_factor`` x L
+            (:mod:`posenc.lab.experiments.rope_extension`). ``finetune_lr`` None means
+            ``train.lr / 10``; the fine-tune's batch is ``train.batch_size // finetune_factor``
+            windows (the same tokens per step).
+        randomized_positions: None, or N: the ``+rand`` rows are trained with randomized
+            positional encodings (Ruoss et al. 2023: each window's positions a sorted random
+            sample from [0, N), see :class:`posenc.lab.train.TrainConfig`) and evaluated at
+            ordinary positions. N >= L; with a learned table in the sweep, N <= its size. When
+            ``encodings`` names no ``+rand`` row, N gives every encoding a second row
+            ``<name>+rand`` (CLI ``--randomized-positions N``); when it names some, those are
+            the randomized rows, and None means N = the longest evaluation length.
+        eval_stride: None (default), or S in [1, L]: every length is also evaluated with
+            sliding windows of stride S (:func:`posenc.lab.evaluate.evaluate_length`), reported as
+            ``eval_sliding`` beside the non-overlapping ``eval``.
+
+    Mixed precision and compilation are ``train.autocast`` and ``train.compile`` (options
+    ``autocast`` and ``compile``); the evaluation uses them too.
+
+    Raises:
+        TypeError: ``encodings`` is not a sequence of names; ``model`` / ``train`` of the wrong type.
+        ValueError: any other bad value; the message names the field.
+    """
+
+    encodings: tuple[str, ...] = CORE_ENCODINGS
+    model: LMConfig = field(default_factory=LMConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval_factors: tuple[int, ...] = (1, 2, 4, 8, 16)
+    seeds: tuple[int, ...] = (0,)
+    eval_tokens: int = 65536
+    learned_positions: int | None = None
+    device: str = "cpu"
+    extension_methods: tuple[str, ...] = ()
+    finetune_steps: int = 0
+    finetune_factor: int = 4
+    finetune_lr: float | None = None
+    randomized_positions: int | None = None
+    eval_stride: int | None = None
+
+    @classmethod
+    def from_options(cls, **options) -> ExtrapolationConfig:
+        """A config from flat options: the fields above plus the :data:`OPTIONS` names
+        (``train_len``, ``steps``, ``batch_size``, ``lr``, ``d_model``, ``num_layers``,
+        ``num_heads``), which override the defaults of ``model`` / ``train``.
+
+        Raises:
+            TypeError, ValueError: as the constructor; an unknown option (TypeError).
+        """
+        if "train_len" in options:
+            check_positive_int(options["train_len"], "train_len")  # TrainConfig would call it seq_len
+        return cls(**fold_flat_options(options, OPTIONS, {"model": LMConfig(), "train": TrainConfig()}))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.encodings, str) or not isinstance(self.encodings, (tuple, list)):
+            raise InvalidType(f"encodings must be a sequence of encoding names, e.g. ('rope', 'alibi'), got {self.encodings!r}")
+        if not self.encodings:
+            raise InvalidArgument("encodings: give at least one encoding")
+        for name in self.encodings:
+            encoding_class(_base_name(name))  # unknown names raise, listing the available ones
+        if len(set(self.encodings)) != len(self.encodings):
+            raise InvalidArgument(f"encodings: each name once, got {list(self.encodings)}")
+        if not isinstance(self.model, LMConfig):
+            raise InvalidType(f"model must be a posenc.lab.model.LMConfig, got {type(self.model).__name__}")
+        if not isinstance(self.train, TrainConfig):
+            raise InvalidType(f"train must be a posenc.lab.train.TrainConfig, got {type(self.train).__name__}")
+        check_positive_int(self.eval_tokens, "eval_tokens")
+        if not self.eval_factors or any(not isinstance(f, int) or isinstance(f, bool) or f < 1 for f in self.eval_factors):
+            raise InvalidArgument(
+                "eval_factors: evaluation lengths are whole multiples >= 1 of train_len (no evaluation shorter than L), "
+                f"got {self.eval_factors}"
+            )
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) \
+                or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
+            raise InvalidArgument(f"seeds: give one or more distinct integers >= 0, got {self.seeds}")
+        if self.eval_tokens < max(self.eval_lengths):
+            raise InvalidArgument(f"eval_tokens={self.eval_tokens} must be >= the longest eval length {max(self.eval_lengths)}")
+        if self.learned_positions is not None:
+            check_positive_int(self.learned_positions, "learned_positions")
+        # the learned table's size is the experiment's to set (see model above)
+        object.__setattr__(
+            self, "model", dataclasses.replace(self.model, max_positions=self.learned_positions or max(self.eval_lengths))
+        )
+        check_device(self.device)
+        if self.eval_stride is not None:
+            check_positive_int(self.eval_stride, "eval_stride")
+            if self.eval_stride > self.train_len:
+                raise InvalidArgument(f"eval_stride={self.eval_stride} must be <= train_len={self.train_len} "
+                                 "(each sliding window scores its last eval_stride tokens)")
+        self._check_rope_extension()
+        self._check_randomized_positions()
+
+    def _check_randomized_positions(self) -> None:
+        if self.randomized_positions is None:
+            if not self._named_randomized_rows():
+                return
+            # Ruoss et al. sample positions up to (at least) the longest length they test at
+            object.__setattr__(self, "randomized_positions", max(self.eval_lengths))
+        option = "randomized_positions (--randomized-positions)"
+        check_positive_int(self.randomized_positions, option)
+        if self.randomized_positions < self.train_len:
+            raise InvalidArgument(f"{option}={self.randomized_positions} must be >= train_len={self.train_len}")
+        table = self.model.max_positions
+        if self.randomized_positions > table and any(_holds_a_table(_base_name(name), self.model) for name in self.rows
+                                                     if name.endswith(RANDOMIZED_SUFFIX)):
+            raise InvalidArgument(
+                f"{option}={self.randomized_positions} is past the learned table's {table} positions "
+                "(learned_positions, default the longest eval length): raise learned_positions or lower N"
+            )
+
+    def _check_rope_extension(self) -> None:
+        methods = "extension_methods (--rope-scaling)"
+        if isinstance(self.extension_methods, str) or not isinstance(self.extension_methods, (tuple, list)):
+            raise InvalidType(f"{methods} must be a sequence of method names, e.g. ('yarn',), got {self.extension_methods!r}")
+        unknown = [m for m in self.extension_methods if m not in EXTENSION_METHODS]
+        if unknown:
+            raise InvalidArgument(f"{methods}: unknown method(s) {unknown}; choose from {list(EXTENSION_METHODS)}")
+        if len(set(self.extension_methods)) != len(self.extension_methods):
+            raise InvalidArgument(f"{methods}: each method once, got {list(self.extension_methods)}")
+        if isinstance(self.finetune_steps, bool) or not isinstance(self.finetune_steps, int) or self.finetune_steps < 0:
+            raise InvalidArgument(f"finetune_steps must be an integer >= 0, got {self.finetune_steps!r}")
+        if (self.extension_methods or self.finetune_steps) and "rope" not in self.encodings:
+            raise InvalidArgument(
+                f"{methods} / finetune_steps extend the trained rope model: add rope to encodings (got {list(self.encodings)})"
+            )
+        if isinstance(self.finetune_factor, bool) or not isinstance(self.finetune_factor, int) or self.finetune_factor < 2:
+            raise InvalidArgument(f"finetune_factor must be an integer >= 2 (fine-tune at that many times L), got {self.finetune_factor!r}")
+        if self.finetune_lr is not None and not (self.finetune_lr > 0 and math.isfinite(self.finetune_lr)):
+            raise InvalidArgument(f"finetune_lr must be a finite number > 0, got {self.finetune_lr!r}")
+
+    @property
+    def train_len(self) -> int:
+        """The training length L in tokens (``train.seq_len``)."""
+        return self.train.seq_len
+
+    @property
+    def eval_lengths(self) -> list[int]:
+        """The evaluation lengths in tokens, ascending: L times each of ``eval_factors``."""
+        return sorted({self.train_len * f for f in self.eval_factors})
+
+    def model_config(self) -> LMConfig:
+        """The LM every run builds (``model``, with ``max_positions`` set as documented)."""
+        return self.model
+
+    def encoding_options(self, name: str) -> dict:
+        """The options the encoding ``name`` is built with in this experiment: those it scales
+        with the training length L (:meth:`~posenc.PositionalEncoding.options_for_train_len`:
+        iRoPE's attention_chunk_size and floor_scale = L // 4), else none. The model's
+        ``max_positions`` is the table size (the longest evaluation length), not L."""
+        return encoding_class(name).options_for_train_len(self.train_len)
+
+    def encoding(self, name: str) -> PositionalEncoding | str:
+        """What the LM of ``name`` is built from: the name itself, or, when the encoding takes
+        options from L (:meth:`encoding_options`), the encoding built with them for the model."""
+        options = self.encoding_options(name)
+        return create_for_model(name, **self.model.encoding_sizes(), **options) if options else name
+
+    def train_config(self, seed: int) -> TrainConfig:
+        """The training of the run with ``seed``."""
+        return dataclasses.replace(self.train, seed=seed)
+
+    def _named_randomized_rows(self) -> bool:
+        return any(name.endswith(RANDOMIZED_SUFFIX) for name in self.encodings)
+
+    @property
+    def rows(self) -> list[str]:
+        """The trained rows, in table order: ``encodings`` as given, then, when
+        ``randomized_positions`` is set and ``encodings`` names no ``+rand`` row, every
+        encoding's ``+rand`` row."""
+        if not self.randomized_positions or self._named_randomized_rows():
+            return list(self.encodings)
+        return [*self.encodings, *(name + RANDOMIZED_SUFFIX for name in self.encodings)]
+
+    def row_run(self, row: str, seed: int) -> tuple[str, TrainConfig]:
+        """(encoding, training) of a trained row: ``<name>+rand`` is ``name`` trained with
+        randomized positions."""
+        train = self.train_config(seed)
+        if row.endswith(RANDOMIZED_SUFFIX):
+            return row[: -len(RANDOMIZED_SUFFIX)], dataclasses.replace(train, randomized_positions=self.randomized_positions)
+        return row, train
+
+    def to_dict(self) -> dict:
+        """The config as written to results.json: every field (``model`` and ``train`` as
+        nested dicts, ``train`` without its unread seed) plus ``train_len`` and ``eval_lengths``."""
+        d = dataclasses.asdict(self)
+        del d["train"]["seed"]
+        # options added later appear only when set: earlier runs' results.json read the same
+        for part, name, default in (("train", "autocast", None), ("train", "compile", False), (None, "eval_stride", None)):
+            fields = d[part] if part else d
+            if fields[name] == default:
+                del fields[name]
+        d["train_len"] = self.train_len
+        d["eval_lengths"] = self.eval_lengths
+        return d
+
+
+def _base_name(row: str) -> str:
+    """The registered encoding of a row name (``rope+rand`` -> ``rope``)."""
+    return row[: -len(RANDOMIZED_SUFFIX)] if row.endswith(RANDOMIZED_SUFFIX) else row
+
+
+def _holds_a_table(name: str, model: LMConfig) -> bool:
+    """Whether the encoding, built for ``model``, represents a bounded number of positions."""
+    return create_for_model(name, **model.encoding_sizes()).max_positions is not None
+
+
+#: Named sizes, as options of :meth:`ExtrapolationConfig.from_options`. "default"
+#: reproduces the prototype's setting (< 15 min on 2 cores); "quick" is a smoke run
+#: (< 3 min); "full" is the default size over every encoding of 1-D text (None:
+#: :func:`text_encodings`) and the randomized rows of :data:`FULL_RANDOMIZED`; "gpu" is the
+#: papers' setting on one GPU (L = 512, 25.5M parameters, evaluation to 16L, non-overlapping
+#: and sliding windows of stride L; about 10 minutes per encoding on one H100, see
+#: :func:`train_flops` and docs/results.md), run with ``--device cuda``.
+PRESETS: dict[str, dict] = {
+    "quick": dict(steps=300, num_layers=2, eval_factors=(1, 2, 4, 8), eval_tokens=16384),
+    "default": {},
+    "full": dict(encodings=None),
+    "gpu": dict(train_len=512, d_model=512, num_layers=8, num_heads=8, batch_size=64, steps=12000, lr=1e-3,
+                eval_factors=(1, 2, 4, 8, 16), eval_tokens=1 << 20, eval_stride=512),
+}
+
+#: The encodings that ``--preset full`` also trains with randomized positions (one row each,
+#: N = the longest evaluation length): RoPE, the encoding Ruoss et al. (2023) helped most.
+FULL_RANDOMIZED = ("rope",)
+
+
+def text_encodings() -> list[str]:
+    """The registered encodings whose positions are token indices (``position_axes`` 1): every
+    one but the multi-axis RoPEs (mrope, axial_rope), which on text, every axis equal, are
+    RoPE with another frequency order (M-RoPE exactly RoPE) and add no row of their own."""
+    sizes = LMConfig().encoding_sizes()
+    return [name for name in REGISTRY if create_for_model(name, **sizes).position_axes == 1]
+
+
+def train_flops(config: ExtrapolationConfig, parameters: int) -> float:
+    """Training FLOPs of one run: (6 N + 6 n_layers L d) per token times steps x batch x L
+    tokens, N the model's parameter count (``parameters``), L the training length, d the width:
+    6 N for the matrix products forward and backward (Kaplan et al. 2020, section 2.1), and
+    6 n_layers L d for causal attention's two products (PaLM's 12 n_layers L d, Chowdhery et
+    al. 2022, appendix B, halved by the causal mask)."""
+    model, train = config.model, config.train
+    per_token = 6 * parameters + 6 * model.num_layers * train.seq_len * model.d_model
+    return per_token * train.steps * train.batch_size * train.seq_len
+
+
+def preset_config(preset: str = "default", **overrides) -> ExtrapolationConfig:
+    """The preset's config with ``overrides`` (options of :meth:`ExtrapolationConfig.from_options`;
+    None values ignored) applied.
+
+    Raises:
+        ValueError: an unknown preset (the message lists them) or an invalid override.
+    """
+    if preset not in PRESETS:
+        raise InvalidArgument(f"preset must be one of {list(PRESETS)}, got {preset!r}")
+    values = dict(PRESETS[preset])
+    if "encodings" in values and values["encodings"] is None:
+        values["encodings"] = (*text_encodings(), *(name + RANDOMIZED_SUFFIX for name in FULL_RANDOMIZED))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return ExtrapolationConfig.from_options(**values)

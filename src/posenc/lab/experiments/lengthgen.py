@@ -1,0 +1,562 @@
+"""Length generalization on synthetic tasks: train on instances of size <= N, score exact match
+at N/2, N, 1.5N, 2N, 3N, 4N (``posenc lengthgen``).
+
+For each (task, encoding, seed): train the byte-level LM on instances of the task
+(:mod:`posenc.lab.experiments.tasks`) whose size is uniform in ``min_size .. N``, with the loss on
+the answer tokens only (the answer and its end marker; prompt tokens and padding are
+:data:`~posenc.lab.train.IGNORE_INDEX`); then, at each evaluation size, decode
+``eval_instances`` fresh instances greedily with the KV cache
+(:meth:`~posenc.lab.model.TransformerLM.generate`, one batch per size: all prompts of a size have
+one length) and count the instances whose whole answer is right
+(:func:`~posenc.lab.experiments.tasks.exact_match`). Every run is a record of a
+:class:`~posenc.lab.experiments.runs.RunStore` (row ``<task>-<encoding>``), so an interrupted
+sweep resumes and torchrun splits the runs, as ``posenc extrapolate`` does.
+
+``results.json`` (what :func:`run_lengthgen` returns)::
+
+    {"config": {...LengthgenConfig.to_dict(), "posenc_version",
+                "task_settings": {task: {"train_size", "steps", "eval_sizes", "size_unit"}}},
+     "results": {task: {row: {
+         "train_size": N, "size_unit": str, "parameters": int,
+         "eval": {"<size>": {"factor": size / N, "accuracy": mean exact match over seeds in [0, 1],
+                             "accuracy_std": spread over seeds (0 for one), "token_accuracy": mean
+                             share of answer bytes (and END) right at their place, "instances": per seed,
+                             "seeds": int, "by_depth": {"<depth>": accuracy} (passkey only)}},
+         "not_applicable": {"<size>": why},
+         "runs": {"<seed>": that seed's "eval"}}}},
+     "ranking": {"learned_at_n": {task: [rows]}, "2": {"per_task": {task: [{"row", "accuracy",
+                 "rank"}, ...]}, "mean_reciprocal_rank": {row: float}}, "4": {...}}}
+
+A row is an encoding, or ``<encoding>+rand`` for the same encoding trained with randomized
+positions (Ruoss et al. 2023). Accuracies are fractions of instances; sizes are counted in
+each task's unit (``size_unit``). Wall-clock times stay in the run records (``runs/*.json``:
+``train_seconds``, ``eval_seconds``) so that the same arguments give the same results.json.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import math
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from posenc import __version__
+from posenc._validation import check_device, check_positive_int
+from posenc.encodings import encoding_class
+from posenc.lab.model import LMConfig, TransformerLM
+from posenc.lab.train import IGNORE_INDEX, BatchSource, TrainConfig
+from posenc.lab.experiments.extrapolation_config import CORE_ENCODINGS, RANDOMIZED_SUFFIX
+from posenc.lab.experiments.lm import fold_flat_options, train_run
+from posenc.lab.experiments.runs import Reporter, RunStore
+from posenc.lab.experiments.tasks import DEPTHS, END, TASKS, Example, Passkey, Task, eval_examples, exact_match, get_task
+from posenc.errors import InvalidArgument, InvalidType
+
+#: The tasks of the default run.
+DEFAULT_TASKS = ("copy", "reverse", "addition", "flipflop", "passkey")
+
+#: Evaluation sizes as multiples of the training size N.
+EVAL_FACTORS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
+
+
+@dataclass(frozen=True)
+class TaskSetting:
+    """A task's defaults: its training size N and training steps."""
+
+    train_size: int
+    steps: int
+
+
+#: Each task's N and steps, sized so that some encoding learns it at N (accuracy >= 0.9)
+#: within the default run's budget (docs/results.md has the measurements). Learning these
+#: tasks is a sudden transition after a plateau (hundreds of steps), whose step varies from run
+#: to run: the steps leave a margin past where it came in our trials.
+TASK_SETTINGS: dict[str, TaskSetting] = {
+    "copy": TaskSetting(train_size=8, steps=1300),
+    "reverse": TaskSetting(train_size=8, steps=1300),
+    "sort": TaskSetting(train_size=8, steps=2000),
+    "addition": TaskSetting(train_size=3, steps=2500),
+    "flipflop": TaskSetting(train_size=16, steps=700),
+    "selective_copy": TaskSetting(train_size=8, steps=3000),
+    "passkey": TaskSetting(train_size=16, steps=1200),
+}
+
+
+@dataclass(frozen=True)
+class LengthgenConfig:
+    """Everything that determines the results of ``posenc lengthgen``.
+
+    Args:
+        tasks: task names (:data:`posenc.lab.experiments.tasks.TASKS`).
+        encodings: registered encoding names, one row each (per task).
+        model: the LM's sizes (default: d_model 64, 3 layers, 8 heads, MLP ratio 2: a third
+            layer is what addition's carry needed; the narrower MLP costs a third less with no
+            slower learning in our trials); its ``max_positions`` is not read: each task's
+            model gets a learned table as long as its longest evaluation sequence (or the
+            randomized range, if longer).
+        train: batch size, learning rate and schedule (default: 32 instances, lr 3e-3,
+            warm-up 5%, stable 60%, cosine to 10%: a rate that decays from the start postponed
+            the learning transition past the last step); its ``steps`` and ``seq_len`` are not
+            read (``steps`` and each task's sequences set them) nor its ``seed`` (``seeds``).
+        train_size: N for every task; None: each task's :data:`TASK_SETTINGS` value.
+        steps: training steps for every task; None: each task's :data:`TASK_SETTINGS` value.
+        eval_factors: evaluation sizes as multiples of N (size = factor * N rounded half up,
+            at least the task's smallest size; duplicates dropped).
+        eval_instances: fresh instances scored per size (the same ones for every encoding).
+        seeds: one run per (task, encoding, seed); accuracies are means over seeds.
+        device: a torch device string.
+        randomized_positions: None, or M: every encoding gets a second row ``<name>+rand``
+            trained with each sequence's positions a sorted random sample from [0, M) (Ruoss
+            et al. 2023; :class:`posenc.lab.train.TrainConfig`), evaluated at ordinary positions.
+            M must be >= every task's longest training sequence.
+
+    Raises:
+        TypeError: a field of the wrong type.
+        ValueError: any other bad value; the message names the field.
+    """
+
+    tasks: tuple[str, ...] = DEFAULT_TASKS
+    encodings: tuple[str, ...] = CORE_ENCODINGS
+    model: LMConfig = field(default_factory=lambda: LMConfig(d_model=64, num_layers=3, num_heads=8, mlp_ratio=2))
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(batch_size=32, lr=3e-3, stable_frac=0.6))
+    train_size: int | None = None
+    steps: int | None = None
+    eval_factors: tuple[float, ...] = EVAL_FACTORS
+    eval_instances: int = 200
+    seeds: tuple[int, ...] = (0,)
+    device: str = "cpu"
+    randomized_positions: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tasks", "encodings"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not isinstance(value, (tuple, list)):
+                raise InvalidType(f"{name} must be a sequence of names, got {value!r}")
+            if not value:
+                raise InvalidArgument(f"{name}: give at least one")
+            if len(set(value)) != len(value):
+                raise InvalidArgument(f"{name}: each name once, got {list(value)}")
+        for name in self.tasks:
+            get_task(name)  # unknown names raise, listing the tasks
+        for name in self.encodings:
+            encoding_class(name)  # unknown names raise, listing the encodings
+        if not isinstance(self.model, LMConfig):
+            raise InvalidType(f"model must be a posenc.lab.model.LMConfig, got {type(self.model).__name__}")
+        if not isinstance(self.train, TrainConfig):
+            raise InvalidType(f"train must be a posenc.lab.train.TrainConfig, got {type(self.train).__name__}")
+        if self.train_size is not None:
+            check_positive_int(self.train_size, "train_size")
+            for name in self.tasks:
+                if self.train_size < get_task(name).min_size:
+                    raise InvalidArgument(f"train_size={self.train_size} is below the smallest {name} instance ({get_task(name).min_size})")
+        if self.steps is not None:
+            check_positive_int(self.steps, "steps")
+        if not self.eval_factors or any(
+            isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0 for f in self.eval_factors
+        ):
+            raise InvalidArgument(f"eval_factors: give one or more numbers > 0 (multiples of N), got {self.eval_factors}")
+        check_positive_int(self.eval_instances, "eval_instances")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) \
+                or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
+            raise InvalidArgument(f"seeds: give one or more distinct integers >= 0, got {self.seeds}")
+        check_device(self.device)
+        if self.randomized_positions is not None:
+            option = "randomized_positions (--randomized-positions)"
+            check_positive_int(self.randomized_positions, option)
+            for name in self.tasks:
+                needed = self.train_sequence_length(name)
+                if self.randomized_positions < needed:
+                    raise InvalidArgument(f"{option}={self.randomized_positions} must be >= {needed}, the longest {name} training sequence")
+
+    @property
+    def rows(self) -> list[str]:
+        """The trained rows of each task, in table order: every encoding, then its ``+rand``
+        row when ``randomized_positions`` is set."""
+        randomized = [name + RANDOMIZED_SUFFIX for name in self.encodings] if self.randomized_positions else []
+        return [*self.encodings, *randomized]
+
+    def task_train_size(self, task: str) -> int:
+        """N of ``task``."""
+        return self.train_size if self.train_size is not None else TASK_SETTINGS[task].train_size
+
+    def task_steps(self, task: str) -> int:
+        """Training steps of ``task``."""
+        return self.steps if self.steps is not None else TASK_SETTINGS[task].steps
+
+    def eval_sizes(self, task: str) -> list[int]:
+        """The evaluation sizes of ``task``, ascending: factor * N rounded half up (1.5 x 3 is
+        5) for each factor, at least the task's smallest size."""
+        n, smallest = self.task_train_size(task), get_task(task).min_size
+        return sorted({max(smallest, math.floor(f * n + 0.5)) for f in self.eval_factors})
+
+    def train_sequence_length(self, task: str) -> int:
+        """Tokens of the longest training sequence of ``task`` (prompt + answer + END at N)."""
+        return get_task(task).sequence_length(self.task_train_size(task))
+
+    def model_config(self, task: str) -> LMConfig:
+        """The LM of ``task``'s runs: ``model`` with a learned table as long as the longest
+        evaluation sequence (or the randomized range, if longer)."""
+        longest = get_task(task).sequence_length(max(self.eval_sizes(task)))
+        return dataclasses.replace(self.model, max_positions=max(longest, self.randomized_positions or 0))
+
+    def row_run(self, task: str, row: str, seed: int) -> tuple[str, TrainConfig]:
+        """(encoding, training) of a row of ``task``: ``<name>+rand`` is ``name`` trained with
+        randomized positions."""
+        train = dataclasses.replace(
+            self.train, steps=self.task_steps(task), seq_len=self.train_sequence_length(task), seed=seed,
+        )
+        if row.endswith(RANDOMIZED_SUFFIX):
+            return row[: -len(RANDOMIZED_SUFFIX)], dataclasses.replace(train, randomized_positions=self.randomized_positions)
+        return row, train
+
+    def to_dict(self) -> dict:
+        """The config as written to results.json: every field, ``train`` without the fields it
+        does not read, and per task its N, steps and evaluation sizes."""
+        d = dataclasses.asdict(self)
+        for unread in ("seed", "steps", "seq_len"):
+            del d["train"][unread]
+        del d["model"]["max_positions"]
+        d["task_settings"] = {
+            task: {"train_size": self.task_train_size(task), "steps": self.task_steps(task),
+                   "eval_sizes": self.eval_sizes(task), "size_unit": get_task(task).size_unit}
+            for task in self.tasks
+        }
+        return d
+
+
+#: Named sizes (options of :func:`preset_config`): "default" is the issue's run (< 15 min on
+#: 2 cores), "quick" a smoke run (< 3 min), "full" every task on every registered encoding.
+PRESETS: dict[str, dict] = {
+    "quick": dict(encodings=("nope", "rope", "alibi"), tasks=("copy", "flipflop"), eval_instances=100),
+    "default": {},
+    "full": dict(encodings=None, tasks=tuple(TASKS)),
+}
+
+#: Flat options that override a field of ``model`` or ``train``.
+OPTIONS: dict[str, tuple[str, str]] = {
+    "batch_size": ("train", "batch_size"),
+    "lr": ("train", "lr"),
+    "d_model": ("model", "d_model"),
+    "num_layers": ("model", "num_layers"),
+    "num_heads": ("model", "num_heads"),
+}
+
+
+def preset_config(preset: str = "default", **overrides) -> LengthgenConfig:
+    """The preset's config with ``overrides`` applied (None values ignored): fields of
+    :class:`LengthgenConfig`, or the :data:`OPTIONS` names.
+
+    Raises:
+        ValueError: an unknown preset (the message lists them) or an invalid override.
+        TypeError: an unknown option.
+    """
+    from posenc.encodings import REGISTRY
+
+    if preset not in PRESETS:
+        raise InvalidArgument(f"preset must be one of {list(PRESETS)}, got {preset!r}")
+    values = dict(PRESETS[preset])
+    if "encodings" in values and values["encodings"] is None:
+        values["encodings"] = tuple(REGISTRY)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    defaults = LengthgenConfig()
+    return LengthgenConfig(**fold_flat_options(values, OPTIONS, {"model": defaults.model, "train": defaults.train}))
+
+
+def encode_training_batch(examples: Sequence[Example]) -> tuple[Tensor, Tensor]:
+    """Instances as a training batch: inputs and next-token targets, int64 (B, T), T = the
+    longest instance's prompt + answer + END, minus one. Rows are right-padded (with END; a
+    causal model never lets a real token see the padding); targets are
+    :data:`~posenc.lab.train.IGNORE_INDEX` except at the answer and END tokens."""
+    sequences = [list((e.prompt + e.target).encode("ascii")) for e in examples]
+    width = max(map(len, sequences)) - 1
+    inputs = torch.full((len(examples), width), ord(END), dtype=torch.long)
+    targets = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
+    for row, (example, sequence) in enumerate(zip(examples, sequences)):
+        inputs[row, : len(sequence) - 1] = torch.tensor(sequence[:-1])
+        start = len(example.prompt) - 1  # the target of the prompt's last token is the first answer byte
+        targets[row, start : len(sequence) - 1] = torch.tensor(sequence[start + 1 :])
+    return inputs, targets
+
+
+def task_batches(task: Task, train_size: int) -> BatchSource:
+    """A :data:`~posenc.lab.train.BatchSource` of training instances of ``task`` with sizes
+    uniform in ``min_size .. train_size``: each batch's instances come from a
+    :class:`random.Random` seeded by one draw of the training generator (so a resumed run
+    sees the same batches)."""
+
+    def make(batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        rng = random.Random(int(torch.randint(0, 2**62, (1,), generator=generator)))
+        return encode_training_batch([task.train_example(train_size, rng) for _ in range(batch_size)])
+
+    return make
+
+
+@torch.no_grad()
+def score(model: TransformerLM, examples: Sequence[Example]) -> dict:
+    """Greedy-decode every instance with the KV cache, in one batch, and score it.
+
+    Prompts of different lengths are left-padded (``padding_mask``); the decode runs
+    ``max len(answer) + 1`` steps. Returns ``accuracy`` (share of exact matches),
+    ``correct``, ``instances``, ``token_accuracy`` (share of target bytes right at their
+    place), ``outputs`` (each instance's decoded continuation, str) and, when the instances
+    have depths, ``by_depth`` ({depth as str: accuracy}).
+    """
+    device = next(model.parameters()).device
+    prompts = [list(e.prompt.encode("ascii")) for e in examples]
+    width = max(map(len, prompts))
+    tokens = torch.zeros(len(prompts), width, dtype=torch.long)
+    real = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for row, prompt in enumerate(prompts):
+        tokens[row, width - len(prompt):] = torch.tensor(prompt)
+        real[row, width - len(prompt):] = True
+    steps = max(len(e.target) for e in examples)
+    padding_mask = None if bool(real.all()) else real.to(device)
+    generated = model.generate(tokens.to(device), steps, padding_mask=padding_mask)[:, width:].cpu()
+    outputs = [bytes(row.tolist()).decode("latin-1") for row in generated]
+    hits = [exact_match(output, example) for output, example in zip(outputs, examples)]
+    token_hits = sum(sum(a == b for a, b in zip(output, example.target)) for output, example in zip(outputs, examples))
+    result = {
+        "accuracy": sum(hits) / len(hits), "correct": sum(hits), "instances": len(hits),
+        "token_accuracy": token_hits / sum(len(e.target) for e in examples), "outputs": outputs,
+    }
+    if examples[0].depth is not None:
+        by_depth: dict[str, list[bool]] = {}
+        for hit, example in zip(hits, examples):
+            by_depth.setdefault(f"{example.depth:g}", []).append(hit)
+        result["by_depth"] = {depth: sum(h) / len(h) for depth, h in by_depth.items()}
+    return result
+
+
+def row_name(task: str, row: str) -> str:
+    """The run store's row of (task, encoding row): ``<task>-<row>``."""
+    return f"{task}-{row}"
+
+
+def fingerprint(config: LengthgenConfig, task: str, row: str, seed: int) -> dict:
+    """What a run's result depends on; a stored run is reused only if this matches exactly."""
+    _, train = config.row_run(task, row, seed)
+    return {
+        "posenc_version": __version__, "task": task, "row": row, "seed": seed,
+        "train_size": config.task_train_size(task), "model": config.model_config(task).to_dict(),
+        "train": train.to_dict(), "eval_sizes": config.eval_sizes(task), "eval_instances": config.eval_instances,
+    }
+
+
+def train_and_evaluate(
+    config: LengthgenConfig, task_name: str, row: str, seed: int, store: RunStore, reporter: Reporter, expected: dict,
+) -> dict:
+    """Train and score one (task, row, seed); the body of its record."""
+    task = get_task(task_name)
+    torch.manual_seed(seed)
+    encoding, train = config.row_run(task_name, row, seed)
+    model = TransformerLM(config.model_config(task_name), encoding).to(config.device)
+    name = row_name(task_name, row)
+    training = train_run(model, task_batches(task, config.task_train_size(task_name)), train, store, name, seed,
+                         expected, reporter)
+    model.eval()
+    sizes = config.eval_sizes(task_name)
+    reporter.eval_started(name, seed, len(sizes))
+    started = time.perf_counter()
+    evals, not_applicable = {}, {}
+    for size in sizes:
+        needed = task.sequence_length(size) - 1  # the last target byte is never fed back
+        if model.max_positions is not None and needed > model.max_positions:
+            not_applicable[str(size)] = f"the encoding represents at most {model.max_positions} positions"
+        else:
+            result = score(model, eval_examples(task, size, config.eval_instances, seed))
+            example = eval_examples(task, size, 1, seed)[0]
+            result["example"] = {"prompt": example.prompt, "target": example.target, "output": result["outputs"][0]}
+            del result["outputs"]
+            evals[str(size)] = result
+        reporter.eval_advanced(1)
+    return {
+        "task": task_name, "encoding": row, "seed": seed, "train_size": config.task_train_size(task_name),
+        "parameters": model.num_parameters(), **training, "eval_seconds": round(time.perf_counter() - started, 3),
+        "eval": evals, "not_applicable": not_applicable,
+    }
+
+
+def aggregate(config: LengthgenConfig, records: Sequence[dict]) -> dict:
+    """results.json's ``results``: per task and row, the mean over seeds of each size's
+    accuracies, their spread, and each seed's cells (schema in the module docstring)."""
+    results: dict[str, dict] = {}
+    for task in config.tasks:
+        n = config.task_train_size(task)
+        results[task] = {}
+        for row in config.rows:
+            runs = [r for r in records if r["task"] == task and r["encoding"] == row]
+            evals = {}
+            for size in map(str, config.eval_sizes(task)):
+                cells = [r["eval"][size] for r in runs if size in r["eval"]]
+                if not cells:
+                    continue
+                accuracies = [c["accuracy"] for c in cells]
+                cell = {
+                    "factor": int(size) / n, "accuracy": statistics.fmean(accuracies),
+                    "accuracy_std": statistics.stdev(accuracies) if len(cells) > 1 else 0.0,
+                    "token_accuracy": statistics.fmean(c["token_accuracy"] for c in cells),
+                    "instances": cells[0]["instances"], "seeds": len(cells),
+                }
+                if "by_depth" in cells[0]:
+                    cell["by_depth"] = {d: statistics.fmean(c["by_depth"][d] for c in cells) for d in cells[0]["by_depth"]}
+                evals[size] = cell
+            results[task][row] = {
+                "train_size": n, "size_unit": get_task(task).size_unit, "parameters": runs[0]["parameters"],
+                "eval": evals, "not_applicable": {k: v for r in runs for k, v in r["not_applicable"].items()},
+                "runs": {str(r["seed"]): r["eval"] for r in runs},
+            }
+    return results
+
+
+#: The sizes, as multiples of N, that :func:`rankings` ranks the rows at.
+RANK_FACTORS = (2.0, 4.0)
+#: Accuracy at N from which a row counts as having learned a task (the issue's bar).
+LEARNED_ACCURACY = 0.9
+
+
+def fractional_ranks(scores: Sequence[float]) -> list[float]:
+    """1-based ranks of ``scores``, highest first; tied scores share the mean of their ranks
+    (two rows tied for first both rank 1.5)."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    ranks = [0.0] * len(scores)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and scores[order[end + 1]] == scores[order[start]]:
+            end += 1
+        for k in range(start, end + 1):
+            ranks[order[k]] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def _accuracy_at(result: dict, factor: float) -> float | None:
+    """A row's accuracy at size factor * N; 0 where the size was not applicable (the
+    encoding cannot represent it); None where no evaluation size has this factor."""
+    for size, cell in result["eval"].items():
+        if math.isclose(cell["factor"], factor):
+            return cell["accuracy"]
+    if any(math.isclose(int(size) / result["train_size"], factor) for size in result["not_applicable"]):
+        return 0.0
+    return None
+
+
+def rankings(results: dict, factors: Sequence[float] = RANK_FACTORS) -> dict:
+    """The rows ranked per task by accuracy at factor * N, and each row's mean reciprocal rank
+    over the tasks (the NoPE paper's summary statistic, Kazemnejad et al. 2023, section 4).
+
+    Returns ``{"learned_at_n": {task: [rows with accuracy >= LEARNED_ACCURACY at N]},
+    "<factor>": {"per_task": {task: [{"row", "accuracy", "rank"}, ...] best first},
+    "mean_reciprocal_rank": {row: float}}}`` (factor formatted ``%g``); ties share their mean
+    rank (:func:`fractional_ranks`). Rows that did not learn a task are ranked too, as the
+    paper does; ``learned_at_n`` says which ones did.
+    """
+    ranked: dict = {"learned_at_n": {
+        task: [row for row, res in rows.items() if (_accuracy_at(res, 1.0) or 0.0) >= LEARNED_ACCURACY]
+        for task, rows in results.items()
+    }}
+    for factor in factors:
+        per_task, reciprocal = {}, {}
+        for task, rows in results.items():
+            scored = [(row, _accuracy_at(res, factor)) for row, res in rows.items()]
+            scored = [(row, acc) for row, acc in scored if acc is not None]
+            if not scored:
+                continue
+            ranks = fractional_ranks([acc for _, acc in scored])
+            entries = sorted(({"row": row, "accuracy": acc, "rank": rank} for (row, acc), rank in zip(scored, ranks)),
+                             key=lambda e: e["rank"])
+            per_task[task] = entries
+            for entry in entries:
+                reciprocal.setdefault(entry["row"], []).append(1 / entry["rank"])
+        ranked[f"{factor:g}"] = {
+            "per_task": per_task,
+            "mean_reciprocal_rank": {row: statistics.fmean(r) for row, r in reciprocal.items()},
+        }
+    return ranked
+
+
+def _jobs(config: LengthgenConfig) -> dict[str, tuple[str, str]]:
+    """Every run store row of the sweep: ``<task>-<row>`` -> (task, row)."""
+    return {row_name(task, row): (task, row) for task in config.tasks for row in config.rows}
+
+
+def _compute_in_worker(config: LengthgenConfig, out: str, name: str, seed: int, expected: dict) -> dict:
+    """:func:`train_and_evaluate` of one run store row, for a worker process (module level, so
+    that it pickles; the worker reports no progress)."""
+    return train_and_evaluate(config, *_jobs(config)[name], seed, RunStore(out), Reporter(), expected)
+
+
+def run_lengthgen(config: LengthgenConfig, out: Path, reporter: Reporter | None = None, workers: int = 1) -> dict | None:
+    """Run (or resume) the sweep over tasks x rows x seeds; write results.json and
+    results.csv to ``out``; return the results dict (schema in the module docstring). Under
+    torchrun, rank 0 merges every rank's runs and returns the dict; the others return None.
+
+    ``workers`` > 1 trains that many runs at once, in separate processes
+    (:meth:`~posenc.lab.experiments.runs.RunStore.sweep`); the results do not depend on it.
+
+    Raises:
+        CheckpointMismatch: ``out`` holds runs made with other arguments, or corrupt ones.
+        ValueError: ``workers`` not a positive integer.
+    """
+    reporter = reporter or Reporter()
+    store = RunStore(out)
+    split = _jobs(config)
+    jobs = [(row_name(task, row), seed) for task in config.tasks for row in config.rows for seed in config.seeds]
+    if workers > 1:
+        compute = functools.partial(_compute_in_worker, config, str(out))
+    else:
+        def compute(name: str, seed: int, expected: dict) -> dict:
+            return train_and_evaluate(config, *split[name], seed, store, reporter, expected)
+    records = store.sweep(jobs, fingerprint=lambda name, seed: fingerprint(config, *split[name], seed),
+                          compute=compute, reporter=reporter, workers=workers)
+    if records is None:  # not rank 0
+        return None
+    results = aggregate(config, records)
+    summary = {"config": {**config.to_dict(), "posenc_version": __version__}, "results": results,
+               "ranking": rankings(results)}
+    store.write_json("results.json", summary)
+    write_csv(store.out / "results.csv", summary)
+    return summary
+
+
+#: The columns of results.csv, one row per (task, row, size).
+CSV_COLUMNS = ("task", "encoding", "train_size", "size", "factor", "accuracy", "accuracy_std", "token_accuracy",
+               "instances", "seeds")
+
+
+def write_csv(path: Path, summary: dict) -> None:
+    """results.csv: one row per (task, encoding row, evaluation size); accuracies in [0, 1]
+    (empty where the size is not applicable)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(CSV_COLUMNS)
+        for task, rows in summary["results"].items():
+            for row, res in rows.items():
+                for size in summary["config"]["task_settings"][task]["eval_sizes"]:
+                    cell = res["eval"].get(str(size))
+                    factor = size / res["train_size"]
+                    if cell is None:
+                        writer.writerow([task, row, res["train_size"], size, f"{factor:g}", "", "", "", "", 0])
+                        continue
+                    writer.writerow([
+                        task, row, res["train_size"], size, f"{factor:g}", f"{cell['accuracy']:.4f}",
+                        f"{cell['accuracy_std']:.4f}", f"{cell['token_accuracy']:.4f}", cell["instances"], cell["seeds"],
+                    ])
+    tmp.replace(path)
+
+
+__all__ = [
+    "DEFAULT_TASKS", "EVAL_FACTORS", "OPTIONS", "PRESETS", "TASK_SETTINGS", "LengthgenConfig", "TaskSetting",
+    "LEARNED_ACCURACY", "RANK_FACTORS",
+    "aggregate", "encode_training_batch", "fingerprint", "fractional_ranks", "preset_config", "rankings",
+    "run_lengthgen", "score", "task_batches", "train_and_evaluate", "write_csv",
+]

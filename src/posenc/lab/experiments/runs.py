@@ -1,0 +1,222 @@
+"""The run store every experiment writes to: one folder, one record per (row, seed), resume.
+
+Layout of an experiment's ``--out`` folder::
+
+    out/
+      runs/<row>-seed<seed>.json         a finished run's record (written atomically)
+      checkpoints/<row>-seed<seed>.pt    its training checkpoint (see posenc.lab.train.train_lm)
+      results.json, ...                  what the experiment merges from the records
+
+A *row* is whatever the experiment tabulates (an encoding, an encoding extended with a RoPE
+scaling, a task); the store knows nothing more of it than its name. Each record holds the
+``fingerprint`` of what its result depends on (arguments, corpus, posenc version); a stored
+record is reused only when that matches exactly, and a different one is refused, never
+silently overwritten, so one folder never mixes two settings. A run killed mid-way leaves
+either no record or a whole one (and a checkpoint to resume training from).
+
+:meth:`RunStore.sweep` spreads a list of runs over the ranks of a torchrun group
+(:mod:`posenc.lab.experiments.distributed`) and gives rank 0 every record once all are done; with
+``workers`` > 1 each rank also runs its share in that many local processes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posenc.lab.checkpoint import CheckpointMismatch, atomic_write_json, read_json
+from posenc.lab.experiments import distributed
+from posenc.errors import InvalidArgument
+
+#: Steps between training checkpoints. Not a user option (it changes no result); the
+#: environment variable ``POSENC_CHECKPOINT_EVERY`` overrides it so that the kill-and-resume
+#: test can land a SIGKILL between two checkpoints of a tiny run.
+CHECKPOINT_EVERY = 250
+
+
+def checkpoint_every() -> int:
+    """Steps between training checkpoints: ``POSENC_CHECKPOINT_EVERY`` if a positive integer, else 250."""
+    value = os.environ.get("POSENC_CHECKPOINT_EVERY", "")
+    return int(value) if value.strip().isdigit() and int(value) > 0 else CHECKPOINT_EVERY
+
+
+class Reporter:
+    """Progress callbacks of a sweep, per (row, seed); the default does nothing (the CLI
+    draws rich bars). ``record`` is the run's record as stored; ``skipped`` says it was
+    found finished in the store rather than computed."""
+
+    def run_started(self, row: str, seed: int, steps: int, resumed_step: int) -> None: ...
+    def train_step(self, step: int, loss: float) -> None: ...
+    def eval_started(self, row: str, seed: int, total_windows: int) -> None: ...
+    def eval_advanced(self, windows: int) -> None: ...
+    def run_finished(self, row: str, seed: int, record: dict, skipped: bool) -> None: ...
+
+
+class RunStore:
+    """The records and checkpoints of one experiment's output folder ``out``.
+
+    Args:
+        out: the folder (created on the first write); ``runs/`` and ``checkpoints/`` under it.
+    """
+
+    def __init__(self, out: str | os.PathLike) -> None:
+        self.out = Path(out)
+        self.runs = self.out / "runs"
+        self.checkpoints = self.out / "checkpoints"
+
+    def __repr__(self) -> str:
+        return f"RunStore({str(self.out)!r})"
+
+    def record_path(self, row: str, seed: int) -> Path:
+        """Where the finished record of (row, seed) lives: ``runs/<row>-seed<seed>.json``."""
+        return self.runs / f"{row}-seed{seed}.json"
+
+    def checkpoint_path(self, row: str, seed: int) -> Path:
+        """Where the training checkpoint of (row, seed) lives: ``checkpoints/<row>-seed<seed>.pt``."""
+        return self.checkpoints / f"{row}-seed{seed}.pt"
+
+    def stored(self, row: str, seed: int, fingerprint: dict) -> dict | None:
+        """The finished record of (row, seed), or None if there is none yet.
+
+        Raises:
+            CheckpointMismatch: the record is corrupt, or its fingerprint differs from
+                ``fingerprint`` (other arguments or another posenc version).
+        """
+        path = self.record_path(row, seed)
+        if not path.exists():
+            return None
+        record = read_json(path)
+        if record.get("fingerprint") != fingerprint:
+            raise CheckpointMismatch(
+                f"--out: {path} holds a run with other arguments or another posenc version; "
+                "use another --out folder or delete it"
+            )
+        return record
+
+    def write(self, row: str, seed: int, record: dict) -> None:
+        """Store ``record`` (which must hold its ``fingerprint``) for (row, seed), atomically."""
+        if "fingerprint" not in record:
+            raise InvalidArgument(f"record of {row}-seed{seed}: a stored record must hold its fingerprint")
+        atomic_write_json(self.record_path(row, seed), record)
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        """Write ``obj`` as ``out/name`` atomically (the experiment's merged results); returns the path."""
+        path = self.out / name
+        atomic_write_json(path, obj)
+        return path
+
+    def run(
+        self, row: str, seed: int, fingerprint: dict, compute: Callable[[], dict], reporter: Reporter | None = None
+    ) -> dict:
+        """The record of (row, seed): the stored one, or ``{"fingerprint": fingerprint, **compute()}``
+        computed now and stored. ``reporter.run_finished`` is told either way.
+
+        Raises:
+            CheckpointMismatch: a stored record from other arguments (see :meth:`stored`).
+        """
+        reporter = reporter or Reporter()
+        record = self.stored(row, seed, fingerprint)
+        if record is not None:
+            reporter.run_finished(row, seed, record, skipped=True)
+            return record
+        record = {"fingerprint": fingerprint, **compute()}
+        self.write(row, seed, record)
+        reporter.run_finished(row, seed, record, skipped=False)
+        return record
+
+    def sweep(
+        self,
+        jobs: Sequence[tuple[str, int]],
+        fingerprint: Callable[[str, int], dict],
+        compute: Callable[[str, int, dict], dict],
+        reporter: Reporter | None = None,
+        workers: int = 1,
+    ) -> list[dict] | None:
+        """Run (or resume) every (row, seed) of ``jobs`` through :meth:`run`, split across the
+        ranks of a torchrun group; ``compute(row, seed, fingerprint)`` makes a record's body.
+
+        ``workers`` > 1: this rank's unfinished runs go to that many spawned processes, each
+        with ``torch.get_num_threads() // workers`` threads (at least one). Small models gain
+        nothing from a second intra-op thread, so on a CPU this is how a sweep of small runs uses
+        every core. ``compute`` is then pickled: a module-level function, or a
+        ``functools.partial`` of one, whose arguments pickle. Records are written here, in
+        this process, as each run finishes; ``reporter`` hears only ``run_finished`` (the
+        workers' steps are not relayed). A failed run stops the runs not yet started, lets the
+        running ones finish (their records are kept), then raises its error.
+
+        Returns:
+            On rank 0 (the only rank without torchrun) every job's record, in ``jobs``
+            order, once every rank has finished its share; None on the other ranks.
+
+        Raises:
+            CheckpointMismatch: a stored record from other arguments.
+            RuntimeError: a record is missing after every rank finished.
+            ValueError: ``workers`` not a positive integer.
+        """
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise InvalidArgument(f"workers must be an integer >= 1, got {workers!r}")
+        shard = distributed.current()
+        share = shard.take(jobs)
+        if workers > 1:
+            mine = self._run_in_workers(share, fingerprint, compute, reporter or Reporter(), workers)
+        else:
+            mine = {}
+            for row, seed in share:
+                expected = fingerprint(row, seed)
+                mine[row, seed] = self.run(row, seed, expected, lambda: compute(row, seed, expected), reporter)
+        # the slowest rank sets the pace: records of the other ranks exist only after this
+        distributed.barrier()
+        if not shard.is_main:
+            return None
+        records = [mine[job] if job in mine else self.stored(*job, fingerprint(*job)) for job in jobs]
+        missing = [self.record_path(*job).stem for job, record in zip(jobs, records) if record is None]
+        if missing:
+            raise RuntimeError(f"runs missing after every rank finished: {missing}")
+        return records
+
+    def _run_in_workers(
+        self, share: Sequence[tuple[str, int]], fingerprint: Callable[[str, int], dict],
+        compute: Callable[[str, int, dict], dict], reporter: Reporter, workers: int,
+    ) -> dict:
+        """:meth:`sweep`'s share of runs, the unfinished ones in ``workers`` spawned processes."""
+        done, pending = {}, []
+        for row, seed in share:
+            expected = fingerprint(row, seed)
+            record = self.stored(row, seed, expected)
+            if record is None:
+                pending.append((row, seed, expected))
+            else:
+                reporter.run_finished(row, seed, record, skipped=True)
+                done[row, seed] = record
+        if not pending:
+            return done
+        threads = max(1, torch.get_num_threads() // workers)
+        # spawn, not fork: the parent may hold torch's thread pools and a progress display's thread
+        with ProcessPoolExecutor(min(workers, len(pending)), mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=torch.set_num_threads, initargs=(threads,)) as pool:
+            running = {pool.submit(compute, row, seed, expected): (row, seed, expected) for row, seed, expected in pending}
+            error = None
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    row, seed, expected = running.pop(future)
+                    if future.cancelled():
+                        continue
+                    if future.exception() is not None:
+                        error = error or future.exception()
+                        for other in running:
+                            other.cancel()
+                        continue
+                    record = {"fingerprint": expected, **future.result()}
+                    self.write(row, seed, record)
+                    reporter.run_finished(row, seed, record, skipped=False)
+                    done[row, seed] = record
+        if error is not None:
+            raise error
+        return done

@@ -1,0 +1,358 @@
+"""A small decoder-only language model whose positional encoding is a constructor argument.
+
+Pre-LN GPT-style blocks (Radford et al. 2019): x + attn(LN(x)), x + mlp(LN(x)), a final LN
+and an untied output head over a byte vocabulary. The encoding enters only through its hooks:
+``embed`` at the input, and ``rotate`` / ``score_bias`` / ``content`` inside
+:func:`posenc.attention`. The model never looks at the encoding's name. Layer ``i`` uses
+``encoding.for_layer(i)``: one instance for every layer by default (T5 shares its bias table
+across layers the same way), a per-layer schedule for iRoPE.
+
+Shapes: B batch, T tokens, Tk keys (cached + new), d d_model, H heads, D = d / H.
+
+Positions are explicit (DESIGN.md): ``forward(tokens, positions, mask=..., cache=...)`` runs a
+full pass, a left-padded batch, packed documents or one decoding step through the same code.
+Around the model: :mod:`posenc.masks` builds positions and masks for padded and packed
+batches, :mod:`posenc.lab.generation` holds the KV cache and the decoding loop, and
+:mod:`posenc.lab.checkpoint` owns the checkpoint format. Their public names are re-exported here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posenc.lab import checkpoint
+from posenc.attention import BACKENDS, attention
+from posenc.encodings.base import PositionalEncoding
+from posenc.lab.generation import KVCache, generate
+from posenc.masks import document_mask, key_padding_mask, positions_from_document_ids, positions_from_padding_mask
+from posenc._validation import check_positions, check_positive_int
+from posenc.errors import InvalidArgument, InvalidType
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """Sizes of :class:`TransformerLM`. ``max_positions`` sizes tables that need one (the
+    learned absolute encoding); other encodings ignore it. ``num_kv_heads``: the key-value
+    heads, dividing ``num_heads`` (grouped-query attention, Ainslie et al. 2023; 1 is
+    multi-query); None (default) means ``num_heads``, plain multi-head attention.
+
+    Raises:
+        ValueError: a size not an integer >= 1, d_model not divisible by num_heads,
+            num_kv_heads not dividing num_heads, or an unknown backend.
+    """
+
+    vocab_size: int = 256
+    d_model: int = 64
+    num_layers: int = 4
+    num_heads: int = 4
+    mlp_ratio: int = 4
+    max_positions: int = 1024
+    backend: str = "auto"
+    num_kv_heads: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_ratio", "max_positions"):
+            check_positive_int(getattr(self, name), name)
+        if self.d_model % self.num_heads:
+            raise InvalidArgument(f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}")
+        if self.num_kv_heads is not None:
+            check_positive_int(self.num_kv_heads, "num_kv_heads")
+            if self.num_heads % self.num_kv_heads:
+                raise InvalidArgument(f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
+        if self.backend not in BACKENDS:
+            raise InvalidArgument(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """The key-value heads: ``num_kv_heads``, or ``num_heads`` when it is None."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    def encoding_sizes(self) -> dict:
+        """The keyword arguments :func:`posenc.create_for_model` takes for this model."""
+        return dict(d_model=self.d_model, num_heads=self.num_heads, head_dim=self.head_dim,
+                    max_positions=self.max_positions, causal=True, num_layers=self.num_layers)
+
+    def to_dict(self) -> dict:
+        """The fields as plain data; ``num_kv_heads`` only when set, so that a config written
+        before it existed (a run's fingerprint, a checkpoint) reads the same."""
+        fields = asdict(self)
+        if fields["num_kv_heads"] is None:
+            del fields["num_kv_heads"]
+        return fields
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.backend = config.num_heads, config.kv_heads, config.backend
+        self.head_dim = config.head_dim
+        self.qkv = nn.Linear(config.d_model, (config.num_heads + 2 * config.kv_heads) * config.head_dim, bias=False)
+        self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
+
+    def forward(
+        self, x: Tensor, q_positions: Tensor | None, k_positions: Tensor | None, encoding: PositionalEncoding,
+        mask: Tensor | None = None, past: tuple[Tensor, ...] | None = None,
+    ) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """x (B, T, d) -> (output (B, T, d), per-key tensors of past and new tokens: keys and
+        values (B, H_kv, Tk, D), then the ``gate`` hook's values (B, H, Tk) for an encoding
+        with it); the keys are returned unrotated, for a cache (why: :mod:`posenc.lab.generation`).
+        Positions None: :func:`posenc.attention`'s defaults (the row indices)."""
+        batch, length, width = x.shape
+        q, k, v = self.qkv(x).split([self.num_heads * self.head_dim, *[self.num_kv_heads * self.head_dim] * 2], dim=-1)
+        q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, H_kv, T, D)
+        v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        # Everything kept per key has its token axis at dim 2: k, v (B, H_kv, T, D), and the gate
+        # hook's values (B, H, T) (FoX's log forget gate), read from this layer's input x.
+        per_key = (k, v, encoding.gate(x)) if "gate" in encoding.hooks else (k, v)
+        if past is not None:
+            per_key = tuple(torch.cat((old, new), dim=2) for old, new in zip(past, per_key))
+        out = attention(
+            q, per_key[0], per_key[1], encoding, causal=True, q_positions=q_positions, k_positions=k_positions,
+            mask=mask, backend=self.backend, gates=per_key[2] if len(per_key) > 2 else None,
+        )
+        return self.proj(out.transpose(1, 2).reshape(batch, length, width)), per_key
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.d_model, config.mlp_ratio * config.d_model)
+        self.proj = nn.Linear(config.mlp_ratio * config.d_model, config.d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.ln_attn = nn.LayerNorm(config.d_model)
+        self.attn = CausalSelfAttention(config)
+        self.ln_mlp = nn.LayerNorm(config.d_model)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, x: Tensor, q_positions: Tensor, k_positions: Tensor, encoding: PositionalEncoding,
+        mask: Tensor | None = None, past: tuple[Tensor, ...] | None = None,
+    ) -> tuple[Tensor, tuple[Tensor, ...]]:
+        attended, present = self.attn(self.ln_attn(x), q_positions, k_positions, encoding, mask, past)
+        x = x + attended
+        return x + self.mlp(self.ln_mlp(x)), present
+
+
+class TransformerLM(nn.Module):
+    """Decoder-only LM: tokens (B, T) int64 -> logits (B, T, vocab_size) float32.
+
+    Args:
+        config: sizes (:class:`LMConfig`).
+        encoding: a :class:`~posenc.PositionalEncoding` instance, or a registered name built
+            with :func:`posenc.create_for_model` for these sizes.
+
+    The token embedding starts at unit variance per component, the scale of a sinusoidal
+    vector, so that an absolute encoding neither drowns the tokens nor is drowned by them.
+
+    Raises:
+        TypeError: config not an LMConfig, or encoding neither an encoding nor a name.
+        ValueError: an unknown encoding name (the message lists the available ones).
+    """
+
+    def __init__(self, config: LMConfig, encoding: PositionalEncoding | str) -> None:
+        super().__init__()
+        if not isinstance(config, LMConfig):
+            raise InvalidType(f"config must be a posenc.lab.model.LMConfig, got {type(config).__name__}")
+        # What the encoding was built from, for checkpoints; an instance given (or swapped in
+        # later) is described from its attributes instead, see encoding_spec().
+        self._encoding_spec = None
+        if isinstance(encoding, str):
+            self._encoding_spec = {"name": encoding, "kwargs": {}}
+            encoding = checkpoint.build_encoding(self._encoding_spec, **config.encoding_sizes())
+        if not isinstance(encoding, PositionalEncoding):
+            raise InvalidType(f"encoding must be a posenc.PositionalEncoding or a registered name, got {type(encoding).__name__}")
+        self.config = config
+        self.encoding = encoding
+        self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.ln_final = nn.LayerNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        nn.init.normal_(self.token_embedding.weight, std=1.0)
+
+    @property
+    def max_positions(self) -> int | None:
+        """Largest number of positions the encoding can represent (None: unbounded)."""
+        return self.encoding.max_positions
+
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """Logits of every input token.
+
+        Args:
+            tokens: (B, T) int64.
+            positions: integer (T,) or (B, T), the tokens' positions; default arange(T), or
+                after the cache's last position (:meth:`KVCache.next_positions`).
+            mask: boolean attention mask, True = may attend, (T, Tk), (B, T, Tk) or
+                (B, H, T, Tk) (B, H and T may be 1 to broadcast) where Tk = len(cache) + T;
+                combined with the causal mask. :func:`key_padding_mask` for padded rows,
+                :func:`document_mask` for packed ones.
+            cache: a :class:`KVCache`; the tokens attend to the cached ones and are appended.
+
+        Returns:
+            logits (B, T, vocab_size) float32.
+
+        Raises:
+            ValueError / TypeError: bad shapes or dtypes of tokens, positions or mask;
+                positions past a learned table. Checks that read values (tokens in the
+                vocabulary, positions >= 0 or within a learned table) run in eager calls only:
+                under ``torch.compile`` (``torch.compiler.is_compiling()``) they are skipped so
+                that the forward is one graph; validate such inputs before the compiled call.
+        """
+        if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype.is_complex \
+                or tokens.dtype == torch.bool:
+            raise InvalidType(f"tokens must be an integer tensor, got {getattr(tokens, 'dtype', type(tokens).__name__)}")
+        if tokens.dim() != 2:
+            raise InvalidArgument(f"tokens must have shape (B, T), got {tuple(tokens.shape)}")
+        # The range check reads the tokens (a device sync, a graph break): eager calls only.
+        if tokens.numel() and not torch.compiler.is_compiling() and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.config.vocab_size:
+            bad = int(tokens.max()) if int(tokens.max()) >= self.config.vocab_size else int(tokens.min())
+            raise InvalidArgument(f"tokens must be in [0, {self.config.vocab_size}), got {bad}")
+        if cache is not None and not isinstance(cache, KVCache):
+            raise InvalidType(f"cache must be a posenc.lab.model.KVCache or None, got {type(cache).__name__}")
+        batch, length = tokens.shape
+        # the attention is told "default positions" (None) when they are: a kernel that reads
+        # row indices (FlashAttention-2's ALiBi) may then serve it without checking them
+        default_positions = positions is None and cache is None
+        if positions is None:
+            positions = cache.next_positions(length, tokens.device) if cache is not None else torch.arange(length, device=tokens.device)
+        else:
+            check_positions(positions[..., :0] if torch.compiler.is_compiling() else positions)
+        k_positions = cache.key_positions(positions, batch) if cache is not None else positions
+        attention_positions = (None, None) if default_positions else (positions, k_positions)
+        x = self.token_embedding(tokens)
+        if "embed" in self.encoding.hooks:
+            x = self.encoding.embed(x, positions)
+        presents = []
+        for layer, block in enumerate(self.blocks):
+            x, present = block(x, *attention_positions, self.encoding.for_layer(layer), mask,
+                               cache.past(layer) if cache is not None else None)
+            presents.append(present)
+        if cache is not None:
+            cache.update(presents, k_positions)
+        return self.head(self.ln_final(x)).float()
+
+    def generate(
+        self,
+        tokens: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+        padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Continue ``tokens`` by ``max_new_tokens`` tokens, one at a time with a :class:`KVCache`
+        (without one if ``encoding.call_invariant`` is False: each step then re-runs the whole
+        sequence, O(T) times the cost, to stay exact). Runs under ``torch.no_grad()``; the loop
+        is :func:`posenc.lab.generation.generate`.
+
+        Greedy (argmax, the first maximum on ties) when ``temperature`` and ``top_k`` are both
+        None; otherwise samples from softmax(logits / temperature) (temperature 1.0 if only
+        top_k is given) restricted to the ``top_k`` most likely tokens (tokens tied with the
+        k-th are kept, as Hugging Face's ``TopKLogitsWarper`` does; top_k >= vocab_size keeps
+        all). Sampling draws with ``generator``, so a seeded generator reproduces a run.
+
+        Args:
+            tokens: (B, T) int64 prompt, T >= 1.
+            max_new_tokens: N >= 1.
+            temperature: > 0, or None (greedy unless top_k is given).
+            top_k: >= 1, or None.
+            generator: a ``torch.Generator`` on the model's device for sampling.
+            padding_mask: (B, T) bool or 0/1 for a left-padded batch (1 = real token; Hugging
+                Face's ``attention_mask``): positions from :func:`positions_from_padding_mask`,
+                pads hidden by :func:`key_padding_mask`, each row continued as if alone.
+
+        Returns:
+            (B, T + N) int64: the prompt followed by the new tokens.
+
+        Raises:
+            ValueError: a bad argument (named, with the allowed values); a row of padding only
+                or padding not on the left; positions past the encoding's ``max_positions``.
+            TypeError: tokens not an integer tensor, or generator not a torch.Generator.
+        """
+        return generate(self, tokens, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator,
+                        padding_mask=padding_mask)
+
+    def encoding_spec(self) -> dict:
+        """``{"name": registry name, "kwargs": plain options}`` that rebuild the current
+        encoding for this config (:func:`posenc.lab.checkpoint.encoding_spec`).
+
+        Raises:
+            ValueError: the encoding cannot be rebuilt from a registered name and plain options.
+        """
+        return checkpoint.encoding_spec(self.encoding, self._encoding_spec, **self.config.encoding_sizes())
+
+    def save(self, path: str | Path) -> None:
+        """Write a model checkpoint (config, encoding spec, weights) that
+        :meth:`from_checkpoint` reads; the format is :mod:`posenc.lab.checkpoint`'s.
+
+        Raises:
+            ValueError: the encoding cannot be rebuilt (see :meth:`encoding_spec`).
+        """
+        checkpoint.save(Path(path), self.state_dict(), config=self.config.to_dict(), encoding=self.encoding_spec())
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, map_location: str | torch.device = "cpu") -> TransformerLM:
+        """Rebuild a model from a posenc checkpoint: one written by :meth:`save`, or a training
+        checkpoint such as ``posenc extrapolate`` writes to ``OUT/checkpoints/<encoding>-seed<seed>.pt``
+        (:mod:`posenc.lab.checkpoint` describes the format). Loaded with ``weights_only=True`` (no
+        code runs from the file); returned in eval mode.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: unreadable, missing keys, or weights that do not fit the config.
+        """
+        config, spec, weights = checkpoint.read_model(path, map_location)
+        try:
+            config = LMConfig(**config)
+            encoding = checkpoint.build_encoding(spec, **config.encoding_sizes())
+        except TypeError as err:
+            raise InvalidArgument(f"checkpoint: {path}: its config or encoding is not one this posenc builds ({err})") from err
+        model = cls(config, encoding)
+        model._encoding_spec = spec
+        try:
+            model.load_state_dict(weights)
+        except RuntimeError as err:
+            detail = " ".join(str(err).split())  # one line
+            raise InvalidArgument(f"checkpoint: {path}: the weights do not fit its model config ({detail})") from err
+        return model.eval()
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+__all__ = [
+    "LMConfig", "CausalSelfAttention", "MLP", "Block", "TransformerLM", "KVCache",
+    "positions_from_padding_mask", "key_padding_mask", "positions_from_document_ids", "document_mask",
+]
