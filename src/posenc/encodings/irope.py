@@ -49,7 +49,6 @@ from torch import Tensor
 from posenc.encodings.base import PositionalEncoding
 from posenc.encodings.nope import NoPE
 from posenc._validation import check_bool, check_number, check_positive_int
-from posenc.encodings.rope_interop import read_hf_config
 from posenc.encodings.rope.rotary import RoPE
 from posenc.errors import InvalidArgument
 
@@ -303,9 +302,14 @@ class IRoPE(PositionalEncoding):
         the interval's schedule, as transformers reads it.
 
         Raises:
-            TypeError: config not a dict. KeyError, ValueError: as :func:`read_hf_config` and
-                the constructor; a partial_rotary_factor (Llama 4 rotates the whole head).
+            TypeError: config not a dict. KeyError, ValueError: as
+                :func:`posenc.hf_config.rope.read_hf_config` and the constructor; a
+                partial_rotary_factor (Llama 4 rotates the whole head).
         """
+        # a call up to the config module, which knows how configs spell RoPE; imported here so
+        # that encodings never need it to load
+        from posenc.hf_config.rope import read_hf_config
+
         rope, _ = read_hf_config(config)
         if rope["partial_rotary_factor"] is not None:
             raise InvalidArgument(f"config: partial_rotary_factor={rope['partial_rotary_factor']}; iRoPE rotates the whole head")
