@@ -81,3 +81,31 @@ def test_head_dim_and_rope_parameters_of_a_config():
     params = {"rope_type": "default", "rope_theta": 1e6}
     copy = rope_parameters_of({"rope_parameters": params})
     assert copy == params and copy is not params
+
+
+def _imported_modules(path, *, top_level_only):
+    """The modules a source file imports (absolute imports; posenc's are all absolute)."""
+    import ast
+
+    tree = ast.parse(path.read_text("utf-8"))
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+
+
+def test_layering_of_the_config_module():
+    """DESIGN.md: hf_config imports encodings, never transformers nor the lab (anywhere in a
+    file); encodings never import hf_config at module level (they load without it)."""
+    from pathlib import Path
+
+    root = Path(posenc.__file__).parent
+    for path in sorted((root / "hf_config").glob("*.py")):
+        bad = [m for m in _imported_modules(path, top_level_only=False)
+               if m.split(".")[0] == "transformers" or m.startswith(("posenc.lab", "posenc.integrations"))]
+        assert not bad, f"{path.name} imports {bad}"
+    for path in sorted((root / "encodings").rglob("*.py")):
+        bad = [m for m in _imported_modules(path, top_level_only=True) if m.startswith("posenc.hf_config")]
+        assert not bad, f"{path.relative_to(root)} imports {bad} at module level"

@@ -306,8 +306,9 @@ class IRoPE(PositionalEncoding):
                 :func:`posenc.hf_config.rope.read_hf_config` and the constructor; a
                 partial_rotary_factor (Llama 4 rotates the whole head).
         """
-        # a call up to the config module, which knows how configs spell RoPE; imported here so
-        # that encodings never need it to load
+        # One of the two calls from an encoding up to the config module (RoPE.to_hf_dict is the
+        # other): how a config spells RoPE is its knowledge; imported here, not at the top, so
+        # that encodings load without it.
         from posenc.hf_config.rope import read_hf_config
 
         rope, _ = read_hf_config(config)

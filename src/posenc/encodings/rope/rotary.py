@@ -350,8 +350,9 @@ class RoPE(PositionalEncoding):
         them back in the config's own spelling (v4 or v5), so the round trip is the identity;
         see :func:`~posenc.hf_config.rope.write_hf_config`.
         """
-        # The one call from an encoding up to the config module: how a config spells RoPE is
-        # that module's knowledge; imported here, not at the top, so that encodings never need it.
+        # One of the two calls from an encoding up to the config module (IRoPE.from_hf_config is
+        # the other): how a config spells RoPE is its knowledge; imported here, not at the top,
+        # so that encodings load without it.
         from posenc.hf_config.rope import write_hf_config
 
         return write_hf_config(
