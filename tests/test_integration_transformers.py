@@ -197,3 +197,11 @@ def test_packed_rows_equal_their_documents_alone(name):
         alone = [model(first).logits, model(second).logits]
     assert (logits[:, :7] - alone[0]).abs().max() < 1e-5
     assert (logits[:, 7:] - alone[1]).abs().max() < 1e-5
+
+
+def test_extend_context_leaves_the_config_as_it_was_when_it_refuses():
+    model = build()
+    before = model.config.to_dict()
+    with pytest.raises(ValueError, match="beta_fast"):
+        extend_context(model, "yarn", 4.0, beta_fast=-1.0)
+    assert model.config.to_dict() == before

@@ -202,13 +202,13 @@ def test_hf_layout_and_max_position_embeddings_are_constructor_arguments():
 
 def test_interop_names_keep_their_import_paths():
     import posenc.lab.plots
-    from posenc.encodings import rope_interop
-    from posenc.encodings.rope import rotary
+    from posenc.hf_config import encoding, rope
 
-    for name in ("HF_ROPE_FIELDS", "read_hf_config", "write_hf_config", "inspect_config", "RopeInspection"):
-        assert getattr(rope_interop, name) is getattr(posenc.rope, name)
+    for name in ("HF_ROPE_FIELDS", "read_hf_config", "write_hf_config", "inspect_config", "RopeInspection",
+                 "extension_scaling", "EXTENSION_METHODS"):
+        assert getattr(rope, name) is getattr(posenc.rope, name)
     for name in ("from_hf_config", "to_hf_dict"):
-        assert getattr(posenc.rope, name) is getattr(rotary, name)
+        assert getattr(posenc.rope, name) is getattr(encoding, name)
     assert plot_rope_inspection is posenc.lab.plots.plot_rope_inspection
     with pytest.raises(AttributeError):
         posenc.rope.no_such_name  # noqa: B018

@@ -49,7 +49,6 @@ from torch import Tensor
 from posenc.encodings.base import PositionalEncoding
 from posenc.encodings.nope import NoPE
 from posenc._validation import check_bool, check_number, check_positive_int
-from posenc.encodings.rope_interop import read_hf_config
 from posenc.encodings.rope.rotary import RoPE
 from posenc.errors import InvalidArgument
 
@@ -303,9 +302,15 @@ class IRoPE(PositionalEncoding):
         the interval's schedule, as transformers reads it.
 
         Raises:
-            TypeError: config not a dict. KeyError, ValueError: as :func:`read_hf_config` and
-                the constructor; a partial_rotary_factor (Llama 4 rotates the whole head).
+            TypeError: config not a dict. KeyError, ValueError: as
+                :func:`posenc.hf_config.rope.read_hf_config` and the constructor; a
+                partial_rotary_factor (Llama 4 rotates the whole head).
         """
+        # One of the two calls from an encoding up to the config module (RoPE.to_hf_dict is the
+        # other): how a config spells RoPE is its knowledge; imported here, not at the top, so
+        # that encodings load without it.
+        from posenc.hf_config.rope import read_hf_config
+
         rope, _ = read_hf_config(config)
         if rope["partial_rotary_factor"] is not None:
             raise InvalidArgument(f"config: partial_rotary_factor={rope['partial_rotary_factor']}; iRoPE rotates the whole head")

@@ -42,10 +42,9 @@ import torch
 from torch import Tensor, nn
 
 from posenc.attention import attention
-from posenc.encodings import PositionalEncoding, RoPE, create_for_model, rope_frequencies
-from posenc.encodings.rope.scaling import rope_type_record
-from posenc.rope import extension_scaling, from_hf_config
+from posenc.encodings import PositionalEncoding, RoPE, create_for_model
 from posenc.errors import InvalidArgument, InvalidType
+from posenc.hf_config import extension_config, from_hf_config, head_dim_of
 
 __all__ = ["ATTN_IMPLEMENTATION", "use_encoding", "extend_context", "RotaryEmbedding", "IdentityRotaryEmbedding"]
 
@@ -115,7 +114,7 @@ def use_encoding(model: nn.Module, encoding: PositionalEncoding | str, **kwargs:
     """
     base = _base_model(model)
     config = model.config
-    head_dim = _head_dim(config)
+    head_dim = int(head_dim_of(config.to_dict()))
     if isinstance(encoding, str):
         encoding = create_for_model(
             encoding, d_model=config.hidden_size, num_heads=config.num_attention_heads, head_dim=head_dim,
@@ -158,20 +157,13 @@ def use_encoding(model: nn.Module, encoding: PositionalEncoding | str, **kwargs:
 def extend_context(model: nn.Module, rope_type: str, factor: float, **params: Any) -> nn.Module:
     """Apply a context-extension scaling to a loaded RoPE model, and write it into its config.
 
-    The scaling dict is :func:`posenc.rope.extension_scaling` ``(rope_type, factor, L0)`` with
-    ``params`` on top (e.g. ``beta_fast=16`` for yarn), L0 the config's
-    ``max_position_embeddings`` (or ``original_max_position_embeddings=`` in ``params``). The
-    config gets the equivalent Hugging Face ``rope_parameters``, so that ``save_pretrained`` then
-    a plain ``from_pretrained`` (no posenc) computes the same logits:
-
-    - linear, yarn, llama3: ``{"rope_type": ..., "factor": s, ...}``; ``max_position_embeddings``
-      becomes round(s * L0) (yarn and llama3 keep L0 as ``original_max_position_embeddings``);
-    - dynamic: ``{"rope_type": "dynamic", "factor": s}``; ``max_position_embeddings`` stays L0,
-      which is where transformers reads dynamic NTK's original context from;
-    - ntk (static NTK-aware, no transformers rope_type): the equivalent plain RoPE with
-      ``rope_theta`` = theta * s^(d/(d-2)).
-
-    The model's rotary embedding then becomes posenc's RoPE of the new config.
+    The config gets the fields of :func:`posenc.hf_config.extension_config` (the scaling
+    :func:`posenc.rope.extension_scaling` ``(rope_type, factor, L0)`` with ``params`` on top,
+    e.g. ``beta_fast=16`` for yarn, L0 the config's ``max_position_embeddings`` or
+    ``original_max_position_embeddings=`` in ``params``, in Hugging Face's ``rope_parameters``
+    spelling, ``max_position_embeddings`` extended where transformers does not read L0 from
+    it), so that ``save_pretrained`` then a plain ``from_pretrained`` (no posenc) computes the
+    same logits. The model's rotary embedding then becomes posenc's RoPE of the new config.
 
     Args:
         model: a transformers decoder with the default rope_type (see :func:`use_encoding`).
@@ -179,45 +171,16 @@ def extend_context(model: nn.Module, rope_type: str, factor: float, **params: An
         factor: s >= 1.
 
     Returns:
-        ``model``, changed in place.
+        ``model``, changed in place (its config too; left as it was when an error is raised).
 
     Raises:
         ValueError: the model's RoPE is already scaled, an unknown rope_type, s < 1, or a bad
             parameter (named, as :func:`posenc.rope_frequencies` raises).
     """
     config = model.config
-    current = from_hf_config(config.to_dict())
-    if current.scaling is not None:
-        raise InvalidArgument(f"model: its RoPE is already scaled ({current.scaling.get('rope_type')}); extend a model with the default rope_type")
-    params = dict(params)
-    original = int(params.pop("original_max_position_embeddings", None) or config.max_position_embeddings)
-    scaling = extension_scaling(rope_type, factor, original)  # validates rope_type and factor
-    if scaling is None:  # factor 1: the model is left as it was trained
-        return use_encoding(model, current)
-    scaling.update(params)
-    config.rope_parameters = _hf_rope_parameters(scaling, dict(_rope_parameters(config)), current, config, original)
-    return use_encoding(model, from_hf_config(config.to_dict()))  # the reader validates the new dict
-
-
-def _hf_rope_parameters(scaling: dict, rope_parameters: dict, current: RoPE, config: Any, original: int) -> dict:
-    """The scaling in Hugging Face's spelling, written over the config's ``rope_parameters``;
-    ``max_position_embeddings`` is set to the extended context where Hugging Face does not read
-    the original one from it."""
-    record = rope_type_record(scaling)
-    if record.hf_equivalent is not None:
-        rope_frequencies(current.rotary_dim, base=current.base, scaling=scaling)  # refuse bad values first
-        theta, scaling = record.hf_equivalent(scaling, current.base, current.rotary_dim)
-        rope_parameters.update(rope_type="default", rope_theta=theta)
-        if scaling is None:
-            return rope_parameters
-        record = rope_type_record(scaling)
-    if record.needs_context and not record.hf_top_level_context:
-        # dynamic NTK: Hugging Face takes L0 from max_position_embeddings, so that stays L0
-        scaling.pop("original_max_position_embeddings", None)
-    else:
-        config.max_position_embeddings = int(round(original * float(scaling["factor"])))
-    rope_parameters.update(scaling)
-    return rope_parameters
+    for key, value in extension_config(config.to_dict(), rope_type, factor, **params).items():
+        setattr(config, key, value)
+    return use_encoding(model, from_hf_config(config.to_dict()))
 
 
 # -- the attention function ----------------------------------------------------------------
@@ -296,11 +259,6 @@ def _base_model(model: nn.Module) -> nn.Module:
     return base
 
 
-def _head_dim(config: Any) -> int:
-    head_dim = getattr(config, "head_dim", None)
-    return int(head_dim) if head_dim else config.hidden_size // config.num_attention_heads
-
-
 def _rotary_dim(rotary: nn.Module, head_dim: int) -> int:
     inv_freq = getattr(rotary, "inv_freq", None)
     return 2 * inv_freq.numel() if isinstance(inv_freq, Tensor) else head_dim
@@ -309,13 +267,6 @@ def _rotary_dim(rotary: nn.Module, head_dim: int) -> int:
 def _is_plain_rotary(encoding: PositionalEncoding) -> bool:
     """A rotation by cos/sin tables shared by q and k, in transformers' half-split layout."""
     return isinstance(encoding, RoPE) and type(encoding).rotate is RoPE.rotate and not encoding.interleaved
-
-
-def _rope_parameters(config: Any) -> dict[str, Any]:
-    params = getattr(config, "rope_parameters", None)
-    if isinstance(params, dict) and params:
-        return params
-    return {"rope_type": "default", "rope_theta": getattr(config, "rope_theta", 10000.0)}
 
 
 def _restore(model: nn.Module, base: nn.Module) -> None:

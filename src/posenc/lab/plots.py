@@ -44,7 +44,7 @@ from posenc.encodings import create_for_model
 from posenc.encodings.base import PositionalEncoding
 
 if TYPE_CHECKING:
-    from posenc.encodings.rope_interop import RopeInspection
+    from posenc.hf_config.rope import RopeInspection
 
 #: The model size the figures use unless ``plot_encoding`` is given others.
 FIGURE_SIZES = {"d_model": 64, "num_heads": 8, "head_dim": 32, "max_positions": 256}

@@ -26,9 +26,8 @@ from posenc.encodings.base import PositionalEncoding
 from posenc import kernels as _kernels
 from posenc._validation import check_bool, check_even, check_number, is_real_number
 from posenc.kernels.rotary_torch import _full_width, apply_rotary
-from posenc.encodings.rope_interop import read_hf_config, write_hf_config
 from posenc.encodings.rope.scaling import compute_rope_parameters, rope_type_record
-from posenc.errors import InvalidArgument, InvalidType
+from posenc.errors import InvalidArgument
 
 def rope_frequencies(
     head_dim: int,
@@ -111,7 +110,7 @@ class RoPE(PositionalEncoding):
               (it caches rotated keys); a Hugging Face prefill longer than L0 uses the
               prefill's length for all its tokens instead.
         hf_layout: how a Hugging Face config.json spelled these fields (the layout of
-            :func:`~posenc.encodings.rope_interop.read_hf_config`); :meth:`to_hf_dict`
+            :func:`~posenc.hf_config.rope.read_hf_config`); :meth:`to_hf_dict`
             writes them back in that spelling. None (default): the plain spelling.
             Set by :func:`posenc.rope.from_hf_config`.
         max_position_embeddings: the config's context length, or None; informational
@@ -349,8 +348,12 @@ class RoPE(PositionalEncoding):
 
         An encoding built by :func:`posenc.rope.from_hf_config` (its ``hf_layout``) writes
         them back in the config's own spelling (v4 or v5), so the round trip is the identity;
-        see :func:`~posenc.encodings.rope_interop.write_hf_config`.
+        see :func:`~posenc.hf_config.rope.write_hf_config`.
         """
+        # One of the two calls from an encoding up to the config module (IRoPE.from_hf_config is
+        # the other): how a config spells RoPE is its knowledge; imported here, not at the top,
+        # so that encodings load without it.
+        from posenc.hf_config.rope import write_hf_config
 
         return write_hf_config(
             head_dim=self.head_dim, rotary_dim=self.rotary_dim, base=self.base, scaling=self.scaling,
@@ -363,39 +366,6 @@ class RoPE(PositionalEncoding):
             f"interleaved={self.interleaved}, scaling={_short_repr(self.scaling)}"
             + (f", dynamic_cache={self.dynamic_cache!r}" if self.length_dependent else "")
         )
-
-
-def from_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None, **kwargs: Any) -> RoPE:
-    """The :class:`RoPE` of a Hugging Face model config (a parsed ``config.json``).
-
-    Reads rope_theta, rope_scaling (v4) or rope_parameters (v5), head_dim (or hidden_size //
-    num_attention_heads), partial_rotary_factor and max_position_embeddings, filling in what
-    Hugging Face takes from the config rather than the rope dict (see :func:`read_hf_config`).
-    Hugging Face's layout: half-split pairs (i, i + r/2), cos and sin multiplied by the
-    attention factor.
-
-    Args:
-        config: the config dict.
-        layer_type: for a v5 per-layer ``rope_parameters`` dict, which layer type to read.
-        kwargs: more :class:`RoPE` options (``interleaved``, ``dynamic_cache``).
-
-    Returns:
-        A RoPE whose :meth:`RoPE.to_hf_dict` gives back the config's RoPE fields unchanged
-        (its ``hf_layout`` is the layout read); ``rope.max_position_embeddings`` holds the
-        config's value (or None).
-
-    Raises:
-        TypeError, KeyError, ValueError: as :func:`read_hf_config` and :class:`RoPE`.
-    """
-    rope_kwargs, layout = read_hf_config(config, layer_type=layer_type)
-    return RoPE(**rope_kwargs, **kwargs, hf_layout=layout, max_position_embeddings=config.get("max_position_embeddings"))
-
-
-def to_hf_dict(rope: RoPE) -> dict[str, Any]:
-    """The RoPE fields of a Hugging Face config for ``rope`` (same as ``rope.to_hf_dict()``)."""
-    if not isinstance(rope, RoPE):
-        raise InvalidType(f"rope must be a posenc RoPE, got {type(rope).__name__}")
-    return rope.to_hf_dict()
 
 
 class ProportionalRoPE(RoPE):

@@ -6,7 +6,7 @@ Hugging Face's ``modeling_rope_utils``, with plain arguments instead of a model 
 :data:`ROPE_INIT_FUNCTIONS` is the view of those functions alone) and everything else posenc
 needs to know about the type: how its frequencies follow the length, what a Hugging Face
 config supplies, its context-extension defaults. Config.json interop itself lives in
-:mod:`posenc.encodings.rope_interop`. ``inv_freq`` is computed in float64 and rounded once to
+:mod:`posenc.hf_config.rope`. ``inv_freq`` is computed in float64 and rounded once to
 float32 by :func:`compute_rope_parameters`; ``attention_factor`` is the factor Hugging Face
 multiplies cos and sin by (so the logits scale by its square).
 

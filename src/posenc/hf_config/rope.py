@@ -1,17 +1,22 @@
-"""Hugging Face ``config.json`` interop for RoPE: read a model's RoPE fields into a
-:class:`~posenc.RoPE`, write them back in the config's own spelling, and inspect them.
+"""How a Hugging Face ``config.json`` spells RoPE: read a model's RoPE fields into the
+arguments of a :class:`~posenc.RoPE`, write them back in the config's own spelling, inspect
+them, and spell a context extension.
 
 - :func:`read_hf_config` / :func:`write_hf_config`: config dict <-> RoPE arguments, v4
   (``rope_scaling``) and v5 (``rope_parameters``, per-layer dicts) spellings, the round trip
-  the identity on :data:`HF_ROPE_FIELDS`.
-- ``posenc.rope.from_hf_config`` / ``to_hf_dict`` (in :mod:`posenc.encodings.rope.rotary`, which
-  imports this module): the same through a RoPE module.
+  the identity on :data:`HF_ROPE_FIELDS`. The ``layout`` the reader returns (kept by
+  ``RoPE(hf_layout=...)``) records the spelling.
 - :func:`inspect_config` -> :class:`RopeInspection`: per frequency pair, the wavelengths
   against the original and extended contexts (drawn by :func:`posenc.lab.plots.plot_rope_inspection`).
+- :func:`extension_scaling` (:data:`EXTENSION_METHODS`): the ``rope_scaling`` dict of a
+  context extension; :func:`rope_parameters_of` the v5 dict a config's RoPE is written over
+  (:func:`posenc.hf_config.encoding.extension_config` spells a whole extension).
 
 What Hugging Face takes from the model config rather than the rope dict (L0, a derived
 factor) is filled in as each rope_type's record in
-:data:`~posenc.encodings.rope.scaling.ROPE_TYPES` says. Imports torch and posenc.encodings only.
+:data:`~posenc.encodings.rope.scaling.ROPE_TYPES` says. Plain dicts in and out: imports
+torch, the rope_type table, validation and errors only (never transformers, never an
+encoding module: :meth:`posenc.RoPE.to_hf_dict` imports :func:`write_hf_config` from here).
 """
 
 from __future__ import annotations
@@ -23,8 +28,14 @@ from typing import Any
 
 from torch import Tensor
 
-from posenc.encodings.rope.scaling import ROPE_TYPES, compute_rope_parameters, rope_type_of, yarn_correction_dim
 from posenc._validation import check_even, check_number
+from posenc.encodings.rope.scaling import (
+    ROPE_TYPES,
+    compute_rope_parameters,
+    extension_methods,
+    rope_type_of,
+    yarn_correction_dim,
+)
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
 
 #: The config.json fields that determine a model's RoPE (read by :func:`read_hf_config`).
@@ -87,6 +98,20 @@ def _refuse_without_rope(config: Mapping[str, Any]) -> None:
         )
 
 
+def head_dim_of(config: Mapping[str, Any]) -> int:
+    """The per-head width D of a config dict: ``head_dim``, else ``hidden_size //
+    num_attention_heads`` (the configs that predate ``head_dim``: Llama 2, Qwen2, ...).
+
+    Raises:
+        KeyError: neither is there.
+    """
+    if config.get("head_dim") is not None:
+        return config["head_dim"]
+    if config.get("hidden_size") is not None and config.get("num_attention_heads") is not None:
+        return config["hidden_size"] // config["num_attention_heads"]
+    raise MissingKey("config: needs 'head_dim', or 'hidden_size' and 'num_attention_heads'")
+
+
 def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read the RoPE of a Hugging Face ``config.json`` dict.
 
@@ -116,13 +141,7 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
     container, params = _scaling_container(config, layer_type)
     params = dict(params) if params is not None else None
 
-    if config.get("head_dim") is not None:
-        head_dim = config["head_dim"]
-    elif config.get("hidden_size") is not None and config.get("num_attention_heads") is not None:
-        head_dim = config["hidden_size"] // config["num_attention_heads"]
-    else:
-        raise MissingKey("config: needs 'head_dim', or 'hidden_size' and 'num_attention_heads'")
-
+    head_dim = head_dim_of(config)
     base = config.get("rope_theta", 10000.0)
     prf = config.get("partial_rotary_factor")
     scaling = None
@@ -316,3 +335,65 @@ def inspect_config(
         full_rotation=wavelength_original <= original_context,
         critical_dim=yarn_correction_dim(1.0, rotary_dim, base, int(original_context)),
     )
+
+
+# -- context extension ------------------------------------------------------------------------
+
+#: Context-extension methods that need nothing but a factor and the training context: the
+#: rope_types whose record has ``extension`` defaults (longrope needs searched per-pair factors,
+#: so it is not among them). Taken from the table at import.
+EXTENSION_METHODS = extension_methods()
+
+
+def extension_scaling(method: str, factor: float, original_max_position_embeddings: int) -> dict[str, Any] | None:
+    """The ``rope_scaling`` dict that extends a RoPE trained at context L0 by ``factor`` s.
+
+    Each method with its published defaults (its record's ``extension`` in
+    :data:`~posenc.encodings.rope.scaling.ROPE_TYPES`):
+
+    - ``linear``: Position Interpolation (Chen et al. 2023), theta_i / s.
+    - ``ntk``: static NTK-aware, base * s^(d/(d-2)).
+    - ``dynamic``: dynamic NTK as Hugging Face computes it, with L0 and factor s: at length
+      L > L0, base * (s L / L0 - (s - 1))^(d/(d-2)); at L = s L0 that is
+      base * (s^2 - s + 1)^(d/(d-2)), a stronger stretch than ``ntk`` at the same s.
+    - ``yarn``: Peng et al. 2023 with Hugging Face's defaults (beta_fast 32, beta_slow 1,
+      attention_factor 0.1 ln s + 1).
+    - ``llama3``: Llama 3.1's low_freq_factor 1 and high_freq_factor 4.
+
+    Args:
+        method: one of :data:`EXTENSION_METHODS`.
+        factor: s >= 1, the extended context over L0.
+        original_max_position_embeddings: L0, the training context (positive int).
+
+    Returns:
+        The dict for :class:`~posenc.RoPE` ``(scaling=...)``, or None when s = 1: every method
+        then leaves RoPE exactly as trained.
+
+    Raises:
+        ValueError: an unknown method (the message lists them), s < 1 or L0 < 1.
+    """
+    record = ROPE_TYPES.get(method) if isinstance(method, str) else None
+    if record is None or record.extension is None:
+        raise InvalidArgument(f"method must be one of {list(extension_methods())}, got {method!r}")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1 or math.isinf(factor):
+        raise InvalidArgument(f"factor must be a finite number >= 1, got {factor!r}")
+    context = original_max_position_embeddings
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise InvalidArgument(f"original_max_position_embeddings must be a positive integer, got {context!r}")
+    if factor == 1:
+        return None
+    scaling: dict[str, Any] = {"rope_type": method, "factor": float(factor)}
+    if record.needs_context:
+        scaling["original_max_position_embeddings"] = context
+    scaling.update(record.extension)
+    return scaling
+
+
+def rope_parameters_of(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the config's v5 ``rope_parameters`` dict, or, for a config without one (v4,
+    or an empty dict), the default rope dict ``{"rope_type": "default", "rope_theta": ...}``
+    with the config's ``rope_theta`` (10000 when absent, Hugging Face's default)."""
+    params = config.get("rope_parameters")
+    if isinstance(params, Mapping) and params:
+        return dict(params)
+    return {"rope_type": "default", "rope_theta": config.get("rope_theta", 10000.0)}

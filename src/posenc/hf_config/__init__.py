@@ -1,0 +1,34 @@
+"""Hugging Face config knowledge, in one place: how a ``config.json`` (or a transformers
+config's ``to_dict()``) spells a model's positions, read and written as plain dicts. No
+transformers import: the model glue is :mod:`posenc.integrations.transformers`.
+
+- :mod:`posenc.hf_config.rope`: the RoPE fields (v4 ``rope_scaling``, v5 ``rope_parameters``,
+  per layer type): read, write, inspect, and the ``rope_scaling`` dict of a context extension.
+- :mod:`posenc.hf_config.encoding`: config <-> posenc encodings: :func:`from_hf_config`,
+  :func:`to_hf_dict`, and :func:`extension_config`, the fields that extend a model's context.
+
+>>> import json, posenc.hf_config as hf
+>>> rope = hf.from_hf_config(json.load(open("config.json")))       # doctest: +SKIP
+>>> report = hf.inspect_config(json.load(open("config.json")))     # doctest: +SKIP
+
+``posenc.rope`` re-exports the RoPE names (their documented paths).
+"""
+
+from posenc.hf_config.encoding import extension_config, from_hf_config, to_hf_dict
+from posenc.hf_config.rope import (
+    EXTENSION_METHODS,
+    HF_ROPE_FIELDS,
+    RopeInspection,
+    extension_scaling,
+    head_dim_of,
+    inspect_config,
+    read_hf_config,
+    rope_parameters_of,
+    write_hf_config,
+)
+
+__all__ = [
+    "HF_ROPE_FIELDS", "read_hf_config", "write_hf_config", "head_dim_of", "inspect_config", "RopeInspection",
+    "EXTENSION_METHODS", "extension_scaling", "rope_parameters_of",
+    "from_hf_config", "to_hf_dict", "extension_config",
+]

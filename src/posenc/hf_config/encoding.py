@@ -1,0 +1,132 @@
+"""Config dicts <-> posenc encodings: the RoPE of a Hugging Face ``config.json``
+(:func:`from_hf_config`), its fields back (:func:`to_hf_dict`), and the fields that extend
+its context (:func:`extension_config`, what
+:func:`posenc.integrations.transformers.extend_context` writes into a model's config).
+
+The spelling itself is :mod:`posenc.hf_config.rope`'s; this module builds encodings from
+what that one reads. It is kept apart from it because it imports the RoPE class, and
+:meth:`posenc.RoPE.to_hf_dict` imports the writer: one module holding both would close a
+circle. Plain dicts in and out, no transformers import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from posenc.encodings.rope.rotary import RoPE, rope_frequencies
+from posenc.encodings.rope.scaling import rope_type_record
+from posenc.errors import InvalidArgument, InvalidType, MissingKey
+from posenc.hf_config.rope import extension_scaling, read_hf_config, rope_parameters_of
+
+
+def from_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None, **kwargs: Any) -> RoPE:
+    """The :class:`~posenc.RoPE` of a Hugging Face model config (a parsed ``config.json``).
+
+    Reads rope_theta, rope_scaling (v4) or rope_parameters (v5), head_dim (or hidden_size //
+    num_attention_heads), partial_rotary_factor and max_position_embeddings, filling in what
+    Hugging Face takes from the config rather than the rope dict (see
+    :func:`~posenc.hf_config.rope.read_hf_config`). Hugging Face's layout: half-split pairs
+    (i, i + r/2), cos and sin multiplied by the attention factor.
+
+    Args:
+        config: the config dict.
+        layer_type: for a v5 per-layer ``rope_parameters`` dict, which layer type to read.
+        kwargs: more :class:`~posenc.RoPE` options (``interleaved``, ``dynamic_cache``).
+
+    Returns:
+        A RoPE whose :meth:`~posenc.RoPE.to_hf_dict` gives back the config's RoPE fields
+        unchanged (its ``hf_layout`` is the layout read); ``rope.max_position_embeddings``
+        holds the config's value (or None).
+
+    Raises:
+        TypeError, KeyError, ValueError: as :func:`~posenc.hf_config.rope.read_hf_config`
+        and :class:`~posenc.RoPE`.
+    """
+    rope_kwargs, layout = read_hf_config(config, layer_type=layer_type)
+    return RoPE(**rope_kwargs, **kwargs, hf_layout=layout, max_position_embeddings=config.get("max_position_embeddings"))
+
+
+def to_hf_dict(rope: RoPE) -> dict[str, Any]:
+    """The RoPE fields of a Hugging Face config for ``rope`` (same as ``rope.to_hf_dict()``).
+
+    Raises:
+        TypeError: ``rope`` is not a posenc RoPE.
+    """
+    if not isinstance(rope, RoPE):
+        raise InvalidType(f"rope must be a posenc RoPE, got {type(rope).__name__}")
+    return rope.to_hf_dict()
+
+
+def extension_config(config: Mapping[str, Any], rope_type: str, factor: float, **params: Any) -> dict[str, Any]:
+    """The config fields that extend the context of a model with the default RoPE by
+    ``factor`` s, in Hugging Face's v5 spelling, so that a plain transformers
+    ``from_pretrained`` of the updated config computes what posenc's RoPE of it computes.
+
+    The scaling is :func:`~posenc.hf_config.rope.extension_scaling` ``(rope_type, s, L0)``
+    with ``params`` on top (e.g. ``beta_fast=16`` for yarn), L0 the config's
+    ``max_position_embeddings`` (or ``original_max_position_embeddings=`` in ``params``),
+    written over the config's ``rope_parameters``
+    (:func:`~posenc.hf_config.rope.rope_parameters_of`):
+
+    - linear, yarn, llama3: ``{"rope_type": ..., "factor": s, ...}``; ``max_position_embeddings``
+      becomes round(s * L0) (yarn and llama3 keep L0 as ``original_max_position_embeddings``);
+    - dynamic: ``{"rope_type": "dynamic", "factor": s}``; ``max_position_embeddings`` stays L0,
+      which is where transformers reads dynamic NTK's original context from;
+    - ntk (static NTK-aware, no transformers rope_type): the equivalent plain RoPE with
+      ``rope_theta`` = theta * s^(d/(d-2)) (the record's ``hf_equivalent``).
+
+    Args:
+        config: the model's config dict (``model.config.to_dict()``), its RoPE unscaled.
+        rope_type: one of :data:`~posenc.hf_config.rope.EXTENSION_METHODS`.
+        factor: s >= 1.
+
+    Returns:
+        The fields to set on the config, in the order to set them: ``max_position_embeddings``
+        (where it changes), then ``rope_parameters``; ``{}`` when s = 1 (the model stays as
+        trained). The updated config reads back (:func:`from_hf_config`) without error.
+
+    Raises:
+        ValueError: the config's RoPE is already scaled, an unknown rope_type, s < 1, or a bad
+            parameter (named, as :func:`posenc.rope_frequencies` raises). KeyError: no
+            ``max_position_embeddings`` and no ``original_max_position_embeddings=``. And as
+            :func:`from_hf_config` for the config itself.
+    """
+    current = from_hf_config(config)
+    if current.scaling is not None:
+        raise InvalidArgument(f"model: its RoPE is already scaled ({current.scaling.get('rope_type')}); extend a model with the default rope_type")
+    params = dict(params)
+    original = params.pop("original_max_position_embeddings", None) or config.get("max_position_embeddings")
+    if original is None:
+        raise MissingKey("config: needs 'max_position_embeddings' (or pass original_max_position_embeddings=)")
+    original = int(original)
+    scaling = extension_scaling(rope_type, factor, original)  # validates rope_type and factor
+    if scaling is None:
+        return {}
+    scaling.update(params)
+    fields = _spelled_extension(scaling, rope_parameters_of(config), current, original)
+    from_hf_config({**config, **fields})  # the reader refuses a bad parameter before anything is written
+    return fields
+
+
+def _spelled_extension(scaling: dict[str, Any], rope_parameters: dict[str, Any], current: RoPE, original: int) -> dict[str, Any]:
+    """The scaling in Hugging Face's spelling, written over ``rope_parameters``, with
+    ``max_position_embeddings`` set to the extended context where Hugging Face does not read
+    the original one from it."""
+    fields: dict[str, Any] = {}
+    record = rope_type_record(scaling)
+    if record.hf_equivalent is not None:
+        rope_frequencies(current.rotary_dim, base=current.base, scaling=scaling)  # refuse bad values first
+        theta, scaling = record.hf_equivalent(scaling, current.base, current.rotary_dim)
+        rope_parameters.update(rope_type="default", rope_theta=theta)
+        if scaling is None:
+            return {"rope_parameters": rope_parameters}
+        record = rope_type_record(scaling)
+    if record.needs_context and not record.hf_top_level_context:
+        # dynamic NTK: Hugging Face takes L0 from max_position_embeddings, so that stays L0
+        scaling.pop("original_max_position_embeddings", None)
+    else:
+        fields["max_position_embeddings"] = int(round(original * float(scaling["factor"])))
+    rope_parameters.update(scaling)
+    fields["rope_parameters"] = rope_parameters
+    return fields
