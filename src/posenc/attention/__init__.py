@@ -63,7 +63,7 @@ def _resolve_backend(
     """The backend a call runs on; ``bias_elements`` = B_bias * H * Tq * Tk.
 
     For "auto": the first matching row of the table in docs/fast_attention.md, "The `auto`
-    rule" (rows 1-4 here, 5-9 in :func:`_auto_on_cuda`); the row numbers below are the table's.
+    rule": its rows 1-4 are the returns below, in order, rows 5-9 those of :func:`_auto_on_cuda`.
     tests/test_attention_auto_rule.py reads the table and checks this function against it.
 
     Raises:
@@ -74,31 +74,33 @@ def _resolve_backend(
     if backend != "auto":
         return backend
     if encoding is not None and "content" in encoding.hooks:
-        return "eager"  # row 1
+        return "eager"
     if device is not None and torch.device(device).type == "cuda":
         return _auto_on_cuda(encoding, bias_elements, causal=causal, dtype=dtype, mask=mask,
                              dropout_p=dropout_p, default_positions=default_positions)
     if encoding is not None and encoding.hooks & {"score_bias", "gate"}:
         if bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS:
-            return "blocked"  # row 2
+            return "blocked"
         if _learns_bias_on_cpu(encoding, device, gates):
-            return "eager"  # row 3
-    return "sdpa"  # row 4
+            return "eager"
+    return "sdpa"
 
 
 def _auto_on_cuda(encoding: PositionalEncoding | None, bias_elements: int, *, causal: bool, dtype, mask,
                   dropout_p: float, default_positions: bool) -> str:
-    """Rows 5-9 of the `auto` table (docs/fast_attention.md): the CUDA rows after row 1."""
+    """Rows 5-9 of the `auto` table (docs/fast_attention.md), the CUDA rows after row 1, in order:
+    flash_attention_2 (row 5: flash-attn installed and no gate is ``unsupported`` returning
+    None), flex (rows 6 and 7), blocked or sdpa (rows 8 and 9)."""
     hooks = encoding.hooks if encoding is not None else frozenset()
     mask_mod = is_mask_mod(mask) or "mask" in hooks
     if "score_bias" in hooks and default_positions and mask is None and dtype in (torch.float16, torch.bfloat16) \
             and not torch.compiler.is_compiling() and encoding.linear_bias_slopes(causal) is not None \
             and flash_attention_2.unsupported(encoding, dropout_p=dropout_p) is None:
-        return "flash_attention_2"  # row 5 (flash-attn installed, no gate: unsupported() is None)
+        return "flash_attention_2"
     large = bool(hooks & {"score_bias", "gate"}) and bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS
     if (mask_mod or large) and not dropout_p and "gate" not in hooks:
-        return "flex"  # rows 6 and 7
-    return "blocked" if large else "sdpa"  # rows 8 and 9
+        return "flex"
+    return "blocked" if large else "sdpa"
 
 
 def _learns_bias_on_cpu(encoding: PositionalEncoding, device: torch.device | None, gates: Tensor | None = None) -> bool:
