@@ -211,6 +211,20 @@ def test_compiled_flex_is_exact_and_compiles_once_per_shape_family():
     assert square == [first] * 3 and cache == [cache[0]] * 2 and cache[0] <= 2 * first, f"graphs after each call: {graphs}"
 
 
+@pytest.mark.parametrize("name", BIAS_ENCODINGS + ["irope"])
+def test_one_row_of_positions_serves_every_batch_row_on_flex(name):
+    """Positions (1, T) with B = 2 (check_positions takes B in {1, batch}): the score_mod and the
+    mask_mod read that one row for every batch row b, as eager broadcasts it."""
+    enc = posenc.create("irope", head_dim=D, attention_chunk_size=3).for_layer(0) if name == "irope" else make(name)
+    positions = torch.arange(5, 17).unsqueeze(0)
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, H, 12, D, generator=g) for _ in range(3))
+    with torch.no_grad():
+        out = posenc.attention(q, k, v, enc, q_positions=positions, k_positions=positions, backend="flex")
+        expected = posenc.attention(q, k, v, enc, q_positions=positions, k_positions=positions, backend="eager")
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_an_encodings_mask_hook_and_a_mask_mod_meet_on_flex():
     """iRoPE's chunked layer states its chunk mask (the mask hook); a document mask_mod from the
     user joins it as one mask_mod on flex: equal to eager, where both are tensors."""

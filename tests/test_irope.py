@@ -13,7 +13,8 @@ import torch
 
 import posenc
 from posenc.encodings.nope import NoPE
-from posenc.encodings.irope import AttentionTemperature, ChunkedRoPE, IRoPE, attention_temperature, chunk_mask
+from posenc.encodings.irope import AttentionTemperature, ChunkedRoPE, IRoPE, attention_temperature
+from posenc.mask_rules import same_chunk
 from posenc.lab.model import KVCache, document_mask, key_padding_mask, positions_from_document_ids, positions_from_padding_mask
 from test_positions_contract import TOL, decode_with_cache, tiny_lm
 from loop_reference import softmax_average
@@ -61,9 +62,9 @@ def test_the_nope_layer_scales_queries_by_position_and_leaves_keys(shape):
             torch.testing.assert_close(q2[b, :, i], q[b, :, i] * temperature_reference(p, 3, 0.5), rtol=1e-15, atol=0)
 
 
-def test_chunk_mask_matches_the_loop():
+def test_same_chunk_matches_the_loop():
     q, k = torch.tensor([0, 3, 4, 7, 8, 13]), torch.arange(15)
-    got = chunk_mask(q.unsqueeze(-1), k.unsqueeze(0), 4)
+    got = same_chunk(q.unsqueeze(-1), k.unsqueeze(0), 4)
     expected = [[qp // 4 == kp // 4 for kp in k.tolist()] for qp in q.tolist()]
     assert got.tolist() == expected
 

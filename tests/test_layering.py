@@ -1,7 +1,16 @@
-"""No import cycles between posenc's modules (DESIGN.md: arrows point down the layer list).
+"""The layers of posenc and the imports allowed between them (DESIGN.md, "Layers of the
+package": arrows point down), and no import cycle between modules.
+
+The rule is data, :data:`LAYERS`, one line per layer (docs/design.md copies it): which modules
+are the layer and which layers (or single modules) it may import; a module may always import
+its own layer. Stated by DESIGN.md: encodings import only kernels and validation; attention
+imports the encodings' protocol only (``posenc.encodings.base``); the hf config module imports
+encodings; integrations import attention and the hf config module; nothing in the library
+imports the lab; in the lab the CLI is on top and nothing imports it. Below all of them the
+ground floor: errors, validation and the mask rules (``posenc.mask_rules``).
 
 Every module's imports are read from its source with ast, top level and inside functions
-alike (a lazy import that closes a circle is still a circle), relative imports resolved.
+alike (a lazy import is still a dependency), relative imports resolved.
 ``from package import name`` counts as an import of the submodule when ``name`` is one, and
 of the package otherwise. A package's ``__init__`` is not counted as imported by its
 submodules' importers: Python runs it first, but it is the re-exporting face of the layer
@@ -16,6 +25,34 @@ import pkgutil
 from pathlib import Path
 
 import posenc
+
+#: The layers, bottom to top: (layer, its modules, what it may import). A module pattern
+#: ``x.*`` is the module or package ``x`` and everything under it, a plain name that module
+#: alone; a module belongs to the layer of its longest matching pattern. "May import" names
+#: layers, or single modules of a layer (the attention sees the encodings' protocol only).
+LIBRARY = ("ground", "kernels", "encodings", "attention", "masks", "hf_config", "rope_face", "integrations", "moved",
+           "face")
+LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("ground", ("posenc.errors", "posenc._validation", "posenc.mask_rules"), ()),
+    ("kernels", ("posenc.kernels.*",), ("ground",)),
+    ("encodings", ("posenc.encodings.*",), ("ground", "kernels")),
+    ("attention", ("posenc.attention.*",), ("ground", "posenc.encodings.base")),
+    ("masks", ("posenc.sequences", "posenc.masks"), ("ground",)),
+    ("hf_config", ("posenc.hf_config.*",), ("ground", "kernels", "encodings")),
+    ("rope_face", ("posenc.rope",), ("ground", "kernels", "encodings", "hf_config")),
+    ("integrations", ("posenc.integrations.*",), ("ground", "kernels", "encodings", "attention", "hf_config", "rope_face")),
+    ("moved", ("posenc._moved",), ()),  # names the lab's modules as strings only, imports none
+    ("face", ("posenc",), ("ground", "kernels", "encodings", "attention", "masks", "hf_config", "rope_face", "moved")),
+    ("lab", ("posenc.lab.*",), LIBRARY + ("integrations",)),
+    ("cli", ("posenc.lab.cli",), LIBRARY + ("integrations", "lab")),
+)
+
+#: Imports against :data:`LAYERS`, tolerated until their owners remove them: (importer,
+#: imported) -> why, and who. The test fails when one is gone, so that the list stays true.
+KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
+    ("posenc.rope", "posenc.lab.plots"): "plot_rope_inspection, the lab's figure, loaded on first use by the rope "
+                                         "face: the figure's entry point belongs in the lab (issue 20's rope face)",
+}
 
 #: Known cycles, tolerated until their owners remove them: the sorted module names of one
 #: strongly connected component -> who is fixing it. Empty: posenc has none.
@@ -111,3 +148,89 @@ def test_no_import_cycle_between_posenc_modules():
     assert not unexpected, f"import cycles between posenc modules: {unexpected}"
     fixed = [c for c in EXPECTED_CYCLES if c not in found]
     assert not fixed, f"these cycles are gone: remove them from EXPECTED_CYCLES: {fixed}"
+
+
+def layer_of(module: str, layers=LAYERS) -> str | None:
+    """The layer whose longest module pattern matches ``module`` (None: in no layer)."""
+    best, best_length = None, -1
+    for name, patterns, _ in layers:
+        for pattern in patterns:
+            stem = pattern.removesuffix(".*")
+            if module == stem or (pattern.endswith(".*") and module.startswith(stem + ".")):
+                if len(stem) > best_length:
+                    best, best_length = name, len(stem)
+    return best
+
+
+def violations(graph: dict[str, set[str]], layers=LAYERS) -> list[tuple[str, str, str]]:
+    """Every import that :data:`LAYERS` does not allow: (importer, imported, why), sorted; and
+    (module, "", why) for a module in no layer."""
+    allowed = {name: set(may) for name, _, may in layers}
+    found = []
+    for importer in sorted(graph):
+        own = layer_of(importer, layers)
+        if own is None:
+            found.append((importer, "", "in no layer of LAYERS: add it to one"))
+            continue
+        for imported in sorted(graph[importer]):
+            theirs = layer_of(imported, layers)
+            if theirs == own or theirs in allowed[own] or imported in allowed[own]:
+                continue
+            found.append((importer, imported, f"{own} may import {sorted(allowed[own]) or 'nothing'} "
+                                              f"(and itself), not {theirs}"))
+    return found
+
+
+def test_every_module_is_in_a_layer_and_imports_only_what_its_layer_may():
+    found = violations(import_graph())
+    unexpected = [v for v in found if v[:2] not in KNOWN_VIOLATIONS]
+    assert not unexpected, "imports against the layers (DESIGN.md):\n" + "\n".join(
+        f"  {importer} -> {imported}: {why}" for importer, imported, why in unexpected)
+    fixed = [pair for pair in KNOWN_VIOLATIONS if pair not in {v[:2] for v in found}]
+    assert not fixed, f"these imports are gone: remove them from KNOWN_VIOLATIONS: {fixed}"
+
+
+def test_the_layers_are_well_formed():
+    names = [name for name, _, _ in LAYERS]
+    assert len(set(names)) == len(names)
+    for name, _, may in LAYERS:
+        for target in may:
+            assert target in names or layer_of(target) is not None, f"{name} may import {target!r}: not a layer or module"
+    assert "lab" not in LIBRARY and "cli" not in LIBRARY
+    # nothing in the library may import the lab, and nothing but the CLI's own layer may import the CLI
+    for name, _, may in LAYERS:
+        if name in LIBRARY:
+            assert not {"lab", "cli"} & set(may), f"{name} (library) may import the lab"
+        if name != "cli":
+            assert "cli" not in may, f"{name} may import the CLI"
+
+
+def test_the_checker_catches_a_wrong_import():
+    """A synthetic module graph against the real table: each wrong arrow is reported, the
+    right ones are not."""
+    graph = {
+        "posenc.encodings.alibi": {"posenc.kernels.rotary_torch", "posenc.errors", "posenc.attention.eager"},
+        "posenc.attention.eager": {"posenc.encodings.base", "posenc.encodings.alibi"},
+        "posenc.mask_rules": {"posenc.encodings.base"},
+        "posenc.hf_config.rope": {"posenc.encodings.rope.scaling"},
+        "posenc.integrations.transformers": {"posenc.hf_config", "posenc.attention"},
+        "posenc.masks": {"posenc.sequences", "posenc.attention.masks"},
+        "posenc.lab.model": {"posenc.attention", "posenc.lab.cli"},
+        "posenc.lab.cli": {"posenc.lab.model", "posenc.integrations.transformers"},
+        "posenc.rope": {"posenc.lab.plots"},
+        "posenc": {"posenc.integrations"},
+        "posenc.newcomer": set(),
+    }
+    assert {(importer, imported) for importer, imported, _ in violations(graph)} == {
+        ("posenc.encodings.alibi", "posenc.attention.eager"),  # encodings import only kernels and ground
+        ("posenc.attention.eager", "posenc.encodings.alibi"),  # attention sees the protocol only
+        ("posenc.mask_rules", "posenc.encodings.base"),  # the ground floor imports nothing of posenc
+        ("posenc.masks", "posenc.attention.masks"),
+        ("posenc.lab.model", "posenc.lab.cli"),  # nothing imports the CLI
+        ("posenc.rope", "posenc.lab.plots"),  # the library never imports the lab
+        ("posenc", "posenc.integrations"),
+        ("posenc.newcomer", ""),  # a module in no layer
+    }
+    assert layer_of("posenc.hf_config") == layer_of("posenc.hf_config.rope") == "hf_config"  # whether or not it exists
+    assert layer_of("posenc.lab.cli") == "cli" and layer_of("posenc.lab.experiments.runs") == "lab"
+    assert layer_of("posenc.encodings.base") == "encodings" and layer_of("posenc.sequences") == "masks"

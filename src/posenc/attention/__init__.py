@@ -20,11 +20,8 @@ Backends (one module each, in :data:`_BACKENDS`), all with the same two function
   a mask_mod (the user's and the encoding's mask and-ed, without the causal one); the others
   get a user mask_mod evaluated into a tensor.
 
-Which backend "auto" picks depends on the device (:func:`_resolve_backend`): on the CPU, eager
-for content terms and for learned biases in training, "blocked" for biases past 4M entries,
-else "sdpa"; on CUDA, "flash_attention_2" for ALiBi in fp16/bf16 where flash-attn is installed,
-"flex" for mask_mods (the user's or an encoding's mask hook) and for biases past 4M entries,
-else "sdpa".
+Which backend "auto" picks (:func:`_resolve_backend`) is one table, docs/fast_attention.md
+"The `auto` rule" (tests/test_attention_auto_rule.py checks the resolver against it).
 
 Masking convention: a causal query i sees key j iff j <= i + (Tk - Tq), i.e. the queries
 are the last Tq of the Tk keys (bottom-right alignment, as with a KV cache). An optional
@@ -63,29 +60,11 @@ def _resolve_backend(
     gates: Tensor | None = None, *, causal: bool = True, dtype: torch.dtype | None = None, mask=None,
     dropout_p: float = 0.0, default_positions: bool = False,
 ) -> str:
-    """The backend a call runs on; ``bias_elements`` = B_bias * H * Tq * Tk. For "auto" on the
-    CPU (and any device but CUDA, or no device given), in order:
+    """The backend a call runs on; ``bias_elements`` = B_bias * H * Tq * Tk.
 
-    1. an encoding with the ``content`` hook: "eager" (the only backend with both content terms);
-    2. an encoding with the ``score_bias`` or ``gate`` hook and ``bias_elements`` >= 4M
-       (:data:`AUTO_BLOCKED_MIN_BIAS_ELEMENTS`): "blocked";
-    3. an encoding with the ``score_bias`` or ``gate`` hook, a parameter (or ``gates``)
-       requiring grad, grad enabled: "eager";
-    4. otherwise "sdpa". A mask_mod is evaluated into a boolean mask first; "flex" and
-       "flash_attention_2" are never picked.
-
-    On CUDA, in order (:func:`_auto_on_cuda`):
-
-    1. a ``content`` encoding: "eager";
-    2. a bias that is FlashAttention-2's own (``linear_bias_slopes(causal)``: ALiBi), fp16 or bf16,
-       default positions (none passed), no ``mask``, flash-attn installed, outside
-       torch.compile: "flash_attention_2";
-    3. no dropout, no ``gate`` hook, and a mask_mod (the user's, or an encoding's ``mask`` hook)
-       or a ``score_bias`` encoding with ``bias_elements`` >= 4M: "flex" (no (Tq, Tk) tensor;
-       compiled once per process, every length reusing it);
-    4. a ``score_bias`` or ``gate`` encoding with ``bias_elements`` >= 4M (with dropout, or
-       gates): "blocked";
-    5. otherwise "sdpa" (torch's flash kernel when there is nothing to add).
+    For "auto": the first matching row of the table in docs/fast_attention.md, "The `auto`
+    rule": its rows 1-4 are the returns below, in order, rows 5-9 those of :func:`_auto_on_cuda`.
+    tests/test_attention_auto_rule.py reads the table and checks this function against it.
 
     Raises:
         ValueError: an unknown backend name.
@@ -101,8 +80,6 @@ def _resolve_backend(
                              dropout_p=dropout_p, default_positions=default_positions)
     if encoding is not None and encoding.hooks & {"score_bias", "gate"}:
         if bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS:
-            # blocked was 1.1-1.2x bias-free causal SDPA at T=4096-8192 on CPU for ALiBi, T5
-            # and Kerple, against 5-9x for the materialized bias (docs/results.md)
             return "blocked"
         if _learns_bias_on_cpu(encoding, device, gates):
             return "eager"
@@ -111,7 +88,9 @@ def _resolve_backend(
 
 def _auto_on_cuda(encoding: PositionalEncoding | None, bias_elements: int, *, causal: bool, dtype, mask,
                   dropout_p: float, default_positions: bool) -> str:
-    """Rules 2-5 of the CUDA column of :func:`_resolve_backend`."""
+    """Rows 5-9 of the `auto` table (docs/fast_attention.md), the CUDA rows after row 1, in order:
+    flash_attention_2 (row 5: flash-attn installed and no gate is ``unsupported`` returning
+    None), flex (rows 6 and 7), blocked or sdpa (rows 8 and 9)."""
     hooks = encoding.hooks if encoding is not None else frozenset()
     mask_mod = is_mask_mod(mask) or "mask" in hooks
     if "score_bias" in hooks and default_positions and mask is None and dtype in (torch.float16, torch.bfloat16) \
@@ -125,10 +104,10 @@ def _auto_on_cuda(encoding: PositionalEncoding | None, bias_elements: int, *, ca
 
 
 def _learns_bias_on_cpu(encoding: PositionalEncoding, device: torch.device | None, gates: Tensor | None = None) -> bool:
-    """A learned bias (T5, Kerple, FIRE, a gate bias) in training on the CPU: torch's CPU SDPA
-    kernels give no gradient for a float mask, so SDPA runs its math path; the eager backend is
-    the same computation with fewer passes (6.4 against 7.5-8.9 ms per call at B=32, H=4, T=64,
-    D=16)."""
+    """Condition ``learning`` of row 3 (a learned bias, T5, Kerple, FIRE, a gate bias, in
+    training on the CPU): torch's CPU SDPA kernels give no gradient for a float mask, so SDPA
+    runs its math path, and the eager backend is the same computation with fewer passes
+    (measured: docs/results.md, "Measurements behind the code")."""
     on_cpu = device is None or torch.device(device).type == "cpu"
     learned = any(p.requires_grad for p in encoding.parameters()) or (gates is not None and gates.requires_grad)
     return on_cpu and torch.is_grad_enabled() and learned
@@ -245,16 +224,8 @@ def attention(
             length; no content terms, no dropout, no q/k/v backward on the CPU),
             "flash_attention_2" (flash-attn's kernel with its native ALiBi; CUDA, fp16/bf16,
             ALiBi or no bias, no ``mask``; needs ``pip install flash-attn``) or "auto", which
-            picks per device. On the CPU, in order: "eager" for a ``content`` encoding;
-            "blocked" for a ``score_bias`` encoding whose materialized bias, B_bias * H * Tq *
-            Tk entries (B_bias = B for (B, T) positions, else 1), would hold at least
-            ``AUTO_BLOCKED_MIN_BIAS_ELEMENTS`` (4M); "eager" for a ``score_bias`` encoding
-            with a parameter requiring grad, grad enabled (torch's CPU SDPA kernels give no
-            gradient for a float mask); else "sdpa". On CUDA: "eager" for a ``content``
-            encoding; "flash_attention_2" for ALiBi in fp16/bf16 with default positions and no
-            ``mask`` where flash-attn is installed (outside torch.compile); "flex" for a
-            mask_mod, or a bias past 4M entries, without dropout; "blocked" for such a bias
-            with dropout; else "sdpa".
+            picks by device, encoding hooks, bias size, dtype, mask and dropout: the table in
+            docs/fast_attention.md, "The `auto` rule" (the one statement of the rule).
         mask: optional boolean tensor, True where query i may attend key j, of shape
             (Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk), any of B, H, Tq may be 1 to broadcast
             (a key-padding mask is (B, 1, Tk)); or a FlexAttention mask_mod

@@ -52,27 +52,14 @@ as everywhere else. One-coordinate positions (T,) or (B, T) stay valid for every
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import ClassVar
 
 from torch import Tensor, nn
 
 from posenc._validation import check_sequence_positions
 from posenc.errors import InvalidArgument
-
-#: FlexAttention's form of a score bias: ``score_mod(score, b, h, q_idx, kv_idx) -> score``.
-ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
-
-#: FlexAttention's form of a mask: ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = may attend).
-MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
-
-
-def _position_at(positions: Tensor | None, b: Tensor, idx: Tensor) -> Tensor:
-    """The int64 position of token ``idx`` (row ``b``) inside FlexAttention: the index itself
-    without positions, else looked up in (T,) or (B, T) positions."""
-    if positions is None:
-        return idx.long()
-    return (positions[b, idx] if positions.dim() == 2 else positions[idx]).long()
+from posenc.mask_rules import MaskMod, ScoreMod, position_at
 
 
 class PositionalEncoding(nn.Module):
@@ -245,7 +232,7 @@ class PositionalEncoding(nn.Module):
 
         def score_mod(score, b, h, q_idx, kv_idx):
             # FlexAttention passes int32 indices; bias() gets int64 like every other caller.
-            return score + self.bias(_position_at(q_positions, b, q_idx), _position_at(k_positions, b, kv_idx), h.long())
+            return score + self.bias(position_at(q_positions, b, q_idx), position_at(k_positions, b, kv_idx), h.long())
 
         return score_mod
 
@@ -283,7 +270,7 @@ class PositionalEncoding(nn.Module):
             return None
 
         def mask_mod(b, h, q_idx, kv_idx):
-            return self.attention_mask(_position_at(q_positions, b, q_idx), _position_at(k_positions, b, kv_idx))
+            return self.attention_mask(position_at(q_positions, b, q_idx), position_at(k_positions, b, kv_idx))
 
         return mask_mod
 

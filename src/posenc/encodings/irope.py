@@ -51,6 +51,7 @@ from posenc.encodings.nope import NoPE
 from posenc._validation import check_bool, check_number, check_positive_int
 from posenc.encodings.rope.rotary import RoPE
 from posenc.errors import InvalidArgument
+from posenc.mask_rules import same_chunk
 
 
 def attention_temperature(positions: Tensor, *, floor_scale: int = 8192, attn_scale: float = 0.1) -> Tensor:
@@ -63,13 +64,6 @@ def attention_temperature(positions: Tensor, *, floor_scale: int = 8192, attn_sc
     """
     steps = torch.div(positions.to(torch.long) + 1, floor_scale, rounding_mode="floor")
     return torch.log1p(steps.to(torch.float64)) * attn_scale + 1.0
-
-
-def chunk_mask(q_positions: Tensor, k_positions: Tensor, attention_chunk_size: int) -> Tensor:
-    """True where a query and a key lie in the same chunk of ``attention_chunk_size`` positions:
-    ``q // C == k // C``, elementwise on broadcastable integer tensors (non-negative positions)."""
-    return torch.div(q_positions, attention_chunk_size, rounding_mode="floor") == \
-        torch.div(k_positions, attention_chunk_size, rounding_mode="floor")
 
 
 class AttentionTemperature(PositionalEncoding):
@@ -108,7 +102,7 @@ class AttentionTemperature(PositionalEncoding):
 class ChunkedRoPE(RoPE):
     """The RoPE layer of iRoPE: :class:`RoPE` (``rotate``) with chunked attention (``mask``):
     a query attends only keys in its own chunk of ``attention_chunk_size`` positions
-    (:func:`chunk_mask`), and'ed with the causal mask by :func:`posenc.attention`.
+    (:func:`posenc.mask_rules.same_chunk`), and'ed with the causal mask by :func:`posenc.attention`.
 
     Args:
         head_dim: as :class:`RoPE`.
@@ -128,7 +122,7 @@ class ChunkedRoPE(RoPE):
         self.attention_chunk_size = attention_chunk_size
 
     def attention_mask(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
-        return chunk_mask(q_positions, k_positions, self.attention_chunk_size)
+        return same_chunk(q_positions, k_positions, self.attention_chunk_size)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, attention_chunk_size={self.attention_chunk_size}"

@@ -1,0 +1,44 @@
+"""The ground floor of masks (posenc.mask_rules): the position lookup of score_mods and
+mask_mods, and the window and chunk rules, each against a rule written out pair by pair."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posenc.mask_rules import in_sliding_window, position_at, same_chunk, value_at
+
+B, T = 3, 7
+
+
+def grids():
+    """b (B, 1) and idx (1, T) as FlexAttention would pass them, int32."""
+    return torch.arange(B, dtype=torch.int32)[:, None], torch.arange(T, dtype=torch.int32)[None, :]
+
+
+@pytest.mark.parametrize("form", ["none", "shared", "one_row", "per_row"])
+def test_position_at_reads_token_idx_of_row_b(form):
+    table = torch.arange(B * T).reshape(B, T) * 3 + 1
+    values = {"none": None, "shared": table[1], "one_row": table[1:2], "per_row": table}[form]
+    b, idx = grids()
+    got = position_at(values, b, idx)
+    expected = [[(j if values is None else int(table[1 if form in ("shared", "one_row") else r, j])) for j in range(T)]
+                for r in range(B)]
+    assert got.dtype == torch.int64
+    assert got.expand(B, T).tolist() == expected
+
+
+def test_value_at_keeps_the_dtype():
+    flags = torch.tensor([[True, False, True], [False, False, True]])
+    b, idx = torch.arange(2)[:, None], torch.arange(3)[None, :]
+    got = value_at(flags, b, idx)
+    assert got.dtype == torch.bool and torch.equal(got, flags)
+    assert value_at(None, b, idx.int()).dtype == torch.int32  # the index itself
+
+
+def test_window_and_chunk_rules_pair_by_pair():
+    q, k = torch.tensor([0, 3, 4, 7, 8, 13]), torch.arange(15)
+    window = in_sliding_window(q[:, None], k[None, :], 3)
+    chunk = same_chunk(q[:, None], k[None, :], 4)
+    assert window.tolist() == [[qp - kp < 3 for kp in k.tolist()] for qp in q.tolist()]
+    assert chunk.tolist() == [[qp // 4 == kp // 4 for kp in k.tolist()] for qp in q.tolist()]
