@@ -22,22 +22,10 @@ from posenc._validation import broadcast_shape, check_bool
 from posenc.errors import InvalidArgument, InvalidType
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    """(x_1, x_2) -> (-x_2, x_1) on the two halves of the last dimension."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def rotate_every_two(x: Tensor) -> Tensor:
-    """(x_0, x_1, x_2, x_3, ...) -> (-x_1, x_0, -x_3, x_2, ...)."""
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack((-x2, x1), dim=-1).flatten(-2)
-
-
 #: Elements per chunk of :func:`apply_rotary`'s fast path (2 MiB of float32): big enough
 #: that the per-op overhead of the few ops per chunk is small, small enough that a chunk
 #: stays in cache between those ops, so each element crosses main memory about once each
-#: way. Measured best of 2^15 .. 2^24 on a 2-core AVX2 CPU (benchmarks/bench_rope.py).
+#: way. Chosen by timing (docs/results.md, "Measurements behind the code").
 _CHUNK_ELEMENTS = 1 << 19
 
 
@@ -61,16 +49,31 @@ def _wide_dtype(x: Tensor, cos: Tensor, sin: Tensor) -> torch.dtype:
     return torch.promote_types(torch.promote_types(x.dtype, torch.float32), torch.promote_types(cos.dtype, sin.dtype))
 
 
-def _rotate_formula(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    """x * cos + rotate(x) * sin with plain differentiable ops in the wide dtype, cast once.
+def _rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, out: Tensor | None = None) -> Tensor:
+    """The rotation, written once: ``x * cos + rotate(x) * sin`` in x's dtype.
 
-    The path under ``torch.compile`` (the compiler fuses it; the chunked kernel's Python loop
-    and ``out=`` writes would not trace) and when cos or sin require grad.
+    With (x_1, x_2) the members of each pair (i, i + D/2) or (2i, 2i+1): out_1 = x_1 c_1 -
+    x_2 s_1, out_2 = x_2 c_2 + x_1 s_2, as one product over the full width and then one
+    ``addcmul_`` per member, without building rotate(x). ``out`` None: a new tensor,
+    differentiable in x, cos and sin (autograd follows the in-place updates of a fresh
+    product) and traced by ``torch.compile``; else written into ``out`` (no autograd), which
+    must not share memory with x.
     """
+    out = x * cos if out is None else torch.mul(x, cos, out=out)
+    x1, x2 = _pair_views(x, interleaved)
+    out1, out2 = _pair_views(out, interleaved)
+    sin1, sin2 = _pair_views(sin, interleaved)
+    out1.addcmul_(x2, sin1, value=-1)
+    out2.addcmul_(x1, sin2)
+    return out
+
+
+def _rotate_formula(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """:func:`_rotate_pairs` out of place in the wide dtype, cast once: the path under
+    ``torch.compile`` (the chunked path's Python loop and ``out=`` writes would not trace)
+    and when cos or sin require grad."""
     wide = _wide_dtype(x, cos, sin)
-    xw = x.to(wide)
-    rotated = rotate_every_two(xw) if interleaved else rotate_half(xw)
-    return (xw * cos.to(wide) + rotated * sin.to(wide)).to(x.dtype)
+    return _rotate_pairs(x.to(wide), cos.to(wide), sin.to(wide), interleaved).to(x.dtype)
 
 
 def _rows(t: Tensor, start: int, stop: int, num_rows: int) -> Tensor:
@@ -83,11 +86,9 @@ def _rows(t: Tensor, start: int, stop: int, num_rows: int) -> Tensor:
 def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: bool) -> Tensor:
     """out = x * cos + rotate(x) * sin, chunked over dimension -2, no autograd.
 
-    Per chunk: one product over the full width, then one ``addcmul_`` per pair member,
-    ``out_1 -= x_2 * sin_1`` and ``out_2 += x_1 * sin_2``: the products and sums of the
-    formula without building rotate(x). Narrower inputs (bf16, fp16) are widened per chunk
-    into a cache-sized scratch, reused across chunks, and the result is rounded once into
-    ``out``.
+    Per chunk, :func:`_rotate_pairs` into ``out`` (or a scratch). Narrower inputs (bf16,
+    fp16) are widened per chunk into a cache-sized scratch, reused across chunks, and the
+    result is rounded once into ``out``.
 
     On a kernel device (CUDA, with Triton: :func:`posenc.kernels.use_triton`) the whole
     rotation is one Triton launch instead (:func:`posenc.kernels.rotary_triton.rotate_with_tables`).
@@ -113,13 +114,7 @@ def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: 
         c, s = _rows(cos, start, stop, num_rows), _rows(sin, start, stop, num_rows)
         if widen:
             xs = x_scratch[..., : stop - start, :].copy_(xs)
-        dst = os_ if direct else out_scratch[..., : stop - start, :]
-        torch.mul(xs, c, out=dst)
-        x1, x2 = _pair_views(xs, interleaved)
-        d1, d2 = _pair_views(dst, interleaved)
-        s1, s2 = _pair_views(s, interleaved)
-        d1.addcmul_(x2, s1, value=-1)
-        d2.addcmul_(x1, s2)
+        dst = _rotate_pairs(xs, c, s, interleaved, out=os_ if direct else out_scratch[..., : stop - start, :])
         if not direct:
             os_.copy_(dst)
     return out
@@ -223,8 +218,19 @@ def apply_rotary(
     return _rotate_into(x, cos, sin, torch.empty_like(x, memory_format=torch.contiguous_format), interleaved)
 
 
-def _full_width(half: Tensor, interleaved: bool) -> Tensor:
-    """(..., r/2) -> (..., r) in the layout's order."""
-    if interleaved:
-        return half.repeat_interleave(2, dim=-1)
-    return torch.cat((half, half), dim=-1)
+
+def rotate_heads(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False) -> Tensor:
+    """x (B, H, T, D) rotated on its first r dimensions, r = cos.shape[-1] <= D; ``x[..., r:]``
+    passes through (Hugging Face's partial rotary): the encodings' (RoPE, xPos, M-RoPE, axial
+    RoPE) one way into :func:`apply_rotary`.
+
+    cos and sin: (T, r), or (B, T, r) for per-row positions (broadcast over the heads), full
+    width in the layout's order. Returns a tensor of x's shape and dtype. Raises as
+    :func:`apply_rotary`.
+    """
+    if cos.dim() == 3:  # (B, T, r) -> (B, 1, T, r)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return apply_rotary(x, cos, sin, interleaved=interleaved)
+    return torch.cat((apply_rotary(x[..., :r], cos, sin, interleaved=interleaved), x[..., r:]), dim=-1)
