@@ -1,6 +1,9 @@
 """The rotation of RoPE in torch: ``x * cos + rotate(x) * sin`` (Su et al. 2021, RoFormer,
-eq. 34), written once, with its autograd, its chunked in-place fast path and the plain formula
-that ``torch.compile`` fuses. The Triton twin is :mod:`posenc.kernels.rotary_triton`.
+eq. 34), written once (:func:`_rotate_pairs`) and run three ways: chunked through cache-sized
+scratch (the uncompiled fast path), on the whole tensor (what ``torch.compile`` fuses, and when
+cos or sin need a gradient), and as its own backward (the transpose of a rotation is a
+rotation). :func:`rotate_heads` is the encodings' way in. The Triton twin is
+:mod:`posenc.kernels.rotary_triton`.
 
 Conventions (they differ between codebases):
 - ``half-split`` (default; GPT-NeoX, Hugging Face Llama): dimension i pairs with i + r/2;
@@ -68,10 +71,10 @@ def _rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, out: T
     return out
 
 
-def _rotate_formula(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    """:func:`_rotate_pairs` out of place in the wide dtype, cast once: the path under
-    ``torch.compile`` (the chunked path's Python loop and ``out=`` writes would not trace)
-    and when cos or sin require grad."""
+def _rotate_whole(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """:func:`_rotate_pairs` on the whole tensor, out of place in the wide dtype, cast once:
+    the path under ``torch.compile`` (the chunked path's Python loop and ``out=`` writes
+    would not trace) and when cos or sin require grad."""
     wide = _wide_dtype(x, cos, sin)
     return _rotate_pairs(x.to(wide), cos.to(wide), sin.to(wide), interleaved).to(x.dtype)
 
@@ -149,18 +152,19 @@ def apply_rotary(
 ) -> Tensor:
     """Rotate pairs of x's last dimension: ``x * cos + rotate(x) * sin``.
 
-    ``rotate`` is ``rotate_half`` (half-split: (x_1, x_2) -> (-x_2, x_1)) or, interleaved,
-    ``rotate_every_two`` ((x_0, x_1, ...) -> (-x_1, x_0, ...)). Uncompiled, the fast path
-    computes the same products and sums without building ``rotate(x)``: one pass over x per
-    chunk of rows, so it runs near memory bandwidth (``benchmarks/bench_rope.py``); its
-    backward is again a rotation, differentiable itself (double backward works).
+    ``rotate`` is Hugging Face's ``rotate_half`` (half-split: (x_1, x_2) -> (-x_2, x_1)) or,
+    interleaved, ``rotate_every_two`` ((x_0, x_1, ...) -> (-x_1, x_0, ...)); posenc computes the
+    same products and sums on the pair members without building ``rotate(x)``. Uncompiled, it
+    makes one pass over x per cache-sized chunk of rows, so each element crosses main memory
+    about once each way (timings: docs/results.md, ``benchmarks/bench_rope.py``); its backward
+    is again a rotation, differentiable itself (double backward works).
 
     On CUDA tensors with Triton installed (``pip install posenc[gpu]``) the rotation is one
     Triton launch, the same arithmetic (:func:`posenc.kernels.rotary_triton.rotate_with_tables`;
     ``posenc.kernels.TRITON_ENABLED = False`` or ``POSENC_TRITON=0`` turns it off).
 
-    Under ``torch.compile`` (``torch.compiler.is_compiling()``) the plain formula runs
-    instead, in the same dtype, and traces with ``fullgraph=True``; with ``dynamic=True`` a
+    Under ``torch.compile`` (``torch.compiler.is_compiling()``) the same rotation runs on the
+    whole tensor at once (no chunks), in the same dtype, and traces with ``fullgraph=True``; with ``dynamic=True`` a
     change of T (or of any other size) does not recompile, except that T = 1 is
     specialized once, as torch does for every size 0 or 1.
 
@@ -177,7 +181,7 @@ def apply_rotary(
         A new tensor of x's shape and dtype (or ``out``); the arithmetic runs in float32, or
         the widest of x's, cos's and sin's dtypes if that is wider (float64 for float64
         inputs), and is rounded to x's dtype once. Differentiable in x, to any order; if cos
-        or sin require grad, the plain formula runs instead.
+        or sin require grad, the whole-tensor rotation runs instead (the same numbers).
 
     Raises:
         TypeError: x, cos or sin not a floating-point tensor; interleaved not a bool.
@@ -207,12 +211,12 @@ def apply_rotary(
     if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
         raise InvalidArgument(f"out must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got {tuple(out.shape)}, {out.dtype}")
     if torch.compiler.is_compiling():
-        result = _rotate_formula(x, cos, sin, interleaved)
+        result = _rotate_whole(x, cos, sin, interleaved)
         return result if out is None else out.copy_(result)
     if out is not None:
         return _rotate_into(x, cos, sin, out, interleaved)
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
-        return _rotate_formula(x, cos, sin, interleaved)
+        return _rotate_whole(x, cos, sin, interleaved)
     if torch.is_grad_enabled() and x.requires_grad:
         return _ApplyRotary.apply(x, cos, sin, interleaved)
     return _rotate_into(x, cos, sin, torch.empty_like(x, memory_format=torch.contiguous_format), interleaved)
