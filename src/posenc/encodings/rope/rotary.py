@@ -30,6 +30,7 @@ from posenc.encodings.rope_interop import read_hf_config, write_hf_config
 from posenc.encodings.rope.scaling import compute_rope_parameters, rope_type_record
 from posenc.errors import InvalidArgument, InvalidType
 
+
 def rope_frequencies(
     head_dim: int,
     *,
