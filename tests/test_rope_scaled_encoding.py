@@ -132,14 +132,6 @@ def test_length_is_the_furthest_query_or_key_position():
     assert not torch.allclose(alone, q)
 
 
-def test_dynamic_table_cache_stays_small():
-    rope = posenc.RoPE(8, scaling=DYN)
-    x = torch.randn(1, 1, 1, 8)
-    for length in range(17, 60):
-        rope.rotate(x, x, torch.tensor([length - 1]), torch.tensor([length - 1]))
-    assert sum(1 for key in rope._cache if key[2][0] == "length") <= 4
-
-
 def test_static_scalings_ignore_the_length():
     rope = posenc.RoPE(8, scaling={"rope_type": "linear", "factor": 4.0})
     x = torch.randn(1, 1, 50, 8, dtype=torch.float64)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.encodings.rope.scaling import inv_freq_per_position
+from posenc.encodings.rope.scaling import rope_type_record
 from rope_reference import ref_default, ref_inv_freq
 
 def assert_f32_close(got, ref):
@@ -227,7 +227,13 @@ def test_ntk_equals_dynamic_with_factor_one_at_s_times_l0():
     torch.testing.assert_close(ntk, dyn, rtol=2.4e-7, atol=0)
 
 
-def test_inv_freq_per_position_rows_are_the_frequencies_at_length_p_plus_one():
+def inv_freq_per_position(dim, base, scaling, num_positions):
+    """Row p: the record's of_length at length p + 1 (what RoPE's "frozen" mode uses), rounded to float32."""
+    of_length = rope_type_record(scaling).of_length(dim, base, scaling)
+    return of_length(torch.arange(1, num_positions + 1, dtype=torch.float64)).float()
+
+
+def test_of_length_at_positions_plus_one_gives_the_frequencies_at_length_p_plus_one():
     sc = {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 8}
     table = inv_freq_per_position(16, 10000.0, sc, 20)
     for p in range(20):

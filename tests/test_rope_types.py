@@ -20,9 +20,6 @@ from posenc.encodings.rope.scaling import (
     RopeType,
     compute_rope_parameters,
     extension_methods,
-    inv_freq_per_position,
-    repeat_per_position,
-    static_regime,
 )
 from posenc.rope import EXTENSION_METHODS, extension_scaling, from_hf_config
 
@@ -39,11 +36,8 @@ def test_every_rope_type_has_a_sample_and_a_complete_record():
     assert set(SAMPLES) == set(ROPE_TYPES)
     for name, record in ROPE_TYPES.items():
         assert isinstance(record, RopeType), name
-        assert callable(record.inv_freq) and callable(record.regime) and callable(record.per_position), name
-        if record.length_dependent:
-            assert record.regime is not static_regime and record.per_position is not repeat_per_position, name
-        else:
-            assert record.regime is static_regime and record.per_position is repeat_per_position, name
+        assert callable(record.inv_freq) and (record.of_length is None or callable(record.of_length)), name
+        assert record.length_dependent is (record.of_length is not None), name
         assert record.hf_factor_from_context is None or callable(record.hf_factor_from_context), name
         assert record.extension is None or all(isinstance(k, str) for k in record.extension), name
         inv_freq, attention_factor = record.inv_freq(8, 10000.0, SAMPLES[name] or {}, None)
@@ -51,39 +45,19 @@ def test_every_rope_type_has_a_sample_and_a_complete_record():
         assert isinstance(attention_factor, float) and attention_factor > 0, name
 
 
-def test_a_length_dependent_record_needs_its_own_regime_and_per_position():
-    with pytest.raises(TypeError, match="regime and per_position"):
-        RopeType(rope_scaling._default, length_dependent=True)
-    with pytest.raises(TypeError, match="regime and per_position"):
-        RopeType(rope_scaling._default, length_dependent=True, regime=lambda scaling, seq_len: ("x", seq_len))
-
-
 @pytest.mark.parametrize("name", sorted(SAMPLES))
-def test_regime_gives_the_frequencies_of_the_length(name):
-    """Computing at the regime's seq_len gives the length's own frequencies, and one regime key
-    holds one set of frequencies (RoPE keeps one cos/sin table per regime)."""
+def test_the_frequencies_at_each_position_are_those_at_length_p_plus_one(name):
+    """What RoPE's "frozen" mode rotates position p with: of_length(p + 1) for a length-dependent
+    type, the one static inv_freq otherwise; either way inv_freq's frequencies at length p + 1."""
     record, scaling = ROPE_TYPES[name], SAMPLES[name]
-    seen = {}
-    for seq_len in LENGTHS:
-        regime = record.regime(scaling, seq_len)
-        key, at = regime
-        hash(key)
-        got = f64(scaling, at)
-        want = f64(scaling, seq_len)
-        assert torch.equal(got[0], want[0]) and got[1] == want[1], (name, seq_len)
-        if regime in seen:
-            assert torch.equal(seen[regime], got[0]), (name, seq_len)
-        seen[regime] = got[0]
-    if not record.length_dependent:
-        assert len(seen) == 1
-
-
-@pytest.mark.parametrize("name", sorted(SAMPLES))
-def test_per_position_rows_are_the_frequencies_at_length_p_plus_one(name):
-    table = inv_freq_per_position(8, 10000.0, SAMPLES[name], 3 * L0, dtype=torch.float64)
+    lengths = torch.arange(1, 3 * L0 + 1, dtype=torch.float64)
+    if record.of_length is None:
+        table = f64(scaling, None)[0].expand(len(lengths), -1)
+    else:
+        table = record.of_length(8, 10000.0, scaling)(lengths)
     assert table.shape == (3 * L0, 4) and table.dtype == torch.float64
     for p in range(3 * L0):
-        torch.testing.assert_close(table[p], f64(SAMPLES[name], p + 1)[0], rtol=1e-15, atol=0)
+        torch.testing.assert_close(table[p], f64(scaling, p + 1)[0], rtol=1e-15, atol=0)
 
 
 @pytest.mark.parametrize("name", sorted(LENGTH_DEPENDENT))
@@ -136,18 +110,18 @@ def _toy(dim, base, scaling, seq_len):
     return theta, 1.25
 
 
-def _toy_regime(scaling, seq_len):
-    past = seq_len is not None and seq_len > scaling["original_max_position_embeddings"]
-    return ("past", scaling["original_max_position_embeddings"] + 1) if past else ("within", None)
+def _toy_of_length(dim, base, scaling):
+    context_length = scaling["original_max_position_embeddings"]
+    theta = rope_scaling.default_inv_freq_f64(dim, base)
+
+    def of_length(lengths):
+        past = (lengths > context_length).unsqueeze(-1)
+        return torch.where(past, theta.to(lengths.device) / scaling["factor"], theta.to(lengths.device))
+
+    return of_length
 
 
-def _toy_per_position(dim, base, scaling, num_positions, *, dtype):
-    rows = [_toy(dim, base, scaling, p + 1)[0] for p in range(num_positions)]
-    return torch.stack(rows).to(dtype)
-
-
-TOY = RopeType(_toy, length_dependent=True, regime=_toy_regime, per_position=_toy_per_position,
-               needs_context=True, extension={})
+TOY = RopeType(_toy, of_length=_toy_of_length, needs_context=True, extension={})
 
 
 def toy_rotation(x, positions, length_of):

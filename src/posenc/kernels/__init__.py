@@ -3,7 +3,7 @@
 The kernels live in submodules that import ``triton`` (the optional ``gpu`` extra:
 ``pip install posenc[gpu]``); this package itself imports only torch, so ``import posenc``
 never needs Triton. The encodings ask :func:`use_triton` before each call; it says yes on a
-CUDA tensor, outside ``torch.compile`` (the compiler fuses the plain formula itself), when
+CUDA tensor, outside ``torch.compile`` (the compiler fuses the torch rotation itself), when
 Triton imports and the switch is on.
 
 The switch: :data:`TRITON_ENABLED`, read from the environment variable ``POSENC_TRITON``

@@ -1,6 +1,9 @@
 """The rotation of RoPE in torch: ``x * cos + rotate(x) * sin`` (Su et al. 2021, RoFormer,
-eq. 34), written once, with its autograd, its chunked in-place fast path and the plain formula
-that ``torch.compile`` fuses. The Triton twin is :mod:`posenc.kernels.rotary_triton`.
+eq. 34), written once (:func:`_rotate_pairs`) and run three ways: chunked through cache-sized
+scratch (the uncompiled fast path), on the whole tensor (what ``torch.compile`` fuses, and when
+cos or sin need a gradient), and as its own backward (the transpose of a rotation is a
+rotation). :func:`rotate_heads` is the encodings' way in. The Triton twin is
+:mod:`posenc.kernels.rotary_triton`.
 
 Conventions (they differ between codebases):
 - ``half-split`` (default; GPT-NeoX, Hugging Face Llama): dimension i pairs with i + r/2;
@@ -22,22 +25,10 @@ from posenc._validation import broadcast_shape, check_bool
 from posenc.errors import InvalidArgument, InvalidType
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    """(x_1, x_2) -> (-x_2, x_1) on the two halves of the last dimension."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def rotate_every_two(x: Tensor) -> Tensor:
-    """(x_0, x_1, x_2, x_3, ...) -> (-x_1, x_0, -x_3, x_2, ...)."""
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack((-x2, x1), dim=-1).flatten(-2)
-
-
 #: Elements per chunk of :func:`apply_rotary`'s fast path (2 MiB of float32): big enough
 #: that the per-op overhead of the few ops per chunk is small, small enough that a chunk
 #: stays in cache between those ops, so each element crosses main memory about once each
-#: way. Measured best of 2^15 .. 2^24 on a 2-core AVX2 CPU (benchmarks/bench_rope.py).
+#: way. Chosen by timing (docs/results.md, "Measurements behind the code").
 _CHUNK_ELEMENTS = 1 << 19
 
 
@@ -61,16 +52,31 @@ def _wide_dtype(x: Tensor, cos: Tensor, sin: Tensor) -> torch.dtype:
     return torch.promote_types(torch.promote_types(x.dtype, torch.float32), torch.promote_types(cos.dtype, sin.dtype))
 
 
-def _rotate_formula(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    """x * cos + rotate(x) * sin with plain differentiable ops in the wide dtype, cast once.
+def _rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, out: Tensor | None = None) -> Tensor:
+    """The rotation, written once: ``x * cos + rotate(x) * sin`` in x's dtype.
 
-    The path under ``torch.compile`` (the compiler fuses it; the chunked kernel's Python loop
-    and ``out=`` writes would not trace) and when cos or sin require grad.
+    With (x_1, x_2) the members of each pair (i, i + D/2) or (2i, 2i+1): out_1 = x_1 c_1 -
+    x_2 s_1, out_2 = x_2 c_2 + x_1 s_2, as one product over the full width and then one
+    ``addcmul_`` per member, without building rotate(x). ``out`` None: a new tensor,
+    differentiable in x, cos and sin (autograd follows the in-place updates of a fresh
+    product) and traced by ``torch.compile``; else written into ``out`` (no autograd), which
+    must not share memory with x.
     """
+    out = x * cos if out is None else torch.mul(x, cos, out=out)
+    x1, x2 = _pair_views(x, interleaved)
+    out1, out2 = _pair_views(out, interleaved)
+    sin1, sin2 = _pair_views(sin, interleaved)
+    out1.addcmul_(x2, sin1, value=-1)
+    out2.addcmul_(x1, sin2)
+    return out
+
+
+def _rotate_whole(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """:func:`_rotate_pairs` on the whole tensor, out of place in the wide dtype, cast once:
+    the path under ``torch.compile`` (the chunked path's Python loop and ``out=`` writes
+    would not trace) and when cos or sin require grad."""
     wide = _wide_dtype(x, cos, sin)
-    xw = x.to(wide)
-    rotated = rotate_every_two(xw) if interleaved else rotate_half(xw)
-    return (xw * cos.to(wide) + rotated * sin.to(wide)).to(x.dtype)
+    return _rotate_pairs(x.to(wide), cos.to(wide), sin.to(wide), interleaved).to(x.dtype)
 
 
 def _rows(t: Tensor, start: int, stop: int, num_rows: int) -> Tensor:
@@ -83,11 +89,9 @@ def _rows(t: Tensor, start: int, stop: int, num_rows: int) -> Tensor:
 def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: bool) -> Tensor:
     """out = x * cos + rotate(x) * sin, chunked over dimension -2, no autograd.
 
-    Per chunk: one product over the full width, then one ``addcmul_`` per pair member,
-    ``out_1 -= x_2 * sin_1`` and ``out_2 += x_1 * sin_2``: the products and sums of the
-    formula without building rotate(x). Narrower inputs (bf16, fp16) are widened per chunk
-    into a cache-sized scratch, reused across chunks, and the result is rounded once into
-    ``out``.
+    Per chunk, :func:`_rotate_pairs` into ``out`` (or a scratch). Narrower inputs (bf16,
+    fp16) are widened per chunk into a cache-sized scratch, reused across chunks, and the
+    result is rounded once into ``out``.
 
     On a kernel device (CUDA, with Triton: :func:`posenc.kernels.use_triton`) the whole
     rotation is one Triton launch instead (:func:`posenc.kernels.rotary_triton.rotate_with_tables`).
@@ -113,13 +117,7 @@ def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: 
         c, s = _rows(cos, start, stop, num_rows), _rows(sin, start, stop, num_rows)
         if widen:
             xs = x_scratch[..., : stop - start, :].copy_(xs)
-        dst = os_ if direct else out_scratch[..., : stop - start, :]
-        torch.mul(xs, c, out=dst)
-        x1, x2 = _pair_views(xs, interleaved)
-        d1, d2 = _pair_views(dst, interleaved)
-        s1, s2 = _pair_views(s, interleaved)
-        d1.addcmul_(x2, s1, value=-1)
-        d2.addcmul_(x1, s2)
+        dst = _rotate_pairs(xs, c, s, interleaved, out=os_ if direct else out_scratch[..., : stop - start, :])
         if not direct:
             os_.copy_(dst)
     return out
@@ -154,18 +152,19 @@ def apply_rotary(
 ) -> Tensor:
     """Rotate pairs of x's last dimension: ``x * cos + rotate(x) * sin``.
 
-    ``rotate`` is ``rotate_half`` (half-split: (x_1, x_2) -> (-x_2, x_1)) or, interleaved,
-    ``rotate_every_two`` ((x_0, x_1, ...) -> (-x_1, x_0, ...)). Uncompiled, the fast path
-    computes the same products and sums without building ``rotate(x)``: one pass over x per
-    chunk of rows, so it runs near memory bandwidth (``benchmarks/bench_rope.py``); its
-    backward is again a rotation, differentiable itself (double backward works).
+    ``rotate`` is Hugging Face's ``rotate_half`` (half-split: (x_1, x_2) -> (-x_2, x_1)) or,
+    interleaved, ``rotate_every_two`` ((x_0, x_1, ...) -> (-x_1, x_0, ...)); posenc computes the
+    same products and sums on the pair members without building ``rotate(x)``. Uncompiled, it
+    makes one pass over x per cache-sized chunk of rows, so each element crosses main memory
+    about once each way (timings: docs/results.md, ``benchmarks/bench_rope.py``); its backward
+    is again a rotation, differentiable itself (double backward works).
 
     On CUDA tensors with Triton installed (``pip install posenc[gpu]``) the rotation is one
     Triton launch, the same arithmetic (:func:`posenc.kernels.rotary_triton.rotate_with_tables`;
     ``posenc.kernels.TRITON_ENABLED = False`` or ``POSENC_TRITON=0`` turns it off).
 
-    Under ``torch.compile`` (``torch.compiler.is_compiling()``) the plain formula runs
-    instead, in the same dtype, and traces with ``fullgraph=True``; with ``dynamic=True`` a
+    Under ``torch.compile`` (``torch.compiler.is_compiling()``) the same rotation runs on the
+    whole tensor at once (no chunks), in the same dtype, and traces with ``fullgraph=True``; with ``dynamic=True`` a
     change of T (or of any other size) does not recompile, except that T = 1 is
     specialized once, as torch does for every size 0 or 1.
 
@@ -182,7 +181,7 @@ def apply_rotary(
         A new tensor of x's shape and dtype (or ``out``); the arithmetic runs in float32, or
         the widest of x's, cos's and sin's dtypes if that is wider (float64 for float64
         inputs), and is rounded to x's dtype once. Differentiable in x, to any order; if cos
-        or sin require grad, the plain formula runs instead.
+        or sin require grad, the whole-tensor rotation runs instead (the same numbers).
 
     Raises:
         TypeError: x, cos or sin not a floating-point tensor; interleaved not a bool.
@@ -212,19 +211,30 @@ def apply_rotary(
     if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
         raise InvalidArgument(f"out must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got {tuple(out.shape)}, {out.dtype}")
     if torch.compiler.is_compiling():
-        result = _rotate_formula(x, cos, sin, interleaved)
+        result = _rotate_whole(x, cos, sin, interleaved)
         return result if out is None else out.copy_(result)
     if out is not None:
         return _rotate_into(x, cos, sin, out, interleaved)
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
-        return _rotate_formula(x, cos, sin, interleaved)
+        return _rotate_whole(x, cos, sin, interleaved)
     if torch.is_grad_enabled() and x.requires_grad:
         return _ApplyRotary.apply(x, cos, sin, interleaved)
     return _rotate_into(x, cos, sin, torch.empty_like(x, memory_format=torch.contiguous_format), interleaved)
 
 
-def _full_width(half: Tensor, interleaved: bool) -> Tensor:
-    """(..., r/2) -> (..., r) in the layout's order."""
-    if interleaved:
-        return half.repeat_interleave(2, dim=-1)
-    return torch.cat((half, half), dim=-1)
+
+def rotate_heads(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False) -> Tensor:
+    """x (B, H, T, D) rotated on its first r dimensions, r = cos.shape[-1] <= D; ``x[..., r:]``
+    passes through (Hugging Face's partial rotary): the encodings' (RoPE, xPos, M-RoPE, axial
+    RoPE) one way into :func:`apply_rotary`.
+
+    cos and sin: (T, r), or (B, T, r) for per-row positions (broadcast over the heads), full
+    width in the layout's order. Returns a tensor of x's shape and dtype. Raises as
+    :func:`apply_rotary`.
+    """
+    if cos.dim() == 3:  # (B, T, r) -> (B, 1, T, r)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return apply_rotary(x, cos, sin, interleaved=interleaved)
+    return torch.cat((apply_rotary(x[..., :r], cos, sin, interleaved=interleaved), x[..., r:]), dim=-1)

@@ -39,7 +39,8 @@ from torch import Tensor
 from posenc._validation import check_bool, check_even, check_number, check_position_values, fits_sequence_positions
 from posenc.encodings.base import PositionalEncoding
 from posenc.encodings.rope.scaling import compute_rope_parameters, default_inv_freq_f64, rope_type_record
-from posenc.kernels.rotary_torch import _full_width, apply_rotary
+from posenc.encodings.rope.rotary import cos_sin_table
+from posenc.kernels.rotary_torch import rotate_heads
 from posenc.errors import InvalidArgument
 
 #: Values of ``AxialRoPE(freqs_for=...)``, rotary-embedding-torch's names.
@@ -67,8 +68,13 @@ class MultiAxisRoPE(PositionalEncoding):
         self.attention_factor = float(attention_factor)
         # float64 tables kept off the module's .to() (which would round them), as RoPE's
         self._inv_freq_f64, self._axis_of_pair, self._phase_f64 = inv_freq, axis_of_pair, phase
-        self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
         self._tables_on: dict[torch.device, tuple[Tensor, Tensor, Tensor | None]] = {}
+
+    @property
+    def inv_freq(self) -> Tensor:
+        """float32 (r/2,), radians per unit of position: the float64 frequencies, rounded, for
+        introspection (as :attr:`RoPE.inv_freq`)."""
+        return self._inv_freq_f64.to(torch.float32)
 
     @property
     def position_axes(self) -> int:
@@ -146,20 +152,11 @@ class MultiAxisRoPE(PositionalEncoding):
         """cos and sin (attention factor included) at positions in a hook form: two tensors
         (T, r) or (B, T, r) of ``dtype`` in this encoding's pair layout, from float64 angles
         rounded once."""
-        angles = self.angles(positions)
-        cos, sin = angles.cos(), angles.sin()
-        if self.attention_factor != 1.0:
-            cos, sin = cos * self.attention_factor, sin * self.attention_factor
-        return _full_width(cos.to(dtype), self.interleaved), _full_width(sin.to(dtype), self.interleaved)
+        return cos_sin_table(self.angles(positions), self.attention_factor, self.interleaved, dtype)
 
     def _rotate_one(self, x: Tensor, positions: Tensor) -> Tensor:
         cos, sin = self.cos_sin(positions, torch.promote_types(x.dtype, torch.float32))
-        if cos.dim() == 3:  # (B, T, r) -> (B, 1, T, r): broadcast over heads
-            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        r = self.rotary_dim
-        if r == x.shape[-1]:
-            return apply_rotary(x, cos, sin, interleaved=self.interleaved)
-        return torch.cat((apply_rotary(x[..., :r], cos, sin, interleaved=self.interleaved), x[..., r:]), dim=-1)
+        return rotate_heads(x, cos, sin, interleaved=self.interleaved)
 
     def rotate(self, q, k, q_positions, k_positions):
         """q (B, H, Tq, D) and k (B, H_kv, Tk, D) rotated at their positions, each in a hook

@@ -25,9 +25,10 @@ from torch import Tensor
 from posenc.encodings.base import PositionalEncoding
 from posenc import kernels as _kernels
 from posenc._validation import check_bool, check_even, check_number, is_real_number
-from posenc.kernels.rotary_torch import _full_width, apply_rotary
+from posenc.kernels.rotary_torch import rotate_heads
 from posenc.encodings.rope.scaling import compute_rope_parameters, rope_type_record
 from posenc.errors import InvalidArgument
+
 
 def rope_frequencies(
     head_dim: int,
@@ -64,11 +65,34 @@ def rope_frequencies(
 #: Values of ``RoPE(dynamic_cache=...)``.
 DYNAMIC_CACHE_MODES = ("rerotate", "frozen")
 
-#: The regime of RoPE(dynamic_cache="frozen"): per-position frequencies (the record's
-#: ``per_position``), not those of one length.
-_FROZEN_REGIME = ("frozen", None)
+
+def full_width(half: Tensor, interleaved: bool) -> Tensor:
+    """(..., r/2) -> (..., r) in the layout's order: ``[c_0 .. c_{r/2-1}, c_0 .. c_{r/2-1}]``
+    half-split, ``[c_0, c_0, c_1, c_1, ...]`` interleaved."""
+    if interleaved:
+        return half.repeat_interleave(2, dim=-1)
+    return torch.cat((half, half), dim=-1)
 
 
+def cos_sin_table(
+    angles: Tensor, attention_factor: float, interleaved: bool, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """The cos/sin tables of RoPE and multi-axis RoPE from their angles.
+
+    Args:
+        angles: float64 (..., r/2), radians, one per frequency pair.
+        attention_factor: the factor cos and sin are multiplied by (Hugging Face's; 1.0 for none).
+        interleaved: the pair layout, as :func:`full_width`.
+        dtype: the tables' dtype.
+
+    Returns:
+        cos, sin: (..., r) of ``dtype``, full width in the layout's order, taken and scaled in
+        float64 and rounded once (docs/precision.md).
+    """
+    cos, sin = angles.cos(), angles.sin()
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return full_width(cos.to(dtype), interleaved), full_width(sin.to(dtype), interleaved)
 
 
 def _short_repr(scaling: Mapping[str, Any] | None) -> str:
@@ -149,27 +173,31 @@ class RoPE(PositionalEncoding):
         if rotary_dim > head_dim:
             raise InvalidArgument(f"rotary_dim must be <= head_dim={head_dim}, got {rotary_dim}")
         self.head_dim, self.rotary_dim = head_dim, rotary_dim
+        check_number(base, "base (rope_theta)", gt=1)
         self.base, self.interleaved = float(base), check_bool(interleaved, "interleaved")
         self.scaling = dict(scaling) if scaling is not None else None
-        inv_freq, self.attention_factor = rope_frequencies(rotary_dim, base=base, scaling=self.scaling)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # The frequencies, built once, in float64 and kept off the module's .to() (which would
+        # round them): cos and sin are computed from them for exactly the positions asked, so
+        # memory follows the number of positions in a call, never the largest position.
+        self._inv_freq_f64, self.attention_factor = compute_rope_parameters(
+            rotary_dim, self.base, self.scaling, None, dtype=torch.float64
+        )
         if dynamic_cache not in DYNAMIC_CACHE_MODES:
             raise InvalidArgument(f"dynamic_cache must be one of {DYNAMIC_CACHE_MODES}, got {dynamic_cache!r}")
         self.dynamic_cache = dynamic_cache
-        self._rope_type = rope_type_record(self.scaling)  # how the frequencies follow the length
-        self.length_dependent = self._rope_type.length_dependent
+        # a length-dependent type's frequencies at any length (dict already checked above)
+        of_length = rope_type_record(self.scaling).of_length
+        self._of_length = None if of_length is None else of_length(rotary_dim, self.base, self.scaling)
+        self.length_dependent = self._of_length is not None
         self.hf_layout, self.max_position_embeddings = hf_layout, max_position_embeddings
-        # Frequencies in float64, kept off the module's .to() (which would round them): cos and
-        # sin are computed from them for exactly the positions asked, so memory follows the
-        # number of positions in a call, never the largest position.
-        self._inv_freq_f64, _ = compute_rope_parameters(rotary_dim, self.base, self.scaling, None, dtype=torch.float64)
-        of_length = self._rope_type.of_length
-        self._of_length = (
-            of_length(rotary_dim, self.base, self.scaling) if self.length_dependent and of_length is not None else None
-        )
         self._freq_on: dict[torch.device, Tensor] = {}
-        # (device, float64, regime) -> frequencies, for a length-dependent record without of_length
-        self._cache: dict[tuple, Tensor] = {}
+
+    @property
+    def inv_freq(self) -> Tensor:
+        """float32 (r/2,), radians per token: Hugging Face's ``inv_freq``, for introspection;
+        the float64 frequencies the rotation uses, rounded (within L0 for the
+        length-dependent types)."""
+        return self._inv_freq_f64.to(torch.float32)
 
     @classmethod
     def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
@@ -181,14 +209,6 @@ class RoPE(PositionalEncoding):
         frequencies of every token, so hidden states cached at a shorter length go stale."""
         return not (self.length_dependent and self.dynamic_cache == "rerotate")
 
-    def _regime(self, seq_len: int | None) -> tuple:
-        """Which frequencies a call of length ``seq_len`` uses, (key, seq_len to compute them
-        at). The rope_type's record decides, except in the "frozen" mode, where every
-        position has its own frequencies whatever the call."""
-        if self.length_dependent and self.dynamic_cache == "frozen":
-            return _FROZEN_REGIME
-        return self._rope_type.regime(self.scaling, seq_len)
-
     def _static_frequencies(self, device: torch.device) -> Tensor:
         """The length-independent float64 frequencies (r/2,) on ``device``."""
         if torch.compiler.is_compiling():
@@ -196,22 +216,6 @@ class RoPE(PositionalEncoding):
         freq = self._freq_on.get(device)
         if freq is None:
             freq = self._freq_on[device] = self._inv_freq_f64.to(device)
-        return freq
-
-    def _frequencies_at(self, seq_len: int, device: torch.device) -> Tensor:
-        """float64 frequencies (r/2,) at one length from the record's regime and inv_freq: the
-        uncompiled fallback for a length-dependent record without ``of_length``. One entry per
-        regime; only the last few length regimes are kept."""
-        regime = self._rope_type.regime(self.scaling, seq_len)  # the length's own, in either mode
-        key = (device, torch.float64, regime)
-        freq = self._cache.get(key)
-        if freq is None:
-            freq, _ = compute_rope_parameters(self.rotary_dim, self.base, self.scaling, regime[1], dtype=torch.float64)
-            if regime[1] is not None:
-                stale = [k for k in self._cache if k[2][1] is not None]
-                for k in stale[: max(0, len(stale) - 3)]:
-                    del self._cache[k]
-            freq = self._cache[key] = freq.to(device)
         return freq
 
     def _frequencies(self, positions: Tensor, seq_len: int | Tensor | None) -> Tensor:
@@ -223,24 +227,17 @@ class RoPE(PositionalEncoding):
         ``torch.compile`` to break on).
         """
         device = positions.device
-        if not self.length_dependent:
+        if self._of_length is None:
             return self._static_frequencies(device)
         if self.dynamic_cache == "frozen":
-            lengths = positions + 1
-            if self._of_length is not None:
-                return self._of_length(lengths.to(torch.float64))
-            unique, inverse = torch.unique(lengths, return_inverse=True)
-            rows = [self._frequencies_at(n, device) for n in unique.tolist()]
-            return torch.stack(rows)[inverse] if rows else self._static_frequencies(device)
+            return self._of_length((positions + 1).to(torch.float64))
         length = None if seq_len is None else torch.as_tensor(seq_len, dtype=torch.long, device=device)
         if positions.numel():
             furthest = positions.max().to(torch.long) + 1
             length = furthest if length is None else torch.maximum(furthest, length)
         if length is None:  # no positions: nothing is rotated, any frequencies do
             return self._static_frequencies(device)
-        if self._of_length is not None:
-            return self._of_length(length.to(torch.float64))
-        return self._frequencies_at(int(length), device)
+        return self._of_length(length.to(torch.float64))
 
     def cos_sin(
         self, positions: Tensor, dtype: torch.dtype = torch.float32, seq_len: int | Tensor | None = None
@@ -256,30 +253,12 @@ class RoPE(PositionalEncoding):
         frequencies, their cos and sin taken in float64 and rounded once to ``dtype``
         (docs/precision.md), computed for the positions asked only: memory and time follow
         the number of positions, whatever their values (a decoding step at 2^31 - 1 builds a
-        few hundred bytes). Traces under ``torch.compile(fullgraph=True)`` for every rope_type
-        whose record has ``of_length`` (all built-in ones).
+        few hundred bytes). Traces under ``torch.compile(fullgraph=True)`` for every rope_type.
 
         Returns two tensors (T, r) or (B, T, r) of ``dtype`` in this encoding's layout.
         """
         angles = positions.to(torch.float64).unsqueeze(-1) * self._frequencies(positions, seq_len)
-        cos, sin = angles.cos(), angles.sin()
-        if self.attention_factor != 1.0:
-            cos, sin = cos * self.attention_factor, sin * self.attention_factor
-        return _full_width(cos.to(dtype), self.interleaved), _full_width(sin.to(dtype), self.interleaved)
-
-    def _rotate_one(self, x: Tensor, positions: Tensor, seq_len: int | Tensor | None = None) -> Tensor:
-        cos, sin = self.cos_sin(positions, torch.promote_types(x.dtype, torch.float32), seq_len)
-        return self._apply_tables(x, cos, sin)
-
-    def _apply_tables(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """Rotate x (B, H, T, D) with cos/sin (T, r) or (B, T, r); the tail past r passes through."""
-        if cos.dim() == 3:  # (B, T, r) -> (B, 1, T, r) to broadcast over heads
-            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        r = self.rotary_dim
-        if r == x.shape[-1]:
-            return apply_rotary(x, cos, sin, interleaved=self.interleaved)
-        rotated = apply_rotary(x[..., :r], cos, sin, interleaved=self.interleaved)
-        return torch.cat((rotated, x[..., r:]), dim=-1)
+        return cos_sin_table(angles, self.attention_factor, self.interleaved, dtype)
 
     def rotate(self, q, k, q_positions, k_positions):
         """q (B, H, Tq, D) and k (B, H_kv, Tk, D) rotated at q_positions and k_positions ((T,) or
@@ -306,7 +285,7 @@ class RoPE(PositionalEncoding):
             cos_k, sin_k = cos_q, sin_q
         else:
             cos_k, sin_k = self.cos_sin(k_positions, k_dtype, seq_len)
-        return self._apply_tables(q, cos_q, sin_q), self._apply_tables(k, cos_k, sin_k)
+        return rotate_heads(q, cos_q, sin_q, interleaved=self.interleaved), rotate_heads(k, cos_k, sin_k, interleaved=self.interleaved)
 
     def kernel_angles(self, positions: Tensor, seq_len: int | Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None] | None:
         """The angles of :meth:`cos_sin` as the fused kernel's inputs, or None if it cannot compute them.

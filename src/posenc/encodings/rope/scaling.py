@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -108,58 +108,30 @@ def _check_keys(scaling: Mapping[str, Any], rope_type: str, allowed: frozenset[s
 
 # -- the record of a rope_type ----------------------------------------------------------------------
 RopeInitFn = Callable[[int, float, Mapping[str, Any], "int | None"], tuple[Tensor, float]]
-#: (scaling, seq_len) -> (key, seq_len to compute the frequencies at); see :class:`RopeType`.
-RegimeFn = Callable[[Mapping[str, Any], "int | None"], tuple[Hashable, "int | None"]]
-#: (dim, base, scaling, num_positions, *, dtype) -> (num_positions, dim // 2) of dtype.
-PerPositionFn = Callable[..., Tensor]
 #: (dim, base, scaling) -> (lengths float64 Tensor (...) -> frequencies float64 (..., dim // 2)).
 LengthFrequenciesFn = Callable[[int, float, Mapping[str, Any]], Callable[[Tensor], Tensor]]
-
-#: The regime of every call of a length-independent type, and of a length-dependent one whose
-#: length does not change its frequencies: those computed with seq_len None.
-STATIC_REGIME: tuple[Hashable, None] = ("static", None)
-
-
-def static_regime(scaling: Mapping[str, Any] | None, seq_len: int | None) -> tuple[Hashable, None]:
-    """The regime function of a length-independent type: always :data:`STATIC_REGIME`."""
-    return STATIC_REGIME
-
-
-def repeat_per_position(
-    dim: int, base: float, scaling: Mapping[str, Any] | None, num_positions: int, *, dtype: torch.dtype
-) -> Tensor:
-    """The per-position frequencies of a length-independent type: one row, repeated."""
-    inv_freq, _ = compute_rope_parameters(dim, base, scaling, None, dtype=dtype)
-    return inv_freq.expand(num_positions, -1).clone()
 
 
 @dataclass(frozen=True)
 class RopeType:
     """Everything posenc knows about one ``rope_type``: the single place to look.
 
+    The frequencies are ``inv_freq``, and for a type whose frequencies follow the current
+    length, ``of_length`` too; the other fields say how Hugging Face spells the type.
+
     Fields:
         inv_freq: the pure ``(dim, base, scaling, seq_len) -> (inv_freq float64 (dim // 2,),
             attention_factor)`` function. It validates the dict (KeyError for a missing key,
             ValueError for a bad value, a warning for an unused key).
-        length_dependent: the frequencies depend on the current length ``seq_len``
-            (dynamic, longrope); :class:`~posenc.RoPE` then honours ``dynamic_cache``.
-        regime: ``(scaling, seq_len) -> (key, seq_len')``: calls with equal (key, seq_len')
-            share one cos/sin table, computed with ``inv_freq(..., seq_len')``, which must
-            give the frequencies of ``seq_len`` itself. Length-independent types keep
-            :func:`static_regime`.
-        per_position: ``(dim, base, scaling, n, *, dtype) -> (n, dim // 2)``, row p the
-            frequencies at length p + 1 (the "frozen" KV-cache mode, see
-            :func:`inv_freq_per_position`). Length-independent types keep
-            :func:`repeat_per_position`.
-        of_length: optional, for a length-dependent type: ``(dim, base, scaling) -> f``,
-            called once (it validates the dict and precomputes), where ``f(lengths)`` maps a
-            float64 tensor of lengths (any shape S, any device) to the float64 frequencies
-            (S + (dim // 2,)) at each length, with tensor ops only (no Python branch on a
-            value), so that :class:`~posenc.RoPE` computes them for any call length, or per
-            position, inside ``torch.compile`` and without building rows for positions
-            nobody asked for. It must equal ``inv_freq(dim, base, scaling, L)`` at every L.
-            Without it RoPE falls back to ``regime`` / ``inv_freq`` per distinct length
-            (uncompiled calls only: a graph break under ``torch.compile``).
+        of_length: for a length-dependent type only (dynamic, longrope): ``(dim, base,
+            scaling) -> f``, called once on a dict that ``inv_freq`` has validated, where
+            ``f(lengths)`` maps a float64 tensor of lengths (any shape S, any device) to the
+            float64 frequencies (S + (dim // 2,)) at each length, with tensor ops only (no
+            Python branch on a value), so that it runs inside ``torch.compile`` and for the
+            lengths asked only. It must equal ``inv_freq(dim, base, scaling, L)`` at every L.
+            :class:`~posenc.RoPE` calls it with the call's length (``dynamic_cache="rerotate"``)
+            or with ``positions + 1`` (``"frozen"``: position p rotated with the frequencies
+            in force when it was the last token). None: the frequencies ignore the length.
         needs_context: the dict carries the original context L0 =
             ``original_max_position_embeddings`` (a required key); Hugging Face reads it from
             the model config, so :func:`posenc.rope.read_hf_config` fills it in from
@@ -180,16 +152,10 @@ class RopeType:
             plain RoPE with base * s^(d/(d-2))); None when Hugging Face has the type itself.
 
     Adding a rope_type is one :data:`RopeInitFn` (and, if it depends on the length, its
-    regime and per-position functions) and one entry of :data:`ROPE_TYPES`.
-
-    Raises:
-        TypeError: a length-dependent record without its own regime and per_position.
+    ``of_length``) and one entry of :data:`ROPE_TYPES`.
     """
 
     inv_freq: RopeInitFn
-    length_dependent: bool = False
-    regime: RegimeFn = static_regime
-    per_position: PerPositionFn = repeat_per_position
     of_length: LengthFrequenciesFn | None = None
     needs_context: bool = False
     hf_top_level_context: bool = False
@@ -199,11 +165,13 @@ class RopeType:
     hf_equivalent: Callable[[Mapping[str, Any], float, int], tuple[float, Mapping[str, Any] | None]] | None = None
 
     def __post_init__(self) -> None:
-        # the static defaults would silently freeze a length-dependent type at seq_len None
-        if self.length_dependent and (self.regime is static_regime or self.per_position is repeat_per_position):
-            raise InvalidType("a length-dependent RopeType needs its own regime and per_position functions")
         if self.extension is not None:
             object.__setattr__(self, "extension", MappingProxyType(dict(self.extension)))
+
+    @property
+    def length_dependent(self) -> bool:
+        """The frequencies follow the current length: the record has ``of_length``."""
+        return self.of_length is not None
 
 
 # -- one function per rope_type ------------------------------------------------------------------
@@ -261,28 +229,8 @@ def _dynamic(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | N
     return default_inv_freq_f64(dim, dynamic_ntk_base(base, factor, length, context_length, dim)), 1.0
 
 
-def _dynamic_regime(scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Hashable, int | None]:
-    """Within L0 the original frequencies; past it, one table per length."""
-    if seq_len is None or seq_len <= int(scaling["original_max_position_embeddings"]):
-        return STATIC_REGIME
-    return ("length", seq_len)
-
-
-def _dynamic_per_position(
-    dim: int, base: float, scaling: Mapping[str, Any], num_positions: int, *, dtype: torch.dtype
-) -> Tensor:
-    """Row p: the dynamic NTK frequencies at length p + 1, one base per row."""
-    compute_rope_parameters(dim, base, scaling, None)  # validates the dict
-    factor, context_length = _factor(scaling, "dynamic"), _context_length(scaling, "dynamic")
-    lengths = torch.arange(1, num_positions + 1, dtype=torch.float64)
-    bases = dynamic_ntk_base(base, factor, lengths, context_length, dim)
-    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
-    return (1.0 / bases.unsqueeze(-1) ** exponents).to(dtype)
-
-
 def _dynamic_of_length(dim: int, base: float, scaling: Mapping[str, Any]) -> Callable[[Tensor], Tensor]:
     """f(lengths) -> the dynamic NTK frequencies at each length, float64 (..., dim // 2)."""
-    compute_rope_parameters(dim, base, scaling, None)  # validates the dict
     factor, context_length = _factor(scaling, "dynamic"), _context_length(scaling, "dynamic")
     exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
 
@@ -449,30 +397,11 @@ def _longrope(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | 
     return default_inv_freq_f64(dim, base) / ext, float(attention_factor)
 
 
-def _longrope_regime(scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Hashable, int | None]:
-    """The short factors within L0; past it the long ones, the same for every length."""
-    context_length = int(scaling["original_max_position_embeddings"])
-    if seq_len is None or seq_len <= context_length:
-        return STATIC_REGIME
-    return ("long", context_length + 1)
-
-
-def _longrope_per_position(
-    dim: int, base: float, scaling: Mapping[str, Any], num_positions: int, *, dtype: torch.dtype
-) -> Tensor:
-    """Row p: the short factors' frequencies for p + 1 <= L0, the long factors' after."""
-    context_length = _context_length(scaling, "longrope")
-    short, _ = compute_rope_parameters(dim, base, scaling, None, dtype=dtype)
-    long, _ = compute_rope_parameters(dim, base, scaling, context_length + 1, dtype=dtype)
-    is_long = torch.arange(1, num_positions + 1).unsqueeze(-1) > context_length
-    return torch.where(is_long, long, short)
-
-
 def _longrope_of_length(dim: int, base: float, scaling: Mapping[str, Any]) -> Callable[[Tensor], Tensor]:
     """f(lengths) -> the short factors' frequencies for L <= L0, the long ones' after."""
     context_length = _context_length(scaling, "longrope")
-    short, _ = compute_rope_parameters(dim, base, scaling, None, dtype=torch.float64)
-    long, _ = compute_rope_parameters(dim, base, scaling, context_length + 1, dtype=torch.float64)
+    theta = default_inv_freq_f64(dim, base)
+    short, long = theta / _factor_list(scaling, "short_factor", dim), theta / _factor_list(scaling, "long_factor", dim)
 
     def of_length(lengths: Tensor) -> Tensor:
         is_long = (lengths > context_length).unsqueeze(-1)
@@ -493,8 +422,7 @@ ROPE_TYPES: dict[str, RopeType] = {
     "linear": RopeType(_linear, extension={}),
     "ntk": RopeType(_ntk, extension={}, hf_equivalent=_ntk_as_plain_rope),
     "dynamic": RopeType(
-        _dynamic, length_dependent=True, regime=_dynamic_regime, per_position=_dynamic_per_position,
-        of_length=_dynamic_of_length, needs_context=True, extension={},
+        _dynamic, of_length=_dynamic_of_length, needs_context=True, extension={},
     ),
     "yarn": RopeType(
         _yarn, needs_context=True, hf_top_level_context=True, hf_factor_from_context=_yarn_factor_is_null, extension={},
@@ -506,8 +434,7 @@ ROPE_TYPES: dict[str, RopeType] = {
     "proportional": RopeType(_proportional, partial_rotary_selects_frequencies=True),
     # not an extension method: it needs searched per-pair factors, not just a factor and L0
     "longrope": RopeType(
-        _longrope, length_dependent=True, regime=_longrope_regime, per_position=_longrope_per_position,
-        of_length=_longrope_of_length, needs_context=True, hf_top_level_context=True, hf_factor_from_context=_longrope_factor_missing,
+        _longrope, of_length=_longrope_of_length, needs_context=True, hf_top_level_context=True, hf_factor_from_context=_longrope_factor_missing,
     ),
 }
 
@@ -613,17 +540,3 @@ def compute_rope_parameters(
     inv_freq, attention_factor = record.inv_freq(dim, base, scaling, seq_len)
     return inv_freq.to(dtype), float(attention_factor)
 
-
-def inv_freq_per_position(
-    dim: int, base: float, scaling: Mapping[str, Any], num_positions: int, *, dtype: torch.dtype = torch.float32
-) -> Tensor:
-    """(num_positions, dim // 2) of ``dtype``: row p holds the frequencies at length p + 1.
-
-    The "rotate once" convention for length-dependent scalings under a KV cache: the token
-    at position p is rotated with the frequencies in force when it was the last token
-    (Hugging Face's behaviour when decoding token by token). Static types repeat one row.
-    Each type's rows come from its record's ``per_position``.
-
-    Raises as :func:`compute_rope_parameters`.
-    """
-    return rope_type_record(scaling).per_position(dim, base, scaling, num_positions, dtype=dtype)

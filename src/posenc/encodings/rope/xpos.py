@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from posenc._validation import check_even, check_number
-from posenc.encodings.rope.rotary import RoPE
-from posenc.kernels.rotary_torch import _full_width
+from posenc.encodings.rope.rotary import RoPE, full_width
+from posenc.kernels.rotary_torch import rotate_heads
 from posenc.errors import InvalidArgument
 
 
@@ -152,13 +152,13 @@ class XPos(RoPE):
         offset = positions - centre  # int64: exact at any position
         exponent = offset.to(torch.float64) * (sign / self.scale_base)
         log_scale = exponent.unsqueeze(-1) * self._log_zeta.to(positions.device)
-        return _full_width(log_scale.exp(), self.interleaved).to(dtype)
+        return full_width(log_scale.exp(), self.interleaved).to(dtype)
 
     def _rotate_scaled(self, x: Tensor, positions: Tensor, centre: Tensor, sign: float, seq_len: int | None) -> Tensor:
         dtype = torch.promote_types(x.dtype, torch.float32)
         cos, sin = self.cos_sin(positions, dtype, seq_len)
         scale = self.xpos_scale(positions, centre, sign, dtype)
-        return self._apply_tables(x, cos * scale, sin * scale)
+        return rotate_heads(x, cos * scale, sin * scale, interleaved=self.interleaved)
 
     def rotate(self, q, k, q_positions, k_positions):
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
