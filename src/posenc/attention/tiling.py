@@ -39,8 +39,8 @@ BLOCKED_TILE_ELEMENTS = 1 << 22
 #: Query rows per block once the bias tiles are strided views costing no memory (a
 #: translation-invariant bias with the causal mask folded in): few enough that the future
 #: keys computed and masked inside a block's diagonal stay a small fraction (rows / T),
-#: enough that per-call overhead is amortized. Best of 64 .. 1024 at T = 8192, H = 8, D = 64
-#: on a 2-core CPU (posenc bench attention).
+#: enough that per-call overhead is amortized (chosen by timing: docs/results.md,
+#: "Measurements behind the code").
 BLOCKED_VIEW_ROWS = 256
 
 
