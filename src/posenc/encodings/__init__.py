@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.encodings.nope import NoPE
 from posenc.encodings.sinusoidal import Sinusoidal, sinusoidal_table
 from posenc.encodings.learned import LearnedAbsolute
@@ -75,7 +75,7 @@ def create_for_model(
 
 __all__ = [
     "REGISTRY", "available", "create", "create_for_model", "encoding_class",
-    "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
+    "Hook", "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
     "XPos", "ProportionalRoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids",
     "IRoPE",
