@@ -179,10 +179,11 @@ def _flat_arguments(signature: inspect.Signature, arguments: Mapping[str, Any]) 
     """Bound arguments as {name: value} without ``self``, ``**kwargs`` merged in; None when
     positional ``*args`` were given (they have no names to rebuild from)."""
     flat: dict[str, Any] = {}
-    for index, (name, value) in enumerate(arguments.items()):
+    itself = next(iter(signature.parameters))
+    for name, value in arguments.items():
         kind = signature.parameters[name].kind
-        if index == 0 and name == next(iter(signature.parameters)):
-            continue  # self
+        if name == itself:
+            continue
         if kind is inspect.Parameter.VAR_POSITIONAL:
             if value:
                 return None
