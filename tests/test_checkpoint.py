@@ -142,3 +142,30 @@ def test_a_file_that_needs_unpickling_code_is_refused(tmp_path):
         TransformerLM.from_checkpoint(tmp_path / "m.pt")
     with pytest.raises(CheckpointMismatch, match="corrupt or not a posenc checkpoint"):
         load_checkpoint(tmp_path / "m.pt", {})
+
+
+def test_an_encoding_built_with_its_constructor_defaults_saves_them(tmp_path):
+    """T5's constructor defaults to bidirectional buckets, a causal model's for_model to one-sided
+    ones: the checkpoint keeps the constructor's choice, from the encoding's recorded config."""
+    model = TransformerLM(CONFIG, posenc.create("t5", num_heads=CONFIG.num_heads))
+    assert model.encoding_spec() == {"name": "t5", "kwargs": {"bidirectional": True}}
+    model.save(tmp_path / "m.pt")
+    loaded = TransformerLM.from_checkpoint(tmp_path / "m.pt")
+    assert loaded.encoding.bidirectional is True
+    same_logits(loaded, model)
+
+
+def test_older_checkpoints_still_load(tmp_path):
+    """Files written by earlier versions: a format-1 checkpoint with the encoding's options, and a
+    training checkpoint from before format 1 that named the model in its fingerprint only."""
+    torch.manual_seed(0)
+    model = TransformerLM(CONFIG, posenc.create_for_model("sinusoidal", **CONFIG.encoding_sizes(), base=500.0))
+    torch.save({"format": 1, "config": CONFIG.to_dict(), "encoding": {"name": "sinusoidal", "kwargs": {"base": 500.0}},
+                "model": model.state_dict()}, tmp_path / "format1.pt")
+    same_logits(TransformerLM.from_checkpoint(tmp_path / "format1.pt"), model)
+    plain = TransformerLM(CONFIG, "alibi")
+    torch.save({"fingerprint": {"model": CONFIG.to_dict(), "encoding": "alibi"}, "model": plain.state_dict(),
+                "step": 3}, tmp_path / "before_format1.pt")
+    loaded = TransformerLM.from_checkpoint(tmp_path / "before_format1.pt")
+    assert loaded.encoding_spec() == {"name": "alibi", "kwargs": {}}
+    same_logits(loaded, plain)

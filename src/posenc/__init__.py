@@ -14,6 +14,7 @@ from posenc import _moved, rope
 from posenc.attention import BACKENDS, attention
 from posenc.encodings import (
     REGISTRY,
+    Hook,
     ALiBi,
     LearnedAbsolute,
     NoPE,
@@ -50,7 +51,7 @@ _moved.install()  # the lab's modules left the root: posenc.model is posenc.lab.
 
 __all__ = [
     "__version__", "attention", "BACKENDS", "available", "create", "create_for_model", "REGISTRY",
-    "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
+    "Hook", "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
     "XPos", "ProportionalRoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids",
     "IRoPE",

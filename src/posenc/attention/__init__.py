@@ -38,7 +38,7 @@ import math
 import torch
 from torch import Tensor
 
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc._validation import check_number, check_sequence_positions
 from posenc.attention import blocked, eager, flash_attention_2, flex, sdpa
 from posenc.attention.masks import causal_mask, check_mask, combine_masks, encoding_mask, is_mask_mod, mask_from_mod
@@ -73,12 +73,12 @@ def _resolve_backend(
         raise InvalidArgument(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend != "auto":
         return backend
-    if encoding is not None and "content" in encoding.hooks:
+    if encoding is not None and Hook.CONTENT in encoding.hooks:
         return "eager"
     if device is not None and torch.device(device).type == "cuda":
         return _auto_on_cuda(encoding, bias_elements, causal=causal, dtype=dtype, mask=mask,
                              dropout_p=dropout_p, default_positions=default_positions)
-    if encoding is not None and encoding.hooks & {"score_bias", "gate"}:
+    if encoding is not None and encoding.hooks & {Hook.SCORE_BIAS, Hook.GATE}:
         if bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS:
             return "blocked"
         if _learns_bias_on_cpu(encoding, device, gates):
@@ -92,13 +92,13 @@ def _auto_on_cuda(encoding: PositionalEncoding | None, bias_elements: int, *, ca
     flash_attention_2 (row 5: flash-attn installed and no gate is ``unsupported`` returning
     None), flex (rows 6 and 7), blocked or sdpa (rows 8 and 9)."""
     hooks = encoding.hooks if encoding is not None else frozenset()
-    mask_mod = is_mask_mod(mask) or "mask" in hooks
-    if "score_bias" in hooks and default_positions and mask is None and dtype in (torch.float16, torch.bfloat16) \
+    mask_mod = is_mask_mod(mask) or Hook.MASK in hooks
+    if Hook.SCORE_BIAS in hooks and default_positions and mask is None and dtype in (torch.float16, torch.bfloat16) \
             and not torch.compiler.is_compiling() and encoding.linear_bias_slopes(causal) is not None \
             and flash_attention_2.unsupported(encoding, dropout_p=dropout_p) is None:
         return "flash_attention_2"
-    large = bool(hooks & {"score_bias", "gate"}) and bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS
-    if (mask_mod or large) and not dropout_p and "gate" not in hooks:
+    large = bool(hooks & {Hook.SCORE_BIAS, Hook.GATE}) and bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS
+    if (mask_mod or large) and not dropout_p and Hook.GATE not in hooks:
         return "flex"
     return "blocked" if large else "sdpa"
 
@@ -152,7 +152,7 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
 def _check_gates(gates: Tensor | None, encoding: PositionalEncoding | None, q: Tensor, num_keys: int,
                  causal: bool) -> None:
     """``gates=`` is given exactly when the encoding has the ``gate`` hook, as (B, H, Tk) floats."""
-    wants = encoding is not None and "gate" in encoding.hooks
+    wants = encoding is not None and Hook.GATE in encoding.hooks
     batch, heads, num_queries = q.shape[0], q.shape[1], q.shape[2]
 
     def expected() -> str:  # formatted only to raise: formatting a traced size would specialize it
@@ -324,11 +324,11 @@ def attention(
     has_key = None
     if mask is not None and not is_mask_mod(mask):
         mask, has_key = combine_masks(causal_mask(num_queries, num_keys, q.device) if causal else None, mask)
-    if "rotate" in hooks:
+    if Hook.ROTATE in hooks:
         q, k = encoding.rotate(q, k, q_positions, k_positions)
-    if "score_bias" in hooks:
+    if Hook.SCORE_BIAS in hooks:
         encoding.prepare_bias()
-    gate_state = encoding.prepare_gates(gates) if "gate" in hooks else None
+    gate_state = encoding.prepare_gates(gates) if Hook.GATE in hooks else None
     q, k, v, poisoned = _quarantine(q, k, v, causal=causal, mask=mask, has_key=has_key)
     out = backend_module.run(q, k, v, encoding=encoding, q_positions=q_positions, k_positions=k_positions,
                              causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, gate_state=gate_state)

@@ -7,13 +7,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.attention.tiling import query_blocks
 
 
 def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dropout_p: float = 0.0) -> str | None:
     """Content terms need the whole score matrix (and Shaw's the probabilities)."""
-    if encoding is not None and "content" in encoding.hooks:
+    if encoding is not None and Hook.CONTENT in encoding.hooks:
         return "backend='blocked' has no content terms; use backend='eager' or 'auto'"
     return None
 
@@ -21,7 +21,7 @@ def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dro
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
         k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0,
         gate_state: object = None) -> Tensor:
-    biased = encoding if encoding is not None and "score_bias" in encoding.hooks else None
+    biased = encoding if encoding is not None and Hook.SCORE_BIAS in encoding.hooks else None
     out = torch.empty_like(q)
     blocks = query_blocks(biased, q_positions, k_positions, num_heads=q.shape[1], batch=q.shape[0], causal=causal,
                           mask=mask, dtype=q.dtype, gated=encoding, gate_state=gate_state)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.attention.masks import causal_mask
 from posenc.attention.tiling import dense_bias, dense_gate_bias
 
@@ -32,7 +32,7 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     gate_bias = dense_gate_bias(encoding, gate_state, num_queries, num_keys, causal=causal, device=q.device)
     if gate_bias is not None:
         bias = gate_bias if bias is None else bias + gate_bias
-    content = encoding is not None and "content" in encoding.hooks
+    content = encoding is not None and Hook.CONTENT in encoding.hooks
     if content and k.shape[1] != heads:
         # content terms are per query head and read k (Transformer-XL's u.k_j): one k per head
         k, v = k.repeat_interleave(heads // k.shape[1], dim=1), v.repeat_interleave(heads // v.shape[1], dim=1)

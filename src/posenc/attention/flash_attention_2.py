@@ -23,7 +23,7 @@ import importlib
 import torch
 from torch import Tensor
 
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.errors import InvalidArgument
 
 _INSTALL = "pip install flash-attn (NVIDIA GPUs from Ampere on, CUDA, fp16/bf16)"
@@ -42,11 +42,11 @@ def unsupported(encoding: PositionalEncoding | None, *, mask=None, dropout_p: fl
     if flash_attn_func() is None:
         return f"backend='flash_attention_2' needs the flash-attn package, which is not installed ({_INSTALL}); use backend='flex' or 'auto'"
     hooks = encoding.hooks if encoding is not None else frozenset()
-    if "content" in hooks:
+    if Hook.CONTENT in hooks:
         return "backend='flash_attention_2' has no content terms; use backend='eager' or 'auto'"
-    if "gate" in hooks:
+    if Hook.GATE in hooks:
         return "backend='flash_attention_2' has no gate bias; use backend='blocked', 'sdpa', 'eager' or 'auto'"
-    if "score_bias" in hooks and encoding.linear_bias_slopes(causal=True) is None:
+    if Hook.SCORE_BIAS in hooks and encoding.linear_bias_slopes(causal=True) is None:
         return (f"backend='flash_attention_2' adds no bias but ALiBi's linear one, not {type(encoding).__name__}'s; "
                 "use backend='flex' or 'auto'")
     if mask is not None:
@@ -93,7 +93,7 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
         raise InvalidArgument(f"backend='flash_attention_2' runs fp16 or bf16 CUDA tensors, got {q.dtype} on {q.device.type}")
     slopes = None
-    if encoding is not None and "score_bias" in encoding.hooks:
+    if encoding is not None and Hook.SCORE_BIAS in encoding.hooks:
         slopes = encoding.linear_bias_slopes(causal=causal)
         if slopes is None:
             raise InvalidArgument(f"backend='flash_attention_2': {type(encoding).__name__}'s bias is -m|i - j| only under a "

@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.attention.masks import is_mask_mod
 from posenc.errors import InvalidArgument
 
@@ -52,9 +52,9 @@ _last_block_mask: tuple | None = None
 def unsupported(encoding: PositionalEncoding | None, *, mask=None, dropout_p: float = 0.0) -> str | None:
     """No content terms (no hook for them in a score_mod that sees one score), no dropout.
     Every mask is served: a mask_mod natively, a boolean tensor through a lookup."""
-    if encoding is not None and "content" in encoding.hooks:
+    if encoding is not None and Hook.CONTENT in encoding.hooks:
         return "backend='flex' has no content terms; use backend='eager' or 'auto'"
-    if encoding is not None and "gate" in encoding.hooks:
+    if encoding is not None and Hook.GATE in encoding.hooks:
         return "backend='flex' has no gate bias; use backend='blocked', 'sdpa', 'eager' or 'auto'"
     if dropout_p:
         return "backend='flex' has no attention dropout (dropout_p); use backend='blocked', 'sdpa', 'eager' or 'auto'"
@@ -182,7 +182,7 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         k_positions: Tensor, causal: bool, mask=None, scale: float, dropout_p: float = 0.0,
         gate_state: object = None) -> Tensor:
     score_mod, learned_bias = None, False
-    if encoding is not None and "score_bias" in encoding.hooks:
+    if encoding is not None and Hook.SCORE_BIAS in encoding.hooks:
         score_mod = encoding.score_mod(q_positions, k_positions)
         if score_mod is None:
             raise InvalidArgument(f"backend='flex' needs the encoding's score_mod(); {type(encoding).__name__} has none")

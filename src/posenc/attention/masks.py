@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from posenc.encodings.base import Hook
 from posenc.errors import InvalidArgument, InvalidType
 
 
@@ -23,7 +24,7 @@ def causal_mask(num_queries: int, num_keys: int, device: torch.device | None = N
 def encoding_mask(encoding, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
     """The encoding's ``mask`` hook on the grid of the call's positions: boolean 4-D
     (1, 1, Tq, Tk), or (B, 1, Tq, Tk) when either side is (B, T); None without the hook."""
-    if encoding is None or "mask" not in encoding.hooks:
+    if encoding is None or Hook.MASK not in encoding.hooks:
         return None
     allowed = encoding.attention_mask(q_positions.unsqueeze(-1), k_positions.unsqueeze(-2))
     if allowed is None:

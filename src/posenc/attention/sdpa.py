@@ -9,14 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.attention.masks import as_4d, causal_mask, finite_in
 from posenc.attention.tiling import dense_bias, dense_gate_bias
 
 
 def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dropout_p: float = 0.0) -> str | None:
     """SDPA returns no probabilities: a content term on the values (Shaw) cannot be added."""
-    if encoding is not None and "content" in encoding.hooks and encoding.content_on_values:
+    if encoding is not None and Hook.CONTENT in encoding.hooks and encoding.content_on_values:
         return "backend='sdpa' cannot add a content term to the values; use backend='eager' or 'auto'"
     return None
 
@@ -25,13 +25,13 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0,
         gate_state: object = None) -> Tensor:
     num_queries, num_keys = q.shape[2], k.shape[2]
-    if encoding is not None and "content" in encoding.hooks and k.shape[1] != q.shape[1]:
+    if encoding is not None and Hook.CONTENT in encoding.hooks and k.shape[1] != q.shape[1]:
         # content terms are per query head and read k (Transformer-XL's u.k_j): one k per head
         k, v = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1), v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     sdpa = functools.partial(F.scaled_dot_product_attention, scale=scale, dropout_p=dropout_p,
                              enable_gqa=k.shape[1] != q.shape[1])
     extra = None
-    if encoding is not None and "content" in encoding.hooks:
+    if encoding is not None and Hook.CONTENT in encoding.hooks:
         visible = causal_mask(num_queries, num_keys, q.device) if mask is None and causal else mask
         scores = encoding.content_scores(q, k, q_positions, k_positions, mask=visible)
         if scores is not None:

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc._validation import broadcast_shape
 from posenc.attention.masks import as_4d, causal_mask, finite_in
 
@@ -181,7 +181,7 @@ def dense_bias(encoding: PositionalEncoding | None, q_positions: Tensor, k_posit
                batch: int) -> Tensor | None:
     """The whole bias for the backends that take it materialized (eager, sdpa): (H, Tq, Tk),
     or (B, H, Tq, Tk) for (B, T) positions, read-only; None without a ``score_bias`` hook."""
-    if encoding is None or "score_bias" not in encoding.hooks:
+    if encoding is None or Hook.SCORE_BIAS not in encoding.hooks:
         return None
     bias, _ = bias_tile(encoding, q_positions, k_positions, num_heads)
     if bias.dim() == 4 and bias.shape[0] == 1 and batch != 1:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.encodings.nope import NoPE
 from posenc.encodings.sinusoidal import Sinusoidal, sinusoidal_table
 from posenc.encodings.learned import LearnedAbsolute
@@ -21,7 +21,7 @@ from posenc.encodings.irope import IRoPE
 from posenc.errors import InvalidArgument
 
 #: name -> encoding class. A new encoding is one file (or one class in its family's file)
-#: and one line here.
+#: and one line here; its class declares ``hooks`` and ``model_sizes`` (encodings/base.py).
 REGISTRY: dict[str, type[PositionalEncoding]] = {
     cls.name: cls
     for cls in (
@@ -65,8 +65,14 @@ def create_for_model(
     name: str, *, d_model: int, num_heads: int, head_dim: int, max_positions: int, causal: bool = True,
     num_layers: int = 1, **kwargs
 ) -> PositionalEncoding:
-    """Build ``name`` sized for a transformer (each encoding takes the sizes it needs);
-    ``kwargs`` are the encoding's own options."""
+    """Build ``name`` sized for a transformer: :meth:`PositionalEncoding.for_model`, which
+    passes the constructor the sizes its class declares in ``model_sizes``; ``kwargs`` are the
+    encoding's own options.
+
+    Raises:
+        ValueError: an unknown name (the message lists the available ones), or an invalid
+            argument. TypeError: an option that is one of the encoding's sizes, or unexpected.
+    """
     return encoding_class(name).for_model(
         d_model=d_model, num_heads=num_heads, head_dim=head_dim, max_positions=max_positions, causal=causal,
         num_layers=num_layers, **kwargs
@@ -75,7 +81,7 @@ def create_for_model(
 
 __all__ = [
     "REGISTRY", "available", "create", "create_for_model", "encoding_class",
-    "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
+    "Hook", "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
     "XPos", "ProportionalRoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids",
     "IRoPE",

@@ -47,6 +47,7 @@ class ALiBi(ScoreBias):
     """
 
     name = "alibi"
+    model_sizes = ("num_heads",)
     translation_invariant = True
 
     def __init__(self, num_heads: int, *, bidirectional: bool = False) -> None:
@@ -56,9 +57,9 @@ class ALiBi(ScoreBias):
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 
     @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
-        kwargs.setdefault("bidirectional", not causal)
-        return cls(num_heads, **kwargs)
+    def model_defaults(cls, sizes):
+        """A causal model's ALiBi is one-sided (``bidirectional = not causal``)."""
+        return {"bidirectional": not sizes["causal"]}
 
     def bias(self, q_positions, k_positions, head):
         distance = (q_positions - k_positions).to(_wide(self.slopes))

@@ -23,8 +23,15 @@ each layer's input, keeps its output per key in the KV cache like k and v, and p
 key's values to :func:`posenc.attention` as ``gates=``; the attention turns them into a bias
 with :meth:`prepare_gates` (once per call) and :meth:`gate_bias` (per tile).
 
-The class attribute :attr:`PositionalEncoding.hooks` names the hooks an encoding uses, so
-the attention and the model consume any encoding without knowing its name.
+The class attribute :attr:`PositionalEncoding.hooks` names the hooks an encoding uses, a set
+of :class:`Hook` members checked when the class is defined (a misspelt hook is an error, not a
+hook that silently never runs), so the attention and the model consume any encoding without
+knowing its name: ``Hook.ROTATE in encoding.hooks``.
+
+An encoding is built for a transformer by :meth:`PositionalEncoding.for_model` from the sizes it
+declares in :attr:`PositionalEncoding.model_sizes`, and remembers the arguments its constructor
+was given (:meth:`PositionalEncoding.config`), which a checkpoint stores as plain data
+(:meth:`PositionalEncoding.options_for_model` gives the part that is not the model's sizes).
 
 A score bias is stated as math only: :meth:`PositionalEncoding.bias`, an elementwise function
 of (query position, key position, head), and :attr:`PositionalEncoding.translation_invariant`.
@@ -52,8 +59,12 @@ as everywhere else. One-coordinate positions (T,) or (B, T) stay valid for every
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar
+import copy
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from enum import Enum
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
@@ -62,17 +73,140 @@ from posenc.errors import InvalidArgument
 from posenc.mask_rules import MaskMod, ScoreMod, position_at
 
 
+class Hook(str, Enum):
+    """The places where position enters attention (the table of this module's docstring).
+
+    A ``str`` enum: ``Hook.ROTATE == "rotate"`` and it prints as ``rotate``, so a set of hooks
+    reads and sorts as their names; checks are written ``Hook.ROTATE in encoding.hooks``, where
+    a misspelt member is an AttributeError rather than a check that is always False.
+    """
+
+    EMBED = "embed"
+    ROTATE = "rotate"
+    SCORE_BIAS = "score_bias"
+    CONTENT = "content"
+    MASK = "mask"
+    GATE = "gate"
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+#: The sizes of a transformer that :meth:`PositionalEncoding.for_model` receives, in its order.
+MODEL_SIZES = ("d_model", "num_heads", "head_dim", "max_positions", "causal", "num_layers")
+
+
+def hook_set(hooks: Iterable[Hook | str], owner: str = "hooks") -> frozenset[Hook]:
+    """``hooks`` as a frozenset of :class:`Hook`; a string is accepted if it is a hook's value.
+
+    Raises:
+        InvalidArgument: ``hooks`` is a string or not iterable, or holds something that is not a
+            hook (the message names ``owner`` and the allowed values).
+    """
+    allowed = ", ".join(repr(h.value) for h in Hook)
+    if isinstance(hooks, (str, bytes)) or not isinstance(hooks, Iterable):
+        raise InvalidArgument(f"{owner} must be a set of posenc Hook members ({allowed}), got {hooks!r}")
+    members = []
+    for hook in hooks:
+        try:
+            members.append(Hook(hook))
+        except ValueError:
+            raise InvalidArgument(f"{owner}: unknown hook {hook!r}; allowed: {allowed}") from None
+    return frozenset(members)
+
+
+def _size_map(model_sizes: Sequence[str] | Mapping[str, str], owner: str) -> dict[str, str]:
+    """``model_sizes`` as {constructor argument: model size}: a sequence names sizes the
+    constructor spells as the model does; a mapping renames them.
+
+    Raises:
+        InvalidArgument: not a sequence or mapping of strings, or a size not in :data:`MODEL_SIZES`.
+    """
+    if isinstance(model_sizes, Mapping):
+        pairs = dict(model_sizes)
+    elif isinstance(model_sizes, Sequence) and not isinstance(model_sizes, (str, bytes)):
+        pairs = {size: size for size in model_sizes}
+    else:
+        raise InvalidArgument(f"{owner} must be a tuple of model sizes or a mapping "
+                              f"{{constructor argument: model size}}, got {model_sizes!r}")
+    for argument, size in pairs.items():
+        if not isinstance(argument, str) or size not in MODEL_SIZES:
+            raise InvalidArgument(f"{owner}: {argument!r}: {size!r} is not a model size; allowed: {', '.join(MODEL_SIZES)}")
+    return pairs
+
+
+#: Where an encoding keeps what its constructor was given (an instance attribute).
+_RECORD = "_constructor_arguments"
+
+
+def _records_arguments(init: Callable) -> Callable:
+    """Wrap an encoding's ``__init__`` so that the outermost call (the constructor of the
+    instance's own class) records its arguments by name, defaults filled in, and which of them
+    the caller gave: the encoding's constructor config (:meth:`PositionalEncoding.config`).
+    Arguments gathered by ``**kwargs`` (passed on to a parent's constructor) are flattened in."""
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if type(self).__init__ is not __init__:  # a parent's constructor, called by super()
+            return
+        bound = signature.bind(self, *args, **kwargs)  # cannot fail: init accepted them
+        given = set(_flat_arguments(signature, bound.arguments) or ())
+        bound.apply_defaults()
+        arguments = _flat_arguments(signature, bound.arguments)
+        self.__dict__[_RECORD] = None if arguments is None else (copy.deepcopy(arguments), frozenset(given))
+
+    return __init__
+
+
+def _flat_arguments(signature: inspect.Signature, arguments: Mapping[str, Any]) -> dict | None:
+    """Bound arguments as {name: value} without ``self``, ``**kwargs`` merged in; None when
+    positional ``*args`` were given (they have no names to rebuild from)."""
+    flat: dict[str, Any] = {}
+    itself = next(iter(signature.parameters))
+    for name, value in arguments.items():
+        kind = signature.parameters[name].kind
+        if name == itself:
+            continue
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            if value:
+                return None
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            flat.update(value)
+        else:
+            flat[name] = value
+    return flat
+
+
 class PositionalEncoding(nn.Module):
     """Base class: every hook is the identity, so an encoding overrides only what it uses.
 
-    Subclasses set :attr:`name` (the registry name) and :attr:`hooks`, and override the
-    matching methods. :attr:`max_positions` is the number of positions an encoding can
-    represent (``None``: unbounded); the evaluation reports longer lengths as not
+    Subclasses set :attr:`name` (the registry name), :attr:`hooks` and :attr:`model_sizes`,
+    and override the matching methods. :attr:`max_positions` is the number of positions an
+    encoding can represent (``None``: unbounded); the evaluation reports longer lengths as not
     applicable instead of calling it.
+
+    Defining a subclass checks its :attr:`hooks` and :attr:`model_sizes` and makes its
+    constructor record the arguments it is given (:meth:`config`).
+
+    Raises:
+        InvalidArgument: (when a subclass is defined) a hook that is not a :class:`Hook`, or a
+            :attr:`model_sizes` entry that is not a model size (:data:`MODEL_SIZES`) or names
+            no argument of the constructor; the message names the allowed values.
     """
 
     name: ClassVar[str] = ""
-    hooks: ClassVar[frozenset[str]] = frozenset()
+    #: The hooks this encoding uses; strings are accepted when the class is defined and turned
+    #: into :class:`Hook` members.
+    hooks: ClassVar[frozenset[Hook]] = frozenset()
+    #: The model sizes the constructor takes, which :meth:`for_model` passes: a tuple of
+    #: :data:`MODEL_SIZES` spelt as the constructor does (``("head_dim",)``), or a mapping
+    #: {constructor argument: model size} for those it spells otherwise
+    #: (``{"dim": "d_model", "num_positions": "max_positions"}``). Read as that mapping.
+    model_sizes: ClassVar[Mapping[str, str]] = {}
     #: For a ``content`` encoding: whether :meth:`content_values` adds to the output (Shaw) or
     #: only :meth:`content_scores` is used (Transformer-XL), which backends without access to
     #: the probabilities can still serve.
@@ -82,6 +216,27 @@ class PositionalEncoding(nn.Module):
     #: A statement about the math that the attention layer may rely on: it then evaluates
     #: :meth:`bias` once per distinct distance.
     translation_invariant: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "hooks" in cls.__dict__:
+            cls.hooks = hook_set(cls.hooks, owner=f"{cls.__name__}.hooks")
+        if "__init__" in cls.__dict__:
+            cls.__init__ = _records_arguments(cls.__init__)
+        if "model_sizes" in cls.__dict__ or "__init__" in cls.__dict__:
+            cls.model_sizes = _size_map(cls.model_sizes, f"{cls.__name__}.model_sizes")
+            parameters = inspect.signature(cls.__init__).parameters
+            # a base that leaves its constructor to subclasses (MultiAxisRoPE) is checked in them
+            has_constructor = cls.__init__ is not PositionalEncoding.__init__
+            if has_constructor and not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+                for argument in cls.model_sizes:
+                    if argument not in parameters:
+                        raise InvalidArgument(f"{cls.__name__}.model_sizes: {argument!r} is not an argument of "
+                                              f"its constructor ({', '.join(list(parameters)[1:])})")
+
+    @_records_arguments
+    def __init__(self) -> None:
+        super().__init__()
 
     @property
     def max_positions(self) -> int | None:
@@ -110,12 +265,65 @@ class PositionalEncoding(nn.Module):
     ) -> PositionalEncoding:
         """Build the encoding for a transformer of the given size.
 
-        The model calls this for whatever encoding it is given, so each subclass picks the
-        sizes it needs (``head_dim`` for RoPE, ``num_heads`` for ALiBi, ``num_layers`` for a
-        per-layer schedule, ...); ``kwargs`` are the user's own options and pass through to
-        the constructor.
+        The model calls this for whatever encoding it is given: the constructor receives the
+        sizes the class declares in :attr:`model_sizes` (``head_dim`` for RoPE, ``num_heads``
+        for ALiBi, ``num_layers`` for per-layer parameters, ...), the options
+        :meth:`model_defaults` derives from the sizes, and ``kwargs``, the user's own options
+        (which win over those defaults).
+
+        Raises:
+            TypeError: an option that is one of the declared sizes, or that the constructor
+                does not take. The constructor's own errors.
         """
-        return cls(**kwargs)
+        sizes = dict(d_model=d_model, num_heads=num_heads, head_dim=head_dim, max_positions=max_positions,
+                     causal=causal, num_layers=num_layers)
+        sized = {argument: sizes[size] for argument, size in cls.model_sizes.items()}
+        return cls(**sized, **{**cls.model_defaults(sizes), **kwargs})
+
+    @classmethod
+    def model_defaults(cls, sizes: Mapping[str, Any]) -> dict:
+        """Options that :meth:`for_model` derives from the model's ``sizes`` (the keyword
+        arguments of :meth:`for_model`) unless the user gives them, e.g. ALiBi's
+        ``bidirectional = not causal``. Default: none, ``{}``."""
+        return {}
+
+    def config(self) -> dict:
+        """The arguments this encoding's constructor was called with, by name, defaults
+        included: ``type(encoding)(**encoding.config())`` builds the same encoding (fresh
+        parameters). A copy; the values are what the caller passed (plain data for every
+        built-in encoding).
+
+        Raises:
+            InvalidArgument: the constructor was given positional ``*args``, which have no names.
+        """
+        record = self.__dict__.get(_RECORD)
+        if record is None:
+            raise InvalidArgument(f"{type(self).__name__} was built with positional *args: its constructor config has no names")
+        return copy.deepcopy(record[0])
+
+    def options_for_model(self, **sizes: Any) -> dict:
+        """The options that rebuild this encoding with :meth:`for_model` for a model of
+        ``sizes`` (:meth:`for_model`'s keyword arguments): :meth:`config` without the
+        :attr:`model_sizes` arguments and the :meth:`model_defaults` that match the model's,
+        and of the other arguments only those the caller gave (the rest are the defaults).
+
+        Raises:
+            InvalidArgument: the encoding was built with a size other than the model's (the
+                message names it), or :meth:`config`'s error.
+        """
+        sizes = {"causal": True, "num_layers": 1, **sizes}  # for_model's defaults
+        arguments = self.config()
+        given = self.__dict__[_RECORD][1]
+        for argument, size in self.model_sizes.items():
+            if arguments[argument] != sizes[size]:
+                raise InvalidArgument(f"{type(self).__name__} was built with {argument}={arguments[argument]!r}, "
+                                      f"the model has {size}={sizes[size]!r}")
+        derived = self.model_defaults(sizes)
+        return {
+            argument: value for argument, value in arguments.items()
+            if argument not in self.model_sizes
+            and (value != derived[argument] if argument in derived else argument in given)
+        }
 
     @classmethod
     def options_for_train_len(cls, train_len: int) -> dict:
@@ -198,7 +406,7 @@ class PositionalEncoding(nn.Module):
         Raises:
             NotImplementedError: the encoding declares the ``score_bias`` hook but no ``bias``.
         """
-        if "score_bias" in self.hooks:
+        if Hook.SCORE_BIAS in self.hooks:
             raise NotImplementedError(f"{type(self).__name__} has the score_bias hook but defines no bias()")
         return None
 
@@ -226,7 +434,7 @@ class PositionalEncoding(nn.Module):
         shape (T,) or (B, T) they are looked up, e.g. for a KV-cache offset or packed rows.
         Learned biases receive gradients through it.
         """
-        if "score_bias" not in self.hooks:
+        if Hook.SCORE_BIAS not in self.hooks:
             return None
         self.prepare_bias()
 
@@ -258,7 +466,7 @@ class PositionalEncoding(nn.Module):
         Raises:
             NotImplementedError: the encoding declares the ``mask`` hook but no ``attention_mask``.
         """
-        if "mask" in self.hooks:
+        if Hook.MASK in self.hooks:
             raise NotImplementedError(f"{type(self).__name__} has the mask hook but defines no attention_mask()")
         return None
 
@@ -266,7 +474,7 @@ class PositionalEncoding(nn.Module):
         """The ``mask`` hook as a FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool``, or None
         for an encoding without it. Without positions the token indices are the positions; with
         positions of shape (T,) or (B, T) they are looked up (as :meth:`score_mod` does)."""
-        if "mask" not in self.hooks:
+        if Hook.MASK not in self.hooks:
             return None
 
         def mask_mod(b, h, q_idx, kv_idx):
@@ -323,7 +531,7 @@ class PositionalEncoding(nn.Module):
         Raises:
             NotImplementedError: the encoding declares the ``gate`` hook but no ``gate_bias``.
         """
-        if "gate" in self.hooks:
+        if Hook.GATE in self.hooks:
             raise NotImplementedError(f"{type(self).__name__} has the gate hook but defines no gate_bias()")
         return None
 

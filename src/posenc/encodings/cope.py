@@ -22,7 +22,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posenc.encodings.base import PositionalEncoding, layer_of_copies
+from posenc.encodings.base import Hook, PositionalEncoding, layer_of_copies
 from posenc._validation import check_positive_int
 from posenc.errors import InvalidArgument
 
@@ -71,7 +71,8 @@ class CoPE(PositionalEncoding):
     """
 
     name = "cope"
-    hooks = frozenset({"content"})
+    hooks = frozenset({Hook.CONTENT})
+    model_sizes = ("head_dim", "num_layers")
     content_on_values = False
 
     def __init__(self, head_dim: int, num_layers: int = 1, *, npos_max: int) -> None:
@@ -84,9 +85,9 @@ class CoPE(PositionalEncoding):
         self.deeper_layers = nn.ModuleList(CoPE(head_dim, npos_max=npos_max) for _ in range(num_layers - 1))
 
     @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
-        kwargs.setdefault("npos_max", max_positions + 1)
-        return cls(head_dim, num_layers, **kwargs)
+    def model_defaults(cls, sizes):
+        """``npos_max = max_positions + 1``, the reference code's default (block size + 1)."""
+        return {"npos_max": sizes["max_positions"] + 1}
 
     def for_layer(self, layer: int) -> PositionalEncoding:
         """Layer 0 is this instance; layer l > 0 the l-th of ``deeper_layers``. With

@@ -42,6 +42,7 @@ class FIRE(ScoreBias):
     """
 
     name = "fire"
+    model_sizes = ("num_heads",)
 
     def __init__(
         self, num_heads: int, *, mlp_width: int = 32, init_c: float = 0.1, init_L: float = 512.0, eps: float = 1e-6
@@ -57,10 +58,6 @@ class FIRE(ScoreBias):
         self.c = nn.Parameter(torch.tensor(float(init_c)))
         self.L_multiplier = nn.Parameter(torch.tensor(1.0))
         self.register_buffer("init_L", torch.tensor(float(init_L)))
-
-    @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
-        return cls(num_heads, **kwargs)
 
     @property
     def threshold(self) -> Tensor:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.encodings.base import PositionalEncoding, layer_of_copies
+from posenc.encodings.base import Hook, PositionalEncoding, layer_of_copies
 from posenc._validation import check_positive_int
 from posenc.errors import InvalidArgument
 
@@ -74,7 +74,8 @@ class FoX(PositionalEncoding):
     """
 
     name = "fox"
-    hooks = frozenset({"gate"})
+    hooks = frozenset({Hook.GATE})
+    model_sizes = ("d_model", "num_heads", "num_layers")
 
     def __init__(self, d_model: int, num_heads: int, num_layers: int = 1) -> None:
         super().__init__()
@@ -85,10 +86,6 @@ class FoX(PositionalEncoding):
         nn.init.normal_(self.fgate_proj.weight, std=0.02)
         nn.init.zeros_(self.fgate_proj.bias)
         self.deeper_layers = nn.ModuleList(FoX(d_model, num_heads) for _ in range(num_layers - 1))
-
-    @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
-        return cls(d_model, num_heads, num_layers, **kwargs)
 
     def for_layer(self, layer: int) -> PositionalEncoding:
         """Layer 0 is this instance; layer l > 0 the l-th of ``deeper_layers``. With

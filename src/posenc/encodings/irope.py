@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.encodings.nope import NoPE
 from posenc._validation import check_bool, check_number, check_positive_int
 from posenc.encodings.rope.rotary import RoPE
@@ -79,7 +79,7 @@ class AttentionTemperature(PositionalEncoding):
     """
 
     name = "attention_temperature"
-    hooks = frozenset({"rotate"})
+    hooks = frozenset({Hook.ROTATE})
 
     def __init__(self, *, floor_scale: int = 8192, attn_scale: float = 0.1) -> None:
         super().__init__()
@@ -114,7 +114,7 @@ class ChunkedRoPE(RoPE):
     """
 
     name = "chunked_rope"
-    hooks = frozenset({"rotate", "mask"})
+    hooks = frozenset({Hook.ROTATE, Hook.MASK})
 
     def __init__(self, head_dim: int, *, attention_chunk_size: int = 8192, **rope_kwargs: Any) -> None:
         check_positive_int(attention_chunk_size, "attention_chunk_size")
@@ -177,7 +177,8 @@ class IRoPE(PositionalEncoding):
     """
 
     name = "irope"
-    hooks = frozenset({"rotate", "mask"})
+    hooks = frozenset({Hook.ROTATE, Hook.MASK})
+    model_sizes = ("head_dim",)
 
     def __init__(
         self,
@@ -216,7 +217,7 @@ class IRoPE(PositionalEncoding):
         self.attn_scale = float(attn_scale)
 
     @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
+    def for_model(cls, *, num_layers=1, **sizes_and_options):
         """The schedule for a model of ``num_layers`` layers; Llama 4's settings unless given
         (chunks and temperature steps of 8192 positions: pass ``attention_chunk_size`` and
         ``floor_scale`` scaled to a shorter training context, as :meth:`options_for_train_len`).
@@ -224,7 +225,7 @@ class IRoPE(PositionalEncoding):
         Raises:
             ValueError: an explicit no_rope_layers shorter than num_layers.
         """
-        encoding = cls(head_dim, **kwargs)
+        encoding = super().for_model(num_layers=num_layers, **sizes_and_options)
         if encoding.no_rope_layers is not None and len(encoding.no_rope_layers) < num_layers:
             raise InvalidArgument(
                 f"no_rope_layers has {len(encoding.no_rope_layers)} entries for a model of num_layers={num_layers}: "

@@ -48,6 +48,7 @@ class Kerple(ScoreBias):
     """
 
     name = "kerple"
+    model_sizes = ("num_heads",)
     translation_invariant = True
 
     def __init__(self, num_heads: int, *, variant: str = "log", eps: float = 1e-2) -> None:
@@ -61,10 +62,6 @@ class Kerple(ScoreBias):
         self.bias_p = nn.Parameter(torch.rand(num_heads) * 2.0)
         self.bias_a = nn.Parameter(torch.rand(num_heads))
         self.clamp_parameters_()
-
-    @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
-        return cls(num_heads, **kwargs)
 
     @torch.no_grad()
     def clamp_parameters_(self) -> None:

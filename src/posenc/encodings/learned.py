@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc._validation import check_number, check_positions, check_positive_int
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.errors import InvalidArgument
 
 
@@ -26,7 +26,8 @@ class LearnedAbsolute(PositionalEncoding):
     """
 
     name = "learned"
-    hooks = frozenset({"embed"})
+    hooks = frozenset({Hook.EMBED})
+    model_sizes = {"dim": "d_model", "num_positions": "max_positions"}
 
     def __init__(self, num_positions: int, dim: int, *, init_std: float = 0.02) -> None:
         super().__init__()
@@ -34,11 +35,6 @@ class LearnedAbsolute(PositionalEncoding):
         check_positive_int(dim, "dim")
         check_number(init_std, "init_std", ge=0)
         self.weight = nn.Parameter(torch.randn(num_positions, dim) * init_std)
-
-    @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
-        kwargs.setdefault("num_positions", max_positions)
-        return cls(dim=d_model, **kwargs)
 
     @property
     def max_positions(self) -> int:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from posenc._validation import broadcast_shape
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 
 
 def _wide(parameter: Tensor) -> torch.dtype:
@@ -31,7 +31,7 @@ class ScoreBias(PositionalEncoding):
     """Base for encodings that only add b(h, i, j) to the logits. Subclasses define
     :attr:`num_heads`, :meth:`bias` and, when true, ``translation_invariant = True``."""
 
-    hooks = frozenset({"score_bias"})
+    hooks = frozenset({Hook.SCORE_BIAS})
     num_heads: int
 
     def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc._validation import check_positive_int
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.encodings.base import per_batch_index
 from posenc.errors import InvalidArgument
 
@@ -49,7 +49,8 @@ class Shaw(PositionalEncoding):
     """
 
     name = "shaw"
-    hooks = frozenset({"content"})
+    hooks = frozenset({Hook.CONTENT})
+    model_sizes = ("head_dim",)
     content_on_values = True
 
     def __init__(self, head_dim: int, *, max_relative_position: int = 16) -> None:
@@ -61,10 +62,6 @@ class Shaw(PositionalEncoding):
         self.relative_value = nn.Parameter(torch.empty(2 * max_relative_position + 1, head_dim))
         nn.init.xavier_uniform_(self.relative_key)
         nn.init.xavier_uniform_(self.relative_value)
-
-    @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
-        return cls(head_dim, **kwargs)
 
     def relative_index(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
         """clip(j - i, k) + k in [0, 2k], LongTensor (Tq, Tk) or (B, Tq, Tk)."""

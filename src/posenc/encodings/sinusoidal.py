@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from posenc._validation import check_even, check_number, check_positions, check_positive_int
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.errors import InvalidArgument
 
 
@@ -72,7 +72,8 @@ class Sinusoidal(PositionalEncoding):
     """
 
     name = "sinusoidal"
-    hooks = frozenset({"embed"})
+    hooks = frozenset({Hook.EMBED})
+    model_sizes = {"dim": "d_model"}
 
     def __init__(self, dim: int, *, base: float = 10000.0, layout: str = "interleaved") -> None:
         super().__init__()
@@ -81,10 +82,6 @@ class Sinusoidal(PositionalEncoding):
             raise InvalidArgument(f"layout must be one of {SINUSOIDAL_LAYOUTS}, got {layout!r}")
         check_number(base, "base", gt=1)
         self.dim, self.base, self.layout = dim, float(base), layout
-
-    @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
-        return cls(d_model, **kwargs)
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         if x.shape[-1] != self.dim:

@@ -86,6 +86,7 @@ class T5RelativeBias(ScoreBias):
     """
 
     name = "t5"
+    model_sizes = ("num_heads",)
     translation_invariant = True
 
     def __init__(
@@ -101,9 +102,9 @@ class T5RelativeBias(ScoreBias):
         nn.init.normal_(self.relative_attention_bias.weight, std=0.02)
 
     @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
-        kwargs.setdefault("bidirectional", not causal)
-        return cls(num_heads, **kwargs)
+    def model_defaults(cls, sizes):
+        """A causal model's buckets are one-sided (``bidirectional = not causal``), as T5's decoder."""
+        return {"bidirectional": not sizes["causal"]}
 
     def bias(self, q_positions, k_positions, head):
         bucket = self._bucket(k_positions - q_positions)

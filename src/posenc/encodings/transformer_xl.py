@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc._validation import check_number, check_positive_int
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.encodings.base import per_batch_index
 from posenc.encodings.sinusoidal import sinusoidal_encode
 from posenc.errors import InvalidArgument
@@ -86,7 +86,8 @@ class TransformerXL(PositionalEncoding):
     """
 
     name = "transformer_xl"
-    hooks = frozenset({"content"})
+    hooks = frozenset({Hook.CONTENT})
+    model_sizes = ("d_model", "num_heads", "head_dim")
     content_on_values = False
 
     def __init__(
@@ -105,10 +106,6 @@ class TransformerXL(PositionalEncoding):
         self.r_r_bias = nn.Parameter(torch.empty(num_heads, head_dim))
         for weight in (self.r_net.weight, self.r_w_bias, self.r_r_bias):
             nn.init.normal_(weight, std=init_std)
-
-    @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
-        return cls(d_model, num_heads, head_dim, **kwargs)
 
     def relative_embeddings(self, distances: Tensor, dtype: torch.dtype | None = None) -> Tensor:
         """W_{k,R} R_d for integer distances (N,) -> (H, N, D), computed and returned in

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc.attention import attention
-from posenc.encodings import PositionalEncoding, RoPE, create_for_model
+from posenc.encodings import Hook, PositionalEncoding, RoPE, create_for_model
 from posenc.errors import InvalidArgument, InvalidType
 from posenc.hf_config import extension_config, from_hf_config, head_dim_of
 
@@ -126,7 +126,7 @@ def use_encoding(model: nn.Module, encoding: PositionalEncoding | str, **kwargs:
         raise InvalidType(f"encoding must be a posenc.PositionalEncoding or a registered name, got {type(encoding).__name__}")
     if getattr(encoding, "head_dim", head_dim) != head_dim:
         raise InvalidArgument(f"encoding: head_dim={encoding.head_dim} differs from the model's head_dim={head_dim}")
-    if "gate" in encoding.hooks:
+    if Hook.GATE in encoding.hooks:
         raise InvalidArgument(
             f"encoding: {type(encoding).__name__} has the gate hook (values of each layer's hidden state, kept per "
             "key), which transformers' attention interface and cache cannot carry; use posenc.lab.model.TransformerLM"
@@ -146,7 +146,7 @@ def use_encoding(model: nn.Module, encoding: PositionalEncoding | str, **kwargs:
     base.posenc_encoding = encoding
     for index, layer in enumerate(base.layers):  # a layer schedule (iRoPE) differs per layer
         layer.self_attn.__dict__[_ENCODING_ATTR] = encoding.for_layer(index)
-    if "embed" in encoding.hooks:
+    if Hook.EMBED in encoding.hooks:
         handle = base.layers[0].register_forward_pre_hook(_embed_hook(encoding), with_kwargs=True)
         base.__dict__["_posenc_embed_hook"] = handle
     _register_with_transformers()

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posenc.encodings import REGISTRY, apply_rotary, create_for_model, encoding_class
+from posenc.encodings import REGISTRY, Hook, apply_rotary, create_for_model, encoding_class
 
 
 def _median_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
@@ -411,7 +411,7 @@ def attention_benchmark(
     "memory_ratio"}`` (ratios to the baseline at the same length) and notes.
     """
     if encodings is None:
-        encodings = tuple(name for name, cls in REGISTRY.items() if "score_bias" in cls.hooks)
+        encodings = tuple(name for name, cls in REGISTRY.items() if Hook.SCORE_BIAS in cls.hooks)
     notes = ["'sdpa' materializes the (H, T, T) bias; 'blocked' and 'flex' do not"]
     rows = []
     for length in lengths:
@@ -565,7 +565,7 @@ def device_attention_benchmark(
     from posenc.attention import attention
 
     if encodings is None:
-        encodings = tuple(name for name, cls in REGISTRY.items() if "score_bias" in cls.hooks)
+        encodings = tuple(name for name, cls in REGISTRY.items() if Hook.SCORE_BIAS in cls.hooks)
     dev = _Device(device)
     torch_dtype = getattr(torch, dtype)
     notes = [f"causal, {dtype}, H={heads}, D={head_dim}, B = max(1, {tokens} // T); medians of {repeats}; "

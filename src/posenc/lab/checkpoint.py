@@ -15,9 +15,9 @@ from the file::
      "fingerprint": {...}, "step": int, "losses": [float], "optimizer": state_dict,
      "generator": ByteTensor}                      # torch.Generator.get_state()
 
-The encoding is named by its registry name and its own options; its sizes (d_model,
-num_heads, head_dim, max_positions) come from the config, as when the model builds it from
-a name. Files written before format 1 (training checkpoints with the config and encoding
+The encoding is named by its registry name and its own options (:func:`encoding_spec`: the
+constructor arguments it recorded, less the sizes); its sizes (d_model, num_heads, head_dim,
+max_positions, num_layers) come from the config, as when the model builds it from a name. Files written before format 1 (training checkpoints with the config and encoding
 name only inside ``fingerprint["model"]`` and ``fingerprint["encoding"]``) still read.
 
 This module knows the encodings' registry but not the model: the model imports it.
@@ -25,7 +25,6 @@ This module knows the encodings' registry but not the model: the model imports i
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 from collections.abc import Mapping
@@ -34,7 +33,7 @@ from typing import Any
 
 import torch
 
-from posenc.encodings import REGISTRY, create_for_model
+from posenc.encodings import REGISTRY
 from posenc.encodings.base import PositionalEncoding
 from posenc.errors import InvalidArgument
 
@@ -82,46 +81,34 @@ def read_json(path: Path) -> dict:
 
 # -- the encoding as plain data ------------------------------------------------------------
 
-def build_encoding(spec: Mapping[str, Any], **sizes: Any) -> PositionalEncoding:
-    """The encoding of ``spec`` ({"name", "kwargs"}) for a model of ``sizes`` (the keyword
-    arguments of :func:`posenc.create_for_model`: d_model, num_heads, head_dim,
-    max_positions, causal).
+def encoding_spec(encoding: PositionalEncoding, **sizes: Any) -> dict:
+    """``{"name": registry name, "kwargs": options}`` that rebuild ``encoding`` with
+    :func:`posenc.create_for_model` for a model of ``sizes`` (its keyword arguments: d_model,
+    num_heads, head_dim, max_positions, causal, num_layers).
+
+    The options are the encoding's own record of its constructor arguments
+    (:meth:`~posenc.PositionalEncoding.config`), less the model's sizes
+    (:meth:`~posenc.PositionalEncoding.options_for_model`): plain data, nothing read back from
+    the instance's attributes.
 
     Raises:
-        ValueError: an unknown name or a bad option. TypeError: an unexpected option.
-    """
-    return create_for_model(spec["name"], **sizes, **spec["kwargs"])
-
-
-def encoding_spec(encoding: PositionalEncoding, recorded: Mapping[str, Any] | None = None, **sizes: Any) -> dict:
-    """``{"name": registry name, "kwargs": plain options}`` that rebuild ``encoding`` with
-    :func:`build_encoding` for a model of ``sizes``.
-
-    ``recorded`` (what the model was built from) is used if it still rebuilds ``encoding``;
-    otherwise the options are read back from the instance: each keyword-only argument of its
-    class's constructor that it keeps as a same-named attribute of plain data (int, float,
-    str, bool, None, or lists and dicts of those). Either way the answer is checked: the
-    rebuilt encoding must be of the same class, with the same parameter and buffer shapes,
-    the same non-persistent buffers (persistent ones come from the state_dict) and the same
-    public plain attributes.
-
-    Raises:
-        ValueError: ``encoding`` is not of a registered class, or its options cannot be read
-            back (e.g. it was built with sizes other than the model's).
+        ValueError: ``encoding`` is not of a registered class, was built with sizes other than
+            the model's, or has an option that is not plain data (int, float, str, bool, None,
+            or lists and dicts of those).
     """
     cls = type(encoding)
-    candidates = [dict(recorded)] if recorded is not None else []
-    if REGISTRY.get(cls.name) is cls:
-        candidates.append({"name": cls.name, "kwargs": _options(encoding)})
-    for spec in candidates:
-        if _rebuilds(spec, encoding, sizes):
-            return spec
-    raise InvalidArgument(
-        f"cannot save a model whose encoding cannot be rebuilt: {cls.__name__} "
-        + ("is not a registered encoding class" if REGISTRY.get(cls.name) is not cls else
-           "has options that cannot be read back from the instance (or sizes other than the model's)")
-        + "; build the model from a registered name, or from posenc.create_for_model with the model's sizes"
-    )
+    prefix = "cannot save a model whose encoding cannot be rebuilt: "
+    advice = "; build the model from a registered name, or from posenc.create_for_model with the model's sizes"
+    if REGISTRY.get(cls.name) is not cls:
+        raise InvalidArgument(f"{prefix}{cls.__name__} is not a registered encoding class{advice}")
+    try:
+        options = encoding.options_for_model(**sizes)
+    except InvalidArgument as err:
+        raise InvalidArgument(f"{prefix}{cls.__name__} has options that cannot be read back as this model's ({err}){advice}") from err
+    if not _is_plain(options):
+        raise InvalidArgument(f"{prefix}{cls.__name__} has options that cannot be read back from a checkpoint "
+                              f"(not plain data: {options!r}){advice}")
+    return {"name": cls.name, "kwargs": options}
 
 
 def _is_plain(value: Any) -> bool:
@@ -132,46 +119,6 @@ def _is_plain(value: Any) -> bool:
     if isinstance(value, dict):
         return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
     return False
-
-
-def _options(encoding: PositionalEncoding) -> dict:
-    """Keyword-only constructor arguments that ``encoding`` keeps as attributes and that differ
-    from their defaults; a class whose constructor takes ``**kwargs`` passes them to its
-    parent's (xPos to RoPE), so the parent's are read too."""
-    options: dict[str, Any] = {}
-    for klass in type(encoding).__mro__:
-        if not issubclass(klass, PositionalEncoding) or klass is PositionalEncoding:
-            break
-        parameters = inspect.signature(klass.__init__).parameters.values()
-        for p in parameters:
-            if p.kind is p.KEYWORD_ONLY and p.name not in options and hasattr(encoding, p.name):
-                value = getattr(encoding, p.name)
-                if _is_plain(value) and value != p.default:
-                    options[p.name] = value
-        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-            break
-    return options
-
-
-def _plain_attributes(module: torch.nn.Module) -> dict:
-    return {k: v for k, v in vars(module).items() if not k.startswith("_") and k != "training" and _is_plain(v)}
-
-
-def _rebuilds(spec: Mapping[str, Any], encoding: PositionalEncoding, sizes: Mapping[str, Any]) -> bool:
-    try:
-        with torch.random.fork_rng(devices=[]):  # building initializes parameters: leave the caller's RNG alone
-            twin = build_encoding(spec, **sizes)
-    except (KeyError, TypeError, ValueError):
-        return False
-    ours, theirs = encoding.state_dict(), twin.state_dict()
-    if type(twin) is not type(encoding) or ours.keys() != theirs.keys() \
-            or any(ours[k].shape != theirs[k].shape for k in ours):
-        return False
-    twin_buffers = dict(twin.named_buffers())
-    for name, buffer in encoding.named_buffers():
-        if name not in ours and not torch.equal(buffer.cpu(), twin_buffers[name].to(buffer.dtype)):
-            return False
-    return _plain_attributes(encoding) == _plain_attributes(twin)
 
 
 # -- model checkpoints ---------------------------------------------------------------------

@@ -27,7 +27,8 @@ from torch import Tensor, nn
 
 from posenc.lab import checkpoint
 from posenc.attention import BACKENDS, attention
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings import create_for_model
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.lab.generation import KVCache, generate
 from posenc.masks import document_mask, key_padding_mask, positions_from_document_ids, positions_from_padding_mask
 from posenc._validation import check_positions, check_positive_int
@@ -113,7 +114,7 @@ class CausalSelfAttention(nn.Module):
         v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         # Everything kept per key has its token axis at dim 2: k, v (B, H_kv, T, D), and the gate
         # hook's values (B, H, T) (FoX's log forget gate), read from this layer's input x.
-        per_key = (k, v, encoding.gate(x)) if "gate" in encoding.hooks else (k, v)
+        per_key = (k, v, encoding.gate(x)) if Hook.GATE in encoding.hooks else (k, v)
         if past is not None:
             per_key = tuple(torch.cat((old, new), dim=2) for old, new in zip(past, per_key))
         out = attention(
@@ -170,12 +171,8 @@ class TransformerLM(nn.Module):
         super().__init__()
         if not isinstance(config, LMConfig):
             raise InvalidType(f"config must be a posenc.lab.model.LMConfig, got {type(config).__name__}")
-        # What the encoding was built from, for checkpoints; an instance given (or swapped in
-        # later) is described from its attributes instead, see encoding_spec().
-        self._encoding_spec = None
         if isinstance(encoding, str):
-            self._encoding_spec = {"name": encoding, "kwargs": {}}
-            encoding = checkpoint.build_encoding(self._encoding_spec, **config.encoding_sizes())
+            encoding = create_for_model(encoding, **config.encoding_sizes())
         if not isinstance(encoding, PositionalEncoding):
             raise InvalidType(f"encoding must be a posenc.PositionalEncoding or a registered name, got {type(encoding).__name__}")
         self.config = config
@@ -251,7 +248,7 @@ class TransformerLM(nn.Module):
         k_positions = cache.key_positions(positions, batch) if cache is not None else positions
         attention_positions = (None, None) if default_positions else (positions, k_positions)
         x = self.token_embedding(tokens)
-        if "embed" in self.encoding.hooks:
+        if Hook.EMBED in self.encoding.hooks:
             x = self.encoding.embed(x, positions)
         presents = []
         for layer, block in enumerate(self.blocks):
@@ -306,12 +303,13 @@ class TransformerLM(nn.Module):
 
     def encoding_spec(self) -> dict:
         """``{"name": registry name, "kwargs": plain options}`` that rebuild the current
-        encoding for this config (:func:`posenc.lab.checkpoint.encoding_spec`).
+        encoding for this config (:func:`posenc.lab.checkpoint.encoding_spec`), from the
+        constructor arguments the encoding recorded.
 
         Raises:
             ValueError: the encoding cannot be rebuilt from a registered name and plain options.
         """
-        return checkpoint.encoding_spec(self.encoding, self._encoding_spec, **self.config.encoding_sizes())
+        return checkpoint.encoding_spec(self.encoding, **self.config.encoding_sizes())
 
     def save(self, path: str | Path) -> None:
         """Write a model checkpoint (config, encoding spec, weights) that
@@ -336,11 +334,10 @@ class TransformerLM(nn.Module):
         config, spec, weights = checkpoint.read_model(path, map_location)
         try:
             config = LMConfig(**config)
-            encoding = checkpoint.build_encoding(spec, **config.encoding_sizes())
+            encoding = create_for_model(spec["name"], **config.encoding_sizes(), **spec["kwargs"])
         except TypeError as err:
             raise InvalidArgument(f"checkpoint: {path}: its config or encoding is not one this posenc builds ({err})") from err
         model = cls(config, encoding)
-        model._encoding_spec = spec
         try:
             model.load_state_dict(weights)
         except RuntimeError as err:

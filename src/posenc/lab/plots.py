@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from posenc.encodings import create_for_model
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 
 if TYPE_CHECKING:
     from posenc.hf_config.rope import RopeInspection
@@ -302,7 +302,7 @@ def _schedule_panels(enc: PositionalEncoding, head_dim: int):
     lines = []
     for indices, sub in kinds:
         scale = torch.ones(positions.numel())
-        if "rotate" in sub.hooks:
+        if Hook.ROTATE in sub.hooks:
             with torch.no_grad():
                 rotated, _ = sub.rotate(ones, ones[:, :, :1], positions, positions[:1])
             scale = rotated[0, 0].norm(dim=-1) / head_dim**0.5
@@ -355,19 +355,19 @@ def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
     enc = create_for_model(name, **sizes, **encoding_kwargs)
     grid = min(64, sizes["max_positions"])
     panels = []
-    if "embed" in enc.hooks:
+    if Hook.EMBED in enc.hooks:
         panels += _embed_panels(enc, sizes["d_model"], min(sizes["max_positions"], enc.max_positions or 10**9))
-    if "rotate" in enc.hooks:
+    if Hook.ROTATE in enc.hooks:
         panels += _rotate_panels(enc, sizes["head_dim"], max_distance or 1024)
     if enc.position_axes >= 2:
         panels += _grid_panels(enc, sizes["head_dim"], min(max_distance or 16, 64))
-    if "score_bias" in enc.hooks:
+    if Hook.SCORE_BIAS in enc.hooks:
         panels += _bias_panels(enc, max_distance or 128, grid)
-    if "content" in enc.hooks:
+    if Hook.CONTENT in enc.hooks:
         panels += _content_panels(enc, max_distance or 64, sizes["head_dim"], grid)
-    if "gate" in enc.hooks:
+    if Hook.GATE in enc.hooks:
         panels += _gate_panels(enc, sizes["d_model"], max_distance or 128, grid)
-    if "mask" in enc.hooks and enc.attention_mask(torch.tensor(0), torch.tensor(0)) is not None:
+    if Hook.MASK in enc.hooks and enc.attention_mask(torch.tensor(0), torch.tensor(0)) is not None:
         panels += _mask_panels(enc)
     panels += _schedule_panels(enc, sizes["head_dim"])
     if not panels:

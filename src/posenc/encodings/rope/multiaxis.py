@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from posenc._validation import check_bool, check_even, check_number, check_position_values, fits_sequence_positions
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.encodings.rope.scaling import compute_rope_parameters, default_inv_freq_f64, rope_type_record
 from posenc.encodings.rope.rotary import cos_sin_table
 from posenc.kernels.rotary_torch import rotate_heads
@@ -56,7 +56,8 @@ class MultiAxisRoPE(PositionalEncoding):
     :meth:`_forms_text` (their description for error messages).
     """
 
-    hooks = frozenset({"rotate"})
+    hooks = frozenset({Hook.ROTATE})
+    model_sizes = ("head_dim",)
 
     def _init_tables(
         self, head_dim: int, rotary_dim: int, num_axes: int, interleaved: bool, axis_of_pair: Tensor,
@@ -173,9 +174,6 @@ class MultiAxisRoPE(PositionalEncoding):
         self._hook_positions(k_positions, k, "k_positions")
         return self._rotate_one(q, q_positions), self._rotate_one(k, k_positions)
 
-    @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
-        return cls(head_dim, **kwargs)
 
 
 # -- M-RoPE ------------------------------------------------------------------------------------

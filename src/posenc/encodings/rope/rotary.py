@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc import kernels as _kernels
 from posenc._validation import check_bool, check_even, check_number, is_real_number
 from posenc.kernels.rotary_torch import rotate_heads
@@ -145,7 +145,8 @@ class RoPE(PositionalEncoding):
     """
 
     name = "rope"
-    hooks = frozenset({"rotate"})
+    hooks = frozenset({Hook.ROTATE})
+    model_sizes = ("head_dim",)
 
     def __init__(
         self,
@@ -198,10 +199,6 @@ class RoPE(PositionalEncoding):
         the float64 frequencies the rotation uses, rounded (within L0 for the
         length-dependent types)."""
         return self._inv_freq_f64.to(torch.float32)
-
-    @classmethod
-    def for_model(cls, *, d_model, num_heads, head_dim, max_positions, causal=True, num_layers=1, **kwargs):
-        return cls(head_dim, **kwargs)
 
     @property
     def call_invariant(self) -> bool:
