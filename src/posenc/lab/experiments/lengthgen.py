@@ -58,7 +58,7 @@ from posenc.lab.experiments.frame import (
 )
 from posenc.lab.experiments.lm import train_run
 from posenc.lab.experiments.runs import Reporter, RunStore
-from posenc.lab.experiments.tasks import DEPTHS, END, TASKS, Example, Passkey, Task, eval_examples, exact_match, get_task
+from posenc.lab.experiments.tasks import END, TASKS, Example, Task, eval_examples, exact_match, get_task
 from posenc.lab.model import LMConfig, TransformerLM
 from posenc.lab.train import IGNORE_INDEX, BatchSource, TrainConfig
 
