@@ -541,74 +541,48 @@ def bench(
     out: Path = typer.Option(Path("results/bench"), help="With --device: folder for the tables (JSON, CSV, Markdown)."),
 ) -> None:
     """Speed and memory of posenc side by side with its baselines, in one run, as ratios."""
-    from posenc.lab import bench as benchmarks
     from posenc._validation import check_device
+    from posenc.lab.bench import Settings, environment, run_suite
 
     choices = ("rope", "attention", "throughput", "all")
     if what not in choices:
         raise UsageError(f"what must be one of {', '.join(choices)}, got {what!r}")
     if threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
-    if device is not None:
-        check_device(device, "--device")
-        _bench_on_device(benchmarks, what, device, quick=quick, threads=threads, compile=compile, out=out,
-                         lengths=_split_list(lengths, "--lengths", int), backends=_split_list(backends, "--backends"),
-                         dtype=dtype)
+    if device is None:
+        for table in run_suite(what, Settings(quick=quick, threads=threads)):
+            table.print()
         return
-    if what in ("rope", "all"):
-        shape = (1, 4, 256, 64) if quick else (1, 32, 2048, 128)
-        rows, notes = benchmarks.rope_benchmark(shape, repeats=3 if quick else 7, threads=threads)
-        benchmarks.print_table(f"RoPE on q and k {shape}", rows, benchmarks.ROPE_COLUMNS, notes)
-    if what in ("attention", "all"):
-        lengths = (256, 512) if quick else (1024, 2048, 4096, 8192)
-        rows, notes = benchmarks.attention_benchmark(lengths, repeats=1 if quick else 2, threads=threads)
-        benchmarks.print_table("causal attention, H=8, D=64, fp32", rows, benchmarks.ATTENTION_COLUMNS, notes)
-    if what in ("throughput", "all"):
-        rows, notes = benchmarks.throughput_benchmark(steps=1 if quick else 5, repeats=1 if quick else 3, threads=threads)
-        benchmarks.print_table("LM training throughput", rows, benchmarks.THROUGHPUT_COLUMNS, notes)
+    check_device(device, "--device")
+    settings = _bench_device_settings(device, quick=quick, threads=threads, compile=compile,
+                                      lengths=_split_list(lengths, "--lengths", int),
+                                      backends=_split_list(backends, "--backends"), dtype=dtype)
+    meta = {**environment(), "device": device, "dtype": settings.attention_dtype}
+    written = []
+    for table in run_suite(what, settings):
+        table.print()
+        written += table.write(out, meta)
+    console.print("wrote " + ", ".join(str(p) for p in written))
 
 
-def _bench_on_device(benchmarks, what: str, device: str, *, quick: bool, threads: int, compile: bool, out: Path,
-                     lengths: tuple | None, backends: tuple, dtype: str | None) -> None:
-    """``posenc bench --device DEVICE``: the attention and throughput tables on one device, in
-    this process, printed and written to ``out`` (JSON with the environment, CSV, Markdown)."""
+def _bench_device_settings(device: str, *, quick: bool, threads: int, compile: bool, lengths: tuple | None,
+                           backends: tuple, dtype: str | None):
+    """The suite's settings for ``posenc bench --device DEVICE`` (measured in this process,
+    tables written to ``--out``), the device options checked; torch's threads set."""
     import torch
 
     from posenc.attention import BACKENDS
+    from posenc.lab.bench import Settings
 
     torch.set_num_threads(threads)
-    cuda = torch.device(device).type == "cuda"
-    dtype = dtype or ("bfloat16" if cuda else "float32")
-    if not isinstance(getattr(torch, dtype, None), torch.dtype):
+    settings = Settings(device=device, quick=quick, threads=threads, compile=compile, lengths=lengths,
+                        backends=backends, dtype=dtype)
+    if not isinstance(getattr(torch, settings.attention_dtype, None), torch.dtype):
         raise UsageError(f"--dtype must be a torch dtype name such as bfloat16, float16 or float32, got {dtype!r}")
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         raise UsageError(f"--backends: unknown {unknown}; choose from {list(BACKENDS)}")
-    meta = {**benchmarks.environment(), "device": device, "dtype": dtype}
-    written = []
-    if what in ("rope", "all"):
-        sizes = dict(lengths=(16,), q_heads=2, kv_heads=1, head_dim=8, repeats=1, compile_peers=False) if quick else {}
-        rows, notes = benchmarks.rope_device_benchmark(device, dtype="bfloat16" if cuda else dtype, **sizes)
-        benchmarks.print_table(f"RoPE apply on q and k, {device}", rows, benchmarks.ROPE_DEVICE_COLUMNS, notes)
-        written += benchmarks.write_tables(out, f"rope-{torch.device(device).type}", rows,
-                                           benchmarks.ROPE_DEVICE_COLUMNS, notes, meta)
-    if what in ("attention", "all"):
-        sizes = dict(heads=2, head_dim=16, tokens=128, repeats=1) if quick else {}
-        rows, notes = benchmarks.device_attention_benchmark(
-            device, lengths or ((32, 64) if quick else benchmarks.DEVICE_ATTENTION["lengths"]), backends=backends,
-            dtype=dtype, **sizes)
-        benchmarks.print_table(f"causal attention on {device}, {dtype}", rows, benchmarks.DEVICE_ATTENTION_COLUMNS, notes)
-        written += benchmarks.write_tables(out, f"attention-{torch.device(device).type}", rows,
-                                           benchmarks.DEVICE_ATTENTION_COLUMNS, notes, meta)
-    if what in ("throughput", "all"):
-        sizes = dict(d_model=16, num_layers=1, num_heads=2, seq_len=16, batch_size=2, steps=1, repeats=1) if quick \
-            else dict(benchmarks.DEVICE_THROUGHPUT)
-        rows, notes = benchmarks.throughput_benchmark(device=device, autocast="bfloat16" if cuda else None,
-                                                      compile=compile, **sizes)
-        benchmarks.print_table(f"LM training throughput on {device}", rows, benchmarks.THROUGHPUT_COLUMNS, notes)
-        written += benchmarks.write_tables(out, f"throughput-{torch.device(device).type}", rows,
-                                           benchmarks.THROUGHPUT_COLUMNS, notes, meta)
-    console.print("wrote " + ", ".join(str(p) for p in written))
+    return settings
 
 
 @app.command()
