@@ -119,3 +119,30 @@ def test_stored_lengthgen_runs_still_match():
         assert json.dumps(_scrub(computed)) == json.dumps(_scrub(stored)), path.name
     written = json.loads((RESULTS / "lengthgen" / "results.json").read_text())["config"]
     assert json.dumps(_scrub({**config.to_dict(), "posenc_version": ""})) == json.dumps(_scrub(written))
+
+
+def test_a_row_is_parsed_once_by_row():
+    from posenc.lab.experiments.frame import Row
+
+    assert Row.parse("rope+rand") == Row("rope", randomized=True) and Row.parse("rope+rand").name == "rope+rand"
+    assert Row.parse("t5") == Row("t5") and not Row.parse("t5").randomized
+    assert ExtrapolationConfig(encodings=("alibi", "rope+rand")).row_run("rope+rand", 3)[1].randomized_positions == 1024
+    assert LengthgenConfig(randomized_positions=100).row_run("copy", "nope+rand", 0)[0] == "nope"
+
+
+def test_only_when_set_drops_defaulted_fields_at_any_depth():
+    from posenc.lab.experiments.frame import only_when_set
+
+    fields = {"a": 1, "b": None, "train": {"compile": False, "lr": 0.1}, "options": {}}
+    kept = only_when_set(fields, {"b": None, "train.compile": False, "options": {}, "absent": 0, "gone.x": 1})
+    assert kept == {"a": 1, "train": {"lr": 0.1}}
+    assert fields["train"] == {"compile": False, "lr": 0.1}  # the input is left as it was
+    assert only_when_set({"b": 2, "train": {"compile": True}}, {"b": None, "train.compile": False}) == \
+        {"b": 2, "train": {"compile": True}}
+
+
+@pytest.mark.parametrize("config", [ExtrapolationConfig, LengthgenConfig])
+def test_results_json_order_names_every_field_once(config):
+    import dataclasses
+
+    assert sorted(config.FIELD_ORDER) == sorted(f.name for f in dataclasses.fields(config))

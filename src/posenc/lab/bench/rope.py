@@ -16,6 +16,16 @@ def _rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _hf_apply_rotary(notes: list[str]) -> Callable | None:
+    """Hugging Face's ``apply_rotary_pos_emb`` (Llama's), or None with a note when transformers is not installed."""
+    try:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    except ImportError:
+        notes.append("transformers not installed: Hugging Face apply_rotary_pos_emb skipped (pip install posenc[bench])")
+        return None
+    return apply_rotary_pos_emb
+
+
 def _rope_candidates(q, k, cos, sin, notes: list[str]) -> dict[str, Callable[[], object]]:
     out_q, out_k = torch.empty_like(q), torch.empty_like(k)
     cos_x, sin_x = cos.to(q.dtype), sin.to(q.dtype)  # Hugging Face casts the tables to x's dtype
@@ -26,11 +36,8 @@ def _rope_candidates(q, k, cos, sin, notes: list[str]) -> dict[str, Callable[[],
         "posenc apply_rotary(out=)": lambda: (apply_rotary(q, cos, sin, out=out_q), apply_rotary(k, cos, sin, out=out_k)),
         "HF-style eager formula (inline)": lambda: (q * cos_x + _rotate_half(q) * sin_x, k * cos_x + _rotate_half(k) * sin_x),
     }
-    try:
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-    except ImportError:
-        notes.append("transformers not installed: Hugging Face apply_rotary_pos_emb skipped (pip install posenc[bench])")
-    else:
+    apply_rotary_pos_emb = _hf_apply_rotary(notes)
+    if apply_rotary_pos_emb is not None:
         fns["transformers apply_rotary_pos_emb"] = lambda: apply_rotary_pos_emb(q, k, cos_x[None], sin_x[None])  # (B, T, D), unsqueeze_dim=1
     try:
         from rotary_embedding_torch import RotaryEmbedding
@@ -112,11 +119,8 @@ def _rope_device_candidates(q, k, q_bthd, k_bthd, positions, rope, compile_peers
 
     if rotary is not None:
         fns["posenc RoPE.rotate, torch path"] = (torch_path, (q, k))
-    try:
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-    except ImportError:
-        notes.append("transformers not installed: Hugging Face apply_rotary_pos_emb skipped (pip install posenc[bench])")
-    else:
+    apply_rotary_pos_emb = _hf_apply_rotary(notes)
+    if apply_rotary_pos_emb is not None:
         fns[HF_EAGER] = (lambda: apply_rotary_pos_emb(q, k, cos, sin), (q, k))
         if compile_peers:
             compiled = torch.compile(apply_rotary_pos_emb, dynamic=False)
