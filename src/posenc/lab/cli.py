@@ -13,8 +13,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional, TypeVar
 
 import typer
 from rich.console import Console
@@ -46,6 +47,67 @@ def _split_list(value: str | None, argname: str, cast=str) -> tuple | None:
         return tuple(cast(v) for v in items)
     except ValueError:
         raise UsageError(f"{argname}: every item must be {cast.__name__}, got {value!r}") from None
+
+
+# --- the options every sweep command (extrapolate, lengthgen) takes ---------------------------
+
+Encodings = Annotated[Optional[str], typer.Option(help="Comma-separated encoding names (default: the preset's).")]
+LearningRate = Annotated[Optional[float], typer.Option(help="Peak learning rate.")]
+DModel = Annotated[Optional[int], typer.Option(help="Model width.")]
+Layers = Annotated[Optional[int], typer.Option(help="Number of transformer blocks.")]
+Heads = Annotated[Optional[int], typer.Option(help="Attention heads.")]
+Seeds = Annotated[Optional[str], typer.Option(help="Comma-separated seeds, e.g. 0,1,2.")]
+Device = Annotated[str, typer.Option(help="torch device, e.g. cpu or cuda.")]
+Threads = Annotated[Optional[int], typer.Option(help="CPU threads for torch (default: torch's choice).")]
+
+
+def _randomized_positions_help(sample: str, bound: str) -> str:
+    return ("Also train every encoding with randomized positions (Ruoss et al. 2023): each "
+            f"{sample} positions a sorted random sample from [0, {bound}); evaluated at ordinary positions (rows "
+            "<encoding>+rand)." + (" N >= L." if bound == "N" else ""))
+
+
+def _start_sweep(device: str, threads: int | None, workers: int | None = None) -> str:
+    """What every sweep command does before its config: torch's threads set, the device and
+    worker count checked before any work (one line, not a traceback from deep inside), this
+    process joined to its torchrun group. Rank 0 reports; the others print only errors.
+    Returns the device this rank runs on."""
+    from posenc._validation import check_device
+    from posenc.lab.experiments import distributed
+
+    if threads is not None:
+        if threads < 1:
+            raise UsageError(f"--threads must be an integer >= 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
+    check_device(device, "--device")
+    if workers is not None and workers < 1:
+        raise UsageError(f"--workers must be an integer >= 1, got {workers}")
+    device = distributed.init_from_env(device)  # under torchrun: this rank does its share of the runs
+    console.quiet = not distributed.current().is_main
+    return device
+
+
+def _sweep_config(preset_config: Callable, preset: str, *, encodings: str | None, seeds: str | None,
+                  layers: int | None, heads: int | None, **options):
+    """An experiment's config from a sweep command's options: the comma-separated lists
+    split, ``--layers`` / ``--heads`` as the configs' ``num_layers`` / ``num_heads``."""
+    return preset_config(preset, encodings=_split_list(encodings, "--encodings"), num_layers=layers, num_heads=heads,
+                         seeds=_split_list(seeds, "--seeds", int), **options)
+
+
+Reporter = TypeVar("Reporter", bound="RichReporter")
+
+
+def _run_sweep(reporter: Callable[[Progress], Reporter], run: Callable[[Reporter], dict | None]) -> tuple[dict | None, Reporter]:
+    """``run(reporter(progress))`` under the sweep's progress bars (gone once it returns):
+    the results (None on a torchrun rank other than 0) and the reporter."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        drawn = reporter(progress)
+        return run(drawn), drawn
 
 
 @app.command("list")
@@ -89,11 +151,16 @@ class RichReporter:
         if self.task is not None:
             self.progress.remove_task(self.task)
             self.task = None
-        cells = " ".join(f"{n}:{c['bits_per_byte']:.3f}" for n, c in record["eval"].items())
-        state = "already done" if skipped else f"{record['train_seconds']:.0f}s train"
+        state = "already done" if skipped else self.time_spent(record)
         if not skipped and getattr(self, "resumed_step", 0):
             state += f", resumed at step {self.resumed_step}"
-        self.progress.console.print(f"[bold]{row}[/] seed {seed} ({state}) bits/byte at {cells}")
+        self.progress.console.print(f"[bold]{row}[/] seed {seed} ({state}) {self.scores(record)}")
+
+    def time_spent(self, record: dict) -> str:
+        return f"{record['train_seconds']:.0f}s train"
+
+    def scores(self, record: dict) -> str:
+        return "bits/byte at " + " ".join(f"{n}:{c['bits_per_byte']:.3f}" for n, c in record["eval"].items())
 
 
 def results_table(summary: dict, key: str = "bits_per_byte", title: str | None = None, eval_key: str = "eval") -> Table:
@@ -126,7 +193,7 @@ def results_table(summary: dict, key: str = "bits_per_byte", title: str | None =
 
 @app.command()
 def extrapolate(
-    encodings: Optional[str] = typer.Option(None, help="Comma-separated encoding names (default: the preset's)."),
+    encodings: Encodings = None,
     preset: str = typer.Option("default", help="quick | default | full (every registered encoding) | gpu (L=512, "
                                "25.5M parameters, eval to 16L with sliding windows; ~10 min per encoding on one H100)."),
     corpus: Optional[str] = typer.Option(
@@ -136,18 +203,18 @@ def extrapolate(
     train_len: Optional[int] = typer.Option(None, help="Training length L in tokens (bytes)."),
     steps: Optional[int] = typer.Option(None, help="Training steps per run."),
     batch_size: Optional[int] = typer.Option(None, help="Training batch size."),
-    lr: Optional[float] = typer.Option(None, help="Peak learning rate."),
-    d_model: Optional[int] = typer.Option(None, help="Model width."),
-    layers: Optional[int] = typer.Option(None, help="Number of transformer blocks."),
-    heads: Optional[int] = typer.Option(None, help="Attention heads."),
+    lr: LearningRate = None,
+    d_model: DModel = None,
+    layers: Layers = None,
+    heads: Heads = None,
     eval_factors: Optional[str] = typer.Option(None, help="Evaluation lengths as multiples of L, e.g. 1,2,4,8,16."),
     eval_tokens: Optional[int] = typer.Option(None, help="Validation tokens read at every length."),
     eval_stride: Optional[int] = typer.Option(
         None, help="Also evaluate with sliding windows of this stride S (1 <= S <= L; Press et al.): each token "
         "predicted after at least length - S tokens of context. The gpu preset uses S = L."),
-    seeds: Optional[str] = typer.Option(None, help="Comma-separated seeds, e.g. 0,1,2."),
+    seeds: Seeds = None,
     out: Path = typer.Option(Path("results/extrapolate"), help="Output folder (results.json, results.csv, figure, checkpoints)."),
-    device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
+    device: Device = "cpu",
     rope_scaling: Optional[str] = typer.Option(
         None, help="Also evaluate the trained rope model with these RoPE scalings at inference, factor = length / L: "
         "a comma-separated list of linear, ntk, dynamic, yarn, llama3 (rows rope+<method>).",
@@ -157,11 +224,8 @@ def extrapolate(
         "(and without: the control), then evaluate it (rows rope+<method>+ft, rope+ft).",
     ),
     finetune_factor: Optional[int] = typer.Option(None, help="Fine-tune length as a multiple of L, and the scaling factor (default 4)."),
-    randomized_positions: Optional[int] = typer.Option(
-        None, help="Also train every encoding with randomized positions (Ruoss et al. 2023): each window's positions a "
-        "sorted random sample from [0, N); evaluated at ordinary positions (rows <encoding>+rand). N >= L.",
-    ),
-    threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)."),
+    randomized_positions: Optional[int] = typer.Option(None, help=_randomized_positions_help("window's", "N")),
+    threads: Threads = None,
     bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast for training and evaluation "
                                         "(default: on with --device cuda, off on the CPU)."),
     compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the model (default: "
@@ -173,33 +237,21 @@ def extrapolate(
     Under `torchrun --nproc-per-node N`, the (encoding, seed) runs are split across the N
     processes and rank 0 writes the merged results.
     """
-    from posenc.lab.data import load_corpus
-    from posenc.lab.experiments import distributed
-    from posenc.lab.experiments.extrapolation import ROW_PROVIDERS, preset_config, run_extrapolation
-    from posenc.lab.experiments.extrapolation_config import RANDOMIZED_SUFFIX
-    from posenc.lab.plots import plot_extrapolation
     from posenc._validation import check_device
+    from posenc.lab.data import load_corpus
+    from posenc.lab.experiments.extrapolation import ROW_PROVIDERS, preset_config, run_extrapolation
+    from posenc.lab.experiments.frame import Row
+    from posenc.lab.plots import plot_extrapolation
 
-    if threads is not None:
-        if threads < 1:
-            raise UsageError(f"--threads must be an integer >= 1, got {threads}")
-        import torch
-
-        torch.set_num_threads(threads)
-
-    check_device(device, "--device")  # before any work, in one line: not a traceback from deep inside
-    device = distributed.init_from_env(device)  # under torchrun: this rank does its share of the runs
-    console.quiet = not distributed.current().is_main  # rank 0 reports; the others print only errors
+    device = _start_sweep(device, threads)
     on_cuda = check_device(device, "--device").type == "cuda"
     bf16 = on_cuda if bf16 is None else bf16
     compile = on_cuda if compile is None else compile
 
-    config = preset_config(
-        preset,
-        encodings=_split_list(encodings, "--encodings"),
+    config = _sweep_config(
+        preset_config, preset, encodings=encodings, seeds=seeds, layers=layers, heads=heads,
         train_len=train_len, steps=steps, batch_size=batch_size, lr=lr, d_model=d_model,
-        num_layers=layers, num_heads=heads, eval_factors=_split_list(eval_factors, "--eval-factors", int),
-        eval_tokens=eval_tokens, seeds=_split_list(seeds, "--seeds", int), device=device,
+        eval_factors=_split_list(eval_factors, "--eval-factors", int), eval_tokens=eval_tokens, device=device,
         extension_methods=_split_list(rope_scaling, "--rope-scaling"), finetune_steps=finetune_steps,
         finetune_factor=finetune_factor, randomized_positions=randomized_positions, eval_stride=eval_stride,
         autocast="bfloat16" if bf16 else None, compile=compile or None,
@@ -214,16 +266,13 @@ def extrapolate(
         + ("; bf16 autocast" if train.autocast else "") + ("; compiled" if train.compile else "")
         + (f"; sliding-window eval, stride {config.eval_stride}" if config.eval_stride else "")
     )
-    if randomized := [row for row in config.rows if row.endswith(RANDOMIZED_SUFFIX)]:
+    if randomized := [row for row in config.rows if Row.parse(row).randomized]:
         console.print(f"[bold]randomized-position rows[/] {', '.join(randomized)} (positions from [0, {config.randomized_positions}))")
     for provider in ROW_PROVIDERS:
         if rows := provider.rows(config):
             console.print(f"[bold]{provider.name} rows[/] {', '.join(rows)}")
     started = time.perf_counter()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
-               TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        summary = run_extrapolation(config, data, out, RichReporter(progress))
+    summary, _ = _run_sweep(RichReporter, lambda reporter: run_extrapolation(config, data, out, reporter))
     if summary is None:  # not rank 0: rank 0 merges the runs and reports
         return
     figure = plot_extrapolation(summary, out / "extrapolation.png")
@@ -249,18 +298,17 @@ class TaskReporter(RichReporter):
         self.progress.update(self.task, completed=step + 1, loss=f"answer loss {loss:.3f}")
 
     def run_finished(self, row, seed, record, skipped):
-        if self.task is not None:
-            self.progress.remove_task(self.task)
-            self.task = None
         self.progress.advance(self.overall)
         spent = self.seconds.setdefault(record["task"], [0.0, 0.0])
         spent[0] += record["train_seconds"]
         spent[1] += record["eval_seconds"]
-        cells = " ".join(f"{n}:{c['accuracy']:.2f}" for n, c in record["eval"].items())
-        state = "already done" if skipped else f"{record['train_seconds']:.0f}s train, {record['eval_seconds']:.0f}s eval"
-        if not skipped and getattr(self, "resumed_step", 0):
-            state += f", resumed at step {self.resumed_step}"
-        self.progress.console.print(f"[bold]{row}[/] seed {seed} ({state}) exact match at size {cells}")
+        super().run_finished(row, seed, record, skipped)
+
+    def time_spent(self, record: dict) -> str:
+        return f"{record['train_seconds']:.0f}s train, {record['eval_seconds']:.0f}s eval"
+
+    def scores(self, record: dict) -> str:
+        return "exact match at size " + " ".join(f"{n}:{c['accuracy']:.2f}" for n, c in record["eval"].items())
 
 
 def lengthgen_table(summary: dict) -> Table:
@@ -319,24 +367,21 @@ def lengthgen_ranking_table(summary: dict) -> Table:
 def lengthgen(
     tasks: Optional[str] = typer.Option(None, help="Comma-separated tasks: copy, reverse, sort, addition, flipflop, "
                                         "selective_copy, passkey (default: the preset's)."),
-    encodings: Optional[str] = typer.Option(None, help="Comma-separated encoding names (default: the preset's)."),
+    encodings: Encodings = None,
     preset: str = typer.Option("default", help="quick | default | full (every task on every registered encoding)."),
     train_size: Optional[int] = typer.Option(None, help="N for every task: train on sizes <= N (default: each task's own)."),
     steps: Optional[int] = typer.Option(None, help="Training steps per run (default: each task's own)."),
     batch_size: Optional[int] = typer.Option(None, help="Training batch size (instances)."),
-    lr: Optional[float] = typer.Option(None, help="Peak learning rate."),
-    d_model: Optional[int] = typer.Option(None, help="Model width."),
-    layers: Optional[int] = typer.Option(None, help="Number of transformer blocks."),
-    heads: Optional[int] = typer.Option(None, help="Attention heads."),
+    lr: LearningRate = None,
+    d_model: DModel = None,
+    layers: Layers = None,
+    heads: Heads = None,
     eval_instances: Optional[int] = typer.Option(None, help="Fresh instances scored at each size."),
-    seeds: Optional[str] = typer.Option(None, help="Comma-separated seeds, e.g. 0,1,2."),
+    seeds: Seeds = None,
     out: Path = typer.Option(Path("results/lengthgen"), help="Output folder (results.json, results.csv, figures, checkpoints)."),
-    device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
-    randomized_positions: Optional[int] = typer.Option(
-        None, help="Also train every encoding with randomized positions (Ruoss et al. 2023): each sequence's positions a "
-        "sorted random sample from [0, M); evaluated at ordinary positions (rows <encoding>+rand).",
-    ),
-    threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)."),
+    device: Device = "cpu",
+    randomized_positions: Optional[int] = typer.Option(None, help=_randomized_positions_help("sequence's", "M")),
+    threads: Threads = None,
     workers: Optional[int] = typer.Option(
         None, help="Runs trained at once, each in its own process with threads / workers threads (default: on a "
         "CPU one per core, as these small models gain nothing from a second thread; 1 on CUDA or under torchrun).",
@@ -351,25 +396,12 @@ def lengthgen(
     from posenc.lab.experiments import distributed
     from posenc.lab.experiments.lengthgen import preset_config, run_lengthgen
     from posenc.lab.plots import plot_lengthgen
-    from posenc._validation import check_device
 
-    if threads is not None:
-        if threads < 1:
-            raise UsageError(f"--threads must be an integer >= 1, got {threads}")
-        import torch
-
-        torch.set_num_threads(threads)
-    check_device(device, "--device")
-    if workers is not None and workers < 1:
-        raise UsageError(f"--workers must be an integer >= 1, got {workers}")
-    device = distributed.init_from_env(device)
-    console.quiet = not distributed.current().is_main
-
-    config = preset_config(
-        preset, tasks=_split_list(tasks, "--tasks"), encodings=_split_list(encodings, "--encodings"),
-        train_size=train_size, steps=steps, batch_size=batch_size, lr=lr, d_model=d_model, num_layers=layers,
-        num_heads=heads, eval_instances=eval_instances, seeds=_split_list(seeds, "--seeds", int), device=device,
-        randomized_positions=randomized_positions,
+    device = _start_sweep(device, threads, workers)
+    config = _sweep_config(
+        preset_config, preset, encodings=encodings, seeds=seeds, layers=layers, heads=heads,
+        tasks=_split_list(tasks, "--tasks"), train_size=train_size, steps=steps, batch_size=batch_size, lr=lr,
+        d_model=d_model, eval_instances=eval_instances, device=device, randomized_positions=randomized_positions,
     )
     model, train = config.model, config.train
     runs = len(config.tasks) * len(config.rows) * len(config.seeds)
@@ -388,11 +420,8 @@ def lengthgen(
             f"eval sizes {config.eval_sizes(task)} x {config.eval_instances} instances"
         )
     started = time.perf_counter()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
-               TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        reporter = TaskReporter(progress, runs)
-        summary = run_lengthgen(config, out, reporter, workers=workers)
+    summary, reporter = _run_sweep(lambda progress: TaskReporter(progress, runs),
+                                   lambda reporter: run_lengthgen(config, out, reporter, workers=workers))
     if summary is None:  # not rank 0
         return
     figures = plot_lengthgen(summary, out)
@@ -512,74 +541,48 @@ def bench(
     out: Path = typer.Option(Path("results/bench"), help="With --device: folder for the tables (JSON, CSV, Markdown)."),
 ) -> None:
     """Speed and memory of posenc side by side with its baselines, in one run, as ratios."""
-    from posenc.lab import bench as benchmarks
     from posenc._validation import check_device
+    from posenc.lab.bench import Settings, environment, run_suite
 
     choices = ("rope", "attention", "throughput", "all")
     if what not in choices:
         raise UsageError(f"what must be one of {', '.join(choices)}, got {what!r}")
     if threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
-    if device is not None:
-        check_device(device, "--device")
-        _bench_on_device(benchmarks, what, device, quick=quick, threads=threads, compile=compile, out=out,
-                         lengths=_split_list(lengths, "--lengths", int), backends=_split_list(backends, "--backends"),
-                         dtype=dtype)
+    if device is None:
+        for table in run_suite(what, Settings(quick=quick, threads=threads)):
+            table.print()
         return
-    if what in ("rope", "all"):
-        shape = (1, 4, 256, 64) if quick else (1, 32, 2048, 128)
-        rows, notes = benchmarks.rope_benchmark(shape, repeats=3 if quick else 7, threads=threads)
-        benchmarks.print_table(f"RoPE on q and k {shape}", rows, benchmarks.ROPE_COLUMNS, notes)
-    if what in ("attention", "all"):
-        lengths = (256, 512) if quick else (1024, 2048, 4096, 8192)
-        rows, notes = benchmarks.attention_benchmark(lengths, repeats=1 if quick else 2, threads=threads)
-        benchmarks.print_table("causal attention, H=8, D=64, fp32", rows, benchmarks.ATTENTION_COLUMNS, notes)
-    if what in ("throughput", "all"):
-        rows, notes = benchmarks.throughput_benchmark(steps=1 if quick else 5, repeats=1 if quick else 3, threads=threads)
-        benchmarks.print_table("LM training throughput", rows, benchmarks.THROUGHPUT_COLUMNS, notes)
+    check_device(device, "--device")
+    settings = _bench_device_settings(device, quick=quick, threads=threads, compile=compile,
+                                      lengths=_split_list(lengths, "--lengths", int),
+                                      backends=_split_list(backends, "--backends"), dtype=dtype)
+    meta = {**environment(), "device": device, "dtype": settings.attention_dtype}
+    written = []
+    for table in run_suite(what, settings):
+        table.print()
+        written += table.write(out, meta)
+    console.print("wrote " + ", ".join(str(p) for p in written))
 
 
-def _bench_on_device(benchmarks, what: str, device: str, *, quick: bool, threads: int, compile: bool, out: Path,
-                     lengths: tuple | None, backends: tuple, dtype: str | None) -> None:
-    """``posenc bench --device DEVICE``: the attention and throughput tables on one device, in
-    this process, printed and written to ``out`` (JSON with the environment, CSV, Markdown)."""
+def _bench_device_settings(device: str, *, quick: bool, threads: int, compile: bool, lengths: tuple | None,
+                           backends: tuple, dtype: str | None):
+    """The suite's settings for ``posenc bench --device DEVICE`` (measured in this process,
+    tables written to ``--out``), the device options checked; torch's threads set."""
     import torch
 
     from posenc.attention import BACKENDS
+    from posenc.lab.bench import Settings
 
     torch.set_num_threads(threads)
-    cuda = torch.device(device).type == "cuda"
-    dtype = dtype or ("bfloat16" if cuda else "float32")
-    if not isinstance(getattr(torch, dtype, None), torch.dtype):
+    settings = Settings(device=device, quick=quick, threads=threads, compile=compile, lengths=lengths,
+                        backends=backends, dtype=dtype)
+    if not isinstance(getattr(torch, settings.attention_dtype, None), torch.dtype):
         raise UsageError(f"--dtype must be a torch dtype name such as bfloat16, float16 or float32, got {dtype!r}")
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         raise UsageError(f"--backends: unknown {unknown}; choose from {list(BACKENDS)}")
-    meta = {**benchmarks.environment(), "device": device, "dtype": dtype}
-    written = []
-    if what in ("rope", "all"):
-        sizes = dict(lengths=(16,), q_heads=2, kv_heads=1, head_dim=8, repeats=1, compile_peers=False) if quick else {}
-        rows, notes = benchmarks.rope_device_benchmark(device, dtype="bfloat16" if cuda else dtype, **sizes)
-        benchmarks.print_table(f"RoPE apply on q and k, {device}", rows, benchmarks.ROPE_DEVICE_COLUMNS, notes)
-        written += benchmarks.write_tables(out, f"rope-{torch.device(device).type}", rows,
-                                           benchmarks.ROPE_DEVICE_COLUMNS, notes, meta)
-    if what in ("attention", "all"):
-        sizes = dict(heads=2, head_dim=16, tokens=128, repeats=1) if quick else {}
-        rows, notes = benchmarks.device_attention_benchmark(
-            device, lengths or ((32, 64) if quick else benchmarks.DEVICE_ATTENTION["lengths"]), backends=backends,
-            dtype=dtype, **sizes)
-        benchmarks.print_table(f"causal attention on {device}, {dtype}", rows, benchmarks.DEVICE_ATTENTION_COLUMNS, notes)
-        written += benchmarks.write_tables(out, f"attention-{torch.device(device).type}", rows,
-                                           benchmarks.DEVICE_ATTENTION_COLUMNS, notes, meta)
-    if what in ("throughput", "all"):
-        sizes = dict(d_model=16, num_layers=1, num_heads=2, seq_len=16, batch_size=2, steps=1, repeats=1) if quick \
-            else dict(benchmarks.DEVICE_THROUGHPUT)
-        rows, notes = benchmarks.throughput_benchmark(device=device, autocast="bfloat16" if cuda else None,
-                                                      compile=compile, **sizes)
-        benchmarks.print_table(f"LM training throughput on {device}", rows, benchmarks.THROUGHPUT_COLUMNS, notes)
-        written += benchmarks.write_tables(out, f"throughput-{torch.device(device).type}", rows,
-                                           benchmarks.THROUGHPUT_COLUMNS, notes, meta)
-    console.print("wrote " + ", ".join(str(p) for p in written))
+    return settings
 
 
 @app.command()

@@ -14,7 +14,6 @@ re-exported here.
 
 from __future__ import annotations
 
-import csv
 import functools
 import math
 import statistics
@@ -27,6 +26,8 @@ from posenc import __version__
 from posenc.lab.data import Corpus
 from posenc.lab.model import TransformerLM
 from posenc.lab.experiments.extrapolation_config import CORE_ENCODINGS, OPTIONS, PRESETS, ExtrapolationConfig, preset_config
+from posenc.lab.experiments.frame import cells_over_seeds, evals_by_seed, merged_not_applicable, spread
+from posenc.lab.experiments.frame import write_csv as write_csv_rows
 from posenc.lab.experiments.lm import evaluate_lengths, load_trained, train_run
 from posenc.lab.experiments.rope_extension import RopeExtension
 from posenc.lab.experiments.rows import BaseRun, RowProvider
@@ -49,21 +50,17 @@ def fingerprint(config: ExtrapolationConfig, corpus: Corpus, encoding: str, seed
     ``encoding_options`` when there are any, and the sliding-window stride as ``eval_stride``
     when set, so the other rows' fingerprints are unchanged."""
     name, train = config.row_run(encoding, seed)
-    options = config.encoding_options(name)
-    fields = {
-        "posenc_version": __version__,
+    return config.run_fingerprint({
         "encoding": encoding,
-        **({"encoding_options": options} if options else {}),
+        "encoding_options": config.encoding_options(name),
         "seed": seed,
         "model": config.model_config().to_dict(),
         "train": train.to_dict(),
         "eval_lengths": config.eval_lengths,
         "eval_tokens": config.eval_tokens,
         "corpus": {k: corpus.info[k] for k in ("name", "bytes", "train_bytes", "val_bytes")},
-    }
-    if config.eval_stride is not None:  # only when set: earlier runs' fingerprints read the same
-        fields["eval_stride"] = config.eval_stride
-    return fields
+        "eval_stride": config.eval_stride,
+    })
 
 
 def train_and_evaluate(
@@ -125,14 +122,12 @@ def aggregate(config: ExtrapolationConfig, records: Sequence[dict], names: Seque
     results: dict[str, dict] = {}
     for encoding in names if names is not None else config.rows:
         runs = [r for r in records if r["encoding"] == encoding]
-        evals = _mean_over_seeds(config, [r["eval"] for r in runs])
-        not_applicable = {k: v for r in runs for k, v in r["not_applicable"].items()}
         results[encoding] = {
             "train_len": config.train_len,
-            "eval": evals,
-            "not_applicable": not_applicable,
+            "eval": _mean_over_seeds(config, [r["eval"] for r in runs]),
+            "not_applicable": merged_not_applicable(runs),
             "parameters": runs[0]["parameters"],
-            "runs": {str(r["seed"]): r["eval"] for r in runs},
+            "runs": evals_by_seed(runs),
         }
         if "extension" in runs[0]:
             results[encoding]["extension"] = runs[0]["extension"]
@@ -144,16 +139,13 @@ def aggregate(config: ExtrapolationConfig, records: Sequence[dict], names: Seque
 def _mean_over_seeds(config: ExtrapolationConfig, evals: Sequence[dict]) -> dict[str, dict]:
     """Per length: the seeds' mean loss (nats), perplexity, bits per byte, and their spread."""
     means: dict[str, dict] = {}
-    for length in map(str, config.eval_lengths):
-        cells = [e[length] for e in evals if length in e]
-        if not cells:
-            continue
+    for length, cells in cells_over_seeds(evals, config.eval_lengths):
         loss = statistics.fmean(c["loss"] for c in cells)
         loss_last = statistics.fmean(c["loss_last"] for c in cells)
         means[length] = {
             "loss": loss, "ppl": math.exp(loss), "loss_last": loss_last,
             "bits_per_byte": loss / math.log(2), "bits_per_byte_last": loss_last / math.log(2),
-            "loss_std": statistics.stdev(c["loss"] for c in cells) if len(cells) > 1 else 0.0,
+            "loss_std": spread([c["loss"] for c in cells]),
             "seeds": len(cells),
         }
     return means
@@ -216,22 +208,21 @@ def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, re
     return summary
 
 
+#: The columns of results.csv (and results-sliding.csv), one row per (encoding row, length).
+CSV_COLUMNS = ("encoding", "train_len", "eval_len", "loss", "loss_last", "ppl", "bits_per_byte", "loss_std", "seeds")
+
+
 def write_csv(path: Path, summary: dict, key: str = "eval") -> None:
     """One row per (encoding, length): mean losses (nats), perplexity, bits per byte, from each
     result's ``key`` (``eval``: non-overlapping windows; ``eval_sliding``: sliding windows)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["encoding", "train_len", "eval_len", "loss", "loss_last", "ppl", "bits_per_byte", "loss_std", "seeds"])
-        for encoding, res in summary["results"].items():
-            for length in summary["config"]["eval_lengths"]:
-                cell = res.get(key, {}).get(str(length))
-                if cell is None:
-                    writer.writerow([encoding, res["train_len"], length, "", "", "", "", "", 0])
-                    continue
-                writer.writerow([
-                    encoding, res["train_len"], length, f"{cell['loss']:.6f}", f"{cell['loss_last']:.6f}",
-                    f"{cell['ppl']:.6f}", f"{cell['bits_per_byte']:.6f}", f"{cell['loss_std']:.6f}", cell["seeds"],
-                ])
-    tmp.replace(path)
+    write_csv_rows(path, CSV_COLUMNS, (
+        _csv_row(encoding, res, length, res.get(key, {}).get(str(length)))
+        for encoding, res in summary["results"].items() for length in summary["config"]["eval_lengths"]
+    ))
 
+
+def _csv_row(encoding: str, res: dict, length: int, cell: dict | None) -> list:
+    if cell is None:
+        return [encoding, res["train_len"], length, "", "", "", "", "", 0]
+    return [encoding, res["train_len"], length, f"{cell['loss']:.6f}", f"{cell['loss_last']:.6f}", f"{cell['ppl']:.6f}",
+            f"{cell['bits_per_byte']:.6f}", f"{cell['loss_std']:.6f}", cell["seeds"]]

@@ -1,50 +1,67 @@
 """What determines the results of ``posenc extrapolate``: its config, presets and options.
 
-:class:`ExtrapolationConfig` composes the model's :class:`~posenc.lab.model.LMConfig` and the
-training's :class:`~posenc.lab.train.TrainConfig` (their fields and defaults are declared once,
-there) with the experiment's own fields. The flat options of the CLI and of
-:func:`preset_config` (``steps``, ``d_model``, ``train_len``, ...) are mapped onto the
-composed configs in one place, :data:`OPTIONS`.
+:class:`ExtrapolationConfig` is a :class:`~posenc.lab.experiments.frame.RunConfig` (the model's
+:class:`~posenc.lab.model.LMConfig` and the training's :class:`~posenc.lab.train.TrainConfig`,
+whose fields and defaults are declared once, there; the rows, seeds and randomized rows every
+experiment has) with the experiment's own fields. The flat options of the CLI and of
+:func:`preset_config` (``steps``, ``d_model``, ``train_len``, ...) are mapped onto the composed
+configs in one place, :data:`OPTIONS`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
-from posenc._validation import check_device, check_positive_int
+from posenc._validation import check_positive_int
 from posenc.encodings import REGISTRY, create_for_model, encoding_class
 from posenc.encodings.base import PositionalEncoding
-from posenc.lab.model import LMConfig
-from posenc.rope import EXTENSION_METHODS
-from posenc.lab.train import TrainConfig
-from posenc.lab.experiments.lm import fold_flat_options
 from posenc.errors import InvalidArgument, InvalidType
+from posenc.lab.experiments.frame import CORE_ENCODINGS, MODEL_TRAIN_OPTIONS, RANDOMIZED_SUFFIX, Row, RunConfig
+from posenc.lab.model import LMConfig
+from posenc.lab.train import TrainConfig
+from posenc.rope import EXTENSION_METHODS
 
-#: The row of an encoding trained with randomized positions (Ruoss et al. 2023).
-RANDOMIZED_SUFFIX = "+rand"
+__all__ = [
+    "CORE_ENCODINGS", "FULL_RANDOMIZED", "OPTIONS", "PRESETS", "RANDOMIZED_SUFFIX", "ExtrapolationConfig",
+    "preset_config", "text_encodings", "train_flops",
+]
 
-#: The six encodings of the default run.
-CORE_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")
-
-#: Flat option -> (composed config, its field). ``train_len`` is the training window, the L
-#: of "train short, test long"; every other option keeps its field's name.
+#: Flat option -> (composed config, its field): the options of every experiment, plus
+#: ``train_len``, the training window (the L of "train short, test long"), ``steps`` and the
+#: precision options. Every option but ``train_len`` keeps its field's name.
 OPTIONS: dict[str, tuple[str, str]] = {
     "train_len": ("train", "seq_len"),
     "steps": ("train", "steps"),
-    "batch_size": ("train", "batch_size"),
-    "lr": ("train", "lr"),
-    "d_model": ("model", "d_model"),
-    "num_layers": ("model", "num_layers"),
-    "num_heads": ("model", "num_heads"),
+    **MODEL_TRAIN_OPTIONS,
     "autocast": ("train", "autocast"),
     "compile": ("train", "compile"),
 }
 
+#: Named sizes, as options of :meth:`ExtrapolationConfig.from_options`. "default"
+#: reproduces the prototype's setting (< 15 min on 2 cores); "quick" is a smoke run
+#: (< 3 min); "full" is the default size over every encoding of 1-D text (None:
+#: :func:`text_encodings`) and the randomized rows of :data:`FULL_RANDOMIZED`; "gpu" is the
+#: papers' setting on one GPU (L = 512, 25.5M parameters, evaluation to 16L, non-overlapping
+#: and sliding windows of stride L; about 10 minutes per encoding on one H100, see
+#: :func:`train_flops` and docs/results.md), run with ``--device cuda``.
+PRESETS: dict[str, dict] = {
+    "quick": dict(steps=300, num_layers=2, eval_factors=(1, 2, 4, 8), eval_tokens=16384),
+    "default": {},
+    "full": dict(encodings=None),
+    "gpu": dict(train_len=512, d_model=512, num_layers=8, num_heads=8, batch_size=64, steps=12000, lr=1e-3,
+                eval_factors=(1, 2, 4, 8, 16), eval_tokens=1 << 20, eval_stride=512),
+}
+
+#: The encodings that ``--preset full`` also trains with randomized positions (one row each,
+#: N = the longest evaluation length): RoPE, the encoding Ruoss et al. (2023) helped most.
+FULL_RANDOMIZED = ("rope",)
+
 
 @dataclass(frozen=True)
-class ExtrapolationConfig:
+class ExtrapolationConfig(RunConfig):
     """Everything that determines the results of ``posenc extrapolate``.
 
     Args:
@@ -83,60 +100,58 @@ class ExtrapolationConfig:
     ``autocast`` and ``compile``); the evaluation uses them too.
 
     Raises:
-        TypeError: ``encodings`` is not a sequence of names; ``model`` / ``train`` of the wrong type.
-        ValueError: any other bad value; the message names the field.
+        InvalidType: ``encodings`` is not a sequence of names; ``model`` / ``train`` of the wrong type.
+        InvalidArgument: any other bad value; the message names the field.
     """
 
-    encodings: tuple[str, ...] = CORE_ENCODINGS
-    model: LMConfig = field(default_factory=LMConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
     eval_factors: tuple[int, ...] = (1, 2, 4, 8, 16)
-    seeds: tuple[int, ...] = (0,)
     eval_tokens: int = 65536
     learned_positions: int | None = None
-    device: str = "cpu"
     extension_methods: tuple[str, ...] = ()
     finetune_steps: int = 0
     finetune_factor: int = 4
     finetune_lr: float | None = None
-    randomized_positions: int | None = None
     eval_stride: int | None = None
+
+    PRESETS: ClassVar[dict[str, dict]] = PRESETS
+    OPTIONS: ClassVar[dict[str, tuple[str, str]]] = OPTIONS
+    #: results.json's order since the first runs
+    FIELD_ORDER: ClassVar[tuple[str, ...]] = (
+        "encodings", "model", "train", "eval_factors", "seeds", "eval_tokens", "learned_positions", "device",
+        "extension_methods", "finetune_steps", "finetune_factor", "finetune_lr", "randomized_positions", "eval_stride",
+    )
+    #: options added after the first stored runs (the sliding-window stride, the options an
+    #: encoding takes from L, the precision options): in results.json and fingerprints only when set
+    ADDED_LATER: ClassVar[dict[str, object]] = {
+        "train.autocast": None, "train.compile": False, "eval_stride": None, "encoding_options": {},
+    }
+    NAMED_RANDOMIZED_ROWS: ClassVar[bool] = True
 
     @classmethod
     def from_options(cls, **options) -> ExtrapolationConfig:
         """A config from flat options: the fields above plus the :data:`OPTIONS` names
         (``train_len``, ``steps``, ``batch_size``, ``lr``, ``d_model``, ``num_layers``,
-        ``num_heads``), which override the defaults of ``model`` / ``train``.
+        ``num_heads``, ``autocast``, ``compile``), which override the defaults of ``model`` / ``train``.
 
         Raises:
-            TypeError, ValueError: as the constructor; an unknown option (TypeError).
+            InvalidType, InvalidArgument: as the constructor; TypeError: an unknown option.
         """
         if "train_len" in options:
             check_positive_int(options["train_len"], "train_len")  # TrainConfig would call it seq_len
-        return cls(**fold_flat_options(options, OPTIONS, {"model": LMConfig(), "train": TrainConfig()}))
+        return super().from_options(**options)
 
-    def __post_init__(self) -> None:
-        if isinstance(self.encodings, str) or not isinstance(self.encodings, (tuple, list)):
-            raise InvalidType(f"encodings must be a sequence of encoding names, e.g. ('rope', 'alibi'), got {self.encodings!r}")
-        if not self.encodings:
-            raise InvalidArgument("encodings: give at least one encoding")
-        for name in self.encodings:
-            encoding_class(_base_name(name))  # unknown names raise, listing the available ones
-        if len(set(self.encodings)) != len(self.encodings):
-            raise InvalidArgument(f"encodings: each name once, got {list(self.encodings)}")
-        if not isinstance(self.model, LMConfig):
-            raise InvalidType(f"model must be a posenc.lab.model.LMConfig, got {type(self.model).__name__}")
-        if not isinstance(self.train, TrainConfig):
-            raise InvalidType(f"train must be a posenc.lab.train.TrainConfig, got {type(self.train).__name__}")
+    @classmethod
+    def every_encoding(cls) -> tuple[str, ...]:
+        """``--preset full``'s rows: :func:`text_encodings`, then :data:`FULL_RANDOMIZED` randomized."""
+        return (*text_encodings(), *(Row(name, randomized=True).name for name in FULL_RANDOMIZED))
+
+    def _check_experiment(self) -> None:
         check_positive_int(self.eval_tokens, "eval_tokens")
         if not self.eval_factors or any(not isinstance(f, int) or isinstance(f, bool) or f < 1 for f in self.eval_factors):
             raise InvalidArgument(
                 "eval_factors: evaluation lengths are whole multiples >= 1 of train_len (no evaluation shorter than L), "
                 f"got {self.eval_factors}"
             )
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) \
-                or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
-            raise InvalidArgument(f"seeds: give one or more distinct integers >= 0, got {self.seeds}")
         if self.eval_tokens < max(self.eval_lengths):
             raise InvalidArgument(f"eval_tokens={self.eval_tokens} must be >= the longest eval length {max(self.eval_lengths)}")
         if self.learned_positions is not None:
@@ -145,28 +160,24 @@ class ExtrapolationConfig:
         object.__setattr__(
             self, "model", dataclasses.replace(self.model, max_positions=self.learned_positions or max(self.eval_lengths))
         )
-        check_device(self.device)
         if self.eval_stride is not None:
             check_positive_int(self.eval_stride, "eval_stride")
             if self.eval_stride > self.train_len:
                 raise InvalidArgument(f"eval_stride={self.eval_stride} must be <= train_len={self.train_len} "
-                                 "(each sliding window scores its last eval_stride tokens)")
+                                      "(each sliding window scores its last eval_stride tokens)")
         self._check_rope_extension()
-        self._check_randomized_positions()
 
-    def _check_randomized_positions(self) -> None:
-        if self.randomized_positions is None:
-            if not self._named_randomized_rows():
-                return
-            # Ruoss et al. sample positions up to (at least) the longest length they test at
-            object.__setattr__(self, "randomized_positions", max(self.eval_lengths))
-        option = "randomized_positions (--randomized-positions)"
-        check_positive_int(self.randomized_positions, option)
+    def default_randomized_positions(self) -> int:
+        """The longest evaluation length: Ruoss et al. sample positions up to (at least) the
+        longest length they test at."""
+        return max(self.eval_lengths)
+
+    def _check_randomized_range(self, option: str) -> None:
         if self.randomized_positions < self.train_len:
             raise InvalidArgument(f"{option}={self.randomized_positions} must be >= train_len={self.train_len}")
         table = self.model.max_positions
-        if self.randomized_positions > table and any(_holds_a_table(_base_name(name), self.model) for name in self.rows
-                                                     if name.endswith(RANDOMIZED_SUFFIX)):
+        if self.randomized_positions > table and any(
+                _holds_a_table(row.encoding, self.model) for row in map(Row.parse, self.rows) if row.randomized):
             raise InvalidArgument(
                 f"{option}={self.randomized_positions} is past the learned table's {table} positions "
                 "(learned_positions, default the longest eval length): raise learned_positions or lower N"
@@ -223,69 +234,19 @@ class ExtrapolationConfig:
         """The training of the run with ``seed``."""
         return dataclasses.replace(self.train, seed=seed)
 
-    def _named_randomized_rows(self) -> bool:
-        return any(name.endswith(RANDOMIZED_SUFFIX) for name in self.encodings)
-
-    @property
-    def rows(self) -> list[str]:
-        """The trained rows, in table order: ``encodings`` as given, then, when
-        ``randomized_positions`` is set and ``encodings`` names no ``+rand`` row, every
-        encoding's ``+rand`` row."""
-        if not self.randomized_positions or self._named_randomized_rows():
-            return list(self.encodings)
-        return [*self.encodings, *(name + RANDOMIZED_SUFFIX for name in self.encodings)]
-
     def row_run(self, row: str, seed: int) -> tuple[str, TrainConfig]:
         """(encoding, training) of a trained row: ``<name>+rand`` is ``name`` trained with
         randomized positions."""
-        train = self.train_config(seed)
-        if row.endswith(RANDOMIZED_SUFFIX):
-            return row[: -len(RANDOMIZED_SUFFIX)], dataclasses.replace(train, randomized_positions=self.randomized_positions)
-        return row, train
+        return self.row_training(row, self.train_config(seed))
 
-    def to_dict(self) -> dict:
-        """The config as written to results.json: every field (``model`` and ``train`` as
-        nested dicts, ``train`` without its unread seed) plus ``train_len`` and ``eval_lengths``."""
-        d = dataclasses.asdict(self)
-        del d["train"]["seed"]
-        # options added later appear only when set: earlier runs' results.json read the same
-        for part, name, default in (("train", "autocast", None), ("train", "compile", False), (None, "eval_stride", None)):
-            fields = d[part] if part else d
-            if fields[name] == default:
-                del fields[name]
-        d["train_len"] = self.train_len
-        d["eval_lengths"] = self.eval_lengths
-        return d
-
-
-def _base_name(row: str) -> str:
-    """The registered encoding of a row name (``rope+rand`` -> ``rope``)."""
-    return row[: -len(RANDOMIZED_SUFFIX)] if row.endswith(RANDOMIZED_SUFFIX) else row
+    def derived_fields(self) -> dict:
+        """``train_len`` and ``eval_lengths``, after the fields in results.json."""
+        return {"train_len": self.train_len, "eval_lengths": self.eval_lengths}
 
 
 def _holds_a_table(name: str, model: LMConfig) -> bool:
     """Whether the encoding, built for ``model``, represents a bounded number of positions."""
     return create_for_model(name, **model.encoding_sizes()).max_positions is not None
-
-
-#: Named sizes, as options of :meth:`ExtrapolationConfig.from_options`. "default"
-#: reproduces the prototype's setting (< 15 min on 2 cores); "quick" is a smoke run
-#: (< 3 min); "full" is the default size over every encoding of 1-D text (None:
-#: :func:`text_encodings`) and the randomized rows of :data:`FULL_RANDOMIZED`; "gpu" is the
-#: papers' setting on one GPU (L = 512, 25.5M parameters, evaluation to 16L, non-overlapping
-#: and sliding windows of stride L; about 10 minutes per encoding on one H100, see
-#: :func:`train_flops` and docs/results.md), run with ``--device cuda``.
-PRESETS: dict[str, dict] = {
-    "quick": dict(steps=300, num_layers=2, eval_factors=(1, 2, 4, 8), eval_tokens=16384),
-    "default": {},
-    "full": dict(encodings=None),
-    "gpu": dict(train_len=512, d_model=512, num_layers=8, num_heads=8, batch_size=64, steps=12000, lr=1e-3,
-                eval_factors=(1, 2, 4, 8, 16), eval_tokens=1 << 20, eval_stride=512),
-}
-
-#: The encodings that ``--preset full`` also trains with randomized positions (one row each,
-#: N = the longest evaluation length): RoPE, the encoding Ruoss et al. (2023) helped most.
-FULL_RANDOMIZED = ("rope",)
 
 
 def text_encodings() -> list[str]:
@@ -307,17 +268,5 @@ def train_flops(config: ExtrapolationConfig, parameters: int) -> float:
     return per_token * train.steps * train.batch_size * train.seq_len
 
 
-def preset_config(preset: str = "default", **overrides) -> ExtrapolationConfig:
-    """The preset's config with ``overrides`` (options of :meth:`ExtrapolationConfig.from_options`;
-    None values ignored) applied.
-
-    Raises:
-        ValueError: an unknown preset (the message lists them) or an invalid override.
-    """
-    if preset not in PRESETS:
-        raise InvalidArgument(f"preset must be one of {list(PRESETS)}, got {preset!r}")
-    values = dict(PRESETS[preset])
-    if "encodings" in values and values["encodings"] is None:
-        values["encodings"] = (*text_encodings(), *(name + RANDOMIZED_SUFFIX for name in FULL_RANDOMIZED))
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return ExtrapolationConfig.from_options(**values)
+#: The preset's config with overrides (:meth:`ExtrapolationConfig.from_preset`).
+preset_config = ExtrapolationConfig.from_preset

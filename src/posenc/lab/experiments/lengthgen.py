@@ -35,7 +35,6 @@ each task's unit (``size_unit``). Wall-clock times stay in the run records (``ru
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import functools
 import math
@@ -45,20 +44,23 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from posenc import __version__
-from posenc._validation import check_device, check_positive_int
-from posenc.encodings import encoding_class
+from posenc._validation import check_positive_int
+from posenc.errors import InvalidArgument
+from posenc.lab.experiments.frame import (
+    MODEL_TRAIN_OPTIONS, RunConfig, cells_over_seeds, check_names, evals_by_seed, merged_not_applicable, spread, write_csv as
+    write_csv_rows,
+)
+from posenc.lab.experiments.lm import train_run
+from posenc.lab.experiments.runs import Reporter, RunStore
+from posenc.lab.experiments.tasks import END, TASKS, Example, Task, eval_examples, exact_match, get_task
 from posenc.lab.model import LMConfig, TransformerLM
 from posenc.lab.train import IGNORE_INDEX, BatchSource, TrainConfig
-from posenc.lab.experiments.extrapolation_config import CORE_ENCODINGS, RANDOMIZED_SUFFIX
-from posenc.lab.experiments.lm import fold_flat_options, train_run
-from posenc.lab.experiments.runs import Reporter, RunStore
-from posenc.lab.experiments.tasks import DEPTHS, END, TASKS, Example, Passkey, Task, eval_examples, exact_match, get_task
-from posenc.errors import InvalidArgument, InvalidType
 
 #: The tasks of the default run.
 DEFAULT_TASKS = ("copy", "reverse", "addition", "flipflop", "passkey")
@@ -90,8 +92,20 @@ TASK_SETTINGS: dict[str, TaskSetting] = {
 }
 
 
+#: Named sizes (options of :func:`preset_config`): "default" is the issue's run (< 15 min on
+#: 2 cores), "quick" a smoke run (< 3 min), "full" every task on every registered encoding.
+PRESETS: dict[str, dict] = {
+    "quick": dict(encodings=("nope", "rope", "alibi"), tasks=("copy", "flipflop"), eval_instances=100),
+    "default": {},
+    "full": dict(encodings=None, tasks=tuple(TASKS)),
+}
+
+#: Flat options that override a field of ``model`` or ``train`` (those of every experiment).
+OPTIONS: dict[str, tuple[str, str]] = MODEL_TRAIN_OPTIONS
+
+
 @dataclass(frozen=True)
-class LengthgenConfig:
+class LengthgenConfig(RunConfig):
     """Everything that determines the results of ``posenc lengthgen``.
 
     Args:
@@ -119,39 +133,32 @@ class LengthgenConfig:
             M must be >= every task's longest training sequence.
 
     Raises:
-        TypeError: a field of the wrong type.
-        ValueError: any other bad value; the message names the field.
+        InvalidType: a field of the wrong type.
+        InvalidArgument: any other bad value; the message names the field.
     """
 
-    tasks: tuple[str, ...] = DEFAULT_TASKS
-    encodings: tuple[str, ...] = CORE_ENCODINGS
     model: LMConfig = field(default_factory=lambda: LMConfig(d_model=64, num_layers=3, num_heads=8, mlp_ratio=2))
     train: TrainConfig = field(default_factory=lambda: TrainConfig(batch_size=32, lr=3e-3, stable_frac=0.6))
+    tasks: tuple[str, ...] = DEFAULT_TASKS
     train_size: int | None = None
     steps: int | None = None
     eval_factors: tuple[float, ...] = EVAL_FACTORS
     eval_instances: int = 200
-    seeds: tuple[int, ...] = (0,)
-    device: str = "cpu"
-    randomized_positions: int | None = None
 
-    def __post_init__(self) -> None:
-        for name in ("tasks", "encodings"):
-            value = getattr(self, name)
-            if isinstance(value, str) or not isinstance(value, (tuple, list)):
-                raise InvalidType(f"{name} must be a sequence of names, got {value!r}")
-            if not value:
-                raise InvalidArgument(f"{name}: give at least one")
-            if len(set(value)) != len(value):
-                raise InvalidArgument(f"{name}: each name once, got {list(value)}")
+    PRESETS: ClassVar[dict[str, dict]] = PRESETS
+    OPTIONS: ClassVar[dict[str, tuple[str, str]]] = OPTIONS
+    #: results.json's order since the first runs
+    FIELD_ORDER: ClassVar[tuple[str, ...]] = (
+        "tasks", "encodings", "model", "train", "train_size", "steps", "eval_factors", "eval_instances", "seeds",
+        "device", "randomized_positions",
+    )
+    #: set per task (``steps``, ``seq_len``), per run (``seed``) and per task (the table size)
+    UNREAD: ClassVar[tuple[str, ...]] = ("train.seed", "train.steps", "train.seq_len", "model.max_positions")
+
+    def _check_experiment(self) -> None:
+        check_names(self.tasks, "tasks", "task", "('copy', 'passkey')")
         for name in self.tasks:
             get_task(name)  # unknown names raise, listing the tasks
-        for name in self.encodings:
-            encoding_class(name)  # unknown names raise, listing the encodings
-        if not isinstance(self.model, LMConfig):
-            raise InvalidType(f"model must be a posenc.lab.model.LMConfig, got {type(self.model).__name__}")
-        if not isinstance(self.train, TrainConfig):
-            raise InvalidType(f"train must be a posenc.lab.train.TrainConfig, got {type(self.train).__name__}")
         if self.train_size is not None:
             check_positive_int(self.train_size, "train_size")
             for name in self.tasks:
@@ -164,24 +171,12 @@ class LengthgenConfig:
         ):
             raise InvalidArgument(f"eval_factors: give one or more numbers > 0 (multiples of N), got {self.eval_factors}")
         check_positive_int(self.eval_instances, "eval_instances")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) \
-                or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
-            raise InvalidArgument(f"seeds: give one or more distinct integers >= 0, got {self.seeds}")
-        check_device(self.device)
-        if self.randomized_positions is not None:
-            option = "randomized_positions (--randomized-positions)"
-            check_positive_int(self.randomized_positions, option)
-            for name in self.tasks:
-                needed = self.train_sequence_length(name)
-                if self.randomized_positions < needed:
-                    raise InvalidArgument(f"{option}={self.randomized_positions} must be >= {needed}, the longest {name} training sequence")
 
-    @property
-    def rows(self) -> list[str]:
-        """The trained rows of each task, in table order: every encoding, then its ``+rand``
-        row when ``randomized_positions`` is set."""
-        randomized = [name + RANDOMIZED_SUFFIX for name in self.encodings] if self.randomized_positions else []
-        return [*self.encodings, *randomized]
+    def _check_randomized_range(self, option: str) -> None:
+        for name in self.tasks:
+            needed = self.train_sequence_length(name)
+            if self.randomized_positions < needed:
+                raise InvalidArgument(f"{option}={self.randomized_positions} must be >= {needed}, the longest {name} training sequence")
 
     def task_train_size(self, task: str) -> int:
         """N of ``task``."""
@@ -210,64 +205,22 @@ class LengthgenConfig:
     def row_run(self, task: str, row: str, seed: int) -> tuple[str, TrainConfig]:
         """(encoding, training) of a row of ``task``: ``<name>+rand`` is ``name`` trained with
         randomized positions."""
-        train = dataclasses.replace(
+        return self.row_training(row, dataclasses.replace(
             self.train, steps=self.task_steps(task), seq_len=self.train_sequence_length(task), seed=seed,
-        )
-        if row.endswith(RANDOMIZED_SUFFIX):
-            return row[: -len(RANDOMIZED_SUFFIX)], dataclasses.replace(train, randomized_positions=self.randomized_positions)
-        return row, train
+        ))
 
-    def to_dict(self) -> dict:
-        """The config as written to results.json: every field, ``train`` without the fields it
-        does not read, and per task its N, steps and evaluation sizes."""
-        d = dataclasses.asdict(self)
-        for unread in ("seed", "steps", "seq_len"):
-            del d["train"][unread]
-        del d["model"]["max_positions"]
-        d["task_settings"] = {
+    def derived_fields(self) -> dict:
+        """Per task its N, steps and evaluation sizes (``task_settings``), after the fields in results.json."""
+        return {"task_settings": {
             task: {"train_size": self.task_train_size(task), "steps": self.task_steps(task),
                    "eval_sizes": self.eval_sizes(task), "size_unit": get_task(task).size_unit}
             for task in self.tasks
-        }
-        return d
+        }}
 
 
-#: Named sizes (options of :func:`preset_config`): "default" is the issue's run (< 15 min on
-#: 2 cores), "quick" a smoke run (< 3 min), "full" every task on every registered encoding.
-PRESETS: dict[str, dict] = {
-    "quick": dict(encodings=("nope", "rope", "alibi"), tasks=("copy", "flipflop"), eval_instances=100),
-    "default": {},
-    "full": dict(encodings=None, tasks=tuple(TASKS)),
-}
-
-#: Flat options that override a field of ``model`` or ``train``.
-OPTIONS: dict[str, tuple[str, str]] = {
-    "batch_size": ("train", "batch_size"),
-    "lr": ("train", "lr"),
-    "d_model": ("model", "d_model"),
-    "num_layers": ("model", "num_layers"),
-    "num_heads": ("model", "num_heads"),
-}
-
-
-def preset_config(preset: str = "default", **overrides) -> LengthgenConfig:
-    """The preset's config with ``overrides`` applied (None values ignored): fields of
-    :class:`LengthgenConfig`, or the :data:`OPTIONS` names.
-
-    Raises:
-        ValueError: an unknown preset (the message lists them) or an invalid override.
-        TypeError: an unknown option.
-    """
-    from posenc.encodings import REGISTRY
-
-    if preset not in PRESETS:
-        raise InvalidArgument(f"preset must be one of {list(PRESETS)}, got {preset!r}")
-    values = dict(PRESETS[preset])
-    if "encodings" in values and values["encodings"] is None:
-        values["encodings"] = tuple(REGISTRY)
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    defaults = LengthgenConfig()
-    return LengthgenConfig(**fold_flat_options(values, OPTIONS, {"model": defaults.model, "train": defaults.train}))
+#: The preset's config with overrides: fields of :class:`LengthgenConfig` or the :data:`OPTIONS`
+#: names, None values ignored (:meth:`~posenc.lab.experiments.frame.RunConfig.from_preset`).
+preset_config = LengthgenConfig.from_preset
 
 
 def encode_training_batch(examples: Sequence[Example]) -> tuple[Tensor, Tensor]:
@@ -343,11 +296,11 @@ def row_name(task: str, row: str) -> str:
 def fingerprint(config: LengthgenConfig, task: str, row: str, seed: int) -> dict:
     """What a run's result depends on; a stored run is reused only if this matches exactly."""
     _, train = config.row_run(task, row, seed)
-    return {
-        "posenc_version": __version__, "task": task, "row": row, "seed": seed,
+    return config.run_fingerprint({
+        "task": task, "row": row, "seed": seed,
         "train_size": config.task_train_size(task), "model": config.model_config(task).to_dict(),
         "train": train.to_dict(), "eval_sizes": config.eval_sizes(task), "eval_instances": config.eval_instances,
-    }
+    })
 
 
 def train_and_evaluate(
@@ -394,14 +347,10 @@ def aggregate(config: LengthgenConfig, records: Sequence[dict]) -> dict:
         for row in config.rows:
             runs = [r for r in records if r["task"] == task and r["encoding"] == row]
             evals = {}
-            for size in map(str, config.eval_sizes(task)):
-                cells = [r["eval"][size] for r in runs if size in r["eval"]]
-                if not cells:
-                    continue
+            for size, cells in cells_over_seeds([r["eval"] for r in runs], config.eval_sizes(task)):
                 accuracies = [c["accuracy"] for c in cells]
                 cell = {
-                    "factor": int(size) / n, "accuracy": statistics.fmean(accuracies),
-                    "accuracy_std": statistics.stdev(accuracies) if len(cells) > 1 else 0.0,
+                    "factor": int(size) / n, "accuracy": statistics.fmean(accuracies), "accuracy_std": spread(accuracies),
                     "token_accuracy": statistics.fmean(c["token_accuracy"] for c in cells),
                     "instances": cells[0]["instances"], "seeds": len(cells),
                 }
@@ -410,8 +359,7 @@ def aggregate(config: LengthgenConfig, records: Sequence[dict]) -> dict:
                 evals[size] = cell
             results[task][row] = {
                 "train_size": n, "size_unit": get_task(task).size_unit, "parameters": runs[0]["parameters"],
-                "eval": evals, "not_applicable": {k: v for r in runs for k, v in r["not_applicable"].items()},
-                "runs": {str(r["seed"]): r["eval"] for r in runs},
+                "eval": evals, "not_applicable": merged_not_applicable(runs), "runs": evals_by_seed(runs),
             }
     return results
 
@@ -535,23 +483,19 @@ CSV_COLUMNS = ("task", "encoding", "train_size", "size", "factor", "accuracy", "
 def write_csv(path: Path, summary: dict) -> None:
     """results.csv: one row per (task, encoding row, evaluation size); accuracies in [0, 1]
     (empty where the size is not applicable)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(CSV_COLUMNS)
-        for task, rows in summary["results"].items():
-            for row, res in rows.items():
-                for size in summary["config"]["task_settings"][task]["eval_sizes"]:
-                    cell = res["eval"].get(str(size))
-                    factor = size / res["train_size"]
-                    if cell is None:
-                        writer.writerow([task, row, res["train_size"], size, f"{factor:g}", "", "", "", "", 0])
-                        continue
-                    writer.writerow([
-                        task, row, res["train_size"], size, f"{factor:g}", f"{cell['accuracy']:.4f}",
-                        f"{cell['accuracy_std']:.4f}", f"{cell['token_accuracy']:.4f}", cell["instances"], cell["seeds"],
-                    ])
-    tmp.replace(path)
+    write_csv_rows(path, CSV_COLUMNS, (
+        _csv_row(task, row, res, size)
+        for task, rows in summary["results"].items() for row, res in rows.items()
+        for size in summary["config"]["task_settings"][task]["eval_sizes"]
+    ))
+
+
+def _csv_row(task: str, row: str, res: dict, size: int) -> list:
+    cell, n = res["eval"].get(str(size)), res["train_size"]
+    if cell is None:
+        return [task, row, n, size, f"{size / n:g}", "", "", "", "", 0]
+    return [task, row, n, size, f"{size / n:g}", f"{cell['accuracy']:.4f}", f"{cell['accuracy_std']:.4f}",
+            f"{cell['token_accuracy']:.4f}", cell["instances"], cell["seeds"]]
 
 
 __all__ = [
