@@ -131,7 +131,7 @@ def test_a_row_is_parsed_once_by_row():
 
 
 def test_only_when_set_drops_defaulted_fields_at_any_depth():
-    from posenc.lab.experiments.frame import only_when_set
+    from posenc.lab.fields import only_when_set
 
     fields = {"a": 1, "b": None, "train": {"compile": False, "lr": 0.1}, "options": {}}
     kept = only_when_set(fields, {"b": None, "train.compile": False, "options": {}, "absent": 0, "gone.x": 1})

@@ -11,6 +11,7 @@ libraries when used.
 from __future__ import annotations
 
 from posenc import _moved, rope
+from posenc._version import __version__
 from posenc.attention import BACKENDS, attention
 from posenc.encodings import (
     REGISTRY,
@@ -45,7 +46,6 @@ from posenc.encodings import (
     t5_relative_position_bucket,
 )
 
-__version__ = "0.1.0"
 
 _moved.install()  # the lab's modules left the root: posenc.model is posenc.lab.model
 

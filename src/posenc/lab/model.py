@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posenc.lab.fields import only_when_set
 from posenc.lab import checkpoint
 from posenc.attention import BACKENDS, attention
 from posenc.encodings import create_for_model
@@ -85,10 +86,7 @@ class LMConfig:
     def to_dict(self) -> dict:
         """The fields as plain data; ``num_kv_heads`` only when set, so that a config written
         before it existed (a run's fingerprint, a checkpoint) reads the same."""
-        fields = asdict(self)
-        if fields["num_kv_heads"] is None:
-            del fields["num_kv_heads"]
-        return fields
+        return only_when_set(asdict(self), {"num_kv_heads": None})
 
 
 class CausalSelfAttention(nn.Module):

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posenc.lab.fields import only_when_set
 from posenc.lab import checkpoint
 from posenc.lab.checkpoint import load_checkpoint
 from posenc.lab.data import random_windows
@@ -102,12 +103,8 @@ class TrainConfig:
         """The fields as plain data; ``randomized_positions``, ``autocast``, ``compile`` and
         ``stable_frac`` only when set, so that a run's fingerprint from before they existed
         reads the same."""
-        fields = asdict(self)
-        for name, default in (("randomized_positions", None), ("autocast", None), ("compile", False),
-                              ("stable_frac", 0.0)):
-            if fields[name] == default:
-                del fields[name]
-        return fields
+        return only_when_set(asdict(self), {"randomized_positions": None, "autocast": None, "compile": False,
+                                            "stable_frac": 0.0})
 
 
 def random_positions(batch_size: int, seq_len: int, num_positions: int, generator: torch.Generator) -> Tensor:

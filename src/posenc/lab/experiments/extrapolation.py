@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from posenc import __version__
+from posenc._version import __version__
 from posenc.lab.data import Corpus
 from posenc.lab.model import TransformerLM
 from posenc.lab.experiments.extrapolation_config import CORE_ENCODINGS, OPTIONS, PRESETS, ExtrapolationConfig, preset_config

@@ -9,7 +9,7 @@ What the experiments share lives here, once:
   ``seeds``, ``device``, ``randomized_positions``), their checks, the rows they make, the
   presets and flat options (:meth:`RunConfig.from_preset`), ``to_dict`` for results.json and the
   fingerprint of a run (:meth:`RunConfig.run_fingerprint`);
-- :func:`only_when_set`: the rule that keeps stored runs valid when an option is added (a field
+- :func:`~posenc.lab.fields.only_when_set` (in `lab/fields.py`, below the model and training, which use it too): the rule that keeps stored runs valid when an option is added (a field
   added later enters results.json and fingerprints only when it differs from its default);
 - :func:`write_csv`, :func:`cells_over_seeds`, :func:`spread`: results.csv and the means over seeds.
 
@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from posenc import __version__
+from posenc._version import __version__
+from posenc.lab.fields import only_when_set
 from posenc._validation import check_device, check_positive_int
 from posenc.encodings import encoding_class
 from posenc.errors import InvalidArgument, InvalidType
@@ -73,25 +74,6 @@ class Row:
     def name(self) -> str:
         """The row's name in tables, run records and fingerprints."""
         return self.encoding + RANDOMIZED_SUFFIX if self.randomized else self.encoding
-
-
-def only_when_set(fields: dict, defaults: Mapping[str, object]) -> dict:
-    """``fields`` without each field of ``defaults`` that holds its default value; a key
-    ``"part.name"`` names the field ``name`` of the nested dict ``fields[part]``. Absent fields
-    are skipped. The rule that keeps stored runs valid: an option added to an experiment
-    enters its results.json and its runs' fingerprints only when set, so that the runs stored
-    before it existed read the same. Returns a new dict (nested dicts copied where changed)."""
-    fields = dict(fields)
-    for key, default in defaults.items():
-        part, _, name = key.rpartition(".")
-        holder = fields
-        if part:
-            if part not in fields:
-                continue
-            holder = fields[part] = dict(fields[part])
-        if name in holder and holder[name] == default:
-            del holder[name]
-    return fields
 
 
 def check_names(value: Any, argname: str, noun: str, example: str) -> None:

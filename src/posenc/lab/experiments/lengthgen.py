@@ -49,7 +49,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from posenc import __version__
+from posenc._version import __version__
 from posenc._validation import check_positive_int
 from posenc.errors import InvalidArgument
 from posenc.lab.experiments.frame import (
