@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from posenc._validation import check_positive_int
-from posenc.masks import check_padding_mask, key_padding_mask, positions_from_padding_mask
+from posenc.sequences import check_padding_mask, key_padding_mask, positions_from_padding_mask
 from posenc.errors import InvalidArgument, InvalidType
 
 

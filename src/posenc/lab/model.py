@@ -31,7 +31,7 @@ from posenc.attention import BACKENDS, attention
 from posenc.encodings import create_for_model
 from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.lab.generation import KVCache, generate
-from posenc.masks import document_mask, key_padding_mask, positions_from_document_ids, positions_from_padding_mask
+from posenc.sequences import document_mask, key_padding_mask, positions_from_document_ids, positions_from_padding_mask
 from posenc._validation import check_positions, check_positive_int
 from posenc.errors import InvalidArgument, InvalidType
 
