@@ -87,3 +87,12 @@ def test_python_dash_m_posenc_cli_runs_the_cli():
 def test_import_posenc_does_not_import_the_lab():
     code = "import sys, posenc; bad = [m for m in sys.modules if m.startswith('posenc.lab')]; assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_an_old_path_leaves_the_module_its_own_spec():
+    import importlib.util
+
+    import posenc.cli  # noqa: F401 (the alias)
+
+    spec = importlib.util.find_spec("posenc.lab.cli")
+    assert spec.name == "posenc.lab.cli" and spec.origin.endswith("lab/cli.py")

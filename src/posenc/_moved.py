@@ -36,10 +36,15 @@ class _AliasLoader(importlib.abc.Loader):
         self.target = target
 
     def create_module(self, spec: ModuleSpec) -> ModuleType:
-        return importlib.import_module(self.target)
+        module = importlib.import_module(self.target)
+        self._spec = module.__spec__
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
-        pass  # the target ran when it was imported
+        # The target ran when it was imported. The import system has just set the module's
+        # __spec__ to the alias's (it does so whatever the loader returns): give it back its
+        # own, so that find_spec, reload and pickling see the module where it lives.
+        module.__spec__ = self._spec
 
     def get_code(self, fullname: str) -> CodeType | None:
         # for ``python -m posenc.cli``: runpy runs the target's code as __main__
