@@ -9,8 +9,10 @@ What the experiments share lives here, once:
   ``seeds``, ``device``, ``randomized_positions``), their checks, the rows they make, the
   presets and flat options (:meth:`RunConfig.from_preset`), ``to_dict`` for results.json and the
   fingerprint of a run (:meth:`RunConfig.run_fingerprint`);
-- :func:`~posenc.lab.fields.only_when_set` (in `lab/fields.py`, below the model and training, which use it too): the rule that keeps stored runs valid when an option is added (a field
-  added later enters results.json and fingerprints only when it differs from its default);
+- :func:`~posenc.lab.fields.only_when_set` (in ``lab/fields.py``, below the model and
+  training, which use it too): the rule that keeps stored runs valid when an option is added
+  (a field added later enters results.json and fingerprints only when it differs from its
+  default);
 - :func:`write_csv`, :func:`cells_over_seeds`, :func:`spread`: results.csv and the means over seeds.
 
 An experiment is one module with a :class:`RunConfig` subclass (its own fields, ``PRESETS``,
