@@ -50,13 +50,13 @@ CONFIGS = {
 }
 
 
-def config_of(name: str):
-    spec = dict(CONFIGS[name])
+def config_of(name: str, **overrides):
+    spec = {**CONFIGS[name], **overrides}
     return transformers.AutoConfig.for_model(spec.pop("model_type"), **spec)
 
 
-def model_of(name: str):
-    config = config_of(name)
+def model_of(name: str, **overrides):
+    config = config_of(name, **overrides)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     if config.model_type == "t5":
@@ -337,3 +337,94 @@ def test_t5_layer_counts_follow_t5config():
         plan = plan_t5(spec)
     config = transformers.T5Config.from_dict({k: v for k, v in spec.items() if k != "model_type"})
     assert (len(plan.encoder), len(plan)) == (config.num_layers, config.num_decoder_layers) == (2, 6)
+
+
+# --------------------------------------------------------------------------------------------- adapters
+
+
+from posenc.integrations.adapters import apply_plan  # noqa: E402
+
+ADAPTED = ["gpt2", "opt", "bloom", "mpt", "falcon_rope"]
+
+
+def noise_floor(name: str, ids, mask) -> float:
+    """The model's own float32 noise: twice its eager vs sdpa difference on the real tokens (the
+    padding rows attend to nothing and differ arbitrarily), at least 1e-5."""
+    model = model_of(name)
+    if not getattr(type(model), "_supports_sdpa", False):
+        return 1e-5  # one attention only (MPT)
+    eager = model(ids, attention_mask=mask).logits
+    model.config._attn_implementation = "sdpa"
+    for module in model.modules():
+        if hasattr(module, "config"):
+            module.config._attn_implementation = "sdpa"
+    sdpa = model(ids, attention_mask=mask).logits
+    return max(1e-5, 2 * (eager - sdpa).abs()[mask.bool()].max().item())
+
+
+def gpt2_position_ids(mask):
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@pytest.mark.parametrize("name", ADAPTED)
+def test_adapter_reproduces_the_models_logits(name):
+    spec = CONFIGS[name]
+    ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(1))
+    # MPT's positions are key indices (no padding support of its own): unpadded there
+    mask = torch.ones(2, 24, dtype=torch.long) if name == "mpt" else left_padded_mask([24, 17], 24)
+    extra = {"position_ids": gpt2_position_ids(mask)} if name == "gpt2" else {}
+    model = model_of(name)
+    with torch.no_grad():
+        reference = model(ids, attention_mask=mask, **extra).logits
+        plan = FAMILY_READERS[spec["model_type"]](dict(spec))
+        apply_plan(model, plan)
+        ours = model(ids, attention_mask=mask, **extra).logits
+        real = mask.bool()
+        difference = (ours - reference).abs()[real].max().item()
+        assert difference <= noise_floor(name, ids, mask), difference
+        # a cached decoding step: the next token's logits with and without the cache
+        step_ids = torch.cat([ids, ids[:, :1]], dim=1)
+        step_mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+        step_extra = {"position_ids": gpt2_position_ids(step_mask)} if name == "gpt2" else {}
+        full = model(step_ids, attention_mask=step_mask, **step_extra).logits[:, -1]
+        prefix = model(ids, attention_mask=mask, use_cache=True, **extra)
+        last_extra = {"position_ids": step_extra["position_ids"][:, -1:]} if name == "gpt2" else {}
+        cached = model(step_ids[:, -1:], attention_mask=step_mask, cache=prefix.past_key_values, use_cache=True,
+                       **last_extra).logits[:, -1]
+        assert (cached - full).abs().max() < 1e-4
+    # the adapter computes the positions: shifting the plan's positions moves the logits
+    if name in ("gpt2", "opt"):
+        with torch.no_grad():
+            plan.embedding.weight.data = plan.embedding.weight.data.roll(1, dims=0)
+            assert (model(ids, attention_mask=mask, **extra).logits - reference).abs().max() > 5e-2
+
+
+def test_t5_adapter_reproduces_the_models_logits():
+    model = model_of("t5")
+    ids = torch.randint(0, 128, (2, 20), generator=torch.Generator().manual_seed(1))
+    decoder_ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = model(input_ids=ids, decoder_input_ids=decoder_ids).logits
+        plan = plan_t5(dict(CONFIGS["t5"]))
+        apply_plan(model, plan)
+        assert plan.encoder[0].encoding.relative_attention_bias is \
+            model.encoder.block[0].layer[0].SelfAttention.relative_attention_bias
+        ours = model(input_ids=ids, decoder_input_ids=decoder_ids).logits
+        assert (ours - reference).abs().max() <= 1e-5
+    # generate() with the cache (transformers 5.24's generate needs as many decoder as encoder
+    # layers: its cache is sized by num_layers)
+    symmetric = {"num_decoder_layers": 2}
+    model, reference_model = model_of("t5", **symmetric), model_of("t5", **symmetric)
+    apply_plan(model, plan_t5({**CONFIGS["t5"], **symmetric}))
+    with torch.no_grad():
+        generated = model.generate(ids, max_new_tokens=12, do_sample=False)
+        assert torch.equal(generated, reference_model.generate(ids, max_new_tokens=12, do_sample=False))
+
+
+def test_adapters_refuse_what_does_not_fit():
+    with pytest.raises(InvalidArgument, match="heads"):
+        apply_plan(model_of("bloom"), FAMILY_READERS["bloom"]({**CONFIGS["bloom"], "n_head": 4}))
+    with pytest.raises(InvalidArgument, match="learned table"):
+        apply_plan(model_of("gpt2"), plan_gpt2({**CONFIGS["gpt2"], "n_positions": 32}))
+    with pytest.raises(InvalidArgument, match="build_alibi_tensor"):
+        apply_plan(model_of("falcon_alibi"), plan_falcon(dict(CONFIGS["falcon_alibi"])))
