@@ -1,0 +1,430 @@
+"""Position plans of Falcon, BLOOM, MPT, GPT-2, OPT and T5 (posenc.hf_config.families_other),
+checked against transformers' own models: tiny random models (std 0.2) built from configs
+shaped like the released config.json files, their position terms compared with what posenc's
+encodings of the plan compute at the same positions.
+
+ALiBi biases are compared per head and position up to a constant per query row (the softmax
+ignores it; transformers adds m * j, posenc -m (i - j)): the model's row minus its value at
+the query's own position.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from posenc.errors import InvalidArgument, MissingKey  # noqa: E402
+from posenc.hf_config.families_other import FAMILY_READERS, plan_falcon, plan_gpt2, plan_mpt, plan_t5  # noqa: E402
+from transformers.models.bloom.modeling_bloom import _get_alibi_slopes  # noqa: E402
+from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb  # noqa: E402
+from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor  # noqa: E402
+
+# Released configs (falcon-rw-1b, falcon-7b, bloom-560m, mpt-7b, gpt2, opt-125m, t5-small), shrunk.
+CONFIGS = {
+    "falcon_alibi": {"model_type": "falcon", "alibi": True, "hidden_size": 96, "num_attention_heads": 6,
+                     "num_hidden_layers": 2, "multi_query": False, "new_decoder_architecture": False,
+                     "parallel_attn": False, "bias": True, "vocab_size": 128, "bos_token_id": 1, "eos_token_id": 2},
+    "falcon_rope": {"model_type": "falcon", "alibi": False, "hidden_size": 64, "num_attention_heads": 4,
+                    "num_hidden_layers": 2, "multi_query": True, "new_decoder_architecture": False,
+                    "parallel_attn": True, "bias": False, "vocab_size": 128, "bos_token_id": 1, "eos_token_id": 2},
+    "bloom": {"model_type": "bloom", "hidden_size": 96, "n_head": 12, "n_layer": 2, "vocab_size": 128,
+              "apply_residual_connection_post_layernorm": False, "bos_token_id": 1, "eos_token_id": 2,
+              "pad_token_id": 3},
+    "mpt": {"model_type": "mpt", "d_model": 96, "n_heads": 6, "n_layers": 2, "max_seq_len": 64, "vocab_size": 128,
+            "expansion_ratio": 2, "learned_pos_emb": True, "no_bias": True,
+            "attn_config": {"alibi": True, "alibi_bias_max": 8, "attn_type": "multihead_attention",
+                            "clip_qkv": None, "qk_ln": False, "softmax_scale": None}},
+    "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 64, "n_ctx": 64,
+             "vocab_size": 128, "activation_function": "gelu_new"},
+    "opt": {"model_type": "opt", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "ffn_dim": 128, "max_position_embeddings": 64, "word_embed_proj_dim": 64, "do_layer_norm_before": True,
+            "vocab_size": 128, "pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 2},
+    "t5": {"model_type": "t5", "d_model": 64, "d_kv": 16, "d_ff": 128, "num_heads": 4, "num_layers": 2,
+           "num_decoder_layers": 3, "relative_attention_num_buckets": 32, "vocab_size": 128,
+           "feed_forward_proj": "relu", "is_encoder_decoder": True, "decoder_start_token_id": 0},
+}
+
+
+def config_of(name: str, **overrides):
+    spec = {**CONFIGS[name], **overrides}
+    return transformers.AutoConfig.for_model(spec.pop("model_type"), **spec)
+
+
+def model_of(name: str, **overrides):
+    config = config_of(name, **overrides)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    if config.model_type == "t5":
+        model = transformers.T5ForConditionalGeneration(config)
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            torch.nn.init.normal_(parameter, std=0.2)
+    return model.eval()
+
+
+def left_padded_mask(lengths: list[int], total: int) -> torch.Tensor:
+    return torch.stack([torch.cat([torch.zeros(total - n), torch.ones(n)]) for n in lengths]).long()
+
+
+def mask_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Falcon's and BLOOM's ALiBi positions: cumsum(mask) - 1 on real tokens, 0 on padding."""
+    return (mask.cumsum(-1) - 1) * mask
+
+
+def row_normalized(model_bias: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """A model's key-only bias (B, H, Tk) as (B, H, Tq=Tk, Tk) minus each query's own value."""
+    own = model_bias.gather(-1, torch.arange(positions.shape[-1]).expand(model_bias.shape)).unsqueeze(-1)
+    return model_bias.unsqueeze(-2) - own
+
+
+def compare_alibi(posenc_bias, model_bias, mask):
+    """Max difference over the (query, key) pairs the model attends (real keys up to the
+    query), in units of the largest bias there (at least 1): the row normalization itself
+    rounds m * j - m * i in float32, a few ulps of the largest value."""
+    mask = mask.bool()
+    t = mask.shape[-1]
+    seen = (torch.ones(t, t, dtype=torch.bool).tril() & mask[:, None, None, :] & mask[:, None, :, None]).expand_as(posenc_bias)
+    scale = max(1.0, model_bias.masked_select(seen).abs().max().item())
+    return (posenc_bias - model_bias).abs().masked_select(seen).max().item() / scale
+
+
+def test_every_reader_is_in_the_table_and_reads_the_released_shapes():
+    assert set(FAMILY_READERS) >= {"falcon", "bloom", "mpt", "gpt2", "opt", "t5"}
+    for name, spec in CONFIGS.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the released shapes need no warning
+            raw = FAMILY_READERS[spec["model_type"]](spec)
+        config = config_of(name)
+        via_object = FAMILY_READERS[spec["model_type"]](config.to_dict())
+        assert raw.describe() == via_object.describe()
+        assert len(raw) == (config.num_decoder_layers if name == "t5" else config.num_hidden_layers)
+
+
+# --------------------------------------------------------------------------------------------- ALiBi slopes
+
+
+@pytest.mark.parametrize("num_heads", range(1, 129))
+def test_slope_formulas_are_transformers_to_the_bit(num_heads):
+    from posenc import ALiBi
+
+    assert torch.equal(ALiBi(num_heads, slopes="bloom").slopes, _get_alibi_slopes(num_heads, "cpu"))
+    assert torch.equal(ALiBi(num_heads, slopes="mpt").slopes, -build_mpt_alibi_tensor(num_heads, 2)[:, 0, 0])
+    # the same mathematical slopes: Press's rule within a few float32 ulps
+    torch.testing.assert_close(ALiBi(num_heads).slopes, _get_alibi_slopes(num_heads, "cpu"), rtol=1e-6, atol=0)
+
+
+# --------------------------------------------------------------------------------------------- Falcon
+
+
+def test_falcon_alibi_bias_is_build_alibi_tensor_in_bfloat16_over_sqrt_head_dim():
+    model = model_of("falcon_alibi")
+    config = model.config
+    plan = plan_falcon(config.to_dict())
+    encoding = plan[0].encoding
+    assert all(layer.encoding is encoding for layer in plan)
+    head_dim = config.hidden_size // config.num_attention_heads
+    # lengths past 256, where bfloat16 rounds the products and the key positions themselves
+    mask = left_padded_mask([300, 271], 300)
+    positions = mask_positions(mask)
+    model_alibi = transformers.models.falcon.modeling_falcon.build_alibi_tensor(mask, config.num_attention_heads,
+                                                                                 torch.float32)
+    # FalconModel adds alibi / sqrt(head_dim) to the mask (sdpa) or scales logits + alibi (eager)
+    model_bias = row_normalized(model_alibi.view(2, config.num_attention_heads, -1) / math.sqrt(head_dim), positions)
+    ours = encoding.score_bias(positions, positions)
+    assert compare_alibi(ours, model_bias, mask) < 1e-6
+    # bfloat16 rounding matters: float32 slopes miss by far more than the model's noise
+    from posenc import ALiBi
+
+    plain = ALiBi(config.num_attention_heads, slopes="bloom", scale=head_dim ** -0.5).score_bias(positions, positions)
+    assert compare_alibi(plain, model_bias, mask) > 1e-3
+
+
+def test_falcon_alibi_bias_reaches_the_models_attention_mask():
+    """What FalconModel adds to the logits, read from its forward: the 4-d mask passed to the
+    layers holds alibi / sqrt(head_dim) on the attended entries."""
+    model = model_of("falcon_alibi")
+    plan = plan_falcon(model.config.to_dict())
+    seen = {}
+    layer = model.transformer.h[0]
+    layer.register_forward_pre_hook(lambda module, args, kwargs: seen.update(kwargs), with_kwargs=True)
+    mask = left_padded_mask([20, 13], 20)
+    model(torch.randint(0, 128, (2, 20)), attention_mask=mask)
+    model_mask = seen["attention_mask"]  # (B, H, Tq, Tk)
+    positions = mask_positions(mask)
+    attended = model_mask > torch.finfo(torch.float32).min / 2
+    model_bias = model_mask - model_mask.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)
+    ours = plan[0].encoding.score_bias(positions, positions)
+    assert (ours - model_bias).abs()[attended & mask.bool()[:, None, :, None]].max() < 1e-5
+
+
+def test_falcon_rotary_rotates_as_the_model():
+    model = model_of("falcon_rope")
+    plan = plan_falcon(dict(CONFIGS["falcon_rope"]))
+    head_dim = 16
+    q, k = torch.randn(2, 4, 40, head_dim), torch.randn(2, 1, 40, head_dim)
+    positions = torch.arange(40).expand(2, -1) + torch.tensor([[0], [7]])
+    cos, sin = model.transformer.rotary_emb(q, position_ids=positions)
+    model_q, model_k = apply_rotary_pos_emb(q, k, cos, sin)
+    ours_q, ours_k = plan[0].encoding.rotate(q, k, positions, positions)
+    assert (ours_q - model_q).abs().max() < 1e-5 and (ours_k - model_k).abs().max() < 1e-5
+    assert (q - model_q).abs().max() > 5e-2  # the positions do move the queries
+
+
+def test_falcon_refuses_what_falconconfig_does_not_read():
+    with pytest.raises(MissingKey, match="n_head"):
+        plan_falcon({"model_type": "falcon", "n_head": 4, "hidden_size": 64})
+    with pytest.raises(InvalidArgument, match="head_dim"):
+        plan_falcon({"model_type": "falcon", "num_attention_heads": 4, "hidden_size": 64, "head_dim": 32})
+    with pytest.raises(InvalidArgument, match="model_type"):
+        plan_falcon({"model_type": "llama"})
+    with pytest.warns(UserWarning, match="partial_rotary_factor"):
+        plan = plan_falcon({"model_type": "falcon", "num_attention_heads": 4, "hidden_size": 64,
+                            "partial_rotary_factor": 0.5})
+    assert plan[0].encoding.rotary_dim == 16
+
+
+def test_falcon_n_embed_wins_as_in_falconconfig():
+    spec = {"model_type": "falcon", "num_attention_heads": 4, "hidden_size": 64, "n_embed": 32, "alibi": True}
+    with pytest.warns(UserWarning, match="n_embed"):
+        plan = plan_falcon(spec)
+    config = transformers.FalconConfig(**{k: v for k, v in spec.items() if k != "model_type"})
+    assert plan[0].encoding.scale == config.head_dim ** -0.5
+
+
+# --------------------------------------------------------------------------------------------- BLOOM
+
+
+def test_bloom_bias_is_build_alibi_tensor():
+    model = model_of("bloom")
+    config = model.config
+    plan = FAMILY_READERS["bloom"](dict(CONFIGS["bloom"]))
+    heads = config.num_attention_heads
+    mask = left_padded_mask([200, 150, 31], 200)
+    positions = mask_positions(mask)
+    model_alibi = model.transformer.build_alibi_tensor(mask, heads, torch.float32).view(3, heads, -1)
+    ours = plan[0].encoding.score_bias(positions, positions)
+    assert compare_alibi(ours, row_normalized(model_alibi, positions), mask) < 1e-6
+    assert ours.shape == (3, heads, 200, 200)
+
+
+# --------------------------------------------------------------------------------------------- MPT
+
+
+def test_mpt_bias_is_build_mpt_alibi_tensor_on_the_last_keys():
+    model = model_of("mpt")
+    config = model.config
+    plan = plan_mpt(dict(CONFIGS["mpt"]))
+    heads = config.n_heads
+    table = model.transformer.build_mpt_alibi_tensor(heads, config.max_seq_len)  # (H, 1, max_seq_len)
+    for keys in (1, 17, config.max_seq_len):
+        model_bias = table[:, :, config.max_seq_len - keys:]  # MptAttention's slice: (H, 1, keys)
+        positions = torch.arange(keys)
+        ours = plan[0].encoding.score_bias(positions, positions)  # (H, keys, keys)
+        # the model's row for every query, minus its value at the query's own position
+        normalized = model_bias.expand(heads, keys, keys) - model_bias.squeeze(1).unsqueeze(-1)
+        seen = torch.ones(keys, keys, dtype=torch.bool).tril()
+        assert (ours - normalized).abs()[:, seen].max() < 1e-5
+
+
+def test_mpt_follows_transformers_where_the_config_says_otherwise():
+    spec = {**CONFIGS["mpt"], "attn_config": {**CONFIGS["mpt"]["attn_config"], "alibi_bias_max": 16, "alibi": False}}
+    with pytest.warns(UserWarning) as caught:
+        plan = plan_mpt(spec)
+    assert any("alibi_bias_max" in str(w.message) for w in caught)
+    assert any("alibi=false" in str(w.message) for w in caught)
+    config = transformers.MptConfig(**{k: v for k, v in spec.items() if k != "model_type"})
+    torch.manual_seed(0)
+    model = transformers.MptForCausalLM(config)
+    captured = {}
+    model.transformer.blocks[0].attn.register_forward_pre_hook(
+        lambda module, args, kwargs: captured.update(kwargs), with_kwargs=True)
+    model(torch.randint(0, 128, (1, 8)))
+    model_bias = captured["position_bias"][:, :, -8:]
+    ours = plan[0].encoding.score_bias(torch.arange(8), torch.arange(8))[:, -1:, :]  # the last query's row
+    assert (ours - model_bias).abs().max() < 1e-6
+
+
+# --------------------------------------------------------------------------------------------- GPT-2, OPT
+
+
+def test_gpt2_table_is_wpe_at_the_same_positions():
+    model = model_of("gpt2")
+    plan = plan_gpt2(dict(CONFIGS["gpt2"]))
+    table = plan.embedding
+    assert all(layer.encoding is None for layer in plan)
+    assert tuple(table.weight.shape) == tuple(model.transformer.wpe.weight.shape)
+    with torch.no_grad():
+        table.weight.copy_(model.transformer.wpe.weight)
+    positions = torch.arange(10).expand(2, -1) + torch.tensor([[0], [54]])  # a cache offset, up to the table's end
+    x = torch.randn(2, 10, 64)
+    assert torch.equal(table.embed(x, positions), x + model.transformer.wpe(positions))
+    with pytest.raises(InvalidArgument, match="0..63"):
+        table.embed(x, positions + 1)
+
+
+def test_gpt2_spellings_follow_gpt2config():
+    spec = {**CONFIGS["gpt2"], "max_position_embeddings": 32}
+    with pytest.warns(UserWarning, match="n_positions"):
+        plan = plan_gpt2(spec)
+    config = transformers.GPT2Config(**{k: v for k, v in spec.items() if k != "model_type"})
+    assert plan.embedding.max_positions == transformers.GPT2Model(config).wpe.num_embeddings == 32
+
+
+def test_opt_table_has_the_offset_and_reads_positions_from_the_mask():
+    model = model_of("opt")
+    plan = FAMILY_READERS["opt"](dict(CONFIGS["opt"]))
+    table = plan.embedding
+    model_table = model.model.decoder.embed_positions
+    assert tuple(table.weight.shape) == tuple(model_table.weight.shape) == (64 + 2, 64)
+    assert table.max_positions == 64 and table.offset == 2
+    with torch.no_grad():
+        table.weight.copy_(model_table.weight)
+    mask = left_padded_mask([64, 40, 5], 64)
+    positions = mask.cumsum(-1) * mask - 1  # OPT's rule: padding at -1, row 1
+    x = torch.zeros(3, 64, 64)
+    assert torch.equal(table.embed(x, positions), model_table(mask))
+    # with a cache: the last 4 positions of the same rows
+    assert torch.equal(table.embed(x[:, :4], positions[:, -4:]), model_table(mask, cache_length=60))
+    # what the model adds to its input embeddings, read from its forward
+    seen = {}
+    model.model.decoder.layers[0].register_forward_pre_hook(
+        lambda module, args, kwargs: seen.update(hidden=args[0] if args else kwargs["hidden_states"]), with_kwargs=True)
+    ids = torch.randint(0, 128, (3, 64))
+    model(ids, attention_mask=mask)
+    expected = table.embed(model.model.decoder.embed_tokens(ids), positions)
+    assert (seen["hidden"] - expected).abs().max() < 1e-6
+    with pytest.raises(InvalidArgument, match="-2"):
+        table.embed(x, positions - 2)
+
+
+# --------------------------------------------------------------------------------------------- T5
+
+
+def test_t5_bias_is_compute_bias_of_each_stacks_first_layer():
+    model = model_of("t5")
+    plan = plan_t5(dict(CONFIGS["t5"]))
+    encoder_plan = plan.encoder
+    assert len(encoder_plan) == 2 and len(plan) == 3
+    assert all(layer.encoding is encoder_plan[0].encoding for layer in encoder_plan)
+    assert all(layer.encoding is plan[0].encoding for layer in plan)
+    assert encoder_plan[0].encoding.bidirectional and not plan[0].encoding.bidirectional
+    for stack, stack_plan in ((model.encoder, encoder_plan), (model.decoder, plan)):
+        first = stack.block[0].layer[0].SelfAttention
+        assert all(not block.layer[0].SelfAttention.has_relative_attention_bias for block in stack.block[1:])
+        encoding = stack_plan[0].encoding
+        with torch.no_grad():
+            encoding.relative_attention_bias.weight.copy_(first.relative_attention_bias.weight)
+        # lengths past max_distance (128), where the logarithmic buckets saturate
+        t = 300
+        positions = torch.arange(t)
+        assert torch.equal(encoding.score_bias(positions, positions), first.compute_bias(t, t)[0])
+        # a decoding step with a cache of 299 keys
+        step = encoding.score_bias(torch.tensor([t - 1]), positions)
+        assert torch.equal(step, first.compute_bias(1, t, past_seen_tokens=t - 1)[0])
+
+
+def test_t5_layer_counts_follow_t5config():
+    spec = {k: v for k, v in CONFIGS["t5"].items() if k not in ("num_layers", "num_decoder_layers")}
+    spec["num_hidden_layers"] = 2
+    with pytest.warns(UserWarning, match="num_decoder_layers"):
+        plan = plan_t5(spec)
+    config = transformers.T5Config.from_dict({k: v for k, v in spec.items() if k != "model_type"})
+    assert (len(plan.encoder), len(plan)) == (config.num_layers, config.num_decoder_layers) == (2, 6)
+
+
+# --------------------------------------------------------------------------------------------- adapters
+
+
+from posenc.integrations.adapters import apply_plan  # noqa: E402
+
+ADAPTED = ["gpt2", "opt", "bloom", "mpt", "falcon_rope"]
+
+
+def noise_floor(name: str, ids, mask) -> float:
+    """The model's own float32 noise: twice its eager vs sdpa difference on the real tokens (the
+    padding rows attend to nothing and differ arbitrarily), at least 1e-5."""
+    model = model_of(name)
+    if not getattr(type(model), "_supports_sdpa", False):
+        return 1e-5  # one attention only (MPT)
+    eager = model(ids, attention_mask=mask).logits
+    model.config._attn_implementation = "sdpa"
+    for module in model.modules():
+        if hasattr(module, "config"):
+            module.config._attn_implementation = "sdpa"
+    sdpa = model(ids, attention_mask=mask).logits
+    return max(1e-5, 2 * (eager - sdpa).abs()[mask.bool()].max().item())
+
+
+def gpt2_position_ids(mask):
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@pytest.mark.parametrize("name", ADAPTED)
+def test_adapter_reproduces_the_models_logits(name):
+    spec = CONFIGS[name]
+    ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(1))
+    # MPT's positions are key indices (no padding support of its own): unpadded there
+    mask = torch.ones(2, 24, dtype=torch.long) if name == "mpt" else left_padded_mask([24, 17], 24)
+    extra = {"position_ids": gpt2_position_ids(mask)} if name == "gpt2" else {}
+    model = model_of(name)
+    with torch.no_grad():
+        reference = model(ids, attention_mask=mask, **extra).logits
+        plan = FAMILY_READERS[spec["model_type"]](dict(spec))
+        apply_plan(model, plan)
+        ours = model(ids, attention_mask=mask, **extra).logits
+        real = mask.bool()
+        difference = (ours - reference).abs()[real].max().item()
+        assert difference <= noise_floor(name, ids, mask), difference
+        # a cached decoding step: the next token's logits with and without the cache
+        step_ids = torch.cat([ids, ids[:, :1]], dim=1)
+        step_mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+        step_extra = {"position_ids": gpt2_position_ids(step_mask)} if name == "gpt2" else {}
+        full = model(step_ids, attention_mask=step_mask, **step_extra).logits[:, -1]
+        prefix = model(ids, attention_mask=mask, use_cache=True, **extra)
+        last_extra = {"position_ids": step_extra["position_ids"][:, -1:]} if name == "gpt2" else {}
+        cached = model(step_ids[:, -1:], attention_mask=step_mask, cache=prefix.past_key_values, use_cache=True,
+                       **last_extra).logits[:, -1]
+        assert (cached - full).abs().max() < 1e-4
+    # the adapter computes the positions: shifting the plan's positions moves the logits
+    if name in ("gpt2", "opt"):
+        with torch.no_grad():
+            plan.embedding.weight.data = plan.embedding.weight.data.roll(1, dims=0)
+            assert (model(ids, attention_mask=mask, **extra).logits - reference).abs().max() > 5e-2
+
+
+def test_t5_adapter_reproduces_the_models_logits():
+    model = model_of("t5")
+    ids = torch.randint(0, 128, (2, 20), generator=torch.Generator().manual_seed(1))
+    decoder_ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = model(input_ids=ids, decoder_input_ids=decoder_ids).logits
+        plan = plan_t5(dict(CONFIGS["t5"]))
+        apply_plan(model, plan)
+        assert plan.encoder[0].encoding.relative_attention_bias is \
+            model.encoder.block[0].layer[0].SelfAttention.relative_attention_bias
+        ours = model(input_ids=ids, decoder_input_ids=decoder_ids).logits
+        assert (ours - reference).abs().max() <= 1e-5
+    # generate() with the cache (transformers 5.24's generate needs as many decoder as encoder
+    # layers: its cache is sized by num_layers)
+    symmetric = {"num_decoder_layers": 2}
+    model, reference_model = model_of("t5", **symmetric), model_of("t5", **symmetric)
+    apply_plan(model, plan_t5({**CONFIGS["t5"], **symmetric}))
+    with torch.no_grad():
+        generated = model.generate(ids, max_new_tokens=12, do_sample=False)
+        assert torch.equal(generated, reference_model.generate(ids, max_new_tokens=12, do_sample=False))
+
+
+def test_adapters_refuse_what_does_not_fit():
+    with pytest.raises(InvalidArgument, match="heads"):
+        apply_plan(model_of("bloom"), FAMILY_READERS["bloom"]({**CONFIGS["bloom"], "n_head": 4}))
+    with pytest.raises(InvalidArgument, match="learned table"):
+        apply_plan(model_of("gpt2"), plan_gpt2({**CONFIGS["gpt2"], "n_positions": 32}))
+    with pytest.raises(InvalidArgument, match="build_alibi_tensor"):
+        apply_plan(model_of("falcon_alibi"), plan_falcon(dict(CONFIGS["falcon_alibi"])))
