@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from posenc.encodings.rope.multiaxis import MRoPE
 from posenc.encodings.rope.rotary import RoPE, rope_frequencies
 from posenc.encodings.rope.scaling import rope_type_record
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
-from posenc.hf_config.rope import extension_scaling, read_hf_config, rope_parameters_of
+from posenc.hf_config.rope import extension_scaling, read_hf_config, rope_parameters_of, write_hf_config
 
 
 def from_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None, **kwargs: Any) -> RoPE:
@@ -47,14 +48,31 @@ def from_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None, 
     return RoPE(**rope_kwargs, **kwargs, hf_layout=layout, max_position_embeddings=config.get("max_position_embeddings"))
 
 
-def to_hf_dict(rope: RoPE) -> dict[str, Any]:
+def to_hf_dict(rope: RoPE | MRoPE) -> dict[str, Any]:
     """The RoPE fields of a Hugging Face config for ``rope`` (same as ``rope.to_hf_dict()``).
 
+    An :class:`~posenc.MRoPE` (Qwen2-VL / Qwen2.5-VL text tower) is written with its
+    ``mrope_section`` in the rope dict, in the spelling it was read in (its ``hf_layout``, set by
+    :func:`posenc.hf_config.position_plan`: v4 ``{"type": "mrope", "mrope_section": [...]}``
+    or v5 ``rope_parameters``), else v4 ``rope_scaling`` ``{"rope_type": "default",
+    "mrope_section": [...]}``.
+
     Raises:
-        TypeError: ``rope`` is not a posenc RoPE.
+        TypeError: ``rope`` is neither a posenc RoPE nor an MRoPE.
     """
+    if isinstance(rope, MRoPE):
+        out = write_hf_config(head_dim=rope.head_dim, rotary_dim=rope.rotary_dim, base=rope.base,
+                              scaling=rope.scaling, layout=getattr(rope, "hf_layout", None))
+        container = next((key for key in ("rope_scaling", "rope_parameters") if isinstance(out.get(key), dict)), None)
+        if container is None:
+            container = "rope_scaling"
+            out[container] = {"rope_type": "default"}
+        out[container] = {**out[container], "mrope_section": list(rope.mrope_section)}
+        if rope.mrope_interleaved:
+            out[container]["mrope_interleaved"] = True
+        return out
     if not isinstance(rope, RoPE):
-        raise InvalidType(f"rope must be a posenc RoPE, got {type(rope).__name__}")
+        raise InvalidType(f"rope must be a posenc RoPE or MRoPE, got {type(rope).__name__}")
     return rope.to_hf_dict()
 
 
