@@ -345,3 +345,33 @@ def test_describe_groups_layers():
     plan = position_plan(dict(SMALL, model_type="cohere2", num_hidden_layers=8, sliding_window=16))
     assert plan.describe().splitlines() == [
         "0-2, 4-6: rope theta 10000, rotary 16/16, interleaved; sliding 16", "3, 7: NoPE; full"]
+
+
+@pytest.mark.parametrize("model_type, config, layer_type", [
+    ("cohere", dict(SMALL, rope_theta=8e6), None),
+    ("gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256), None),
+    ("gpt_neox", dict(SMALL, rotary_pct=0.5, rotary_emb_base=20000), None),
+    ("deepseek_v3", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16), None),
+    ("gemma3_text", dict(SMALL, num_hidden_layers=6, head_dim=16, rope_theta=1e6, rope_local_base_freq=1e4, sliding_window=16,
+                         rope_scaling={"rope_type": "linear", "factor": 8.0}), "sliding_attention"),
+    ("gemma3_text", dict(SMALL, num_hidden_layers=6, head_dim=16, rope_theta=1e6, rope_local_base_freq=1e4, sliding_window=16,
+                         rope_scaling={"rope_type": "linear", "factor": 8.0}), "full_attention"),
+    ("llama4_text", dict(SMALL, head_dim=16, attention_chunk_size=16), None),
+])
+def test_from_hf_config_reads_these_families_as_transformers(model_type, config, layer_type):
+    """The issue's silent misreadings through from_hf_config: Cohere's interleaved pairs, GPT-J's
+    keys (no KeyError), GPT-NeoX's rotary_pct / rotary_emb_base, DeepSeek-V3's qk_rope_head_dim,
+    Gemma 3's rope_local_base_freq: checked against the family's own rotary module."""
+    from posenc.rope import from_hf_config
+    no_layers = {k: v for k, v in config.items() if k not in ("num_hidden_layers", "n_layer")}
+    rope = from_hf_config({"model_type": model_type, **no_layers}, layer_type=layer_type)
+    hf = hf_text_config(model_type, config)
+    mod, cls = rotary_class(hf)
+    layer = type(position_plan({"model_type": model_type, **config})[0])(rope, layer_type=layer_type)
+    check_layer(hf.model_type, hf, mod, cls(hf), layer, torch.arange(40) + 3)
+
+
+def test_from_hf_config_gemma3_needs_layer_type():
+    from posenc.rope import from_hf_config
+    with pytest.raises(InvalidArgument, match="layer_type"):
+        from_hf_config(dict(SMALL, model_type="gemma3_text", num_hidden_layers=6, head_dim=16, sliding_window=16))

@@ -24,7 +24,12 @@ from posenc.hf_config.rope import extension_scaling, read_hf_config, rope_parame
 def from_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None, **kwargs: Any) -> RoPE:
     """The :class:`~posenc.RoPE` of a Hugging Face model config (a parsed ``config.json``).
 
-    Reads rope_theta, rope_scaling (v4) or rope_parameters (v5), head_dim (or hidden_size //
+    For a family whose RoPE the plain reading below gets wrong (interleaved pairs: Cohere,
+    Cohere2, GPT-J, Llama 4, DeepSeek-V3; keys of its own: GPT-NeoX's ``rotary_pct`` /
+    ``rotary_emb_base``, GPT-J's ``n_embd`` / ``rotary_dim``, DeepSeek-V3's
+    ``qk_rope_head_dim``; a nested ``text_config``; Gemma 3's ``rope_local_base_freq``), the
+    RoPE of its :func:`~posenc.hf_config.families.position_plan` for ``layer_type`` (one RoPE
+    must remain). Otherwise it reads rope_theta, rope_scaling (v4) or rope_parameters (v5), head_dim (or hidden_size //
     num_attention_heads), partial_rotary_factor and max_position_embeddings, filling in what
     Hugging Face takes from the config rather than the rope dict (see
     :func:`~posenc.hf_config.rope.read_hf_config`). Hugging Face's layout: half-split pairs
@@ -44,8 +49,50 @@ def from_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None, 
         TypeError, KeyError, ValueError: as :func:`~posenc.hf_config.rope.read_hf_config`
         and :class:`~posenc.RoPE`.
     """
+    family_rope = _family_rope(config, layer_type, kwargs)
+    if family_rope is not None:
+        return family_rope
     rope_kwargs, layout = read_hf_config(config, layer_type=layer_type)
     return RoPE(**rope_kwargs, **kwargs, hf_layout=layout, max_position_embeddings=config.get("max_position_embeddings"))
+
+
+def _family_rope(config: Mapping[str, Any], layer_type: str | None, kwargs: dict[str, Any]) -> RoPE | None:
+    """For a family whose RoPE the plain reading gets wrong (a layout, keys of its own, a
+    nested text_config, a RoPE per layer type: :func:`posenc.hf_config.families.reads_plainly`),
+    the RoPE its :func:`~posenc.hf_config.families.position_plan` gives the layers of
+    ``layer_type`` (or every RoPE layer); None for the others.
+
+    Raises:
+        InvalidArgument: the plan's RoPE layers differ and no ``layer_type`` picks one, no layer
+            of ``layer_type``, no RoPE layer at all; and as :func:`position_plan`.
+    """
+    # imported here: families imports this module's neighbours, and most configs never get here
+    from posenc.hf_config.families import FAMILIES, plan_for_one_rope, reads_plainly
+
+    if not isinstance(config, Mapping) or config.get("model_type") not in FAMILIES or reads_plainly(config):
+        return None
+    plan = plan_for_one_rope(config)
+    layers = [layer for layer in plan if layer_type is None or layer.layer_type == layer_type]
+    if not layers:
+        raise InvalidArgument(f"layer_type={layer_type!r}: no layer of that type; the layer types are "
+                              f"{sorted({str(layer.layer_type) for layer in plan})}")
+    ropes = []
+    for layer in layers:
+        if isinstance(layer.encoding, RoPE) and all(layer.encoding is not other for other in ropes):
+            ropes.append(layer.encoding)
+    if not ropes:
+        raise InvalidArgument(f"config ({config['model_type']}): no RoPE on " +
+                              ("any layer" if layer_type is None else f"the {layer_type} layers"))
+    if len(ropes) > 1:
+        raise InvalidArgument(f"config ({config['model_type']}): the layers' RoPEs differ by layer type; pass "
+                              f"layer_type= one of {sorted({str(layer.layer_type) for layer in plan})} "
+                              "(posenc.hf_config.position_plan reads every layer)")
+    rope = ropes[0]
+    if not kwargs:
+        return rope
+    args = dict(head_dim=rope.head_dim, rotary_dim=rope.rotary_dim, base=rope.base, interleaved=rope.interleaved,
+                scaling=rope.scaling, hf_layout=rope.hf_layout, max_position_embeddings=rope.max_position_embeddings)
+    return RoPE(**{**args, **kwargs})
 
 
 def to_hf_dict(rope: RoPE | MRoPE) -> dict[str, Any]:

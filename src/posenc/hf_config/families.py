@@ -43,7 +43,7 @@ from posenc.errors import InvalidArgument, InvalidType, MissingKey
 from posenc.hf_config.plan import LayerPlan, PositionPlan
 from posenc.hf_config.rope import head_dim_of, read_hf_config, rope_dict_spellings
 
-__all__ = ["Family", "FAMILIES", "position_plan", "LAYOUTS"]
+__all__ = ["Family", "FAMILIES", "position_plan", "LAYOUTS", "reads_plainly"]
 
 #: Values of :attr:`Family.layout`.
 LAYOUTS = ("half-split", "interleaved")
@@ -66,6 +66,8 @@ class Reading:
                               warn=True)
                 cfg[key] = cfg.pop(alias)
         for key, value in family.defaults.items():
+            if key == "rope_theta" and value == 10000.0:
+                continue  # read_hf_config's own default: the config keeps its spelling for to_hf_dict
             cfg.setdefault(key, value)
         self.given = frozenset(config)
         self.cfg = cfg
@@ -553,6 +555,28 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("llama4_text", **_LLAMA4_TEXT, source="transformers/models/llama4/"),
     _family("llama4", text_config="llama4_text"),
 )}
+
+
+def reads_plainly(config: Mapping[str, Any]) -> bool:
+    """Whether :func:`posenc.hf_config.rope.read_hf_config` alone reads this config's RoPE
+    exactly: its family is half-split, without aliases, a text_config or a reader of its own
+    (Llama, Mistral, Qwen, Gemma 1/2, Phi, OLMo 2, ...)."""
+    family = FAMILIES.get(config.get("model_type"))
+    return (family is not None and family.layout == "half-split" and not family.aliases
+            and family.text_config is None and family.encoding is rope_of_type and family.prepare is None)
+
+
+def plan_for_one_rope(config: Mapping[str, Any]) -> PositionPlan:
+    """:func:`position_plan` of a config that may lack ``num_hidden_layers`` (the RoPE of a
+    layer type does not depend on it): then as many layers as it takes to meet every layer
+    type of the family's patterns (12)."""
+    cfg = dict(config)
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), Mapping) else cfg
+    if "num_hidden_layers" not in text and "n_layer" not in text and not any(
+            isinstance(text.get(key), (list, tuple)) for key in ("layer_types", "no_rope_layers")):
+        text = {**text, "num_hidden_layers": 12}
+        cfg = {**cfg, "text_config": text} if text is not cfg and "text_config" in cfg else text
+    return position_plan(cfg)
 
 
 def _as_dict(config: Any) -> dict[str, Any]:
