@@ -115,3 +115,27 @@ def test_a_config_without_rope_fields_but_no_sign_against_reads_as_theta_10000()
     """Old Llama configs carry no rope_theta: the default stands."""
     rope = posenc.rope.from_hf_config({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4})
     assert rope.base == 10000.0
+
+
+def test_inspect_prints_the_per_layer_plan(capsys, tmp_path):
+    """The plan of position_plan, layers grouped: Cohere2's interleaved RoPE on the sliding
+    layers and NoPE on every 4th; a family posenc does not read gets one line saying why."""
+    pytest.importorskip("matplotlib")
+    config = tmp_path / "cohere2.json"
+    config.write_text(json.dumps({
+        "model_type": "cohere2", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 8,
+        "rope_theta": 50000.0, "sliding_window": 4096, "sliding_window_pattern": 4, "max_position_embeddings": 8192,
+    }))
+    code, stdout, stderr = run(capsys, config, "--out", tmp_path / "c.png")
+    assert code == 0, stderr
+    assert "rope_type default" in stdout  # the existing table is still there
+    lines = [line.strip() for line in stdout.splitlines()]
+    assert "per-layer plan (8 layers, cohere2):" in lines
+    assert "0-2, 4-6: rope theta 50000, rotary 16/16, interleaved; sliding 4096" in lines
+    assert "3, 7: NoPE; full" in lines
+    unknown = tmp_path / "other.json"
+    unknown.write_text(json.dumps({"model_type": "nonesuch", "hidden_size": 64, "num_attention_heads": 4,
+                                   "max_position_embeddings": 512}))
+    code, stdout, stderr = run(capsys, unknown, "--out", tmp_path / "o.png")
+    assert code == 0, stderr
+    assert "per-layer plan: not read (config['model_type'] = 'nonesuch'" in stdout

@@ -14,16 +14,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from posenc.encodings.rope.multiaxis import MRoPE
 from posenc.encodings.rope.rotary import RoPE, rope_frequencies
 from posenc.encodings.rope.scaling import rope_type_record
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
-from posenc.hf_config.rope import extension_scaling, read_hf_config, rope_parameters_of
+from posenc.hf_config.rope import extension_scaling, read_hf_config, rope_parameters_of, write_hf_config
 
 
 def from_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None, **kwargs: Any) -> RoPE:
     """The :class:`~posenc.RoPE` of a Hugging Face model config (a parsed ``config.json``).
 
-    Reads rope_theta, rope_scaling (v4) or rope_parameters (v5), head_dim (or hidden_size //
+    For a family whose RoPE the plain reading below gets wrong (interleaved pairs: Cohere,
+    Cohere2, GPT-J, Llama 4, DeepSeek-V3; keys of its own: GPT-NeoX's ``rotary_pct`` /
+    ``rotary_emb_base``, GPT-J's ``n_embd`` / ``rotary_dim``, DeepSeek-V3's
+    ``qk_rope_head_dim``; a nested ``text_config``; Gemma 3's ``rope_local_base_freq``), the
+    RoPE of its :func:`~posenc.hf_config.families.position_plan` for ``layer_type`` (one RoPE
+    must remain). Otherwise it reads rope_theta, rope_scaling (v4) or rope_parameters (v5), head_dim (or hidden_size //
     num_attention_heads), partial_rotary_factor and max_position_embeddings, filling in what
     Hugging Face takes from the config rather than the rope dict (see
     :func:`~posenc.hf_config.rope.read_hf_config`). Hugging Face's layout: half-split pairs
@@ -43,18 +49,77 @@ def from_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None, 
         TypeError, KeyError, ValueError: as :func:`~posenc.hf_config.rope.read_hf_config`
         and :class:`~posenc.RoPE`.
     """
+    family_rope = _family_rope(config, layer_type, kwargs)
+    if family_rope is not None:
+        return family_rope
     rope_kwargs, layout = read_hf_config(config, layer_type=layer_type)
     return RoPE(**rope_kwargs, **kwargs, hf_layout=layout, max_position_embeddings=config.get("max_position_embeddings"))
 
 
-def to_hf_dict(rope: RoPE) -> dict[str, Any]:
-    """The RoPE fields of a Hugging Face config for ``rope`` (same as ``rope.to_hf_dict()``).
+def _family_rope(config: Mapping[str, Any], layer_type: str | None, kwargs: dict[str, Any]) -> RoPE | None:
+    """For a family whose RoPE the plain reading gets wrong (a layout, keys of its own, a
+    nested text_config, a RoPE per layer type: :func:`posenc.hf_config.families.reads_plainly`),
+    the RoPE its :func:`~posenc.hf_config.families.position_plan` gives the layers of
+    ``layer_type`` (or every RoPE layer); None for the others.
 
     Raises:
-        TypeError: ``rope`` is not a posenc RoPE.
+        InvalidArgument: the plan's RoPE layers differ and no ``layer_type`` picks one, no layer
+            of ``layer_type``, no RoPE layer at all; and as :func:`position_plan`.
     """
+    # imported here: families imports this module's neighbours, and most configs never get here
+    from posenc.hf_config.families import FAMILIES, plan_for_one_rope, reads_plainly
+
+    if not isinstance(config, Mapping) or config.get("model_type") not in FAMILIES or reads_plainly(config):
+        return None
+    plan = plan_for_one_rope(config)
+    layers = [layer for layer in plan if layer_type is None or layer.layer_type == layer_type]
+    if not layers:
+        raise InvalidArgument(f"layer_type={layer_type!r}: no layer of that type; the layer types are "
+                              f"{sorted({str(layer.layer_type) for layer in plan})}")
+    ropes = []
+    for layer in layers:
+        if isinstance(layer.encoding, RoPE) and all(layer.encoding is not other for other in ropes):
+            ropes.append(layer.encoding)
+    if not ropes:
+        raise InvalidArgument(f"config ({config['model_type']}): no RoPE on " +
+                              ("any layer" if layer_type is None else f"the {layer_type} layers"))
+    if len(ropes) > 1:
+        raise InvalidArgument(f"config ({config['model_type']}): the layers' RoPEs differ by layer type; pass "
+                              f"layer_type= one of {sorted({str(layer.layer_type) for layer in plan})} "
+                              "(posenc.hf_config.position_plan reads every layer)")
+    rope = ropes[0]
+    if not kwargs:
+        return rope
+    args = dict(head_dim=rope.head_dim, rotary_dim=rope.rotary_dim, base=rope.base, interleaved=rope.interleaved,
+                scaling=rope.scaling, hf_layout=rope.hf_layout, max_position_embeddings=rope.max_position_embeddings)
+    return RoPE(**{**args, **kwargs})
+
+
+def to_hf_dict(rope: RoPE | MRoPE) -> dict[str, Any]:
+    """The RoPE fields of a Hugging Face config for ``rope`` (same as ``rope.to_hf_dict()``).
+
+    An :class:`~posenc.MRoPE` (Qwen2-VL / Qwen2.5-VL text tower) is written with its
+    ``mrope_section`` in the rope dict, in the spelling it was read in (its ``hf_layout``, set by
+    :func:`posenc.hf_config.position_plan`: v4 ``{"type": "mrope", "mrope_section": [...]}``
+    or v5 ``rope_parameters``), else v4 ``rope_scaling`` ``{"rope_type": "default",
+    "mrope_section": [...]}``.
+
+    Raises:
+        TypeError: ``rope`` is neither a posenc RoPE nor an MRoPE.
+    """
+    if isinstance(rope, MRoPE):
+        out = write_hf_config(head_dim=rope.head_dim, rotary_dim=rope.rotary_dim, base=rope.base,
+                              scaling=rope.scaling, layout=getattr(rope, "hf_layout", None))
+        container = next((key for key in ("rope_scaling", "rope_parameters") if isinstance(out.get(key), dict)), None)
+        if container is None:
+            container = "rope_scaling"
+            out[container] = {"rope_type": "default"}
+        out[container] = {**out[container], "mrope_section": list(rope.mrope_section)}
+        if rope.mrope_interleaved:
+            out[container]["mrope_interleaved"] = True
+        return out
     if not isinstance(rope, RoPE):
-        raise InvalidType(f"rope must be a posenc RoPE, got {type(rope).__name__}")
+        raise InvalidType(f"rope must be a posenc RoPE or MRoPE, got {type(rope).__name__}")
     return rope.to_hf_dict()
 
 

@@ -22,6 +22,7 @@ encoding module: :meth:`posenc.RoPE.to_hf_dict` imports :func:`write_hf_config` 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,9 +47,49 @@ HF_ROPE_FIELDS = (
 _MISSING = "<missing>"
 
 
+def rope_dict_spellings(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None]:
+    """The config with one rope dict, as transformers 5 builds it, and a note when two disagreed.
+
+    transformers' ``convert_rope_params_to_dict`` (``modeling_rope_utils.py``) takes
+    ``rope_scaling or rope_parameters``: a non-empty v4 ``rope_scaling`` replaces the v5
+    ``rope_parameters`` wholesale (the latter's ``rope_theta`` included). A config holding both
+    is read the same way; when ``rope_parameters`` says anything the ``rope_scaling`` dict does
+    not (another rope_type, factor, theta), the note names both.
+
+    Returns:
+        (config, note): the config without the dict transformers ignores (the same object when
+        there is nothing to resolve), and the note or None.
+    """
+    scaling, params = config.get("rope_scaling"), config.get("rope_parameters")
+    if not scaling or "rope_parameters" not in config:
+        return config, None
+    resolved = {k: v for k, v in config.items() if k != "rope_parameters"}
+    note = None
+    if isinstance(params, Mapping) and params:
+        def kind(d: Mapping[str, Any]) -> Any:
+            return d.get("rope_type", d.get("type", "default")) if isinstance(d, Mapping) else d
+        same = kind(scaling) == kind(params) and all(
+            params[k] == scaling[k] for k in params if k in scaling and k not in ("rope_type", "type"))
+        extra = {k: params[k] for k in params if k not in scaling and k not in ("rope_type", "type")}
+        if "rope_theta" in extra and extra["rope_theta"] == config.get("rope_theta", extra["rope_theta"]):
+            extra.pop("rope_theta")
+        if not same or extra:
+            note = (f"config holds both rope_scaling={dict(scaling)!r} and rope_parameters={dict(params)!r}, which "
+                    "disagree; transformers builds rope_scaling (convert_rope_params_to_dict: rope_scaling or "
+                    "rope_parameters), so posenc reads rope_scaling")
+    return resolved, note
+
+
 def _scaling_container(config: Mapping[str, Any], layer_type: str | None) -> tuple[str | None, Any]:
-    """(key, dict) of the rope dict: v5 ``rope_parameters`` first, then v4 ``rope_scaling``."""
-    for key in ("rope_parameters", "rope_scaling"):
+    """(key, dict) of the rope dict: the one transformers builds (:func:`rope_dict_spellings`:
+    v4 ``rope_scaling`` when non-empty, else v5 ``rope_parameters``).
+
+    Raises:
+        InvalidArgument: a per-layer-type dict without ``layer_type`` (or a layer type it does
+            not hold), ``layer_type`` given for a config without per-layer-type parameters.
+    """
+    order = ("rope_scaling", "rope_parameters") if config.get("rope_scaling") else ("rope_parameters", "rope_scaling")
+    for key in order:
         if key in config:
             value = config[key]
             if isinstance(value, Mapping) and value and all(isinstance(v, Mapping) or v is None for v in value.values()):
@@ -58,8 +99,21 @@ def _scaling_container(config: Mapping[str, Any], layer_type: str | None) -> tup
                 return key, value[layer_type]
             if value is not None and not isinstance(value, Mapping):
                 raise InvalidArgument(f"config[{key!r}] must be a dict or null, got {type(value).__name__}")
+            if layer_type is not None:
+                raise InvalidArgument(
+                    f"layer_type={layer_type!r}: config[{key!r}] is one rope dict for every layer, not one per "
+                    "layer type; leave layer_type out (posenc.hf_config.position_plan reads a model layer by layer)")
             return key, value
+    if layer_type is not None:
+        raise InvalidArgument(f"layer_type={layer_type!r}: the config has no per-layer-type rope_parameters; leave layer_type out")
     return None, None
+
+
+#: rope dict keys that are not RoPE's own: M-RoPE's sections (Qwen2-VL, Qwen2.5-VL), kept in the
+#: layout so that the dict is written back whole.
+_PASSTHROUGH_KEYS = ("mrope_section", "mrope_interleaved")
+#: rope_type spellings transformers reads as the default rope_type (Qwen2-VL's v4 "mrope").
+_DEFAULT_ALIASES = frozenset({"mrope"})
 
 
 #: Model families whose configs carry no RoPE field because they have no RoPE.
@@ -131,15 +185,37 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
     Raises:
         TypeError: config is not a dict. KeyError: no head_dim nor hidden_size and
         num_attention_heads, or a context length that cannot be found. ValueError: a
-        per-layer rope dict without ``layer_type``, or a config that says its model has no
-        RoPE (see :func:`_refuse_without_rope`).
+        per-layer rope dict without ``layer_type``, ``layer_type`` for a config without
+        per-layer-type parameters, or a config that says its model has no RoPE (see
+        :func:`_refuse_without_rope`).
+
+    Both ``rope_scaling`` and ``rope_parameters`` present: read as transformers builds it
+    (:func:`rope_dict_spellings`), with a ``warnings.warn`` naming both when they disagree.
+    Qwen2-VL's ``{"type": "mrope", "mrope_section": [...]}`` reads as the default rope_type (as
+    transformers does); ``mrope_section`` is kept in the layout and written back.
     """
     if not isinstance(config, Mapping):
         raise InvalidType(f"config must be a dict (a parsed config.json), got {type(config).__name__}")
     _refuse_without_rope(config)
+    config, note = rope_dict_spellings(config)
+    if note is not None:
+        warnings.warn(note, stacklevel=2)
     present = {key: config[key] for key in HF_ROPE_FIELDS if key in config}
     container, params = _scaling_container(config, layer_type)
     params = dict(params) if params is not None else None
+    passthrough: dict[str, Any] = {}
+    if params is not None:
+        for key in _PASSTHROUGH_KEYS:
+            if key in params:
+                passthrough[key] = params.pop(key)
+        alias = rope_type_of(params)
+        if alias in _DEFAULT_ALIASES:
+            # Qwen2-VL's v4 spelling {"type": "mrope", "mrope_section": [...]}: transformers reads it as
+            # the default rope_type (Qwen2VLTextConfig.convert_rope_params_to_dict); on text, M-RoPE is RoPE
+            params = {k: v for k, v in params.items() if k not in ("type", "rope_type")}
+            unknown = sorted(set(params) - {"rope_theta", "partial_rotary_factor"})
+            if unknown:
+                raise InvalidArgument(f"config[{container!r}]: rope_type {alias!r} takes no {unknown} (transformers reads it as the default rope_type)")
 
     head_dim = head_dim_of(config)
     base = config.get("rope_theta", 10000.0)
@@ -175,7 +251,7 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
             scaling["partial_rotary_factor"] = prf
         prf = None
     layout = {"present": present, "container": container, "layer_type": layer_type, "implicit": implicit,
-              "partial_rotary_factor": prf}
+              "partial_rotary_factor": prf, "passthrough": passthrough}
     kwargs = {"head_dim": head_dim, "base": float(base), "scaling": scaling,
               "partial_rotary_factor": None if prf is None or prf == 1.0 else prf}
     return kwargs, layout
@@ -227,6 +303,8 @@ def write_hf_config(
         original_params = original_params[layout["layer_type"]]
     if rope_dict is None and original_params is not None:  # an explicit {"rope_type": "default"}
         rope_dict = {k: original_params[k] for k in ("rope_type", "type") if k in original_params}
+    if rope_dict is not None:
+        rope_dict.update(layout.get("passthrough") or {})  # mrope_section, as read
     if container == "rope_parameters" and original_params is not None:
         # v5 keeps rope_theta / partial_rotary_factor inside the dict when they were there
         if "rope_theta" in original_params:

@@ -45,8 +45,9 @@ from posenc.attention import attention
 from posenc.encodings import Hook, PositionalEncoding, RoPE, create_for_model
 from posenc.errors import InvalidArgument, InvalidType
 from posenc.hf_config import extension_config, from_hf_config, head_dim_of
+from posenc.hf_config import position_plan
 
-__all__ = ["ATTN_IMPLEMENTATION", "use_encoding", "extend_context", "RotaryEmbedding", "IdentityRotaryEmbedding"]
+__all__ = ["ATTN_IMPLEMENTATION", "position_plan", "use_encoding", "extend_context", "RotaryEmbedding", "IdentityRotaryEmbedding"]
 
 #: The name posenc's attention function is registered under with transformers.
 ATTN_IMPLEMENTATION = "posenc"

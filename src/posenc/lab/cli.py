@@ -486,7 +486,8 @@ def inspect(
 ) -> None:
     """The RoPE of a model config at a glance: per frequency pair, its wavelength in tokens against
     the original and the extended context, which pairs turn fully within the training context
-    (YaRN's critical dimension), the attention factor, and a PNG of it."""
+    (YaRN's critical dimension), the attention factor, a PNG of it, and the per-layer plan
+    (position_plan: each layer's encoding and span, layers grouped)."""
     from posenc.lab.plots import plot_rope_inspection
     from posenc.rope import inspect_config
 
@@ -507,8 +508,31 @@ def inspect(
         f"{report.attention_factor ** 2:.6g}); [bold]contexts[/] L0 = {report.original_context}, "
         f"extended L = {report.extended_context}"
     )
+    _print_position_plan(_read_config_json(config))
     figure = plot_rope_inspection(report, out if out is not None else Path(f"{config.stem}.rope.png"))
     console.print(f"wrote {figure}")
+
+
+def _print_position_plan(config: dict) -> None:
+    """The per-layer plan of a config (posenc.hf_config.position_plan), layers grouped, and its
+    notes; one line saying why when the family is not in the table."""
+    import warnings
+
+    from posenc.errors import PosencError
+    from posenc.hf_config import position_plan
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the notes are printed below
+            plan = position_plan(config)
+    except PosencError as error:
+        console.print(f"per-layer plan: not read ({error})", markup=False, highlight=False)
+        return
+    console.print(f"[bold]per-layer plan[/] ({len(plan)} layers, {plan.model_type}):", highlight=False)
+    for line in plan.describe().splitlines():
+        console.print(f"  {line}", markup=False, highlight=False)
+    for note in plan.notes:
+        console.print(f"  note: {note}", markup=False, highlight=False)
 
 
 @app.command()

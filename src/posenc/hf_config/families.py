@@ -1,0 +1,658 @@
+"""The family table: how each Hugging Face model family spells its positions, layer by layer,
+and :func:`position_plan`, which reads a config into a :class:`~posenc.hf_config.plan.PositionPlan`.
+
+One :class:`Family` entry per ``model_type`` (:data:`FAMILIES`), as transformers 5.24 builds
+the model (its ``configuration_<family>.py`` and ``modeling_<family>.py``):
+
+- ``layout``: how the rotary pairs lie, ``"half-split"`` (i, i + r/2: Llama, GPT-NeoX) or
+  ``"interleaved"`` (2i, 2i + 1: Cohere, Cohere2, GPT-J, Llama 4's complex rotation,
+  DeepSeek-V3 with ``rope_interleave``); a config never says it, the family does.
+- ``defaults``: the config class's defaults of the positional keys a config.json may leave out
+  (``rope_theta`` is the class's ``default_theta``; Gemma's ``head_dim`` 256, Phi's
+  ``partial_rotary_factor`` 0.5, Mistral's ``sliding_window`` 4096, ...). The keys a
+  config.json always has (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``) have
+  no default here: a config without them is refused, naming the key.
+- ``aliases``: other spellings of a key (GPT-J's ``n_embd``, ``n_head``, ``n_layer``,
+  ``n_positions``), renamed before anything is read.
+- ``text_config``: for a multimodal wrapper (``llama4``, ``gemma3``, ``gemma4``, ``qwen2_vl``,
+  ``qwen2_5_vl``), the family of its ``text_config``, where the positions are.
+- ``layer_types``: how the family derives ``layer_types`` when the config does not list them
+  (None: the family has none); ``span``: a layer's attention span; ``encoding``: a layer's
+  encoding (a posenc RoPE or :class:`~posenc.MRoPE`, Llama 4's query temperature, or None);
+  ``sinks``: learned attention sinks (gpt-oss); ``notes``: what a user should know.
+
+Adding a family is one entry: ``FAMILIES["name"] = Family(...)``, with a reader function where
+the family needs one. Plain data in, no transformers import.
+
+Sliding windows follow ``masking_utils``: W lets query i see keys j with i - W < j <= i;
+chunks of C: j // C == i // C, j <= i.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.irope import AttentionTemperature
+from posenc.encodings.rope.multiaxis import MRoPE
+from posenc.encodings.rope.rotary import RoPE
+from posenc.errors import InvalidArgument, InvalidType, MissingKey
+from posenc.hf_config.plan import LayerPlan, PositionPlan
+from posenc.hf_config.rope import head_dim_of, read_hf_config, rope_dict_spellings
+
+__all__ = ["Family", "FAMILIES", "position_plan", "LAYOUTS", "reads_plainly"]
+
+#: Values of :attr:`Family.layout`.
+LAYOUTS = ("half-split", "interleaved")
+
+
+class Reading:
+    """One config being read: the config dict (aliases renamed, the family's defaults under the
+    keys it lacks), the family, the notes gathered and the encodings built so far (layers of
+    one kind share one encoding object)."""
+
+    def __init__(self, config: Mapping[str, Any], family: Family) -> None:
+        self.family = family
+        self.notes: list[str] = []
+        self.warnings: list[str] = []
+        cfg = dict(config)
+        for alias, key in family.aliases.items():
+            if alias in cfg:
+                if key in cfg and cfg[key] != cfg[alias]:
+                    self.note(f"config has {alias}={cfg[alias]!r} and {key}={cfg[key]!r}; transformers reads {alias}",
+                              warn=True)
+                cfg[key] = cfg.pop(alias)
+        for key, value in family.defaults.items():
+            if key == "rope_theta" and value == 10000.0:
+                continue  # read_hf_config's own default: the config keeps its spelling for to_hf_dict
+            cfg.setdefault(key, value)
+        self.given = frozenset(config)
+        self.cfg = cfg
+        self._encodings: dict[Any, PositionalEncoding | None] = {}
+
+    def note(self, text: str, *, warn: bool = False) -> None:
+        """Add a note to the plan; ``warn``: also ``warnings.warn`` it (two spellings disagree)."""
+        if text not in self.notes:
+            self.notes.append(text)
+            if warn:
+                self.warnings.append(text)
+
+    def require(self, key: str) -> Any:
+        """``cfg[key]``, which must be there and not null (else MissingKey naming it)."""
+        value = self.cfg.get(key)
+        if value is None:
+            raise MissingKey(f"config ({self.family.model_type}): needs {key!r}")
+        return value
+
+    def positive_int(self, key: str) -> int:
+        value = self.require(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidArgument(f"config[{key!r}] must be a positive integer, got {value!r}")
+        return value
+
+    def cached(self, key: Any, build: Callable[[], PositionalEncoding | None]) -> PositionalEncoding | None:
+        if key not in self._encodings:
+            self._encodings[key] = build()
+        return self._encodings[key]
+
+    def rope(self, layer_type: str | None = None, *, interleaved: bool | None = None,
+             **overrides: Any) -> RoPE:
+        """The family's RoPE for ``layer_type``: :func:`~posenc.hf_config.rope.read_hf_config`
+        on the config (with ``overrides`` on top), ``layer_type`` passed on only where the rope
+        dict holds one dict per layer type; the family's layout."""
+        def build() -> RoPE:
+            cfg = {**self.cfg, **overrides}
+            kwargs, layout = read_hf_config(cfg, layer_type=layer_type if nested_rope(cfg) else None)
+            flag = self.family.layout == "interleaved" if interleaved is None else interleaved
+            return RoPE(**kwargs, interleaved=flag, hf_layout=layout,
+                        max_position_embeddings=cfg.get("max_position_embeddings"))
+        return self.cached(("rope", layer_type, interleaved, repr(sorted(overrides.items()))), build)
+
+    def explicit_layer_types(self) -> list[str] | None:
+        """The config's own ``layer_types`` (one per layer), or None when it has none."""
+        types = self.cfg.get("layer_types")
+        if types is None:
+            return None
+        n = self.positive_int("num_hidden_layers")
+        if not isinstance(types, (list, tuple)) or len(types) != n or not all(isinstance(t, str) for t in types):
+            raise InvalidArgument(f"config['layer_types'] must be {n} strings (num_hidden_layers), got {types!r}")
+        return list(types)
+
+
+def nested_rope(cfg: Mapping[str, Any]) -> bool:
+    """Whether the config's rope dict (the one transformers builds) holds one dict per layer type."""
+    resolved, _ = rope_dict_spellings(cfg)
+    for key in ("rope_scaling", "rope_parameters"):
+        value = resolved.get(key)
+        if isinstance(value, Mapping) and value:
+            return all(isinstance(v, Mapping) or v is None for v in value.values())
+    return False
+
+
+# -- the readers families share ----------------------------------------------------------------
+
+def span_of_type(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
+    """The span transformers' masks give a layer of ``layer_type``: ``sliding_attention`` a
+    window of ``sliding_window``, ``chunked_attention`` chunks of ``attention_chunk_size``,
+    ``full_attention`` (and a layer type without attention: Qwen3-Next's linear attention) full."""
+    if layer_type == "sliding_attention":
+        return "sliding", r.positive_int("sliding_window")
+    if layer_type == "chunked_attention":
+        return "chunked", r.positive_int("attention_chunk_size")
+    if layer_type in (None, "full_attention", "linear_attention"):
+        return "full", None
+    raise InvalidArgument(f"config['layer_types'][{index}] = {layer_type!r}: {r.family.model_type} layers are "
+                          "'full_attention' or 'sliding_attention'")
+
+
+def span_all_sliding(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
+    """Every layer slides over ``sliding_window`` when it is set (Mistral, Mixtral, Phi-3,
+    Qwen3-MoE: the attention passes ``config.sliding_window`` on every layer), else full."""
+    window = r.cfg.get("sliding_window")
+    if window is None:
+        return "full", None
+    return "sliding", r.positive_int("sliding_window")
+
+
+def rope_of_type(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """The family's RoPE for the layer's type (one rope dict, or the layer type's own)."""
+    return r.rope(layer_type)
+
+
+def qwen2_layer_types(r: Reading) -> list[str]:
+    """Qwen2 / Qwen3 / Qwen2-VL (``Qwen2Config.__post_init__``): sliding_window only with
+    ``use_sliding_window``; then the layers from ``max_window_layers`` on slide."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    n = r.positive_int("num_hidden_layers")
+    window = r.cfg.get("sliding_window") if r.cfg.get("use_sliding_window") else None
+    first = r.cfg.get("max_window_layers")
+    return ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(n)]
+
+
+def qwen2_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
+    if layer_type == "sliding_attention" and not r.cfg.get("use_sliding_window"):
+        return "full", None  # transformers sets sliding_window None without use_sliding_window
+    return span_of_type(r, index, layer_type)
+
+
+def sliding_use_flag_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
+    """Qwen3-MoE: ``sliding_window`` on every layer, only with ``use_sliding_window``."""
+    if not r.cfg.get("use_sliding_window"):
+        return "full", None
+    return span_all_sliding(r, index, layer_type)
+
+
+def pattern_layer_types(pattern_key: str, default: int, last_full: bool = False) -> Callable[[Reading], list[str]]:
+    """Layer i slides unless (i + 1) is a multiple of the pattern (Gemma 2: 2, Gemma 3: 6,
+    Cohere2: 4, gpt-oss: 2), as ``__post_init__`` derives ``layer_types``."""
+    def derive(r: Reading) -> list[str]:
+        types = r.explicit_layer_types()
+        if types is None:
+            n = r.positive_int("num_hidden_layers")
+            pattern = r.cfg.get(pattern_key, default) if pattern_key else default
+            types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+        if last_full and types[-1] != "full_attention":
+            r.note("transformers forces the last layer to full_attention (Gemma4TextConfig)")
+            types[-1] = "full_attention"
+        return types
+    return derive
+
+
+def no_rope_layers_of(r: Reading) -> list[int]:
+    """SmolLM3 / Llama 4 ``no_rope_layers``: entry i is 1 for a RoPE layer, 0 for a NoPE layer
+    (despite the name); absent or empty: NoPE every ``no_rope_layer_interval``-th layer."""
+    n = r.positive_int("num_hidden_layers")
+    schedule = r.cfg.get("no_rope_layers")
+    if not schedule:
+        interval = r.positive_int("no_rope_layer_interval")
+        return [int((i + 1) % interval != 0) for i in range(n)]
+    if not isinstance(schedule, (list, tuple)) or len(schedule) < n or any(v not in (0, 1) for v in schedule):
+        raise InvalidArgument(f"config['no_rope_layers'] must hold {n} entries of 0 or 1 (1: RoPE layer), got {schedule!r}")
+    return list(schedule)
+
+
+# -- readers of one family ------------------------------------------------------------------------
+
+def gemma3_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Gemma 3 (``Gemma3TextConfig.convert_rope_params_to_dict``): one rope dict per layer type;
+    a v4 ``rope_scaling`` goes into the global (full_attention) dict; the global theta is
+    ``rope_theta`` (default 1e6), the sliding layers' ``rope_local_base_freq`` (default 1e4)."""
+    def dicts() -> dict[str, dict[str, Any]]:
+        cfg = r.cfg
+        params = cfg.get("rope_parameters")
+        if params is not None and not (isinstance(params, Mapping) and nested_rope({"rope_parameters": params})):
+            raise InvalidArgument("config['rope_parameters'] of gemma3 must hold one dict per layer type "
+                                  "(full_attention, sliding_attention), as transformers reads it")
+        out = {k: dict(v) for k, v in (params or {}).items() if v is not None}
+        out.setdefault("full_attention", {"rope_type": "default"})
+        out.setdefault("sliding_attention", {"rope_type": "default"})
+        if cfg.get("rope_scaling"):
+            out["full_attention"].update(cfg["rope_scaling"])
+        out["full_attention"].setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
+        out["sliding_attention"].setdefault("rope_theta", cfg.get("rope_local_base_freq", 10_000.0))
+        return out
+    cfg = {k: v for k, v in r.cfg.items() if k not in ("rope_scaling", "rope_theta")}
+    cfg["rope_parameters"] = dicts()
+    kwargs, layout = read_hf_config(cfg, layer_type=layer_type)
+    key = ("gemma3", layer_type)
+    return r.cached(key, lambda: RoPE(**kwargs, hf_layout=layout, max_position_embeddings=cfg.get("max_position_embeddings")))
+
+
+def gemma3_check(r: Reading) -> None:
+    if r.cfg.get("use_bidirectional_attention"):
+        raise InvalidArgument("config['use_bidirectional_attention'] is true: a bidirectional Gemma 3 (EmbeddingGemma) "
+                              "has no causal plan; posenc reads decoders")
+
+
+def gemma4_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Gemma 4 (``Gemma4TextConfig``): one rope dict per layer type (default: sliding theta 1e4;
+    global ``proportional`` with partial_rotary_factor 0.25, theta 1e6), the global layers with
+    head_dim ``global_head_dim`` (default 512; a transformers config's ``per_layer_config``)."""
+    overrides: dict[str, Any] = {}
+    per_layer = r.cfg.get("per_layer_config")
+    if isinstance(per_layer, Mapping):
+        for key, value in per_layer.items():
+            if int(key) == index and isinstance(value, Mapping) and "head_dim" in value:
+                overrides["head_dim"] = value["head_dim"]
+    elif layer_type == "full_attention":
+        overrides["head_dim"] = r.cfg.get("global_head_dim", 512)
+    if r.cfg.get("rope_parameters") is None:
+        overrides["rope_parameters"] = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
+        }
+    return r.rope(layer_type, **overrides)
+
+
+def gemma4_check(r: Reading) -> None:
+    if r.cfg.get("use_bidirectional_attention") == "all":
+        raise InvalidArgument("config['use_bidirectional_attention'] is 'all': a bidirectional Gemma 4 has no causal plan")
+
+
+def cohere2_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Cohere2 (``Cohere2Attention.forward``): RoPE (interleaved) only on the layers with a
+    sliding window; the full-attention layers are NoPE. head_dim is hidden_size //
+    num_attention_heads whatever the config says (``Cohere2Config.__post_init__``)."""
+    if layer_type != "sliding_attention" or r.cfg.get("sliding_window") is None:
+        return None
+    return r.rope(layer_type, head_dim=r.require("hidden_size") // r.require("num_attention_heads"))
+
+
+def cohere2_check(r: Reading) -> None:
+    if r.cfg.get("head_dim") is not None and r.cfg["head_dim"] != r.require("hidden_size") // r.require("num_attention_heads"):
+        r.note(f"config head_dim={r.cfg['head_dim']} is ignored: transformers' Cohere2 uses hidden_size // "
+               "num_attention_heads", warn=True)
+    if r.cfg.get("sliding_window") is None:
+        r.note("sliding_window is null: transformers' Cohere2 then rotates no layer (RoPE lives on the sliding layers)")
+
+
+def smollm3_layer_types(r: Reading) -> list[str]:
+    """SmolLM3 (``SmolLM3Config.__post_init__``): a layer slides only with use_sliding_window,
+    a sliding_window, and no RoPE (``no_rope_layers[i] == 0``)."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    sliding = bool(r.cfg.get("use_sliding_window")) and r.cfg.get("sliding_window") is not None
+    return ["sliding_attention" if sliding and not rope else "full_attention" for rope in no_rope_layers_of(r)]
+
+
+def smollm3_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
+    if layer_type == "sliding_attention" and not r.cfg.get("use_sliding_window"):
+        return "full", None
+    return span_of_type(r, index, layer_type)
+
+
+def no_rope_schedule_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """SmolLM3: RoPE where ``no_rope_layers[i]`` is 1, none where 0."""
+    return r.rope(None) if no_rope_layers_of(r)[index] else None
+
+
+def llama4_layer_types(r: Reading) -> list[str]:
+    """Llama 4 (``Llama4TextConfig.__post_init__``): the RoPE layers chunked (when
+    attention_chunk_size is set), the NoPE layers full."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    chunked = r.cfg.get("attention_chunk_size") is not None
+    return ["chunked_attention" if rope and chunked else "full_attention" for rope in no_rope_layers_of(r)]
+
+
+def llama4_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Llama 4 (``Llama4TextAttention``): RoPE in the complex (interleaved) layout on the layers
+    ``no_rope_layers`` marks 1; the others NoPE, their queries scaled by the attention
+    temperature (``attn_temperature_tuning``; floor_scale, attn_scale)."""
+    if no_rope_layers_of(r)[index]:
+        return r.rope(None)
+    if not r.cfg.get("attn_temperature_tuning"):
+        return None
+    return r.cached("temperature", lambda: AttentionTemperature(
+        floor_scale=r.positive_int("floor_scale"), attn_scale=float(r.require("attn_scale"))))
+
+
+def qwen_vl_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Qwen2-VL / Qwen2.5-VL text tower (``Qwen2VLRotaryEmbedding``): M-RoPE, half-split pairs,
+    ``mrope_section`` from the rope dict (default [16, 24, 24]); on text positions it is RoPE."""
+    def build() -> MRoPE:
+        kwargs, layout = read_hf_config(r.cfg)
+        section = (layout.get("passthrough") or {}).get("mrope_section", [16, 24, 24])
+        if kwargs["scaling"] is not None:
+            r.note(f"rope scaling {kwargs['scaling']!r} on M-RoPE")
+        rotary = (int(kwargs["head_dim"] * kwargs["partial_rotary_factor"])
+                  if kwargs["partial_rotary_factor"] else None)
+        try:
+            enc = MRoPE(kwargs["head_dim"], mrope_section=list(section), base=kwargs["base"],
+                        scaling=kwargs["scaling"], rotary_dim=rotary)
+        except InvalidArgument as error:
+            raise InvalidArgument(f"config: mrope_section {list(section)}: {error}") from None
+        enc.hf_layout = layout
+        return enc
+    return r.cached("mrope", build)
+
+
+def deepseek_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """DeepSeek-V3 (``DeepseekV3Attention``): RoPE over the ``qk_rope_head_dim`` part of each
+    MLA head only (the last qk_rope_head_dim of q's qk_nope_head_dim + qk_rope_head_dim, and
+    the one shared k_rot); interleaved pairs with ``rope_interleave`` (default true)."""
+    return r.rope(None, head_dim=r.positive_int("qk_rope_head_dim"), interleaved=bool(r.cfg.get("rope_interleave")))
+
+
+def deepseek_check(r: Reading) -> None:
+    width = r.positive_int("qk_rope_head_dim")
+    r.note(f"MLA: the encoding rotates the qk_rope_head_dim={width} part of each head (q_rot, k_rot, the last "
+           f"{width} dimensions of the query head), not the qk_nope_head_dim part")
+    scaling = r.cfg.get("rope_scaling") or r.cfg.get("rope_parameters") or {}
+    if isinstance(scaling, Mapping) and scaling.get("mscale_all_dim") and \
+            scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        r.note("the softmax scale is qk_head_dim^-0.5 times yarn_get_mscale(factor, mscale_all_dim)^2 "
+               "(DeepseekV3Attention.scaling; transformers' attention keeps it)")
+
+
+def gpt_neox_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """GPT-NeoX (``GPTNeoXConfig.convert_rope_params_to_dict``): theta is the rope dict's, else
+    ``rotary_emb_base`` (default 10000), the rotated share the rope dict's, else ``rotary_pct``
+    (default 0.25); a top-level ``rope_theta`` / ``partial_rotary_factor`` is not read."""
+    def build() -> RoPE:
+        cfg = dict(r.cfg)
+        resolved, _ = rope_dict_spellings(cfg)
+        params = resolved.get("rope_scaling") or resolved.get("rope_parameters") or {}
+        theta = params.get("rope_theta", cfg.get("rotary_emb_base", 10000.0))
+        share = params.get("partial_rotary_factor", cfg.get("rotary_pct", 0.25))
+        for key, used in (("rope_theta", theta), ("partial_rotary_factor", share)):
+            if key in cfg and cfg[key] != used and key not in params:
+                r.note(f"config {key}={cfg[key]!r} is not read by transformers' GPT-NeoX (it reads "
+                       f"{'rotary_emb_base' if key == 'rope_theta' else 'rotary_pct'}): {used!r}", warn=True)
+        cfg["rope_theta"], cfg["partial_rotary_factor"] = theta, share
+        kwargs, layout = read_hf_config(cfg)
+        return RoPE(**kwargs, hf_layout=layout, max_position_embeddings=cfg.get("max_position_embeddings"))
+    return r.cached("neox", build)
+
+
+def gptj_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """GPT-J (``GPTJRotaryEmbedding``, ``create_sinusoidal_positions``): base 10000 (no config key
+    read), the first ``rotary_dim`` dimensions of each head rotated in interleaved pairs
+    (``rotate_every_two``)."""
+    def build() -> RoPE:
+        rotary = r.cfg.get("rotary_dim")
+        if rotary is None:
+            raise MissingKey("config (gptj): needs 'rotary_dim' (transformers' GPT-J with rotary_dim null builds tables "
+                             "of hidden_size columns, which do not fit a head)")
+        for key in ("rope_theta", "rope_scaling", "rope_parameters"):
+            if r.cfg.get(key) is not None and key in r.given:
+                r.note(f"config {key}={r.cfg[key]!r} is not read by transformers' GPT-J (base 10000, no scaling)",
+                       warn=True)
+        head_dim = r.require("hidden_size") // r.require("num_attention_heads")
+        return RoPE(head_dim, rotary_dim=rotary, base=10000.0, interleaved=True,
+                    max_position_embeddings=r.cfg.get("max_position_embeddings"))
+    return r.cached("gptj", build)
+
+
+def phi3_prepare(r: Reading) -> None:
+    """Phi-3 (``Phi3Config.convert_rope_params_to_dict``): rope_type "su" and "yarn" mean longrope."""
+    for key in ("rope_scaling", "rope_parameters"):
+        value = r.cfg.get(key)
+        if isinstance(value, Mapping) and value.get("rope_type", value.get("type")) in ("su", "yarn"):
+            r.note(f"{key} rope_type {value.get('rope_type', value.get('type'))!r} is longrope to transformers' Phi-3")
+            value = {k: v for k, v in value.items() if k != "type"}
+            value["rope_type"] = "longrope"
+            r.cfg[key] = value
+
+
+def gpt_oss_prepare(r: Reading) -> None:
+    """gpt-oss (``GptOssConfig.__post_init__``): without a rope dict, YaRN x32 over 4096."""
+    if not (r.cfg.get("rope_parameters") or r.cfg.get("rope_scaling")):
+        r.cfg["rope_parameters"] = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                    "truncate": False, "original_max_position_embeddings": 4096}
+
+
+def qwen3_next_note(r: Reading) -> None:
+    r.note("layers of layer_type 'linear_attention' (Gated DeltaNet) have no attention positions: no encoding")
+
+
+def mistral_note(r: Reading) -> None:
+    if "layer_types" in r.cfg:
+        r.note("Mistral ignores layer_types (transformers warns; Ministral reads them): sliding_window on every layer")
+        r.cfg.pop("layer_types")
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one model family spells its positions (one entry of :data:`FAMILIES`).
+
+    Attributes:
+        model_type: the config's ``model_type``.
+        layout: ``"half-split"`` or ``"interleaved"`` rotary pairs (:data:`LAYOUTS`).
+        defaults: the config class's defaults of the positional keys a config may lack.
+        aliases: other spellings, renamed to the key the readers use (GPT-J's n_embd -> hidden_size).
+        text_config: a wrapper's text family: the plan is read from ``config["text_config"]``.
+        flat_text: the wrapper's text keys may sit at the top level when there is no
+            ``text_config`` (Qwen2-VL's older config.json); otherwise a missing text_config is refused.
+        layer_types: derives the per-layer types (the config's own ``layer_types`` first);
+            None: the family has none.
+        span: (reading, index, layer_type) -> (span, window).
+        encoding: (reading, index, layer_type) -> the layer's encoding or None (NoPE).
+        sinks: the layers have learned attention sinks.
+        prepare: checks and rewrites before reading (refusals, notes, spellings).
+        source: the transformers files read.
+    """
+
+    model_type: str
+    layout: str = "half-split"
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    text_config: str | None = None
+    flat_text: bool = False
+    layer_types: Callable[[Reading], list[str]] | None = None
+    span: Callable[[Reading, int, str | None], tuple[str, int | None]] = span_of_type
+    encoding: Callable[[Reading, int, str | None], PositionalEncoding | None] = rope_of_type
+    sinks: bool = False
+    prepare: Callable[[Reading], None] | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise InvalidArgument(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+
+
+def _family(model_type: str, **kwargs: Any) -> Family:
+    kwargs.setdefault("source", f"transformers/models/{model_type}/configuration_{model_type}.py, modeling_{model_type}.py")
+    return Family(model_type, **kwargs)
+
+
+_QWEN2 = dict(defaults={"rope_theta": 10000.0, "sliding_window": 4096, "max_window_layers": 28,
+                        "use_sliding_window": False},
+              layer_types=qwen2_layer_types, span=qwen2_span)
+_QWEN_VL_TEXT = dict(defaults={"rope_theta": 1_000_000.0, "sliding_window": 4096, "max_window_layers": 80,
+                               "use_sliding_window": False},
+                     layer_types=qwen2_layer_types, span=qwen2_span, encoding=qwen_vl_rope)
+_LLAMA4_TEXT = dict(layout="interleaved",
+                    defaults={"rope_theta": 500000.0, "head_dim": 128, "no_rope_layer_interval": 4,
+                              "attention_chunk_size": 8192, "attn_temperature_tuning": True, "floor_scale": 8192,
+                              "attn_scale": 0.1},
+                    layer_types=llama4_layer_types, encoding=llama4_rope)
+_GEMMA3_TEXT = dict(defaults={"head_dim": 256, "sliding_window": 4096},
+                    layer_types=pattern_layer_types("sliding_window_pattern", 6), encoding=gemma3_rope,
+                    prepare=gemma3_check)
+_GEMMA4_TEXT = dict(defaults={"head_dim": 256, "sliding_window": 512},
+                    layer_types=pattern_layer_types("", 6, last_full=True), encoding=gemma4_rope,
+                    prepare=gemma4_check)
+
+#: model_type -> :class:`Family`, as transformers 5.24 builds each family. One entry per family.
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (
+    _family("llama", defaults={"rope_theta": 10000.0}),
+    _family("mistral", defaults={"rope_theta": 10000.0, "sliding_window": 4096}, span=span_all_sliding,
+            prepare=mistral_note),
+    _family("mixtral", defaults={"rope_theta": 1_000_000.0, "sliding_window": None}, span=span_all_sliding),
+    _family("qwen2", **_QWEN2),
+    _family("qwen3", **{**_QWEN2, "defaults": {**_QWEN2["defaults"], "head_dim": 128}}),
+    _family("qwen3_moe", defaults={"rope_theta": 10000.0, "sliding_window": 4096, "use_sliding_window": False},
+            span=sliding_use_flag_span),
+    _family("qwen3_next", defaults={"rope_theta": 10000.0, "head_dim": 256, "partial_rotary_factor": 0.25,
+                                    "full_attention_interval": 4},
+            layer_types=lambda r: r.explicit_layer_types() or [
+                "linear_attention" if (i + 1) % r.positive_int("full_attention_interval") else "full_attention"
+                for i in range(r.positive_int("num_hidden_layers"))],
+            encoding=lambda r, i, t: None if t == "linear_attention" else r.rope(t), prepare=qwen3_next_note),
+    _family("qwen2_vl_text", **_QWEN_VL_TEXT, source="transformers/models/qwen2_vl/"),
+    _family("qwen2_5_vl_text", **_QWEN_VL_TEXT, source="transformers/models/qwen2_5_vl/"),
+    _family("qwen2_vl", text_config="qwen2_vl_text", flat_text=True),
+    _family("qwen2_5_vl", text_config="qwen2_5_vl_text", flat_text=True),
+    _family("gemma", defaults={"rope_theta": 10000.0, "head_dim": 256}),
+    _family("gemma2", defaults={"rope_theta": 10000.0, "head_dim": 256, "sliding_window": 4096},
+            layer_types=pattern_layer_types("", 2)),
+    _family("gemma3_text", **_GEMMA3_TEXT, source="transformers/models/gemma3/"),
+    _family("gemma3", text_config="gemma3_text"),
+    _family("gemma4_text", **_GEMMA4_TEXT, source="transformers/models/gemma4/"),
+    _family("gemma4", text_config="gemma4_text"),
+    _family("phi", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    _family("phi3", defaults={"rope_theta": 10000.0, "sliding_window": None}, span=span_all_sliding,
+            prepare=phi3_prepare),
+    _family("cohere", layout="interleaved", defaults={"rope_theta": 500000.0}),
+    _family("cohere2", layout="interleaved", defaults={"rope_theta": 10000.0, "sliding_window": 4096},
+            layer_types=pattern_layer_types("sliding_window_pattern", 4), encoding=cohere2_rope,
+            prepare=cohere2_check),
+    _family("olmo2", defaults={"rope_theta": 10000.0}),
+    _family("smollm3", defaults={"rope_theta": 2_000_000.0, "no_rope_layer_interval": 4,
+                                 "use_sliding_window": False, "sliding_window": None},
+            layer_types=smollm3_layer_types, span=smollm3_span, encoding=no_rope_schedule_rope),
+    _family("gpt_oss", defaults={"rope_theta": 150000.0, "head_dim": 64, "sliding_window": 128},
+            layer_types=pattern_layer_types("", 2), sinks=True,
+            prepare=gpt_oss_prepare),
+    _family("deepseek_v3", layout="interleaved",
+            defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64, "rope_interleave": True},
+            encoding=deepseek_rope, prepare=deepseek_check),
+    _family("gpt_neox", encoding=gpt_neox_rope),
+    _family("gptj", layout="interleaved", defaults={"rotary_dim": 64},
+            aliases={"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
+                     "n_positions": "max_position_embeddings"},
+            encoding=gptj_rope),
+    _family("stablelm", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
+    _family("persimmon", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    _family("llama4_text", **_LLAMA4_TEXT, source="transformers/models/llama4/"),
+    _family("llama4", text_config="llama4_text"),
+)}
+
+
+def reads_plainly(config: Mapping[str, Any]) -> bool:
+    """Whether :func:`posenc.hf_config.rope.read_hf_config` alone reads this config's RoPE
+    exactly: its family is half-split, without aliases, a text_config or a reader of its own
+    (Llama, Mistral, Qwen, Gemma 1/2, Phi, OLMo 2, ...)."""
+    family = FAMILIES.get(config.get("model_type"))
+    return (family is not None and family.layout == "half-split" and not family.aliases
+            and family.text_config is None and family.encoding is rope_of_type and family.prepare is None)
+
+
+def plan_for_one_rope(config: Mapping[str, Any]) -> PositionPlan:
+    """:func:`position_plan` of a config that may lack ``num_hidden_layers`` (the RoPE of a
+    layer type does not depend on it): then as many layers as it takes to meet every layer
+    type of the family's patterns (12)."""
+    cfg = dict(config)
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), Mapping) else cfg
+    if "num_hidden_layers" not in text and "n_layer" not in text and not any(
+            isinstance(text.get(key), (list, tuple)) for key in ("layer_types", "no_rope_layers")):
+        text = {**text, "num_hidden_layers": 12}
+        cfg = {**cfg, "text_config": text} if text is not cfg and "text_config" in cfg else text
+    return position_plan(cfg)
+
+
+def _as_dict(config: Any) -> dict[str, Any]:
+    if isinstance(config, Mapping):
+        return dict(config)
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        out = to_dict()
+        if isinstance(out, Mapping):
+            return dict(out)
+    raise InvalidType(f"config must be a config.json dict or a transformers config, got {type(config).__name__}")
+
+
+def position_plan(config: Any) -> PositionPlan:
+    """The per-layer position plan of a Hugging Face model config.
+
+    Reads a parsed ``config.json`` (no transformers import) or a transformers config object
+    (its ``to_dict()``), in every spelling in use: v4 ``rope_scaling`` (``type`` or
+    ``rope_type``), v5 ``rope_parameters`` (flat or per layer type), the top-level keys, a
+    nested ``text_config``. The family (:data:`FAMILIES`, by ``model_type``) decides what the
+    config does not say: the pair layout (interleaved or half-split) and the config class's
+    defaults. Each layer gets the encoding transformers 5.24 builds for it (a
+    :class:`~posenc.RoPE` in the family's layout, with rotary width, base and scaling; an
+    :class:`~posenc.MRoPE` for the Qwen-VL text towers; Llama 4's query temperature on its
+    NoPE layers; None for a NoPE layer), its span (full, sliding W, chunked C) and sinks.
+    Layers of one kind share one encoding object.
+
+    Where two spellings disagree (``rope_scaling`` and ``rope_parameters``, GPT-NeoX's
+    ``rotary_emb_base`` and ``rope_theta``), the plan follows what transformers builds and says
+    so in :attr:`PositionPlan.notes` and a ``warnings.warn``.
+
+    Returns:
+        A :class:`~posenc.hf_config.plan.PositionPlan`, one layer per decoder layer.
+
+    Raises:
+        InvalidType: config neither a dict nor a transformers config.
+        MissingKey: no ``model_type``, a missing key the family needs (``num_hidden_layers``,
+            ``hidden_size`` / ``num_attention_heads``, GPT-J's ``rotary_dim``, a wrapper's
+            ``text_config``), named.
+        InvalidArgument: an unknown ``model_type`` (the message lists the known ones), a bad
+            value (named), or a config posenc cannot read exactly.
+    """
+    cfg = _as_dict(config)
+    model_type = cfg.get("model_type")
+    if model_type is None:
+        raise MissingKey("config: needs 'model_type' (the family decides the layout and the defaults)")
+    family = FAMILIES.get(model_type)
+    if family is None:
+        raise InvalidArgument(f"config['model_type'] = {model_type!r}: posenc reads {sorted(FAMILIES)}")
+    if family.text_config is not None:
+        text = cfg.get("text_config")
+        if isinstance(text, Mapping):
+            cfg = {**dict(text), "model_type": family.text_config}
+        elif text is not None and hasattr(text, "to_dict"):
+            cfg = {**text.to_dict(), "model_type": family.text_config}
+        elif family.flat_text:
+            cfg = {**cfg, "model_type": family.text_config}
+        else:
+            raise MissingKey(f"config ({model_type}): needs 'text_config', where the decoder's positions are")
+        family = FAMILIES[family.text_config]
+    r = Reading(cfg, family)
+    resolved, note = rope_dict_spellings(r.cfg)
+    if note is not None and family.model_type != "gemma3_text":
+        r.note(note, warn=True)
+        r.cfg = dict(resolved)
+    if family.prepare is not None:
+        family.prepare(r)
+    num_layers = r.positive_int("num_hidden_layers")
+    head_dim_of(r.cfg)  # the head width must be readable (MissingKey naming the keys)
+    types = family.layer_types(r) if family.layer_types is not None else None
+    layers = []
+    for index in range(num_layers):
+        layer_type = types[index] if types is not None else None
+        span, window = family.span(r, index, layer_type)
+        encoding = family.encoding(r, index, layer_type)
+        layers.append(LayerPlan(encoding, span, window, layer_type=layer_type, sinks=family.sinks))
+    for text in r.warnings:
+        warnings.warn(f"position_plan ({model_type}): {text}", stacklevel=2)
+    return PositionPlan(tuple(layers), model_type=model_type, notes=tuple(r.notes))

@@ -1,0 +1,377 @@
+"""position_plan(config) per family against transformers 5.x: for a config dict shaped like
+each family's released config.json (shrunk), the plan's layer count, layer types, spans and
+windows against the transformers config object built from the same dict, and each layer's
+numbers against the family's own rotary embedding module: per frequency pair, cos and sin, and
+the attention scores q_rot . k_rot of random q and k rotated by transformers' own apply
+function (layout-free: a wrong base, layout or width moves them). Refusals name the key."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import warnings
+
+import pytest
+import torch
+
+from posenc.encodings.irope import AttentionTemperature
+from posenc.encodings.rope.multiaxis import MRoPE
+from posenc.encodings.rope.rotary import RoPE
+from posenc.errors import InvalidArgument, MissingKey
+from posenc.hf_config import position_plan
+from posenc.hf_config.families import FAMILIES
+
+transformers = pytest.importorskip("transformers")
+from transformers import AutoConfig  # noqa: E402
+
+TOL = 1e-5
+SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4,
+             intermediate_size=128, vocab_size=128, max_position_embeddings=256)
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+
+#: (case id, model_type, config dict shaped like the released config.json, shrunk)
+CASES = [
+    ("llama2", "llama", dict(SMALL, rope_theta=10000.0, rope_scaling=None)),
+    ("llama3.1", "llama", dict(SMALL, rope_theta=500000.0, rope_scaling=LLAMA3)),
+    ("llama-linear", "llama", dict(SMALL, rope_scaling={"type": "linear", "factor": 2.0})),
+    ("llama-dynamic", "llama", dict(SMALL, rope_scaling={"rope_type": "dynamic", "factor": 2.0})),
+    ("llama-yarn-v5", "llama", dict(SMALL, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
+                                                            "original_max_position_embeddings": 64})),
+    ("llama-longrope", "llama", dict(SMALL, max_position_embeddings=1024, rope_scaling={
+        "rope_type": "longrope", "short_factor": [1.0 + i / 8 for i in range(8)],
+        "long_factor": [2.0 + i / 4 for i in range(8)], "original_max_position_embeddings": 128})),
+    ("llama-head_dim", "llama", dict(SMALL, head_dim=32, rope_theta=5e5)),
+    ("mistral", "mistral", dict(SMALL, rope_theta=1e6, sliding_window=32, head_dim=16)),
+    ("mistral-default-window", "mistral", dict(SMALL)),
+    ("mixtral", "mixtral", dict(SMALL, rope_theta=1e6, sliding_window=None, num_local_experts=4)),
+    ("qwen2", "qwen2", dict(SMALL, rope_theta=1e6, use_sliding_window=True, sliding_window=16, max_window_layers=2)),
+    ("qwen2.5-yarn", "qwen2", dict(SMALL, rope_theta=1e6, rope_scaling={"type": "yarn", "factor": 4.0,
+                                                                          "original_max_position_embeddings": 64})),
+    ("qwen3", "qwen3", dict(SMALL, head_dim=16, rope_theta=1e6, use_sliding_window=False, sliding_window=None)),
+    ("qwen3-default-head", "qwen3", dict(SMALL, rope_theta=1e6)),
+    ("qwen3_moe", "qwen3_moe", dict(SMALL, head_dim=16, rope_theta=1e6, num_experts=4, moe_intermediate_size=32)),
+    ("qwen3_next", "qwen3_next", dict(SMALL, head_dim=32, rope_theta=1e7, partial_rotary_factor=0.25,
+                                      full_attention_interval=2, num_experts=4, moe_intermediate_size=32)),
+    ("qwen2_vl-flat", "qwen2_vl", dict(SMALL, rope_theta=1e6, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})),
+    ("qwen2_5_vl-nested", "qwen2_5_vl", dict(text_config=dict(
+        SMALL, model_type="qwen2_5_vl_text", rope_theta=1e6,
+        rope_scaling={"type": "mrope", "rope_type": "default", "mrope_section": [4, 2, 2]}))),
+    ("gemma", "gemma", dict(SMALL, head_dim=32, rope_theta=10000.0)),
+    ("gemma2", "gemma2", dict(SMALL, head_dim=16, sliding_window=16)),
+    ("gemma3_text-v4", "gemma3_text", dict(SMALL, num_hidden_layers=7, head_dim=16, rope_theta=1e6,
+                                           rope_local_base_freq=10000.0, sliding_window=16, sliding_window_pattern=6,
+                                           rope_scaling={"rope_type": "linear", "factor": 8.0})),
+    ("gemma3-nested", "gemma3", dict(text_config=dict(
+        SMALL, model_type="gemma3_text", num_hidden_layers=4, head_dim=16, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}))),
+    ("gemma4_text", "gemma4_text", dict(SMALL, num_hidden_layers=6, head_dim=16, global_head_dim=32, sliding_window=8,
+                                        hidden_size_per_layer_input=16, vocab_size_per_layer_input=128)),
+    ("phi", "phi", dict(SMALL, partial_rotary_factor=0.5, rope_theta=10000.0)),
+    ("phi3-longrope", "phi3", dict(SMALL, max_position_embeddings=1024, original_max_position_embeddings=128,
+                                   sliding_window=64, rope_scaling={
+                                       "type": "longrope", "short_factor": [1.0 + i / 8 for i in range(8)],
+                                       "long_factor": [2.0 + i / 4 for i in range(8)]})),
+    ("phi4-partial", "phi3", dict(SMALL, partial_rotary_factor=0.75, rope_theta=250000.0)),
+    ("cohere", "cohere", dict(SMALL, rope_theta=8e6, logit_scale=0.0625)),
+    ("cohere2", "cohere2", dict(SMALL, rope_theta=50000.0, sliding_window=16, sliding_window_pattern=4)),
+    ("olmo2", "olmo2", dict(SMALL, rope_theta=500000.0)),
+    ("smollm3", "smollm3", dict(SMALL, num_hidden_layers=8, rope_theta=5e6, no_rope_layer_interval=4)),
+    ("smollm3-list", "smollm3", dict(SMALL, no_rope_layers=[1, 0, 1, 1], use_sliding_window=True, sliding_window=8)),
+    ("gpt_oss", "gpt_oss", dict(SMALL, head_dim=16, sliding_window=8, num_local_experts=4, num_experts_per_tok=2,
+                                rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                              "truncate": False, "original_max_position_embeddings": 64})),
+    ("deepseek_v3", "deepseek_v3", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                        q_lora_rank=None, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+                                        topk_group=1, rope_scaling={"rope_type": "yarn", "factor": 4.0, "mscale": 1.0,
+                                                                    "mscale_all_dim": 1.0,
+                                                                    "original_max_position_embeddings": 64})),
+    ("gpt_neox", "gpt_neox", dict(SMALL, rotary_pct=0.5, rotary_emb_base=20000)),
+    ("gpt_neox-defaults", "gpt_neox", dict(SMALL)),
+    ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
+    ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
+    ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
+    ("llama4_text", "llama4_text", dict(SMALL, num_hidden_layers=8, head_dim=16, attention_chunk_size=16,
+                                        rope_theta=500000.0, rope_scaling=dict(LLAMA3, factor=16.0, high_freq_factor=1.0),
+                                        num_local_experts=2, attn_temperature_tuning=True)),
+    ("llama4-nested", "llama4", dict(text_config=dict(SMALL, model_type="llama4_text", head_dim=16,
+                                                      no_rope_layers=[1, 1, 0, 1], attn_temperature_tuning=False,
+                                                      attention_chunk_size=32))),
+]
+
+#: families whose attention passes config.sliding_window on every layer (no layer_types)
+ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe"}
+#: families whose rotary tables lie interleaved (repeat_interleave) in transformers
+HF_INTERLEAVED_TABLES = {"cohere", "cohere2"}
+
+
+def hf_text_config(model_type, config):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf = AutoConfig.for_model(model_type, **config)
+    return getattr(hf, "text_config", None) or hf
+
+
+def rotary_class(hf):
+    family = type(hf).__module__.split(".")[-2]
+    mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    names = [n for n in dir(mod) if n.endswith("RotaryEmbedding") and "Vision" not in n and "Audio" not in n]
+    assert len(names) == 1, names
+    return mod, getattr(mod, names[0])
+
+
+def expected_span(model_type, hf, index):
+    """(span, window) as transformers' attention and masks build them."""
+    if model_type in ALL_SLIDING:
+        return ("sliding", hf.sliding_window) if hf.sliding_window is not None else ("full", None)
+    types = getattr(hf, "layer_types", None)
+    kind = types[index] if types else "full_attention"
+    if kind == "sliding_attention":
+        if model_type == "smollm3" and not hf.use_sliding_window:
+            return "full", None
+        return ("sliding", hf.sliding_window) if hf.sliding_window is not None else ("full", None)
+    if kind == "chunked_attention":
+        return "chunked", hf.attention_chunk_size
+    return "full", None
+
+
+def hf_uses_rope(model_type, hf, index):
+    if model_type in ("smollm3", "llama4_text"):
+        return bool(hf.no_rope_layers[index])
+    if model_type == "cohere2":
+        return hf.layer_types[index] == "sliding_attention" and hf.sliding_window is not None
+    if model_type == "qwen3_next":
+        return hf.layer_types[index] != "linear_attention"
+    return True
+
+
+def hf_tables_and_rotate(model_type, hf, mod, rotary, layer_type, q, k, positions):
+    """transformers' per-pair (cos, sin) (T, r/2) and its rotated q, k (1, H, T, D) for this layer."""
+    x = q
+    pos = positions[None]
+    kwargs = {"layer_type": layer_type} if "layer_type" in inspect.signature(rotary.forward).parameters else {}
+    if model_type == "gptj":
+        sin, cos = rotary(x, pos)
+        r = hf.rotary_dim
+        bthd = [t.transpose(1, 2) for t in (q, k)]
+        out = [torch.cat([mod.apply_rotary_pos_emb(t[..., :r], sin, cos), t[..., r:]], -1).transpose(1, 2) for t in bthd]
+        return cos[0], sin[0], out
+    if model_type == "llama4_text":
+        freqs = rotary(x, pos)
+        qo, ko = mod.apply_rotary_emb(q.transpose(1, 2), k.transpose(1, 2), freqs)
+        return freqs.real[0], freqs.imag[0], [qo.transpose(1, 2), ko.transpose(1, 2)]
+    cos, sin = rotary(x, pos, **kwargs)
+    if model_type == "gpt_oss":  # tables of r/2, _apply_rotary_emb halves the head
+        return cos[0], sin[0], list(mod.apply_rotary_pos_emb(q, k, cos, sin))
+    if model_type == "deepseek_v3":
+        apply = mod.apply_rotary_pos_emb_interleave if hf.rope_interleave else mod.apply_rotary_pos_emb
+        half = cos.shape[-1] // 2
+        return cos[0, :, :half], sin[0, :, :half], list(apply(q, k, cos, sin))
+    r = cos.shape[-1]
+    if list(inspect.signature(mod.apply_rotary_pos_emb).parameters)[0] == "x":  # Gemma 4: one tensor at a time
+        q_rot, k_rot = (mod.apply_rotary_pos_emb(t[..., :r], cos, sin) for t in (q, k))
+    else:
+        q_rot, k_rot = mod.apply_rotary_pos_emb(q[..., :r], k[..., :r], cos, sin)
+    out = [torch.cat([q_rot, q[..., r:]], -1), torch.cat([k_rot, k[..., r:]], -1)]
+    if model_type in HF_INTERLEAVED_TABLES:
+        return cos[0, :, ::2], sin[0, :, ::2], out
+    return cos[0, :, : r // 2], sin[0, :, : r // 2], out
+
+
+def posenc_pairs(encoding, positions):
+    cos, sin = encoding.cos_sin(positions, torch.float32)
+    if encoding.interleaved:
+        return cos[..., ::2], sin[..., ::2]
+    half = cos.shape[-1] // 2
+    return cos[..., :half], sin[..., :half]
+
+
+def scores(q, k):
+    return q.double() @ k.double().transpose(-1, -2)
+
+
+def check_layer(model_type, hf, mod, rotary, layer, positions):
+    """Max |cos/sin| difference per pair, asserting pairs and scores match within TOL."""
+    encoding = layer.encoding
+    head = encoding.head_dim
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, positions.numel(), head, generator=gen)
+    k = torch.randn(1, 2, positions.numel(), head, generator=gen)
+    cos_hf, sin_hf, (q_hf, k_hf) = hf_tables_and_rotate(model_type, hf, mod, rotary, layer.layer_type, q, k, positions)
+    cos_pe, sin_pe = posenc_pairs(encoding, positions)
+    assert cos_pe.shape == cos_hf.shape, (cos_pe.shape, cos_hf.shape)
+    diff = max(float((cos_pe - cos_hf).abs().max()), float((sin_pe - sin_hf).abs().max()))
+    assert diff <= TOL, diff
+    q_pe, k_pe = encoding.rotate(q, k, positions, positions)
+    s_hf, s_pe = scores(q_hf, k_hf), scores(q_pe, k_pe)
+    assert float((s_hf - s_pe).abs().max()) <= TOL * float(s_hf.abs().max()), float((s_hf - s_pe).abs().max())
+    return diff
+
+
+MEASURED: dict[str, float] = {}
+
+
+@pytest.mark.parametrize("case, model_type, config", CASES, ids=[c[0] for c in CASES])
+def test_plan_matches_transformers(case, model_type, config):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = position_plan({"model_type": model_type, **config})
+    hf = hf_text_config(model_type, config)
+    assert len(plan) == hf.num_hidden_layers == plan.layers.__len__()
+    types = getattr(hf, "layer_types", None)
+    mod, rotary_cls = rotary_class(hf)
+    rotary = rotary_cls(hf)
+    positions = torch.arange(40) + 3
+    worst = 0.0
+    for index, layer in enumerate(plan):
+        if types and model_type not in ALL_SLIDING:
+            assert layer.layer_type == types[index]
+        assert (layer.span, layer.window) == expected_span(hf.model_type, hf, index), index
+        assert layer.sinks == (hf.model_type == "gpt_oss")
+        if not hf_uses_rope(hf.model_type, hf, index):
+            if hf.model_type == "llama4_text" and hf.attn_temperature_tuning:
+                assert isinstance(layer.encoding, AttentionTemperature)
+                assert (layer.encoding.floor_scale, layer.encoding.attn_scale) == (hf.floor_scale, hf.attn_scale)
+            else:
+                assert layer.encoding is None
+            continue
+        assert isinstance(layer.encoding, (RoPE, MRoPE))
+        worst = max(worst, check_layer(hf.model_type, hf, mod, rotary, layer, positions))
+    MEASURED[case] = worst
+
+
+def test_a_wrong_base_layout_or_width_fails():
+    """The comparison catches each kind of misreading (Cohere read half-split, the issue's bug)."""
+    for model_type, config, wrong in [
+        ("cohere", dict(SMALL, rope_theta=8e6), dict(interleaved=False)),
+        ("gpt_neox", dict(SMALL, rotary_pct=0.5, rotary_emb_base=20000), dict(base=10000.0)),
+        ("gpt_neox", dict(SMALL, rotary_pct=0.5, rotary_emb_base=20000), dict(rotary_dim=16)),
+    ]:
+        plan = position_plan({"model_type": model_type, **config})
+        hf = hf_text_config(model_type, config)
+        mod, cls = rotary_class(hf)
+        good = plan[0].encoding
+        args = dict(head_dim=good.head_dim, rotary_dim=good.rotary_dim, base=good.base, interleaved=good.interleaved)
+        bad = type(plan[0])(RoPE(**{**args, **wrong}))
+        with pytest.raises(AssertionError):
+            check_layer(model_type, hf, mod, cls(hf), bad, torch.arange(40) + 3)
+
+
+def test_qwen2_vl_mrope_sections_against_transformers():
+    """Distinct (t, h, w) positions: posenc's MRoPE picks the axis per pair as Qwen2-VL does."""
+    config = dict(SMALL, rope_theta=1e6, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    encoding = position_plan({"model_type": "qwen2_vl", **config})[0].encoding
+    assert encoding.mrope_section == [2, 3, 3]
+    hf = hf_text_config("qwen2_vl", config)
+    mod, cls = rotary_class(hf)
+    positions = torch.stack([torch.arange(12), torch.arange(12) // 3, torch.arange(12) % 5])[:, None]  # (3, 1, T)
+    cos, sin = cls(hf)(torch.zeros(1), positions)
+    cos_pe, sin_pe = encoding.cos_sin(positions, torch.float32)
+    assert float((cos_pe[0] - cos[0]).abs().max()) <= TOL and float((sin_pe[0] - sin[0]).abs().max()) <= TOL
+    written = __import__("posenc.hf_config", fromlist=["to_hf_dict"]).to_hf_dict(encoding)
+    assert written["rope_scaling"]["mrope_section"] == [2, 3, 3]
+
+
+def test_every_family_in_the_table_is_tested():
+    tested = {mt for _, mt, _ in CASES} | {FAMILIES[mt].text_config for _, mt, _ in CASES}
+    assert set(FAMILIES) - tested <= {"gemma4"}, set(FAMILIES) - tested
+
+
+def test_transformers_config_object_reads_the_same():
+    for model_type, config in [("gemma3_text", CASES[20][2]), ("smollm3", CASES[31][2]), ("gptj", CASES[-5][2])]:
+        hf = hf_text_config(model_type, config)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            a, b = position_plan({"model_type": model_type, **config}), position_plan(hf)
+        assert a.describe() == b.describe()
+
+
+def test_two_spellings_that_disagree_follow_transformers_with_a_warning():
+    config = dict(SMALL, model_type="llama", rope_scaling={"rope_type": "linear", "factor": 2.0},
+                  rope_parameters={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64})
+    with pytest.warns(UserWarning, match="rope_scaling.*rope_parameters"):
+        plan = position_plan(config)
+    assert plan[0].encoding.scaling["rope_type"] == "linear" and plan[0].encoding.scaling["factor"] == 2.0
+    assert any("rope_parameters" in note for note in plan.notes)
+    hf = hf_text_config("llama", {k: v for k, v in config.items() if k != "model_type"})
+    assert hf.rope_parameters["rope_type"] == "linear"
+    from posenc.rope import from_hf_config
+    with pytest.warns(UserWarning, match="rope_scaling"):
+        assert from_hf_config(config).scaling["rope_type"] == "linear"
+
+
+def test_gpt_neox_rope_theta_top_level_is_not_what_transformers_reads():
+    config = dict(SMALL, rope_theta=1e6, rotary_pct=0.5)
+    with pytest.warns(UserWarning, match="rope_theta"):
+        plan = position_plan({"model_type": "gpt_neox", **config})
+    hf = hf_text_config("gpt_neox", config)
+    assert plan[0].encoding.base == hf.rope_parameters["rope_theta"] == 10000.0
+
+
+def test_from_hf_config_layer_type_without_per_layer_parameters_raises():
+    from posenc.rope import from_hf_config
+    with pytest.raises(InvalidArgument, match="layer_type"):
+        from_hf_config(dict(SMALL, model_type="llama"), layer_type="full_attention")
+    with pytest.raises(InvalidArgument, match="layer_type"):
+        from_hf_config(dict(SMALL, model_type="llama", rope_scaling={"rope_type": "linear", "factor": 2.0}),
+                       layer_type="sliding_attention")
+
+
+def test_mrope_type_accepted_and_written_back():
+    from posenc.rope import from_hf_config
+    config = dict(SMALL, rope_theta=1e6, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    rope = from_hf_config(config)
+    assert rope.scaling is None and rope.base == 1e6
+    assert rope.to_hf_dict()["rope_scaling"] == {"type": "mrope", "mrope_section": [2, 3, 3]}
+
+
+@pytest.mark.parametrize("config, key", [
+    (dict(SMALL, model_type="nonesuch"), "model_type"),
+    ({k: v for k, v in SMALL.items() if k != "num_hidden_layers"} | {"model_type": "llama"}, "num_hidden_layers"),
+    (dict(model_type="llama", num_hidden_layers=2, hidden_size=64), "num_attention_heads"),
+    (dict(model_type="gptj", n_embd=64, n_head=4, n_layer=2, rotary_dim=None), "rotary_dim"),
+    (dict(model_type="gemma3", vision_config={}), "text_config"),
+    (dict(SMALL), "model_type"),
+    (dict(SMALL, model_type="mistral", sliding_window=0), "sliding_window"),
+])
+def test_refusals_name_the_key(config, key):
+    with pytest.raises((MissingKey, InvalidArgument), match=key):
+        position_plan(config)
+
+
+def test_describe_groups_layers():
+    plan = position_plan(dict(SMALL, model_type="cohere2", num_hidden_layers=8, sliding_window=16))
+    assert plan.describe().splitlines() == [
+        "0-2, 4-6: rope theta 10000, rotary 16/16, interleaved; sliding 16", "3, 7: NoPE; full"]
+
+
+@pytest.mark.parametrize("model_type, config, layer_type", [
+    ("cohere", dict(SMALL, rope_theta=8e6), None),
+    ("gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256), None),
+    ("gpt_neox", dict(SMALL, rotary_pct=0.5, rotary_emb_base=20000), None),
+    ("deepseek_v3", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16), None),
+    ("gemma3_text", dict(SMALL, num_hidden_layers=6, head_dim=16, rope_theta=1e6, rope_local_base_freq=1e4, sliding_window=16,
+                         rope_scaling={"rope_type": "linear", "factor": 8.0}), "sliding_attention"),
+    ("gemma3_text", dict(SMALL, num_hidden_layers=6, head_dim=16, rope_theta=1e6, rope_local_base_freq=1e4, sliding_window=16,
+                         rope_scaling={"rope_type": "linear", "factor": 8.0}), "full_attention"),
+    ("llama4_text", dict(SMALL, head_dim=16, attention_chunk_size=16), None),
+])
+def test_from_hf_config_reads_these_families_as_transformers(model_type, config, layer_type):
+    """The issue's silent misreadings through from_hf_config: Cohere's interleaved pairs, GPT-J's
+    keys (no KeyError), GPT-NeoX's rotary_pct / rotary_emb_base, DeepSeek-V3's qk_rope_head_dim,
+    Gemma 3's rope_local_base_freq: checked against the family's own rotary module."""
+    from posenc.rope import from_hf_config
+    no_layers = {k: v for k, v in config.items() if k not in ("num_hidden_layers", "n_layer")}
+    rope = from_hf_config({"model_type": model_type, **no_layers}, layer_type=layer_type)
+    hf = hf_text_config(model_type, config)
+    mod, cls = rotary_class(hf)
+    layer = type(position_plan({"model_type": model_type, **config})[0])(rope, layer_type=layer_type)
+    check_layer(hf.model_type, hf, mod, cls(hf), layer, torch.arange(40) + 3)
+
+
+def test_from_hf_config_gemma3_needs_layer_type():
+    from posenc.rope import from_hf_config
+    with pytest.raises(InvalidArgument, match="layer_type"):
+        from_hf_config(dict(SMALL, model_type="gemma3_text", num_hidden_layers=6, head_dim=16, sliding_window=16))
