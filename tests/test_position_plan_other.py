@@ -107,6 +107,16 @@ def test_every_reader_is_in_the_table_and_reads_the_released_shapes():
         assert len(raw) == (config.num_decoder_layers if name == "t5" else config.num_hidden_layers)
 
 
+def test_position_plan_reads_these_families_through_their_readers():
+    """The public reader (posenc.integrations.transformers.position_plan) dispatches to them."""
+    from posenc.integrations.transformers import position_plan
+
+    for name, spec in CONFIGS.items():
+        plan = position_plan(config_of(name))
+        assert plan.describe() == FAMILY_READERS[spec["model_type"]](spec).describe(), name
+        assert plan.model_type == spec["model_type"]
+
+
 # --------------------------------------------------------------------------------------------- ALiBi slopes
 
 

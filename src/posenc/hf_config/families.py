@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from posenc.hf_config.families_other import FAMILY_READERS
 from posenc.encodings.base import PositionalEncoding
 from posenc.encodings.irope import AttentionTemperature
 from posenc.encodings.rope.multiaxis import MRoPE
@@ -623,9 +624,11 @@ def position_plan(config: Any) -> PositionPlan:
     model_type = cfg.get("model_type")
     if model_type is None:
         raise MissingKey("config: needs 'model_type' (the family decides the layout and the defaults)")
+    if model_type in FAMILY_READERS:  # the families whose positions are not (only) rotary
+        return FAMILY_READERS[model_type](cfg)
     family = FAMILIES.get(model_type)
     if family is None:
-        raise InvalidArgument(f"config['model_type'] = {model_type!r}: posenc reads {sorted(FAMILIES)}")
+        raise InvalidArgument(f"config['model_type'] = {model_type!r}: posenc reads {sorted({*FAMILIES, *FAMILY_READERS})}")
     if family.text_config is not None:
         text = cfg.get("text_config")
         if isinstance(text, Mapping):

@@ -37,7 +37,8 @@ from posenc.encodings.alibi import ALiBi
 from posenc.encodings.learned import LearnedAbsolute
 from posenc.encodings.t5 import T5RelativeBias
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
-from posenc.hf_config.encoding import from_hf_config
+from posenc.encodings.rope.rotary import RoPE
+from posenc.hf_config.rope import read_hf_config
 from posenc.hf_config.plan import LayerPlan, PositionPlan
 
 __all__ = ["FAMILY_READERS", "plan_falcon", "plan_bloom", "plan_mpt", "plan_gpt2", "plan_opt", "plan_t5", "plan_mt5"]
@@ -117,7 +118,7 @@ def plan_falcon(config: Mapping[str, Any]) -> PositionPlan:
       head_dim is always hidden_size // num_attention_heads (a FalconConfig property: a
       ``head_dim`` key that differs is refused, as FalconConfig refuses any). The old
       RefinedWeb keys ``n_head`` and ``n_layer`` are not read by FalconConfig: refused.
-    - Rotary (``alibi`` false, the default): :func:`~posenc.hf_config.from_hf_config` of the
+    - Rotary (``alibi`` false, the default): the plain :func:`~posenc.hf_config.from_hf_config` of the
       config (``rope_parameters`` / ``rope_theta`` / ``rope_scaling``), half-split pairs
       (``rotate_half``), the whole head rotated: Falcon's default rope init ignores
       ``partial_rotary_factor`` (dropped with a warning; refused with another rope_type, where
@@ -169,7 +170,10 @@ def plan_falcon(config: Mapping[str, Any]) -> PositionPlan:
                                   "transformers' rope init would rotate part of the head, its rotation the whole one")
         r.note(f"config has partial_rotary_factor={dropped!r}; transformers' falcon rotates the whole head "
                "(its default rope init does not read it; the plan follows it)", warn=True)
-    encoding = from_hf_config(rope_config)
+    # the plain reading of from_hf_config (falcon has no family-specific RoPE keys), written
+    # out here: hf_config.encoding routes from_hf_config through this module's table
+    rope_kwargs, layout = read_hf_config(rope_config)
+    encoding = RoPE(**rope_kwargs, hf_layout=layout, max_position_embeddings=rope_config.get("max_position_embeddings"))
     return r.plan([LayerPlan(encoding) for _ in range(num_layers)])
 
 
