@@ -113,6 +113,8 @@ class Family:
     """Where a transformers model family keeps its decoder layers and how they take positions.
 
     Attributes:
+        base: the causal LM's attribute holding the decoder stack where ``model.base_model`` is
+            not it (Llama 4's text model), or None.
         layers: the base model's attribute holding the decoder layers.
         attention: a decoder layer's attribute holding its attention module.
         rotary: the base model's rotary embedding module (probed once for each layer's width).
@@ -126,6 +128,7 @@ class Family:
             recipe); empty: the caller names them.
     """
 
+    base: str | None = None
     layers: str = "layers"
     attention: str = "self_attn"
     rotary: str = "rotary_emb"
@@ -143,7 +146,7 @@ FAMILIES: dict[str, Family] = {
     "gptj": Family(layers="h", attention="attn", interleaved=True, tables=PAIR_SIN_COS),
     "cohere": Family(interleaved=True),
     "cohere2": Family(interleaved=True),
-    "llama4_text": Family(interleaved=True, tables=COMPLEX_PAIRS),
+    "llama4_text": Family(base="model", interleaved=True, tables=COMPLEX_PAIRS),
     "gpt_oss": Family(tables=HALF_COS_SIN, sinks="sinks"),
     "gemma3_text": Family(scaled_layer_types=("full_attention",)),
 }
@@ -227,7 +230,8 @@ def use_encoding(
     Raises:
         InvalidArgument (ValueError): the model is not of a known shape; a plan whose length is
             not the number of decoder layers, or that gives positions to a layer without
-            attention; ``layers`` out of range or with an embedding encoding; an encoding whose
+            attention (an encoding given alone goes to the layers with softmax attention only:
+            Qwen3-Next's linear-attention layers keep theirs); ``layers`` out of range or with an embedding encoding; an encoding whose
             head_dim differs from the model's, or with per-head values (``num_heads``) for
             another head count than the model's query heads (both named); one with the
             ``gate`` hook (FoX); a non-rotary encoding on a layer with attention sinks (gpt-oss)
@@ -259,7 +263,8 @@ def _prepare(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int] | No
     elif kwargs:
         raise InvalidType(f"keyword arguments {sorted(kwargs)} are for building an encoding from a name; got "
                           f"{type(plan_or_encoding).__name__}")
-    if isinstance(plan_or_encoding, PositionalEncoding):
+    uniform = isinstance(plan_or_encoding, PositionalEncoding)  # one encoding: every attention layer takes it
+    if uniform:
         registered = plan_or_encoding
         plan = PositionPlan.uniform(plan_or_encoding, count, model_type=getattr(config, "model_type", None))
     elif isinstance(plan_or_encoding, PositionPlan):
@@ -283,12 +288,12 @@ def _prepare(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int] | No
         encoding = layer_plan.encoding
         where = f"layer {index}"
         if module is None:  # Qwen3-Next's linear-attention layers: no positions to give
-            if encoding is not None:
+            if encoding is not None and not uniform:
                 raise InvalidArgument(f"plan: {where} has no '{family.attention}' (no softmax attention), "
                                       f"it cannot take {type(encoding).__name__}")
             continue
         width = probe.width(index)
-        if encoding is None:
+        if encoding is None or not encoding.hooks:  # NoPE: the identity tables, the model's own attention
             decisions.append(_Layer(index, layer_plan, module, width, posenc_route=False))
             continue
         _check_encoding(encoding, config, getattr(module, "head_dim", head_dim), where)
@@ -416,7 +421,8 @@ def _tables_hook(decision: _Layer, family: Family, memo: dict):
     """The decoder layer's forward pre-hook: its position_embeddings from posenc (the layer's
     RoPE, or the identity), the call's position_ids kept for its attention module, and the
     StaticCache refusal on posenc-route layers."""
-    rope = None if decision.posenc_route else decision.plan.encoding
+    rope = decision.plan.encoding if not decision.posenc_route and decision.plan.encoding is not None \
+        and decision.plan.encoding.hooks else None
     attention_module, width = decision.attention, decision.width
 
     def set_tables(module, args, kwargs):
@@ -701,6 +707,8 @@ def _register_with_transformers() -> None:
 
 def _base_model(model: nn.Module, family: Family) -> nn.Module:
     base = getattr(model, "base_model", model)
+    if family.base is not None and not hasattr(base, family.layers):
+        base = getattr(model, family.base, base)
     missing = [name for name in (family.layers, family.rotary) if not hasattr(base, name)]
     if missing or not hasattr(model, "config"):
         raise InvalidArgument(
