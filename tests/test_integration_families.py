@@ -138,13 +138,13 @@ FAMILIES = {
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
 #: logits(model)| over a (2, 20) batch, and the model's own noise |eager - sdpa| (0 where both are eager).
 MEASURED = {
-    "llama": (2.98e-07, 3.58e-07), "mistral": (2.98e-07, 3.58e-07), "qwen2": (2.98e-07, 3.87e-07),
-    "qwen3": (2.98e-07, 3.28e-07), "gemma": (4.65e-06, 4.89e-06), "gemma2": (3.81e-06, 0.0),
-    "gemma3_text": (3.46e-06, 3.34e-06), "cohere": (2.24e-08, 2.98e-08), "cohere2": (2.98e-08, 2.98e-08),
-    "smollm3": (3.58e-07, 4.17e-07), "gpt_oss": (2.98e-07, 0.0), "qwen3_next": (1.43e-06, 1.91e-06),
-    "phi3": (3.58e-07, 3.05e-07), "olmo2": (3.73e-07, 5.22e-07), "gpt_neox": (4.77e-07, 3.58e-07),
-    "gptj": (2.98e-07, 3.58e-07), "stablelm": (2.98e-07, 4.77e-07), "persimmon": (4.17e-07, 7.45e-07),
-    "llama4_text": (3.58e-07, 3.13e-07),
+    "llama": (2.83e-07, 2.98e-07), "mistral": (3.58e-07, 2.98e-07), "qwen2": (3.58e-07, 3.58e-07),
+    "qwen3": (4.17e-07, 3.58e-07), "gemma": (3.58e-06, 5.25e-06), "gemma2": (2.86e-06, 0.0),
+    "gemma3_text": (3.34e-06, 3.34e-06), "cohere": (2.24e-08, 2.24e-08), "cohere2": (2.61e-08, 2.42e-08),
+    "smollm3": (3.58e-07, 3.87e-07), "gpt_oss": (2.38e-07, 0.0), "qwen3_next": (1.43e-06, 1.43e-06),
+    "phi3": (2.38e-07, 4.77e-07), "olmo2": (3.65e-07, 6.85e-07), "gpt_neox": (4.77e-07, 3.58e-07),
+    "gptj": (2.98e-07, 3.58e-07), "stablelm": (2.98e-07, 5.96e-07), "persimmon": (5.96e-07, 5.96e-07),
+    "llama4_text": (2.98e-07, 3.58e-07),
 }
 
 
@@ -209,8 +209,8 @@ def test_own_plan_reproduces_the_model(family):
         assert (padded - reference(batch, attention_mask=mask).logits[:, 4:]).abs().max() <= tolerance
     # a wrong plan moves the logits: the check above can fail
     use_encoding(model, wrong(own_plan(reference)))
-    with torch.no_grad():
-        assert (model(x).logits - expected).abs().max() > 1e-3
+    with torch.no_grad():  # (Cohere's logits are small: logit_scale 1/16)
+        assert (model(x).logits - expected).abs().max() > max(1e-3 * expected.abs().max(), 100 * difference)
 
 
 #: (b): names on all layers, and on some layers; the families whose layers refuse them are tested below.
