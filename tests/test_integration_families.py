@@ -344,3 +344,39 @@ def test_extend_context_scales_gemma3_global_layers_and_round_trips(tmp_path):
     extend_context(sliding_only, "linear", 2.0, layer_types=["sliding_attention"])
     assert sliding_only.config.rope_parameters["full_attention"] == unscaled["full_attention"]
     assert sliding_only.config.rope_parameters["sliding_attention"]["factor"] == 2.0
+
+
+def test_extend_context_keeps_cohere_interleaved_and_round_trips(tmp_path):
+    """Without a recorded plan, the family's pair layout (Cohere: interleaved) is kept: the
+    extended model equals a plain reload of its config (the issue's 0.29 logit error)."""
+    model = build("cohere")
+    extend_context(model, "yarn", 4.0)
+    x = tokens(length=40)
+    with torch.no_grad():
+        extended = model(x).logits
+    model.save_pretrained(tmp_path)
+    plain = T.CohereForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        assert (plain(x).logits - extended).abs().max() < 1e-5
+        assert (build("cohere")(x).logits - extended).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name,layers", [("rope", None), ("nope", [0])])
+def test_gpt_oss_keeps_its_sinks_with_tables_and_trains(name, layers):
+    model = use_encoding(build("gpt_oss"), name, layers=layers)
+    assert model.config._attn_implementation == "eager"  # the model's own attention, sinks included
+    model.train()
+    batch = tokens(batch=4, length=12, seed=3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(4):
+        loss = model(batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0], losses
+    model.eval()
+    prompt = batch[:2, :6]
+    assert torch.equal(model.generate(prompt, max_new_tokens=5, do_sample=False, use_cache=True),
+                       model.generate(prompt, max_new_tokens=5, do_sample=False, use_cache=False))

@@ -488,7 +488,8 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
 
     The model's plan is the one :func:`use_encoding` applied last (``base_model.posenc_plan``),
     else ``posenc.hf_config.position_plan(config)`` where that reader exists, else one RoPE read
-    from the config for every layer.
+    from the config (:func:`~posenc.hf_config.from_hf_config`, in the family's pair layout) for
+    every layer.
 
     Args:
         model: a transformers decoder whose RoPE has the default rope_type.
@@ -570,8 +571,9 @@ def _extended_plan(plan: PositionPlan | None, new_config: dict, scaled_types: tu
         if per_type:
             raise InvalidArgument("model: a per-layer-type RoPE config needs the model's plan (use_encoding(model, plan) "
                                   "first, or posenc.hf_config.position_plan)")
-        return PositionPlan.uniform(from_hf_config(new_config), len(getattr(_base_model(model, family_of(model)),
-                                                                                family_of(model).layers)))
+        family = family_of(model)
+        count = len(getattr(_base_model(model, family), family.layers))
+        return PositionPlan.uniform(from_hf_config(new_config, interleaved=family.interleaved), count)
     layer_types = new_config.get("layer_types")
     layers = []
     for index, layer in enumerate(plan):
