@@ -255,6 +255,8 @@ def attention(
 
     Raises:
         ValueError: wrong ranks or mismatched shapes, dtypes or devices; causal with Tq > Tk;
+            a score-bias encoding (one bias per head) built for another head count than q's
+            (the message names both);
             ``gates`` missing for a ``gate`` encoding, given to another, or mis-shaped;
             negative or mis-shaped positions; a mis-shaped mask; an unknown backend; a
             backend that cannot serve the encoding or the mask (the message names the
@@ -290,6 +292,12 @@ def attention(
         )
     batch, num_heads, num_queries, head_dim = q.shape
     num_keys = k.shape[2]
+    encoding_heads = getattr(encoding, "num_heads", None) if encoding is not None and Hook.SCORE_BIAS in encoding.hooks else None
+    if isinstance(encoding_heads, int) and encoding_heads != num_heads:  # a bias per head: ALiBi, T5, Kerple, FIRE
+        raise InvalidArgument(
+            f"encoding: {type(encoding).__name__} was built for num_heads={encoding_heads}, but the query has "
+            f"{num_heads} heads (q is (B, H, Tq, D)); build the encoding for {num_heads} heads"
+        )
     default_positions = q_positions is None and k_positions is None
     q_positions = _default_positions(q_positions, num_queries, num_keys - num_queries, q.device, "q_positions", batch,
                                      encoding)

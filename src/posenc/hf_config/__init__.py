@@ -17,7 +17,7 @@ transformers import: the model glue is :mod:`posenc.integrations.transformers`.
 """
 
 from posenc.hf_config.encoding import extension_config, from_hf_config, to_hf_dict
-from posenc.hf_config.families import FAMILIES, Family, position_plan
+from posenc.hf_config.families import FAMILIES, Family, position_plan, reads_model_type
 from posenc.hf_config.plan import LayerPlan, PositionPlan
 from posenc.hf_config.rope import (
     EXTENSION_METHODS,
@@ -35,5 +35,5 @@ __all__ = [
     "HF_ROPE_FIELDS", "read_hf_config", "write_hf_config", "head_dim_of", "inspect_config", "RopeInspection",
     "EXTENSION_METHODS", "extension_scaling", "rope_parameters_of",
     "from_hf_config", "to_hf_dict", "extension_config",
-    "position_plan", "FAMILIES", "Family", "PositionPlan", "LayerPlan",
+    "position_plan", "reads_model_type", "FAMILIES", "Family", "PositionPlan", "LayerPlan",
 ]

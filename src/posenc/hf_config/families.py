@@ -591,6 +591,11 @@ def _as_dict(config: Any) -> dict[str, Any]:
     raise InvalidType(f"config must be a config.json dict or a transformers config, got {type(config).__name__}")
 
 
+def reads_model_type(model_type: Any) -> bool:
+    """True when :func:`position_plan` knows the family ``model_type``."""
+    return model_type in FAMILIES or model_type in FAMILY_READERS
+
+
 def position_plan(config: Any) -> PositionPlan:
     """The per-layer position plan of a Hugging Face model config.
 

@@ -1,5 +1,7 @@
 """Adapters from posenc to other libraries; each submodule imports its library when imported.
 
-- :mod:`posenc.integrations.transformers`: any posenc encoding in a Hugging Face decoder
-  (Llama, Qwen2, Mistral, ...): ``use_encoding(model, encoding)``, ``extend_context(model, ...)``.
+- :mod:`posenc.integrations.transformers`: any posenc encoding, or a per-layer position plan,
+  in a Hugging Face decoder (Llama, Qwen, Mistral, Gemma 1-3, Cohere 1/2, SmolLM3, gpt-oss,
+  GPT-NeoX, GPT-J, Llama 4, ...; one entry of its ``FAMILIES`` table per family that differs
+  from Llama): ``use_encoding(model, plan_or_encoding, layers=...)``, ``extend_context(model, ...)``.
 """

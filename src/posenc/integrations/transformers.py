@@ -1,41 +1,53 @@
-"""posenc encodings inside Hugging Face transformers decoders (Llama, Qwen2, Mistral, ...).
+"""posenc encodings and per-layer position plans inside Hugging Face transformers decoders.
 
 >>> from transformers import LlamaConfig, LlamaForCausalLM                      # doctest: +SKIP
 >>> from posenc.integrations.transformers import use_encoding, extend_context   # doctest: +SKIP
 >>> model = use_encoding(LlamaForCausalLM(config), "alibi")                     # doctest: +SKIP
+>>> model = use_encoding(model, "t5", layers=[0, 2])                            # doctest: +SKIP
+>>> model = use_encoding(model, plan)        # a posenc.hf_config.PositionPlan   # doctest: +SKIP
 >>> model = extend_context(LlamaForCausalLM.from_pretrained(path), "yarn", 4.0)  # doctest: +SKIP
 
-The route an encoding takes follows from what it does, never from its name:
+Every layer of the plan takes one of two routes, chosen from what its encoding does, never
+from its name:
 
-- **Rotary** (:class:`posenc.RoPE` with any rope_type, half-split layout: a rotation by cos and
-  sin, the same for queries and keys): it replaces the model's rotary embedding module
-  (``model.model.rotary_emb``). The model keeps its own attention implementation (sdpa, flash,
-  flex) and its cache of rotated keys; posenc supplies the cos/sin tables, with angles in
-  float64 (docs/precision.md).
-- **Everything else** (score biases, content terms, xPos, interleaved RoPE, NoPE): the model's
-  rotary embedding becomes the identity (cos 1, sin 0) and attention runs through
-  :func:`posenc.attention`, registered with transformers' ``AttentionInterface`` as
-  ``"posenc"`` and selected with ``model.set_attn_implementation("posenc")``. The cache then
-  holds unrotated keys and posenc rotates every key at its position on each call (exact for
-  xPos and the length-dependent scalings). Grouped-query layouts, the softmax ``scaling`` and
-  the attention dropout transformers passes are honoured; k and v are not repeated.
-- An ``embed`` hook (sinusoidal, learned absolute) adds to the hidden states entering the
-  first decoder layer, at that call's ``position_ids``.
+- **Tables** (a plain :class:`posenc.RoPE`, any rope_type, in the family's own pair layout and
+  rotary width; or no encoding at all, NoPE): the layer keeps the model's own attention
+  (sdpa, eager, flash, flex; attention sinks, logit soft-capping) and its cache of rotated keys;
+  posenc hands it the rotary tables it applies, computed for that layer from posenc's RoPE with
+  angles in float64 (docs/precision.md), or the identity tables (cos 1, sin 0) for NoPE. The
+  tables replace the ``position_embeddings`` the model passes the decoder layer (a forward
+  pre-hook per layer), so Gemma 3's per-layer-type tables, Cohere's interleaved ones, gpt-oss's
+  half-width ones, GPT-J's (sin, cos) and Llama 4's complex ones are served alike: the family's
+  table format is one entry of :data:`FAMILIES`.
+- **posenc's attention** (score biases, content terms, xPos, a RoPE in another layout or width
+  than the model's, chunked RoPE, every other encoding): the layer gets the identity tables and
+  its attention runs through :func:`posenc.attention`, registered with transformers'
+  ``AttentionInterface`` as ``"posenc"`` and selected with ``model.set_attn_implementation``;
+  the layers on the table route then run the model's original attention function through the
+  same entry. The cache holds unrotated keys and posenc rotates every key at its position on
+  each call (exact for xPos and the length-dependent scalings). Grouped-query layouts, the
+  softmax ``scaling`` and the attention dropout transformers passes are honoured.
+- An ``embed`` hook (sinusoidal, learned absolute; a plan's ``embedding``) adds to the hidden
+  states entering the first decoder layer, at that call's ``position_ids``.
 
-Positions: the queries' are the ``position_ids`` transformers hands every attention layer
-(left padding: cumsum(attention_mask) - 1, as ``generate()`` computes them; packed rows:
-positions restarting per document, with the block-diagonal mask transformers builds from
-them). The keys': the queries' own without a cache; with a cache (transformers' default
-``DynamicCache``), the Tk keys are the Tk consecutive slots ending at the queries, so key j of
-row b is at position j - (Tk - Tq) + q_positions[b, 0], clamped at 0 (left-padding slots, which
-the mask hides). A ``StaticCache`` (keys in slots past the queries) is not supported.
+Positions: the queries' are the ``position_ids`` transformers hands every decoder layer (left
+padding: cumsum(attention_mask) - 1, as ``generate()`` computes them; packed rows: positions
+restarting per document). The keys': the queries' own without a cache; with transformers'
+``DynamicCache`` the Tk keys are the Tk consecutive slots ending at the queries, so key j of row
+b is at position j - (Tk - Tq) + q_positions[b, 0], clamped at 0 (left-padding slots, which the
+mask hides). A ``StaticCache`` (keys in fixed slots, unfilled ones past the queries) is refused
+on the layers that run posenc's attention, at the first call; table-route layers work with it.
 
-The mask is transformers' boolean SDPA mask (True = may attend; padding, sliding window and
-packed documents folded in), or None when plain causal attention is meant.
+The mask is transformers' boolean SDPA mask (True = may attend; padding, sliding window, chunks
+and packed documents folded in), or None when plain causal attention is meant.
 """
 
 from __future__ import annotations
 
+import inspect
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,29 +55,115 @@ from torch import Tensor, nn
 
 from posenc.attention import attention
 from posenc.encodings import Hook, PositionalEncoding, RoPE, create_for_model
-from posenc.errors import InvalidArgument, InvalidType
-from posenc.hf_config import extension_config, from_hf_config, head_dim_of
-from posenc.hf_config import position_plan
+from posenc.errors import InvalidArgument, InvalidType, MissingKey
+from posenc.hf_config import extension_config, from_hf_config, position_plan, reads_model_type
+from posenc.hf_config.plan import LayerPlan, PositionPlan
 
-__all__ = ["ATTN_IMPLEMENTATION", "position_plan", "use_encoding", "extend_context", "RotaryEmbedding", "IdentityRotaryEmbedding"]
+__all__ = [
+    "ATTN_IMPLEMENTATION", "FAMILIES", "Family", "position_plan", "use_encoding", "extend_context",
+    "posenc_attention_forward", "RotaryEmbedding", "IdentityRotaryEmbedding",
+]
 
 #: The name posenc's attention function is registered under with transformers.
 ATTN_IMPLEMENTATION = "posenc"
 
-#: Where the encoding is kept on the attention modules (a plain attribute, not a submodule:
-#: the encoding is registered once, on the decoder, so its parameters are saved once).
+#: Where the encoding is kept on the attention modules of posenc-route layers (a plain
+#: attribute, not a submodule: the encodings are registered once, on the base model).
 _ENCODING_ATTR = "_posenc_encoding"
+#: The position_ids of the current call, for attention modules that are not handed them.
+_POSITIONS_ATTR = "_posenc_position_ids"
+#: The attention implementation the model had, for the table-route layers.
+_FALLBACK_ATTR = "_posenc_fallback"
 
+
+# -- the families: how a model's layers take their rotary tables ---------------------------------
+
+@dataclass(frozen=True)
+class TableFormat:
+    """How a family's decoder layers take their rotary tables (``position_embeddings``).
+
+    Attributes:
+        build: ``(cos, sin, dtype) -> position_embeddings``; cos and sin (..., T, r) full width
+            in the family's pair layout, float32 or wider; dtype the hidden states'.
+        width: ``position_embeddings -> r``, the rotary width the tables cover.
+    """
+
+    build: Callable[[Tensor, Tensor, torch.dtype], Any]
+    width: Callable[[Any], int]
+
+
+#: (cos, sin) full width (Llama and the models written like it; Cohere's interleaved tables too).
+COS_SIN = TableFormat(lambda cos, sin, dtype: (cos.to(dtype), sin.to(dtype)), lambda tables: tables[0].shape[-1])
+#: (cos, sin) of the first half only (gpt-oss's ``_apply_rotary_emb`` splits x in halves).
+HALF_COS_SIN = TableFormat(
+    lambda cos, sin, dtype: (cos[..., : cos.shape[-1] // 2].to(dtype), sin[..., : sin.shape[-1] // 2].to(dtype)),
+    lambda tables: 2 * tables[0].shape[-1],
+)
+#: (sin, cos), one value per interleaved pair (GPT-J's ``embed_positions`` split).
+PAIR_SIN_COS = TableFormat(lambda cos, sin, dtype: (sin[..., ::2].to(dtype), cos[..., ::2].to(dtype)),
+                           lambda tables: 2 * tables[0].shape[-1])
+#: cos + i sin per interleaved pair, complex (Llama 4's ``freqs_cis``, complex64 for float32 and below).
+COMPLEX_PAIRS = TableFormat(lambda cos, sin, dtype: torch.complex(cos[..., ::2], sin[..., ::2]),
+                            lambda tables: 2 * tables.shape[-1])
+
+
+@dataclass(frozen=True)
+class Family:
+    """Where a transformers model family keeps its decoder layers and how they take positions.
+
+    Attributes:
+        base: the causal LM's attribute holding the decoder stack where ``model.base_model`` is
+            not it (Llama 4's text model), or None.
+        layers: the base model's attribute holding the decoder layers.
+        attention: a decoder layer's attribute holding its attention module.
+        rotary: the base model's rotary embedding module (probed once for each layer's width).
+        interleaved: the family's rotation pairs dimension 2i with 2i+1 (RoFormer, GPT-J,
+            Cohere, Llama 4); False: i with i + r/2 (GPT-NeoX, Llama and most others).
+        tables: the :class:`TableFormat` of its ``position_embeddings``.
+        sinks: the attention module's attribute holding learned attention sinks (gpt-oss), or None.
+        softcap: the attention module's attribute holding the logit soft-cap (Gemma 2), or None.
+        scaled_layer_types: the layer types :func:`extend_context` scales by default in a
+            config with per-layer-type RoPE (Gemma 3: the global layers, Google's long-context
+            recipe); empty: the caller names them.
+    """
+
+    base: str | None = None
+    layers: str = "layers"
+    attention: str = "self_attn"
+    rotary: str = "rotary_emb"
+    interleaved: bool = False
+    tables: TableFormat = COS_SIN
+    sinks: str | None = None
+    softcap: str | None = "attn_logit_softcapping"
+    scaled_layer_types: tuple[str, ...] = ()
+
+
+#: The families whose layers differ from Llama's, by ``model_type``; any other model_type is
+#: read as Llama-shaped (``layers``, ``self_attn``, half-split (cos, sin)). Adding a family is one entry.
+FAMILIES: dict[str, Family] = {
+    "gpt_neox": Family(attention="attention"),
+    "gptj": Family(layers="h", attention="attn", interleaved=True, tables=PAIR_SIN_COS),
+    "cohere": Family(interleaved=True),
+    "cohere2": Family(interleaved=True),
+    "llama4_text": Family(base="model", interleaved=True, tables=COMPLEX_PAIRS),
+    "gpt_oss": Family(tables=HALF_COS_SIN, sinks="sinks"),
+    "gemma3_text": Family(scaled_layer_types=("full_attention",)),
+}
+_LLAMA_SHAPED = Family()
+
+
+def family_of(model: nn.Module) -> Family:
+    """The :class:`Family` entry of a model (its config's ``model_type``; Llama-shaped if none)."""
+    return FAMILIES.get(getattr(getattr(model, "config", None), "model_type", None), _LLAMA_SHAPED)
+
+
+# -- kept for callers of the earlier API ----------------------------------------------------------
 
 class RotaryEmbedding(nn.Module):
-    """A drop-in for a transformers rotary embedding module, backed by a posenc :class:`RoPE`.
-
-    ``forward(x, position_ids) -> (cos, sin)``, each (B, T, rotary_dim) in x's dtype, the
-    half-split layout transformers' ``apply_rotary_pos_emb`` expects, attention factor included
-    (as transformers multiplies it in). Angles are computed in float64 and rounded once.
-    The length-dependent scalings (dynamic, longrope) take the call's length as
-    max(position_ids) + 1, as transformers' ``dynamic_rope_update`` does.
-    """
+    """A drop-in for a Llama-shaped transformers rotary embedding module, backed by a posenc
+    :class:`RoPE`: ``forward(x, position_ids) -> (cos, sin)``, each (B, T, rotary_dim) in x's
+    dtype, in the RoPE's layout, attention factor included. Angles in float64, rounded once.
+    (:func:`use_encoding` serves tables per layer instead; this module is for hand wiring.)"""
 
     def __init__(self, rope: RoPE) -> None:
         super().__init__()
@@ -77,8 +175,7 @@ class RotaryEmbedding(nn.Module):
 
 
 class IdentityRotaryEmbedding(nn.Module):
-    """The rotary embedding that rotates nothing: cos = 1, sin = 0, (B, T, rotary_dim) in x's
-    dtype. Used when posenc's attention applies the encoding itself."""
+    """The rotary embedding that rotates nothing: cos = 1, sin = 0, (B, T, rotary_dim) in x's dtype."""
 
     def __init__(self, rotary_dim: int) -> None:
         super().__init__()
@@ -89,99 +186,409 @@ class IdentityRotaryEmbedding(nn.Module):
         return x.new_ones(shape), x.new_zeros(shape)
 
 
-def use_encoding(model: nn.Module, encoding: PositionalEncoding | str, **kwargs: Any) -> nn.Module:
-    """Make a transformers decoder attend with a posenc encoding, in place.
+# -- use_encoding ---------------------------------------------------------------------------------
+
+@dataclass
+class _Layer:
+    """One decoder layer's decision: its plan, the route, its tables' width."""
+
+    index: int
+    plan: LayerPlan
+    attention: nn.Module
+    width: int
+    posenc_route: bool
+
+
+def use_encoding(
+    model: nn.Module, plan_or_encoding: PositionPlan | PositionalEncoding | str, *,
+    layers: Sequence[int] | None = None, **kwargs: Any,
+) -> nn.Module:
+    """Make a transformers decoder attend with a posenc encoding or a per-layer position plan, in place.
 
     Args:
-        model: a transformers decoder whose base model has ``layers`` (each with a
-            ``self_attn``) and a ``rotary_emb`` module: LlamaForCausalLM, Qwen2ForCausalLM,
-            MistralForCausalLM and the models written like them, or their base models.
-        encoding: a :class:`~posenc.PositionalEncoding` (``posenc.create(...)``,
-            ``posenc.rope.from_hf_config(model.config.to_dict())`` for the model's own RoPE), or
-            a registered name, built with :func:`posenc.create_for_model` for the model's sizes
-            (hidden_size, num_attention_heads, head_dim, max_position_embeddings) and ``kwargs``.
-            A name builds a *new* encoding: ``"rope"`` is RoPE with base 10000, not the model's.
+        model: a transformers causal LM or its base model, of a family in :data:`FAMILIES` or
+            Llama-shaped (Llama 1-4, Mistral, Mixtral, Qwen2/3, Qwen3-MoE, Qwen3-Next, Gemma 1-3,
+            Phi-3, Cohere 1/2, OLMo 2, SmolLM3, gpt-oss, GPT-NeoX, GPT-J, StableLM, Persimmon).
+        plan_or_encoding: a :class:`~posenc.hf_config.plan.PositionPlan` (one LayerPlan per
+            decoder layer; its ``embedding`` added before layer 0); a
+            :class:`~posenc.PositionalEncoding` (on every layer, its ``for_layer(i)`` on layer
+            i); or a registered name, built with :func:`posenc.create_for_model` for the
+            model's sizes (hidden_size, num_attention_heads, head_dim, max_position_embeddings)
+            and ``kwargs``. A name builds a *new* encoding: ``"rope"`` is RoPE with base 10000,
+            not the model's.
+        layers: layer indices; only those layers change (to the plan's entry, or the
+            encoding's ``for_layer(i)``), the others keep the family's own positions.
 
     Returns:
-        ``model``, changed in place: the encoding is a submodule of the base model (its
-        parameters train and are saved with ``save_pretrained``), and the model trains in a
-        plain PyTorch loop and generates with ``model.generate()`` and its cache.
+        ``model``, changed in place: the encodings are submodules of the base model
+        (``posenc_encoding``: the encoding given, or a ModuleList of a plan's distinct
+        encodings; their parameters train and are saved), the plan applied is
+        ``model.base_model.posenc_plan``, and the model trains in a plain PyTorch loop and
+        generates with ``model.generate()`` and its ``DynamicCache``.
 
     Raises:
-        ValueError: the model is not of that shape, the encoding's head_dim differs from
-            the model's, or the encoding has the ``gate`` hook (FoX: it reads each layer's hidden
-            state, which transformers' attention function does not receive). TypeError: encoding is neither an encoding nor a name. ImportError:
-            transformers is not installed.
+        InvalidArgument (ValueError): the model is not of a known shape; a plan whose length is
+            not the number of decoder layers, or that gives positions to a layer without
+            attention (an encoding given alone goes to the layers with softmax attention only:
+            Qwen3-Next's linear-attention layers keep theirs); ``layers`` out of range or with an embedding encoding; an encoding whose
+            head_dim differs from the model's, or with per-head values (``num_heads``) for
+            another head count than the model's query heads (both named); one with the
+            ``gate`` hook (FoX); a non-rotary encoding on a layer with attention sinks (gpt-oss)
+            or logit soft-capping (Gemma 2), which posenc's attention does not compute.
+        InvalidType (TypeError): neither a plan, an encoding nor a name. ImportError:
+            transformers is not installed. On an error the model is left as it was.
     """
-    base = _base_model(model)
-    config = model.config
-    head_dim = int(head_dim_of(config.to_dict()))
-    if isinstance(encoding, str):
-        encoding = create_for_model(
-            encoding, d_model=config.hidden_size, num_heads=config.num_attention_heads, head_dim=head_dim,
-            max_positions=config.max_position_embeddings, causal=True, **kwargs,
-        )
-    elif kwargs:
-        raise InvalidType(f"keyword arguments {sorted(kwargs)} are for building an encoding from a name; got an encoding")
-    if not isinstance(encoding, PositionalEncoding):
-        raise InvalidType(f"encoding must be a posenc.PositionalEncoding or a registered name, got {type(encoding).__name__}")
-    if getattr(encoding, "head_dim", head_dim) != head_dim:
-        raise InvalidArgument(f"encoding: head_dim={encoding.head_dim} differs from the model's head_dim={head_dim}")
-    if Hook.GATE in encoding.hooks:
-        raise InvalidArgument(
-            f"encoding: {type(encoding).__name__} has the gate hook (values of each layer's hidden state, kept per "
-            "key), which transformers' attention interface and cache cannot carry; use posenc.lab.model.TransformerLM"
-        )
-    parameter = next(model.parameters(), None)
-    if parameter is not None:
-        encoding.to(parameter.device)
-
-    _restore(model, base)
-    original_rotary = base.rotary_emb
-    base.__dict__["_posenc_original_rotary"] = original_rotary
-    base.__dict__["_posenc_original_attn"] = config._attn_implementation
-    if _is_plain_rotary(encoding):
-        base.rotary_emb = RotaryEmbedding(encoding)
-        return model
-    base.rotary_emb = IdentityRotaryEmbedding(_rotary_dim(original_rotary, head_dim))
-    base.posenc_encoding = encoding
-    for index, layer in enumerate(base.layers):  # a layer schedule (iRoPE) differs per layer
-        layer.self_attn.__dict__[_ENCODING_ATTR] = encoding.for_layer(index)
-    if Hook.EMBED in encoding.hooks:
-        handle = base.layers[0].register_forward_pre_hook(_embed_hook(encoding), with_kwargs=True)
-        base.__dict__["_posenc_embed_hook"] = handle
-    _register_with_transformers()
-    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    apply = _prepare(model, plan_or_encoding, layers, kwargs)
+    apply()
     return model
 
 
-def extend_context(model: nn.Module, rope_type: str, factor: float, **params: Any) -> nn.Module:
+def _prepare(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int] | None, kwargs: dict) -> Callable[[], None]:
+    """Check everything and decide every layer's route without changing the model; returns the
+    function that applies the decision (it raises nothing a user could cause)."""
+    family = family_of(model)
+    base = _base_model(model, family)
+    config = model.config
+    decoder_layers = list(getattr(base, family.layers))
+    count = len(decoder_layers)
+    head_dim = _head_dim(config, decoder_layers, family)
+    registered: nn.Module | None = None
+    if isinstance(plan_or_encoding, str):
+        registered = create_for_model(
+            plan_or_encoding, d_model=config.hidden_size, num_heads=config.num_attention_heads, head_dim=head_dim,
+            max_positions=config.max_position_embeddings, causal=True, **kwargs,
+        )
+        plan_or_encoding = registered
+    elif kwargs:
+        raise InvalidType(f"keyword arguments {sorted(kwargs)} are for building an encoding from a name; got "
+                          f"{type(plan_or_encoding).__name__}")
+    uniform = isinstance(plan_or_encoding, PositionalEncoding)  # one encoding: every attention layer takes it
+    if uniform:
+        registered = plan_or_encoding
+        plan = PositionPlan.uniform(plan_or_encoding, count, model_type=getattr(config, "model_type", None))
+    elif isinstance(plan_or_encoding, PositionPlan):
+        plan = plan_or_encoding
+    else:
+        raise InvalidType("plan_or_encoding must be a posenc PositionPlan, a posenc.PositionalEncoding or a registered "
+                          f"name, got {type(plan_or_encoding).__name__}")
+    if len(plan) != count:
+        raise InvalidArgument(f"plan: {len(plan)} layers for a model with {count} decoder layers")
+    chosen = _chosen_layers(layers, count)
+    if layers is not None and plan.embedding is not None:
+        raise InvalidArgument("layers: an embedding encoding (embed hook) is added before the first layer, not per layer")
+    if plan.embedding is not None:
+        _check_encoding(plan.embedding, config, head_dim, "plan.embedding")
+
+    decisions: list[_Layer] = []
+    probe = _RotaryProbe(base, family, config)
+    for index in chosen:
+        layer_plan = plan[index]
+        module = getattr(decoder_layers[index], family.attention, None)
+        encoding = layer_plan.encoding
+        where = f"layer {index}"
+        if module is None:  # Qwen3-Next's linear-attention layers: no positions to give
+            if encoding is not None and not uniform:
+                raise InvalidArgument(f"plan: {where} has no '{family.attention}' (no softmax attention), "
+                                      f"it cannot take {type(encoding).__name__}")
+            continue
+        width = probe.width(index)
+        if encoding is None or not encoding.hooks:  # NoPE: the identity tables, the model's own attention
+            decisions.append(_Layer(index, layer_plan, module, width, posenc_route=False))
+            continue
+        _check_encoding(encoding, config, getattr(module, "head_dim", head_dim), where)
+        tables = _takes_tables(encoding, family, width)
+        if not tables:
+            for attr, what in ((family.sinks, "attention sinks"), (family.softcap, "logit soft-capping")):
+                if attr is not None and getattr(module, attr, None) is not None:
+                    raise InvalidArgument(
+                        f"{where}: {type(encoding).__name__} needs posenc's attention, which has no {what} "
+                        f"('{attr}' of {type(module).__name__}); only a half-split RoPE of the model's own rotary "
+                        f"width (or NoPE) keeps the model's attention on this layer"
+                    )
+        decisions.append(_Layer(index, layer_plan, module, width, posenc_route=not tables))
+    needs_posenc = any(d.posenc_route for d in decisions)
+    original_attn = base.__dict__.get("_posenc_original_attn", config._attn_implementation)
+    if needs_posenc:
+        _transformers_attention_function(original_attn)  # refuse one that cannot serve the other layers, now
+    if registered is None:
+        distinct = {id(e): e for e in [plan.embedding, *(d.plan.encoding for d in decisions)] if e is not None}
+        registered = nn.ModuleList(distinct.values()) if distinct else None
+
+    def apply() -> None:
+        _restore(model, base, family)
+        parameter = next(model.parameters(), None)
+        if registered is not None:
+            if parameter is not None:
+                registered.to(parameter.device)
+            base.posenc_encoding = registered
+        base.__dict__["posenc_plan"] = plan
+        base.__dict__["_posenc_original_attn"] = config._attn_implementation
+        handles = []
+        if plan.embedding is not None:
+            handles.append(decoder_layers[0].register_forward_pre_hook(_embed_hook(plan.embedding), with_kwargs=True))
+        memo: dict[int, tuple[Tensor, torch.dtype, Any]] = {}
+        for decision in decisions:
+            if decision.posenc_route:
+                decision.attention.__dict__[_ENCODING_ATTR] = decision.plan.encoding
+            hook = _tables_hook(decision, family, memo)
+            handles.append(decoder_layers[decision.index].register_forward_pre_hook(hook, with_kwargs=True))
+        base.__dict__["_posenc_hooks"] = handles
+        if needs_posenc:
+            _register_with_transformers()
+            original = config._attn_implementation
+            for layer in decoder_layers:
+                module = getattr(layer, family.attention, None)
+                if module is not None:
+                    module.__dict__[_FALLBACK_ATTR] = original
+            model.set_attn_implementation(ATTN_IMPLEMENTATION)
+
+    return apply
+
+
+def _chosen_layers(layers: Sequence[int] | None, count: int) -> list[int]:
+    if layers is None:
+        return list(range(count))
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
+        raise InvalidType(f"layers must be a sequence of layer indices, got {type(layers).__name__}")
+    chosen = []
+    for index in layers:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+            raise InvalidArgument(f"layers: {index!r} is not a layer index in [0, {count})")
+        if index not in chosen:
+            chosen.append(index)
+    return sorted(chosen)
+
+
+def _head_dim(config: Any, decoder_layers: list[nn.Module], family: Family) -> int:
+    for layer in decoder_layers:
+        module = getattr(layer, family.attention, None)
+        if isinstance(getattr(module, "head_dim", None), int):
+            return module.head_dim
+    if isinstance(getattr(config, "head_dim", None), int):
+        return config.head_dim
+    return config.hidden_size // config.num_attention_heads
+
+
+def _check_encoding(encoding: PositionalEncoding, config: Any, head_dim: int, where: str) -> None:
+    if getattr(encoding, "head_dim", head_dim) != head_dim:
+        raise InvalidArgument(f"{where}: encoding head_dim={encoding.head_dim} differs from the model's head_dim={head_dim}")
+    heads = getattr(encoding, "num_heads", None)
+    if isinstance(heads, int) and heads != config.num_attention_heads:
+        raise InvalidArgument(
+            f"{where}: {type(encoding).__name__} was built for num_heads={heads}, the model's attention has "
+            f"{config.num_attention_heads} query heads"
+        )
+    if Hook.GATE in encoding.hooks:
+        raise InvalidArgument(
+            f"{where}: {type(encoding).__name__} has the gate hook (values of each layer's hidden state, kept per "
+            "key), which transformers' attention interface and cache cannot carry; use posenc.lab.model.TransformerLM"
+        )
+
+
+def _takes_tables(encoding: PositionalEncoding, family: Family, width: int) -> bool:
+    """A rotation by cos/sin tables shared by q and k, nothing else, in the family's pair layout
+    and rotary width: the model's own attention can apply it."""
+    return (isinstance(encoding, RoPE) and type(encoding).rotate is RoPE.rotate and type(encoding).cos_sin is RoPE.cos_sin
+            and encoding.hooks == frozenset({Hook.ROTATE}) and encoding.interleaved == family.interleaved
+            and encoding.rotary_dim == width)
+
+
+class _RotaryProbe:
+    """Each layer's rotary width, read from the model's own tables (one call of its rotary
+    module per layer type, on one position)."""
+
+    def __init__(self, base: nn.Module, family: Family, config: Any) -> None:
+        self.rotary, self.family = getattr(base, family.rotary), family
+        self.layer_types = getattr(config, "layer_types", None)
+        self.takes_layer_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
+        self.cache: dict[Any, int] = {}
+        parameter = next(base.parameters(), None)
+        self.x = torch.zeros(1, 1, 1, device=None if parameter is None else parameter.device,
+                             dtype=torch.float32 if parameter is None else parameter.dtype)
+
+    def width(self, index: int) -> int:
+        layer_type = self.layer_types[index] if self.takes_layer_type and self.layer_types else None
+        if layer_type not in self.cache:
+            positions = torch.zeros(1, 1, dtype=torch.long, device=self.x.device)
+            with torch.no_grad():
+                tables = self.rotary(self.x, positions, layer_type) if self.takes_layer_type else self.rotary(self.x, positions)
+            self.cache[layer_type] = self.family.tables.width(tables)
+        return self.cache[layer_type]
+
+
+def _tables_hook(decision: _Layer, family: Family, memo: dict):
+    """The decoder layer's forward pre-hook: its position_embeddings from posenc (the layer's
+    RoPE, or the identity), the call's position_ids kept for its attention module, and the
+    StaticCache refusal on posenc-route layers."""
+    rope = decision.plan.encoding if not decision.posenc_route and decision.plan.encoding is not None \
+        and decision.plan.encoding.hooks else None
+    attention_module, width = decision.attention, decision.width
+
+    def set_tables(module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        positions = kwargs.get("position_ids")
+        if positions is None:
+            positions = torch.arange(hidden.shape[-2], device=hidden.device).unsqueeze(0)
+        if decision.posenc_route:
+            _refuse_static_cache(kwargs.get("cache", kwargs.get("past_key_values")), attention_module, decision.index)
+            attention_module.__dict__[_POSITIONS_ATTR] = positions
+        table_dtype = torch.promote_types(hidden.dtype, torch.float32)
+        if rope is None:
+            shape = (*positions.shape[-2:], width)
+            cos = torch.ones(shape, dtype=table_dtype, device=hidden.device)
+            tables = family.tables.build(cos, torch.zeros_like(cos), hidden.dtype)
+        else:
+            key = id(rope)
+            cached = memo.get(key)
+            if cached is not None and cached[0] is positions and cached[1] == hidden.dtype:
+                tables = cached[2]
+            else:
+                cos, sin = rope.cos_sin(positions, table_dtype)
+                tables = family.tables.build(cos, sin, hidden.dtype)
+                memo[key] = (positions, hidden.dtype, tables)
+        return args, {**kwargs, "position_embeddings": tables}
+
+    return set_tables
+
+
+def _refuse_static_cache(cache: Any, module: nn.Module, index: int) -> None:
+    if cache is None:
+        return
+    from transformers.cache_utils import StaticLayer
+
+    cache_layers = getattr(cache, "layers", None) or []
+    layer_index = getattr(module, "layer_idx", index)
+    layer = cache_layers[layer_index] if isinstance(layer_index, int) and layer_index < len(cache_layers) else None
+    if isinstance(layer, StaticLayer) or (layer is None and getattr(cache, "is_compileable", False)):
+        raise InvalidArgument(
+            f"layer {index}: a StaticCache ({type(cache).__name__}) keeps keys in fixed slots, which posenc's attention "
+            "cannot position; generate with the default DynamicCache (no cache_implementation='static'), or use a "
+            "rotary encoding that the model's own attention applies"
+        )
+
+
+# -- extend_context ---------------------------------------------------------------------------------
+
+def extend_context(model: nn.Module, method: str, factor: float | None = None, *,
+                   layer_types: Sequence[str] | None = None, **params: Any) -> nn.Module:
     """Apply a context-extension scaling to a loaded RoPE model, and write it into its config.
 
     The config gets the fields of :func:`posenc.hf_config.extension_config` (the scaling
-    :func:`posenc.rope.extension_scaling` ``(rope_type, factor, L0)`` with ``params`` on top,
+    :func:`posenc.rope.extension_scaling` ``(method, factor, L0)`` with ``params`` on top,
     e.g. ``beta_fast=16`` for yarn, L0 the config's ``max_position_embeddings`` or
     ``original_max_position_embeddings=`` in ``params``, in Hugging Face's ``rope_parameters``
     spelling, ``max_position_embeddings`` extended where transformers does not read L0 from
     it), so that ``save_pretrained`` then a plain ``from_pretrained`` (no posenc) computes the
-    same logits. The model's rotary embedding then becomes posenc's RoPE of the new config.
+    same logits. A config with one rope dict per layer type (Gemma 3) has the layer types
+    ``layer_types`` scaled, by default the family's (Gemma 3: ``"full_attention"``, the global
+    layers, as Google's long-context recipe scales them); the others keep theirs. The model then
+    runs posenc's RoPE of the new config on its RoPE layers (:func:`use_encoding`), its other
+    layers as they were.
+
+    The model's plan is the one :func:`use_encoding` applied last (``base_model.posenc_plan``),
+    else ``posenc.hf_config.position_plan(config)`` for a family posenc reads, else one RoPE read
+    from the config (:func:`~posenc.hf_config.from_hf_config`, in the family's pair layout) for
+    every layer.
 
     Args:
-        model: a transformers decoder with the default rope_type (see :func:`use_encoding`).
-        rope_type: one of :data:`posenc.rope.EXTENSION_METHODS`.
+        model: a transformers decoder whose RoPE has the default rope_type.
+        method: one of :data:`posenc.rope.EXTENSION_METHODS`.
         factor: s >= 1.
+        layer_types: for a per-layer-type config, the layer types to scale.
 
     Returns:
-        ``model``, changed in place (its config too; left as it was when an error is raised).
+        ``model``, changed in place (its config too).
 
     Raises:
-        ValueError: the model's RoPE is already scaled, an unknown rope_type, s < 1, or a bad
-            parameter (named, as :func:`posenc.rope_frequencies` raises).
+        InvalidArgument (ValueError): the model's RoPE is already scaled, an unknown method,
+            s < 1, a bad parameter (named, as :func:`posenc.rope_frequencies` raises); a model
+            with no RoPE layer (every layer NoPE); a per-layer-type config without
+            ``layer_types`` where the family names none, or naming a type the config does not
+            have. And as :func:`use_encoding`. On an error model and config are left unchanged.
     """
+    if factor is None:
+        raise MissingKey(f"factor: extend_context(model, {method!r}, factor) needs the scaling factor s")
+    family = family_of(model)
+    base = _base_model(model, family)
     config = model.config
-    for key, value in extension_config(config.to_dict(), rope_type, factor, **params).items():
-        setattr(config, key, value)
-    return use_encoding(model, from_hf_config(config.to_dict()))
+    current = config.to_dict()
+    plan = _own_plan(base, current)
+    if plan is not None and all(layer.encoding is None for layer in plan):
+        raise InvalidArgument("model: every layer is NoPE (no positional encoding), there is no RoPE to extend")
+    per_type = _per_layer_type_rope(current)
+    if per_type is None:
+        if layer_types is not None:
+            raise InvalidArgument("layer_types: the config has one rope dict for every layer, not one per layer type")
+        fields = extension_config(current, method, factor, **params)
+        scaled_types = None
+    else:
+        key, dicts = per_type
+        scaled_types = tuple(layer_types) if layer_types is not None else family.scaled_layer_types
+        if not scaled_types:
+            raise InvalidArgument(f"layer_types: the config has one rope dict per layer type {sorted(dicts)}; name the "
+                                  "ones to scale (layer_types=[...])")
+        unknown = [t for t in scaled_types if t not in dicts]
+        if unknown:
+            raise InvalidArgument(f"layer_types: {unknown} not among the config's {sorted(dicts)}")
+        new_dicts = dict(dicts)
+        fields = {}
+        for layer_type in scaled_types:
+            # one layer type's rope dict, read plainly (without model_type, the family's reader
+            # would ask for the dict of every type): the extension's fields of that one dict
+            flat = {**{k: v for k, v in current.items() if k != "model_type"}, key: dict(dicts[layer_type])}
+            extension = extension_config(flat, method, factor, **params)
+            if "max_position_embeddings" in extension:
+                fields["max_position_embeddings"] = extension["max_position_embeddings"]
+            new_dicts[layer_type] = extension.get("rope_parameters", dicts[layer_type])
+        fields[key] = new_dicts
+    new_config = {**current, **fields}
+    new_plan = _extended_plan(plan, new_config, scaled_types, per_type is not None, model)
+    apply = _prepare(model, new_plan, None, {})  # every refusal before the config changes
+    for name, value in fields.items():
+        setattr(config, name, value)
+    apply()
+    return model
+
+
+def _own_plan(base: nn.Module, config: dict) -> PositionPlan | None:
+    recorded = base.__dict__.get("posenc_plan")
+    if recorded is not None:
+        return recorded
+    # a family posenc knows is read exactly, layer by layer; another Llama-shaped model falls
+    # back to the one RoPE its config spells (as before per-layer plans)
+    return position_plan(config) if reads_model_type(config.get("model_type")) else None
+
+
+def _per_layer_type_rope(config: dict) -> tuple[str, dict] | None:
+    for key in ("rope_parameters", "rope_scaling"):
+        value = config.get(key)
+        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            return key, value
+    return None
+
+
+def _extended_plan(plan: PositionPlan | None, new_config: dict, scaled_types: tuple[str, ...] | None,
+                   per_type: bool, model: nn.Module) -> PositionPlan:
+    if plan is None:
+        if per_type:
+            raise InvalidArgument("model: a per-layer-type RoPE config needs the model's plan (use_encoding(model, plan) "
+                                  "first, or posenc.hf_config.position_plan)")
+        family = family_of(model)
+        count = len(getattr(_base_model(model, family), family.layers))
+        return PositionPlan.uniform(from_hf_config(new_config, interleaved=family.interleaved), count)
+    layer_types = new_config.get("layer_types")
+    layers = []
+    for index, layer in enumerate(plan):
+        old = layer.encoding
+        layer_type = layer.layer_type or (layer_types[index] if layer_types else None)
+        scaled = isinstance(old, RoPE) and (scaled_types is None or layer_type in scaled_types)
+        if scaled:
+            read = from_hf_config(new_config, layer_type=layer_type if per_type else None)
+            new = RoPE(old.head_dim, rotary_dim=old.rotary_dim, base=read.base, scaling=read.scaling,
+                       interleaved=old.interleaved, max_position_embeddings=new_config.get("max_position_embeddings"))
+            layer = LayerPlan(new, layer.span, layer.window, layer.layer_type, layer.sinks)
+        layers.append(layer)
+    return PositionPlan(tuple(layers), plan.embedding, plan.model_type, plan.encoder, plan.notes)
 
 
 # -- the attention function ----------------------------------------------------------------
@@ -195,15 +602,27 @@ def posenc_attention_forward(
     dropout: float = 0.0,
     scaling: float | None = None,
     **kwargs: Any,
-) -> tuple[Tensor, None]:
+) -> tuple[Tensor, Tensor | None]:
     """transformers' attention-function signature over :func:`posenc.attention`.
 
-    query (B, H, Tq, D), key and value (B, H_kv, Tk, D) -> (output (B, Tq, H, D), None).
+    query (B, H, Tq, D), key and value (B, H_kv, Tk, D) -> (output (B, Tq, H, D), None). A
+    module without a posenc encoding (a table-route layer) runs the model's original attention
+    function (eager gets the boolean mask as an additive one).
+
+    Raises:
+        InvalidArgument: soft-capping or attention sinks asked of posenc's attention.
     """
+    if _ENCODING_ATTR not in module.__dict__:
+        return _fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     if kwargs.get("softcap") is not None:
         raise InvalidArgument("posenc attention does not apply logit soft-capping (softcap); use the model's own attention")
-    encoding = module.__dict__.get(_ENCODING_ATTR)
-    q_positions = _query_positions(kwargs.get("position_ids"), query)
+    if kwargs.get("s_aux") is not None:
+        raise InvalidArgument("posenc attention has no attention sinks (s_aux); use the model's own attention")
+    encoding = module.__dict__[_ENCODING_ATTR]
+    positions = kwargs.get("position_ids")
+    if positions is None:
+        positions = module.__dict__.get(_POSITIONS_ATTR)
+    q_positions = _query_positions(positions, query)
     k_positions = _key_positions(q_positions, key.shape[2])
     out = attention(
         query, key, value, encoding, causal=bool(getattr(module, "is_causal", True)),
@@ -211,6 +630,47 @@ def posenc_attention_forward(
         scale=scaling, dropout_p=dropout,
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def _fallback(module, query, key, value, attention_mask, **kwargs):
+    name = module.__dict__.get(_FALLBACK_ATTR, "sdpa")
+    function = _transformers_attention_function(name, module)
+    if name == "eager":
+        attention_mask = _additive_mask(attention_mask, query, key, bool(getattr(module, "is_causal", True)))
+    return function(module, query, key, value, attention_mask, **kwargs)
+
+
+def _transformers_attention_function(name: str, module: nn.Module | None = None):
+    """The attention function transformers runs for implementation ``name`` where it takes
+    the boolean SDPA mask posenc's entry receives: "sdpa", or "eager" (the modeling file's own
+    ``eager_attention_forward``, given an additive mask); None for eager without a module."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if name == "sdpa":
+        return ALL_ATTENTION_FUNCTIONS[name]
+    if name == "eager":
+        if module is None:
+            return None
+        eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        if eager is not None:
+            return eager
+    raise InvalidArgument(f"model: attention implementation {name!r} cannot serve the layers that keep the model's "
+                          "own attention next to posenc's; load the model with attn_implementation='sdpa' or 'eager'")
+
+
+def _additive_mask(mask: Tensor | None, query: Tensor, key: Tensor, causal: bool) -> Tensor | None:
+    """The boolean SDPA mask (True = may attend; None = plain causal, queries the last keys) as
+    eager attention's additive float mask of query's dtype."""
+    if mask is not None and mask.dtype != torch.bool:
+        return mask
+    if mask is None:
+        if not causal:
+            return None
+        num_queries, num_keys = query.shape[2], key.shape[2]
+        rows = torch.arange(num_queries, device=query.device).unsqueeze(-1) + (num_keys - num_queries)
+        mask = (torch.arange(num_keys, device=query.device) <= rows)[None, None]
+    zero = torch.zeros((), dtype=query.dtype, device=query.device)
+    return torch.where(mask, zero, torch.finfo(query.dtype).min)
 
 
 def _query_positions(position_ids: Tensor | None, query: Tensor) -> Tensor:
@@ -249,40 +709,32 @@ def _register_with_transformers() -> None:
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
 
 
-def _base_model(model: nn.Module) -> nn.Module:
+def _base_model(model: nn.Module, family: Family) -> nn.Module:
     base = getattr(model, "base_model", model)
-    missing = [name for name in ("layers", "rotary_emb") if not hasattr(base, name)]
+    if family.base is not None and not hasattr(base, family.layers):
+        base = getattr(model, family.base, base)
+    missing = [name for name in (family.layers, family.rotary) if not hasattr(base, name)]
     if missing or not hasattr(model, "config"):
         raise InvalidArgument(
-            f"model: expected a transformers decoder whose base model has 'layers' and 'rotary_emb' "
-            f"(LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, ...); {type(model).__name__} lacks {missing or ['config']}"
+            f"model: expected a transformers decoder whose base model has '{family.layers}' and '{family.rotary}' "
+            f"(LlamaForCausalLM, Qwen2ForCausalLM, GPTNeoXForCausalLM, ...); {type(model).__name__} lacks "
+            f"{missing or ['config']}"
         )
     return base
 
 
-def _rotary_dim(rotary: nn.Module, head_dim: int) -> int:
-    inv_freq = getattr(rotary, "inv_freq", None)
-    return 2 * inv_freq.numel() if isinstance(inv_freq, Tensor) else head_dim
-
-
-def _is_plain_rotary(encoding: PositionalEncoding) -> bool:
-    """A rotation by cos/sin tables shared by q and k, in transformers' half-split layout."""
-    return isinstance(encoding, RoPE) and type(encoding).rotate is RoPE.rotate and not encoding.interleaved
-
-
-def _restore(model: nn.Module, base: nn.Module) -> None:
+def _restore(model: nn.Module, base: nn.Module, family: Family) -> None:
     """Undo an earlier :func:`use_encoding` on this model, so that a second call starts clean."""
-    original = base.__dict__.pop("_posenc_original_rotary", None)
-    if original is None:
-        return
-    base.rotary_emb = original
-    handle = base.__dict__.pop("_posenc_embed_hook", None)
-    if handle is not None:
+    for handle in base.__dict__.pop("_posenc_hooks", []):
         handle.remove()
+    base.__dict__.pop("posenc_plan", None)
     if "posenc_encoding" in base._modules:
         del base._modules["posenc_encoding"]
-    for layer in base.layers:
-        layer.self_attn.__dict__.pop(_ENCODING_ATTR, None)
+    for layer in getattr(base, family.layers):
+        module = getattr(layer, family.attention, None)
+        if module is not None:
+            for attr in (_ENCODING_ATTR, _POSITIONS_ATTR, _FALLBACK_ATTR):
+                module.__dict__.pop(attr, None)
     attn_implementation = base.__dict__.pop("_posenc_original_attn", None)
     if attn_implementation is not None and model.config._attn_implementation != attn_implementation:
         model.set_attn_implementation(attn_implementation)

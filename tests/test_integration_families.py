@@ -1,0 +1,382 @@
+"""use_encoding on every family whose attention goes through transformers' AttentionInterface.
+
+Tiny random models (2-4 layers, hidden 64, 4 heads, vocab 128) shaped like each family's
+released config, every parameter drawn with std 0.2 so that a wrong position moves the logits;
+float32; no downloads. The references are transformers' own models with the same weights.
+
+(a) use_encoding(model, the plan of the model's own positions) reproduces its logits within the
+model's own float32 noise (max(1e-5, 2 x |eager - sdpa|)) and its greedy tokens, with left
+padding and the cache; a wrong plan moves the logits (so the check can fail).
+(b) posenc encodings by name on all layers or on ``layers=`` train and generate with the cache
+exactly as without it.
+
+The plans are built by hand here (LayerPlan per layer, from each family's modeling file); they
+become ``position_plan(config)`` once the reader is merged.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import posenc  # noqa: E402
+from posenc.errors import InvalidArgument  # noqa: E402
+from posenc.hf_config.plan import LayerPlan, PositionPlan  # noqa: E402
+from posenc.integrations.transformers import extend_context, use_encoding  # noqa: E402
+
+T = transformers
+V = 128
+COMMON = dict(vocab_size=V, hidden_size=64, num_attention_heads=4, max_position_embeddings=64, pad_token_id=0,
+              bos_token_id=1, eos_token_id=2)
+SMALL = dict(COMMON, intermediate_size=96, num_key_value_heads=2)
+
+
+def rope(base=10000.0, **kwargs):
+    return posenc.RoPE(kwargs.pop("head_dim", 16), base=base, **kwargs)
+
+
+def uniform(make, n):
+    return lambda config: PositionPlan(tuple(LayerPlan(make()) for _ in range(n)))
+
+
+def by_type(make):
+    return lambda config: PositionPlan(tuple(LayerPlan(make(t), layer_type=t) for t in config.layer_types))
+
+
+def by_flags(make):  # no_rope_layers: 1 = RoPE, 0 = NoPE (SmolLM3, Llama 4)
+    return lambda config: PositionPlan(tuple(LayerPlan(make() if flag else None) for flag in config.no_rope_layers))
+
+
+GEMMA3_TYPES = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]
+
+#: family -> (config class, model class, config kwargs, the model's own plan, attention implementation)
+FAMILIES = {
+    "llama": (T.LlamaConfig, T.LlamaForCausalLM, dict(SMALL, num_hidden_layers=2), uniform(rope, 2), "sdpa"),
+    "mistral": (T.MistralConfig, T.MistralForCausalLM,
+                dict(SMALL, num_hidden_layers=2, sliding_window=8, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                uniform(lambda: rope(1e6), 2), "sdpa"),
+    "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM,
+              dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+              uniform(lambda: rope(1e6), 2), "sdpa"),
+    "qwen3": (T.Qwen3Config, T.Qwen3ForCausalLM,
+              dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+              uniform(lambda: rope(1e6), 2), "sdpa"),
+    "gemma": (T.GemmaConfig, T.GemmaForCausalLM, dict(SMALL, num_hidden_layers=2, num_key_value_heads=1, head_dim=16),
+              uniform(rope, 2), "sdpa"),
+    "gemma2": (T.Gemma2Config, T.Gemma2ForCausalLM,
+               dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8, query_pre_attn_scalar=16),
+               uniform(rope, 2), "eager"),  # transformers refuses sdpa for Gemma 2
+    "gemma3_text": (T.Gemma3TextConfig, T.Gemma3ForCausalLM,
+                    dict(SMALL, num_hidden_layers=4, head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
+                         layer_types=GEMMA3_TYPES,
+                         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                          "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}),
+                    by_type(lambda t: rope(1e4) if t == "sliding_attention"
+                            else rope(1e6, scaling={"rope_type": "linear", "factor": 8.0})), "sdpa"),
+    "cohere": (T.CohereConfig, T.CohereForCausalLM,
+               dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 8e6}),
+               uniform(lambda: rope(8e6, interleaved=True), 2), "sdpa"),
+    "cohere2": (T.Cohere2Config, T.Cohere2ForCausalLM,
+                dict(SMALL, num_hidden_layers=4, sliding_window=8, layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                     rope_parameters={"rope_type": "default", "rope_theta": 50000.0}),
+                by_type(lambda t: rope(5e4, interleaved=True) if t == "sliding_attention" else None), "sdpa"),
+    "smollm3": (T.SmolLM3Config, T.SmolLM3ForCausalLM,
+                dict(SMALL, num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0],
+                     rope_parameters={"rope_type": "default", "rope_theta": 2e6}),
+                by_flags(lambda: rope(2e6)), "sdpa"),
+    "gpt_oss": (T.GptOssConfig, T.GptOssForCausalLM,
+                dict(COMMON, intermediate_size=64, num_hidden_layers=2, num_key_value_heads=2, head_dim=16,
+                     num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                     layer_types=["sliding_attention", "full_attention"],
+                     rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "rope_theta": 150000.0, "original_max_position_embeddings": 16, "truncate": False}),
+                lambda config: PositionPlan(tuple(
+                    LayerPlan(rope(150000.0, scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                                      "original_max_position_embeddings": 16, "truncate": False}),
+                              sinks=True) for _ in range(2))),
+                "eager"),  # transformers refuses sdpa for gpt-oss (sinks)
+    "qwen3_next": (T.Qwen3NextConfig, T.Qwen3NextForCausalLM,
+                   dict(SMALL, num_hidden_layers=4, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                        moe_intermediate_size=32, shared_expert_intermediate_size=32, linear_num_value_heads=4,
+                        linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                        layer_types=["linear_attention"] * 3 + ["full_attention"],
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}),
+                   by_type(lambda t: rope(1e7, rotary_dim=4) if t == "full_attention" else None), "sdpa"),
+    "phi3": (T.Phi3Config, T.Phi3ForCausalLM,
+             dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                "partial_rotary_factor": 0.5}),
+             uniform(lambda: rope(rotary_dim=8), 2), "sdpa"),
+    "olmo2": (T.Olmo2Config, T.Olmo2ForCausalLM,
+              dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+              uniform(lambda: rope(5e5), 2), "sdpa"),
+    "gpt_neox": (T.GPTNeoXConfig, T.GPTNeoXForCausalLM,
+                 dict(COMMON, intermediate_size=96, num_hidden_layers=2,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
+                 uniform(lambda: rope(rotary_dim=4), 2), "sdpa"),
+    "gptj": (T.GPTJConfig, T.GPTJForCausalLM,
+             dict(vocab_size=V, n_embd=64, n_head=4, n_layer=2, n_positions=64, rotary_dim=8, pad_token_id=0,
+                  bos_token_id=1, eos_token_id=2),
+             uniform(lambda: rope(rotary_dim=8, interleaved=True), 2), "sdpa"),
+    "stablelm": (T.StableLmConfig, T.StableLmForCausalLM,
+                 dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                    "partial_rotary_factor": 0.25}),
+                 uniform(lambda: rope(rotary_dim=4), 2), "sdpa"),
+    "persimmon": (T.PersimmonConfig, T.PersimmonForCausalLM,
+                  dict(COMMON, intermediate_size=96, num_hidden_layers=2, qk_layernorm=True,
+                       rope_parameters={"rope_type": "default", "rope_theta": 25000.0, "partial_rotary_factor": 0.5}),
+                  uniform(lambda: rope(25000.0, rotary_dim=8), 2), "sdpa"),
+    "llama4_text": (T.Llama4TextConfig, T.Llama4ForCausalLM,
+                    dict(SMALL, intermediate_size=64, intermediate_size_mlp=96, num_hidden_layers=4, head_dim=16,
+                         num_local_experts=2, num_experts_per_tok=1, interleave_moe_layer_step=2, attention_chunk_size=8,
+                         no_rope_layers=[1, 1, 1, 0], attn_temperature_tuning=True, floor_scale=4, attn_scale=0.1,
+                         use_qk_norm=True, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+                    by_flags(lambda: rope(5e5, interleaved=True)), "sdpa"),
+}
+
+#: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
+#: logits(model)| over a (2, 20) batch, and the model's own noise |eager - sdpa| (0 where both are eager).
+MEASURED = {
+    "llama": (2.83e-07, 2.98e-07), "mistral": (3.58e-07, 2.98e-07), "qwen2": (3.58e-07, 3.58e-07),
+    "qwen3": (4.17e-07, 3.58e-07), "gemma": (3.58e-06, 5.25e-06), "gemma2": (2.86e-06, 0.0),
+    "gemma3_text": (3.34e-06, 3.34e-06), "cohere": (2.24e-08, 2.24e-08), "cohere2": (2.61e-08, 2.42e-08),
+    "smollm3": (3.58e-07, 3.87e-07), "gpt_oss": (2.38e-07, 0.0), "qwen3_next": (1.43e-06, 1.43e-06),
+    "phi3": (2.38e-07, 4.77e-07), "olmo2": (3.65e-07, 6.85e-07), "gpt_neox": (4.77e-07, 3.58e-07),
+    "gptj": (2.98e-07, 3.58e-07), "stablelm": (2.98e-07, 5.96e-07), "persimmon": (5.96e-07, 5.96e-07),
+    "llama4_text": (2.98e-07, 3.58e-07),
+}
+
+
+def build(family, attn=None, **overrides):
+    config_class, model_class, kwargs, _, default_attn = FAMILIES[family]
+    config = config_class(**{**kwargs, **overrides})
+    config._attn_implementation = attn or default_attn
+    torch.manual_seed(0)
+    model = model_class(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            torch.nn.init.normal_(parameter, std=0.2)
+    return model.eval()
+
+
+def own_plan(model):
+    return FAMILIES[model.config.model_type][3](model.config)
+
+
+def tokens(batch=2, length=20, seed=1):
+    return torch.randint(3, V, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def left_padded(x, pad):
+    batch = x.clone()
+    batch[1, :pad] = 0
+    mask = torch.ones_like(batch)
+    mask[1, :pad] = 0
+    return batch, mask
+
+
+def wrong(plan):
+    """The plan with every RoPE's base divided by 100."""
+    def changed(encoding):
+        if encoding is None:
+            return None
+        return posenc.RoPE(encoding.head_dim, rotary_dim=encoding.rotary_dim, base=encoding.base / 100,
+                           scaling=encoding.scaling, interleaved=encoding.interleaved)
+    return PositionPlan(tuple(LayerPlan(changed(layer.encoding), layer.span, layer.window, layer.layer_type, layer.sinks)
+                              for layer in plan))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_own_plan_reproduces_the_model(family):
+    reference = build(family)
+    x = tokens()
+    with torch.no_grad():
+        expected = reference(x).logits
+        noise = (build(family, "eager")(x).logits - expected).abs().max().item()
+    tolerance = max(1e-5, 2 * noise)
+    model = use_encoding(build(family), own_plan(reference))
+    with torch.no_grad():
+        difference = (model(x).logits - expected).abs().max().item()
+    assert difference <= tolerance, (family, difference, tolerance)
+    assert difference <= max(1e-5, 4 * max(MEASURED[family]))  # the recorded values still hold
+    # left padding and the cache: the same greedy tokens as the model's own
+    batch, mask = left_padded(x[:, :10], pad=4)
+    generated = model.generate(batch, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    assert torch.equal(generated, reference.generate(batch, attention_mask=mask, max_new_tokens=6, do_sample=False))
+    with torch.no_grad():
+        padded = model(batch, attention_mask=mask).logits[:, 4:]
+        assert (padded - reference(batch, attention_mask=mask).logits[:, 4:]).abs().max() <= tolerance
+    # a wrong plan moves the logits: the check above can fail
+    use_encoding(model, wrong(own_plan(reference)))
+    with torch.no_grad():  # (Cohere's logits are small: logit_scale 1/16)
+        assert (model(x).logits - expected).abs().max() > max(1e-3 * expected.abs().max(), 100 * difference)
+
+
+#: (b): names on all layers, and on some layers; the families whose layers refuse them are tested below.
+B_CASES = [("alibi", None), ("t5", "last"), ("rope", None), ("nope", "last")]
+
+
+def _b_model(family):
+    overrides = {"attn_logit_softcapping": None} if family == "gemma2" else {}
+    return build(family, **overrides)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "gpt_oss"])
+@pytest.mark.parametrize("name,layers", B_CASES)
+def test_encodings_by_name_train_and_generate_with_the_cache(family, name, layers):
+    model = _b_model(family)
+    if layers == "last":
+        layers = [model.config.num_hidden_layers - 1]
+    model = use_encoding(model, name, layers=layers)
+    model.train()
+    batch = tokens(batch=4, length=12, seed=3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(4):
+        loss = model(batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0], losses
+    model.eval()
+    prompt = batch[:2, :6]
+    options = dict(max_new_tokens=5, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    cached, uncached = model.generate(prompt, use_cache=True, **options), model.generate(prompt, use_cache=False, **options)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < 1e-4
+
+
+def test_layers_change_only_the_layers_named():
+    reference = build("llama")
+    x = tokens()
+    model = use_encoding(build("llama"), "alibi", layers=[1])
+    assert "_posenc_encoding" not in model.model.layers[0].self_attn.__dict__
+    assert "_posenc_encoding" in model.model.layers[1].self_attn.__dict__
+    hidden = {}
+    for m, key in ((reference, "ref"), (model, "new")):
+        m.model.layers[0].register_forward_hook(lambda mod, a, out, key=key: hidden.__setitem__(key, out))
+    with torch.no_grad():
+        expected, got = reference(x).logits, model(x).logits
+    assert (hidden["ref"] - hidden["new"]).abs().max() < 1e-5  # layer 0 keeps the model's RoPE
+    assert (expected - got).abs().max() > 1e-3  # layer 1 is ALiBi now
+
+
+def test_sinks_and_softcap_layers_refuse_posenc_attention_and_leave_the_model_unchanged():
+    model = build("gpt_oss")
+    before = model.config.to_dict()
+    with pytest.raises(InvalidArgument, match="attention sinks"):
+        use_encoding(model, "alibi")
+    assert model.config.to_dict() == before and not hasattr(model.model, "posenc_encoding")
+    use_encoding(model, "rope")  # a half-split RoPE of the model's width keeps the model's attention (and sinks)
+    assert model.config._attn_implementation == "eager"
+    use_encoding(model, "nope", layers=[0])
+    with pytest.raises(InvalidArgument, match="soft-capping"):
+        use_encoding(build("gemma2"), "t5")
+
+
+def test_static_cache_is_refused_with_posenc_attention_and_works_with_tables():
+    model = use_encoding(build("llama"), "alibi")
+    prompt = tokens()[:, :6]
+    with pytest.raises(InvalidArgument, match="StaticCache"):
+        model.generate(prompt, max_new_tokens=3, do_sample=False, cache_implementation="static")
+    reference = build("llama")
+    own = use_encoding(build("llama"), own_plan(reference))
+    assert torch.equal(own.generate(prompt, max_new_tokens=3, do_sample=False, cache_implementation="static"),
+                       reference.generate(prompt, max_new_tokens=3, do_sample=False))
+
+
+def test_head_count_mismatch_is_refused_naming_both_counts():
+    with pytest.raises(InvalidArgument, match="num_heads=8.*4 query heads"):
+        use_encoding(build("llama"), posenc.create("alibi", num_heads=8))
+    with pytest.raises(InvalidArgument, match="num_heads=2.*4 heads"):
+        q = torch.randn(1, 4, 5, 16)
+        posenc.attention(q, q, q, posenc.create("t5", num_heads=2))
+
+
+def test_a_plan_of_the_wrong_length_is_refused():
+    with pytest.raises(InvalidArgument, match="3 layers for a model with 2"):
+        use_encoding(build("llama"), PositionPlan(tuple(LayerPlan(rope()) for _ in range(3))))
+
+
+def test_extend_context_refuses_an_all_nope_model_and_leaves_it_unchanged():
+    model = build("smollm3", no_rope_layers=[0, 0, 0, 0])
+    use_encoding(model, own_plan(model))
+    before = model.config.to_dict()
+    with pytest.raises(InvalidArgument, match="every layer is NoPE"):
+        extend_context(model, "yarn", 4.0)
+    assert model.config.to_dict() == before
+
+
+def test_extend_context_scales_gemma3_global_layers_and_round_trips(tmp_path):
+    """Gemma 3 1B's shape (no scaling yet, global base 1e6): extend_context scales the global
+    layers only (linear x8, Google's long-context recipe); the sliding layers keep theirs."""
+    unscaled = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1e6}}
+    already = build("gemma3_text")  # global layers linear x8 already: refused, nothing changed
+    use_encoding(already, own_plan(already))
+    before = already.config.to_dict()
+    with pytest.raises(InvalidArgument, match="already scaled"):
+        extend_context(already, "linear", 4.0)
+    assert already.config.to_dict() == before
+    model = build("gemma3_text", rope_parameters=unscaled)
+    use_encoding(model, PositionPlan(tuple(LayerPlan(rope(1e4 if t == "sliding_attention" else 1e6), layer_type=t)
+                                           for t in GEMMA3_TYPES)))
+    before = model.config.to_dict()
+    with pytest.raises(InvalidArgument, match="not among"):
+        extend_context(model, "yarn", 2.0, layer_types=["global"])
+    assert model.config.to_dict() == before  # atomic
+    extend_context(model, "linear", 8.0)
+    assert model.config.rope_parameters["sliding_attention"] == unscaled["sliding_attention"]
+    assert model.config.rope_parameters["full_attention"] == {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}
+    x = tokens(length=40)
+    with torch.no_grad():
+        extended = model(x).logits
+    model.save_pretrained(tmp_path)
+    plain = T.Gemma3ForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        assert (plain(x).logits - extended).abs().max() < 1e-5
+        assert (build("gemma3_text", rope_parameters=unscaled)(x).logits - extended).abs().max() > 1e-3
+    sliding_only = build("gemma3_text", rope_parameters=unscaled)
+    use_encoding(sliding_only, PositionPlan(tuple(LayerPlan(rope(1e4 if t == "sliding_attention" else 1e6), layer_type=t)
+                                                  for t in GEMMA3_TYPES)))
+    extend_context(sliding_only, "linear", 2.0, layer_types=["sliding_attention"])
+    assert sliding_only.config.rope_parameters["full_attention"] == unscaled["full_attention"]
+    assert sliding_only.config.rope_parameters["sliding_attention"]["factor"] == 2.0
+
+
+def test_extend_context_keeps_cohere_interleaved_and_round_trips(tmp_path):
+    """Without a recorded plan, the family's pair layout (Cohere: interleaved) is kept: the
+    extended model equals a plain reload of its config (the issue's 0.29 logit error)."""
+    model = build("cohere")
+    extend_context(model, "yarn", 4.0)
+    x = tokens(length=40)
+    with torch.no_grad():
+        extended = model(x).logits
+    model.save_pretrained(tmp_path)
+    plain = T.CohereForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        assert (plain(x).logits - extended).abs().max() < 1e-5
+        assert (build("cohere")(x).logits - extended).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name,layers", [("rope", None), ("nope", [0])])
+def test_gpt_oss_keeps_its_sinks_with_tables_and_trains(name, layers):
+    model = use_encoding(build("gpt_oss"), name, layers=layers)
+    assert model.config._attn_implementation == "eager"  # the model's own attention, sinks included
+    model.train()
+    batch = tokens(batch=4, length=12, seed=3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(4):
+        loss = model(batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0], losses
+    model.eval()
+    prompt = batch[:2, :6]
+    assert torch.equal(model.generate(prompt, max_new_tokens=5, do_sample=False, use_cache=True),
+                       model.generate(prompt, max_new_tokens=5, do_sample=False, use_cache=False))
