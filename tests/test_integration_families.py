@@ -22,6 +22,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import posenc  # noqa: E402
+from posenc.encodings.irope import AttentionTemperature  # noqa: E402
 from posenc.errors import InvalidArgument  # noqa: E402
 from posenc.hf_config.plan import LayerPlan, PositionPlan  # noqa: E402
 from posenc.integrations.transformers import extend_context, use_encoding  # noqa: E402
@@ -45,8 +46,8 @@ def by_type(make):
     return lambda config: PositionPlan(tuple(LayerPlan(make(t), layer_type=t) for t in config.layer_types))
 
 
-def by_flags(make):  # no_rope_layers: 1 = RoPE, 0 = NoPE (SmolLM3, Llama 4)
-    return lambda config: PositionPlan(tuple(LayerPlan(make() if flag else None) for flag in config.no_rope_layers))
+def by_flags(make, nope=lambda: None):  # no_rope_layers: 1 = RoPE, 0 = NoPE (SmolLM3, Llama 4)
+    return lambda config: PositionPlan(tuple(LayerPlan(make() if flag else nope()) for flag in config.no_rope_layers))
 
 
 GEMMA3_TYPES = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]
@@ -132,7 +133,9 @@ FAMILIES = {
                          num_local_experts=2, num_experts_per_tok=1, interleave_moe_layer_step=2, attention_chunk_size=8,
                          no_rope_layers=[1, 1, 1, 0], attn_temperature_tuning=True, floor_scale=4, attn_scale=0.1,
                          use_qk_norm=True, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
-                    by_flags(lambda: rope(5e5, interleaved=True)), "sdpa"),
+                    # the NoPE layers' attention temperature (Llama 4's attn_temperature_tuning), as the model applies it
+                    by_flags(lambda: rope(5e5, interleaved=True),
+                             lambda: AttentionTemperature(floor_scale=4, attn_scale=0.1)), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -179,8 +182,8 @@ def left_padded(x, pad):
 def wrong(plan):
     """The plan with every RoPE's base divided by 100."""
     def changed(encoding):
-        if encoding is None:
-            return None
+        if not isinstance(encoding, posenc.RoPE):  # NoPE, and Llama 4's temperature
+            return encoding
         return posenc.RoPE(encoding.head_dim, rotary_dim=encoding.rotary_dim, base=encoding.base / 100,
                            scaling=encoding.scaling, interleaved=encoding.interleaved)
     return PositionPlan(tuple(LayerPlan(changed(layer.encoding), layer.span, layer.window, layer.layer_type, layer.sinks)
@@ -211,6 +214,23 @@ def test_own_plan_reproduces_the_model(family):
     use_encoding(model, wrong(own_plan(reference)))
     with torch.no_grad():  # (Cohere's logits are small: logit_scale 1/16)
         assert (model(x).logits - expected).abs().max() > max(1e-3 * expected.abs().max(), 100 * difference)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_read_plan_reproduces_the_model(family):
+    """Guarantee (a) end to end: use_encoding(model, position_plan(model.config)), the plan
+    posenc reads from the config (not built by hand), gives the model's own logits."""
+    from posenc.integrations.transformers import position_plan
+
+    reference = build(family)
+    x = tokens()
+    with torch.no_grad():
+        expected = reference(x).logits
+        noise = (build(family, "eager")(x).logits - expected).abs().max().item()
+    model = use_encoding(build(family), position_plan(reference.config))
+    with torch.no_grad():
+        difference = (model(x).logits - expected).abs().max().item()
+    assert difference <= max(1e-5, 2 * noise), (family, difference, noise)
 
 
 #: (b): names on all layers, and on some layers; the families whose layers refuse them are tested below.
@@ -380,3 +400,15 @@ def test_gpt_oss_keeps_its_sinks_with_tables_and_trains(name, layers):
     prompt = batch[:2, :6]
     assert torch.equal(model.generate(prompt, max_new_tokens=5, do_sample=False, use_cache=True),
                        model.generate(prompt, max_new_tokens=5, do_sample=False, use_cache=False))
+
+
+def test_llama4_native_temperature_is_kept_for_its_own_plan_and_replaced_otherwise():
+    """Llama 4 scales its NoPE layers' queries itself: a plan with the same temperature keeps
+    that (no double scaling: the read plan reproduces the model above); another encoding on
+    those layers replaces it (the model's own scaling off), and a later use_encoding restores it."""
+    model = build("llama4_text")
+    nope_layer = model.model.layers[3].self_attn
+    use_encoding(model, "nope", layers=[3])
+    assert nope_layer.attn_temperature_tuning is False
+    use_encoding(model, own_plan(model))
+    assert nope_layer.attn_temperature_tuning is True

@@ -44,6 +44,8 @@ and packed documents folded in), or None when plain causal attention is meant.
 
 from __future__ import annotations
 
+import dataclasses
+
 import inspect
 import sys
 from collections.abc import Callable, Sequence
@@ -55,6 +57,7 @@ from torch import Tensor, nn
 
 from posenc.attention import attention
 from posenc.encodings import Hook, PositionalEncoding, RoPE, create_for_model
+from posenc.encodings.irope import AttentionTemperature
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
 from posenc.hf_config import extension_config, from_hf_config, position_plan, reads_model_type
 from posenc.hf_config.plan import LayerPlan, PositionPlan
@@ -125,6 +128,12 @@ class Family:
         scaled_layer_types: the layer types :func:`extend_context` scales by default in a
             config with per-layer-type RoPE (Gemma 3: the global layers, Google's long-context
             recipe); empty: the caller names them.
+        temperature: the attention module's attributes (switch, floor_scale, attn_scale) where
+            the model scales its queries by Llama 4's attention temperature itself, on the
+            layers whose ``use_rope`` is false; None: the family has no such scaling. A plan
+            layer with the same :class:`~posenc.encodings.irope.AttentionTemperature` then keeps
+            the model's own attention; any other encoding turns the model's own scaling off on
+            that layer (posenc's encoding replaces it; restored by the next use_encoding).
     """
 
     base: str | None = None
@@ -136,6 +145,7 @@ class Family:
     sinks: str | None = None
     softcap: str | None = "attn_logit_softcapping"
     scaled_layer_types: tuple[str, ...] = ()
+    temperature: tuple[str, str, str] | None = None
 
 
 #: The families whose layers differ from Llama's, by ``model_type``; any other model_type is
@@ -145,7 +155,8 @@ FAMILIES: dict[str, Family] = {
     "gptj": Family(layers="h", attention="attn", interleaved=True, tables=PAIR_SIN_COS),
     "cohere": Family(interleaved=True),
     "cohere2": Family(interleaved=True),
-    "llama4_text": Family(base="model", interleaved=True, tables=COMPLEX_PAIRS),
+    "llama4_text": Family(base="model", interleaved=True, tables=COMPLEX_PAIRS,
+                          temperature=("attn_temperature_tuning", "floor_scale", "attn_scale")),
     "gpt_oss": Family(tables=HALF_COS_SIN, sinks="sinks"),
     "gemma3_text": Family(scaled_layer_types=("full_attention",)),
 }
@@ -197,6 +208,7 @@ class _Layer:
     attention: nn.Module
     width: int
     posenc_route: bool
+    native_temperature_off: bool = False
 
 
 def use_encoding(
@@ -292,8 +304,15 @@ def _prepare(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int] | No
                                       f"it cannot take {type(encoding).__name__}")
             continue
         width = probe.width(index)
+        native = _native_temperature(module, family)
+        if native is not None and _is_temperature(encoding, native):
+            # the model scales its queries itself: identity tables, the model's own attention
+            decisions.append(_Layer(index, dataclasses.replace(layer_plan, encoding=None), module, width,
+                                    posenc_route=False))
+            continue
         if encoding is None or not encoding.hooks:  # NoPE: the identity tables, the model's own attention
-            decisions.append(_Layer(index, layer_plan, module, width, posenc_route=False))
+            decisions.append(_Layer(index, layer_plan, module, width, posenc_route=False,
+                                    native_temperature_off=native is not None))
             continue
         _check_encoding(encoding, config, getattr(module, "head_dim", head_dim), where)
         tables = _takes_tables(encoding, family, width)
@@ -305,7 +324,8 @@ def _prepare(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int] | No
                         f"('{attr}' of {type(module).__name__}); only a half-split RoPE of the model's own rotary "
                         f"width (or NoPE) keeps the model's attention on this layer"
                     )
-        decisions.append(_Layer(index, layer_plan, module, width, posenc_route=not tables))
+        decisions.append(_Layer(index, layer_plan, module, width, posenc_route=not tables,
+                                native_temperature_off=native is not None))
     needs_posenc = any(d.posenc_route for d in decisions)
     original_attn = base.__dict__.get("_posenc_original_attn", config._attn_implementation)
     if needs_posenc:
@@ -327,11 +347,17 @@ def _prepare(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int] | No
         if plan.embedding is not None:
             handles.append(decoder_layers[0].register_forward_pre_hook(_embed_hook(plan.embedding), with_kwargs=True))
         memo: dict[int, tuple[Tensor, torch.dtype, Any]] = {}
+        switched_off = []
         for decision in decisions:
             if decision.posenc_route:
                 decision.attention.__dict__[_ENCODING_ATTR] = decision.plan.encoding
+            if decision.native_temperature_off:
+                switch = family.temperature[0]
+                switched_off.append((decision.attention, switch, getattr(decision.attention, switch)))
+                setattr(decision.attention, switch, False)
             hook = _tables_hook(decision, family, memo)
             handles.append(decoder_layers[decision.index].register_forward_pre_hook(hook, with_kwargs=True))
+        base.__dict__["_posenc_switched_off"] = switched_off
         base.__dict__["_posenc_hooks"] = handles
         if needs_posenc:
             _register_with_transformers()
@@ -723,10 +749,28 @@ def _base_model(model: nn.Module, family: Family) -> nn.Module:
     return base
 
 
+def _native_temperature(module: nn.Module, family: Family) -> tuple[int, float] | None:
+    """(floor_scale, attn_scale) where this attention module scales its queries by the
+    attention temperature itself (Llama 4's NoPE layers), else None."""
+    if family.temperature is None:
+        return None
+    switch, floor_scale, attn_scale = family.temperature
+    if not getattr(module, switch, False) or getattr(module, "use_rope", True):
+        return None
+    return int(getattr(module, floor_scale)), float(getattr(module, attn_scale))
+
+
+def _is_temperature(encoding: PositionalEncoding | None, native: tuple[int, float]) -> bool:
+    """The plan asks for exactly the temperature the model applies itself."""
+    return isinstance(encoding, AttentionTemperature) and (encoding.floor_scale, encoding.attn_scale) == native
+
+
 def _restore(model: nn.Module, base: nn.Module, family: Family) -> None:
     """Undo an earlier :func:`use_encoding` on this model, so that a second call starts clean."""
     for handle in base.__dict__.pop("_posenc_hooks", []):
         handle.remove()
+    for module, switch, value in base.__dict__.pop("_posenc_switched_off", []):
+        setattr(module, switch, value)
     base.__dict__.pop("posenc_plan", None)
     if "posenc_encoding" in base._modules:
         del base._modules["posenc_encoding"]
