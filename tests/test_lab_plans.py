@@ -318,3 +318,17 @@ def test_a_plan_of_an_unregistered_layer_encoding_cannot_be_saved(tmp_path):
     with pytest.raises(InvalidArgument, match="not a registered encoding class"):
         model.save(tmp_path / "x.pt")
     assert not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.parametrize("command", ["extrapolate", "lengthgen"])
+def test_the_cli_refuses_a_bad_plan_row_in_one_line_and_documents_the_spelling(command, capsys, tmp_path, monkeypatch):
+    from posenc.lab.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main([command, "--encodings", "rope,rope@window/nope:2", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("posenc: error:") and err.count("\n") == 1 and "row 'rope@window/nope:2'" in err, err
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main([command, "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "rope/nope:4: NoPE every 4th layer over RoPE" in out and "rope@sliding/nope:4" in out
