@@ -208,8 +208,8 @@ class TransformerLM(nn.Module):
             if isinstance(encoding, str):
                 encoding = create_for_model(encoding, **config.encoding_sizes())
             if not isinstance(encoding, PositionalEncoding):
-                raise InvalidType("encoding must be a posenc.PositionalEncoding, a registered name or a position plan "
-                                  f"(a PositionPlan or a list, one entry per layer), got {type(encoding).__name__}")
+                raise InvalidType("encoding must be a posenc.PositionalEncoding or a registered name (or a position plan: "
+                                  f"a PositionPlan or a list, one entry per layer), got {type(encoding).__name__}")
             self.encoding = encoding
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
