@@ -7,9 +7,15 @@ A checkpoint (:func:`save`, :func:`read_model`) is a ``torch.save`` dict of plai
 tensors only, so every read uses ``torch.load(..., weights_only=True)`` and runs no code
 from the file::
 
-    {"format": 1,
+    {"format": 2,
      "config": {...},                              # the LMConfig fields
      "encoding": {"name": str, "kwargs": {...}},   # create_for_model(name, <sizes>, **kwargs)
+       # or, for a model with a position plan (format 2; see plan_spec):
+       #   {"plan": {"encodings": [{"name", "kwargs"}, ...],   # each distinct encoding once
+       #             "embedding": int | None,                  # index into encodings
+       #             "layers": [{"encoding": int | None,       # None: NoPE
+       #                         "span": "full" | "sliding" | "chunked", "window": int | None,
+       #                         "layer_type": str | None}, ...]}}
      "model": state_dict,
      # a training checkpoint (posenc.lab.train) adds:
      "fingerprint": {...}, "step": int, "losses": [float], "optimizer": state_dict,
@@ -17,7 +23,10 @@ from the file::
 
 The encoding is named by its registry name and its own options (:func:`encoding_spec`: the
 constructor arguments it recorded, less the sizes); its sizes (d_model, num_heads, head_dim,
-max_positions, num_layers) come from the config, as when the model builds it from a name. Files written before format 1 (training checkpoints with the config and encoding
+max_positions, num_layers) come from the config, as when the model builds it from a name. A plan
+model's encodings are named the same way, each distinct one once (layers that share an encoding
+share it again after loading), with each layer's span. Format 2 added the plan; files of
+format 1 (a single encoding) read unchanged. Files written before format 1 (training checkpoints with the config and encoding
 name only inside ``fingerprint["model"]`` and ``fingerprint["encoding"]``) still read.
 
 This module knows the encodings' registry but not the model: the model imports it.
@@ -33,12 +42,15 @@ from typing import Any
 
 import torch
 
-from posenc.encodings import REGISTRY
+from posenc.encodings import REGISTRY, create_for_model
 from posenc.encodings.base import PositionalEncoding
 from posenc.errors import InvalidArgument
+from posenc.hf_config.plan import LayerPlan, PositionPlan
 
-#: Version of the checkpoint layout above; a reader refuses a newer one.
-FORMAT = 1
+#: Version of the checkpoint layout above; a reader refuses a newer one. 2: a position plan
+#: may stand in for the single encoding (an older posenc then refuses the file instead of
+#: misreading it).
+FORMAT = 2
 
 
 class CheckpointMismatch(InvalidArgument):
@@ -111,6 +123,61 @@ def encoding_spec(encoding: PositionalEncoding, **sizes: Any) -> dict:
     return {"name": cls.name, "kwargs": options}
 
 
+def plan_spec(plan: PositionPlan, **sizes: Any) -> dict:
+    """``{"plan": {"encodings", "embedding", "layers"}}`` (the layout in this module's
+    docstring) that :func:`build_plan` turns back into ``plan`` for a model of ``sizes``: each
+    distinct encoding (by identity) as its :func:`encoding_spec`, and per layer the index of
+    its encoding (None for NoPE), its span, window and layer type.
+
+    Raises:
+        ValueError: an encoding that :func:`encoding_spec` cannot name; a layer with sinks.
+    """
+    encodings: list[dict] = []
+    index: dict[int, int] = {}
+
+    def number(encoding: PositionalEncoding | None) -> int | None:
+        if encoding is None:
+            return None
+        if id(encoding) not in index:
+            index[id(encoding)] = len(encodings)
+            encodings.append(encoding_spec(encoding, **sizes))
+        return index[id(encoding)]
+
+    embedding = number(plan.embedding)
+    layers = []
+    for layer in plan:
+        if layer.sinks:
+            raise InvalidArgument("cannot save a plan with attention sinks: the lab's LM has none")
+        layers.append({"encoding": number(layer.encoding), "span": layer.span, "window": layer.window,
+                       "layer_type": layer.layer_type})
+    return {"plan": {"encodings": encodings, "embedding": embedding, "layers": layers}}
+
+
+def build_plan(spec: Mapping[str, Any], **sizes: Any) -> PositionPlan:
+    """The :class:`PositionPlan` that :func:`plan_spec` wrote, its encodings built with
+    :func:`posenc.create_for_model` for ``sizes`` (each once, shared by the layers that name it).
+
+    Raises:
+        ValueError: a malformed spec (a missing key, an index out of range, a bad span).
+    """
+    try:
+        plan = spec["plan"]
+        encodings = [create_for_model(e["name"], **sizes, **dict(e["kwargs"])) for e in plan["encodings"]]
+
+        def encoding_at(number: int | None) -> PositionalEncoding | None:
+            if number is None:
+                return None
+            if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < len(encodings):
+                raise InvalidArgument(f"encoding index {number!r} is not one of the plan's {len(encodings)} encodings")
+            return encodings[number]
+
+        layers = tuple(LayerPlan(encoding_at(layer["encoding"]), span=layer["span"], window=layer["window"],
+                                 layer_type=layer.get("layer_type")) for layer in plan["layers"])
+        return PositionPlan(layers, embedding=encoding_at(plan.get("embedding")))
+    except (KeyError, TypeError) as err:
+        raise InvalidArgument(f"checkpoint: a malformed position plan ({type(err).__name__}: {err})") from err
+
+
 def _is_plain(value: Any) -> bool:
     if value is None or isinstance(value, (bool, int, float, str)):
         return True
@@ -133,12 +200,14 @@ def save(path: Path, model: Mapping[str, torch.Tensor], *, config: Mapping[str, 
     if config is not None:
         state["config"] = dict(config)
     if encoding is not None:
-        state["encoding"] = {"name": encoding["name"], "kwargs": dict(encoding["kwargs"])}
+        state["encoding"] = ({"plan": encoding["plan"]} if "plan" in encoding
+                             else {"name": encoding["name"], "kwargs": dict(encoding["kwargs"])})
     atomic_save(path, state)
 
 
 def read_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[dict, dict, dict]:
-    """(config fields, encoding spec, state_dict) of a checkpoint written by :func:`save`, or
+    """(config fields, encoding spec (``{"name", "kwargs"}``, or ``{"plan": ...}`` for a plan
+    model: :func:`build_plan`), state_dict) of a checkpoint written by :func:`save`, or
     of a training checkpoint from before format 1. Loaded with ``weights_only=True``.
 
     Raises:
@@ -157,7 +226,8 @@ def read_model(path: str | Path, map_location: str | torch.device = "cpu") -> tu
     try:
         if isinstance(state, dict) and "format" in state:
             config, encoding = dict(state["config"]), dict(state["encoding"])
-            encoding = {"name": encoding["name"], "kwargs": dict(encoding["kwargs"])}
+            encoding = ({"plan": encoding["plan"]} if "plan" in encoding
+                        else {"name": encoding["name"], "kwargs": dict(encoding["kwargs"])})
         else:  # before format 1: only the experiment's fingerprint named the model
             config = dict(state["fingerprint"]["model"])
             encoding = {"name": state["fingerprint"]["encoding"], "kwargs": {}}

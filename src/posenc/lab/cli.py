@@ -51,7 +51,13 @@ def _split_list(value: str | None, argname: str, cast=str) -> tuple | None:
 
 # --- the options every sweep command (extrapolate, lengthgen) takes ---------------------------
 
-Encodings = Annotated[Optional[str], typer.Option(help="Comma-separated encoding names (default: the preset's).")]
+Encodings = Annotated[Optional[str], typer.Option(help=(
+    "Comma-separated rows (default: the preset's): encoding names (posenc list), or position plans "
+    "BASE/PART:N/PART:N...: BASE on every layer, each PART on every N-th layer (layers N-1, 2N-1, ...; a later part "
+    "wins), a part being ENCODING or ENCODING@full|@sliding|@chunked (sliding window / chunks of L/4 tokens, L the training "
+    "length; or @sliding=W, @chunked=C) and nope a layer without positions. rope/nope:4: NoPE every 4th layer "
+    "over RoPE (SmolLM3); rope@sliding/nope:4: RoPE on sliding-window layers, NoPE with full attention on every "
+    "4th (Cohere2). A row may end in +rand where the command takes it."))]
 LearningRate = Annotated[Optional[float], typer.Option(help="Peak learning rate.")]
 DModel = Annotated[Optional[int], typer.Option(help="Model width.")]
 Layers = Annotated[Optional[int], typer.Option(help="Number of transformer blocks.")]

@@ -155,7 +155,7 @@ def generate(
     # An encoding that reads the whole call (encoding.call_invariant False, e.g. dynamic NTK
     # in "rerotate" mode) makes cached hidden states stale as the text grows: recompute the
     # whole sequence each step instead, so every step equals a full pass over its prefix.
-    cache = KVCache(model.config.num_layers) if model.encoding.call_invariant else None
+    cache = KVCache(model.config.num_layers) if model.call_invariant else None
     logits = model(tokens, positions, mask=key_padding_mask(real), cache=cache)[:, -1]
     for step in range(max_new_tokens):
         new = next_token(logits, temperature, top_k, generator)  # (B, 1)

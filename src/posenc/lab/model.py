@@ -7,6 +7,13 @@ and an untied output head over a byte vocabulary. The encoding enters only throu
 ``encoding.for_layer(i)``: one instance for every layer by default (T5 shares its bias table
 across layers the same way), a per-layer schedule for iRoPE.
 
+A **position plan** (:class:`posenc.hf_config.plan.PositionPlan`, or a list of encodings, one
+per layer) gives each layer its own encoding (None: NoPE) and attention span (full, a sliding
+window of W keys, or chunks of C positions: :mod:`posenc.mask_rules`), as SmolLM3 (NoPE every
+4th layer) and Cohere2 (RoPE on sliding-window layers, NoPE on full ones) do. The span is a
+boolean mask on the call's positions and'ed with the user's ``mask``; a model of one encoding
+runs exactly as before.
+
 Shapes: B batch, T tokens, Tk keys (cached + new), d d_model, H heads, D = d / H.
 
 Positions are explicit (DESIGN.md): ``forward(tokens, positions, mask=..., cache=...)`` runs a
@@ -18,6 +25,7 @@ batches, :mod:`posenc.lab.generation` holds the KV cache and the decoding loop, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,9 +36,12 @@ from torch import Tensor, nn
 from posenc.lab.fields import only_when_set
 from posenc.lab import checkpoint
 from posenc.attention import BACKENDS, attention
+from posenc.attention.masks import check_mask, is_mask_mod
 from posenc.encodings import create_for_model
 from posenc.encodings.base import Hook, PositionalEncoding
+from posenc.hf_config.plan import LayerPlan, PositionPlan
 from posenc.lab.generation import KVCache, generate
+from posenc.mask_rules import in_sliding_window, position_at, same_chunk
 from posenc.sequences import document_mask, key_padding_mask, positions_from_document_ids, positions_from_padding_mask
 from posenc._validation import check_positions, check_positive_int
 from posenc.errors import InvalidArgument, InvalidType
@@ -98,13 +109,14 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
 
     def forward(
-        self, x: Tensor, q_positions: Tensor | None, k_positions: Tensor | None, encoding: PositionalEncoding,
+        self, x: Tensor, q_positions: Tensor | None, k_positions: Tensor | None, encoding: PositionalEncoding | None,
         mask: Tensor | None = None, past: tuple[Tensor, ...] | None = None,
     ) -> tuple[Tensor, tuple[Tensor, ...]]:
         """x (B, T, d) -> (output (B, T, d), per-key tensors of past and new tokens: keys and
         values (B, H_kv, Tk, D), then the ``gate`` hook's values (B, H, Tk) for an encoding
         with it); the keys are returned unrotated, for a cache (why: :mod:`posenc.lab.generation`).
-        Positions None: :func:`posenc.attention`'s defaults (the row indices)."""
+        Positions None: :func:`posenc.attention`'s defaults (the row indices). ``encoding``
+        None: no positions (a NoPE layer of a plan)."""
         batch, length, width = x.shape
         q, k, v = self.qkv(x).split([self.num_heads * self.head_dim, *[self.num_kv_heads * self.head_dim] * 2], dim=-1)
         q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
@@ -112,7 +124,7 @@ class CausalSelfAttention(nn.Module):
         v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         # Everything kept per key has its token axis at dim 2: k, v (B, H_kv, T, D), and the gate
         # hook's values (B, H, T) (FoX's log forget gate), read from this layer's input x.
-        per_key = (k, v, encoding.gate(x)) if Hook.GATE in encoding.hooks else (k, v)
+        per_key = (k, v, encoding.gate(x)) if encoding is not None and Hook.GATE in encoding.hooks else (k, v)
         if past is not None:
             per_key = tuple(torch.cat((old, new), dim=2) for old, new in zip(past, per_key))
         out = attention(
@@ -141,7 +153,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: Tensor, q_positions: Tensor, k_positions: Tensor, encoding: PositionalEncoding,
+        self, x: Tensor, q_positions: Tensor, k_positions: Tensor, encoding: PositionalEncoding | None,
         mask: Tensor | None = None, past: tuple[Tensor, ...] | None = None,
     ) -> tuple[Tensor, tuple[Tensor, ...]]:
         attended, present = self.attn(self.ln_attn(x), q_positions, k_positions, encoding, mask, past)
@@ -155,26 +167,50 @@ class TransformerLM(nn.Module):
     Args:
         config: sizes (:class:`LMConfig`).
         encoding: a :class:`~posenc.PositionalEncoding` instance, or a registered name built
-            with :func:`posenc.create_for_model` for these sizes.
+            with :func:`posenc.create_for_model` for these sizes; or a **position plan**: a
+            :class:`posenc.hf_config.plan.PositionPlan` with one :class:`LayerPlan` per layer,
+            or a list with one entry per layer, each an encoding, a registered name, None (NoPE)
+            or a :class:`LayerPlan`. Layer i of a plan uses its encoding's ``for_layer(i)`` (a
+            layer schedule such as iRoPE keeps its own plan), and its span: ``"full"``,
+            ``"sliding"`` (query at position p sees keys at p - W < p' <= p) or ``"chunked"``
+            (p' // C == p // C, p' <= p), applied as a boolean mask on positions, so a KV cache,
+            left padding and packed rows chunk and slide on each sequence's own positions. A
+            plan's ``embedding`` (an ``embed`` encoding) is added to the token embeddings.
+            Encodings shared by several layers are one module (one set of parameters).
 
     The token embedding starts at unit variance per component, the scale of a sinusoidal
     vector, so that an absolute encoding neither drowns the tokens nor is drowned by them.
 
+    Attributes:
+        encoding: the model's one encoding; None for a plan model.
+        plan: the :class:`PositionPlan` of a plan model; None for a model of one encoding.
+
     Raises:
-        TypeError: config not an LMConfig, or encoding neither an encoding nor a name.
-        ValueError: an unknown encoding name (the message lists the available ones).
+        TypeError: config not an LMConfig, or encoding neither an encoding, a name nor a plan.
+        ValueError: an unknown encoding name (the message lists the available ones); a plan
+            whose length is not ``config.num_layers``, a layer with attention sinks (this LM
+            has none), an ``embed`` encoding on a layer (it belongs in ``plan.embedding``).
     """
 
-    def __init__(self, config: LMConfig, encoding: PositionalEncoding | str) -> None:
+    def __init__(self, config: LMConfig, encoding: PositionalEncoding | str | PositionPlan | Sequence) -> None:
         super().__init__()
         if not isinstance(config, LMConfig):
             raise InvalidType(f"config must be a posenc.lab.model.LMConfig, got {type(config).__name__}")
-        if isinstance(encoding, str):
-            encoding = create_for_model(encoding, **config.encoding_sizes())
-        if not isinstance(encoding, PositionalEncoding):
-            raise InvalidType(f"encoding must be a posenc.PositionalEncoding or a registered name, got {type(encoding).__name__}")
         self.config = config
-        self.encoding = encoding
+        self.plan: PositionPlan | None = None
+        if isinstance(encoding, (PositionPlan, list, tuple)):
+            self.plan = _as_plan(encoding, config)
+            self.encoding = None
+            # each distinct encoding once, so that layers sharing one share its parameters
+            distinct = {id(e): e for e in (self.plan.embedding, *(layer.encoding for layer in self.plan)) if e is not None}
+            self.plan_encodings = nn.ModuleList(distinct.values())
+        else:
+            if isinstance(encoding, str):
+                encoding = create_for_model(encoding, **config.encoding_sizes())
+            if not isinstance(encoding, PositionalEncoding):
+                raise InvalidType("encoding must be a posenc.PositionalEncoding or a registered name (or a position plan: "
+                                  f"a PositionPlan or a list, one entry per layer), got {type(encoding).__name__}")
+            self.encoding = encoding
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.ln_final = nn.LayerNorm(config.d_model)
@@ -191,8 +227,19 @@ class TransformerLM(nn.Module):
 
     @property
     def max_positions(self) -> int | None:
-        """Largest number of positions the encoding can represent (None: unbounded)."""
-        return self.encoding.max_positions
+        """Largest number of positions the encoding (every encoding of a plan) can represent
+        (None: unbounded)."""
+        if self.plan is None:
+            return self.encoding.max_positions
+        bounds = [e.max_positions for e in self.plan_encodings if e.max_positions is not None]
+        return min(bounds) if bounds else None
+
+    @property
+    def call_invariant(self) -> bool:
+        """Whether a KV cache is exact: every encoding's ``call_invariant`` (see :class:`KVCache`)."""
+        if self.plan is None:
+            return self.encoding.call_invariant
+        return all(e.call_invariant for e in self.plan_encodings)
 
     def forward(
         self,
@@ -246,11 +293,36 @@ class TransformerLM(nn.Module):
         k_positions = cache.key_positions(positions, batch) if cache is not None else positions
         attention_positions = (None, None) if default_positions else (positions, k_positions)
         x = self.token_embedding(tokens)
+        if self.plan is not None:
+            return self._forward_plan(x, positions, k_positions, attention_positions, mask, cache)
         if Hook.EMBED in self.encoding.hooks:
             x = self.encoding.embed(x, positions)
         presents = []
         for layer, block in enumerate(self.blocks):
             x, present = block(x, *attention_positions, self.encoding.for_layer(layer), mask,
+                               cache.past(layer) if cache is not None else None)
+            presents.append(present)
+        if cache is not None:
+            cache.update(presents, k_positions)
+        return self.head(self.ln_final(x)).float()
+
+    def _forward_plan(self, x: Tensor, positions: Tensor, k_positions: Tensor,
+                      attention_positions: tuple[Tensor | None, Tensor | None], mask: Tensor | None,
+                      cache: KVCache | None) -> Tensor:
+        """The layers of a plan: each its encoding's ``for_layer(i)`` and its span's mask (one
+        per distinct span, built once per call) and'ed with ``mask``."""
+        if self.plan.embedding is not None:
+            x = self.plan.embedding.embed(x, positions)
+        batch, length = x.shape[:2]
+        spans: dict[tuple[str, int | None], Tensor | None] = {}
+        presents = []
+        for layer, (block, step) in enumerate(zip(self.blocks, self.plan)):
+            key = (step.span, step.window)
+            if key not in spans:
+                spans[key] = _with_span(mask, step, positions, k_positions, batch=batch, heads=self.config.num_heads,
+                                        length=length)
+            encoding = None if step.encoding is None else step.encoding.for_layer(layer)
+            x, present = block(x, *attention_positions, encoding, spans[key],
                                cache.past(layer) if cache is not None else None)
             presents.append(present)
         if cache is not None:
@@ -302,11 +374,15 @@ class TransformerLM(nn.Module):
     def encoding_spec(self) -> dict:
         """``{"name": registry name, "kwargs": plain options}`` that rebuild the current
         encoding for this config (:func:`posenc.lab.checkpoint.encoding_spec`), from the
-        constructor arguments the encoding recorded.
+        constructor arguments the encoding recorded; for a plan model ``{"plan": ...}``
+        (:func:`posenc.lab.checkpoint.plan_spec`: each distinct encoding's spec, and per layer
+        its encoding's index, span, window and layer type).
 
         Raises:
-            ValueError: the encoding cannot be rebuilt from a registered name and plain options.
+            ValueError: an encoding cannot be rebuilt from a registered name and plain options.
         """
+        if self.plan is not None:
+            return checkpoint.plan_spec(self.plan, **self.config.encoding_sizes())
         return checkpoint.encoding_spec(self.encoding, **self.config.encoding_sizes())
 
     def save(self, path: str | Path) -> None:
@@ -332,7 +408,10 @@ class TransformerLM(nn.Module):
         config, spec, weights = checkpoint.read_model(path, map_location)
         try:
             config = LMConfig(**config)
-            encoding = create_for_model(spec["name"], **config.encoding_sizes(), **spec["kwargs"])
+            if "plan" in spec:
+                encoding = checkpoint.build_plan(spec, **config.encoding_sizes())
+            else:
+                encoding = create_for_model(spec["name"], **config.encoding_sizes(), **spec["kwargs"])
         except TypeError as err:
             raise InvalidArgument(f"checkpoint: {path}: its config or encoding is not one this posenc builds ({err})") from err
         model = cls(config, encoding)
@@ -347,7 +426,76 @@ class TransformerLM(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+def _as_plan(plan: PositionPlan | Sequence, config: LMConfig) -> PositionPlan:
+    """A plan of ``config.num_layers`` layers from a PositionPlan or a list (one entry per
+    layer: an encoding, a registered name built for ``config``, None, or a LayerPlan)."""
+    if not isinstance(plan, PositionPlan):
+        built: dict[str, PositionalEncoding] = {}  # a name given for several layers is one instance
+
+        def layer_plan(entry) -> LayerPlan:
+            if isinstance(entry, LayerPlan):
+                return entry
+            if isinstance(entry, str):
+                if entry not in built:
+                    built[entry] = create_for_model(entry, **config.encoding_sizes())
+                entry = built[entry]
+            if entry is not None and not isinstance(entry, PositionalEncoding):
+                raise InvalidType("a plan's entries must be posenc encodings, registered names, None (NoPE) or "
+                                  f"LayerPlan, got {type(entry).__name__}")
+            return LayerPlan(entry)
+
+        plan = PositionPlan(tuple(layer_plan(entry) for entry in plan))
+    if len(plan) != config.num_layers:
+        raise InvalidArgument(f"plan: {len(plan)} layers for a model of num_layers={config.num_layers}: give one per layer")
+    for index, layer in enumerate(plan):
+        if layer.sinks:
+            raise InvalidArgument(f"plan: layer {index} has attention sinks, which this LM does not have")
+        if layer.encoding is not None and Hook.EMBED in layer.encoding.hooks:
+            raise InvalidArgument(
+                f"plan: layer {index}'s {type(layer.encoding).__name__} adds positions to the embeddings (embed hook), "
+                "not inside a layer: give it as the plan's embedding (PositionPlan(..., embedding=...))"
+            )
+    return plan
+
+
+def _span_rule(layer: LayerPlan):
+    """The elementwise rule of a sliding or chunked span (:mod:`posenc.mask_rules`)."""
+    return in_sliding_window if layer.span == "sliding" else same_chunk
+
+
+def span_mask(layer: LayerPlan, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+    """The span of ``layer`` on the grid of integer positions q (Tq,) or (B, Tq) and k (Tk,) or
+    (B, Tk): boolean (Tq, Tk) or (B, Tq, Tk), True where the query may attend the key
+    (:func:`posenc.mask_rules.in_sliding_window` for ``"sliding"``, q - k < W;
+    :func:`~posenc.mask_rules.same_chunk` for ``"chunked"``, q // C == k // C; the causal mask
+    is the attention's); None for a full span."""
+    if layer.span == "full":
+        return None
+    return _span_rule(layer)(q_positions.unsqueeze(-1), k_positions.unsqueeze(-2), layer.window)
+
+
+def _with_span(mask, layer: LayerPlan, q_positions: Tensor, k_positions: Tensor, *, batch: int, heads: int,
+               length: int):
+    """``mask`` (the user's: None, a boolean tensor or a mask_mod) and'ed with ``layer``'s span:
+    a 4-D boolean tensor, or a mask_mod when ``mask`` is one; ``mask`` itself for a full span."""
+    if layer.span == "full":
+        return mask
+    if is_mask_mod(mask):
+        rule, window = _span_rule(layer), layer.window
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return mask(b, h, q_idx, kv_idx) & rule(position_at(q_positions, b, q_idx), position_at(k_positions, b, kv_idx),
+                                                    window)
+
+        return mask_mod
+    span = span_mask(layer, q_positions, k_positions)
+    span = span[None, None] if span.dim() == 2 else span[:, None]  # (B or 1, 1, Tq, Tk)
+    if mask is None:
+        return span
+    return check_mask(mask, batch, heads, length, k_positions.shape[-1]).to(span.device) & span
+
+
 __all__ = [
-    "LMConfig", "CausalSelfAttention", "MLP", "Block", "TransformerLM", "KVCache",
+    "LMConfig", "CausalSelfAttention", "LayerPlan", "PositionPlan", "span_mask", "MLP", "Block", "TransformerLM", "KVCache",
     "positions_from_padding_mask", "key_padding_mask", "positions_from_document_ids", "document_mask",
 ]

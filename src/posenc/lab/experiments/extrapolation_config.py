@@ -19,7 +19,8 @@ from posenc._validation import check_positive_int
 from posenc.encodings import REGISTRY, create_for_model, encoding_class
 from posenc.encodings.base import PositionalEncoding
 from posenc.errors import InvalidArgument, InvalidType
-from posenc.lab.experiments.frame import CORE_ENCODINGS, MODEL_TRAIN_OPTIONS, RANDOMIZED_SUFFIX, Row, RunConfig
+from posenc.hf_config.plan import PositionPlan
+from posenc.lab.experiments.frame import CORE_ENCODINGS, MODEL_TRAIN_OPTIONS, RANDOMIZED_SUFFIX, Row, RunConfig, default_window
 from posenc.lab.model import LMConfig
 from posenc.lab.train import TrainConfig
 from posenc.rope import EXTENSION_METHODS
@@ -43,7 +44,9 @@ OPTIONS: dict[str, tuple[str, str]] = {
 #: Named sizes, as options of :meth:`ExtrapolationConfig.from_options`. "default"
 #: reproduces the prototype's setting (< 15 min on 2 cores); "quick" is a smoke run
 #: (< 3 min); "full" is the default size over every encoding of 1-D text (None:
-#: :func:`text_encodings`) and the randomized rows of :data:`FULL_RANDOMIZED`; "gpu" is the
+#: :func:`text_encodings`), the hybrid plans of current long-context models
+#: (:data:`~posenc.lab.experiments.frame.HYBRID_PLANS`: SmolLM3's ``rope/nope:4`` and
+#: Cohere2's ``rope@sliding/nope:4``) and the randomized rows of :data:`FULL_RANDOMIZED`; "gpu" is the
 #: papers' setting on one GPU (L = 512, 25.5M parameters, evaluation to 16L, non-overlapping
 #: and sliding windows of stride L; about 10 minutes per encoding on one H100, see
 #: :func:`train_flops` and docs/results.md), run with ``--device cuda``.
@@ -65,7 +68,10 @@ class ExtrapolationConfig(RunConfig):
     """Everything that determines the results of ``posenc extrapolate``.
 
     Args:
-        encodings: registered encoding names, one row each. A name may carry the suffix
+        encodings: registered encoding names, one row each, or position plans
+            (:data:`~posenc.lab.experiments.frame.PLAN_SPELLING`: ``rope/nope:4`` is NoPE on
+            every 4th layer over RoPE, ``rope@sliding/nope:4`` RoPE with a sliding window of
+            L/4 keys and NoPE with full attention on every 4th layer). A name may carry the suffix
             ``+rand`` (``"rope+rand"``): that encoding trained with randomized positions
             (see ``randomized_positions``); the plain name need not be in the list.
         model: the LM's sizes. Its ``max_positions`` is not read: it is set to
@@ -142,8 +148,9 @@ class ExtrapolationConfig(RunConfig):
 
     @classmethod
     def every_encoding(cls) -> tuple[str, ...]:
-        """``--preset full``'s rows: :func:`text_encodings`, then :data:`FULL_RANDOMIZED` randomized."""
-        return (*text_encodings(), *(Row(name, randomized=True).name for name in FULL_RANDOMIZED))
+        """``--preset full``'s rows: :func:`text_encodings`, the hybrid plans (``FULL_PLANS``),
+        then :data:`FULL_RANDOMIZED` randomized."""
+        return (*text_encodings(), *cls.FULL_PLANS, *(Row(name, randomized=True).name for name in FULL_RANDOMIZED))
 
     def _check_experiment(self) -> None:
         check_positive_int(self.eval_tokens, "eval_tokens")
@@ -177,7 +184,8 @@ class ExtrapolationConfig(RunConfig):
             raise InvalidArgument(f"{option}={self.randomized_positions} must be >= train_len={self.train_len}")
         table = self.model.max_positions
         if self.randomized_positions > table and any(
-                _holds_a_table(row.encoding, self.model) for row in map(Row.parse, self.rows) if row.randomized):
+                _holds_a_table(row.encoding, self.model) for row in map(Row.parse, self.rows)
+                if row.randomized and row.plan is None):  # a plan holds no table: embed encodings are refused there
             raise InvalidArgument(
                 f"{option}={self.randomized_positions} is past the learned table's {table} positions "
                 "(learned_positions, default the longest eval length): raise learned_positions or lower N"
@@ -221,12 +229,29 @@ class ExtrapolationConfig(RunConfig):
         """The options the encoding ``name`` is built with in this experiment: those it scales
         with the training length L (:meth:`~posenc.PositionalEncoding.options_for_train_len`:
         iRoPE's attention_chunk_size and floor_scale = L // 4), else none. The model's
-        ``max_positions`` is the table size (the longest evaluation length), not L."""
-        return encoding_class(name).options_for_train_len(self.train_len)
+        ``max_positions`` is the table size (the longest evaluation length), not L.
 
-    def encoding(self, name: str) -> PositionalEncoding | str:
+        For a plan row: ``{"window": W}`` when a sliding or chunked part takes its window from
+        L (:func:`~posenc.lab.experiments.frame.default_window`), and each of its encodings' own
+        options from L under its name; empty otherwise (then the fingerprint, which holds these
+        only when set, is the row's name and the run's fields alone)."""
+        plan = Row.parse(name, randomized_rows=False).plan
+        if plan is None:
+            return encoding_class(name).options_for_train_len(self.train_len)
+        options: dict = {"window": default_window(self.train_len)} if plan.uses_default_window() else {}
+        for part in plan.encodings:
+            if own := encoding_class(part).options_for_train_len(self.train_len):
+                options[part] = own
+        return options
+
+    def encoding(self, name: str) -> PositionalEncoding | PositionPlan | str:
         """What the LM of ``name`` is built from: the name itself, or, when the encoding takes
-        options from L (:meth:`encoding_options`), the encoding built with them for the model."""
+        options from L (:meth:`encoding_options`), the encoding built with them for the model;
+        for a plan row its :class:`~posenc.hf_config.plan.PositionPlan` (each encoding with its
+        options from L)."""
+        if Row.parse(name, randomized_rows=False).plan is not None:
+            return self.row_model(name, self.model, self.train_len,
+                                  lambda part: encoding_class(part).options_for_train_len(self.train_len))
         options = self.encoding_options(name)
         return create_for_model(name, **self.model.encoding_sizes(), **options) if options else name
 

@@ -4,7 +4,8 @@ An experiment trains the byte-level LM once per (row, seed) and tabulates what t
 What the experiments share lives here, once:
 
 - :class:`Row`: a row's name parsed (``"rope"``, or ``"rope+rand"``: RoPE trained with
-  randomized positions, Ruoss et al. 2023);
+  randomized positions, Ruoss et al. 2023; or a position plan, :class:`PlanSpelling`:
+  ``"rope/nope:4"``, NoPE every 4th layer over RoPE);
 - :class:`RunConfig`: the fields every experiment has (``encodings``, ``model``, ``train``,
   ``seeds``, ``device``, ``randomized_positions``), their checks, the rows they make, the
   presets and flat options (:meth:`RunConfig.from_preset`), ``to_dict`` for results.json and the
@@ -26,7 +27,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import statistics
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -34,8 +35,10 @@ from typing import Any, ClassVar
 from posenc._version import __version__
 from posenc.lab.fields import only_when_set
 from posenc._validation import check_device, check_positive_int
-from posenc.encodings import encoding_class
+from posenc.encodings import create_for_model, encoding_class
+from posenc.encodings.base import Hook
 from posenc.errors import InvalidArgument, InvalidType
+from posenc.hf_config.plan import LayerPlan, PositionPlan
 from posenc.lab.experiments.lm import fold_flat_options
 from posenc.lab.model import LMConfig
 from posenc.lab.train import TrainConfig
@@ -57,20 +60,169 @@ MODEL_TRAIN_OPTIONS: dict[str, tuple[str, str]] = {
 }
 
 
+#: How a plan row is spelled, for help texts and error messages.
+PLAN_SPELLING = (
+    "a plan row is BASE[/PART:N]...: BASE (ENCODING[@SPAN]) on every layer, then each PART (ENCODING[@SPAN]) "
+    "on every N-th layer, counting from 1 (layers N-1, 2N-1, ...; a later part wins); SPAN is full (the default), "
+    "sliding (a window of L/4 keys) or chunked (chunks of L/4 positions), or sliding=W / chunked=C; nope is a layer "
+    "without positions. E.g. rope/nope:4 (NoPE every 4th layer over RoPE, SmolLM3) or rope@sliding/nope:4 (RoPE on "
+    "sliding-window layers, NoPE with full attention on every 4th, Cohere2)"
+)
+
+#: The hybrid plans of current long-context models that the full presets add (4-layer models):
+#: SmolLM3's (NoPE every 4th layer over full-attention RoPE; ``no_rope_layers``) and Cohere2's
+#: (RoPE on sliding-window layers, NoPE on a full-attention layer every 4th; ``layer_types``).
+#: Llama 4's chunked variant is the ``irope`` encoding.
+HYBRID_PLANS = ("rope/nope:4", "rope@sliding/nope:4")
+
+#: The window W of a sliding span and the chunk C of a chunked one, when the row does not give
+#: it, is the training length L over this (W = C = L // 4, at least 1): what iRoPE's chunks use
+#: (:meth:`posenc.encodings.irope.IRoPE.options_for_train_len`). A quarter of L lets three
+#: quarters of the training queries see a whole window, so the local layers meet at 2L..16L
+#: what they trained on, and their encoding never sees a distance of W or more at any length:
+#: only the full-attention layers reach further.
+WINDOW_FRACTION = 4
+
+
+def default_window(train_len: int) -> int:
+    """W = C of a plan row's sliding and chunked spans at training length L: ``max(1, L // 4)``."""
+    return max(1, train_len // WINDOW_FRACTION)
+
+
+_SPANS = ("full", "sliding", "chunked")
+
+
+@dataclass(frozen=True)
+class LayerSpelling:
+    """One part of a plan row: an encoding name, its span and an explicit window (None: the
+    span's window comes from L, :func:`default_window`; always None for a full span)."""
+
+    encoding: str
+    span: str = "full"
+    window: int | None = None
+
+
+@dataclass(frozen=True)
+class PlanSpelling:
+    """A plan row parsed (grammar: :data:`PLAN_SPELLING`): ``base`` on every layer, then each
+    ``(part, n)`` of ``every`` on the layers i with (i + 1) % n == 0, a later part winning.
+    ``rope/nope:4`` is SmolLM3's plan (layers 3, 7, ... NoPE, as its ``no_rope_layers``);
+    ``rope@sliding/nope:4`` Cohere2's (layers 3, 7, ... full attention without positions, the
+    others RoPE in a sliding window, as its ``sliding_window_pattern`` 4)."""
+
+    base: LayerSpelling
+    every: tuple[tuple[LayerSpelling, int], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str, row: str | None = None) -> PlanSpelling:
+        """The plan spelled ``text`` (``row``: the row's whole name, for the message).
+
+        Raises:
+            InvalidArgument: not a plan's spelling; the message names the row and the allowed forms.
+        """
+        row = text if row is None else row
+        parts = text.split("/")
+        base = _parse_layer(parts[0], row)
+        every = []
+        for part in parts[1:]:
+            layer, colon, n = part.rpartition(":")
+            if not colon or not n.isdigit() or int(n) < 1:
+                raise _spelling_error(row, f"{part!r} needs its interval, ENCODING[@SPAN]:N with N >= 1 (e.g. nope:4)")
+            every.append((_parse_layer(layer, row), int(n)))
+        return cls(base, tuple(every))
+
+    def layer(self, index: int) -> LayerSpelling:
+        """The part that layer ``index`` (0-based) takes."""
+        chosen = self.base
+        for part, n in self.every:
+            if (index + 1) % n == 0:
+                chosen = part
+        return chosen
+
+    @property
+    def encodings(self) -> list[str]:
+        """The encoding names the plan uses, each once, in order of appearance."""
+        return list(dict.fromkeys([self.base.encoding, *(part.encoding for part, _ in self.every)]))
+
+    def uses_default_window(self) -> bool:
+        """Whether some sliding or chunked part takes its window from L."""
+        return any(p.span != "full" and p.window is None for p in (self.base, *(part for part, _ in self.every)))
+
+    def check(self, num_layers: int, row: str) -> None:
+        """Raise unless every encoding is registered (the message lists them) and may sit on a
+        layer (no ``embed`` hook), and every ``/PART:N`` names a layer of a ``num_layers`` model."""
+        for name in self.encodings:
+            try:
+                cls = encoding_class(name)
+            except InvalidArgument as err:
+                raise _spelling_error(row, str(err)) from None
+            if Hook.EMBED in cls.hooks:
+                raise _spelling_error(row, f"{name} adds positions to the token embeddings, not inside a layer; "
+                                           "a plan's parts are encodings of the attention (rope, alibi, t5, nope, ...)")
+        for part, n in self.every:
+            if n > num_layers:
+                raise _spelling_error(row, f"{part.encoding}:{n} names no layer of a {num_layers}-layer model "
+                                           f"(every {n}-th layer: layers {n - 1}, {2 * n - 1}, ...)")
+
+    def build(self, sizes: dict, train_len: int, options: Callable[[str], dict] | None = None) -> PositionPlan:
+        """The :class:`PositionPlan` of a model of ``sizes`` (:meth:`LMConfig.encoding_sizes`,
+        ``num_layers`` among them) trained at length ``train_len``: each encoding built once with
+        :func:`posenc.create_for_model` (and ``options(name)``, e.g. those it takes from L) and
+        shared by its layers, ``nope`` as None (no positions); windows from L where not given."""
+        built = {name: None if name == "nope" else create_for_model(name, **sizes, **(options(name) if options else {}))
+                 for name in self.encodings}
+        layers = []
+        for index in range(sizes["num_layers"]):
+            part = self.layer(index)
+            window = None if part.span == "full" else part.window or default_window(train_len)
+            layers.append(LayerPlan(built[part.encoding], span=part.span, window=window))
+        return PositionPlan(tuple(layers))
+
+
+def _spelling_error(row: str, problem: str) -> InvalidArgument:
+    return InvalidArgument(f"encodings: row {row!r}: {problem}; {PLAN_SPELLING}")
+
+
+def _parse_layer(text: str, row: str) -> LayerSpelling:
+    name, at, span = text.partition("@")
+    if not name or not all(c.isalnum() or c == "_" for c in name):
+        raise _spelling_error(row, f"{text!r} does not start with an encoding name")
+    if not at:
+        return LayerSpelling(name)
+    span, equals, window = span.partition("=")
+    if span not in _SPANS:
+        raise _spelling_error(row, f"unknown span {span!r} (choose full, sliding, chunked)")
+    if not equals:
+        return LayerSpelling(name, span)
+    if span == "full" or not window.isdigit() or int(window) < 1:
+        raise _spelling_error(row, f"{text!r}: a window is a whole number >= 1 after sliding= or chunked=")
+    return LayerSpelling(name, span, int(window))
+
+
 @dataclass(frozen=True)
 class Row:
     """A trained row of an experiment's table: an encoding, trained with ordinary positions or,
-    ``randomized``, with randomized ones (named ``<encoding>+rand``)."""
+    ``randomized``, with randomized ones (named ``<encoding>+rand``). ``encoding`` may be a
+    plan's spelling (``rope/nope:4``, :data:`PLAN_SPELLING`), parsed into ``plan``."""
 
     encoding: str
     randomized: bool = False
+    plan: PlanSpelling | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def parse(cls, name: str) -> Row:
-        """The row named ``name`` (``"rope+rand"`` -> ``Row("rope", randomized=True)``)."""
-        if name.endswith(RANDOMIZED_SUFFIX):
-            return cls(name[: -len(RANDOMIZED_SUFFIX)], randomized=True)
-        return cls(name)
+    def parse(cls, name: str, randomized_rows: bool = True) -> Row:
+        """The row named ``name`` (``"rope+rand"`` -> ``Row("rope", randomized=True)``; a name
+        with ``/`` or ``@`` is a plan). ``randomized_rows`` False: the suffix is not read.
+
+        Raises:
+            InvalidArgument: a plan's spelling that does not parse (the message names the row
+                and the allowed forms).
+        """
+        encoding, randomized = name, False
+        if randomized_rows and name.endswith(RANDOMIZED_SUFFIX):
+            encoding, randomized = name[: -len(RANDOMIZED_SUFFIX)], True
+        plan = PlanSpelling.parse(encoding, name) if ("/" in encoding or "@" in encoding) else None
+        return cls(encoding, randomized, plan)
 
     @property
     def name(self) -> str:
@@ -98,7 +250,8 @@ class RunConfig:
     """What every experiment's config holds: the rows it trains and how.
 
     Args:
-        encodings: registered encoding names, one row each. Where the experiment allows it
+        encodings: registered encoding names or plans (:data:`PLAN_SPELLING`, e.g.
+            ``rope/nope:4``), one row each. Where the experiment allows it
             (``NAMED_RANDOMIZED_ROWS``), a name may carry the suffix ``+rand``: that encoding
             trained with randomized positions; the plain name need not be in the list.
         model: the LM's sizes.
@@ -115,7 +268,8 @@ class RunConfig:
 
     A subclass declares its own fields and these class attributes: ``PRESETS`` (named
     option sets, :meth:`from_preset`), ``OPTIONS`` (flat option -> (``model`` or ``train``,
-    field)), ``FIELD_ORDER`` (every field, in results.json's order), ``UNREAD`` (fields of
+    field)), ``FIELD_ORDER`` (every field, in results.json's order), ``FULL_PLANS`` (the plan
+    rows a preset with ``encodings`` None adds), ``UNREAD`` (fields of
     ``model`` / ``train`` the experiment sets itself, left out of results.json, as
     ``"part.name"``) and ``ADDED_LATER`` (fields written only when set, see
     :func:`only_when_set`).
@@ -138,6 +292,7 @@ class RunConfig:
     UNREAD: ClassVar[tuple[str, ...]] = ("train.seed",)
     ADDED_LATER: ClassVar[Mapping[str, object]] = {}
     NAMED_RANDOMIZED_ROWS: ClassVar[bool] = False
+    FULL_PLANS: ClassVar[tuple[str, ...]] = HYBRID_PLANS
 
     # --- construction -------------------------------------------------------------------
 
@@ -171,10 +326,11 @@ class RunConfig:
 
     @classmethod
     def every_encoding(cls) -> tuple[str, ...]:
-        """The rows of a preset whose ``encodings`` is None: every registered encoding."""
+        """The rows of a preset whose ``encodings`` is None: every registered encoding, then
+        the plans of ``FULL_PLANS``."""
         from posenc.encodings import REGISTRY
 
-        return tuple(REGISTRY)
+        return (*REGISTRY, *cls.FULL_PLANS)
 
     # --- checks ---------------------------------------------------------------------------
 
@@ -185,11 +341,14 @@ class RunConfig:
 
     def _check_run(self) -> None:
         check_names(self.encodings, "encodings", "encoding", "('rope', 'alibi')")
-        for name in self.encodings:
-            # unknown names raise, listing the available ones
-            encoding_class(Row.parse(name).encoding if self.NAMED_RANDOMIZED_ROWS else name)
         if not isinstance(self.model, LMConfig):
             raise InvalidType(f"model must be a posenc.lab.model.LMConfig, got {type(self.model).__name__}")
+        for name in self.encodings:
+            row = Row.parse(name, self.NAMED_RANDOMIZED_ROWS)
+            if row.plan is not None:
+                row.plan.check(self.model.num_layers, name)
+            else:
+                encoding_class(row.encoding)  # unknown names raise, listing the available ones
         if not isinstance(self.train, TrainConfig):
             raise InvalidType(f"train must be a posenc.lab.train.TrainConfig, got {type(self.train).__name__}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) \
@@ -242,6 +401,14 @@ class RunConfig:
         """What a run's result depends on (``fields``, in order, after the posenc version);
         the ``ADDED_LATER`` fields only when set. A stored run is reused only if it matches."""
         return only_when_set({"posenc_version": __version__, **fields}, self.ADDED_LATER)
+
+    def row_model(self, encoding: str, model: LMConfig, train_len: int,
+                  options: Callable[[str], dict] | None = None) -> str | PositionPlan:
+        """What the LM of a row's ``encoding`` (:meth:`row_training`'s first item) is built
+        from: the name itself, or a plan row's :class:`PositionPlan` for ``model`` at training
+        length ``train_len`` (``options(name)``: the options each encoding is built with)."""
+        plan = Row.parse(encoding, randomized_rows=False).plan
+        return encoding if plan is None else plan.build(model.encoding_sizes(), train_len, options)
 
     # --- results.json ----------------------------------------------------------------------
 

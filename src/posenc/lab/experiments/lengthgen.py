@@ -110,7 +110,10 @@ class LengthgenConfig(RunConfig):
 
     Args:
         tasks: task names (:data:`posenc.lab.experiments.tasks.TASKS`).
-        encodings: registered encoding names, one row each (per task).
+        encodings: registered encoding names or position plans
+            (:data:`~posenc.lab.experiments.frame.PLAN_SPELLING`, e.g. ``rope/nope:3``), one
+            row each (per task). A plan row's sliding window (or chunk) is, unless given, a
+            quarter of the task's longest training sequence.
         model: the LM's sizes (default: d_model 64, 3 layers, 8 heads, MLP ratio 2: a third
             layer is what addition's carry needed; the narrower MLP costs a third less with no
             slower learning in our trials); its ``max_positions`` is not read: each task's
@@ -154,6 +157,10 @@ class LengthgenConfig(RunConfig):
     )
     #: set per task (``steps``, ``seq_len``), per run (``seed``) and per task (the table size)
     UNREAD: ClassVar[tuple[str, ...]] = ("train.seed", "train.steps", "train.seq_len", "model.max_positions")
+    #: The hybrid plans of ``--preset full``, for this experiment's 3-layer model: the global
+    #: (NoPE, full-attention) layer is the last of every 3 (layer 2), where SmolLM3's and
+    #: Cohere2's 4-layer groups put it last of every 4 (``rope/nope:4`` names no layer of 3).
+    FULL_PLANS: ClassVar[tuple[str, ...]] = ("rope/nope:3", "rope@sliding/nope:3")
 
     def _check_experiment(self) -> None:
         check_names(self.tasks, "tasks", "task", "('copy', 'passkey')")
@@ -310,6 +317,8 @@ def train_and_evaluate(
     task = get_task(task_name)
     torch.manual_seed(seed)
     encoding, train = config.row_run(task_name, row, seed)
+    # a plan row's windows scale with the task's longest training sequence (its L)
+    encoding = config.row_model(encoding, config.model_config(task_name), config.train_sequence_length(task_name))
     model = TransformerLM(config.model_config(task_name), encoding).to(config.device)
     name = row_name(task_name, row)
     training = train_run(model, task_batches(task, config.task_train_size(task_name)), train, store, name, seed,

@@ -58,6 +58,14 @@ class Reporter:
     def run_finished(self, row: str, seed: int, record: dict, skipped: bool) -> None: ...
 
 
+def file_stem(row: str) -> str:
+    """A row's name as a file name: a plan row's ``/`` (a path separator) becomes ``__`` and
+    its ``:`` (not allowed on Windows) ``-``, so ``rope@sliding/nope:4`` is stored as
+    ``rope@sliding__nope-4``. Encoding names hold neither ``__`` nor ``-``, so no two rows share
+    a file; every other row's name is its file name, as before."""
+    return row.replace("/", "__").replace(":", "-")
+
+
 class RunStore:
     """The records and checkpoints of one experiment's output folder ``out``.
 
@@ -74,12 +82,13 @@ class RunStore:
         return f"RunStore({str(self.out)!r})"
 
     def record_path(self, row: str, seed: int) -> Path:
-        """Where the finished record of (row, seed) lives: ``runs/<row>-seed<seed>.json``."""
-        return self.runs / f"{row}-seed{seed}.json"
+        """Where the finished record of (row, seed) lives: ``runs/<row>-seed<seed>.json``
+        (the row as :func:`file_stem` writes it)."""
+        return self.runs / f"{file_stem(row)}-seed{seed}.json"
 
     def checkpoint_path(self, row: str, seed: int) -> Path:
         """Where the training checkpoint of (row, seed) lives: ``checkpoints/<row>-seed<seed>.pt``."""
-        return self.checkpoints / f"{row}-seed{seed}.pt"
+        return self.checkpoints / f"{file_stem(row)}-seed{seed}.pt"
 
     def stored(self, row: str, seed: int, fingerprint: dict) -> dict | None:
         """The finished record of (row, seed), or None if there is none yet.
