@@ -542,6 +542,47 @@ def _print_position_plan(config: dict) -> None:
 
 
 @app.command()
+def audit(
+    config: str = typer.Argument(..., help="A config.json, a folder holding one, or a model id in the local Hugging Face cache.",
+                                 show_default=False),
+    length: Optional[int] = typer.Option(None, help="Tokens per input (default: the longest window or chunk + 8, at most 1024; 32 without)."),
+) -> None:
+    """Check the per-layer plan posenc reads from a config against the model transformers builds
+    from it (tiny, random weights, the positional keys kept): per group of layers, the plan and
+    the max difference of the attention outputs, the model's own against posenc's. Exit 0 when
+    every layer matches, 1 on a mismatch, 2 for a config or family it cannot read or build."""
+    from posenc.integrations.audit import audit as run_audit
+    from posenc.integrations.audit import format_layers
+
+    if length is not None and length < 1:
+        raise UsageError(f"--length must be a positive integer, got {length}")
+    report = run_audit(config, length=length)
+    console.print(f"[bold]{report.model_type}[/]: {report.num_layers} layers in the config; audited on {report.audit_layers} "
+                  f"({report.sizes}, std-0.2 random weights, float32), {report.length} tokens, {report.method}",
+                  highlight=False)
+    from rich.markup import escape
+
+    table = Table(caption="max |diff|: attention outputs, the model's own vs posenc's\n"
+                          "tolerance: max(1e-5 x max(1, |output|), 2 x |eager - sdpa|)")
+    for header, justify in (("layers", "left"), ("plan", "left"), ("max |diff|", "right"), ("tolerance", "right"),
+                            ("", "center")):
+        table.add_column(header, justify=justify)
+    if report.plan.embedding is not None:
+        table.add_row("embedding", escape(report.plan.describe().splitlines()[0].removeprefix("embedding: ")), "", "", "")
+    for row in report.rows:
+        table.add_row(format_layers(row, report.plan.encoder is not None), escape(row.plan), f"{row.max_diff:.2e}", f"{row.tolerance:.1e}",
+                      "[green]ok[/]" if row.ok else "[red]MISMATCH[/]")
+    console.print(table)
+    console.print("[bold]plan of the config[/] (all layers):", highlight=False)
+    for line in report.plan.describe().splitlines():
+        console.print(f"  {line}", markup=False, highlight=False)
+    for note in report.plan.notes:
+        console.print(f"  note: {note}", markup=False, highlight=False)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
 def plot(
     name: str = typer.Argument(..., help="A registered encoding (see `posenc list`)."),
     out: Optional[Path] = typer.Option(None, help="The PNG to write (default: NAME.png)."),
@@ -652,7 +693,9 @@ def main(argv: list[str] | None = None) -> int:
     file) prints one line and exits 2; any other exception is an internal error: one line
     saying so and how to see the traceback, exit 1. ``POSENC_DEBUG=1`` re-raises either."""
     try:
-        app(args=argv, prog_name="posenc", standalone_mode=False)
+        code = app(args=argv, prog_name="posenc", standalone_mode=False)
+        if isinstance(code, int) and not isinstance(code, bool):  # click returns typer.Exit's code here
+            return code
     except typer.Exit as exit_:
         return exit_.exit_code
     except typer.Abort:

@@ -1,0 +1,410 @@
+"""``posenc audit``: check the position plan posenc reads from a Hugging Face config against the
+model transformers builds from that config, layer by layer.
+
+:func:`audit` builds the config's family as a tiny random model with the same positional keys
+(head_dim, rotary keys, rope dicts, layer pattern keys, sliding windows, chunk sizes, position
+limits kept; hidden size, heads (2 query, 1 key/value), intermediate sizes, vocabulary and
+experts shrunk; as many layers as it takes to hold every kind of layer of the plan, per-layer
+lists such as ``layer_types`` / ``no_rope_layers`` trimmed to that count), every parameter drawn
+with std 0.2 (so that a wrong position moves the outputs visibly), float32. It runs the model as
+built (its own attention and positions) on random tokens, then applies
+``position_plan(config)`` to the same model (:func:`posenc.integrations.transformers.use_encoding`,
+or :func:`posenc.integrations.adapters.apply_plan` for GPT-2, OPT, BLOOM, MPT, Falcon and T5) and
+runs it again on the same tokens, capturing each decoder layer's attention module output with
+forward hooks both times. The report holds, per group of layers (grouped as
+:meth:`PositionPlan.describe` groups them), the plan and the max absolute difference.
+
+The length exercises the spans where cheap: T = min(max(sliding window, chunk) + 8, 1024), 32
+for a model without spans, never past the model's position limit (``max_position_embeddings``,
+GPT-2's ``n_positions``, MPT's ``max_seq_len``).
+
+transformers is imported inside the functions (posenc does not need it otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from posenc.errors import InvalidArgument, PosencError
+from posenc.hf_config.plan import LayerPlan, PositionPlan, layer_ranges
+
+__all__ = ["AuditRow", "AuditReport", "audit", "read_config", "shrink_config", "TOLERANCE"]
+
+#: A layer matches when its attention outputs differ by at most this times max(1, max |output|)
+#: (float32), or by at most twice the model's own eager / sdpa difference.
+TOLERANCE = 1e-5
+#: The sizes of the audit model.
+HEADS, KV_HEADS, VOCAB, INTERMEDIATE, EXPERTS = 2, 1, 128, 32, 2
+#: The longest input the audit runs by default.
+MAX_LENGTH = 1024
+
+#: model_type -> (path from the model to its decoder layers, a layer's attention attribute) for
+#: the families served by adapters.apply_plan; T5's stacks are read in :func:`_stacks`.
+ADAPTER_LAYERS = {
+    "gpt2": ("transformer.h", "attn"),
+    "opt": ("model.decoder.layers", "self_attn"),
+    "bloom": ("transformer.h", "self_attention"),
+    "mpt": ("transformer.blocks", "attn"),
+    "falcon": ("transformer.h", "self_attention"),
+}
+_SEQ2SEQ = ("t5", "mt5")
+
+# Shrinking: key -> new value (or a function of the original config and the head width).
+_HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
+_KV_KEYS = ("num_key_value_heads", "num_kv_heads")
+_HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_decoder_layers")
+_SMALL = {
+    **dict.fromkeys(("intermediate_size", "intermediate_size_mlp", "moe_intermediate_size",
+                     "shared_expert_intermediate_size", "ffn_dim", "d_ff", "ffn_hidden_size", "n_inner"), INTERMEDIATE),
+    **dict.fromkeys(("num_local_experts", "num_experts", "n_routed_experts"), EXPERTS),
+    **dict.fromkeys(("num_experts_per_tok", "n_shared_experts", "n_group", "topk_group"), 1),
+    "linear_num_key_heads": 1, "linear_num_value_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    "q_lora_rank": 16, "kv_lora_rank": 16, "vocab_size": VOCAB,
+    "decoder_start_token_id": 0, "sep_token_id": 2,
+}
+#: token ids inside the small vocabulary (set even where the config leaves them to the class's defaults).
+_TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+_DROPPED = ("torch_dtype", "dtype", "quantization_config", "auto_map", "_name_or_path", "transformers_version",
+            "architectures", "attn_implementation", "_attn_implementation")
+#: lists of layer indices (not one entry per layer): kept below the new layer count.
+_INDEX_LISTS = ("moe_layers", "mlp_only_layers")
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    """One group of layers with the same plan: ``stack`` ("decoder", or "encoder" for T5),
+    ``layers`` (indices in the audit model), ``plan`` (:meth:`LayerPlan.describe`) and
+    ``max_diff``, the largest |own - posenc| over the group's attention outputs; ``noise``,
+    the largest |own - the model's other attention implementation (eager / sdpa)| on the same
+    weights and input (0 where the family has one implementation); ``scale``, the largest
+    |own| (std-0.2 weights make outputs of tens with wide heads); ``tolerance``, the larger of
+    :data:`TOLERANCE` x max(1, scale) and twice the noise."""
+
+    stack: str
+    layers: tuple[int, ...]
+    plan: str
+    max_diff: float
+    noise: float = 0.0
+    scale: float = 1.0
+
+    @property
+    def tolerance(self) -> float:
+        return max(TOLERANCE * max(1.0, self.scale), 2 * self.noise)
+
+    @property
+    def ok(self) -> bool:
+        return self.max_diff <= self.tolerance
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """What :func:`audit` found: the family, the plan of the config as given (``plan``, all its
+    layers), the audit model's sizes, the input length and one :class:`AuditRow` per group."""
+
+    model_type: str
+    plan: PositionPlan
+    num_layers: int
+    audit_layers: int
+    sizes: str
+    length: int
+    rows: tuple[AuditRow, ...]
+    method: str
+
+    @property
+    def ok(self) -> bool:
+        return all(row.ok for row in self.rows)
+
+
+def read_config(source: str | os.PathLike) -> tuple[dict, str]:
+    """A config.json as a dict and where it came from: ``source`` is a file, a folder holding
+    ``config.json``, or a model id already in the local Hugging Face cache (looked up with
+    ``huggingface_hub.try_to_load_from_cache``; nothing is downloaded, no network is used).
+
+    Raises:
+        InvalidArgument: none of those, or a file that is not a JSON object.
+    """
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise InvalidArgument(f"CONFIG: the folder {source} holds no config.json")
+    elif not path.is_file():
+        cached = _cached_config(str(source))
+        if cached is None:
+            raise InvalidArgument(f"CONFIG: {source} is neither a file, a folder with a config.json, nor a model in "
+                                  "the local Hugging Face cache (posenc audit never downloads)")
+        path = Path(cached)
+    try:
+        config = json.loads(path.read_text("utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InvalidArgument(f"CONFIG: {path} is not a readable JSON file ({err})") from None
+    if not isinstance(config, dict):
+        raise InvalidArgument(f"CONFIG: {path} must hold a JSON object (a model config.json), got {type(config).__name__}")
+    return config, str(path)
+
+
+def _cached_config(repo_id: str) -> str | None:
+    """The cached config.json of a model id, or None (never a download)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # an invalid repo id (HFValidationError), an unreadable cache
+        return None
+    return found if isinstance(found, str) else None  # None, or _CACHED_NO_EXIST
+
+
+def _text_config(config: Mapping[str, Any]) -> dict:
+    """The decoder's config: a multimodal wrapper's ``text_config`` under its family's name."""
+    from posenc.hf_config.families import FAMILIES
+
+    family = FAMILIES.get(config.get("model_type"))
+    if family is None or family.text_config is None:
+        return dict(config)
+    text = config.get("text_config")
+    if isinstance(text, Mapping):
+        return {**dict(text), "model_type": family.text_config}
+    return {**config, "model_type": family.text_config}
+
+
+def _quiet_plan(config: Mapping[str, Any]) -> PositionPlan:
+    from posenc.hf_config import position_plan
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the notes are in the plan
+        return position_plan(dict(config))
+
+
+def _layers_needed(plan: PositionPlan) -> int:
+    """The fewest leading layers that hold every kind of layer of the plan (at least 2)."""
+    first: dict[tuple, int] = {}
+    for index, layer in enumerate(plan):
+        first.setdefault((layer.describe(), layer.layer_type), index)
+    return min(len(plan), max(2, max(first.values()) + 1))
+
+
+def _head_dim(cfg: Mapping[str, Any]) -> int:
+    for key in ("head_dim", "d_kv"):
+        if isinstance(cfg.get(key), int):
+            return cfg[key]
+    hidden = next((cfg[k] for k in _HIDDEN_KEYS if isinstance(cfg.get(k), int)), None)
+    heads = next((cfg[k] for k in _HEAD_KEYS if isinstance(cfg.get(k), int)), None)
+    if not hidden or not heads:
+        raise InvalidArgument(f"config ({cfg.get('model_type')}): cannot read its head width (no head_dim, "
+                              f"hidden size or head count)")
+    return hidden // heads
+
+
+def shrink_config(config: Mapping[str, Any], num_layers: int) -> dict:
+    """``config`` (a decoder's config.json dict) made tiny with its positional keys kept: 2
+    query heads and 1 key/value head of the same head width, hidden size 2 x head_dim (T5:
+    ``d_kv`` kept, ``d_model`` 64), intermediate sizes 32, vocabulary 128, 2 experts with 1 per
+    token, ``num_layers`` layers (per-layer lists cut to that length, lists of layer indices
+    kept below it); dtype and quantization keys dropped."""
+    cfg = {k: v for k, v in config.items() if k not in _DROPPED}
+    head_dim = _head_dim(cfg)
+    layers = next((cfg[k] for k in _LAYER_KEYS if isinstance(cfg.get(k), int)), None)
+    for key, value in _SMALL.items():
+        if key in cfg and cfg[key] is not None:
+            cfg[key] = value
+    cfg.update(_TOKENS)
+    for key in _HEAD_KEYS:
+        if isinstance(cfg.get(key), int):
+            cfg[key] = HEADS
+    for key in _KV_KEYS:
+        if isinstance(cfg.get(key), int):
+            cfg[key] = KV_HEADS
+    for key in _HIDDEN_KEYS:
+        if isinstance(cfg.get(key), int):
+            cfg[key] = 64 if "d_kv" in cfg else HEADS * head_dim
+    if "word_embed_proj_dim" in cfg:  # OPT
+        cfg["word_embed_proj_dim"] = cfg.get("hidden_size", HEADS * head_dim)
+    if "head_dim" in cfg and cfg["head_dim"] is None:
+        cfg.pop("head_dim")
+    for key in _LAYER_KEYS:
+        if isinstance(cfg.get(key), int):
+            cfg[key] = num_layers
+    for key, value in list(cfg.items()):
+        if isinstance(value, list) and layers is not None and len(value) == layers and key not in _INDEX_LISTS:
+            cfg[key] = value[:num_layers]
+        elif key in _INDEX_LISTS and isinstance(value, list):
+            cfg[key] = [i for i in value if isinstance(i, int) and i < num_layers]
+    return cfg
+
+
+def _default_length(plan: PositionPlan, cfg: Mapping[str, Any]) -> int:
+    windows = [layer.window for stack in (plan, plan.encoder) if stack is not None for layer in stack if layer.window]
+    length = min(max(windows) + 8, MAX_LENGTH) if windows else 32
+    for key in ("n_positions", "max_seq_len"):  # absolute tables / ALiBi tables with a fixed size
+        if isinstance(cfg.get(key), int):
+            length = min(length, cfg[key])
+    if cfg.get("model_type") in ("opt", "gpt2") and isinstance(cfg.get("max_position_embeddings"), int):
+        length = min(length, cfg["max_position_embeddings"])
+    return length
+
+
+def _build(cfg: dict, attn_implementation: str | None = None):
+    """The family's transformers model for ``cfg``, float32, every parameter drawn with std 0.2
+    (the same weights on every call); ``attn_implementation`` None: transformers' default."""
+    import torch
+    import transformers
+
+    model_type = cfg["model_type"]
+    try:
+        config = transformers.AutoConfig.for_model(**cfg)
+    except Exception as err:  # unknown to transformers, or a value its config class refuses
+        raise InvalidArgument(f"config: transformers cannot build a {model_type!r} config from it "
+                              f"({type(err).__name__}: {' '.join(str(err).split())[:300]})") from None
+    auto = transformers.AutoModelForSeq2SeqLM if model_type in _SEQ2SEQ else transformers.AutoModelForCausalLM
+    torch.manual_seed(0)
+    try:
+        options = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+        model = auto.from_config(config, dtype=torch.float32, **options)
+    except Exception as err:
+        raise InvalidArgument(f"config: transformers cannot build a {model_type!r} model from it "
+                              f"({type(err).__name__}: {' '.join(str(err).split())[:300]})") from None
+    with torch.no_grad():
+        for parameter in model.parameters():
+            torch.nn.init.normal_(parameter, std=0.2)
+    return model.eval()
+
+
+def _resolve(root: Any, dotted: str) -> Any:
+    for name in dotted.split("."):
+        root = getattr(root, name)
+    return root
+
+
+def _stacks(model) -> list[tuple[str, list]]:
+    """(stack name, the attention module of each of its layers) for the model's self-attention stacks."""
+    model_type = model.config.model_type
+    if model_type in _SEQ2SEQ:
+        return [(name, [block.layer[0].SelfAttention for block in getattr(model, name).block])
+                for name in ("encoder", "decoder")]
+    if model_type in ADAPTER_LAYERS:
+        path, attribute = ADAPTER_LAYERS[model_type]
+        return [("decoder", [getattr(layer, attribute) for layer in _resolve(model, path)])]
+    from posenc.integrations.transformers import _base_model, family_of
+
+    family = family_of(model)
+    base = _base_model(model, family)
+    # a layer without softmax attention (Qwen3-Next's linear attention): the layer's own output
+    return [("decoder", [getattr(layer, family.attention, layer) for layer in getattr(base, family.layers)])]
+
+
+def _attention_outputs(model, inputs: dict) -> dict[tuple[str, int], Any]:
+    import torch
+
+    captured: dict[tuple[str, int], Any] = {}
+    handles = []
+    for stack, modules in _stacks(model):
+        for index, module in enumerate(modules):
+            def hook(_module, _args, output, key=(stack, index)):
+                captured[key] = (output[0] if isinstance(output, tuple) else output).detach().clone()
+            handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return captured
+
+
+def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None = None, seed: int = 0) -> AuditReport:
+    """Check ``position_plan(config)`` against the model transformers builds from ``config``.
+
+    Args:
+        config: a config.json dict, or what :func:`read_config` takes (a file, a folder, a
+            cached model id).
+        length: tokens per input (default: see the module docstring).
+        seed: the seed of the random tokens.
+
+    Returns:
+        An :class:`AuditReport`; ``report.ok`` when every layer's attention output matches
+        within its row's tolerance: the larger of :data:`TOLERANCE` relative to the outputs'
+        scale (absolute for outputs up to 1) and twice the model's own float32 noise
+        (|eager - sdpa| on the same weights and input).
+
+    Raises:
+        InvalidArgument: a config it cannot read, a family posenc does not read or that
+            transformers (or use_encoding / apply_plan) cannot build, a bad length.
+        ImportError: transformers is not installed.
+    """
+    import torch
+
+    if not isinstance(config, Mapping):
+        config, _ = read_config(config)
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+        raise InvalidArgument(f"length must be a positive int, got {length!r}")
+    decoder_config = _text_config(config)
+    full_plan = _quiet_plan(config)
+    plan_layers = _layers_needed(full_plan)
+    if full_plan.encoder is not None:
+        plan_layers = max(plan_layers, _layers_needed(full_plan.encoder))
+    cfg = shrink_config(decoder_config, plan_layers)
+    plan = _quiet_plan(cfg)
+    model = _build(cfg)
+    from posenc.integrations.adapters import ADAPTERS, apply_plan
+    from posenc.integrations.transformers import use_encoding
+
+    model_type = model.config.model_type
+    length = length if length is not None else _default_length(plan, cfg)
+    tokens = torch.randint(3, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
+    inputs = {"input_ids": tokens}
+    if model_type in _SEQ2SEQ:
+        inputs["decoder_input_ids"] = tokens
+    own = _attention_outputs(model, inputs)
+    noise = _noise(cfg, model, inputs, own)
+    method = "adapters.apply_plan" if model_type in ADAPTERS else "use_encoding"
+    try:
+        apply_plan(model, plan) if model_type in ADAPTERS else use_encoding(model, plan)
+    except PosencError as err:
+        raise InvalidArgument(f"config ({model_type}): posenc cannot apply its plan to the model ({err})") from None
+    ours = _attention_outputs(model, inputs)
+    rows = []
+    for stack, stack_plan in (("encoder", plan.encoder), ("decoder", plan)):
+        if stack_plan is None:
+            continue
+        groups: dict[str, list[int]] = {}
+        for index, layer in enumerate(stack_plan):
+            groups.setdefault(_row_text(layer), []).append(index)
+        for text, indices in groups.items():
+            diff = max((own[(stack, i)] - ours[(stack, i)]).abs().max().item() for i in indices)
+            rows.append(AuditRow(stack, tuple(indices), text, diff, max(noise.get((stack, i), 0.0) for i in indices),
+                                 max(own[(stack, i)].abs().max().item() for i in indices)))
+    hidden = next((cfg[k] for k in _HIDDEN_KEYS if isinstance(cfg.get(k), int)), None)
+    kv = KV_HEADS if any(isinstance(cfg.get(k), int) for k in _KV_KEYS) else HEADS
+    sizes = f"hidden {hidden}, heads {HEADS}/{kv}, head_dim {_head_dim(cfg)}"
+    return AuditReport(str(config.get("model_type")), full_plan, len(full_plan), len(plan), sizes, length,
+                       tuple(rows), method)
+
+
+def _noise(cfg: dict, model, inputs: dict, own: dict) -> dict:
+    """Per layer, |own - the same model with its other attention implementation| (eager for
+    sdpa and back); empty where the family has only one."""
+    other = "eager" if model.config._attn_implementation != "eager" else "sdpa"
+    try:
+        outputs = _attention_outputs(_build(cfg, other), inputs)
+    except Exception:  # the family refuses the other implementation (Gemma 2, gpt-oss, BLOOM)
+        return {}
+    return {key: (own[key] - value).abs().max().item() for key, value in outputs.items() if key in own}
+
+
+def _row_text(layer: LayerPlan) -> str:
+    return layer.describe() + (f" [{layer.layer_type}]" if layer.layer_type else "")
+
+
+def format_layers(row: AuditRow, with_stack: bool = False) -> str:
+    """``"0-4"``; ``"encoder 0-1"`` / ``"decoder 0-1"`` with ``with_stack`` or for an encoder."""
+    text = layer_ranges(row.layers)
+    return f"{row.stack} {text}" if with_stack or row.stack != "decoder" else text
