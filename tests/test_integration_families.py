@@ -136,6 +136,20 @@ FAMILIES = {
                     # the NoPE layers' attention temperature (Llama 4's attn_temperature_tuning), as the model applies it
                     by_flags(lambda: rope(5e5, interleaved=True),
                              lambda: AttentionTemperature(floor_scale=4, attn_scale=0.1)), "sdpa"),
+    "mixtral": (T.MixtralConfig, T.MixtralForCausalLM,
+                dict(SMALL, num_hidden_layers=2, num_local_experts=2, num_experts_per_tok=1, sliding_window=None),
+                uniform(lambda: rope(1e6), 2), "sdpa"),
+    "qwen3_moe": (T.Qwen3MoeConfig, T.Qwen3MoeForCausalLM,
+                  dict(SMALL, num_hidden_layers=2, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
+                       head_dim=16), uniform(rope, 2), "sdpa"),
+    "phi": (T.PhiConfig, T.PhiForCausalLM, dict(SMALL, num_hidden_layers=2, partial_rotary_factor=0.5),
+            uniform(lambda: rope(rotary_dim=8), 2), "sdpa"),
+    # MLA: RoPE on the qk_rope_head_dim part of each head, pairs interleaved (rope_interleave)
+    "deepseek_v3": (T.DeepseekV3Config, T.DeepseekV3ForCausalLM,
+                    dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1,
+                         n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32,
+                         kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16),
+                    uniform(lambda: posenc.RoPE(8, interleaved=True), 2), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -148,6 +162,7 @@ MEASURED = {
     "phi3": (2.38e-07, 4.77e-07), "olmo2": (3.65e-07, 6.85e-07), "gpt_neox": (4.77e-07, 3.58e-07),
     "gptj": (2.98e-07, 3.58e-07), "stablelm": (2.98e-07, 5.96e-07), "persimmon": (5.96e-07, 5.96e-07),
     "llama4_text": (2.98e-07, 3.58e-07),
+    "mixtral": (3.87e-07, 0.0), "qwen3_moe": (2.68e-07, 0.0), "phi": (3.58e-07, 0.0), "deepseek_v3": (2.98e-07, 0.0),
 }
 
 

@@ -105,6 +105,14 @@ HALF_COS_SIN = TableFormat(
 #: (sin, cos), one value per interleaved pair (GPT-J's ``embed_positions`` split).
 PAIR_SIN_COS = TableFormat(lambda cos, sin, dtype: (sin[..., ::2].to(dtype), cos[..., ::2].to(dtype)),
                            lambda tables: 2 * tables[0].shape[-1])
+#: (cos, sin) of interleaved pairs laid out half-split, [c0 .. c(r/2-1), c0 .. c(r/2-1)]: DeepSeek-V3's
+#: ``apply_rotary_pos_emb_interleave`` moves q's and k's pairs to half-split order, then rotates
+#: them with Llama's tables.
+DEINTERLEAVED_COS_SIN = TableFormat(
+    lambda cos, sin, dtype: (torch.cat((cos[..., ::2], cos[..., ::2]), -1).to(dtype),
+                             torch.cat((sin[..., ::2], sin[..., ::2]), -1).to(dtype)),
+    lambda tables: tables[0].shape[-1],
+)
 #: cos + i sin per interleaved pair, complex (Llama 4's ``freqs_cis``, complex64 for float32 and below).
 COMPLEX_PAIRS = TableFormat(lambda cos, sin, dtype: torch.complex(cos[..., ::2], sin[..., ::2]),
                             lambda tables: 2 * tables.shape[-1])
@@ -134,6 +142,12 @@ class Family:
             layer with the same :class:`~posenc.encodings.irope.AttentionTemperature` then keeps
             the model's own attention; any other encoding turns the model's own scaling off on
             that layer (posenc's encoding replaces it; restored by the next use_encoding).
+        interleaved_key: the config attribute that decides the pair layout where the family
+            lets the config choose (DeepSeek-V3's ``rope_interleave``); None: ``interleaved``.
+        interleaved_tables: the :class:`TableFormat` when that attribute chooses interleaved
+            pairs (``tables`` otherwise).
+        head_dim: the attention module's attribute holding the width of its query and key
+            heads (DeepSeek-V3's MLA: ``qk_head_dim``, the non-rotary and rotary parts together).
     """
 
     base: str | None = None
@@ -146,6 +160,9 @@ class Family:
     softcap: str | None = "attn_logit_softcapping"
     scaled_layer_types: tuple[str, ...] = ()
     temperature: tuple[str, str, str] | None = None
+    interleaved_key: str | None = None
+    interleaved_tables: TableFormat | None = None
+    head_dim: str = "head_dim"
 
 
 #: The families whose layers differ from Llama's, by ``model_type``; any other model_type is
@@ -159,13 +176,22 @@ FAMILIES: dict[str, Family] = {
                           temperature=("attn_temperature_tuning", "floor_scale", "attn_scale")),
     "gpt_oss": Family(tables=HALF_COS_SIN, sinks="sinks"),
     "gemma3_text": Family(scaled_layer_types=("full_attention",)),
+    "deepseek_v3": Family(interleaved=True, interleaved_key="rope_interleave", interleaved_tables=DEINTERLEAVED_COS_SIN,
+                          head_dim="qk_head_dim"),
 }
 _LLAMA_SHAPED = Family()
 
 
 def family_of(model: nn.Module) -> Family:
-    """The :class:`Family` entry of a model (its config's ``model_type``; Llama-shaped if none)."""
-    return FAMILIES.get(getattr(getattr(model, "config", None), "model_type", None), _LLAMA_SHAPED)
+    """The :class:`Family` entry of a model (its config's ``model_type``; Llama-shaped if none),
+    its pair layout read from the config where the family lets the config choose."""
+    config = getattr(model, "config", None)
+    family = FAMILIES.get(getattr(config, "model_type", None), _LLAMA_SHAPED)
+    if family.interleaved_key is not None:
+        interleaved = bool(getattr(config, family.interleaved_key, family.interleaved))
+        tables = family.interleaved_tables if interleaved and family.interleaved_tables is not None else family.tables
+        family = dataclasses.replace(family, interleaved=interleaved, tables=tables)
+    return family
 
 
 # -- kept for callers of the earlier API ----------------------------------------------------------
@@ -314,8 +340,9 @@ def _prepare(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int] | No
             decisions.append(_Layer(index, layer_plan, module, width, posenc_route=False,
                                     native_temperature_off=native is not None))
             continue
-        _check_encoding(encoding, config, getattr(module, "head_dim", head_dim), where)
         tables = _takes_tables(encoding, family, width)
+        # the tables cover the rotary width (checked above); posenc's attention sees whole heads
+        _check_encoding(encoding, config, None if tables else getattr(module, family.head_dim, head_dim), where)
         if not tables:
             for attr, what in ((family.sinks, "attention sinks"), (family.softcap, "logit soft-capping")):
                 if attr is not None and getattr(module, attr, None) is not None:
@@ -388,15 +415,15 @@ def _chosen_layers(layers: Sequence[int] | None, count: int) -> list[int]:
 def _head_dim(config: Any, decoder_layers: list[nn.Module], family: Family) -> int:
     for layer in decoder_layers:
         module = getattr(layer, family.attention, None)
-        if isinstance(getattr(module, "head_dim", None), int):
-            return module.head_dim
+        if isinstance(getattr(module, family.head_dim, None), int):
+            return getattr(module, family.head_dim)
     if isinstance(getattr(config, "head_dim", None), int):
         return config.head_dim
     return config.hidden_size // config.num_attention_heads
 
 
-def _check_encoding(encoding: PositionalEncoding, config: Any, head_dim: int, where: str) -> None:
-    if getattr(encoding, "head_dim", head_dim) != head_dim:
+def _check_encoding(encoding: PositionalEncoding, config: Any, head_dim: int | None, where: str) -> None:
+    if head_dim is not None and getattr(encoding, "head_dim", head_dim) != head_dim:
         raise InvalidArgument(f"{where}: encoding head_dim={encoding.head_dim} differs from the model's head_dim={head_dim}")
     heads = getattr(encoding, "num_heads", None)
     if isinstance(heads, int) and heads != config.num_attention_heads:
