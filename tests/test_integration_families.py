@@ -144,6 +144,15 @@ FAMILIES = {
                        head_dim=16), uniform(rope, 2), "sdpa"),
     "phi": (T.PhiConfig, T.PhiForCausalLM, dict(SMALL, num_hidden_layers=2, partial_rotary_factor=0.5),
             uniform(lambda: rope(rotary_dim=8), 2), "sdpa"),
+    # Gemma 4: sliding layers base 1e4 on head_dim 16; global layers proportional RoPE on global_head_dim 32
+    "gemma4_text": (T.Gemma4TextConfig, T.Gemma4ForCausalLM,
+                    dict(SMALL, num_hidden_layers=6, head_dim=16, global_head_dim=32, sliding_window=8,
+                         hidden_size_per_layer_input=16, vocab_size_per_layer_input=128),
+                    lambda config: PositionPlan(tuple(
+                        LayerPlan(rope(1e4) if t == "sliding_attention" else
+                                  posenc.RoPE(32, base=1e6, scaling={"rope_type": "proportional",
+                                                                     "partial_rotary_factor": 0.25}),
+                                  layer_type=t) for t in config.layer_types)), "sdpa"),
     # MLA: RoPE on the qk_rope_head_dim part of each head, pairs interleaved (rope_interleave)
     "deepseek_v3": (T.DeepseekV3Config, T.DeepseekV3ForCausalLM,
                     dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1,
@@ -163,6 +172,7 @@ MEASURED = {
     "gptj": (2.98e-07, 3.58e-07), "stablelm": (2.98e-07, 5.96e-07), "persimmon": (5.96e-07, 5.96e-07),
     "llama4_text": (2.98e-07, 3.58e-07),
     "mixtral": (3.87e-07, 0.0), "qwen3_moe": (2.68e-07, 0.0), "phi": (3.58e-07, 0.0), "deepseek_v3": (2.98e-07, 0.0),
+    "gemma4_text": (3.58e-07, 0.0),
 }
 
 

@@ -291,17 +291,25 @@ def _prepare(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int] | No
     count = len(decoder_layers)
     head_dim = _head_dim(config, decoder_layers, family)
     registered: nn.Module | None = None
+    uniform = isinstance(plan_or_encoding, (str, PositionalEncoding))  # every attention layer takes it
     if isinstance(plan_or_encoding, str):
-        registered = create_for_model(
-            plan_or_encoding, d_model=config.hidden_size, num_heads=config.num_attention_heads, head_dim=head_dim,
+        # one encoding per width of the layers' heads (Gemma 4's global layers are wider)
+        widths = [getattr(getattr(layer, family.attention, None), family.head_dim, head_dim) for layer in decoder_layers]
+        built = {width: create_for_model(
+            plan_or_encoding, d_model=config.hidden_size, num_heads=config.num_attention_heads, head_dim=width,
             max_positions=config.max_position_embeddings, causal=True, **kwargs,
-        )
-        plan_or_encoding = registered
+        ) for width in dict.fromkeys(w if isinstance(w, int) else head_dim for w in widths)}
+        first = next(iter(built.values()))
+        if len(built) == 1 or not {Hook.ROTATE, Hook.CONTENT} & first.hooks:  # only these read the head width
+            plan_or_encoding = first
+        else:
+            plan_or_encoding = PositionPlan(
+                tuple(LayerPlan(built[w if isinstance(w, int) else head_dim].for_layer(i)) for i, w in enumerate(widths)),
+                model_type=getattr(config, "model_type", None))
     elif kwargs:
         raise InvalidType(f"keyword arguments {sorted(kwargs)} are for building an encoding from a name; got "
                           f"{type(plan_or_encoding).__name__}")
-    uniform = isinstance(plan_or_encoding, PositionalEncoding)  # one encoding: every attention layer takes it
-    if uniform:
+    if isinstance(plan_or_encoding, PositionalEncoding):
         registered = plan_or_encoding
         plan = PositionPlan.uniform(plan_or_encoding, count, model_type=getattr(config, "model_type", None))
     elif isinstance(plan_or_encoding, PositionPlan):
