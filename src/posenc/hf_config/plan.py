@@ -164,6 +164,80 @@ class PositionPlan:
     def __getitem__(self, index: int) -> LayerPlan:
         return self.layers[index]
 
+    def to_dict(self) -> dict:
+        """The plan as plain JSON data (``save_pretrained`` writes it into config.json)::
+
+            {"format": 1, "model_type": str | None, "notes": [str],
+             "embedding": ENC | None, "encoder": <the encoder's plan, this form> | None,
+             "layers": [{"encoding": ENC | None, "span": str, "window": int | None,
+                         "layer_type": str | None, "sinks": bool}, ...]}
+
+        where ENC is ``{"name": registry name, "kwargs": enc.config(), "id": int}``: layers
+        holding the same encoding instance (one set of learned weights) share its ``id``, and
+        :meth:`from_dict` gives them one instance again. Parameters (learned tables) are not
+        in it: they live in the model's state dict.
+
+        Raises:
+            InvalidArgument: an encoding that cannot be recorded (:func:`encoding_to_dict`).
+        """
+        ids: dict[int, int] = {}
+
+        def spec(encoding: PositionalEncoding | None) -> dict | None:
+            if encoding is None:
+                return None
+            return {**encoding_to_dict(encoding), "id": ids.setdefault(id(encoding), len(ids))}
+
+        embedding = spec(self.embedding)
+        layers = [{"encoding": spec(layer.encoding), "span": layer.span, "window": layer.window,
+                   "layer_type": layer.layer_type, "sinks": layer.sinks} for layer in self.layers]
+        return {"format": PLAN_FORMAT, "model_type": self.model_type, "notes": list(self.notes),
+                "embedding": embedding, "encoder": None if self.encoder is None else self.encoder.to_dict(),
+                "layers": layers}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PositionPlan:
+        """The plan :meth:`to_dict` wrote, its encodings built anew with ``posenc.create(name,
+        **kwargs)`` (fresh parameters; entries with the same ``id`` share one instance).
+
+        Raises:
+            InvalidType: not a dict. InvalidArgument: another ``format``, a layer that is not
+                a dict, an unknown encoding name; LayerPlan's and the constructors' errors.
+            MissingKey: no ``layers``, an encoding without ``name``.
+        """
+        from posenc.errors import MissingKey
+
+        if not isinstance(data, dict):
+            raise InvalidType(f"a position plan dict is expected, got {type(data).__name__}")
+        if data.get("format") != PLAN_FORMAT:
+            raise InvalidArgument(f"format: this posenc reads position plans of format {PLAN_FORMAT}, "
+                                  f"got {data.get('format')!r}")
+        if "layers" not in data:
+            raise MissingKey("a position plan dict has no 'layers'")
+        built: dict[Any, PositionalEncoding] = {}
+
+        def encoding(entry: Any, where: str) -> PositionalEncoding | None:
+            if entry is None:
+                return None
+            key = entry.get("id") if isinstance(entry, dict) else None
+            if key is not None and key in built:
+                return built[key]
+            made = encoding_from_dict(entry, where)
+            if key is not None:
+                built[key] = made
+            return made
+
+        embedding = encoding(data.get("embedding"), "embedding")
+        layers = []
+        for index, layer in enumerate(data["layers"]):
+            if not isinstance(layer, dict):
+                raise InvalidArgument(f"layers[{index}] must be a dict, got {type(layer).__name__}")
+            layers.append(LayerPlan(encoding(layer.get("encoding"), f"layers[{index}].encoding"),
+                                    span=layer.get("span", "full"), window=layer.get("window"),
+                                    layer_type=layer.get("layer_type"), sinks=bool(layer.get("sinks", False))))
+        encoder = data.get("encoder")
+        return cls(tuple(layers), embedding=embedding, model_type=data.get("model_type"),
+                   encoder=None if encoder is None else cls.from_dict(encoder), notes=tuple(data.get("notes", ())))
+
     def describe(self) -> str:
         """The plan, layers with the same description grouped, one group a line:
         ``"0-2, 4-6: rope theta 10000, rotary 64/64, half-split; sliding 4096"`` and
@@ -190,3 +264,71 @@ def layer_ranges(indices: Sequence[int]) -> str:
         else:
             spans.append([index, index])
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+# -- plain-JSON form: what save_pretrained writes into config.json ---------------------------------
+
+#: The version of :meth:`PositionPlan.to_dict`'s layout; :meth:`PositionPlan.from_dict` refuses others.
+PLAN_FORMAT = 1
+
+
+def _encoding_classes() -> dict[str, type[PositionalEncoding]]:
+    """Registry name -> class: posenc's registry, plus the per-layer encodings of the
+    registered layer schedules (iRoPE's ``attention_temperature`` and ``chunked_rope``, which
+    ``IRoPE.for_layer`` returns and Llama 4's plan holds)."""
+    from posenc.encodings import REGISTRY
+    from posenc.encodings.irope import AttentionTemperature, ChunkedRoPE
+
+    return {**REGISTRY, AttentionTemperature.name: AttentionTemperature, ChunkedRoPE.name: ChunkedRoPE}
+
+
+def _is_plain(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and _is_plain(item) for key, item in value.items())
+    return False
+
+
+def encoding_to_dict(encoding: PositionalEncoding) -> dict:
+    """``{"name": registry name, "kwargs": encoding.config()}``: plain JSON data that
+    :func:`encoding_from_dict` rebuilds with ``posenc.create(name, **kwargs)`` (fresh parameters).
+
+    Raises:
+        InvalidArgument: the encoding's class is not registered under its name (nor one of the
+            layer-schedule encodings), it was built with positional ``*args``, or an option is
+            not plain data (int, float, str, bool, None, lists and dicts of those); the message
+            names the class.
+    """
+    cls = type(encoding)
+    if _encoding_classes().get(getattr(cls, "name", None)) is not cls:
+        raise InvalidArgument(f"cannot record {cls.__name__}: not a registered posenc encoding class "
+                              f"(registered: {sorted(_encoding_classes())})")
+    kwargs = encoding.config()
+    if not _is_plain(kwargs):
+        raise InvalidArgument(f"cannot record {cls.__name__}: its constructor config is not plain data ({kwargs!r})")
+    return {"name": cls.name, "kwargs": kwargs}
+
+
+def encoding_from_dict(spec: Any, where: str = "encoding") -> PositionalEncoding:
+    """The encoding :func:`encoding_to_dict` recorded, built anew (``posenc.create``).
+
+    Raises:
+        InvalidType: ``spec`` is not a dict. MissingKey: no ``name``. InvalidArgument: an
+            unknown name (the known ones listed), kwargs not a dict; the constructor's errors.
+    """
+    from posenc.errors import MissingKey
+
+    if not isinstance(spec, dict):
+        raise InvalidType(f"{where} must be a dict {{'name', 'kwargs'}} or None, got {type(spec).__name__}")
+    if "name" not in spec:
+        raise MissingKey(f"{where}: no 'name'")
+    classes = _encoding_classes()
+    if spec["name"] not in classes:
+        raise InvalidArgument(f"{where}: unknown encoding {spec['name']!r}; known: {sorted(classes)}")
+    kwargs = spec.get("kwargs", {})
+    if not isinstance(kwargs, dict):
+        raise InvalidArgument(f"{where}.kwargs must be a dict, got {type(kwargs).__name__}")
+    return classes[spec["name"]](**kwargs)

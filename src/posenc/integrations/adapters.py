@@ -41,16 +41,37 @@ from posenc.encodings.t5 import T5RelativeBias
 from posenc.errors import InvalidArgument, InvalidType
 from posenc.hf_config.plan import PositionPlan
 
-__all__ = ["ADAPTERS", "apply_plan", "PositionTable", "OPTPositionTable"]
+__all__ = ["ADAPTERS", "apply_plan", "PositionTable", "OPTPositionTable", "RotaryEmbedding"]
+
+
+class RotaryEmbedding(nn.Module):
+    """A drop-in for a Llama-shaped transformers rotary embedding module, backed by a posenc
+    :class:`RoPE`: ``forward(x, position_ids) -> (cos, sin)``, each (B, T, rotary_dim) in x's
+    dtype, in the RoPE's layout, attention factor included. Angles in float64, rounded once.
+    (:func:`use_encoding` serves tables per layer instead; this module is for hand wiring.)"""
+
+    def __init__(self, rope: RoPE) -> None:
+        super().__init__()
+        self.rope = rope
+
+    def forward(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        cos, sin = self.rope.cos_sin(position_ids, torch.promote_types(x.dtype, torch.float32))
+        return cos.to(x.dtype), sin.to(x.dtype)
 
 
 class PositionTable(nn.Module):
     """A drop-in for GPT-2's ``wpe``: ``forward(position_ids (B, T)) -> (B, T, d)``, the rows
-    of a posenc :class:`~posenc.LearnedAbsolute` at those positions (in the table's dtype)."""
+    of a posenc :class:`~posenc.LearnedAbsolute` at those positions (in the table's dtype).
+
+    The table's weight is this module's ``weight`` (the one parameter, shared with the
+    encoding), so the model's state dict keeps the family's own key (``transformer.wpe.weight``,
+    ``model.decoder.embed_positions.weight``): ``save_pretrained`` writes what a plain
+    ``from_pretrained`` reads."""
 
     def __init__(self, table: LearnedAbsolute) -> None:
         super().__init__()
-        self.table = table
+        self.weight = table.weight
+        self.__dict__["table"] = table  # not a submodule: its one parameter is registered above
 
     def forward(self, position_ids: Tensor) -> Tensor:
         zeros = self.table.weight.new_zeros((*position_ids.shape, self.table.weight.shape[1]))
@@ -61,6 +82,10 @@ class OPTPositionTable(PositionTable):
     """A drop-in for OPT's ``OPTLearnedPositionalEmbedding``: ``forward(attention_mask,
     cache_length=0, position_ids=None) -> (B, T, d)``; without ``position_ids`` the positions
     are OPT's, ``cumsum(mask) * mask - 1`` (padding -1) cut to the last ``T - cache_length``."""
+
+    def __init__(self, table: LearnedAbsolute) -> None:
+        super().__init__(table)
+        self.offset = table.offset  # as OPTLearnedPositionalEmbedding's
 
     def forward(self, attention_mask: Tensor, cache_length: int = 0, position_ids: Tensor | None = None) -> Tensor:
         if position_ids is None:
@@ -173,8 +198,6 @@ def _adapt_falcon(model: nn.Module, plan: PositionPlan) -> None:
         raise InvalidArgument("plan: Falcon's ALiBi is computed by transformers' module-level build_alibi_tensor, "
                               "which posenc does not replace; the plan's ALiBi reproduces it (posenc.attention)")
     encoding = _only(plan, RoPE, "falcon")
-    from posenc.integrations.transformers import RotaryEmbedding
-
     base.rotary_emb = RotaryEmbedding(encoding)
 
 

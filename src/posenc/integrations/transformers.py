@@ -60,10 +60,11 @@ from posenc.encodings import Hook, PositionalEncoding, RoPE, create_for_model
 from posenc.encodings.irope import AttentionTemperature
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
 from posenc.hf_config import extension_config, from_hf_config, position_plan, reads_model_type
-from posenc.hf_config.plan import LayerPlan, PositionPlan
+from posenc.hf_config.plan import PLAN_FORMAT, LayerPlan, PositionPlan, encoding_from_dict, encoding_to_dict
+from posenc.integrations.adapters import ADAPTERS, RotaryEmbedding, apply_plan
 
 __all__ = [
-    "ATTN_IMPLEMENTATION", "FAMILIES", "Family", "position_plan", "use_encoding", "extend_context",
+    "ATTN_IMPLEMENTATION", "FAMILIES", "Family", "position_plan", "use_encoding", "extend_context", "from_pretrained",
     "posenc_attention_forward", "RotaryEmbedding", "IdentityRotaryEmbedding",
 ]
 
@@ -196,21 +197,6 @@ def family_of(model: nn.Module) -> Family:
 
 # -- kept for callers of the earlier API ----------------------------------------------------------
 
-class RotaryEmbedding(nn.Module):
-    """A drop-in for a Llama-shaped transformers rotary embedding module, backed by a posenc
-    :class:`RoPE`: ``forward(x, position_ids) -> (cos, sin)``, each (B, T, rotary_dim) in x's
-    dtype, in the RoPE's layout, attention factor included. Angles in float64, rounded once.
-    (:func:`use_encoding` serves tables per layer instead; this module is for hand wiring.)"""
-
-    def __init__(self, rope: RoPE) -> None:
-        super().__init__()
-        self.rope = rope
-
-    def forward(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-        cos, sin = self.rope.cos_sin(position_ids, torch.promote_types(x.dtype, torch.float32))
-        return cos.to(x.dtype), sin.to(x.dtype)
-
-
 class IdentityRotaryEmbedding(nn.Module):
     """The rotary embedding that rotates nothing: cos = 1, sin = 0, (B, T, rotary_dim) in x's dtype."""
 
@@ -246,7 +232,11 @@ def use_encoding(
     Args:
         model: a transformers causal LM or its base model, of a family in :data:`FAMILIES` or
             Llama-shaped (Llama 1-4, Mistral, Mixtral, Qwen2/3, Qwen3-MoE, Qwen3-Next, Gemma 1-3,
-            Phi-3, Cohere 1/2, OLMo 2, SmolLM3, gpt-oss, GPT-NeoX, GPT-J, StableLM, Persimmon).
+            Phi-3, Cohere 1/2, OLMo 2, SmolLM3, gpt-oss, GPT-NeoX, GPT-J, StableLM, Persimmon);
+            or of a family in :data:`posenc.integrations.adapters.ADAPTERS` (gpt2, opt, bloom,
+            mpt, falcon with RoPE, t5, mt5), which take a PositionPlan of their own kind only
+            (``position_plan(model.config)``, or one with other numbers: another RoPE base,
+            other ALiBi slopes) through :func:`~posenc.integrations.adapters.apply_plan`.
         plan_or_encoding: a :class:`~posenc.hf_config.plan.PositionPlan` (one LayerPlan per
             decoder layer; its ``embedding`` added before layer 0); a
             :class:`~posenc.PositionalEncoding` (on every layer, its ``for_layer(i)`` on layer
@@ -262,7 +252,10 @@ def use_encoding(
         (``posenc_encoding``: the encoding given, or a ModuleList of a plan's distinct
         encodings; their parameters train and are saved), the plan applied is
         ``model.base_model.posenc_plan``, and the model trains in a plain PyTorch loop and
-        generates with ``model.generate()`` and its ``DynamicCache``.
+        generates with ``model.generate()`` and its ``DynamicCache``. The plan is recorded as
+        plain JSON in ``model.config.posenc_plan`` (:meth:`PositionPlan.to_dict`, plus the
+        single encoding given and ``layers``), so that ``save_pretrained`` writes it into
+        config.json and :func:`from_pretrained` restores it.
 
     Raises:
         InvalidArgument (ValueError): the model is not of a known shape; a plan whose length is
@@ -273,12 +266,130 @@ def use_encoding(
             another head count than the model's query heads (both named); one with the
             ``gate`` hook (FoX); a non-rotary encoding on a layer with attention sinks (gpt-oss)
             or logit soft-capping (Gemma 2), which posenc's attention does not compute.
+        InvalidArgument, for an adapter family: an encoding or a name (not a plan), ``layers``,
+            a plan the adapter cannot apply (the message says what it takes).
         InvalidType (TypeError): neither a plan, an encoding nor a name. ImportError:
             transformers is not installed. On an error the model is left as it was.
     """
+    adapter = ADAPTERS.get(getattr(getattr(model, "config", None), "model_type", None))
+    if adapter is not None:  # the families whose positions an adapter hands to posenc
+        _adapter_arguments(model, plan_or_encoding, layers, kwargs)
+        record = _record(None, None, plan_or_encoding)
+        apply_plan(model, plan_or_encoding)
+        model.base_model.__dict__["posenc_plan"] = plan_or_encoding
+        setattr(model.config, CONFIG_KEY, record)
+        return model
     apply = _prepare(model, plan_or_encoding, layers, kwargs)
     apply()
     return model
+
+
+def _adapter_arguments(model: nn.Module, plan: Any, layers: Any, kwargs: dict) -> None:
+    """Refuse what the adapters of :data:`posenc.integrations.adapters.ADAPTERS` cannot take:
+    they apply a whole :class:`PositionPlan` of the family's own kinds of encoding."""
+    model_type = model.config.model_type
+    takes = ("a PositionPlan of the family's own kind (position_plan(model.config): learned tables for gpt2 and "
+             "opt, ALiBi for bloom and mpt, RoPE for falcon, T5 buckets per stack for t5)")
+    if layers is not None:
+        raise InvalidArgument(f"layers: the {model_type} adapter applies a plan to every layer at once; it takes {takes}")
+    if kwargs:
+        raise InvalidType(f"keyword arguments {sorted(kwargs)}: the {model_type} adapter takes {takes}, not a name")
+    if not isinstance(plan, PositionPlan):
+        raise InvalidArgument(
+            f"plan_or_encoding: {model_type} computes its positions outside transformers' AttentionInterface, so posenc "
+            f"cannot give it another encoding ({type(plan).__name__} {plan!r:.60}); its adapter takes {takes}. Families "
+            f"that take any encoding: those in FAMILIES and the Llama-shaped ones"
+        )
+
+
+#: The config attribute holding the plan :func:`use_encoding` applied (plain JSON, written to
+#: config.json by ``save_pretrained``; :func:`from_pretrained` restores it).
+CONFIG_KEY = "posenc_plan"
+
+
+def _record(encoding: PositionalEncoding | None, layers: Sequence[int] | None, plan: PositionPlan) -> dict:
+    """What ``config.posenc_plan`` holds after :func:`use_encoding`: :meth:`PositionPlan.to_dict`
+    of the plan applied, with ``"encoding"`` (the single encoding given, as {"name",
+    "kwargs"}; None for a plan) and ``"applied_layers"`` (``layers=``; None: every layer). An
+    encoding that cannot be recorded (not a registered class, options not plain data) does not
+    stop use_encoding: the record is then ``{"format": 1, "error": why}``, and
+    :func:`from_pretrained` raises with it."""
+    try:
+        record = plan.to_dict()
+        record["encoding"] = None if encoding is None else encoding_to_dict(encoding)
+    except InvalidArgument as err:
+        return {"format": PLAN_FORMAT, "error": str(err)}
+    record["applied_layers"] = None if layers is None else [int(i) for i in layers]
+    return record
+
+
+def from_pretrained(path: Any, **kwargs: Any) -> nn.Module:
+    """Load a model saved after :func:`use_encoding` with the posenc plan it had.
+
+    ``transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)`` (T5:
+    ``AutoModelForSeq2SeqLM``), then :func:`use_encoding` with the plan recorded in config.json
+    (``posenc_plan``; the single encoding or ``layers=`` given, where one was), then the
+    encoding's learned parameters (``base_model.posenc_encoding.*``) read from the saved weights
+    (``model.safetensors`` or its shards). A folder without a recorded plan loads as
+    transformers loads it.
+
+    A plain ``from_pretrained`` (without posenc) of such a folder loads the model with its own
+    positions: the recorded plan is an unread config attribute and the encoding's weights are
+    reported as unexpected keys and dropped (docs/integration.md).
+
+    Raises:
+        InvalidArgument: a recorded plan this posenc cannot rebuild (another format, an unknown
+            encoding); saved weights lacking an encoding parameter (named). ImportError:
+            transformers or safetensors is not installed.
+    """
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(path)
+    auto = transformers.AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else \
+        transformers.AutoModelForCausalLM
+    model = auto.from_pretrained(path, **kwargs)
+    record = getattr(model.config, CONFIG_KEY, None)
+    if record is None:
+        return model
+    if not isinstance(record, dict):
+        raise InvalidArgument(f"config.{CONFIG_KEY} must be a dict (PositionPlan.to_dict), got {type(record).__name__}")
+    if "error" in record:
+        raise InvalidArgument(f"{path}: the model was saved with a plan posenc could not record: {record['error']}")
+    given = record.get("encoding")
+    target = encoding_from_dict(given, f"{CONFIG_KEY}.encoding") if given is not None else PositionPlan.from_dict(record)
+    use_encoding(model, target, layers=record.get("applied_layers"))
+    wanted = [name for name in model.state_dict() if ".posenc_encoding." in f".{name}"]
+    if wanted:
+        saved = _saved_tensors(path, wanted)
+        missing = [name for name in wanted if name not in saved]
+        if missing:
+            raise InvalidArgument(f"{path}: the saved weights lack the encoding's parameters {missing}")
+        parameter = next(model.parameters())
+        model.load_state_dict({name: saved[name].to(parameter.device) for name in wanted}, strict=False)
+    return model
+
+
+def _saved_tensors(path: Any, names: list[str]) -> dict[str, Tensor]:
+    """The tensors ``names`` from a save_pretrained folder (safetensors, one file or shards)."""
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    folder = Path(path)
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = {weight_map[name] for name in names if name in weight_map}
+    else:
+        files = {"model.safetensors"}
+    found: dict[str, Tensor] = {}
+    for file in files:
+        with safe_open(str(folder / file), framework="pt") as handle:
+            for name in names:
+                if name in handle.keys():
+                    found[name] = handle.get_tensor(name)
+    return found
 
 
 def _prepare(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int] | None, kwargs: dict) -> Callable[[], None]:
@@ -369,8 +480,11 @@ def _prepare(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int] | No
         distinct = {id(e): e for e in [plan.embedding, *(d.plan.encoding for d in decisions)] if e is not None}
         registered = nn.ModuleList(distinct.values()) if distinct else None
 
+    record = _record(registered if uniform else None, layers, plan)
+
     def apply() -> None:
         _restore(model, base, family)
+        setattr(config, CONFIG_KEY, record)
         parameter = next(model.parameters(), None)
         if registered is not None:
             if parameter is not None:
@@ -807,6 +921,7 @@ def _restore(model: nn.Module, base: nn.Module, family: Family) -> None:
     for module, switch, value in base.__dict__.pop("_posenc_switched_off", []):
         setattr(module, switch, value)
     base.__dict__.pop("posenc_plan", None)
+    model.config.__dict__.pop(CONFIG_KEY, None)
     if "posenc_encoding" in base._modules:
         del base._modules["posenc_encoding"]
     for layer in getattr(base, family.layers):
