@@ -437,3 +437,34 @@ def test_llama4_native_temperature_is_kept_for_its_own_plan_and_replaced_otherwi
     assert nope_layer.attn_temperature_tuning is False
     use_encoding(model, own_plan(model))
     assert nope_layer.attn_temperature_tuning is True
+
+
+#: extend_context refusals of the test configs, each for its reason (the model and config unchanged).
+EXTEND_REFUSED = {"gemma3_text": "already scaled", "gpt_oss": "already scaled",
+                  "phi3": "Phi3Config refuses the extended config",  # Phi-3 accepts longrope only
+                  "gemma4_text": "name the ones to scale",
+                  "gptj": "does not read a RoPE scaling"}  # GPT-J's rotary: rotary_dim and base 10000, nothing else
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_extend_context_round_trips_through_plain_from_pretrained(family, tmp_path):
+    """Item 3: linear x2 on every RoPE family; the written config loads in plain transformers
+    (no posenc) to the same logits; or a refusal naming why, with nothing changed."""
+    model = build(family)
+    x = tokens()
+    with torch.no_grad():
+        before = model(x).logits
+    if family in EXTEND_REFUSED:
+        config = model.config.to_dict()
+        with pytest.raises(InvalidArgument, match=EXTEND_REFUSED[family]):
+            extend_context(model, "linear", 2.0)
+        assert model.config.to_dict() == config
+        return
+    extend_context(model, "linear", 2.0)
+    with torch.no_grad():
+        extended = model(x).logits
+    assert (extended - before).abs().max() > 1e-3  # the extension changed the positions: the check can fail
+    model.save_pretrained(tmp_path)
+    plain = FAMILIES[family][1].from_pretrained(tmp_path, attn_implementation=FAMILIES[family][4])
+    with torch.no_grad():
+        assert (plain(x).logits - extended).abs().max() <= 1e-5

@@ -21,6 +21,11 @@ from posenc.errors import InvalidArgument, InvalidType, MissingKey
 from posenc.hf_config.rope import extension_scaling, read_hf_config, rope_parameters_of, write_hf_config
 
 
+def _same_rope(a: RoPE, b: RoPE) -> bool:
+    """The same rotation: class and every recorded constructor argument equal."""
+    return a is b or (type(a) is type(b) and a.config() == b.config())
+
+
 def from_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None, **kwargs: Any) -> RoPE:
     """The :class:`~posenc.RoPE` of a Hugging Face model config (a parsed ``config.json``).
 
@@ -77,8 +82,8 @@ def _family_rope(config: Mapping[str, Any], layer_type: str | None, kwargs: dict
         raise InvalidArgument(f"layer_type={layer_type!r}: no layer of that type; the layer types are "
                               f"{sorted({str(layer.layer_type) for layer in plan})}")
     ropes = []
-    for layer in layers:
-        if isinstance(layer.encoding, RoPE) and all(layer.encoding is not other for other in ropes):
+    for layer in layers:  # layers of different types may hold equal RoPEs (gpt-oss): one then
+        if isinstance(layer.encoding, RoPE) and all(not _same_rope(layer.encoding, other) for other in ropes):
             ropes.append(layer.encoding)
     if not ropes:
         raise InvalidArgument(f"config ({config['model_type']}): no RoPE on " +

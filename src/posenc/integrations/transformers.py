@@ -45,6 +45,7 @@ and packed documents folded in), or None when plain causal attention is meant.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import inspect
 import sys
@@ -687,6 +688,9 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     base = _base_model(model, family)
     config = model.config
     current = config.to_dict()
+    if "max_position_embeddings" not in current and isinstance(getattr(config, "max_position_embeddings", None), int):
+        # an attribute_map alias (GPT-J's n_positions), which to_dict() spells the family's way
+        current["max_position_embeddings"] = config.max_position_embeddings
     plan = _own_plan(base, current)
     if plan is not None and all(layer.encoding is None for layer in plan):
         raise InvalidArgument("model: every layer is NoPE (no positional encoding), there is no RoPE to extend")
@@ -717,12 +721,34 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
             new_dicts[layer_type] = extension.get("rope_parameters", dicts[layer_type])
         fields[key] = new_dicts
     new_config = {**current, **fields}
+    _check_transformers_reads(config, fields, method)
+    if reads_model_type(new_config.get("model_type")) and plan is not None and _plan_quietly(new_config) == plan.describe():
+        raise InvalidArgument(f"model: {new_config['model_type']} does not read a RoPE scaling from its config "
+                              "(transformers builds the same model from the extended config): nothing to extend")
     new_plan = _extended_plan(plan, new_config, scaled_types, per_type is not None, model)
     apply = _prepare(model, new_plan, None, {})  # every refusal before the config changes
     for name, value in fields.items():
         setattr(config, name, value)
     apply()
     return model
+
+
+def _plan_quietly(config: dict) -> str:
+    """The description of the plan ``config`` reads, without the reader's warnings (the config
+    is a candidate, not the user's)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return position_plan(config).describe()
+
+
+def _check_transformers_reads(config: Any, fields: dict, method: str) -> None:
+    """Refuse an extension the family's own config class would refuse to load (Phi-3 accepts
+    longrope only): a saved model must load in plain transformers."""
+    try:
+        type(config).from_dict({**config.to_dict(), **fields})
+    except Exception as err:  # transformers' validators raise several types
+        raise InvalidArgument(f"method={method!r}: transformers' {type(config).__name__} refuses the extended config "
+                              f"({' '.join(str(err).split())[:300]})") from err
 
 
 def _own_plan(base: nn.Module, config: dict) -> PositionPlan | None:
