@@ -192,6 +192,19 @@ def own_plan(model):
     return FAMILIES[model.config.model_type][3](model.config)
 
 
+def train_a_few_steps(model, batch, steps=4):
+    """The losses of ``steps`` AdamW steps on one fixed batch (guarantee (b): they fall)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(steps):
+        loss = model(batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
 def tokens(batch=2, length=20, seed=1):
     return torch.randint(3, V, (batch, length), generator=torch.Generator().manual_seed(seed))
 
@@ -276,14 +289,7 @@ def test_encodings_by_name_train_and_generate_with_the_cache(family, name, layer
     model = use_encoding(model, name, layers=layers)
     model.train()
     batch = tokens(batch=4, length=12, seed=3)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(4):
-        loss = model(batch, labels=batch).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = train_a_few_steps(model, batch)
     assert losses[-1] < losses[0], losses
     model.eval()
     prompt = batch[:2, :6]
@@ -412,14 +418,7 @@ def test_gpt_oss_keeps_its_sinks_with_tables_and_trains(name, layers):
     assert model.config._attn_implementation == "eager"  # the model's own attention, sinks included
     model.train()
     batch = tokens(batch=4, length=12, seed=3)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(4):
-        loss = model(batch, labels=batch).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = train_a_few_steps(model, batch)
     assert losses[-1] < losses[0], losses
     model.eval()
     prompt = batch[:2, :6]
