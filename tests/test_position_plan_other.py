@@ -487,6 +487,11 @@ def test_falcon_alibi_adapter_reproduces_the_models_logits_past_bfloat16_positio
                       ALiBi(6, slopes="bloom", slope_dtype="bfloat16", scale=0.5)):
             moved = (model_with(_falcon_alibi_plan(wrong))(ids, attention_mask=mask).logits - reference).abs()
             assert moved[real].max() > 1e-3, wrong
+        # generate() with left padding and the DynamicCache: the model's own tokens
+        prompt, prompt_mask = ids[:, :12], left_padded_mask([12, 8], 12)
+        settings = {"max_new_tokens": 10, "do_sample": False, "pad_token_id": 0}
+        assert torch.equal(model.generate(prompt, attention_mask=prompt_mask, **settings),
+                           model_with().generate(prompt, attention_mask=prompt_mask, **settings))
         # applied again, the last plan wins (the earlier hooks are removed)
         apply_plan(model, _falcon_alibi_plan(ALiBi(6, slopes="bloom", slope_dtype="bfloat16", scale=0.5)))
         apply_plan(model, plan_falcon(dict(CONFIGS["falcon_alibi"])))
