@@ -1,4 +1,4 @@
-"""use_encoding on the adapter families (GPT-2, OPT, BLOOM, MPT, Falcon rotary, T5) through the
+"""use_encoding on the adapter families (GPT-2, OPT, BLOOM, MPT, Falcon rotary and ALiBi, T5) through the
 public entry point, and save_pretrained / from_pretrained of a model after use_encoding.
 
 Tiny random models (std 0.2, float32, no downloads) from the configs of
@@ -26,7 +26,8 @@ from test_position_plan_other import CONFIGS, gpt2_position_ids, left_padded_mas
 
 #: max |logits - model's own| of use_encoding(model, position_plan(model.config)), measured here
 #: (CPU, float32); the test asserts the model's own noise floor and that these still hold.
-MEASURED = {"gpt2": 0.0, "opt": 0.0, "bloom": 0.0, "mpt": 0.0, "falcon_rope": 3.58e-07, "t5": 0.0}
+MEASURED = {"gpt2": 0.0, "opt": 0.0, "bloom": 0.0, "mpt": 0.0, "falcon_rope": 3.58e-07, "falcon_alibi": 0.0,
+            "t5": 0.0}
 
 
 def _inputs(name):
@@ -36,7 +37,7 @@ def _inputs(name):
     return ids, mask, extra
 
 
-@pytest.mark.parametrize("name", ["gpt2", "opt", "bloom", "mpt", "falcon_rope"])
+@pytest.mark.parametrize("name", ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "falcon_alibi"])
 def test_use_encoding_applies_the_read_plan_to_adapter_families(name):
     ids, mask, extra = _inputs(name)
     model = model_of(name)

@@ -354,7 +354,7 @@ def test_t5_layer_counts_follow_t5config():
 
 from posenc.integrations.adapters import apply_plan  # noqa: E402
 
-ADAPTED = ["gpt2", "opt", "bloom", "mpt", "falcon_rope"]
+ADAPTED = ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "falcon_alibi"]
 
 
 def noise_floor(name: str, ids, mask) -> float:
@@ -436,5 +436,63 @@ def test_adapters_refuse_what_does_not_fit():
         apply_plan(model_of("bloom"), FAMILY_READERS["bloom"]({**CONFIGS["bloom"], "n_head": 4}))
     with pytest.raises(InvalidArgument, match="learned table"):
         apply_plan(model_of("gpt2"), plan_gpt2({**CONFIGS["gpt2"], "n_positions": 32}))
-    with pytest.raises(InvalidArgument, match="build_alibi_tensor"):
-        apply_plan(model_of("falcon_alibi"), plan_falcon(dict(CONFIGS["falcon_alibi"])))
+    with pytest.raises(InvalidArgument, match="heads"):
+        apply_plan(model_of("falcon_alibi"), plan_falcon({**CONFIGS["falcon_alibi"], "num_attention_heads": 4}))
+    with pytest.raises(InvalidArgument, match="one ALiBi"):
+        apply_plan(model_of("falcon_alibi"), plan_falcon(dict(CONFIGS["falcon_rope"])))
+
+
+def _falcon_alibi_plan(encoding):
+    from posenc.hf_config.plan import LayerPlan, PositionPlan
+
+    return PositionPlan(tuple(LayerPlan(encoding) for _ in range(CONFIGS["falcon_alibi"]["num_hidden_layers"])),
+                        model_type="falcon")
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_falcon_alibi_adapter_reproduces_the_models_logits_past_bfloat16_positions(attention):
+    """Falcon with alibi through the adapter, in both attentions, at lengths past 256 where
+    build_alibi_tensor's bfloat16 rounds the key positions: the plan read from the config gives
+    the model's logits (measured 0.0 on CPU float32), and a cached step the full forward's; a
+    plan with float32 products or another scale moves them. (Transformers' own eager attention
+    adds the ALiBi twice, the ``alibi`` keyword and the mask, sdpa once: the model's eager vs
+    sdpa noise floor is large here, so the test also holds the measured 1e-5.)"""
+    from posenc import ALiBi
+
+    ids = torch.randint(0, 128, (2, 300), generator=torch.Generator().manual_seed(1))
+    mask = left_padded_mask([300, 271], 300)
+    real = mask.bool()
+
+    def model_with(plan=None):
+        model = model_of("falcon_alibi")
+        model.config._attn_implementation = attention
+        return model if plan is None else apply_plan(model, plan)
+
+    with torch.no_grad():
+        reference = model_with()(ids, attention_mask=mask).logits
+        model = model_with(plan_falcon(dict(CONFIGS["falcon_alibi"])))
+        difference = (model(ids, attention_mask=mask).logits - reference).abs()[real].max().item()
+        assert difference <= max(1e-5, noise_floor("falcon_alibi", ids, mask)), difference
+        assert difference <= 1e-5, difference
+        # a cached decoding step equals the full forward (and the model's own)
+        step_ids, step_mask = torch.cat([ids, ids[:, :1]], 1), torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
+        full = model(step_ids, attention_mask=step_mask).logits[:, -1]
+        assert (full - model_with()(step_ids, attention_mask=step_mask).logits[:, -1]).abs().max() <= 1e-5
+        prefix = model(ids, attention_mask=mask, use_cache=True)
+        cached = model(step_ids[:, -1:], attention_mask=step_mask, cache=prefix.past_key_values,
+                       use_cache=True).logits[:, -1]
+        assert (cached - full).abs().max() < 1e-4
+        # wrong plans move the logits: float32 slope-position products, another scale
+        for wrong in (ALiBi(6, slopes="bloom", scale=16 ** -0.5),
+                      ALiBi(6, slopes="bloom", slope_dtype="bfloat16", scale=0.5)):
+            moved = (model_with(_falcon_alibi_plan(wrong))(ids, attention_mask=mask).logits - reference).abs()
+            assert moved[real].max() > 1e-3, wrong
+        # generate() with left padding and the DynamicCache: the model's own tokens
+        prompt, prompt_mask = ids[:, :12], left_padded_mask([12, 8], 12)
+        settings = {"max_new_tokens": 10, "do_sample": False, "pad_token_id": 0}
+        assert torch.equal(model.generate(prompt, attention_mask=prompt_mask, **settings),
+                           model_with().generate(prompt, attention_mask=prompt_mask, **settings))
+        # applied again, the last plan wins (the earlier hooks are removed)
+        apply_plan(model, _falcon_alibi_plan(ALiBi(6, slopes="bloom", slope_dtype="bfloat16", scale=0.5)))
+        apply_plan(model, plan_falcon(dict(CONFIGS["falcon_alibi"])))
+        assert (model(ids, attention_mask=mask).logits - reference).abs()[real].max() <= 1e-5

@@ -20,8 +20,11 @@ and saved as before), and leaves everything else to the model:
 - ``t5`` / ``mt5``: the first self-attention layer of each stack computes its bias with the
   stack's :class:`~posenc.T5RelativeBias` (encoder: the plan's :attr:`encoder`).
 - ``falcon`` with RoPE: ``rotary_emb`` becomes posenc's
-  :class:`~posenc.integrations.transformers.RotaryEmbedding`. Falcon's ALiBi is refused:
-  transformers computes it in a module-level function that an instance cannot replace.
+  :class:`~posenc.integrations.transformers.RotaryEmbedding`.
+- ``falcon`` with ALiBi: transformers builds the bias in a module-level function, so a
+  forward pre-hook on each decoder layer replaces the ``alibi`` keyword and the alibi folded
+  into the 4-d attention mask that FalconModel passes with posenc's bias, at the positions of
+  the attention mask (``cumsum(mask) - 1``, padding 0).
 
 Guarantee: :func:`apply_plan` ``(model, plan)`` with the model's own plan
 (``posenc.hf_config.families_other``) reproduces the model's logits, tested on tiny models.
@@ -194,11 +197,55 @@ def _adapt_t5(model: nn.Module, plan: PositionPlan) -> None:
 
 def _adapt_falcon(model: nn.Module, plan: PositionPlan) -> None:
     base = model.transformer if hasattr(model, "transformer") else model
-    if isinstance(plan[0].encoding, ALiBi):
-        raise InvalidArgument("plan: Falcon's ALiBi is computed by transformers' module-level build_alibi_tensor, "
-                              "which posenc does not replace; the plan's ALiBi reproduces it (posenc.attention)")
+    if base.use_alibi:
+        _adapt_falcon_alibi(base, plan)
+        return
     encoding = _only(plan, RoPE, "falcon")
     base.rotary_emb = RotaryEmbedding(encoding)
+
+
+def _adapt_falcon_alibi(base: nn.Module, plan: PositionPlan) -> None:
+    """Falcon with ``alibi``: FalconModel builds its bias in the module-level
+    ``build_alibi_tensor`` and hands it to every decoder layer twice, as the ``alibi``
+    keyword (B, H, 1, T_k), m * j, which the eager attention adds to q.k before its
+    1/sqrt(head_dim), and folded into the 4-d ``attention_mask`` (B, H, T_q, T_k),
+    m * j / sqrt(head_dim) on the attended entries, the dtype's min elsewhere (both attentions
+    add it). A forward pre-hook on each layer replaces both with posenc's bias at FalconModel's
+    positions, ``(cumsum(mask) - 1) * mask`` of the 2-d attention mask (ones without one),
+    read by a pre-hook on FalconModel: the mask gets the encoding's bias of each key as seen
+    from position 0 (scale included), the keyword the same divided by the encoding's scale."""
+    encoding = _only(plan, ALiBi, "falcon")
+    _check_heads(encoding, base.num_heads, "falcon")
+    for handle in base.__dict__.pop("_posenc_alibi_hooks", ()):  # a plan applied again replaces the last
+        handle.remove()
+    seen: dict[str, Tensor | None] = {}
+
+    def read_mask(module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        seen["mask"] = mask if mask is not None or len(args) < 3 else args[2]
+
+    def replace_alibi(module, args, kwargs):
+        hidden, mask_4d = args[0] if args else kwargs["hidden_states"], kwargs.get("attention_mask")
+        if kwargs.get("alibi") is None or mask_4d is None or mask_4d.ndim != 4:
+            raise InvalidArgument("falcon alibi: posenc replaces the bias FalconModel folds into a 4-d attention "
+                                  "mask (eager or sdpa attention); this call has none")
+        mask = seen.get("mask")
+        key_length = mask_4d.shape[-1]
+        if mask is None:
+            mask = torch.ones(hidden.shape[0], key_length, dtype=torch.long, device=hidden.device)
+        if mask.ndim != 2 or mask.shape[-1] != key_length:
+            raise InvalidArgument(f"falcon alibi: a 2-d attention mask over the {key_length} keys is needed, "
+                                  f"got shape {tuple(mask.shape)}")
+        positions = (mask.cumsum(dim=-1) - 1) * mask
+        bias = encoding.score_bias(positions.new_zeros((positions.shape[0], 1)), positions)  # (B, H, 1, T_k)
+        kwargs["alibi"] = (bias / encoding.scale).to(hidden.dtype)
+        kwargs["attention_mask"] = torch.masked_fill(bias.to(hidden.dtype), mask_4d < -1,
+                                                     torch.finfo(hidden.dtype).min)
+        return args, kwargs
+
+    handles = [base.register_forward_pre_hook(read_mask, with_kwargs=True)]
+    handles += [layer.register_forward_pre_hook(replace_alibi, with_kwargs=True) for layer in base.h]
+    base.__dict__["_posenc_alibi_hooks"] = handles
 
 
 #: model_type -> adapter(model, plan): the families whose positions an adapter hands to posenc.
@@ -223,7 +270,7 @@ def apply_plan(model: nn.Module, plan: PositionPlan) -> nn.Module:
     Raises:
         InvalidType: ``plan`` is not a PositionPlan. InvalidArgument: a family without an
         adapter (the message lists those with one), a plan whose encodings do not fit the
-        model (head count, table shape, bucket settings, naming both), Falcon's ALiBi.
+        model (head count, table shape, bucket settings, naming both).
     """
     if not isinstance(plan, PositionPlan):
         raise InvalidType(f"plan must be a PositionPlan, got {type(plan).__name__}")

@@ -235,7 +235,7 @@ def use_encoding(
             Llama-shaped (Llama 1-4, Mistral, Mixtral, Qwen2/3, Qwen3-MoE, Qwen3-Next, Gemma 1-3,
             Phi-3, Cohere 1/2, OLMo 2, SmolLM3, gpt-oss, GPT-NeoX, GPT-J, StableLM, Persimmon);
             or of a family in :data:`posenc.integrations.adapters.ADAPTERS` (gpt2, opt, bloom,
-            mpt, falcon with RoPE, t5, mt5), which take a PositionPlan of their own kind only
+            mpt, falcon with RoPE or ALiBi, t5, mt5), which take a PositionPlan of their own kind only
             (``position_plan(model.config)``, or one with other numbers: another RoPE base,
             other ALiBi slopes) through :func:`~posenc.integrations.adapters.apply_plan`.
         plan_or_encoding: a :class:`~posenc.hf_config.plan.PositionPlan` (one LayerPlan per
@@ -290,7 +290,7 @@ def _adapter_arguments(model: nn.Module, plan: Any, layers: Any, kwargs: dict) -
     they apply a whole :class:`PositionPlan` of the family's own kinds of encoding."""
     model_type = model.config.model_type
     takes = ("a PositionPlan of the family's own kind (position_plan(model.config): learned tables for gpt2 and "
-             "opt, ALiBi for bloom and mpt, RoPE for falcon, T5 buckets per stack for t5)")
+             "opt, ALiBi for bloom and mpt, RoPE or ALiBi for falcon (as its config), T5 buckets per stack for t5)")
     if layers is not None:
         raise InvalidArgument(f"layers: the {model_type} adapter applies a plan to every layer at once; it takes {takes}")
     if kwargs:
