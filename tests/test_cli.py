@@ -119,3 +119,17 @@ def test_an_unexpected_exception_is_an_internal_error_exit_1(monkeypatch, capsys
     assert code == 1
     assert err.startswith("posenc: internal error: TypeError:") and err.count("\n") == 1
     assert "POSENC_DEBUG=1" in err and "posenc: error:" not in err
+
+
+def test_an_interrupt_exits_130_not_0(monkeypatch, tmp_path, capsys):
+    """Ctrl-C during a run: exit status 130 and a line on stderr, so that `posenc extrapolate
+    && publish` does not publish (typer hands the code back under standalone_mode=False)."""
+    import posenc.lab.experiments.extrapolation as extrapolation
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(extrapolation, "run_extrapolation", interrupted)
+    code = main(["extrapolate", "--preset", "quick", "--out", str(tmp_path / "out")])
+    assert code == 130
+    assert "interrupted" in capsys.readouterr().err

@@ -695,6 +695,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = app(args=argv, prog_name="posenc", standalone_mode=False)
         if isinstance(code, int) and not isinstance(code, bool):  # click returns typer.Exit's code here
+            if code == 130:  # typer's answer to Ctrl-C (KeyboardInterrupt): say so, exit 130
+                print("posenc: interrupted", file=sys.stderr)
             return code
     except typer.Exit as exit_:
         return exit_.exit_code
