@@ -101,3 +101,32 @@ def test_a_failed_worker_run_keeps_the_finished_ones(tmp_path):
     assert not store.record_path("bad", 0).exists()
     with pytest.raises(ValueError, match="workers must be an integer >= 1"):
         store.sweep([("a", 0)], lambda row, seed: {}, _body_or_fail, workers=0)
+
+
+def test_a_record_holding_nan_is_refused_not_reused(tmp_path):
+    """A diverged run's record (bare NaN tokens, which json reads) is not a finished run."""
+    store = RunStore(tmp_path)
+    path = store.record_path("rope", 0)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"fingerprint": {"a": 1}, "eval": {"64": {"loss": NaN}}}')
+    with pytest.raises(CheckpointMismatch, match="non-finite"):
+        store.stored("rope", 0, {"a": 1})
+
+
+def test_diverged_training_raises_and_stores_nothing(tmp_path):
+    """--lr 1e6: the loss turns NaN; training stops with an error naming the step and the
+    learning rate (the CLI: exit 2), and no checkpoint holds the diverged weights."""
+    import torch
+
+    from posenc.lab.model import TransformerLM
+    from posenc.lab.train import TrainingDiverged, train_lm
+
+    model = TransformerLM(LMConfig(d_model=16, num_layers=1, num_heads=2, max_positions=16), "rope")
+    data = torch.randint(0, 256, (4096,), dtype=torch.uint8)
+    config = TrainConfig(steps=40, batch_size=4, seq_len=16, lr=1e6, grad_clip=1e9, warmup_frac=0.0)
+    checkpoint = tmp_path / "run.pt"
+    with pytest.raises(TrainingDiverged, match=r"diverged at step \d+ of 40.*lr 1000000"):
+        train_lm(model, data, config, checkpoint_path=checkpoint, checkpoint_every=1)
+    if checkpoint.exists():  # a checkpoint of an earlier, finite step may stay; never a NaN one
+        state = torch.load(checkpoint, weights_only=True)
+        assert all(torch.isfinite(torch.tensor(state["losses"])))

@@ -107,6 +107,11 @@ class TrainConfig:
                                             "stable_frac": 0.0})
 
 
+class TrainingDiverged(InvalidArgument):
+    """The training loss became NaN or infinite (a learning rate too high, most often): the run
+    stops, and nothing of it is stored as finished."""
+
+
 def random_positions(batch_size: int, seq_len: int, num_positions: int, generator: torch.Generator) -> Tensor:
     """Per row, a sorted sample of ``seq_len`` distinct positions from [0, num_positions)
     (Ruoss et al. 2023, section 3), int64 (batch_size, seq_len), drawn with ``generator``."""
@@ -174,6 +179,8 @@ def train_lm(
 
     Raises:
         posenc.lab.checkpoint.CheckpointMismatch: a checkpoint made with other arguments, or corrupt.
+        TrainingDiverged: the loss of a step is NaN or infinite (an InvalidArgument: the CLI
+            exits 2 naming the step and the learning rate).
         ValueError: checkpoint_path given for a TransformerLM whose encoding cannot be rebuilt
             (:meth:`~posenc.lab.model.TransformerLM.encoding_spec`), before any step.
     """
@@ -222,6 +229,9 @@ def train_lm(
         nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
         losses.append(loss.item())
+        if not math.isfinite(losses[-1]):  # before a checkpoint or record could store it
+            raise TrainingDiverged(f"training diverged at step {step + 1} of {config.steps}: loss {losses[-1]} "
+                                   f"(lr {config.lr}); lower the learning rate (--lr), nothing of this run is kept")
         if on_step is not None:
             on_step(step, losses[-1])
         if checkpoint_path is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == config.steps):

@@ -21,6 +21,8 @@ either no record or a whole one (and a checkpoint to resume training from).
 
 from __future__ import annotations
 
+import math
+
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
@@ -66,6 +68,17 @@ def file_stem(row: str) -> str:
     return row.replace("/", "__").replace(":", "-")
 
 
+def _has_non_finite(value: Any) -> bool:
+    """A NaN or infinity anywhere in a record's numbers (json reads bare NaN tokens)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_non_finite(v) for v in value)
+    return False
+
+
 class RunStore:
     """The records and checkpoints of one experiment's output folder ``out``.
 
@@ -106,6 +119,9 @@ class RunStore:
                 f"--out: {path} holds a run with other arguments or another posenc version; "
                 "use another --out folder or delete it"
             )
+        if _has_non_finite(record):
+            raise CheckpointMismatch(f"--out: {path} holds a non-finite number (NaN or inf: a diverged run); delete it "
+                                     "to rerun that run")
         return record
 
     def write(self, row: str, seed: int, record: dict) -> None:
