@@ -130,3 +130,32 @@ def test_diverged_training_raises_and_stores_nothing(tmp_path):
     if checkpoint.exists():  # a checkpoint of an earlier, finite step may stay; never a NaN one
         state = torch.load(checkpoint, weights_only=True)
         assert all(torch.isfinite(torch.tensor(state["losses"])))
+
+
+def test_a_killed_writers_temporaries_are_removed_and_live_ones_kept(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)  # a process that has exited
+    (tmp_path / "checkpoints").mkdir()
+    stale = tmp_path / "checkpoints" / f".rope-seed0.pt.{dead_pid}.tmp"
+    live = tmp_path / "checkpoints" / f".nope-seed0.pt.{os.getpid()}.tmp"
+    stale.write_bytes(b"x" * 10)
+    live.write_bytes(b"x")
+    RunStore(tmp_path)
+    assert not stale.exists() and live.exists()
+
+
+def test_results_csv_goes_through_a_temporary_file_of_this_process(tmp_path, monkeypatch):
+    """Two writers of one folder raced on a fixed results.csv.tmp (issue 22)."""
+    import posenc.lab.checkpoint as checkpoint
+    from posenc.lab.experiments.frame import write_csv
+
+    seen = []
+    original = checkpoint._atomic
+    monkeypatch.setattr(checkpoint, "_atomic", lambda path, write: (seen.append(path), original(path, write)))
+    write_csv(tmp_path / "results.csv", ["a", "b"], [[1, 2]])
+    assert seen == [tmp_path / "results.csv"]
+    assert (tmp_path / "results.csv").read_bytes() == b"a,b\r\n1,2\r\n"

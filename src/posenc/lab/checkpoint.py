@@ -71,6 +71,34 @@ def _atomic(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """``data`` to ``path`` through a temporary file of this process, fsynced, then renamed:
+    readers see the old file or the new one, and two writers never share a temporary file."""
+    _atomic(path, lambda handle: handle.write(data))
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Delete the temporary files (``.<name>.<pid>.tmp``) that a process killed mid-write left
+    in ``folder`` and below; those of live processes stay. Returns the paths removed."""
+    removed = []
+    for tmp in Path(folder).rglob(".*.tmp"):
+        pid = tmp.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
     _atomic(path, lambda handle: handle.write(json.dumps(obj, indent=2).encode("utf-8")))
 

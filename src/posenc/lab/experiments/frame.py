@@ -25,6 +25,7 @@ An experiment is one module with a :class:`RunConfig` subclass (its own fields, 
 from __future__ import annotations
 
 import csv
+import io
 import dataclasses
 import statistics
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from posenc._version import __version__
+from posenc.lab.checkpoint import atomic_write_bytes
 from posenc.lab.fields import only_when_set
 from posenc._validation import check_device, check_positive_int
 from posenc.encodings import create_for_model, encoding_class
@@ -453,10 +455,10 @@ def evals_by_seed(runs: Sequence[dict]) -> dict:
 
 
 def write_csv(path: Path, columns: Sequence[str], rows: Iterable[Sequence]) -> None:
-    """``path`` as CSV, ``columns`` then ``rows``, written atomically (a temporary file replaced)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(columns)
-        writer.writerows(rows)
-    tmp.replace(path)
+    """``path`` as CSV, ``columns`` then ``rows``, written atomically through a temporary file
+    of this process (two processes writing the same folder never share one)."""
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(columns)
+    writer.writerows(rows)
+    atomic_write_bytes(path, text.getvalue().encode("utf-8"))

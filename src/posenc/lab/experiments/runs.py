@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from posenc.lab.checkpoint import CheckpointMismatch, atomic_write_json, read_json
+from posenc.lab.checkpoint import CheckpointMismatch, atomic_write_json, read_json, remove_stale_temporaries
 from posenc.lab.experiments import distributed
 from posenc.errors import InvalidArgument
 
@@ -90,6 +90,8 @@ class RunStore:
         self.out = Path(out)
         self.runs = self.out / "runs"
         self.checkpoints = self.out / "checkpoints"
+        if self.out.is_dir():  # what a run killed mid-write left behind (15-40 MB a checkpoint)
+            remove_stale_temporaries(self.out)
 
     def __repr__(self) -> str:
         return f"RunStore({str(self.out)!r})"
