@@ -50,6 +50,10 @@ def by_flags(make, nope=lambda: None):  # no_rope_layers: 1 = RoPE, 0 = NoPE (Sm
     return lambda config: PositionPlan(tuple(LayerPlan(make() if flag else nope()) for flag in config.no_rope_layers))
 
 
+#: The smallest vision tower the Qwen-VL configs take (1 block, width 16, merged to the text width 64).
+VISION = dict(depth=1, embed_dim=16, hidden_size=16, num_heads=2, out_hidden_size=64, intermediate_size=16, patch_size=2,
+              spatial_merge_size=1, temporal_patch_size=1)
+
 GEMMA3_TYPES = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]
 
 #: family -> (config class, model class, config kwargs, the model's own plan, attention implementation)
@@ -159,6 +163,16 @@ FAMILIES = {
                          n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32,
                          kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16),
                     uniform(lambda: posenc.RoPE(8, interleaved=True), 2), "sdpa"),
+    # the VL models (text tower at model.language_model; a vision tower as small as transformers
+    # allows): M-RoPE, 8 pairs per head split (temporal, height, width) by mrope_section
+    "qwen2_vl": (T.Qwen2VLConfig, T.Qwen2VLForConditionalGeneration, dict(
+        text_config=dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                                                      "mrope_section": [2, 3, 3]}),
+        vision_config=VISION), uniform(lambda: posenc.MRoPE(16, mrope_section=[2, 3, 3], base=1e6), 2), "sdpa"),
+    "qwen2_5_vl": (T.Qwen2_5_VLConfig, T.Qwen2_5_VLForConditionalGeneration, dict(
+        text_config=dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                                                      "mrope_section": [4, 2, 2]}),
+        vision_config=VISION), uniform(lambda: posenc.MRoPE(16, mrope_section=[4, 2, 2], base=1e6), 2), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -172,7 +186,7 @@ MEASURED = {
     "gptj": (2.98e-07, 3.58e-07), "stablelm": (2.98e-07, 5.96e-07), "persimmon": (5.96e-07, 5.96e-07),
     "llama4_text": (2.98e-07, 3.58e-07),
     "mixtral": (3.87e-07, 0.0), "qwen3_moe": (2.68e-07, 0.0), "phi": (3.58e-07, 0.0), "deepseek_v3": (2.98e-07, 0.0),
-    "gemma4_text": (3.58e-07, 0.0),
+    "gemma4_text": (3.58e-07, 0.0), "qwen2_vl": (3.58e-07, 4.77e-07), "qwen2_5_vl": (3.58e-07, 3.58e-07),
 }
 
 
@@ -220,6 +234,9 @@ def left_padded(x, pad):
 def wrong(plan):
     """The plan with every RoPE's base divided by 100."""
     def changed(encoding):
+        if isinstance(encoding, posenc.MRoPE):
+            return posenc.MRoPE(encoding.head_dim, mrope_section=encoding.mrope_section, base=encoding.base / 100,
+                                rotary_dim=encoding.rotary_dim, interleaved=encoding.interleaved)
         if not isinstance(encoding, posenc.RoPE):  # NoPE, and Llama 4's temperature
             return encoding
         return posenc.RoPE(encoding.head_dim, rotary_dim=encoding.rotary_dim, base=encoding.base / 100,
@@ -271,6 +288,36 @@ def test_the_read_plan_reproduces_the_model(family):
     assert difference <= max(1e-5, 2 * noise), (family, difference, noise)
 
 
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+def test_qwen_vl_read_plan_reproduces_image_like_mrope_positions(family):
+    """M-RoPE positions (3, B, T) whose axes differ (text, a 1 x 4 x 6 image grid, text, as
+    get_rope_index lays them out) given to the VL model: posenc's M-RoPE tables, read from the
+    config, give the model's logits; another mrope_section (the same pairs, other axes) does not.
+    rope_theta 100 here, so that with 8 pairs the height and width axes reach high frequencies."""
+    from posenc.integrations.transformers import position_plan
+
+    text = FAMILIES[family][2]["text_config"]
+    low_base = dict(text_config=dict(text, rope_parameters=dict(text["rope_parameters"], rope_theta=100.0)))
+    reference = build(family, **low_base)
+    ids = posenc.mrope_position_ids([4, (1, 4, 6), 4], spatial_merge_size=1)  # (3, 32)
+    assert not torch.equal(ids[1], ids[2])
+    positions = ids[:, None].expand(3, 2, -1)
+    x = tokens(length=ids.shape[1])
+    with torch.no_grad():
+        expected = reference(x, position_ids=positions).logits
+        noise = (build(family, "eager", **low_base)(x, position_ids=positions).logits - expected).abs().max().item()
+        model = use_encoding(build(family, **low_base), position_plan(reference.config))
+        difference = (model(x, position_ids=positions).logits - expected).abs().max().item()
+        assert difference <= max(1e-5, 2 * noise), (family, difference, noise)
+        # the check can fail: the sections reversed, or a plain RoPE reading the temporal axis only
+        section = model.model.language_model.posenc_plan[0].encoding.mrope_section
+        assert model.model.language_model.posenc_plan[0].encoding.base == 100.0
+        for other in (posenc.MRoPE(16, mrope_section=section[::-1], base=100.0), posenc.RoPE(16, base=100.0)):
+            use_encoding(model, PositionPlan(tuple(LayerPlan(other) for _ in range(2))))
+            assert (model(x, position_ids=positions).logits - expected).abs().max() > max(1e-3, 100 * difference)
+        assert (model(x).logits - reference(x).logits).abs().max() <= max(1e-5, 2 * noise)  # text: every axis equal
+
+
 #: (b): names on all layers, and on some layers; the families whose layers refuse them are tested below.
 B_CASES = [("alibi", None), ("t5", "last"), ("rope", None), ("nope", "last")]
 
@@ -285,7 +332,7 @@ def _b_model(family):
 def test_encodings_by_name_train_and_generate_with_the_cache(family, name, layers):
     model = _b_model(family)
     if layers == "last":
-        layers = [model.config.num_hidden_layers - 1]
+        layers = [getattr(model.config, "text_config", model.config).num_hidden_layers - 1]
     model = use_encoding(model, name, layers=layers)
     model.train()
     batch = tokens(batch=4, length=12, seed=3)
@@ -442,7 +489,9 @@ def test_llama4_native_temperature_is_kept_for_its_own_plan_and_replaced_otherwi
 EXTEND_REFUSED = {"gemma3_text": "already scaled", "gpt_oss": "already scaled",
                   "phi3": "Phi3Config refuses the extended config",  # Phi-3 accepts longrope only
                   "gemma4_text": "name the ones to scale",
-                  "gptj": "does not read a RoPE scaling"}  # GPT-J's rotary: rotary_dim and base 10000, nothing else
+                  "gptj": "does not read a RoPE scaling",
+                  # the VL models' RoPE is in config.text_config, which extend_context does not write yet
+                  "qwen2_vl": "a nested config", "qwen2_5_vl": "a nested config"}  # GPT-J's rotary: rotary_dim and base 10000, nothing else
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -59,6 +59,7 @@ from torch import Tensor, nn
 from posenc.attention import attention
 from posenc.encodings import Hook, PositionalEncoding, RoPE, create_for_model
 from posenc.encodings.irope import AttentionTemperature
+from posenc.encodings.rope.multiaxis import MultiAxisRoPE
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
 from posenc.hf_config import extension_config, from_hf_config, position_plan, reads_model_type
 from posenc.hf_config.plan import PLAN_FORMAT, LayerPlan, PositionPlan, encoding_from_dict, encoding_to_dict
@@ -126,7 +127,9 @@ class Family:
 
     Attributes:
         base: the causal LM's attribute holding the decoder stack where ``model.base_model`` is
-            not it (Llama 4's text model), or None.
+            not it (Llama 4's text model; a dotted path, Qwen2-VL's ``"model.language_model"``,
+            its text tower), or None. The model's own base model (``Qwen2VLModel``) is
+            accepted too: the path's trailing parts are tried from it.
         layers: the base model's attribute holding the decoder layers.
         attention: a decoder layer's attribute holding its attention module.
         rotary: the base model's rotary embedding module (probed once for each layer's width).
@@ -150,6 +153,14 @@ class Family:
             pairs (``tables`` otherwise).
         head_dim: the attention module's attribute holding the width of its query and key
             heads (DeepSeek-V3's MLA: ``qk_head_dim``, the non-rotary and rotary parts together).
+        text_config: the model config's attribute holding the decoder's sizes
+            (hidden_size, num_attention_heads, head_dim, ...) where they are not on the model's
+            config itself (Qwen2-VL: ``"text_config"``), or None. :func:`extend_context` refuses
+            such a model (it writes the top-level config only).
+        rotary_positions: the decoder layers are not handed the positions their tables are
+            computed at (Qwen2-VL's text model hands them ``position_ids=None``, or the packed
+            text positions, and its rotary embedding the M-RoPE positions (3, B, T)): the
+            positions are read from the rotary module's input (a forward pre-hook on it).
     """
 
     base: str | None = None
@@ -165,6 +176,8 @@ class Family:
     interleaved_key: str | None = None
     interleaved_tables: TableFormat | None = None
     head_dim: str = "head_dim"
+    text_config: str | None = None
+    rotary_positions: bool = False
 
 
 #: The families whose layers differ from Llama's, by ``model_type``; any other model_type is
@@ -180,6 +193,10 @@ FAMILIES: dict[str, Family] = {
     "gemma3_text": Family(scaled_layer_types=("full_attention",)),
     "deepseek_v3": Family(interleaved=True, interleaved_key="rope_interleave", interleaved_tables=DEINTERLEAVED_COS_SIN,
                           head_dim="qk_head_dim"),
+    # the text tower of the VL models; its rotary embedding recomposes the M-RoPE axes by
+    # mrope_section into Llama-format (cos, sin) (B, T, D) (transformers 5's Qwen2VLRotaryEmbedding)
+    "qwen2_vl": Family(base="model.language_model", text_config="text_config", rotary_positions=True),
+    "qwen2_5_vl": Family(base="model.language_model", text_config="text_config", rotary_positions=True),
 }
 _LLAMA_SHAPED = Family()
 
@@ -233,7 +250,9 @@ def use_encoding(
     Args:
         model: a transformers causal LM or its base model, of a family in :data:`FAMILIES` or
             Llama-shaped (Llama 1-4, Mistral, Mixtral, Qwen2/3, Qwen3-MoE, Qwen3-Next, Gemma 1-3,
-            Phi-3, Cohere 1/2, OLMo 2, SmolLM3, gpt-oss, GPT-NeoX, GPT-J, StableLM, Persimmon);
+            Phi-3, Cohere 1/2, OLMo 2, SmolLM3, gpt-oss, GPT-NeoX, GPT-J, StableLM, Persimmon;
+            Qwen2-VL and Qwen2.5-VL, their text tower: an :class:`~posenc.MRoPE` takes the
+            model's own tables at its (3, B, T) positions, exact on text and image positions);
             or of a family in :data:`posenc.integrations.adapters.ADAPTERS` (gpt2, opt, bloom,
             mpt, falcon with RoPE or ALiBi, t5, mt5), which take a PositionPlan of their own kind only
             (``position_plan(model.config)``, or one with other numbers: another RoPE base,
@@ -399,17 +418,18 @@ def _prepare(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int] | No
     family = family_of(model)
     base = _base_model(model, family)
     config = model.config
+    sizes = _sizes_config(config, family)  # the decoder's sizes (a VL model's text_config)
     decoder_layers = list(getattr(base, family.layers))
     count = len(decoder_layers)
-    head_dim = _head_dim(config, decoder_layers, family)
+    head_dim = _head_dim(sizes, decoder_layers, family)
     registered: nn.Module | None = None
     uniform = isinstance(plan_or_encoding, (str, PositionalEncoding))  # every attention layer takes it
     if isinstance(plan_or_encoding, str):
         # one encoding per width of the layers' heads (Gemma 4's global layers are wider)
         widths = [getattr(getattr(layer, family.attention, None), family.head_dim, head_dim) for layer in decoder_layers]
         built = {width: create_for_model(
-            plan_or_encoding, d_model=config.hidden_size, num_heads=config.num_attention_heads, head_dim=width,
-            max_positions=config.max_position_embeddings, causal=True, **kwargs,
+            plan_or_encoding, d_model=sizes.hidden_size, num_heads=sizes.num_attention_heads, head_dim=width,
+            max_positions=sizes.max_position_embeddings, causal=True, **kwargs,
         ) for width in dict.fromkeys(w if isinstance(w, int) else head_dim for w in widths)}
         first = next(iter(built.values()))
         if len(built) == 1 or not {Hook.ROTATE, Hook.CONTENT} & first.hooks:  # only these read the head width
@@ -435,10 +455,10 @@ def _prepare(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int] | No
     if layers is not None and plan.embedding is not None:
         raise InvalidArgument("layers: an embedding encoding (embed hook) is added before the first layer, not per layer")
     if plan.embedding is not None:
-        _check_encoding(plan.embedding, config, head_dim, "plan.embedding")
+        _check_encoding(plan.embedding, sizes, head_dim, "plan.embedding")
 
     decisions: list[_Layer] = []
-    probe = _RotaryProbe(base, family, config)
+    probe = _RotaryProbe(base, family, sizes)
     for index in chosen:
         layer_plan = plan[index]
         module = getattr(decoder_layers[index], family.attention, None)
@@ -462,7 +482,7 @@ def _prepare(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int] | No
             continue
         tables = _takes_tables(encoding, family, width)
         # the tables cover the rotary width (checked above); posenc's attention sees whole heads
-        _check_encoding(encoding, config, None if tables else getattr(module, family.head_dim, head_dim), where)
+        _check_encoding(encoding, sizes, None if tables else getattr(module, family.head_dim, head_dim), where)
         if not tables:
             for attr, what in ((family.sinks, "attention sinks"), (family.softcap, "logit soft-capping")):
                 if attr is not None and getattr(module, attr, None) is not None:
@@ -496,7 +516,10 @@ def _prepare(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int] | No
         handles = []
         if plan.embedding is not None:
             handles.append(decoder_layers[0].register_forward_pre_hook(_embed_hook(plan.embedding), with_kwargs=True))
-        memo: dict[int, tuple[Tensor, torch.dtype, Any]] = {}
+        memo: dict[Any, Any] = {}
+        if family.rotary_positions:
+            handles.append(getattr(base, family.rotary).register_forward_pre_hook(_rotary_positions_hook(memo),
+                                                                                  with_kwargs=True))
         switched_off = []
         for decision in decisions:
             if decision.posenc_route:
@@ -535,6 +558,11 @@ def _chosen_layers(layers: Sequence[int] | None, count: int) -> list[int]:
     return sorted(chosen)
 
 
+def _sizes_config(config: Any, family: Family) -> Any:
+    """The config holding the decoder's sizes: the model's, or its ``family.text_config``."""
+    return config if family.text_config is None else getattr(config, family.text_config)
+
+
 def _head_dim(config: Any, decoder_layers: list[nn.Module], family: Family) -> int:
     for layer in decoder_layers:
         module = getattr(layer, family.attention, None)
@@ -564,7 +592,12 @@ def _check_encoding(encoding: PositionalEncoding, config: Any, head_dim: int | N
 def _takes_tables(encoding: PositionalEncoding, family: Family, width: int) -> bool:
     """A rotation by cos/sin tables shared by q and k, nothing else, in the family's pair layout
     and rotary width: the model's own attention can apply it."""
-    return (isinstance(encoding, RoPE) and type(encoding).rotate is RoPE.rotate and type(encoding).cos_sin is RoPE.cos_sin
+    plain_rope = isinstance(encoding, RoPE) and type(encoding).rotate is RoPE.rotate \
+        and type(encoding).cos_sin is RoPE.cos_sin
+    # a multi-axis RoPE (M-RoPE) on the model's own tables: cos/sin of each pair at its axis' coordinate
+    multi_axis = isinstance(encoding, MultiAxisRoPE) and type(encoding).rotate is MultiAxisRoPE.rotate \
+        and type(encoding).cos_sin is MultiAxisRoPE.cos_sin
+    return ((plain_rope or multi_axis)
             and encoding.hooks == frozenset({Hook.ROTATE}) and encoding.interleaved == family.interleaved
             and encoding.rotary_dim == width)
 
@@ -602,18 +635,29 @@ def _tables_hook(decision: _Layer, family: Family, memo: dict):
 
     def set_tables(module, args, kwargs):
         hidden = args[0] if args else kwargs["hidden_states"]
-        positions = kwargs.get("position_ids")
+        given = kwargs.get("position_ids")
+        # the tables' positions: the rotary module's input where the layers are not handed them
+        # (Qwen2-VL: M-RoPE's (3, B, T)), else the layer's position_ids, else 0 .. T-1
+        positions = memo.get(_ROTARY_POSITIONS) if family.rotary_positions else None
+        if positions is None:
+            positions = given
         if positions is None:
             positions = torch.arange(hidden.shape[-2], device=hidden.device).unsqueeze(0)
+        # one coordinate per token for what reads one (posenc's attention, a plain RoPE): the
+        # layer's own position_ids (packed text positions) where given, else the first axis
+        # (M-RoPE's temporal axis; on text tokens every axis is the text position)
+        sequence = given if given is not None else positions[0] if positions.dim() == 3 else positions
         if decision.posenc_route:
             _refuse_static_cache(kwargs.get("cache", kwargs.get("past_key_values")), attention_module, decision.index)
-            attention_module.__dict__[_POSITIONS_ATTR] = positions
+            attention_module.__dict__[_POSITIONS_ATTR] = sequence
         table_dtype = torch.promote_types(hidden.dtype, torch.float32)
         if rope is None:
             shape = (*positions.shape[-2:], width)
             cos = torch.ones(shape, dtype=table_dtype, device=hidden.device)
             tables = family.tables.build(cos, torch.zeros_like(cos), hidden.dtype)
         else:
+            if positions.dim() == 3 and rope.position_axes != positions.shape[0]:
+                positions = sequence
             key = id(rope)
             cached = memo.get(key)
             if cached is not None and cached[0] is positions and cached[1] == hidden.dtype:
@@ -625,6 +669,18 @@ def _tables_hook(decision: _Layer, family: Family, memo: dict):
         return args, {**kwargs, "position_embeddings": tables}
 
     return set_tables
+
+
+#: The memo key of the positions the base model last handed its rotary module (Family.rotary_positions).
+_ROTARY_POSITIONS = "rotary_positions"
+
+
+def _rotary_positions_hook(memo: dict):
+    """The rotary module's forward pre-hook keeping the positions it is called at, (x, position_ids)."""
+    def keep_positions(module, args, kwargs):
+        memo[_ROTARY_POSITIONS] = args[1] if len(args) > 1 else kwargs.get("position_ids")
+
+    return keep_positions
 
 
 def _refuse_static_cache(cache: Any, module: nn.Module, index: int) -> None:
@@ -687,6 +743,9 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     family = family_of(model)
     base = _base_model(model, family)
     config = model.config
+    if family.text_config is not None:
+        raise InvalidArgument(f"model: {config.model_type}'s RoPE is in config.{family.text_config}, a nested config "
+                              "extend_context does not write; extend the text model's config and load the model from it")
     current = config.to_dict()
     if "max_position_embeddings" not in current and isinstance(getattr(config, "max_position_embeddings", None), int):
         # an attribute_map alias (GPT-J's n_positions), which to_dict() spells the family's way
@@ -913,7 +972,16 @@ def _register_with_transformers() -> None:
 def _base_model(model: nn.Module, family: Family) -> nn.Module:
     base = getattr(model, "base_model", model)
     if family.base is not None and not hasattr(base, family.layers):
-        base = getattr(model, family.base, base)
+        # the dotted path from the model, or its trailing parts from the model itself (a base
+        # model given: Qwen2VLModel holds "language_model" of "model.language_model")
+        parts = family.base.split(".")
+        for start in range(len(parts)):
+            found = model
+            for part in parts[start:]:
+                found = getattr(found, part, None)
+            if found is not None and hasattr(found, family.layers):
+                base = found
+                break
     missing = [name for name in (family.layers, family.rotary) if not hasattr(base, name)]
     if missing or not hasattr(model, "config"):
         raise InvalidArgument(
