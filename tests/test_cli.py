@@ -133,3 +133,25 @@ def test_an_interrupt_exits_130_not_0(monkeypatch, tmp_path, capsys):
     code = main(["extrapolate", "--preset", "quick", "--out", str(tmp_path / "out")])
     assert code == 130
     assert "interrupted" in capsys.readouterr().err
+
+
+def test_a_run_logged_to_a_file_prints_progress_lines(monkeypatch):
+    """Output going to a file (a batch job, CI, nohup) draws no bar: the reporter prints a plain
+    line with step, loss, speed and time left now and then (issue 22)."""
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    import posenc.lab.cli as cli
+
+    monkeypatch.setattr(cli, "PLAIN_PROGRESS_SECONDS", 0.0)
+    out = io.StringIO()
+    reporter = cli.RichReporter(Progress(console=Console(file=out, force_terminal=False)))
+    reporter.run_started("rope", 0, 4, 0)
+    for step in range(4):
+        reporter.train_step(step, 2.0)
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("train rope seed 0")]
+    assert len(lines) == 4
+    assert lines[0].startswith("train rope seed 0: step 1/4, loss 2.885 bpb,") and "left" in lines[0]
+    assert lines[-1].startswith("train rope seed 0: step 4/4") and "left" not in lines[-1]

@@ -127,6 +127,16 @@ def list_encodings() -> None:
     console.print(table)
 
 
+#: Seconds between the plain progress lines a run prints when its output is not a terminal
+#: (a batch job, CI, nohup: rich draws no bar there).
+PLAIN_PROGRESS_SECONDS = 30.0
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
 class RichReporter:
     """Draws a training bar and an evaluation bar per (row, seed): an encoding or a row built on one."""
 
@@ -143,9 +153,26 @@ class RichReporter:
         self.resumed_step = resumed_step
         note = f" (resumed at {resumed_step})" if resumed_step else ""
         self._replace(f"train {row} seed {seed}{note}", steps, resumed_step)
+        self.run_name, self.steps = f"{row} seed {seed}", steps
+        self.started, self.first_step, self.last_line = time.monotonic(), resumed_step, time.monotonic()
+
+    def loss_text(self, loss: float) -> str:
+        """The training loss as the bar and the plain lines show it (nats -> bits per byte)."""
+        return f"loss {loss / 0.6931471805599453:.3f} bpb"
 
     def train_step(self, step, loss):
-        self.progress.update(self.task, completed=step + 1, loss=f"loss {loss / 0.6931471805599453:.3f} bpb")
+        self.progress.update(self.task, completed=step + 1, loss=self.loss_text(loss))
+        if not self.progress.console.is_terminal:  # a log file draws no bar: a line now and then
+            now = time.monotonic()
+            if now - self.last_line >= PLAIN_PROGRESS_SECONDS or step + 1 == self.steps:
+                self.last_line = now
+                self.progress.console.print(self.progress_line(step + 1, loss, now - self.started), highlight=False)
+
+    def progress_line(self, done: int, loss: float, elapsed: float) -> str:
+        """E.g. ``train rope seed 0: step 300/1500, loss 3.120 bpb, 9.8 steps/s, ~2m03s left``."""
+        rate = (done - self.first_step) / elapsed if elapsed > 0 else 0.0
+        left = f", ~{_duration((self.steps - done) / rate)} left" if rate > 0 and done < self.steps else ""
+        return f"train {self.run_name}: step {done}/{self.steps}, {self.loss_text(loss)}, {rate:.1f} steps/s{left}"
 
     def eval_started(self, row, seed, total_windows):
         self._replace(f"eval  {row} seed {seed}", total_windows)
@@ -300,8 +327,8 @@ class TaskReporter(RichReporter):
         self.seconds: dict[str, list[float]] = {}
         self.overall = progress.add_task("runs finished", total=runs, loss="")
 
-    def train_step(self, step, loss):
-        self.progress.update(self.task, completed=step + 1, loss=f"answer loss {loss:.3f}")
+    def loss_text(self, loss: float) -> str:
+        return f"answer loss {loss:.3f}"
 
     def run_finished(self, row, seed, record, skipped):
         self.progress.advance(self.overall)
