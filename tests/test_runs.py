@@ -159,3 +159,14 @@ def test_results_csv_goes_through_a_temporary_file_of_this_process(tmp_path, mon
     write_csv(tmp_path / "results.csv", ["a", "b"], [[1, 2]])
     assert seen == [tmp_path / "results.csv"]
     assert (tmp_path / "results.csv").read_bytes() == b"a,b\r\n1,2\r\n"
+
+
+def test_a_resumed_run_times_only_its_last_leg_and_says_so():
+    """Throughput over every step's tokens but one leg's seconds was up to 3,000x too high."""
+    from posenc.lab.experiments.lm import training_fields
+
+    config = TrainConfig(steps=100, batch_size=2, seq_len=8)
+    fresh = training_fields(config, [1.0] * 100, 10.0)
+    assert fresh["tokens_per_second"] == 100 * 2 * 8 / 10 and "resumed_at_step" not in fresh
+    resumed = training_fields(config, [1.0] * 100, 2.0, first_step=90)
+    assert resumed["tokens_per_second"] == 10 * 2 * 8 / 2 and resumed["resumed_at_step"] == 90

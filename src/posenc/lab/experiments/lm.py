@@ -62,14 +62,20 @@ def windows_at(length: int, eval_tokens: int, val: Tensor, stride: int | None = 
 LOSS_CURVE_STEPS = 50
 
 
-def training_fields(config: TrainConfig, losses: Sequence[float], seconds: float) -> dict:
+def training_fields(config: TrainConfig, losses: Sequence[float], seconds: float, first_step: int = 0) -> dict:
     """``train_seconds``, ``tokens_per_second``, ``final_train_loss`` (mean of the last 50
     steps) and ``loss_curve`` (the mean loss of each block of :data:`LOSS_CURVE_STEPS` steps,
-    nats per token: where a task's sudden learning transition came) of a training run."""
-    tokens = config.steps * config.batch_size * config.seq_len
+    nats per token: where a task's sudden learning transition came) of a training run.
+
+    A run resumed at step ``first_step`` > 0 timed only its last leg: ``tokens_per_second`` is
+    that leg's (its steps' tokens over its seconds), ``train_seconds`` that leg's wall clock,
+    and ``resumed_at_step`` says so (a rate over every step's tokens was up to 3,000x too high)."""
+    tokens = (config.steps - first_step) * config.batch_size * config.seq_len
+    resumed = {"resumed_at_step": first_step} if first_step else {}
     return {
         "train_seconds": round(seconds, 3),
         "tokens_per_second": round(tokens / max(seconds, 1e-9)),
+        **resumed,
         "final_train_loss": sum(losses[-50:]) / len(losses[-50:]) if losses else None,
         "loss_curve": [round(sum(block) / len(block), 4) for block in
                        (losses[i : i + LOSS_CURVE_STEPS] for i in range(0, len(losses), LOSS_CURVE_STEPS))],
@@ -86,16 +92,21 @@ def train_run(
     Raises:
         CheckpointMismatch: the checkpoint is corrupt or was made with another ``fingerprint``.
     """
-    started = time.perf_counter()
+    started, first_step = time.perf_counter(), []
+
+    def on_resume(step: int) -> None:
+        first_step.append(step)
+        reporter.run_started(row, seed, config.steps, step)
+
     losses = train_lm(
         model, data, config,
         on_step=reporter.train_step,
         checkpoint_path=store.checkpoint_path(row, seed),
         checkpoint_every=checkpoint_every(),
         fingerprint=fingerprint,
-        on_resume=lambda step: reporter.run_started(row, seed, config.steps, step),
+        on_resume=on_resume,
     )
-    return training_fields(config, losses, time.perf_counter() - started)
+    return training_fields(config, losses, time.perf_counter() - started, first_step[0] if first_step else 0)
 
 
 def load_trained(
