@@ -137,7 +137,7 @@ def test_an_interrupt_exits_130_not_0(monkeypatch, tmp_path, capsys):
 
 def test_a_run_logged_to_a_file_prints_progress_lines(monkeypatch):
     """Output going to a file (a batch job, CI, nohup) draws no bar: the reporter prints a plain
-    line with step, loss, speed and time left now and then (issue 22)."""
+    line with step, loss, speed and time left now and then, on stderr (issue 22)."""
     import io
 
     from rich.console import Console
@@ -147,7 +147,8 @@ def test_a_run_logged_to_a_file_prints_progress_lines(monkeypatch):
 
     monkeypatch.setattr(cli, "PLAIN_PROGRESS_SECONDS", 0.0)
     out = io.StringIO()
-    reporter = cli.RichReporter(Progress(console=Console(file=out, force_terminal=False)))
+    monkeypatch.setattr(cli, "log_console", Console(file=out, force_terminal=False))
+    reporter = cli.RichReporter(Progress(console=Console(file=io.StringIO(), force_terminal=False)))
     reporter.run_started("rope", 0, 4, 0)
     for step in range(4):
         reporter.train_step(step, 2.0)

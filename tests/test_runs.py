@@ -170,3 +170,19 @@ def test_a_resumed_run_times_only_its_last_leg_and_says_so():
     assert fresh["tokens_per_second"] == 100 * 2 * 8 / 10 and "resumed_at_step" not in fresh
     resumed = training_fields(config, [1.0] * 100, 2.0, first_step=90)
     assert resumed["tokens_per_second"] == 10 * 2 * 8 / 2 and resumed["resumed_at_step"] == 90
+
+
+def test_a_second_run_on_the_same_out_folder_is_refused(tmp_path):
+    """Two posenc runs on one --out interleaved their records under each other's tables
+    (issue 22): while one holds the folder, another sweep refuses at once, naming the pid."""
+    import os
+
+    from posenc.errors import InvalidArgument
+
+    first, second = RunStore(tmp_path), RunStore(tmp_path)
+    with first.exclusive():  # another sweep in progress (flock: per open file, so this process counts too)
+        with pytest.raises(InvalidArgument, match=rf"in use by another posenc run \(pid {os.getpid()}\)"):
+            second.sweep([("rope", 0)], fingerprint=lambda r, s: {"a": 1}, compute=lambda r, s, e: {"v": 1})
+        assert not second.record_path("rope", 0).exists()
+    assert second.sweep([("rope", 0)], fingerprint=lambda r, s: {"a": 1}, compute=lambda r, s, e: {"v": 1}) == \
+        [{"fingerprint": {"a": 1}, "v": 1}]

@@ -31,6 +31,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
+#: Progress lines for log files (stderr: stdout keeps the results).
+log_console = Console(stderr=True)
 
 
 class UsageError(typer.BadParameter):
@@ -91,7 +93,7 @@ def _start_sweep(device: str, threads: int | None, workers: int | None = None) -
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be an integer >= 1, got {workers}")
     device = distributed.init_from_env(device)  # under torchrun: this rank does its share of the runs
-    console.quiet = not distributed.current().is_main
+    console.quiet = log_console.quiet = not distributed.current().is_main
     return device
 
 
@@ -127,8 +129,8 @@ def list_encodings() -> None:
     console.print(table)
 
 
-#: Seconds between the plain progress lines a run prints when its output is not a terminal
-#: (a batch job, CI, nohup: rich draws no bar there).
+#: Seconds between the plain progress lines a run prints (on stderr, as progress goes) when its
+#: output is not a terminal (a batch job, CI, nohup: rich draws no bar there).
 PLAIN_PROGRESS_SECONDS = 30.0
 
 
@@ -166,7 +168,7 @@ class RichReporter:
             now = time.monotonic()
             if now - self.last_line >= PLAIN_PROGRESS_SECONDS or step + 1 == self.steps:
                 self.last_line = now
-                self.progress.console.print(self.progress_line(step + 1, loss, now - self.started), highlight=False)
+                log_console.print(self.progress_line(step + 1, loss, now - self.started), highlight=False)
 
     def progress_line(self, done: int, loss: float, elapsed: float) -> str:
         """E.g. ``train rope seed 0: step 300/1500, loss 3.120 bpb, 9.8 steps/s, ~2m03s left``."""

@@ -21,6 +21,7 @@ either no record or a whole one (and a checkpoint to resume training from).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import multiprocessing
@@ -66,6 +67,33 @@ def file_stem(row: str) -> str:
     ``rope@sliding__nope-4``. Encoding names hold neither ``__`` nor ``-``, so no two rows share
     a file; every other row's name is its file name, as before."""
     return row.replace("/", "__").replace(":", "-")
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path):
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, as before
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / ".posenc.lock"
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            raise InvalidArgument(f"--out: {folder} is in use by another posenc run (pid {holder}); wait for it to "
+                                  "finish or use another --out folder") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _has_non_finite(value: Any) -> bool:
@@ -189,6 +217,22 @@ class RunStore:
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise InvalidArgument(f"workers must be an integer >= 1, got {workers!r}")
         shard = distributed.current()
+        # one run of posenc per --out folder: a second one refuses at once (the ranks of one
+        # torchrun group share the folder, so only rank 0 holds the lock)
+        with self.exclusive() if shard.is_main else contextlib.nullcontext():
+            return self._sweep(jobs, shard, fingerprint, compute, reporter, workers)
+
+    def exclusive(self) -> contextlib.AbstractContextManager:
+        """Hold ``OUT/.posenc.lock`` (an advisory ``flock``, released when the process ends,
+        however it ends) for the duration of a sweep.
+
+        Raises:
+            InvalidArgument: another process holds it (another posenc run on this folder); the
+                message names its pid.
+        """
+        return _folder_lock(self.out)
+
+    def _sweep(self, jobs, shard, fingerprint, compute, reporter, workers) -> list[dict] | None:
         share = shard.take(jobs)
         if workers > 1:
             mine = self._run_in_workers(share, fingerprint, compute, reporter or Reporter(), workers)
