@@ -72,6 +72,11 @@ def _body_or_fail(row, seed, expected):
 
     if row == "bad":
         raise RuntimeError("this run failed")
+    if row == "killed":  # the OS kills the worker (out of memory, say)
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
     if row == "slow":
         time.sleep(1.0)
     return {"value": f"{row}{seed}"}
@@ -186,3 +191,76 @@ def test_a_second_run_on_the_same_out_folder_is_refused(tmp_path):
         assert not second.record_path("rope", 0).exists()
     assert second.sweep([("rope", 0)], fingerprint=lambda r, s: {"a": 1}, compute=lambda r, s, e: {"v": 1}) == \
         [{"fingerprint": {"a": 1}, "v": 1}]
+
+
+def test_a_worker_killed_by_the_os_is_reported_as_such_not_as_a_bug(tmp_path):
+    from posenc.lab.experiments.runs import RunAborted
+
+    store = RunStore(tmp_path)
+    with pytest.raises(RunAborted, match="a worker process died"):
+        store.sweep([("killed", 0), ("a", 0)], lambda row, seed: {"row": row}, _body_or_fail, workers=2)
+    assert not store.record_path("killed", 0).exists()
+
+
+PARENT = """
+import sys, time
+from posenc.lab.experiments.runs import RunStore
+sys.path.insert(0, {tests!r})
+from test_runs import _sleeps_and_reports_its_pid
+RunStore({out!r}).sweep([("a", 0), ("b", 0)], lambda r, s: {{}}, _sleeps_and_reports_its_pid, workers=2)
+"""
+
+
+def _sleeps_and_reports_its_pid(row, seed, expected):
+    import os
+    import pathlib
+    import time
+
+    pathlib.Path(os.environ["POSENC_TEST_PIDS"], f"{row}.pid").write_text(str(os.getpid()))
+    time.sleep(60)
+    return {}
+
+
+def test_workers_end_with_a_killed_parent(tmp_path):
+    """lengthgen's workers went on training every queued run after the parent was killed, then
+    blocked forever (issue 22): they now get SIGTERM when their parent dies (Linux)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    code = PARENT.format(tests=os.path.dirname(__file__), out=str(tmp_path / "out"))
+    parent = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "POSENC_TEST_PIDS": str(pids)})
+    deadline = time.monotonic() + 60
+    while len(list(pids.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    workers = [int(p.read_text()) for p in pids.glob("*.pid")]
+    assert len(workers) == 2, "the workers did not start"
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 20
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [pid for pid in workers if _running(pid)]
+    assert not alive, f"workers {alive} outlived their parent"
+
+
+def _running(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by init) is not running
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+    return True

@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
-from posenc.errors import InvalidArgument
+from posenc.errors import InvalidArgument, PosencError
 
 app = typer.Typer(
     name="posenc",
@@ -741,6 +741,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(err, ARGUMENT_ERRORS):
             print(f"posenc: error: {err}", file=sys.stderr)
             return 2
+        if isinstance(err, PosencError):  # stopped from outside posenc (a worker killed by the OS): not a bug
+            print(f"posenc: error: {err}", file=sys.stderr)
+            return 1
         detail = " ".join(str(err).split())
         print(f"posenc: internal error: {type(err).__name__}: {detail} (a bug in posenc, not in your arguments; "
               "rerun with POSENC_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)

@@ -28,6 +28,7 @@ import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ import torch
 
 from posenc.lab.checkpoint import CheckpointMismatch, atomic_write_json, read_json, remove_stale_temporaries
 from posenc.lab.experiments import distributed
-from posenc.errors import InvalidArgument
+from posenc.errors import InvalidArgument, PosencError
 
 #: Steps between training checkpoints. Not a user option (it changes no result); the
 #: environment variable ``POSENC_CHECKPOINT_EVERY`` overrides it so that the kill-and-resume
@@ -67,6 +68,27 @@ def file_stem(row: str) -> str:
     ``rope@sliding__nope-4``. Encoding names hold neither ``__`` nor ``-``, so no two rows share
     a file; every other row's name is its file name, as before."""
     return row.replace("/", "__").replace(":", "-")
+
+
+class RunAborted(PosencError):
+    """A sweep stopped by something outside posenc (a worker process killed by the OS): the
+    finished runs are kept; the CLI says so and exits 1, not as a bug."""
+
+
+def _start_worker(threads: int, parent: int) -> None:
+    """Initializer of a sweep's worker processes: torch's threads, and on Linux a SIGTERM when
+    the parent dies (killed: its workers used to go on training, then block forever)."""
+    torch.set_num_threads(threads)
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        pass
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
 
 
 @contextlib.contextmanager
@@ -270,7 +292,7 @@ class RunStore:
         threads = max(1, torch.get_num_threads() // workers)
         # spawn, not fork: the parent may hold torch's thread pools and a progress display's thread
         with ProcessPoolExecutor(min(workers, len(pending)), mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=torch.set_num_threads, initargs=(threads,)) as pool:
+                                 initializer=_start_worker, initargs=(threads, os.getpid())) as pool:
             running = {pool.submit(compute, row, seed, expected): (row, seed, expected) for row, seed, expected in pending}
             error = None
             while running:
@@ -288,6 +310,9 @@ class RunStore:
                     self.write(row, seed, record)
                     reporter.run_finished(row, seed, record, skipped=False)
                     done[row, seed] = record
+        if isinstance(error, BrokenProcessPool):
+            raise RunAborted("a worker process died (killed by the operating system: out of memory?) before its run "
+                             "finished; the runs that finished are kept, rerun the same command to resume") from error
         if error is not None:
             raise error
         return done
