@@ -186,7 +186,7 @@ def test_a_second_run_on_the_same_out_folder_is_refused(tmp_path):
 
     first, second = RunStore(tmp_path), RunStore(tmp_path)
     with first.exclusive():  # another sweep in progress (flock: per open file, so this process counts too)
-        with pytest.raises(InvalidArgument, match=rf"in use by another posenc run \(pid {os.getpid()}\)"):
+        with pytest.raises(InvalidArgument, match=rf"in use by another posenc run \(pid {os.getpid()} on .+, since "):
             second.sweep([("rope", 0)], fingerprint=lambda r, s: {"a": 1}, compute=lambda r, s, e: {"v": 1})
         assert not second.record_path("rope", 0).exists()
     assert second.sweep([("rope", 0)], fingerprint=lambda r, s: {"a": 1}, compute=lambda r, s, e: {"v": 1}) == \

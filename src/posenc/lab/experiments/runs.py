@@ -26,6 +26,8 @@ import math
 
 import multiprocessing
 import os
+import time
+import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -105,12 +107,14 @@ def _folder_lock(folder: Path):
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            holder = handle.read().strip() or "?"
-            raise InvalidArgument(f"--out: {folder} is in use by another posenc run (pid {holder}); wait for it to "
+            holder = handle.read().strip() or "pid unknown"
+            raise InvalidArgument(f"--out: {folder} is in use by another posenc run ({holder}); wait for it to "
                                   "finish or use another --out folder") from None
+        # a lock whose holder died is released by the kernel with it: nothing stale to take over
         handle.seek(0)
         handle.truncate()
-        handle.write(str(os.getpid()))
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}")
         handle.flush()
         try:
             yield
