@@ -26,8 +26,8 @@ import math
 
 import multiprocessing
 import os
-import time
 import socket
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
