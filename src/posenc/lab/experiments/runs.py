@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-
 import multiprocessing
 import os
 import socket
