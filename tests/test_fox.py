@@ -202,3 +202,13 @@ def test_auto_backend_for_a_gate_encoding():
     assert resolve("auto", enc, 2 * 64 * 64, torch.device("cuda"), gates) == "sdpa"
     with torch.no_grad():
         assert resolve("auto", enc, 2 * 64 * 64, torch.device("cpu"), gates.detach()) == "sdpa"
+
+
+def test_gate_takes_bfloat16_activations_with_float32_parameters():
+    """Mixed precision (issue 22): bf16 x with float32 weights raised a raw dtype RuntimeError;
+    x is widened to the parameters' dtype, as the other encodings compute."""
+    fox = posenc.create("fox", d_model=16, num_heads=2)
+    x = torch.randn(2, 5, 16).bfloat16()
+    out = fox.gate(x)
+    assert out.dtype == torch.float32 and out.shape == (2, 2, 5)
+    torch.testing.assert_close(out, fox.gate(x.float()), rtol=0, atol=0)

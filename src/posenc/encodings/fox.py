@@ -94,11 +94,14 @@ class FoX(PositionalEncoding):
 
     def gate(self, x: Tensor) -> Tensor:
         """log f_t: x (B, T, d_model) -> (B, H, T), float32 (float64 for float64 x and
-        parameters), as the reference (``logsigmoid(fgate_proj(x).float())``)."""
+        parameters), as the reference (``logsigmoid(fgate_proj(x).float())``). x of a narrower
+        dtype than the parameters (bfloat16 activations, float32 weights) is widened to theirs,
+        as the other encodings compute in the wider dtype."""
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise InvalidArgument(f"x must have shape (B, T, d_model={self.d_model}), got {shape}")
-        logits = self.fgate_proj(x)  # (B, T, H)
+        weight = self.fgate_proj.weight
+        logits = self.fgate_proj(x.to(torch.promote_types(x.dtype, weight.dtype)))  # (B, T, H)
         wide = torch.promote_types(logits.dtype, torch.float32)
         return F.logsigmoid(logits.to(wide)).transpose(-2, -1)
 
