@@ -169,3 +169,19 @@ def test_older_checkpoints_still_load(tmp_path):
     loaded = TransformerLM.from_checkpoint(tmp_path / "before_format1.pt")
     assert loaded.encoding_spec() == {"name": "alibi", "kwargs": {}}
     same_logits(loaded, plain)
+
+
+@pytest.mark.parametrize("field, value", [("num_layers", 10**6), ("max_positions", 10**12)])
+def test_a_checkpoint_asking_for_more_than_it_stores_is_refused_before_building(tmp_path, field, value):
+    """A crafted config (issue 22): num_layers 10^6, or max_positions 10^12 with a learned
+    table (256 TB), was built before anything compared it with the stored weights."""
+    import posenc.lab.checkpoint as checkpoint
+    from posenc.lab.model import LMConfig, TransformerLM
+
+    path = tmp_path / "model.pt"
+    TransformerLM(LMConfig(d_model=16, num_layers=1, num_heads=2, max_positions=16), "learned").save(path)
+    state = torch.load(path, weights_only=True)
+    state["config"][field] = value
+    checkpoint.atomic_save(path, state)
+    with pytest.raises(ValueError, match="needs at least .* parameters, the file stores"):
+        TransformerLM.from_checkpoint(path)

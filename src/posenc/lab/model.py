@@ -37,7 +37,7 @@ from posenc.lab.fields import only_when_set
 from posenc.lab import checkpoint
 from posenc.attention import BACKENDS, attention
 from posenc.attention.masks import check_mask, is_mask_mod
-from posenc.encodings import create_for_model
+from posenc.encodings import REGISTRY, create_for_model
 from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.hf_config.plan import LayerPlan, PositionPlan
 from posenc.lab.generation import KVCache, generate
@@ -408,6 +408,7 @@ class TransformerLM(nn.Module):
         config, spec, weights = checkpoint.read_model(path, map_location)
         try:
             config = LMConfig(**config)
+            _check_sizes_fit_weights(config, spec, weights, path)
             if "plan" in spec:
                 encoding = checkpoint.build_plan(spec, **config.encoding_sizes())
             else:
@@ -424,6 +425,27 @@ class TransformerLM(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def _check_sizes_fit_weights(config: LMConfig, spec: dict, weights: dict, path: str | Path) -> None:
+    """Refuse a checkpoint whose config asks for more parameters than it stores, before any
+    allocation: a crafted ``num_layers`` of 10^6 or ``max_positions`` of 10^12 with a learned
+    table would otherwise allocate until memory runs out. The bound is a floor of what every
+    model of that config holds (token embedding, and per layer q, k, v, the output projection
+    and the MLP: at least 4 d^2; a learned position table: max_positions x d), so an honest
+    checkpoint always passes."""
+    d = config.d_model
+    floor = config.vocab_size * d + config.num_layers * 4 * d * d
+    if "name" in spec and spec["name"] in REGISTRY:  # an encoding sized by max_positions: its table
+        sizes = REGISTRY[spec["name"]].model_sizes
+        if "max_positions" in (sizes.values() if isinstance(sizes, dict) else sizes) and \
+                Hook.EMBED in REGISTRY[spec["name"]].hooks:
+            floor += config.max_positions * d
+    stored = sum(t.numel() for t in weights.values() if isinstance(t, Tensor))
+    if floor > stored:
+        raise InvalidArgument(f"checkpoint: {path}: the weights do not fit its model config (d_model {d}, num_layers "
+                              f"{config.num_layers}, max_positions {config.max_positions} needs at least {floor:,} "
+                              f"parameters, the file stores {stored:,}): refused before building it")
 
 
 def _as_plan(plan: PositionPlan | Sequence, config: LMConfig) -> PositionPlan:
