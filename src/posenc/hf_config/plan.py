@@ -282,13 +282,15 @@ def _encoding_classes() -> dict[str, type[PositionalEncoding]]:
     return {**REGISTRY, AttentionTemperature.name: AttentionTemperature, ChunkedRoPE.name: ChunkedRoPE}
 
 
-def _is_plain(value: Any) -> bool:
+def is_plain_data(value: Any) -> bool:
+    """True for JSON-like data (None, bool, int, float, str; lists, tuples and str-keyed dicts
+    of those): what a saved plan or checkpoint may hold as an encoding's options."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return True
     if isinstance(value, (list, tuple)):
-        return all(_is_plain(item) for item in value)
+        return all(is_plain_data(item) for item in value)
     if isinstance(value, dict):
-        return all(isinstance(key, str) and _is_plain(item) for key, item in value.items())
+        return all(isinstance(key, str) and is_plain_data(item) for key, item in value.items())
     return False
 
 
@@ -307,7 +309,7 @@ def encoding_to_dict(encoding: PositionalEncoding) -> dict:
         raise InvalidArgument(f"cannot record {cls.__name__}: not a registered posenc encoding class "
                               f"(registered: {sorted(_encoding_classes())})")
     kwargs = encoding.config()
-    if not _is_plain(kwargs):
+    if not is_plain_data(kwargs):
         raise InvalidArgument(f"cannot record {cls.__name__}: its constructor config is not plain data ({kwargs!r})")
     return {"name": cls.name, "kwargs": kwargs}
 

@@ -45,7 +45,7 @@ import torch
 from posenc.encodings import REGISTRY, create_for_model
 from posenc.encodings.base import PositionalEncoding
 from posenc.errors import InvalidArgument
-from posenc.hf_config.plan import LayerPlan, PositionPlan
+from posenc.hf_config.plan import LayerPlan, PositionPlan, is_plain_data
 
 #: Version of the checkpoint layout above; a reader refuses a newer one. 2: a position plan
 #: may stand in for the single encoding (an older posenc then refuses the file instead of
@@ -145,7 +145,7 @@ def encoding_spec(encoding: PositionalEncoding, **sizes: Any) -> dict:
         options = encoding.options_for_model(**sizes)
     except InvalidArgument as err:
         raise InvalidArgument(f"{prefix}{cls.__name__} has options that cannot be read back as this model's ({err}){advice}") from err
-    if not _is_plain(options):
+    if not is_plain_data(options):
         raise InvalidArgument(f"{prefix}{cls.__name__} has options that cannot be read back from a checkpoint "
                               f"(not plain data: {options!r}){advice}")
     return {"name": cls.name, "kwargs": options}
@@ -204,16 +204,6 @@ def build_plan(spec: Mapping[str, Any], **sizes: Any) -> PositionPlan:
         return PositionPlan(layers, embedding=encoding_at(plan.get("embedding")))
     except (KeyError, TypeError) as err:
         raise InvalidArgument(f"checkpoint: a malformed position plan ({type(err).__name__}: {err})") from err
-
-
-def _is_plain(value: Any) -> bool:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(_is_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
-    return False
 
 
 # -- model checkpoints ---------------------------------------------------------------------
