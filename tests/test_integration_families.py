@@ -219,6 +219,14 @@ def train_a_few_steps(model, batch, steps=4):
     return losses
 
 
+def plain_reload_logits(model, model_class, folder, x, attn="sdpa"):
+    """save_pretrained, then a plain transformers from_pretrained (no posenc): its logits on x."""
+    model.save_pretrained(folder)
+    plain = model_class.from_pretrained(folder, attn_implementation=attn).eval()
+    with torch.no_grad():
+        return plain(x).logits
+
+
 def tokens(batch=2, length=20, seed=1):
     return torch.randint(3, V, (batch, length), generator=torch.Generator().manual_seed(seed))
 
@@ -431,10 +439,8 @@ def test_extend_context_scales_gemma3_global_layers_and_round_trips(tmp_path):
     x = tokens(length=40)
     with torch.no_grad():
         extended = model(x).logits
-    model.save_pretrained(tmp_path)
-    plain = T.Gemma3ForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    assert (plain_reload_logits(model, T.Gemma3ForCausalLM, tmp_path, x) - extended).abs().max() < 1e-5
     with torch.no_grad():
-        assert (plain(x).logits - extended).abs().max() < 1e-5
         assert (build("gemma3_text", rope_parameters=unscaled)(x).logits - extended).abs().max() > 1e-3
     sliding_only = build("gemma3_text", rope_parameters=unscaled)
     use_encoding(sliding_only, PositionPlan(tuple(LayerPlan(rope(1e4 if t == "sliding_attention" else 1e6), layer_type=t)
@@ -452,10 +458,8 @@ def test_extend_context_keeps_cohere_interleaved_and_round_trips(tmp_path):
     x = tokens(length=40)
     with torch.no_grad():
         extended = model(x).logits
-    model.save_pretrained(tmp_path)
-    plain = T.CohereForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    assert (plain_reload_logits(model, T.CohereForCausalLM, tmp_path, x) - extended).abs().max() < 1e-5
     with torch.no_grad():
-        assert (plain(x).logits - extended).abs().max() < 1e-5
         assert (build("cohere")(x).logits - extended).abs().max() > 1e-4
 
 
@@ -512,7 +516,5 @@ def test_extend_context_round_trips_through_plain_from_pretrained(family, tmp_pa
     with torch.no_grad():
         extended = model(x).logits
     assert (extended - before).abs().max() > 1e-3  # the extension changed the positions: the check can fail
-    model.save_pretrained(tmp_path)
-    plain = FAMILIES[family][1].from_pretrained(tmp_path, attn_implementation=FAMILIES[family][4])
-    with torch.no_grad():
-        assert (plain(x).logits - extended).abs().max() <= 1e-5
+    reloaded = plain_reload_logits(model, FAMILIES[family][1], tmp_path, x, FAMILIES[family][4])
+    assert (reloaded - extended).abs().max() <= 1e-5
