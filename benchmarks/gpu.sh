@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The GPU script of docs/results.md "On a GPU": every step writes its table as soon as it
+# finishes, so a run cut short keeps what it had measured. Sized for one H100 in under 8
+# minutes (each step has its own time limit, all of them a deadline); run from the repository root:
+#
+#   OUT=/some/folder bash benchmarks/gpu.sh          # on a machine with CUDA
+#   OUT=/tmp/gpu TINY=1 bash benchmarks/gpu.sh       # the same steps on the CPU at toy sizes
+#
+# Uses the python3 on PATH (torch with CUDA, triton, pytest, hypothesis, transformers
+# installed) and this checkout's src/ on PYTHONPATH; liger-kernel, if its wheel is in .whl/,
+# is installed to /tmp/site first. What comes back: $OUT/log.txt (everything printed),
+# $OUT/tables.md (each step's tables, appended as it finishes), $OUT/results.tar.gz (every
+# JSON/CSV/Markdown file and run record).
+set -u
+OUT=${OUT:?set OUT to the folder for the results}
+TINY=${TINY:-}
+mkdir -p "$OUT"
+WORK=$(mktemp -d)
+LOG="$OUT/log.txt"
+TABLES="$OUT/tables.md"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:${PYTHONPATH:-}"
+PY=${PYTHON:-python3}
+POSENC="$PY -m posenc.lab.cli"
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+
+if [ -n "$TINY" ]; then
+    DEVICE=cpu; QUICK=--quick; LENGTHS=(64 128 256); TEST_DEVICE_NOTE="(CPU dry run: the CUDA tests skip)"
+    EXTRAPOLATE=(--preset quick --steps 20 --encodings nope,rope,alibi --eval-factors 1,2 --eval-tokens 4096)
+    RECOMPILE_LENGTHS=200,333
+else
+    DEVICE=cuda; QUICK=; LENGTHS=(2048 8192 32768); TEST_DEVICE_NOTE=""
+    # The papers' setting (--preset gpu: L = 512, 25.5M parameters, evaluation to 16L, windows
+    # and sliding stride L), shortened to minutes: the rows of Press et al. (2022) Table 2.
+    EXTRAPOLATE=(--preset gpu --steps 500 --encodings sinusoidal,rope,t5,alibi --eval-tokens 262144)
+    RECOMPILE_LENGTHS=200,333,777,1500
+fi
+
+say() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$LOG"; }
+
+# The whole script ends within DEADLINE seconds: a step's limit is cut to what is left, and a
+# step with under 10 s left is skipped (the later steps are the less needed).
+DEADLINE=${DEADLINE:-500}
+
+# step NAME SECONDS COMMAND...: run it under a time limit, log it, record how it ended.
+step() {
+    local name=$1 limit=$2; shift 2
+    local left=$((DEADLINE - SECONDS))
+    [ "$limit" -gt "$left" ] && limit=$left
+    if [ "$limit" -lt 10 ]; then
+        say "$name skipped: ${left}s left of the ${DEADLINE}s deadline"
+        printf '\n<!-- %s: skipped, out of time -->\n' "$name" >>"$TABLES"
+        return
+    fi
+    say "$name (limit ${limit}s): $*"
+    local start=$SECONDS
+    timeout --signal=INT --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
+    local rc=$?
+    say "$name ended: exit $rc after $((SECONDS - start))s"
+    printf '\n<!-- %s: exit %s after %ss -->\n' "$name" "$rc" "$((SECONDS - start))" >>"$TABLES"
+}
+
+# append FILE...: the step's Markdown tables into tables.md.
+append() { for f in "$@"; do [ -f "$f" ] && { printf '\n### %s\n\n' "$(basename "$f")"; cat "$f"; } >>"$TABLES"; done; }
+
+say "posenc $(git rev-parse --short HEAD 2>/dev/null) $(git status --porcelain 2>/dev/null | wc -l) uncommitted changes"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+  $PY -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no cuda')"
+  $PY -c "import triton; print('triton', triton.__version__)" 2>&1
+  $PY -c "import transformers; print('transformers', transformers.__version__)" 2>&1
+  $PY -c "import liger_kernel; print('liger-kernel installed')" 2>&1 | tail -1
+  $PY -c "import flash_attn; print('flash-attn', flash_attn.__version__)" 2>&1 | tail -1
+} | tee -a "$LOG" | sed 's/^/    /' >"$TABLES"
+
+# 1. The CUDA tests: Triton RoPE against float64, Flex score_mods against eager (values and
+#    gradients), FlashAttention-2's ALiBi where installed, KV-cache decoding.
+step tests 100 $PY -m pytest -q -rs -p no:cacheprovider --junitxml="$WORK/tests.xml" \
+    tests/test_rotary_triton_cuda.py tests/test_flex_cuda.py tests/test_flash_attention_2.py tests/test_cuda_decoding.py
+{ echo; echo "### tests $TEST_DEVICE_NOTE"; echo; grep -E "passed|failed|skipped|error" "$LOG" | tail -3 | sed 's/^/    /'; } >>"$TABLES"
+
+# 2. RoPE apply against a copy, Inductor, Hugging Face eager and Liger.
+step rope 50 $POSENC bench rope --device "$DEVICE" $QUICK --out "$WORK/bench"
+append "$WORK"/bench/rope-*.md
+
+# 3. Attention per bias against bias-free SDPA, one length per process (a step cut short keeps
+#    the shorter lengths' table).
+ATTENTION_LIMITS=(80 45 45)  # the first length pays FlexAttention's compiles
+for i in "${!LENGTHS[@]}"; do
+    T=${LENGTHS[$i]}
+    step "attention T=$T" "${ATTENTION_LIMITS[$i]}" $POSENC bench attention --device "$DEVICE" $QUICK --lengths "$T" --out "$WORK/bench-T$T"
+    append "$WORK/bench-T$T"/attention-*.md
+done
+
+# 4. Training tokens/s per encoding.
+step throughput 70 $POSENC bench throughput --device "$DEVICE" $QUICK --out "$WORK/bench"
+append "$WORK"/bench/throughput-*.md
+
+# 5. A shortened GPU preset of extrapolate (the ALiBi paper's Table 2 shape).
+step extrapolate 160 $POSENC extrapolate --device "$DEVICE" "${EXTRAPOLATE[@]}" --out "$WORK/extrapolate"
+[ -f "$WORK/extrapolate/results.csv" ] && { printf '\n### extrapolate results.csv\n\n```\n'; cat "$WORK/extrapolate/results.csv"; printf '```\n'; } >>"$TABLES"
+
+# 6. FlexAttention compiles per length.
+step flex-recompiles 30 $PY benchmarks/flex_recompiles.py --device "$DEVICE" --lengths "$RECOMPILE_LENGTHS" \
+    --out "$WORK/flex-recompiles.json"
+
+cp "$WORK/tests.xml" "$OUT/" 2>/dev/null
+tar -czf "$OUT/results.tar.gz" -C "$WORK" --exclude='*.pt' . 2>>"$LOG"
+say done
