@@ -236,3 +236,19 @@ def test_an_encodings_mask_hook_and_a_mask_mod_meet_on_flex():
     expected = posenc.attention(q, k, v, enc, q_positions=positions, k_positions=positions, mask=expected_mask,
                                 backend="eager")
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", BIAS_ENCODINGS)
+def test_compiled_flex_runs_every_bias_encoding(name):
+    """Past one 128-token block flex runs compiled: every score_mod must lower to Inductor's
+    pointwise kernel (FIRE's per-score MLP did not: "Buffers cannot be created while lowering a
+    pointwise subgraph") with its float attributes as constants ("unbacked_bindings" otherwise),
+    and equal eager."""
+    enc = make(name)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, H, 200, D, generator=g) for _ in range(3))
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        out = posenc.attention(q, k, v, enc, backend="flex")
+        expected = posenc.attention(q, k, v, enc, backend="eager")
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)

@@ -71,12 +71,31 @@ def _flex():
 
 def compiled(name: str) -> Callable:
     """``torch.compile(fn, dynamic=True)`` of FlexAttention's ``flex_attention`` or
-    ``create_block_mask``, made once per process: one compiled kernel for every length."""
+    ``create_block_mask``, made once per process: one compiled kernel for every length, with
+    Python floats traced as constants (:func:`_floats_as_constants`)."""
     if name not in _compiled:
         _, create_block_mask, flex_attention = _flex()
         fn = {"flex_attention": flex_attention, "create_block_mask": create_block_mask}[name]
-        _compiled[name] = torch.compile(fn, dynamic=True)
+        _compiled[name] = _floats_as_constants(torch.compile(fn, dynamic=True))
     return _compiled[name]
+
+
+def _floats_as_constants(fn: Callable) -> Callable:
+    """``fn`` traced with ``torch._dynamo.config.specialize_float``: the call's ``scale`` and the
+    floats a score_mod reads (FIRE's ``eps``, ALiBi's ``scale``) become constants of the graph
+    (a recompile if one changes: they are fixed per model). Unspecialized (the default since
+    torch 2.6) they enter the score_mod's subgraph as SymFloats, which FlexAttention's lowering
+    refuses: on torch 2.11 + CUDA every backward through compiled flex failed
+    ("all unwrapped values must be FakeTensor"), and FIRE's forward failed on CPU and CUDA
+    ("unbacked_bindings"); docs/results.md, "On a GPU"."""
+    if not hasattr(torch._dynamo.config, "specialize_float"):  # pragma: no cover - older torch
+        return fn
+
+    def call(*args, **kwargs):
+        with torch._dynamo.config.patch(specialize_float=True):
+            return fn(*args, **kwargs)
+
+    return call
 
 
 def mask_mod_for(mask, *, causal: bool, batch: int, heads: int, num_queries: int, num_keys: int,

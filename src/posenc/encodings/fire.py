@@ -130,15 +130,22 @@ class FIRE(ScoreBias):
         (torch 2.13, ``sdpa_dense_backward`` and the compiled kernels) differentiates a
         score_mod's captured parameters only when they are read that way, summing their
         gradients over the scores by scatter-adds; a plain product with a parameter there has no
-        gradient (vmap refuses it)."""
+        gradient (vmap refuses it).
+
+        The hidden layer is summed unit by unit (a loop over ``mlp_width``, not over the
+        sequence): a score_mod must lower to a pointwise kernel, and Inductor refuses a
+        (width,) intermediate there ("Buffers cannot be created while lowering a pointwise
+        subgraph", torch 2.11-2.13, CPU and CUDA)."""
         zero = head * 0
-        units = torch.arange(self.mlp_width, device=head.device) + zero
         first, second = self.mlp[0], self.mlp[2]
         threshold = (self.L_multiplier.view(1)[zero] * self.init_L).abs()
         x = self._normalized(q_position, k_position, self.c.view(1)[zero], threshold).to(first.weight.dtype)
-        hidden = torch.relu(first.weight.reshape(-1)[units] * x + first.bias[units])
-        row = second.weight.reshape(-1)[head * self.mlp_width + units]  # flat gathers: one index tensor each
-        return ((row * hidden).sum() + second.bias[head]).to(_wide(self.c))
+        w1, w2 = first.weight.reshape(-1), second.weight.reshape(-1)  # flat: one index per gather
+        row = head * self.mlp_width
+        total = second.bias[head]
+        for unit in range(self.mlp_width):
+            total = total + w2[row + unit] * torch.relu(w1[zero + unit] * x + first.bias[zero + unit])
+        return total.to(_wide(self.c))
 
     def _piecewise_bias(self, x: Tensor, heads: Tensor) -> Tensor:
         """x (..., Tq, Tk), heads (H',) -> (..., H', Tq, Tk) from the piecewise-linear MLP."""
