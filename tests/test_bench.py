@@ -46,6 +46,18 @@ def test_device_attention_rows_are_ratios_to_bias_free_sdpa():
     assert any("flash-attn not installed" in note for note in notes) or ("alibi (FlashAttention-2 native)", "flash_attn") in by_key
 
 
+def test_flex_reference_alibi_is_alibi():
+    """The GPU table's reference row (FlexAttention's own index-based ALiBi) computes causal
+    ALiBi: equal to posenc's eager backend (here on the CPU, forward only)."""
+    alibi = posenc.create("alibi", num_heads=2)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 256, 16, generator=g) for _ in range(3))
+    with torch.no_grad():
+        got = bench.attention.flex_reference_alibi(q, k, v, alibi.slopes)()
+        expected = posenc.attention(q, k, v, alibi, causal=True, backend="eager")
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_bench_on_a_device_writes_its_tables(tmp_path, capsys):
     assert main(["bench", "throughput", "--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
     assert "LM training throughput on cpu" in capsys.readouterr().out

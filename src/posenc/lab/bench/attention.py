@@ -124,6 +124,24 @@ def _fa2_alibi(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.
     return lambda: func(**kwargs)
 
 
+def flex_reference_alibi(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """FlexAttention's own causal ALiBi, as its examples write it (a score_mod on the indices,
+    ``score - slopes[h] * (q_idx - kv_idx)``), compiled for static shapes with a causal block
+    mask made once: the floor a FlexAttention score bias can reach on this device, against
+    which posenc's flex row (positions looked up in tensors, one dynamic-shape kernel for every
+    length) is read. q, k, v (B, H, T, D); slopes (H,)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    length = q.shape[-2]
+    block_mask = create_block_mask(lambda b, h, i, j: j <= i, None, None, length, length, device=q.device)
+    compiled = torch.compile(flex_attention, dynamic=False)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx)
+
+    return lambda: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask)
+
+
 def device_attention_benchmark(
     device: str = "cuda",
     lengths: tuple[int, ...] = DEVICE_ATTENTION["lengths"],
@@ -179,6 +197,10 @@ def device_attention_benchmark(
                 notes.append("flash-attn not installed: FlashAttention-2's ALiBi row skipped (pip install flash-attn)")
         else:
             length_rows.append(base_row("alibi (FlashAttention-2 native)", "flash_attn", fa2, [q, k, v]))
+        if dev.cuda:  # torch's CPU FlexAttention has no backward: the reference row is for GPUs
+            reference = flex_reference_alibi(q, k, v, alibi.slopes)
+            length_rows.append(base_row("alibi (FlexAttention's own score_mod, static shapes)", "flex reference",
+                                        reference, [q, k, v]))
         for name in encodings:
             encoding = create_for_model(name, d_model=heads * head_dim, num_heads=heads, head_dim=head_dim,
                                         max_positions=length, causal=True).to(dev.device)
