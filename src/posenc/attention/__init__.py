@@ -77,7 +77,8 @@ def _resolve_backend(
         return "eager"
     if device is not None and torch.device(device).type == "cuda":
         return _auto_on_cuda(encoding, bias_elements, causal=causal, dtype=dtype, mask=mask,
-                             dropout_p=dropout_p, default_positions=default_positions)
+                             dropout_p=dropout_p, default_positions=default_positions,
+                             learning=_learns_bias(encoding, gates))
     if encoding is not None and encoding.hooks & {Hook.SCORE_BIAS, Hook.GATE}:
         if bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS:
             return "blocked"
@@ -87,10 +88,12 @@ def _resolve_backend(
 
 
 def _auto_on_cuda(encoding: PositionalEncoding | None, bias_elements: int, *, causal: bool, dtype, mask,
-                  dropout_p: float, default_positions: bool) -> str:
+                  dropout_p: float, default_positions: bool, learning: bool) -> str:
     """Rows 5-9 of the `auto` table (docs/fast_attention.md), the CUDA rows after row 1, in order:
     flash_attention_2 (row 5: flash-attn installed and no gate is ``unsupported`` returning
-    None), flex (rows 6 and 7), blocked or sdpa (rows 8 and 9)."""
+    None), flex (rows 6 and 7; not while a bias learns: FlexAttention sums a score_mod's
+    parameter gradients by atomic adds into a few addresses, 586x (T5) and 693x (Kerple) the
+    time of bias-free SDPA on an H100, docs/results.md "On a GPU"), blocked or sdpa (rows 8 and 9)."""
     hooks = encoding.hooks if encoding is not None else frozenset()
     mask_mod = is_mask_mod(mask) or Hook.MASK in hooks
     if Hook.SCORE_BIAS in hooks and default_positions and mask is None and dtype in (torch.float16, torch.bfloat16) \
@@ -98,19 +101,25 @@ def _auto_on_cuda(encoding: PositionalEncoding | None, bias_elements: int, *, ca
             and flash_attention_2.unsupported(encoding, dropout_p=dropout_p) is None:
         return "flash_attention_2"
     large = bool(hooks & {Hook.SCORE_BIAS, Hook.GATE}) and bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS
-    if (mask_mod or large) and not dropout_p and Hook.GATE not in hooks:
+    if (mask_mod or large) and not dropout_p and Hook.GATE not in hooks and not learning:
         return "flex"
     return "blocked" if large else "sdpa"
 
 
+def _learns_bias(encoding: PositionalEncoding | None, gates: Tensor | None = None) -> bool:
+    """Condition ``learning``: grad is enabled and a parameter of the encoding (T5's table,
+    Kerple's and FIRE's parameters) or ``gates`` requires grad."""
+    learned = (encoding is not None and any(p.requires_grad for p in encoding.parameters())) \
+        or (gates is not None and gates.requires_grad)
+    return torch.is_grad_enabled() and learned
+
+
 def _learns_bias_on_cpu(encoding: PositionalEncoding, device: torch.device | None, gates: Tensor | None = None) -> bool:
-    """Condition ``learning`` of row 3 (a learned bias, T5, Kerple, FIRE, a gate bias, in
-    training on the CPU): torch's CPU SDPA kernels give no gradient for a float mask, so SDPA
-    runs its math path, and the eager backend is the same computation with fewer passes
-    (measured: docs/results.md, "Measurements behind the code")."""
+    """Row 3 (a learned bias in training on the CPU): torch's CPU SDPA kernels give no gradient
+    for a float mask, so SDPA runs its math path, and the eager backend is the same computation
+    with fewer passes (measured: docs/results.md, "Measurements behind the code")."""
     on_cpu = device is None or torch.device(device).type == "cpu"
-    learned = any(p.requires_grad for p in encoding.parameters()) or (gates is not None and gates.requires_grad)
-    return on_cpu and torch.is_grad_enabled() and learned
+    return on_cpu and _learns_bias(encoding, gates)
 
 
 def _default_positions(positions: Tensor | None, length: int, offset: int, device, argname: str, batch: int,
