@@ -67,6 +67,10 @@ Heads = Annotated[Optional[int], typer.Option(help="Attention heads.")]
 Seeds = Annotated[Optional[str], typer.Option(help="Comma-separated seeds, e.g. 0,1,2.")]
 Device = Annotated[str, typer.Option(help="torch device, e.g. cpu or cuda.")]
 Threads = Annotated[Optional[int], typer.Option(help="CPU threads for torch (default: torch's choice).")]
+Parallel = Annotated[str, typer.Option(
+    help="Under torchrun --nproc-per-node N: 'runs' splits the runs across the N processes; 'data' trains "
+    "every run data-parallel on all N (DistributedDataParallel; the global batch, the schedule and the "
+    "checkpoint do not depend on N; rank 0 writes).")]
 
 
 def _randomized_positions_help(sample: str, bound: str) -> str:
@@ -75,7 +79,7 @@ def _randomized_positions_help(sample: str, bound: str) -> str:
             "<encoding>+rand)." + (" N >= L." if bound == "N" else ""))
 
 
-def _start_sweep(device: str, threads: int | None, workers: int | None = None) -> str:
+def _start_sweep(device: str, threads: int | None, workers: int | None = None, parallel: str = "runs") -> str:
     """What every sweep command does before its config: torch's threads set, the device and
     worker count checked before any work (one line, not a traceback from deep inside), this
     process joined to its torchrun group. Rank 0 reports; the others print only errors.
@@ -92,7 +96,9 @@ def _start_sweep(device: str, threads: int | None, workers: int | None = None) -
     check_device(device, "--device")
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be an integer >= 1, got {workers}")
-    device = distributed.init_from_env(device)  # under torchrun: this rank does its share of the runs
+    if parallel not in distributed.PARALLEL:
+        raise UsageError(f"--parallel must be one of {', '.join(distributed.PARALLEL)}, got {parallel!r}")
+    device = distributed.init_from_env(device, parallel)  # under torchrun: this rank's share of the work
     console.quiet = log_console.quiet = not distributed.current().is_main
     return device
 
@@ -261,6 +267,7 @@ def extrapolate(
     finetune_factor: Optional[int] = typer.Option(None, help="Fine-tune length as a multiple of L, and the scaling factor (default 4)."),
     randomized_positions: Optional[int] = typer.Option(None, help=_randomized_positions_help("window's", "N")),
     threads: Threads = None,
+    parallel: Parallel = "runs",
     bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast for training and evaluation "
                                         "(default: on with --device cuda, off on the CPU)."),
     compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the model (default: "
@@ -270,7 +277,7 @@ def extrapolate(
 
     Rerun with the same arguments to resume an interrupted sweep: finished runs are reused.
     Under `torchrun --nproc-per-node N`, the (encoding, seed) runs are split across the N
-    processes and rank 0 writes the merged results.
+    processes (or, with --parallel data, each trained on all N) and rank 0 writes the merged results.
     """
     from posenc._validation import check_device
     from posenc.lab.data import load_corpus
@@ -278,7 +285,7 @@ def extrapolate(
     from posenc.lab.experiments.frame import Row
     from posenc.lab.plots import plot_extrapolation
 
-    device = _start_sweep(device, threads)
+    device = _start_sweep(device, threads, parallel=parallel)
     on_cuda = check_device(device, "--device").type == "cuda"
     bf16 = on_cuda if bf16 is None else bf16
     compile = on_cuda if compile is None else compile
@@ -421,6 +428,7 @@ def lengthgen(
         None, help="Runs trained at once, each in its own process with threads / workers threads (default: on a "
         "CPU one per core, as these small models gain nothing from a second thread; 1 on CUDA or under torchrun).",
     ),
+    parallel: Parallel = "runs",
 ) -> None:
     """Synthetic tasks (copy, reverse, addition, flip-flop, passkey, ...): train on sizes <= N,
     score exact match at N/2, N, 1.5N, 2N, 3N, 4N. Which encoding still gets the answer right?
@@ -432,7 +440,7 @@ def lengthgen(
     from posenc.lab.experiments.lengthgen import preset_config, run_lengthgen
     from posenc.lab.plots import plot_lengthgen
 
-    device = _start_sweep(device, threads, workers)
+    device = _start_sweep(device, threads, workers, parallel)
     config = _sweep_config(
         preset_config, preset, encodings=encodings, seeds=seeds, layers=layers, heads=heads,
         tasks=_split_list(tasks, "--tasks"), train_size=train_size, steps=steps, batch_size=batch_size, lr=lr,

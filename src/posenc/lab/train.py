@@ -21,6 +21,7 @@ from posenc.lab.fields import only_when_set
 from posenc.lab import checkpoint
 from posenc.lab.checkpoint import load_checkpoint
 from posenc.lab.data import random_windows
+from posenc.lab.experiments import distributed
 from posenc.lab.model import TransformerLM
 from posenc.lab._amp import autocast_context, check_autocast
 from posenc._validation import check_bool, check_number, check_positive_int, is_real_number
@@ -184,6 +185,10 @@ def train_lm(
         ValueError: checkpoint_path given for a TransformerLM whose encoding cannot be rebuilt
             (:meth:`~posenc.lab.model.TransformerLM.encoding_spec`), before any step.
     """
+    ranks = distributed.data_parallel()
+    if ranks is not None and config.batch_size < ranks.world_size:
+        raise InvalidArgument(f"--batch-size {config.batch_size} is smaller than the {ranks.world_size} ranks of "
+                              "--parallel data: every rank needs at least one row of the global batch")
     generator = torch.Generator().manual_seed(config.seed)
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(_param_groups(model, config.weight_decay), lr=config.lr, betas=(0.9, 0.95))
@@ -201,6 +206,8 @@ def train_lm(
         losses, start = list(state["losses"]), state["step"]
 
     def save(step: int) -> None:
+        if not distributed.writes_records():  # data-parallel: rank 0 writes the one checkpoint
+            return
         checkpoint.save(
             checkpoint_path, model.state_dict(), **model_spec, fingerprint=fingerprint, step=step, losses=losses,
             optimizer=optimizer.state_dict(), generator=generator.get_state(),
@@ -208,7 +215,8 @@ def train_lm(
 
     if on_resume is not None:
         on_resume(start)
-    forward = torch.compile(model) if config.compile else model
+    trained = model if ranks is None else _data_parallel_model(model, device)
+    forward = torch.compile(trained) if config.compile else trained
     model.train()
     for step in range(start, config.steps):
         for group in optimizer.param_groups:
@@ -221,11 +229,16 @@ def train_lm(
         positions = None
         if config.randomized_positions is not None:
             positions = random_positions(*inputs.shape, config.randomized_positions, generator)
-        with autocast_context(device, config.autocast):
-            logits = forward(inputs) if positions is None else forward(inputs, positions.to(device))
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+        positions = positions.to(device) if positions is not None else None
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if ranks is None:
+            with autocast_context(device, config.autocast):
+                logits = forward(inputs) if positions is None else forward(inputs, positions)
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+            loss.backward()
+            loss = loss.detach()
+        else:
+            loss = _data_parallel_backward(forward, inputs, targets, positions, ranks, device, config.autocast)
         nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
         losses.append(loss.item())
@@ -236,5 +249,38 @@ def train_lm(
             on_step(step, losses[-1])
         if checkpoint_path is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == config.steps):
             save(step + 1)
+    if ranks is not None:
+        distributed.barrier()  # rank 0's last checkpoint is on disk before any rank reads it
     model.eval()
     return losses
+
+
+def _data_parallel_model(model: nn.Module, device: torch.device) -> nn.Module:
+    """``model`` in PyTorch's DistributedDataParallel (which broadcasts rank 0's weights):
+    gradients are averaged over the ranks during the backward."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+
+
+def _data_parallel_backward(forward, inputs: Tensor, targets: Tensor, positions: Tensor | None,
+                            ranks: distributed.Shard, device, autocast: str | None) -> Tensor:
+    """One step's forward and backward on this rank's rows of the global batch (every rank
+    holds the same batch: the generator is seeded alike); returns the global batch's loss.
+
+    The loss of the global batch is sum(CE over every target) / (number of targets): each rank
+    sums the cross-entropy over its rows and divides by the global count, known to every rank
+    from the whole batch; times N, because DDP averages the ranks' gradients. So the gradient
+    is that of one process on the whole batch, whatever the split, even where the rows hold
+    different numbers of targets (a task's prompt tokens carry none)."""
+    rows = torch.tensor_split(torch.arange(inputs.shape[0]), ranks.world_size)[ranks.rank]
+    count = (targets != IGNORE_INDEX).sum().clamp(min=1)
+    mine = targets[rows]
+    with autocast_context(device, autocast):
+        logits = forward(inputs[rows]) if positions is None else forward(inputs[rows], positions[rows])
+        total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), mine.reshape(-1),
+                                ignore_index=IGNORE_INDEX, reduction="sum")
+    (total * ranks.world_size / count).backward()
+    summed = total.detach().clone()
+    torch.distributed.all_reduce(summed)
+    return summed / count

@@ -206,7 +206,8 @@ class RunStore:
             reporter.run_finished(row, seed, record, skipped=True)
             return record
         record = {"fingerprint": fingerprint, **compute()}
-        self.write(row, seed, record)
+        if distributed.writes_records():
+            self.write(row, seed, record)
         reporter.run_finished(row, seed, record, skipped=False)
         return record
 
@@ -241,6 +242,9 @@ class RunStore:
         """
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise InvalidArgument(f"workers must be an integer >= 1, got {workers!r}")
+        if workers > 1 and distributed.data_parallel() is not None:
+            raise InvalidArgument("--workers > 1 and --parallel data exclude each other: with data parallelism every "
+                                  "rank trains every run in its own process; use one or the other")
         shard = distributed.current()
         # one run of posenc per --out folder: a second one refuses at once (the ranks of one
         # torchrun group share the folder, so only rank 0 holds the lock)
@@ -258,7 +262,7 @@ class RunStore:
         return _folder_lock(self.out)
 
     def _sweep(self, jobs, shard, fingerprint, compute, reporter, workers) -> list[dict] | None:
-        share = shard.take(jobs)
+        share = distributed.runs_share().take(jobs)
         if workers > 1:
             mine = self._run_in_workers(share, fingerprint, compute, reporter or Reporter(), workers)
         else:
