@@ -70,7 +70,7 @@ Threads = Annotated[Optional[int], typer.Option(help="CPU threads for torch (def
 Parallel = Annotated[str, typer.Option(
     help="Under torchrun --nproc-per-node N: 'runs' splits the runs across the N processes; 'data' trains "
     "every run data-parallel on all N (DistributedDataParallel; the global batch, the schedule and the "
-    "checkpoint do not depend on N; rank 0 writes).")]
+    "checkpoint do not depend on N; rank 0 writes); 'fsdp' the same with FSDP2 sharding.")]
 
 
 def _randomized_positions_help(sample: str, bound: str) -> str:

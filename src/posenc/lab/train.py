@@ -22,6 +22,7 @@ from posenc.lab import checkpoint
 from posenc.lab.checkpoint import load_checkpoint
 from posenc.lab.data import random_windows
 from posenc.lab.experiments import distributed
+from posenc.lab.parallel import ParallelTraining
 from posenc.lab.model import TransformerLM
 from posenc.lab._amp import autocast_context, check_autocast
 from posenc._validation import check_bool, check_number, check_positive_int, is_real_number
@@ -188,12 +189,11 @@ def train_lm(
     ranks = distributed.data_parallel()
     if ranks is not None and config.batch_size < ranks.world_size:
         raise InvalidArgument(f"--batch-size {config.batch_size} is smaller than the {ranks.world_size} ranks of "
-                              "--parallel data: every rank needs at least one row of the global batch")
+                              "--parallel data/fsdp: every rank needs at least one row of the global batch")
     generator = torch.Generator().manual_seed(config.seed)
     device = next(model.parameters()).device
-    optimizer = torch.optim.AdamW(_param_groups(model, config.weight_decay), lr=config.lr, betas=(0.9, 0.95))
     losses: list[float] = []
-    start = 0
+    start, state = 0, None
     fingerprint = {"train": config.to_dict(), **(fingerprint or {})}
     describes_itself = checkpoint_path is not None and isinstance(model, TransformerLM)
     model_spec = {"config": model.config.to_dict(), "encoding": model.encoding_spec()} if describes_itself \
@@ -201,23 +201,33 @@ def train_lm(
     if checkpoint_path is not None and Path(checkpoint_path).exists():
         state = load_checkpoint(checkpoint_path, fingerprint)
         model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
         generator.set_state(state["generator"])
         losses, start = list(state["losses"]), state["step"]
+    # several ranks: the module that runs (DDP, or an FSDP2 copy) and the one the optimizer takes
+    parallel = None if ranks is None else ParallelTraining(model, ranks, device, sharded=distributed.sharded())
+    optimized = model if parallel is None else parallel.optimized
+    optimizer = torch.optim.AdamW(_param_groups(optimized, config.weight_decay), lr=config.lr, betas=(0.9, 0.95))
+    if state is not None:
+        if parallel is None:
+            optimizer.load_state_dict(state["optimizer"])
+        else:
+            parallel.load_optimizer(optimizer, state["optimizer"])
 
     def save(step: int) -> None:
+        model_state, optimizer_state = (model.state_dict(), optimizer.state_dict()) if parallel is None \
+            else parallel.states(optimizer)  # every rank: a collective under FSDP2
         if not distributed.writes_records():  # data-parallel: rank 0 writes the one checkpoint
             return
         checkpoint.save(
-            checkpoint_path, model.state_dict(), **model_spec, fingerprint=fingerprint, step=step, losses=losses,
-            optimizer=optimizer.state_dict(), generator=generator.get_state(),
+            checkpoint_path, model_state, **model_spec, fingerprint=fingerprint, step=step, losses=losses,
+            optimizer=optimizer_state, generator=generator.get_state(),
         )
 
     if on_resume is not None:
         on_resume(start)
-    trained = model if ranks is None else _data_parallel_model(model, device)
+    trained = model if parallel is None else parallel.trained
     forward = torch.compile(trained) if config.compile else trained
-    model.train()
+    trained.train()
     for step in range(start, config.steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
@@ -231,15 +241,15 @@ def train_lm(
             positions = random_positions(*inputs.shape, config.randomized_positions, generator)
         positions = positions.to(device) if positions is not None else None
         optimizer.zero_grad(set_to_none=True)
-        if ranks is None:
+        if parallel is None:
             with autocast_context(device, config.autocast):
                 logits = forward(inputs) if positions is None else forward(inputs, positions)
                 loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
             loss.backward()
             loss = loss.detach()
         else:
-            loss = _data_parallel_backward(forward, inputs, targets, positions, ranks, device, config.autocast)
-        nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            loss = parallel.backward(forward, inputs, targets, positions, device, config.autocast, IGNORE_INDEX)
+        nn.utils.clip_grad_norm_(optimized.parameters(), config.grad_clip)
         optimizer.step()
         losses.append(loss.item())
         if not math.isfinite(losses[-1]):  # before a checkpoint or record could store it
@@ -249,38 +259,9 @@ def train_lm(
             on_step(step, losses[-1])
         if checkpoint_path is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == config.steps):
             save(step + 1)
-    if ranks is not None:
+    if parallel is not None:
+        parallel.finish()
         distributed.barrier()  # rank 0's last checkpoint is on disk before any rank reads it
     model.eval()
     return losses
 
-
-def _data_parallel_model(model: nn.Module, device: torch.device) -> nn.Module:
-    """``model`` in PyTorch's DistributedDataParallel (which broadcasts rank 0's weights):
-    gradients are averaged over the ranks during the backward."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-
-
-def _data_parallel_backward(forward, inputs: Tensor, targets: Tensor, positions: Tensor | None,
-                            ranks: distributed.Shard, device, autocast: str | None) -> Tensor:
-    """One step's forward and backward on this rank's rows of the global batch (every rank
-    holds the same batch: the generator is seeded alike); returns the global batch's loss.
-
-    The loss of the global batch is sum(CE over every target) / (number of targets): each rank
-    sums the cross-entropy over its rows and divides by the global count, known to every rank
-    from the whole batch; times N, because DDP averages the ranks' gradients. So the gradient
-    is that of one process on the whole batch, whatever the split, even where the rows hold
-    different numbers of targets (a task's prompt tokens carry none)."""
-    rows = torch.tensor_split(torch.arange(inputs.shape[0]), ranks.world_size)[ranks.rank]
-    count = (targets != IGNORE_INDEX).sum().clamp(min=1)
-    mine = targets[rows]
-    with autocast_context(device, autocast):
-        logits = forward(inputs[rows]) if positions is None else forward(inputs[rows], positions[rows])
-        total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), mine.reshape(-1),
-                                ignore_index=IGNORE_INDEX, reduction="sum")
-    (total * ranks.world_size / count).backward()
-    summed = total.detach().clone()
-    torch.distributed.all_reduce(summed)
-    return summed / count

@@ -12,6 +12,10 @@ process by ``LOCAL_RANK``), in one of the :data:`PARALLEL` modes:
   batch from the same seeded generator and trains on its slice of the rows, so the global
   batch, the learning-rate schedule and the checkpoint (written by rank 0 alone, resumable on
   any N) do not depend on N. Only rank 0 writes records and figures.
+- ``fsdp``: as ``data``, with the model's parameters, gradients and optimizer state sharded
+  across the ranks by PyTorch's FSDP2 (``fully_shard``, each transformer block a unit): for a
+  model whose training state does not fit one device. The checkpoint holds the whole model and
+  optimizer state, in the same format as one process's.
 
 torchrun is the engine: it starts the processes and, if one fails, stops the others; there is
 no scheduler here. Without torchrun (or with one process) everything is a no-op and rank 0 of 1
@@ -41,7 +45,7 @@ BARRIER_TIMEOUT = timedelta(hours=72)
 
 
 #: How the ranks of a torchrun group share an experiment (``--parallel``).
-PARALLEL = ("runs", "data")
+PARALLEL = ("runs", "data", "fsdp")
 
 _parallel = "runs"
 
@@ -70,16 +74,21 @@ def current() -> Shard:
 
 
 def runs_share() -> Shard:
-    """How the runs are split: by :func:`current` in ``runs`` mode; in ``data`` mode every rank
-    takes every run (rank 0 of 1 for the split)."""
-    return Shard() if _parallel == "data" else current()
+    """How the runs are split: by :func:`current` in ``runs`` mode; in ``data`` and ``fsdp``
+    modes every rank takes every run (rank 0 of 1 for the split)."""
+    return current() if _parallel == "runs" else Shard()
 
 
 def data_parallel() -> Shard | None:
-    """The group each run trains on, data-parallel: the current group in ``data`` mode with
-    more than one rank, else None (one process trains the run alone)."""
+    """The group each run trains on: the current group in ``data`` or ``fsdp`` mode with more
+    than one rank, else None (one process trains the run alone)."""
     shard = current()
-    return shard if _parallel == "data" and shard.world_size > 1 else None
+    return shard if _parallel != "runs" and shard.world_size > 1 else None
+
+
+def sharded() -> bool:
+    """Whether runs train with FSDP2 (``fsdp`` mode) rather than DistributedDataParallel."""
+    return _parallel == "fsdp"
 
 
 def barrier() -> None:
@@ -94,8 +103,8 @@ def barrier() -> None:
 
 def writes_records() -> bool:
     """Whether this rank writes run records and checkpoints: every rank its own in ``runs``
-    mode, rank 0 alone in ``data`` mode (every rank computes the same run)."""
-    return _parallel != "data" or current().is_main
+    mode, rank 0 alone in ``data`` and ``fsdp`` modes (every rank computes the same run)."""
+    return _parallel == "runs" or current().is_main
 
 
 def init_from_env(device: str, parallel: str = "runs") -> str:
