@@ -23,12 +23,16 @@ sweep resumes and torchrun splits the runs, as ``posenc extrapolate`` does.
                              share of answer bytes (and END) right at their place, "instances": per seed,
                              "seeds": int, "by_depth": {"<depth>": accuracy} (passkey only)}},
          "not_applicable": {"<size>": why},
-         "runs": {"<seed>": that seed's "eval"}}}},
+         "runs": {"<seed>": that seed's "eval"},
+         "positions": {"scheme", ...} (rows with a position suffix only)}}},
      "ranking": {"learned_at_n": {task: [rows]}, "2": {"per_task": {task: [{"row", "accuracy",
                  "rank"}, ...]}, "mean_reciprocal_rank": {row: float}}, "4": {...}}}
 
-A row is an encoding, or ``<encoding>+rand`` for the same encoding trained with randomized
-positions (Ruoss et al. 2023). Accuracies are fractions of instances; sizes are counted in
+A row is an encoding, or the same encoding with a position suffix
+(:mod:`posenc.lab.experiments.task_positions`): ``<encoding>+rand`` (randomized positions, Ruoss
+et al. 2023, sampled in training and at test), ``<encoding>+coupled`` (position coupling, Cho et
+al. 2024) or ``<encoding>+abacus`` (Abacus, McLeish et al. 2024); such a row's results and
+records state its scheme (``"positions"``). Accuracies are fractions of instances; sizes are counted in
 each task's unit (``size_unit``). Wall-clock times stay in the run records (``runs/*.json``:
 ``train_seconds``, ``eval_seconds``) so that the same arguments give the same results.json.
 """
@@ -59,7 +63,7 @@ from posenc.lab.experiments.frame import (
 from posenc.lab.experiments.lm import train_run
 from posenc.lab.experiments.runs import Reporter, RunStore
 from posenc.lab.experiments.task_positions import (
-    COUPLED_RANGE_FACTOR, RANDOMIZED_RANGE_FACTOR, AbacusPositions, CoupledPositions, PositionScheme,
+    ALIGNED_TASKS, COUPLED_RANGE_FACTOR, RANDOMIZED_RANGE_FACTOR, TASK_SCHEMES, AbacusPositions, CoupledPositions, PositionScheme,
     RandomizedPositions, check_task, greedy_decode, positions_tensor,
 )
 from posenc.lab.experiments.tasks import END, TASKS, Example, Task, eval_examples, exact_match, get_task
@@ -296,6 +300,21 @@ class LengthgenConfig(RunConfig):
                    "eval_sizes": self.eval_sizes(task), "size_unit": get_task(task).size_unit}
             for task in self.tasks
         }}
+
+
+def task_catalogue() -> list[dict]:
+    """Every task of :data:`~posenc.lab.experiments.tasks.TASKS`, in table order, as
+    ``posenc lengthgen --list`` prints it: ``task``, ``size_unit``, ``train_size`` (its default
+    N), ``steps`` (its default training steps), ``prompt``, ``answer`` (formats in words),
+    ``source``, ``in_default`` (whether the default run has it) and ``suffixes`` (the position
+    suffixes its rows may take: ``+rand`` everywhere, ``+coupled`` and ``+abacus`` where it has
+    an alignment)."""
+    return [{
+        "task": name, "size_unit": task.size_unit, "train_size": TASK_SETTINGS[name].train_size,
+        "steps": TASK_SETTINGS[name].steps, "prompt": task.prompt_format, "answer": task.answer_format,
+        "source": task.source, "in_default": name in DEFAULT_TASKS,
+        "suffixes": ["+rand", *(f"+{scheme}" for scheme in TASK_SCHEMES if name in ALIGNED_TASKS)],
+    } for name, task in TASKS.items()]
 
 
 #: The preset's config with overrides: fields of :class:`LengthgenConfig` or the :data:`OPTIONS`
@@ -637,5 +656,5 @@ __all__ = [
     "DEFAULT_TASKS", "EVAL_FACTORS", "OPTIONS", "PRESETS", "TASK_SETTINGS", "LengthgenConfig", "TaskSetting",
     "LEARNED_ACCURACY", "RANK_FACTORS",
     "aggregate", "encode_training_batch", "fingerprint", "fractional_ranks", "preset_config", "rankings",
-    "run_lengthgen", "score", "task_batches", "train_and_evaluate", "write_csv",
+    "run_lengthgen", "score", "task_batches", "task_catalogue", "train_and_evaluate", "write_csv",
 ]
