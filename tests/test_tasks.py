@@ -133,3 +133,23 @@ def test_bad_sizes_and_names_are_refused():
         get_task("passkey").example(8, random.Random(0), 1.5)
     with pytest.raises(ValueError, match="unknown task 'kopy'; available: copy, reverse"):
         get_task("kopy")
+
+
+def test_the_catalogue_lists_every_task_with_its_unit_n_formats_and_source(capsys, monkeypatch):
+    from posenc.lab.cli import console, main
+    from posenc.lab.experiments import lengthgen
+
+    catalogue = lengthgen.task_catalogue()
+    assert [entry["task"] for entry in catalogue] == list(TASKS)
+    for entry in catalogue:
+        task = TASKS[entry["task"]]
+        assert entry["size_unit"] == task.size_unit and entry["train_size"] == lengthgen.TASK_SETTINGS[task.name].train_size
+        assert entry["prompt"] and entry["answer"] and entry["source"]
+        assert entry["in_default"] == (task.name in lengthgen.DEFAULT_TASKS)
+    suffixes = {entry["task"]: entry["suffixes"] for entry in catalogue}
+    assert suffixes["addition"] == suffixes["copy"] == suffixes["reverse"] == ["+rand", "+coupled", "+abacus"]
+    assert suffixes["passkey"] == suffixes["flipflop"] == suffixes["sort"] == ["+rand"]
+    monkeypatch.setattr(console, "width", 250)  # one line per task
+    assert main(["lengthgen", "--list"]) == 0
+    printed = capsys.readouterr().out
+    assert all(name in printed for name in TASKS) and "digits per operand" in printed and "Liu et al. 2023" in printed

@@ -59,7 +59,9 @@ Encodings = Annotated[Optional[str], typer.Option(help=(
     "wins), a part being ENCODING or ENCODING@full|@sliding|@chunked (sliding window / chunks of L/4 tokens, L the training "
     "length; or @sliding=W, @chunked=C) and nope a layer without positions. rope/nope:4: NoPE every 4th layer "
     "over RoPE (SmolLM3); rope@sliding/nope:4: RoPE on sliding-window layers, NoPE with full attention on every "
-    "4th (Cohere2). A row may end in +rand where the command takes it."))]
+    "4th (Cohere2). A row may end in +rand (randomized positions) where the command takes it, and in lengthgen in "
+    "+coupled or +abacus (position coupling, Abacus: ids that follow the task's structure, on addition, copy and "
+    "reverse)."))]
 LearningRate = Annotated[Optional[float], typer.Option(help="Peak learning rate.")]
 DModel = Annotated[Optional[int], typer.Option(help="Model width.")]
 Layers = Annotated[Optional[int], typer.Option(help="Number of transformer blocks.")]
@@ -405,6 +407,20 @@ def lengthgen_ranking_table(summary: dict) -> Table:
     return table
 
 
+def lengthgen_task_table() -> Table:
+    """Every task of ``posenc lengthgen``: its unit of size, default N and steps, prompt and
+    answer formats, source, and the position suffixes its rows take."""
+    from posenc.lab.experiments.lengthgen import task_catalogue
+
+    table = Table(title="posenc lengthgen tasks (train on sizes <= N; * in the default run; every answer closed by '.')")
+    for column in ("task", "size unit", "N", "steps", "prompt (size n)", "answer", "source", "row suffixes"):
+        table.add_column(column, justify="right" if column in ("N", "steps") else "left")
+    for entry in task_catalogue():
+        table.add_row(entry["task"] + (" *" if entry["in_default"] else ""), entry["size_unit"], str(entry["train_size"]),
+                      str(entry["steps"]), entry["prompt"], entry["answer"], entry["source"], ", ".join(entry["suffixes"]))
+    return table
+
+
 @app.command()
 def lengthgen(
     tasks: Optional[str] = typer.Option(None, help="Comma-separated tasks: copy, reverse, sort, addition, flipflop, "
@@ -422,7 +438,11 @@ def lengthgen(
     seeds: Seeds = None,
     out: Path = typer.Option(Path("results/lengthgen"), help="Output folder (results.json, results.csv, figures, checkpoints)."),
     device: Device = "cpu",
-    randomized_positions: Optional[int] = typer.Option(None, help=_randomized_positions_help("sequence's", "M")),
+    randomized_positions: Optional[int] = typer.Option(None, help=(
+        "L_max of the +rand rows (Ruoss et al. 2023): each sequence's positions a sorted random sample from [0, M), in "
+        "training and at test. With no +rand row in --encodings, adds a row <encoding>+rand per encoding; a +rand row "
+        "named without it takes 4x the longest evaluation sequence.")),
+    list_tasks: bool = typer.Option(False, "--list", help="Print every task (unit of size, N, formats, source) and exit."),
     threads: Threads = None,
     workers: Optional[int] = typer.Option(
         None, help="Runs trained at once, each in its own process with threads / workers threads (default: on a "
@@ -440,6 +460,9 @@ def lengthgen(
     from posenc.lab.experiments.lengthgen import preset_config, run_lengthgen
     from posenc.lab.plots import plot_lengthgen
 
+    if list_tasks:
+        console.print(lengthgen_task_table())
+        return
     device = _start_sweep(device, threads, workers, parallel)
     config = _sweep_config(
         preset_config, preset, encodings=encodings, seeds=seeds, layers=layers, heads=heads,

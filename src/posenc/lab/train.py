@@ -33,10 +33,12 @@ from posenc.errors import InvalidArgument
 IGNORE_INDEX = -100
 
 #: Makes one training batch: ``(batch_size, generator) -> (inputs, targets)``, both int64
-#: (B, T); ``targets`` holds :data:`IGNORE_INDEX` where no loss is taken. It must draw its
-#: randomness from ``generator`` alone: the generator's state is checkpointed, so a resumed
-#: run sees the batches an uninterrupted one would.
-BatchSource = Callable[[int, torch.Generator], "tuple[Tensor, Tensor]"]
+#: (B, T); ``targets`` holds :data:`IGNORE_INDEX` where no loss is taken; or ``(inputs,
+#: targets, positions)``, positions int64 (B, T): the tokens' position ids (a task's structured
+#: positions, :mod:`posenc.lab.experiments.task_positions`). It must draw its randomness from
+#: ``generator`` alone: the generator's state is checkpointed, so a resumed run sees the
+#: batches an uninterrupted one would.
+BatchSource = Callable[[int, torch.Generator], "tuple[Tensor, ...]"]
 
 
 @dataclass(frozen=True)
@@ -159,8 +161,9 @@ def train_lm(
     The loss is the mean cross-entropy over the targets that are not :data:`IGNORE_INDEX`.
 
     Args:
-        model: maps tokens (B, T) -> logits (B, T, V); with ``config.randomized_positions``
-            it is called as ``model(tokens, positions)``, positions (B, T) int64.
+        model: maps tokens (B, T) -> logits (B, T, V); with ``config.randomized_positions``,
+            or batches that carry positions, it is called as ``model(tokens, positions)``,
+            positions (B, T) int64.
         data: 1-D uint8 tensor of training bytes (windows of ``config.seq_len``), or a
             :data:`BatchSource` (batches of any width T; ``config.seq_len`` is not read).
         config: steps, batch size, window length, optimizer settings, seed.
@@ -231,12 +234,15 @@ def train_lm(
     for step in range(start, config.steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
+        positions = None
         if callable(data):
-            inputs, targets = data(config.batch_size, generator)
+            inputs, targets, *given = data(config.batch_size, generator)
+            positions = given[0] if given else None
         else:
             inputs, targets = random_windows(data, config.batch_size, config.seq_len, generator)
         inputs, targets = inputs.to(device), targets.to(device)
-        positions = None
+        if positions is not None and config.randomized_positions is not None:
+            raise InvalidArgument("randomized_positions: the batches carry their own positions; give one or the other")
         if config.randomized_positions is not None:
             positions = random_positions(*inputs.shape, config.randomized_positions, generator)
         positions = positions.to(device) if positions is not None else None

@@ -47,6 +47,12 @@ from posenc.lab.train import TrainConfig
 
 #: The row of an encoding trained with randomized positions (Ruoss et al. 2023).
 RANDOMIZED_SUFFIX = "+rand"
+#: The rows of an encoding fed task-structured positions (``posenc lengthgen`` only:
+#: :mod:`posenc.lab.experiments.task_positions`): position coupling (Cho et al. 2024) and
+#: Abacus (McLeish et al. 2024), by suffix.
+TASK_POSITION_SUFFIXES = {"+coupled": "coupled", "+abacus": "abacus"}
+#: Every suffix a row name may end in; one per row.
+POSITION_SUFFIXES = (RANDOMIZED_SUFFIX, *TASK_POSITION_SUFFIXES)
 
 #: The six encodings of both experiments' default runs.
 CORE_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")
@@ -204,32 +210,52 @@ def _parse_layer(text: str, row: str) -> LayerSpelling:
 @dataclass(frozen=True)
 class Row:
     """A trained row of an experiment's table: an encoding, trained with ordinary positions or,
-    ``randomized``, with randomized ones (named ``<encoding>+rand``). ``encoding`` may be a
-    plan's spelling (``rope/nope:4``, :data:`PLAN_SPELLING`), parsed into ``plan``."""
+    ``randomized``, with randomized ones (named ``<encoding>+rand``), or, ``task_positions``
+    ``"coupled"`` or ``"abacus"``, fed the task's structured positions (named
+    ``<encoding>+coupled``, ``<encoding>+abacus``). ``encoding`` may be a plan's spelling
+    (``rope/nope:4``, :data:`PLAN_SPELLING`), parsed into ``plan``."""
 
     encoding: str
     randomized: bool = False
     plan: PlanSpelling | None = field(default=None, compare=False, repr=False)
+    task_positions: str | None = None
 
     @classmethod
     def parse(cls, name: str, randomized_rows: bool = True) -> Row:
-        """The row named ``name`` (``"rope+rand"`` -> ``Row("rope", randomized=True)``; a name
-        with ``/`` or ``@`` is a plan). ``randomized_rows`` False: the suffix is not read.
+        """The row named ``name`` (``"rope+rand"`` -> ``Row("rope", randomized=True)``,
+        ``"rope+coupled"`` -> ``Row("rope", task_positions="coupled")``; a name with ``/`` or
+        ``@`` is a plan). ``randomized_rows`` False: no suffix is read.
 
         Raises:
             InvalidArgument: a plan's spelling that does not parse (the message names the row
-                and the allowed forms).
+                and the allowed forms); two position suffixes on one row.
         """
-        encoding, randomized = name, False
-        if randomized_rows and name.endswith(RANDOMIZED_SUFFIX):
-            encoding, randomized = name[: -len(RANDOMIZED_SUFFIX)], True
+        encoding, suffix = _split_suffix(name) if randomized_rows else (name, None)
+        if suffix is not None and _split_suffix(encoding)[1] is not None:
+            raise InvalidArgument(f"encodings: row {name!r}: one position suffix per row "
+                                  f"({', '.join(POSITION_SUFFIXES)}), got two")
         plan = PlanSpelling.parse(encoding, name) if ("/" in encoding or "@" in encoding) else None
-        return cls(encoding, randomized, plan)
+        return cls(encoding, suffix == RANDOMIZED_SUFFIX, plan, TASK_POSITION_SUFFIXES.get(suffix))
 
     @property
     def name(self) -> str:
         """The row's name in tables, run records and fingerprints."""
+        if self.task_positions is not None:
+            return f"{self.encoding}+{self.task_positions}"
         return self.encoding + RANDOMIZED_SUFFIX if self.randomized else self.encoding
+
+    @property
+    def positions(self) -> str | None:
+        """The row's position scheme: ``"rand"``, ``"coupled"``, ``"abacus"`` or None (0, 1, 2, ...)."""
+        return "rand" if self.randomized else self.task_positions
+
+
+def _split_suffix(name: str) -> tuple[str, str | None]:
+    """``name`` without its position suffix, and the suffix (None: it has none)."""
+    for suffix in POSITION_SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)], suffix
+    return name, None
 
 
 def check_names(value: Any, argname: str, noun: str, example: str) -> None:
@@ -294,6 +320,8 @@ class RunConfig:
     UNREAD: ClassVar[tuple[str, ...]] = ("train.seed",)
     ADDED_LATER: ClassVar[Mapping[str, object]] = {}
     NAMED_RANDOMIZED_ROWS: ClassVar[bool] = False
+    #: Whether rows may end in ``+coupled`` / ``+abacus`` (:data:`TASK_POSITION_SUFFIXES`).
+    TASK_POSITION_ROWS: ClassVar[bool] = False
     FULL_PLANS: ClassVar[tuple[str, ...]] = HYBRID_PLANS
 
     # --- construction -------------------------------------------------------------------
@@ -347,6 +375,9 @@ class RunConfig:
             raise InvalidType(f"model must be a posenc.lab.model.LMConfig, got {type(self.model).__name__}")
         for name in self.encodings:
             row = Row.parse(name, self.NAMED_RANDOMIZED_ROWS)
+            if row.task_positions is not None and not self.TASK_POSITION_ROWS:
+                raise InvalidArgument(f"encodings: row {name!r}: +{row.task_positions} positions follow a task's "
+                                      "structure; only posenc lengthgen has such rows")
             if row.plan is not None:
                 row.plan.check(self.model.num_layers, name)
             else:

@@ -23,12 +23,16 @@ sweep resumes and torchrun splits the runs, as ``posenc extrapolate`` does.
                              share of answer bytes (and END) right at their place, "instances": per seed,
                              "seeds": int, "by_depth": {"<depth>": accuracy} (passkey only)}},
          "not_applicable": {"<size>": why},
-         "runs": {"<seed>": that seed's "eval"}}}},
+         "runs": {"<seed>": that seed's "eval"},
+         "positions": {"scheme", ...} (rows with a position suffix only)}}},
      "ranking": {"learned_at_n": {task: [rows]}, "2": {"per_task": {task: [{"row", "accuracy",
                  "rank"}, ...]}, "mean_reciprocal_rank": {row: float}}, "4": {...}}}
 
-A row is an encoding, or ``<encoding>+rand`` for the same encoding trained with randomized
-positions (Ruoss et al. 2023). Accuracies are fractions of instances; sizes are counted in
+A row is an encoding, or the same encoding with a position suffix
+(:mod:`posenc.lab.experiments.task_positions`): ``<encoding>+rand`` (randomized positions, Ruoss
+et al. 2023, sampled in training and at test), ``<encoding>+coupled`` (position coupling, Cho et
+al. 2024) or ``<encoding>+abacus`` (Abacus, McLeish et al. 2024); such a row's results and
+records state its scheme (``"positions"``). Accuracies are fractions of instances; sizes are counted in
 each task's unit (``size_unit``). Wall-clock times stay in the run records (``runs/*.json``:
 ``train_seconds``, ``eval_seconds``) so that the same arguments give the same results.json.
 """
@@ -53,11 +57,15 @@ from posenc._version import __version__
 from posenc._validation import check_positive_int
 from posenc.errors import InvalidArgument
 from posenc.lab.experiments.frame import (
-    MODEL_TRAIN_OPTIONS, RunConfig, cells_over_seeds, check_names, evals_by_seed, merged_not_applicable, spread, write_csv as
-    write_csv_rows,
+    MODEL_TRAIN_OPTIONS, Row, RunConfig, cells_over_seeds, check_names, evals_by_seed, merged_not_applicable, spread,
+    write_csv as write_csv_rows,
 )
 from posenc.lab.experiments.lm import train_run
 from posenc.lab.experiments.runs import Reporter, RunStore
+from posenc.lab.experiments.task_positions import (
+    ALIGNED_TASKS, COUPLED_RANGE_FACTOR, RANDOMIZED_RANGE_FACTOR, TASK_SCHEMES, AbacusPositions, CoupledPositions, PositionScheme,
+    RandomizedPositions, check_task, greedy_decode, positions_tensor,
+)
 from posenc.lab.experiments.tasks import END, TASKS, Example, Task, eval_examples, exact_match, get_task
 from posenc.lab.model import LMConfig, TransformerLM
 from posenc.lab.train import IGNORE_INDEX, BatchSource, TrainConfig
@@ -113,7 +121,12 @@ class LengthgenConfig(RunConfig):
         encodings: registered encoding names or position plans
             (:data:`~posenc.lab.experiments.frame.PLAN_SPELLING`, e.g. ``rope/nope:3``), one
             row each (per task). A plan row's sliding window (or chunk) is, unless given, a
-            quarter of the task's longest training sequence.
+            quarter of the task's longest training sequence. A row may end in one position
+            suffix (:mod:`posenc.lab.experiments.task_positions`): ``+rand`` (randomized
+            positions from [0, ``randomized_positions``), in training and at test),
+            ``+coupled`` (position coupling; range R = :meth:`coupled_range`) or ``+abacus``
+            (Abacus ids, training offset in [0, 100)); the last two only with tasks that have an
+            alignment (addition, copy, reverse).
         model: the LM's sizes (default: d_model 64, 3 layers, 8 heads, MLP ratio 2: a third
             layer is what addition's carry needed; the narrower MLP costs a third less with no
             slower learning in our trials); its ``max_positions`` is not read: each task's
@@ -130,10 +143,13 @@ class LengthgenConfig(RunConfig):
         eval_instances: fresh instances scored per size (the same ones for every encoding).
         seeds: one run per (task, encoding, seed); accuracies are means over seeds.
         device: a torch device string.
-        randomized_positions: None, or M: every encoding gets a second row ``<name>+rand``
-            trained with each sequence's positions a sorted random sample from [0, M) (Ruoss
-            et al. 2023; :class:`posenc.lab.train.TrainConfig`), evaluated at ordinary positions.
-            M must be >= every task's longest training sequence.
+        randomized_positions: None, or M (L_max): the range of the ``+rand`` rows' positions,
+            a sorted random sample from [0, M) per sequence in training and at test (Ruoss et al.
+            2023; :class:`posenc.lab.train.TrainConfig`). When ``encodings`` names no ``+rand``
+            row, M gives every row without a suffix a second row ``<name>+rand``; when it
+            names some, None means :meth:`default_randomized_positions` (four times the longest
+            evaluation sequence). M must be >= every task's longest training sequence; an
+            evaluation size whose sequence is longer than M is not applicable to ``+rand`` rows.
 
     Raises:
         InvalidType: a field of the wrong type.
@@ -161,6 +177,8 @@ class LengthgenConfig(RunConfig):
     #: (NoPE, full-attention) layer is the last of every 3 (layer 2), where SmolLM3's and
     #: Cohere2's 4-layer groups put it last of every 4 (``rope/nope:4`` names no layer of 3).
     FULL_PLANS: ClassVar[tuple[str, ...]] = ("rope/nope:3", "rope@sliding/nope:3")
+    NAMED_RANDOMIZED_ROWS: ClassVar[bool] = True
+    TASK_POSITION_ROWS: ClassVar[bool] = True
 
     def _check_experiment(self) -> None:
         check_names(self.tasks, "tasks", "task", "('copy', 'passkey')")
@@ -178,6 +196,34 @@ class LengthgenConfig(RunConfig):
         ):
             raise InvalidArgument(f"eval_factors: give one or more numbers > 0 (multiples of N), got {self.eval_factors}")
         check_positive_int(self.eval_instances, "eval_instances")
+        for name in self.encodings:
+            row = Row.parse(name)
+            if row.plan is not None and row.positions is not None:
+                # a plan's sliding and chunked spans count position ids, which these schemes
+                # make sparse (+rand) or repeated (+coupled): its windows would no longer be W tokens
+                raise InvalidArgument(f"encodings: row {name!r}: a plan row takes no position suffix here; "
+                                      f"+{row.positions} goes on a single encoding (e.g. rope+{row.positions})")
+            if row.task_positions is not None:
+                for task in self.tasks:
+                    check_task(row.task_positions, task, name)
+
+    def default_randomized_positions(self) -> int:
+        """L_max of ``+rand`` rows named without ``randomized_positions``: four times the longest
+        evaluation sequence of any task (:data:`~posenc.lab.experiments.task_positions.
+        RANDOMIZED_RANGE_FACTOR`; Ruoss et al. 2023 sample from 2048 for test lengths up to
+        500), so that every evaluation size fits and its positions stay sparse."""
+        return RANDOMIZED_RANGE_FACTOR * max(self.eval_sequence_length(task) for task in self.tasks)
+
+    @property
+    def rows(self) -> list[str]:
+        """The trained rows, in table order: ``encodings`` as given, then, when
+        ``randomized_positions`` is set and ``encodings`` names no ``+rand`` row, the
+        ``+rand`` row of every encoding without a position suffix (plans take none: their
+        windows count position ids)."""
+        if not self.randomized_positions or self._named_randomized_rows():
+            return list(self.encodings)
+        plain = [name for name in self.encodings if Row.parse(name).positions is None and Row.parse(name).plan is None]
+        return [*self.encodings, *(Row(name, randomized=True).name for name in plain)]
 
     def _check_randomized_range(self, option: str) -> None:
         for name in self.tasks:
@@ -203,11 +249,42 @@ class LengthgenConfig(RunConfig):
         """Tokens of the longest training sequence of ``task`` (prompt + answer + END at N)."""
         return get_task(task).sequence_length(self.task_train_size(task))
 
-    def model_config(self, task: str) -> LMConfig:
+    def eval_sequence_length(self, task: str) -> int:
+        """Tokens of the longest evaluation sequence of ``task`` (prompt + answer + END)."""
+        return get_task(task).sequence_length(max(self.eval_sizes(task)))
+
+    def coupled_range(self, task: str) -> int:
+        """R of a ``+coupled`` row of ``task``: twice the largest id (+1) an instance of the
+        largest size trained or evaluated has at offset 0 (Cho et al. 2024 train with
+        ``max_pos`` 202 for 100-digit tests); training offsets keep every id below R."""
+        probe = CoupledPositions(range=0)
+        largest = max(probe.largest_test_id(get_task(task), size)
+                      for size in (self.task_train_size(task), *self.eval_sizes(task)))
+        return COUPLED_RANGE_FACTOR * (largest + 1)
+
+    def position_scheme(self, task: str, row: str) -> PositionScheme | None:
+        """The ids ``row`` feeds on ``task`` (:mod:`posenc.lab.experiments.task_positions`);
+        None for ordinary positions 0, 1, 2, ..."""
+        scheme = Row.parse(row).positions
+        if scheme == "rand":
+            return RandomizedPositions(self.randomized_positions)
+        if scheme == "coupled":
+            return CoupledPositions(self.coupled_range(task))
+        if scheme == "abacus":
+            return AbacusPositions()
+        return None
+
+    def model_config(self, task: str, row: str | None = None) -> LMConfig:
         """The LM of ``task``'s runs: ``model`` with a learned table as long as the longest
-        evaluation sequence (or the randomized range, if longer)."""
-        longest = get_task(task).sequence_length(max(self.eval_sizes(task)))
-        return dataclasses.replace(self.model, max_positions=max(longest, self.randomized_positions or 0))
+        evaluation sequence (or the randomized range, if longer); for a ``+coupled`` or
+        ``+abacus`` ``row``, long enough for every id it trains and tests with."""
+        longest = max(self.eval_sequence_length(task), self.randomized_positions or 0)
+        scheme = self.position_scheme(task, row) if row is not None else None
+        if scheme is not None and not isinstance(scheme, RandomizedPositions):
+            found = get_task(task)
+            longest = max(longest, scheme.largest_train_id(found, self.task_train_size(task)) + 1,
+                          *(scheme.largest_test_id(found, size) + 1 for size in self.eval_sizes(task)))
+        return dataclasses.replace(self.model, max_positions=longest)
 
     def row_run(self, task: str, row: str, seed: int) -> tuple[str, TrainConfig]:
         """(encoding, training) of a row of ``task``: ``<name>+rand`` is ``name`` trained with
@@ -225,6 +302,21 @@ class LengthgenConfig(RunConfig):
         }}
 
 
+def task_catalogue() -> list[dict]:
+    """Every task of :data:`~posenc.lab.experiments.tasks.TASKS`, in table order, as
+    ``posenc lengthgen --list`` prints it: ``task``, ``size_unit``, ``train_size`` (its default
+    N), ``steps`` (its default training steps), ``prompt``, ``answer`` (formats in words),
+    ``source``, ``in_default`` (whether the default run has it) and ``suffixes`` (the position
+    suffixes its rows may take: ``+rand`` everywhere, ``+coupled`` and ``+abacus`` where it has
+    an alignment)."""
+    return [{
+        "task": name, "size_unit": task.size_unit, "train_size": TASK_SETTINGS[name].train_size,
+        "steps": TASK_SETTINGS[name].steps, "prompt": task.prompt_format, "answer": task.answer_format,
+        "source": task.source, "in_default": name in DEFAULT_TASKS,
+        "suffixes": ["+rand", *(f"+{scheme}" for scheme in TASK_SCHEMES if name in ALIGNED_TASKS)],
+    } for name, task in TASKS.items()]
+
+
 #: The preset's config with overrides: fields of :class:`LengthgenConfig` or the :data:`OPTIONS`
 #: names, None values ignored (:meth:`~posenc.lab.experiments.frame.RunConfig.from_preset`).
 preset_config = LengthgenConfig.from_preset
@@ -234,7 +326,8 @@ def encode_training_batch(examples: Sequence[Example]) -> tuple[Tensor, Tensor]:
     """Instances as a training batch: inputs and next-token targets, int64 (B, T), T = the
     longest instance's prompt + answer + END, minus one. Rows are right-padded (with END; a
     causal model never lets a real token see the padding); targets are
-    :data:`~posenc.lab.train.IGNORE_INDEX` except at the answer and END tokens."""
+    :data:`~posenc.lab.train.IGNORE_INDEX` except at the answer and END tokens. The ids of a
+    position scheme go with it as a third tensor (:func:`task_batches`)."""
     sequences = [list((e.prompt + e.target).encode("ascii")) for e in examples]
     width = max(map(len, sequences)) - 1
     inputs = torch.full((len(examples), width), ord(END), dtype=torch.long)
@@ -246,40 +339,61 @@ def encode_training_batch(examples: Sequence[Example]) -> tuple[Tensor, Tensor]:
     return inputs, targets
 
 
-def task_batches(task: Task, train_size: int) -> BatchSource:
+def task_batches(task: Task, train_size: int, scheme: PositionScheme | None = None) -> BatchSource:
     """A :data:`~posenc.lab.train.BatchSource` of training instances of ``task`` with sizes
     uniform in ``min_size .. train_size``: each batch's instances come from a
     :class:`random.Random` seeded by one draw of the training generator (so a resumed run
-    sees the same batches)."""
+    sees the same batches). With a ``scheme`` that draws training ids (``+coupled``,
+    ``+abacus``), each batch is (inputs, targets, positions), positions int64 (B, T): each
+    instance's ids from the same generator, after its instance."""
 
-    def make(batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def make(batch_size: int, generator: torch.Generator) -> tuple[Tensor, ...]:
         rng = random.Random(int(torch.randint(0, 2**62, (1,), generator=generator)))
-        return encode_training_batch([task.train_example(train_size, rng) for _ in range(batch_size)])
+        examples = [task.train_example(train_size, rng) for _ in range(batch_size)]
+        inputs, targets = encode_training_batch(examples)
+        if scheme is None:
+            return inputs, targets
+        ids = [scheme.train_ids(task.name, example, rng) for example in examples]
+        if any(i is None for i in ids):  # +rand: the training loop draws them
+            return inputs, targets
+        return inputs, targets, positions_tensor(ids, inputs.shape[1])
 
     return make
 
 
 @torch.no_grad()
-def score(model: TransformerLM, examples: Sequence[Example]) -> dict:
+def score(model: TransformerLM, examples: Sequence[Example], positions: Sequence[Sequence[int]] | None = None) -> dict:
     """Greedy-decode every instance with the KV cache, in one batch, and score it.
 
     Prompts of different lengths are left-padded (``padding_mask``); the decode runs
-    ``max len(answer) + 1`` steps. Returns ``accuracy`` (share of exact matches),
+    ``max len(answer) + 1`` steps. ``positions``: per instance, the ids of its prompt and
+    target tokens (a position scheme's :meth:`~posenc.lab.experiments.task_positions.
+    PositionScheme.test_ids`; every prompt then of one length), each generated token placed
+    at its id; None: ordinary positions. Returns ``accuracy`` (share of exact matches),
     ``correct``, ``instances``, ``token_accuracy`` (share of target bytes right at their
     place), ``outputs`` (each instance's decoded continuation, str) and, when the instances
     have depths, ``by_depth`` ({depth as str: accuracy}).
+
+    Raises:
+        InvalidArgument: ``positions`` with prompts of different lengths.
     """
     device = next(model.parameters()).device
     prompts = [list(e.prompt.encode("ascii")) for e in examples]
     width = max(map(len, prompts))
-    tokens = torch.zeros(len(prompts), width, dtype=torch.long)
-    real = torch.zeros(len(prompts), width, dtype=torch.bool)
-    for row, prompt in enumerate(prompts):
-        tokens[row, width - len(prompt):] = torch.tensor(prompt)
-        real[row, width - len(prompt):] = True
     steps = max(len(e.target) for e in examples)
-    padding_mask = None if bool(real.all()) else real.to(device)
-    generated = model.generate(tokens.to(device), steps, padding_mask=padding_mask)[:, width:].cpu()
+    if positions is not None:
+        if len(set(map(len, prompts))) != 1:
+            raise InvalidArgument("positions: the instances of one positioned batch need prompts of one length")
+        ids = positions_tensor(positions, width + steps)
+        generated = greedy_decode(model, torch.tensor(prompts, device=device), ids.to(device), steps).cpu()
+    else:
+        tokens = torch.zeros(len(prompts), width, dtype=torch.long)
+        real = torch.zeros(len(prompts), width, dtype=torch.bool)
+        for row, prompt in enumerate(prompts):
+            tokens[row, width - len(prompt):] = torch.tensor(prompt)
+            real[row, width - len(prompt):] = True
+        padding_mask = None if bool(real.all()) else real.to(device)
+        generated = model.generate(tokens.to(device), steps, padding_mask=padding_mask)[:, width:].cpu()
     outputs = [bytes(row.tolist()).decode("latin-1") for row in generated]
     hits = [exact_match(output, example) for output, example in zip(outputs, examples)]
     token_hits = sum(sum(a == b for a, b in zip(output, example.target)) for output, example in zip(outputs, examples))
@@ -303,11 +417,38 @@ def row_name(task: str, row: str) -> str:
 def fingerprint(config: LengthgenConfig, task: str, row: str, seed: int) -> dict:
     """What a run's result depends on; a stored run is reused only if this matches exactly."""
     _, train = config.row_run(task, row, seed)
+    scheme = config.position_scheme(task, row)
+    # a row with a position scheme states it (a +rand row's test-time sampling is new: its old
+    # runs, evaluated at 0, 1, 2, ..., are not reused); other rows' fingerprints are unchanged
+    positions = {} if scheme is None else {"positions": scheme.describe()}
     return config.run_fingerprint({
         "task": task, "row": row, "seed": seed,
-        "train_size": config.task_train_size(task), "model": config.model_config(task).to_dict(),
+        "train_size": config.task_train_size(task), "model": config.model_config(task, row).to_dict(),
         "train": train.to_dict(), "eval_sizes": config.eval_sizes(task), "eval_instances": config.eval_instances,
+        **positions,
     })
+
+
+def _eval_positions(scheme: PositionScheme | None, task: Task, examples: Sequence[Example], size: int,
+                    seed: int) -> list[list[int]] | None:
+    """The test ids of ``examples`` under ``scheme`` (None: ordinary positions), drawn (``+rand``)
+    from a generator seeded by (task, size, seed) alone."""
+    if scheme is None:
+        return None
+    rng = random.Random(f"positions/{task.name}/{size}/{seed}")
+    return [scheme.test_ids(task.name, example, rng) for example in examples]
+
+
+def _not_applicable(model: TransformerLM, scheme: PositionScheme | None, task: Task, size: int) -> str | None:
+    """Why ``size`` cannot be evaluated (None: it can): more ids than the encoding holds, or
+    (``+rand``) more tokens than the randomized range has ids."""
+    if isinstance(scheme, RandomizedPositions) and not scheme.fits(task, size):
+        return f"{task.sequence_length(size)} tokens do not fit the randomized range [0, {scheme.range})"
+    # the last target byte is never fed back; a scheme's largest test id bounds what it feeds
+    needed = task.sequence_length(size) - 1 if scheme is None else scheme.largest_test_id(task, size) + 1
+    if model.max_positions is not None and needed > model.max_positions:
+        return f"the encoding represents at most {model.max_positions} positions"
+    return None
 
 
 def train_and_evaluate(
@@ -317,23 +458,24 @@ def train_and_evaluate(
     task = get_task(task_name)
     torch.manual_seed(seed)
     encoding, train = config.row_run(task_name, row, seed)
+    model_config, scheme = config.model_config(task_name, row), config.position_scheme(task_name, row)
     # a plan row's windows scale with the task's longest training sequence (its L)
-    encoding = config.row_model(encoding, config.model_config(task_name), config.train_sequence_length(task_name))
-    model = TransformerLM(config.model_config(task_name), encoding).to(config.device)
+    encoding = config.row_model(encoding, model_config, config.train_sequence_length(task_name))
+    model = TransformerLM(model_config, encoding).to(config.device)
     name = row_name(task_name, row)
-    training = train_run(model, task_batches(task, config.task_train_size(task_name)), train, store, name, seed,
-                         expected, reporter)
+    training = train_run(model, task_batches(task, config.task_train_size(task_name), scheme), train, store, name,
+                         seed, expected, reporter)
     model.eval()
     sizes = config.eval_sizes(task_name)
     reporter.eval_started(name, seed, len(sizes))
     started = time.perf_counter()
     evals, not_applicable = {}, {}
     for size in sizes:
-        needed = task.sequence_length(size) - 1  # the last target byte is never fed back
-        if model.max_positions is not None and needed > model.max_positions:
-            not_applicable[str(size)] = f"the encoding represents at most {model.max_positions} positions"
+        if (why := _not_applicable(model, scheme, task, size)) is not None:
+            not_applicable[str(size)] = why
         else:
-            result = score(model, eval_examples(task, size, config.eval_instances, seed))
+            examples = eval_examples(task, size, config.eval_instances, seed)
+            result = score(model, examples, _eval_positions(scheme, task, examples, size, seed))
             example = eval_examples(task, size, 1, seed)[0]
             result["example"] = {"prompt": example.prompt, "target": example.target, "output": result["outputs"][0]}
             del result["outputs"]
@@ -343,6 +485,7 @@ def train_and_evaluate(
         "task": task_name, "encoding": row, "seed": seed, "train_size": config.task_train_size(task_name),
         "parameters": model.num_parameters(), **training, "eval_seconds": round(time.perf_counter() - started, 3),
         "eval": evals, "not_applicable": not_applicable,
+        **({} if scheme is None else {"positions": scheme.describe()}),
     }
 
 
@@ -370,6 +513,8 @@ def aggregate(config: LengthgenConfig, records: Sequence[dict]) -> dict:
                 "train_size": n, "size_unit": get_task(task).size_unit, "parameters": runs[0]["parameters"],
                 "eval": evals, "not_applicable": merged_not_applicable(runs), "runs": evals_by_seed(runs),
             }
+            if "positions" in runs[0]:
+                results[task][row]["positions"] = runs[0]["positions"]
     return results
 
 
@@ -511,5 +656,5 @@ __all__ = [
     "DEFAULT_TASKS", "EVAL_FACTORS", "OPTIONS", "PRESETS", "TASK_SETTINGS", "LengthgenConfig", "TaskSetting",
     "LEARNED_ACCURACY", "RANK_FACTORS",
     "aggregate", "encode_training_batch", "fingerprint", "fractional_ranks", "preset_config", "rankings",
-    "run_lengthgen", "score", "task_batches", "train_and_evaluate", "write_csv",
+    "run_lengthgen", "score", "task_batches", "task_catalogue", "train_and_evaluate", "write_csv",
 ]

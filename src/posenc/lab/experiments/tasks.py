@@ -65,12 +65,17 @@ class Example:
 
 
 class Task:
-    """A generator of instances of one task. Subclasses set ``name``, ``size_unit`` and
-    ``min_size`` and implement :meth:`example`."""
+    """A generator of instances of one task. Subclasses set ``name``, ``size_unit``,
+    ``min_size``, ``prompt_format``, ``answer_format`` and ``source`` and implement :meth:`example`."""
 
     name: ClassVar[str]
     #: What the size counts, for tables and figures.
     size_unit: ClassVar[str]
+    #: The prompt and the answer of an instance of size n, in words (``posenc lengthgen --list``).
+    prompt_format: ClassVar[str] = ""
+    answer_format: ClassVar[str] = ""
+    #: Where the task comes from.
+    source: ClassVar[str] = ""
     #: The smallest size an instance can have.
     min_size: ClassVar[int] = 1
 
@@ -111,6 +116,9 @@ class Copy(Task):
     """``"qhxa=" -> "qhxa"``: size n = number of letters (uniform over a-z)."""
 
     name, size_unit = "copy", "letters"
+    prompt_format = "n letters a-z, then '='"
+    answer_format = "the same letters"
+    source = "NoPE paper (Kazemnejad et al. 2023); Ruoss et al. 2023"
 
     def example(self, size, rng, depth=None):
         self._check_size(size)
@@ -122,6 +130,9 @@ class Reverse(Task):
     """``"qhxa=" -> "axhq"``: size n = number of letters."""
 
     name, size_unit = "reverse", "letters"
+    prompt_format = "n letters a-z, then '='"
+    answer_format = "them reversed"
+    source = "NoPE paper (Kazemnejad et al. 2023); Ruoss et al. 2023"
 
     def example(self, size, rng, depth=None):
         self._check_size(size)
@@ -133,6 +144,9 @@ class Sort(Task):
     """``"qhxa=" -> "ahqx"``: size n = number of letters (repeats kept)."""
 
     name, size_unit = "sort", "letters"
+    prompt_format = "n letters a-z, then '='"
+    answer_format = "them sorted (ASCII)"
+    source = "NoPE paper (Kazemnejad et al. 2023); Ruoss et al. 2023"
 
     def example(self, size, rng, depth=None):
         self._check_size(size)
@@ -148,6 +162,9 @@ class Addition(Task):
     its last (the carry out) possibly 0. Size n = digits per operand."""
 
     name, size_unit = "addition", "digits per operand"
+    prompt_format = "two n-digit numbers, least significant digit first: 'a+b='"
+    answer_format = "their sum, n + 1 digits, least significant first"
+    source = "NoPE paper (Kazemnejad et al. 2023)"
 
     def example(self, size, rng, depth=None):
         self._check_size(size)
@@ -172,6 +189,9 @@ class FlipFlop(Task):
     of instructions (>= 2); the prompt is 2n - 1 bytes."""
 
     name, size_unit = "flipflop", "instructions"
+    prompt_format = "n instructions w<bit>, i<bit>, r<bit>; the n-th a bare 'r'"
+    answer_format = "the last written bit"
+    source = "Liu et al. 2023 (flip-flop language)"
     min_size = 2
     P_WRITE, P_IGNORE = 0.1, 0.8
 
@@ -198,6 +218,9 @@ class SelectiveCopy(Task):
     ``"_q__hx_a="`` -> ``"qhxa"``. Size n = letters to copy; the prompt is 2n + 1 bytes."""
 
     name, size_unit = "selective_copy", "letters"
+    prompt_format = "n letters among n blanks '_', then '='"
+    answer_format = "the n letters, in order"
+    source = "CoPE paper (Golovneva et al. 2024), after Mamba"
 
     def example(self, size, rng, depth=None):
         self._check_size(size)
@@ -226,6 +249,9 @@ class Passkey(Task):
     given (evaluation uses a grid of depths, see :data:`DEPTHS`)."""
 
     name, size_unit = "passkey", "filler bytes"
+    prompt_format = "n bytes of filler, 'key <5 digits>.' at a random depth in it, then 'key?'"
+    answer_format = "the 5-digit key"
+    source = "Position Interpolation (Chen et al. 2023); Landmark Attention"
     min_size = 0
     FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
     KEY_SENTENCE = " key {key}. "
