@@ -159,7 +159,7 @@ def check_memory(workloads: Iterable[Workload], device: str, concurrent: int = 1
     if need > free:
         at_once = f" x {concurrent} runs at once" if concurrent > 1 else ""
         where = "on the device" if device.startswith("cuda") else "(MemAvailable)"
-        params = f", {parameter_floor(largest.model, largest.table):,} parameters"
+        params = f" with {parameter_floor(largest.model, largest.table):,} parameters"
         raise InvalidArgument(f"{largest.what}{params}{at_once} needs at least {gib(need)} of memory, {gib(free)} is free "
                               f"{where}; lower {hint or 'the sizes'}")
 
@@ -180,7 +180,7 @@ def check_out_folder(out: Path, needed: int = 0, option: str = "--out") -> None:
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise InvalidArgument(f"{option}: {out} is a file, not a folder; give a folder (created if missing)")
+        raise InvalidArgument(f"{option}: {out} exists and is not a folder; give a folder (created if missing)")
     existing = out
     while not existing.exists():
         if existing.parent == existing:
@@ -192,8 +192,8 @@ def check_out_folder(out: Path, needed: int = 0, option: str = "--out") -> None:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as err:
-        raise InvalidArgument(f"{option}: {out} is not writable ({err.strerror or type(err).__name__} in "
-                              f"{existing})") from None
+        raise InvalidArgument(f"{option}: {out} is not writable (cannot create a file in {existing}: "
+                              f"{err.strerror or type(err).__name__})") from None
     free = shutil.disk_usage(existing).free
     if free < MIN_FREE_BYTES + needed:
         raise InvalidArgument(f"{option}: {out} has {free / 2**20:.0f} MiB free on its file system; the run needs at "
