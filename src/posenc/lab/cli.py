@@ -721,7 +721,7 @@ def _bench_device_settings(device: str, *, quick: bool, threads: int, compile: b
     if lengths is not None and any(n < 1 for n in lengths):
         raise UsageError(f"--lengths: every length must be an integer >= 1, got {','.join(map(str, lengths))}")
     if dtype is not None and dtype not in BENCH_DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(BENCH_DTYPES)}, got {dtype!r}")
+        raise UsageError(f"--dtype must be a torch dtype name, one of {', '.join(BENCH_DTYPES)}, got {dtype!r}")
     torch.set_num_threads(threads)
     settings = Settings(device=device, quick=quick, threads=threads, compile=compile, lengths=lengths,
                         backends=backends, dtype=dtype)

@@ -56,9 +56,11 @@ def check_threads(value: int | None, option: str) -> None:
     if value is None:
         return
     top = max_threads()
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-        raise InvalidArgument(f"{option} must be an integer in [1, {top}] ({THREADS_PER_CORE} x the "
-                              f"{os.cpu_count() or 1} CPUs), got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{option} must be an integer >= 1, got {value!r}")
+    if value > top:
+        raise InvalidArgument(f"{option} must be at most {top} ({THREADS_PER_CORE} x the {os.cpu_count() or 1} CPUs), "
+                              f"got {value}")
 
 
 def check_seed(value: int, option: str) -> None:
