@@ -426,12 +426,42 @@ CLI_CASES = [
     (["plot", "rotary"], "unknown encoding 'rotary'; available"),
     (["plot"], "Missing argument 'name'"),
     (["frobnicate"], "frobnicate"),
+    # -- issue 22: values the machine cannot hold, refused before any work ----------------------
+    (["extrapolate", "--seeds", str(2**64)], "seeds: give one or more distinct integers in [0, 2**63)"),
+    (["extrapolate", "--seeds", str(2**63)], "seeds: give one or more distinct integers in [0, 2**63)"),
+    (["extrapolate", "--batch-size", "100000000"], "training (batch 100000000 x 64 tokens)"),
+    (["extrapolate", "--d-model", "1000000"], "parameters needs at least"),
+    (["extrapolate", "--layers", "10000000"], "lower --batch-size, --train-len, --d-model, --layers"),
+    (["extrapolate", "--encodings", "rope", "--randomized-positions", "10000000000"], "needs at least"),
+    (["extrapolate", "--threads", "100000"], "--threads must be at most "),
+    (["extrapolate", "--out", "/dev/null"], "--out: /dev/null exists and is not a folder"),
+    (["extrapolate", "--out", "/proc/posenc-out"], "--out: /proc/posenc-out is not writable"),
+    (["extrapolate", "--corpus", ""], "corpus: give a text file, a folder or a dataset name, got ''"),
+    (["extrapolate", "--corpus", "./missing.txt"], "corpus: missing.txt does not exist"),
+    (["extrapolate", "--corpus", "data/wiki.txt"], "corpus: data/wiki.txt does not exist"),
+    (["lengthgen", "--train-size", "1000000000"], "train_size (--train-size) must be at most 16384"),
+    (["lengthgen", "--eval-instances", "100000000"], "evaluation (100000000 instances"),
+    (["lengthgen", "--tasks", "copy", "--randomized-positions", "10000000000"], "needs at least"),
+    (["lengthgen", "--batch-size", "100000000"], "lower --batch-size, --train-size"),
+    (["lengthgen", "--workers", "100000"], "--workers must be at most "),
+    (["lengthgen", "--threads", "0"], "--threads must be an integer >= 1, got 0"),
+    (["bench", "attention", "--device", "cpu", "--lengths", "0"], "--lengths: every length must be an integer >= 1, got 0"),
+    (["bench", "attention", "--device", "cpu", "--lengths=-5"], "--lengths: every length must be an integer >= 1, got -5"),
+    (["bench", "attention", "--device", "cpu", "--dtype", "int64"], "--dtype must be a torch dtype name, one of float32, bfloat16, float16, float64"),
+    (["bench", "--threads", "100000"], "--threads must be at most "),
+    (["generate", "model.pt", "--prompt", "a", "--temperature", "1e-300"], "--temperature must be a finite number >= 1e-06"),
+    (["generate", "model.pt", "--prompt", "a", "--temperature", "nan"], "--temperature must be a finite number >= 1e-06"),
+    (["generate", "model.pt", "--prompt", "a", "--seed", str(2**64)], "--seed must be an integer in [0, 2**63)"),
+    (["plot", "rope", "--out", "rope.foo"], "--out: rope.foo: unknown figure format '.foo'; matplotlib writes"),
+    (["inspect", "config.json", "--out", "rope.foo"], "--out: rope.foo: unknown figure format '.foo'"),
 ]
 
 
 @pytest.mark.parametrize("args, match", CLI_CASES, ids=[" ".join(a) for a, _ in CLI_CASES])
 def test_cli_bad_arguments(args, match, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    # the memory check compares with the free memory: the same 16 GiB on every machine
+    monkeypatch.setattr("posenc.lab.experiments.limits.available_bytes", lambda device: 16 * 2**30)
     code = main(args)
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("posenc: error:") and err.count("\n") == 1 and match in err, err

@@ -19,8 +19,16 @@ from typing import Annotated, Optional, TypeVar
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
+
 from posenc.errors import InvalidArgument, PosencError
 
 app = typer.Typer(
@@ -66,9 +74,9 @@ LearningRate = Annotated[Optional[float], typer.Option(help="Peak learning rate.
 DModel = Annotated[Optional[int], typer.Option(help="Model width.")]
 Layers = Annotated[Optional[int], typer.Option(help="Number of transformer blocks.")]
 Heads = Annotated[Optional[int], typer.Option(help="Attention heads.")]
-Seeds = Annotated[Optional[str], typer.Option(help="Comma-separated seeds, e.g. 0,1,2.")]
+Seeds = Annotated[Optional[str], typer.Option(help="Comma-separated seeds in [0, 2**63), e.g. 0,1,2.")]
 Device = Annotated[str, typer.Option(help="torch device, e.g. cpu or cuda.")]
-Threads = Annotated[Optional[int], typer.Option(help="CPU threads for torch (default: torch's choice).")]
+Threads = Annotated[Optional[int], typer.Option(help="CPU threads for torch, 1 to 4 x the CPU count (default: torch's choice).")]
 Parallel = Annotated[str, typer.Option(
     help="Under torchrun --nproc-per-node N: 'runs' splits the runs across the N processes; 'data' trains "
     "every run data-parallel on all N (DistributedDataParallel; the global batch, the schedule and the "
@@ -88,16 +96,15 @@ def _start_sweep(device: str, threads: int | None, workers: int | None = None, p
     Returns the device this rank runs on."""
     from posenc._validation import check_device
     from posenc.lab.experiments import distributed
+    from posenc.lab.experiments.limits import check_threads
 
+    check_threads(threads, "--threads")
+    check_threads(workers, "--workers")
     if threads is not None:
-        if threads < 1:
-            raise UsageError(f"--threads must be an integer >= 1, got {threads}")
         import torch
 
         torch.set_num_threads(threads)
     check_device(device, "--device")
-    if workers is not None and workers < 1:
-        raise UsageError(f"--workers must be an integer >= 1, got {workers}")
     if parallel not in distributed.PARALLEL:
         raise UsageError(f"--parallel must be one of {', '.join(distributed.PARALLEL)}, got {parallel!r}")
     device = distributed.init_from_env(device, parallel)  # under torchrun: this rank's share of the work
@@ -111,6 +118,27 @@ def _sweep_config(preset_config: Callable, preset: str, *, encodings: str | None
     split, ``--layers`` / ``--heads`` as the configs' ``num_layers`` / ``num_heads``."""
     return preset_config(preset, encodings=_split_list(encodings, "--encodings"), num_layers=layers, num_heads=heads,
                          seeds=_split_list(seeds, "--seeds", int), **options)
+
+
+def _check_machine(config, out: Path, *, concurrent: int = 1, hint: str) -> None:
+    """Before any corpus is read or any run trained: the largest run (``concurrent`` at once)
+    fits in the free memory, and ``out`` is a folder this process can write with room for
+    the next checkpoint of each run (old and new side by side)."""
+    from posenc.lab.experiments.limits import (
+        check_memory,
+        check_out_folder,
+        checkpoint_bytes,
+    )
+
+    check_memory(config.workloads(), config.device, concurrent, hint)
+    table = config.holds_a_table()
+    models = [w.model for w in config.workloads()] or [config.model]
+    check_out_folder(out, 2 * concurrent * max(checkpoint_bytes(m, table) for m in models))
+
+
+#: The sizes a sweep's memory estimate depends on, named in its refusal.
+EXTRAPOLATE_SIZES = "--batch-size, --train-len, --d-model, --layers, --eval-factors or --randomized-positions"
+LENGTHGEN_SIZES = "--batch-size, --train-size, --d-model, --layers, --eval-instances, --randomized-positions or --workers"
 
 
 Reporter = TypeVar("Reporter", bound="RichReporter")
@@ -283,7 +311,11 @@ def extrapolate(
     """
     from posenc._validation import check_device
     from posenc.lab.data import load_corpus
-    from posenc.lab.experiments.extrapolation import ROW_PROVIDERS, preset_config, run_extrapolation
+    from posenc.lab.experiments.extrapolation import (
+        ROW_PROVIDERS,
+        preset_config,
+        run_extrapolation,
+    )
     from posenc.lab.experiments.frame import Row
     from posenc.lab.plots import plot_extrapolation
 
@@ -300,6 +332,7 @@ def extrapolate(
         finetune_factor=finetune_factor, randomized_positions=randomized_positions, eval_stride=eval_stride,
         autocast="bfloat16" if bf16 else None, compile=compile or None,
     )
+    _check_machine(config, out, hint=EXTRAPOLATE_SIZES)
     data = load_corpus(corpus)
     console.print(f"[bold]corpus[/] {data.describe()}")
     model, train = config.model, config.train
@@ -474,6 +507,7 @@ def lengthgen(
     if workers is None:
         local = device.startswith("cpu") and distributed.current().world_size == 1
         workers = min(len(os.sched_getaffinity(0)), runs) if local else 1
+    _check_machine(config, out, concurrent=min(workers, runs), hint=LENGTHGEN_SIZES)
     console.print(
         f"[bold]runs[/] {', '.join(config.tasks)} x {', '.join(config.rows)} x seeds {list(config.seeds)} "
         f"({runs} runs, {workers} at a time); "
@@ -545,7 +579,8 @@ def rope_inspection_table(report, title: str) -> Table:
 @app.command()
 def inspect(
     config: Path = typer.Argument(..., help="A model's config.json (Hugging Face format).", show_default=False),
-    out: Optional[Path] = typer.Option(None, help="PNG of the wavelengths (default: <config stem>.rope.png in the current folder)."),
+    out: Optional[Path] = typer.Option(None, help="Figure of the wavelengths, png, pdf, svg, ... (default: <config stem>.rope.png "
+                                       "in the current folder; a folder: that name in it)."),
     original_context: Optional[int] = typer.Option(None, help="L0, the pre-training context (default: from the config)."),
     extended_context: Optional[int] = typer.Option(None, help="The extended context (default: max(max_position_embeddings, L0 x factor))."),
     layer_type: Optional[str] = typer.Option(None, help="For a per-layer-type rope_parameters dict: which layer type."),
@@ -554,12 +589,13 @@ def inspect(
     the original and the extended context, which pairs turn fully within the training context
     (YaRN's critical dimension), the attention factor, a PNG of it, and the per-layer plan
     (position_plan: each layer's encoding and span, layers grouped)."""
-    from posenc.lab.plots import plot_rope_inspection
+    from posenc.lab.plots import figure_path, plot_rope_inspection
     from posenc.rope import inspect_config
 
     for value, name in ((original_context, "--original-context"), (extended_context, "--extended-context")):
         if value is not None and value < 1:
             raise UsageError(f"{name} must be a positive integer, got {value}")
+    figure_out = figure_path(out if out is not None else Path("."), f"{config.stem}.rope.png", "--out")
     report = inspect_config(
         _read_config_json(config), layer_type=layer_type,
         original_context=original_context, extended_context=extended_context,
@@ -575,7 +611,7 @@ def inspect(
         f"extended L = {report.extended_context}"
     )
     _print_position_plan(_read_config_json(config))
-    figure = plot_rope_inspection(report, out if out is not None else Path(f"{config.stem}.rope.png"))
+    figure = plot_rope_inspection(report, figure_out)
     console.print(f"wrote {figure}")
 
 
@@ -645,12 +681,14 @@ def audit(
 @app.command()
 def plot(
     name: str = typer.Argument(..., help="A registered encoding (see `posenc list`)."),
-    out: Optional[Path] = typer.Option(None, help="The PNG to write (default: NAME.png)."),
+    out: Optional[Path] = typer.Option(None, help="The figure to write, its format from the extension: png, pdf, svg, ... "
+                                       "(default: NAME.png; a folder: NAME.png in it)."),
 ) -> None:
     """Draw what an encoding does: its position table, rotary decay, bias or relative vectors."""
-    from posenc.lab.plots import plot_encoding
+    from posenc.lab.plots import figure_path, plot_encoding
 
-    path = plot_encoding(name, out if out is not None else Path(f"{name}.png"))  # unknown name: ValueError
+    figure = figure_path(out if out is not None else Path("."), f"{name}.png", "--out")
+    path = plot_encoding(name, figure)  # unknown name: ValueError
     console.print(f"wrote {path}")
 
 
@@ -658,16 +696,17 @@ def plot(
 def bench(
     what: str = typer.Argument("all", help="rope, attention, throughput or all."),
     quick: bool = typer.Option(False, help="Small sizes, seconds instead of minutes (a smoke run)."),
-    threads: int = typer.Option(1, help="torch threads for every side of the comparison."),
+    threads: int = typer.Option(1, help="torch threads for every side of the comparison (1 to 4 x the CPU count)."),
     device: Optional[str] = typer.Option(
         None, help="Measure on this device in one process (e.g. cuda): RoPE apply against its peers at Liger's "
         "shape, attention per encoding against bias-free SDPA and FlashAttention-2's ALiBi, training throughput; "
         "forward and forward+backward time and peak memory, bf16 on CUDA; tables written to --out. "
         "Default: the CPU benchmarks (a fresh process per attention row).",
     ),
-    lengths: Optional[str] = typer.Option(None, help="With --device: attention lengths, e.g. 2048,8192,32768."),
+    lengths: Optional[str] = typer.Option(None, help="With --device: attention lengths (each >= 1), e.g. 2048,8192,32768."),
     backends: str = typer.Option("flex,auto", help="With --device: posenc backends per encoding."),
-    dtype: Optional[str] = typer.Option(None, help="With --device: attention dtype (default bfloat16 on CUDA, float32 elsewhere)."),
+    dtype: Optional[str] = typer.Option(None, help="With --device: attention dtype, float32, bfloat16, float16 or float64 "
+                                        "(default bfloat16 on CUDA, float32 elsewhere)."),
     compile: bool = typer.Option(False, help="With --device: torch.compile each model of the throughput benchmark."),
     out: Path = typer.Option(Path("results/bench"), help="With --device: folder for the tables (JSON, CSV, Markdown)."),
 ) -> None:
@@ -678,8 +717,9 @@ def bench(
     choices = ("rope", "attention", "throughput", "all")
     if what not in choices:
         raise UsageError(f"what must be one of {', '.join(choices)}, got {what!r}")
-    if threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {threads}")
+    from posenc.lab.experiments.limits import check_threads
+
+    check_threads(threads, "--threads")
     if device is None:
         for table in run_suite(what, Settings(quick=quick, threads=threads)):
             table.print()
@@ -696,6 +736,10 @@ def bench(
     console.print("wrote " + ", ".join(str(p) for p in written))
 
 
+#: ``posenc bench --dtype``: the floating-point dtypes attention runs in.
+BENCH_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
 def _bench_device_settings(device: str, *, quick: bool, threads: int, compile: bool, lengths: tuple | None,
                            backends: tuple, dtype: str | None):
     """The suite's settings for ``posenc bench --device DEVICE`` (measured in this process,
@@ -705,15 +749,22 @@ def _bench_device_settings(device: str, *, quick: bool, threads: int, compile: b
     from posenc.attention import BACKENDS
     from posenc.lab.bench import Settings
 
+    if lengths is not None and any(n < 1 for n in lengths):
+        raise UsageError(f"--lengths: every length must be an integer >= 1, got {','.join(map(str, lengths))}")
+    if dtype is not None and dtype not in BENCH_DTYPES:
+        raise UsageError(f"--dtype must be a torch dtype name, one of {', '.join(BENCH_DTYPES)}, got {dtype!r}")
     torch.set_num_threads(threads)
     settings = Settings(device=device, quick=quick, threads=threads, compile=compile, lengths=lengths,
                         backends=backends, dtype=dtype)
-    if not isinstance(getattr(torch, settings.attention_dtype, None), torch.dtype):
-        raise UsageError(f"--dtype must be a torch dtype name such as bfloat16, float16 or float32, got {dtype!r}")
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         raise UsageError(f"--backends: unknown {unknown}; choose from {list(BACKENDS)}")
     return settings
+
+
+#: The smallest ``generate --temperature``: logits / 1e-6 stay finite in float32 for logits
+#: up to 10^32, and sampling that cold is greedy decoding already.
+MIN_TEMPERATURE = 1e-6
 
 
 @app.command()
@@ -721,9 +772,9 @@ def generate(
     checkpoint: Path = typer.Argument(..., help="A model or training checkpoint, e.g. OUT/checkpoints/rope-seed0.pt from `posenc extrapolate`."),
     prompt: str = typer.Option(..., help="The text to continue (encoded as UTF-8 bytes)."),
     max_new_tokens: int = typer.Option(200, help="How many bytes to generate (>= 1)."),
-    temperature: Optional[float] = typer.Option(None, help="Sample at this temperature (> 0); default greedy."),
+    temperature: Optional[float] = typer.Option(None, help="Sample at this temperature (>= 1e-6); default greedy."),
     top_k: Optional[int] = typer.Option(None, help="Sample from the K most likely bytes (>= 1); default greedy."),
-    seed: int = typer.Option(0, help="Seed of the sampling generator (same seed, same text)."),
+    seed: int = typer.Option(0, help="Seed of the sampling generator, in [0, 2**63) (same seed, same text)."),
 ) -> None:
     """Continue a prompt with a trained checkpoint: greedy, or sampling with --temperature / --top-k.
 
@@ -732,10 +783,15 @@ def generate(
     import torch
 
     from posenc.lab.data import decode_bytes, encode_text
+    from posenc.lab.experiments.limits import check_seed
     from posenc.lab.model import TransformerLM
 
     if not prompt:
         raise UsageError("--prompt: give at least one character to continue")
+    if temperature is not None and not MIN_TEMPERATURE <= temperature < math.inf:
+        raise UsageError(f"--temperature must be a finite number >= {MIN_TEMPERATURE:g} (below it the logits / "
+                         f"temperature overflow; for greedy decoding give no --temperature), got {temperature!r}")
+    check_seed(seed, "--seed")
     model = TransformerLM.from_checkpoint(checkpoint)  # missing: FileNotFoundError; unreadable: ValueError
     tokens = encode_text(prompt).unsqueeze(0)
     generator = torch.Generator().manual_seed(seed)
@@ -764,7 +820,10 @@ def main(argv: list[str] | None = None) -> int:
         print("posenc: interrupted", file=sys.stderr)
         return 130
     except typer.TyperException as err:  # the parser's usage errors
-        print(f"posenc: error: {err.format_message()}", file=sys.stderr)
+        message = err.format_message()
+        if message:
+            print(f"posenc: error: {message}", file=sys.stderr)
+        # else `posenc` alone: the help is printed, and no empty error line after it
         return 2
     except Exception as err:
         if os.environ.get("POSENC_DEBUG"):

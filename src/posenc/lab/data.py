@@ -61,14 +61,37 @@ def is_validation(relative_path: str, val_fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
 
 
+#: Bytes of a file read to tell text from binary (its head: a folder of large binary files is
+#: sorted out without reading them whole).
+TEXT_SAMPLE = 8192
+
+#: C0 control bytes that plain text does not hold (tab, newlines, form feed and escape do
+#: occur in text); in random binary data about one byte in ten is one of these.
+_CONTROL_BYTES = bytes(b for b in range(32) if b not in b"\t\n\v\f\r\x1b") + b"\x7f"
+
+
 def _looks_like_text(data: bytes) -> bool:
-    if not data or b"\x00" in data[:8192]:
+    """Whether ``data`` (a file's head, or all of it) is text: not empty, no NUL byte, and UTF-8
+    or, in an 8-bit encoding (latin-1, cp1252: the model reads bytes), under 1% control bytes."""
+    sample = data[:TEXT_SAMPLE]
+    if not sample or b"\x00" in sample:
         return False
     try:
-        data[:8192].decode("utf-8")
+        sample.decode("utf-8")
+        return True
     except UnicodeDecodeError as err:
-        return err.start > 8180  # a multi-byte character cut at the sample's end
-    return True
+        if err.start > len(sample) - 4:  # a multi-byte character cut at the sample's end
+            return True
+    controls = len(sample) - len(sample.translate(None, _CONTROL_BYTES))
+    return controls < 0.01 * len(sample)
+
+
+def _read_head(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(TEXT_SAMPLE)
+    except OSError as err:
+        raise CorpusError(f"corpus: {path} cannot be read ({err.strerror or type(err).__name__})") from err
 
 
 def _stdlib_files() -> tuple[Path, list[Path]]:
@@ -84,9 +107,9 @@ def _split_files(name: str, root: Path, files: list[Path], val_fraction: float) 
     parts: dict[bool, list[bytes]] = {False: [], True: []}
     counts = {False: 0, True: 0}
     for path in files:
-        data = _read(path)
-        if not _looks_like_text(data):
+        if not _looks_like_text(_read_head(path)):  # binary: skipped unread
             continue
+        data = _read(path)
         val = is_validation(path.relative_to(root).as_posix(), val_fraction)
         parts[val].append(data)
         counts[val] += 1
@@ -134,15 +157,17 @@ def load_corpus(path: str | Path | None = None, *, val_fraction: float = 0.1) ->
         path: None for the embedded default (the Python standard library's ``.py`` files,
             test folders and site-packages excluded), a text file (split by bytes: the last
             ``val_fraction`` is validation), a folder of text files (split by file; binary
-            files skipped), a folder written by Hugging Face ``datasets``' ``save_to_disk``,
-            or, when no such path exists, a Hugging Face dataset name ``NAME[:CONFIG]``
-            (:func:`load_dataset_corpus`).
+            files skipped, told by their first 8 KiB: no NUL byte, UTF-8 or under 1% control
+            bytes, so latin-1 text is text), a folder written by Hugging Face ``datasets``'
+            ``save_to_disk``, or, when no such path exists and the name does not look like a
+            path (:func:`looks_like_path`), a Hugging Face dataset name ``NAME[:CONFIG]``
+            (:func:`load_dataset_corpus`). ``~`` is expanded.
         val_fraction: share of files (or bytes) for validation, in (0, 1); for a dataset
             without a validation or test split, the last share of its bytes.
 
     Raises:
-        CorpusError (a ValueError): the path does not exist (and is not a dataset name), cannot
-            be read, or holds no text; a dataset that cannot be loaded (``datasets`` not
+        CorpusError (a ValueError): the path is empty, does not exist (and is not a dataset
+            name), cannot be read, or holds no text; a dataset that cannot be loaded (``datasets`` not
             installed, not found, no text column).
         ValueError: val_fraction not in (0, 1). TypeError: path not a str or path.
     """
@@ -154,9 +179,12 @@ def load_corpus(path: str | Path | None = None, *, val_fraction: float = 0.1) ->
         root, files = _stdlib_files()
         # Named by the Python version, not the install path: results and figures travel between machines.
         return _split_files(f"python-stdlib-{sys.version_info.major}.{sys.version_info.minor}", root, files, val_fraction)
-    name, path = str(path), Path(path)
+    name = str(path)
+    if not name.strip():
+        raise CorpusError(f"corpus: give a text file, a folder or a dataset name, got {name!r}")
+    path = Path(path).expanduser()
     if not path.exists():
-        if _DATASET_NAME.fullmatch(name):
+        if _DATASET_NAME.fullmatch(name) and not looks_like_path(name):
             try:
                 return load_dataset_corpus(name, val_fraction=val_fraction)
             except CorpusError as err:  # a mistyped file name looks like a dataset name too
@@ -166,9 +194,9 @@ def load_corpus(path: str | Path | None = None, *, val_fraction: float = 0.1) ->
     if path.is_dir() and _saved_dataset(path):
         return load_dataset_corpus(path, val_fraction=val_fraction)
     if path.is_file():
-        data = _read(path)
-        if not _looks_like_text(data):
+        if not _looks_like_text(_read_head(path)):
             raise CorpusError(f"corpus: {path} holds no text (empty or binary)")
+        data = _read(path)
         return _split_bytes(_corpus_name(path), data, val_fraction)
     files = sorted(p for p in path.rglob("*") if p.is_file())
     return _split_files(_corpus_name(path), path, files, val_fraction)
@@ -176,6 +204,22 @@ def load_corpus(path: str | Path | None = None, *, val_fraction: float = 0.1) ->
 
 #: A Hugging Face dataset name, ``NAME`` or ``OWNER/NAME``, with an optional ``:CONFIG``.
 _DATASET_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w.-]+)?")
+#: Extensions of files, never of a Hugging Face dataset's name: a missing ``corpus.txt`` is a
+#: mistyped file, looked up on the Hub by no one.
+_FILE_SUFFIXES = frozenset({".txt", ".text", ".md", ".rst", ".json", ".jsonl", ".csv", ".tsv", ".py", ".c", ".h",
+                            ".html", ".xml", ".log", ".gz", ".bz2", ".xz", ".zip", ".tar", ".parquet", ".arrow"})
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether a corpus name that names no existing file is still meant as a path (and so is
+    reported missing at once, without asking the Hugging Face Hub): it starts with ``.``,
+    ``~`` or ``/``, holds a backslash or two ``/``, ends in a file extension, or its first
+    part is an existing folder (``data/wiki.txt`` where ``data/`` exists)."""
+    first = name.split("/", 1)[0]
+    return (name.startswith((".", "~", "/")) or "\\" in name or name.count("/") > 1
+            or Path(name).suffix.lower() in _FILE_SUFFIXES or ("/" in name and Path(first).is_dir()))
+
+
 #: Preferred validation splits, in order.
 _VALIDATION_SPLITS = ("validation", "valid", "val", "test")
 

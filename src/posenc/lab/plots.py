@@ -42,6 +42,7 @@ from torch import Tensor
 
 from posenc.encodings import create_for_model
 from posenc.encodings.base import Hook, PositionalEncoding
+from posenc.errors import InvalidArgument
 from posenc.lab.experiments.frame import Row
 
 if TYPE_CHECKING:
@@ -333,12 +334,41 @@ def _no_signal_panel(max_distance: int):
     return [draw]
 
 
+def supported_formats() -> list[str]:
+    """The file extensions matplotlib writes figures in (png, pdf, svg, ...), sorted."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(FigureCanvasBase.get_supported_filetypes())
+
+
+def figure_path(out: str | Path, default_name: str, argname: str = "out") -> Path:
+    """Where a figure asked for at ``out`` is written: ``out / default_name`` when ``out``
+    is an existing folder, ``out`` with ``.png`` added when it has no extension (what
+    matplotlib writes), else ``out`` itself.
+
+    Raises:
+        InvalidArgument: the extension is not one matplotlib writes; the message names
+            ``argname`` and lists the supported ones.
+    """
+    out = Path(out)
+    if out.is_dir():
+        out = out / default_name
+    if not out.suffix:
+        out = out.with_name(out.name + ".png")
+    formats = supported_formats()
+    if out.suffix[1:].lower() not in formats:
+        raise InvalidArgument(f"{argname}: {out.name}: unknown figure format {out.suffix!r}; matplotlib writes "
+                              f"{', '.join(formats)}")
+    return out
+
+
 def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
     """Draw what the encoding ``name`` does and save it as a PNG at ``out``.
 
     Args:
         name: a registered encoding (``posenc.available()``).
-        out: the PNG path; parent folders are created.
+        out: the figure's path, its format from the extension (PNG without one); an existing
+            folder: ``<name>.png`` in it (:func:`figure_path`); parent folders are created.
         encoding_kwargs: the model sizes ``d_model``, ``num_heads``, ``head_dim``,
             ``max_positions`` (defaults :data:`FIGURE_SIZES`), ``max_distance`` (the distance
             axis, default 1024 for rotations, 128 otherwise) and the encoding's own options
@@ -348,8 +378,10 @@ def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
         The path written.
 
     Raises:
-        ValueError: an unknown name (listing the available ones) or a bad option.
+        ValueError: an unknown name (listing the available ones), a bad option, or an
+            extension matplotlib does not write (listing those it does).
     """
+    out = figure_path(out, f"{name}.png")
     sizes = {key: encoding_kwargs.pop(key, default) for key, default in FIGURE_SIZES.items()}
     max_distance = encoding_kwargs.pop("max_distance", None)
     torch.manual_seed(0)  # learned tables are drawn at their (seeded) initialisation
@@ -382,7 +414,6 @@ def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
     trained = "\nlearned parameters shown at their initialisation" if any(True for _ in enc.parameters()) else ""
     fig.suptitle(f"{name} ({type(enc).__name__}; hook: {hooks}){trained}", fontsize=11)
     fig.tight_layout()
-    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -539,8 +570,13 @@ def plot_rope_inspection(report: RopeInspection, out_png: str | Path, *, title: 
     """Draw wavelength per pair (log scale), original and scaled, against both contexts.
 
     ``report`` comes from :func:`posenc.rope.inspect_config`. Writes a PNG (matplotlib, Agg
-    backend, imported here) and returns its path.
+    backend, imported here) and returns its path: ``out_png`` as :func:`figure_path` reads
+    it (an existing folder gets ``rope.png``).
+
+    Raises:
+        InvalidArgument: an extension matplotlib does not write.
     """
+    out = figure_path(out_png, "rope.png")
     plt = _pyplot()
 
     pairs = torch.arange(report.rotary_dim // 2).numpy()
@@ -563,7 +599,6 @@ def plot_rope_inspection(report: RopeInspection, out_png: str | Path, *, title: 
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, which="major", alpha=0.3)
     fig.tight_layout()
-    out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     plt.close(fig)

@@ -20,10 +20,14 @@ from posenc.encodings import REGISTRY, create_for_model, encoding_class
 from posenc.encodings.base import PositionalEncoding
 from posenc.errors import InvalidArgument, InvalidType
 from posenc.hf_config.plan import PositionPlan
+from posenc.lab.experiments.limits import Workload, holds_a_table
 from posenc.lab.experiments.frame import CORE_ENCODINGS, MODEL_TRAIN_OPTIONS, RANDOMIZED_SUFFIX, Row, RunConfig, default_window
 from posenc.lab.model import LMConfig
 from posenc.lab.train import TrainConfig
 from posenc.rope import EXTENSION_METHODS
+
+#: Tokens a forward pass of the evaluation reads (posenc.lab.evaluate.evaluate_length's default).
+EVAL_TOKENS_PER_BATCH = 16384
 
 __all__ = [
     "CORE_ENCODINGS", "FULL_RANDOMIZED", "OPTIONS", "PRESETS", "RANDOMIZED_SUFFIX", "ExtrapolationConfig",
@@ -264,14 +268,32 @@ class ExtrapolationConfig(RunConfig):
         randomized positions."""
         return self.row_training(row, self.train_config(seed))
 
+    def workloads(self) -> list[Workload]:
+        """One run's largest moments: training (batch x L), the fine-tune (batch / f x f L)
+        when asked, randomized positions (a sort of N random keys per sequence), and the
+        evaluation at the longest length (``EVAL_TOKENS_PER_BATCH`` tokens a forward pass)."""
+        table, train = self.holds_a_table(), self.train
+        longest = max(self.eval_lengths)
+        positions = train.batch_size * self.randomized_positions * 12 if self.randomized_positions else 0
+        works = [Workload(f"training (batch {train.batch_size} x {self.train_len} tokens)", self.model,
+                          train.batch_size, self.train_len, True, table, extra_bytes=positions),
+                 Workload(f"evaluation at {longest} tokens", self.model, max(1, EVAL_TOKENS_PER_BATCH // longest),
+                          longest, False, table)]
+        if self.finetune_steps:
+            batch, length = max(1, train.batch_size // self.finetune_factor), self.finetune_factor * self.train_len
+            works.append(Workload(f"fine-tuning (batch {batch} x {length} tokens)", self.model, batch, length, True, table))
+        return works
+
     def derived_fields(self) -> dict:
         """``train_len`` and ``eval_lengths``, after the fields in results.json."""
         return {"train_len": self.train_len, "eval_lengths": self.eval_lengths}
 
 
 def _holds_a_table(name: str, model: LMConfig) -> bool:
-    """Whether the encoding, built for ``model``, represents a bounded number of positions."""
-    return create_for_model(name, **model.encoding_sizes()).max_positions is not None
+    """Whether the encoding, built for ``model``, represents a bounded number of positions:
+    read from its class (building it would allocate a table of ``max_positions`` rows while
+    the config is still being checked)."""
+    return holds_a_table((name,))
 
 
 def text_encodings() -> list[str]:

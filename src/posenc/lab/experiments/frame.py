@@ -41,6 +41,7 @@ from posenc.encodings import create_for_model, encoding_class
 from posenc.encodings.base import Hook
 from posenc.errors import InvalidArgument, InvalidType
 from posenc.hf_config.plan import LayerPlan, PositionPlan
+from posenc.lab.experiments.limits import SEED_LIMIT, Workload, holds_a_table
 from posenc.lab.experiments.lm import fold_flat_options
 from posenc.lab.model import LMConfig
 from posenc.lab.train import TrainConfig
@@ -385,8 +386,9 @@ class RunConfig:
         if not isinstance(self.train, TrainConfig):
             raise InvalidType(f"train must be a posenc.lab.train.TrainConfig, got {type(self.train).__name__}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) \
-                or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
-            raise InvalidArgument(f"seeds: give one or more distinct integers >= 0, got {self.seeds}")
+                or any(not isinstance(s, int) or isinstance(s, bool) or not 0 <= s < SEED_LIMIT for s in self.seeds):
+            raise InvalidArgument(f"seeds: give one or more distinct integers in [0, 2**63) (torch's seed range), "
+                                  f"got {self.seeds}")
         check_device(self.device)
 
     def _check_experiment(self) -> None:
@@ -442,6 +444,18 @@ class RunConfig:
         length ``train_len`` (``options(name)``: the options each encoding is built with)."""
         plan = Row.parse(encoding, randomized_rows=False).plan
         return encoding if plan is None else plan.build(model.encoding_sizes(), train_len, options)
+
+    # --- what a run needs of the machine ---------------------------------------------------
+
+    def workloads(self) -> list[Workload]:
+        """The largest moments of one run (training, evaluation), for
+        :func:`~posenc.lab.experiments.limits.check_memory`; a subclass lists its own."""
+        return []
+
+    def holds_a_table(self) -> bool:
+        """Whether some row's model keeps a learned table of ``max_positions`` rows (a plan
+        holds none: encodings of the embeddings are refused there)."""
+        return holds_a_table(row.encoding for row in map(Row.parse, self.rows) if row.plan is None)
 
     # --- results.json ----------------------------------------------------------------------
 

@@ -60,6 +60,7 @@ from posenc.lab.experiments.frame import (
     MODEL_TRAIN_OPTIONS, Row, RunConfig, cells_over_seeds, check_names, evals_by_seed, merged_not_applicable, spread,
     write_csv as write_csv_rows,
 )
+from posenc.lab.experiments.limits import Workload
 from posenc.lab.experiments.lm import train_run
 from posenc.lab.experiments.runs import Reporter, RunStore
 from posenc.lab.experiments.task_positions import (
@@ -72,6 +73,15 @@ from posenc.lab.train import IGNORE_INDEX, BatchSource, TrainConfig
 
 #: The tasks of the default run.
 DEFAULT_TASKS = ("copy", "reverse", "addition", "flipflop", "passkey")
+
+#: The largest N (``train_size``, ``--train-size``): an instance of every task at 4N builds in
+#: milliseconds, and a model past it would not train on this machine anyway (the memory check
+#: says so). Checked before any instance is built: at N = 10^9 building one grew memory
+#: without bound.
+MAX_TRAIN_SIZE = 16384
+
+#: The largest evaluation size, as a multiple of :data:`MAX_TRAIN_SIZE`.
+MAX_EVAL_FACTOR = 4
 
 #: Evaluation sizes as multiples of the training size N.
 EVAL_FACTORS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
@@ -186,6 +196,8 @@ class LengthgenConfig(RunConfig):
             get_task(name)  # unknown names raise, listing the tasks
         if self.train_size is not None:
             check_positive_int(self.train_size, "train_size")
+            if self.train_size > MAX_TRAIN_SIZE:  # before any instance is built: one of 10^9 grows without bound
+                raise InvalidArgument(f"train_size (--train-size) must be at most {MAX_TRAIN_SIZE}, got {self.train_size}")
             for name in self.tasks:
                 if self.train_size < get_task(name).min_size:
                     raise InvalidArgument(f"train_size={self.train_size} is below the smallest {name} instance ({get_task(name).min_size})")
@@ -195,6 +207,10 @@ class LengthgenConfig(RunConfig):
             isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0 for f in self.eval_factors
         ):
             raise InvalidArgument(f"eval_factors: give one or more numbers > 0 (multiples of N), got {self.eval_factors}")
+        for name in self.tasks:
+            if max(self.eval_sizes(name)) > MAX_EVAL_FACTOR * MAX_TRAIN_SIZE:
+                raise InvalidArgument(f"eval_factors: {name}'s largest evaluation size {max(self.eval_sizes(name))} is past "
+                                      f"{MAX_EVAL_FACTOR * MAX_TRAIN_SIZE} ({MAX_EVAL_FACTOR} x the largest train_size)")
         check_positive_int(self.eval_instances, "eval_instances")
         for name in self.encodings:
             row = Row.parse(name)
@@ -292,6 +308,23 @@ class LengthgenConfig(RunConfig):
         return self.row_training(row, dataclasses.replace(
             self.train, steps=self.task_steps(task), seq_len=self.train_sequence_length(task), seed=seed,
         ))
+
+    def workloads(self) -> list[Workload]:
+        """Per task, one run's largest moments: training (batch x the longest training
+        sequence; with randomized positions, a sort of M random keys per sequence) and the
+        evaluation at the largest size (``eval_instances`` decoded at once with the KV cache,
+        the instances' prompts held as Python lists)."""
+        table, batch, works = self.holds_a_table(), self.train.batch_size, []
+        positions = batch * self.randomized_positions * 12 if self.randomized_positions else 0
+        for task in self.tasks:
+            model, length = self.model_config(task), self.train_sequence_length(task)
+            longest = get_task(task).sequence_length(max(self.eval_sizes(task)))
+            works.append(Workload(f"{task} training (batch {batch} x {length} tokens)", model, batch, length, True, table,
+                                  extra_bytes=positions))
+            works.append(Workload(f"{task} evaluation ({self.eval_instances} instances x {longest} tokens)", model,
+                                  self.eval_instances, longest, False, table, kv_cache=True,
+                                  extra_bytes=8 * self.eval_instances * longest))
+        return works
 
     def derived_fields(self) -> dict:
         """Per task its N, steps and evaluation sizes (``task_settings``), after the fields in results.json."""

@@ -22,6 +22,7 @@ either no record or a whole one (and a checkpoint to resume training from).
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import multiprocessing
 import os
@@ -35,7 +36,9 @@ from typing import Any
 
 import torch
 
-from posenc.lab.checkpoint import CheckpointMismatch, atomic_write_json, read_json, remove_stale_temporaries
+from posenc.lab.checkpoint import (
+    CheckpointMismatch, atomic_write_bytes, read_json, remove_stale_temporaries,
+)
 from posenc.lab.experiments import distributed
 from posenc.errors import InvalidArgument, PosencError
 
@@ -132,6 +135,17 @@ def _has_non_finite(value: Any) -> bool:
     return False
 
 
+def _finite_or_null(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (JSON null)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value
+
+
 class RunStore:
     """The records and checkpoints of one experiment's output folder ``out``.
 
@@ -180,15 +194,27 @@ class RunStore:
         return record
 
     def write(self, row: str, seed: int, record: dict) -> None:
-        """Store ``record`` (which must hold its ``fingerprint``) for (row, seed), atomically."""
+        """Store ``record`` (which must hold its ``fingerprint``) for (row, seed), atomically, as
+        strict JSON.
+
+        Raises:
+            InvalidArgument: no fingerprint, or a NaN or infinity in it (a diverged run: a
+                record holding one is refused as corrupt when read, so none is stored).
+        """
         if "fingerprint" not in record:
             raise InvalidArgument(f"record of {row}-seed{seed}: a stored record must hold its fingerprint")
-        atomic_write_json(self.record_path(row, seed), record)
+        if _has_non_finite(record):  # it would be refused as corrupt when read: never stored
+            raise InvalidArgument(f"{row} seed {seed}: the run's results hold a non-finite number (NaN or inf: the run "
+                                  "diverged); nothing of it is stored, lower the learning rate (--lr)")
+        atomic_write_bytes(self.record_path(row, seed), json.dumps(record, indent=2, allow_nan=False).encode("utf-8"))
 
     def write_json(self, name: str, obj: Any) -> Path:
-        """Write ``obj`` as ``out/name`` atomically (the experiment's merged results); returns the path."""
+        """Write ``obj`` as ``out/name`` atomically (the experiment's merged results), strict
+        JSON: a NaN or infinity (a mean over no finite value) is written as null, never as
+        the bare ``NaN`` token other parsers refuse. Returns the path."""
         path = self.out / name
-        atomic_write_json(path, obj)
+        text = json.dumps(_finite_or_null(obj), indent=2, allow_nan=False)
+        atomic_write_bytes(path, text.encode("utf-8"))
         return path
 
     def run(
