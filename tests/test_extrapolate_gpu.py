@@ -17,7 +17,7 @@ from posenc.lab.cli import main
 from posenc.lab.data import CorpusError, load_corpus
 from posenc.lab.evaluate import evaluate_length, sliding_windows
 from posenc.lab.experiments.extrapolation import ExtrapolationConfig, fingerprint, preset_config
-from posenc.lab.experiments.extrapolation_config import train_flops
+from posenc.lab.experiments.extrapolation_config import paper_hours, train_flops
 from posenc.lab.model import LMConfig, TransformerLM
 from posenc.lab.train import TrainConfig
 
@@ -216,3 +216,31 @@ def test_compiled_training_and_evaluation_on_the_cpu(tmp_path, corpus_file):
         assert record["fingerprint"]["train"].get("compile", False) == (flag == "--compile")
         losses[flag] = [cell["loss"] for cell in record["eval"].values()]
     assert losses["--compile"] == pytest.approx(losses["--no-compile"], rel=1e-3)
+
+
+# -- the paper preset ----------------------------------------------------------------------------
+
+def test_paper_preset_is_press_et_al_table_2():
+    """16 layers, d 1024, 8 heads, FFN 4096 (Baevski & Auli's model, Press et al. 2022 section
+    4), trained at L = 512, the rows of Table 2, evaluated at its lengths' ratios to L."""
+    config = preset_config("paper")
+    assert (config.model.d_model, config.model.num_layers, config.model.num_heads, config.model.mlp_ratio) == (1024, 16, 8, 4)
+    assert config.train_len == 512 and config.encodings == ("sinusoidal", "rope", "t5", "alibi")
+    paper = (512, 1012, 1512, 2512, 3512, 15512)  # Table 2's evaluation lengths
+    assert [round(length / 512) for length in paper] == list(config.eval_factors)
+
+
+def test_paper_preset_hours_follow_the_flops():
+    config = preset_config("paper")
+    parameters = 200_000_000
+    tokens = config.train.steps * config.train.batch_size * 512
+    by_hand = 4 * (6 * parameters + 6 * 16 * 512 * 1024) * tokens / (0.15 * 989e12) / 3600
+    assert paper_hours(config, parameters, 1) == pytest.approx(by_hand)
+    assert paper_hours(config, parameters, 8) == pytest.approx(by_hand / 8)
+
+
+def test_paper_preset_is_refused_on_a_cpu_with_its_estimate(tmp_path, capsys):
+    assert main(["extrapolate", "--preset", "paper", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "days on a CPU" in err and "h on one H100" in err and "--device cuda" in err
+    assert not (tmp_path / "out" / "runs").exists()  # refused before anything was written

@@ -266,7 +266,8 @@ def results_table(summary: dict, key: str = "bits_per_byte", title: str | None =
 def extrapolate(
     encodings: Encodings = None,
     preset: str = typer.Option("default", help="quick | default | full (every registered encoding) | gpu (L=512, "
-                               "25.5M parameters, eval to 16L with sliding windows; ~10 min per encoding on one H100)."),
+                               "25.5M parameters, eval to 16L with sliding windows; ~10 min per encoding on one H100) | paper (Press et al.'s "
+                               "Table 2 model and rows, 201M parameters; GPUs only: ~15 h on one H100, ~2 h on 8 at 15% MFU)."),
     corpus: Optional[str] = typer.Option(
         None, help="A text file, a folder of text files, a folder saved by Hugging Face datasets' save_to_disk, or a "
         "Hugging Face dataset name NAME[:CONFIG], e.g. Salesforce/wikitext:wikitext-103-raw-v1 (pip install "
@@ -316,7 +317,9 @@ def extrapolate(
         preset_config,
         run_extrapolation,
     )
+    from posenc.lab.experiments.extrapolation_config import check_gpu_preset
     from posenc.lab.experiments.frame import Row
+    from posenc.lab.experiments.limits import parameter_floor
     from posenc.lab.plots import plot_extrapolation
 
     device = _start_sweep(device, threads, parallel=parallel)
@@ -332,6 +335,7 @@ def extrapolate(
         finetune_factor=finetune_factor, randomized_positions=randomized_positions, eval_stride=eval_stride,
         autocast="bfloat16" if bf16 else None, compile=compile or None,
     )
+    check_gpu_preset(preset, config, parameter_floor(config.model, table=False))
     _check_machine(config, out, hint=EXTRAPOLATE_SIZES)
     data = load_corpus(corpus)
     console.print(f"[bold]corpus[/] {data.describe()}")

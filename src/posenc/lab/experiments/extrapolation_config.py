@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
+
 from posenc._validation import check_positive_int
 from posenc.encodings import REGISTRY, create_for_model, encoding_class
 from posenc.encodings.base import PositionalEncoding
@@ -31,7 +33,7 @@ EVAL_TOKENS_PER_BATCH = 16384
 
 __all__ = [
     "CORE_ENCODINGS", "FULL_RANDOMIZED", "OPTIONS", "PRESETS", "RANDOMIZED_SUFFIX", "ExtrapolationConfig",
-    "preset_config", "text_encodings", "train_flops",
+    "preset_config", "text_encodings", "train_flops", "paper_hours", "check_gpu_preset", "GPU_PRESETS",
 ]
 
 #: Flat option -> (composed config, its field): the options of every experiment, plus
@@ -53,14 +55,32 @@ OPTIONS: dict[str, tuple[str, str]] = {
 #: Cohere2's ``rope@sliding/nope:4``) and the randomized rows of :data:`FULL_RANDOMIZED`; "gpu" is the
 #: papers' setting on one GPU (L = 512, 25.5M parameters, evaluation to 16L, non-overlapping
 #: and sliding windows of stride L; about 10 minutes per encoding on one H100, see
-#: :func:`train_flops` and docs/results.md), run with ``--device cuda``.
+#: :func:`train_flops` and docs/results.md), run with ``--device cuda``; "paper" is Press et
+#: al. (2022)'s Table 2 model (16 layers, d_model 1024, 8 heads, FFN 4096; byte-level here, so
+#: 201M parameters against the paper's 247M with adaptive word inputs, and L = 512 bytes against
+#: the paper's 512 words, about 5x less text per window) and its rows, evaluated at the table's
+#: ratios of L (1012, 1512, 2512, 3512, 15512 over 512: about 2, 3, 5, 7 and 30), for one or
+#: several GPUs (:func:`paper_hours`); refused on a CPU.
 PRESETS: dict[str, dict] = {
     "quick": dict(steps=300, num_layers=2, eval_factors=(1, 2, 4, 8), eval_tokens=16384),
     "default": {},
     "full": dict(encodings=None),
     "gpu": dict(train_len=512, d_model=512, num_layers=8, num_heads=8, batch_size=64, steps=12000, lr=1e-3,
                 eval_factors=(1, 2, 4, 8, 16), eval_tokens=1 << 20, eval_stride=512),
+    "paper": dict(encodings=("sinusoidal", "rope", "t5", "alibi"), train_len=512, d_model=1024, num_layers=16,
+                  num_heads=8, batch_size=64, steps=50000, lr=3e-4, eval_factors=(1, 2, 3, 5, 7, 30),
+                  eval_tokens=1 << 20),
 }
+
+#: Presets refused on a CPU, with their time estimate (:func:`paper_hours`): days to months there.
+GPU_PRESETS = ("paper",)
+
+#: Dense bf16 FLOP/s of one H100 SXM (NVIDIA's datasheet, without sparsity) and the fraction
+#: of it a model of this size reaches in training (10-25% for small models; docs/results.md
+#: measured 449,548 tokens/s for the 25.5M-parameter gpu preset, about 7%).
+H100_FLOPS, MODEL_FLOPS_UTILIZATION = 989e12, 0.15
+#: FLOP/s a CPU sustains in float32 training (a generous 100 GFLOP/s: many cores with AVX-512).
+CPU_FLOPS = 100e9
 
 #: The encodings that ``--preset full`` also trains with randomized positions (one row each,
 #: N = the longest evaluation length): RoPE, the encoding Ruoss et al. (2023) helped most.
@@ -313,6 +333,30 @@ def train_flops(config: ExtrapolationConfig, parameters: int) -> float:
     model, train = config.model, config.train
     per_token = 6 * parameters + 6 * model.num_layers * train.seq_len * model.d_model
     return per_token * train.steps * train.batch_size * train.seq_len
+
+
+def paper_hours(config: ExtrapolationConfig, parameters: int, gpus: int = 1) -> float:
+    """Hours to train every row of ``config`` once on ``gpus`` H100s at
+    :data:`MODEL_FLOPS_UTILIZATION` (:func:`train_flops`; data-parallel scaling taken as perfect)."""
+    seconds = train_flops(config, parameters) * len(config.encodings) * len(config.seeds) \
+        / (H100_FLOPS * MODEL_FLOPS_UTILIZATION * gpus)
+    return seconds / 3600
+
+
+def check_gpu_preset(preset: str, config: ExtrapolationConfig, parameters: int) -> None:
+    """Refuse a preset of :data:`GPU_PRESETS` on a CPU, with its estimate there and on GPUs.
+
+    Raises:
+        InvalidArgument: ``preset`` in :data:`GPU_PRESETS` and ``config.device`` a CPU.
+    """
+    if preset not in GPU_PRESETS or torch.device(config.device).type != "cpu":
+        return
+    cpu_days = train_flops(config, parameters) * len(config.encodings) * len(config.seeds) / CPU_FLOPS / 86400
+    raise InvalidArgument(
+        f"--preset {preset} trains {len(config.encodings)} x {parameters / 1e6:.0f}M-parameter models: about "
+        f"{cpu_days:,.0f} days on a CPU at {CPU_FLOPS / 1e9:.0f} GFLOP/s; {paper_hours(config, parameters, 1):.0f} h on "
+        f"one H100, {paper_hours(config, parameters, 8):.1f} h on 8 (at {MODEL_FLOPS_UTILIZATION:.0%} of bf16 peak): "
+        "run it with --device cuda (torchrun --nproc-per-node N ... --parallel data for several GPUs)")
 
 
 #: The preset's config with overrides (:meth:`ExtrapolationConfig.from_preset`).
