@@ -309,7 +309,7 @@ CASES = [
     ("sliding windows stride", lambda: posenc.lab.evaluate.sliding_windows(torch.zeros(100, dtype=torch.uint8), 8, 0, 50), ValueError,
      r"stride must be an integer in \[1, length=8\]"),
     # -- ExtrapolationConfig / preset_config ---------------------------------------------------
-    ("preset unknown", lambda: preset_config("huge"), ValueError, r"preset must be one of \['quick', 'default', 'full', 'gpu'\]"),
+    ("preset unknown", lambda: preset_config("huge"), ValueError, r"preset must be one of \['quick', 'default', 'full', 'gpu', 'paper'\]"),
     ("config encodings str", lambda: ExtrapolationConfig(encodings="rope"), TypeError, r"encodings must be a sequence of encoding names"),
     ("config encodings empty", lambda: ExtrapolationConfig(encodings=()), ValueError, r"encodings: give at least one encoding"),
     ("config encodings unknown", lambda: ExtrapolationConfig(encodings=("rope", "rotary")), ValueError, r"unknown encoding 'rotary'; available"),

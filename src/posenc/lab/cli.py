@@ -77,6 +77,10 @@ Heads = Annotated[Optional[int], typer.Option(help="Attention heads.")]
 Seeds = Annotated[Optional[str], typer.Option(help="Comma-separated seeds in [0, 2**63), e.g. 0,1,2.")]
 Device = Annotated[str, typer.Option(help="torch device, e.g. cpu or cuda.")]
 Threads = Annotated[Optional[int], typer.Option(help="CPU threads for torch, 1 to 4 x the CPU count (default: torch's choice).")]
+KeepGoing = Annotated[bool, typer.Option(
+    "--keep-going/--no-keep-going",
+    help="Exit 0 when a run diverged (a NaN or infinite loss: stopped, stored as diverged, shown in the table); "
+    "by default the command then exits 2 after writing the results of the others.")]
 Parallel = Annotated[str, typer.Option(
     help="Under torchrun --nproc-per-node N: 'runs' splits the runs across the N processes; 'data' trains "
     "every run data-parallel on all N (DistributedDataParallel; the global batch, the schedule and the "
@@ -222,6 +226,10 @@ class RichReporter:
         if self.task is not None:
             self.progress.remove_task(self.task)
             self.task = None
+        if "diverged" in record:
+            state = "stored earlier" if skipped else "stopped"
+            self.progress.console.print(f"[bold]{row}[/] seed {seed} [red]diverged[/] ({state}): {record['diverged']}")
+            return
         state = "already done" if skipped else self.time_spent(record)
         if not skipped and getattr(self, "resumed_step", 0):
             state += f", resumed at step {self.resumed_step}"
@@ -248,6 +256,9 @@ def results_table(summary: dict, key: str = "bits_per_byte", title: str | None =
     for encoding, res in summary["results"].items():
         if eval_key not in res:
             continue
+        if not res[eval_key] and res.get("diverged"):  # every seed diverged
+            table.add_row(_diverged_label(encoding, res), *["[red]diverged[/]"] * (len(lengths) + 1))
+            continue
         row = []
         for n in lengths:
             cell = res[eval_key].get(str(n))
@@ -258,8 +269,14 @@ def results_table(summary: dict, key: str = "bits_per_byte", title: str | None =
             row.append(f"{cell[key]:.3f}{spread}")
         first, last = res[eval_key].get(str(lengths[0])), res[eval_key].get(str(lengths[-1]))
         row.append(f"{last[key] / first[key]:.2f}x" if first and last else "[dim]n/a[/]")
-        table.add_row(encoding, *row)
+        table.add_row(_diverged_label(encoding, res), *row)
     return table
+
+
+def _diverged_label(name: str, res: dict) -> str:
+    """A results row's name, with how many of its seeds diverged (their scores are left out)."""
+    diverged = res.get("diverged") or {}
+    return f"{name} [red](diverged: seed {', '.join(diverged)})[/]" if diverged else name
 
 
 @app.command()
@@ -299,6 +316,7 @@ def extrapolate(
     randomized_positions: Optional[int] = typer.Option(None, help=_randomized_positions_help("window's", "N")),
     threads: Threads = None,
     parallel: Parallel = "runs",
+    keep_going: KeepGoing = False,
     bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast for training and evaluation "
                                         "(default: on with --device cuda, off on the CPU)."),
     compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the model (default: "
@@ -363,6 +381,18 @@ def extrapolate(
         console.print(results_table(summary, title=f"sliding windows (stride {config.eval_stride}), bits per byte",
                                     eval_key="eval_sliding"))
     console.print(f"wrote {out / 'results.json'}, {out / 'results.csv'}, {figure} in {time.perf_counter() - started:.0f}s")
+    _stop_if_diverged({row: res for row, res in summary["results"].items()}, keep_going)
+
+
+def _stop_if_diverged(results: dict, keep_going: bool) -> None:
+    """Exit 2 (TrainingDiverged) naming the rows with a diverged seed, unless ``keep_going``:
+    the results of the other runs are written by then, and the diverged ones are stored as such."""
+    from posenc.lab.train import TrainingDiverged
+
+    diverged = [f"{row} seed {seed}" for row, res in results.items() for seed in (res.get("diverged") or {})]
+    if diverged and not keep_going:
+        raise TrainingDiverged(f"{len(diverged)} run(s) diverged ({', '.join(diverged)}): stored as diverged and shown "
+                               "in the table; lower --lr and use another --out, or pass --keep-going to exit 0")
 
 
 class TaskReporter(RichReporter):
@@ -381,8 +411,8 @@ class TaskReporter(RichReporter):
     def run_finished(self, row, seed, record, skipped):
         self.progress.advance(self.overall)
         spent = self.seconds.setdefault(record["task"], [0.0, 0.0])
-        spent[0] += record["train_seconds"]
-        spent[1] += record["eval_seconds"]
+        spent[0] += record.get("train_seconds", 0.0)  # a diverged run's record has no times
+        spent[1] += record.get("eval_seconds", 0.0)
         super().run_finished(row, seed, record, skipped)
 
     def time_spent(self, record: dict) -> str:
@@ -411,6 +441,9 @@ def lengthgen_table(summary: dict) -> Table:
         for position, (row, res) in enumerate(names):
             cells = []
             for f in factors:
+                if not res["eval"] and res.get("diverged"):
+                    cells.append("[red]diverged[/]")
+                    continue
                 size = max(sizes, key=lambda s: -abs(sizes[s] - f))  # the size this factor gave
                 cell = res["eval"].get(str(size))
                 if cell is None:
@@ -420,7 +453,7 @@ def lengthgen_table(summary: dict) -> Table:
                 colour = "green" if cell["accuracy"] >= 0.9 else "red" if cell["accuracy"] < 0.1 else "yellow"
                 cells.append(f"[{colour}]{cell['accuracy']:.2f}[/]{spread}")
             label = f"{task} (N={n})" if position == 0 else ""
-            table.add_row(label, row, *cells, end_section=position == len(names) - 1 and index < len(tasks) - 1)
+            table.add_row(label, _diverged_label(row, res), *cells, end_section=position == len(names) - 1 and index < len(tasks) - 1)
     return table
 
 
@@ -486,6 +519,7 @@ def lengthgen(
         "CPU one per core, as these small models gain nothing from a second thread; 1 on CUDA or under torchrun).",
     ),
     parallel: Parallel = "runs",
+    keep_going: KeepGoing = False,
 ) -> None:
     """Synthetic tasks (copy, reverse, addition, flip-flop, passkey, ...): train on sizes <= N,
     score exact match at N/2, N, 1.5N, 2N, 3N, 4N. Which encoding still gets the answer right?
@@ -535,6 +569,8 @@ def lengthgen(
         f"{task} {train:.0f}s + {evaluation:.0f}s" for task, (train, evaluation) in reporter.seconds.items()))
     console.print(f"wrote {out / 'results.json'}, {out / 'results.csv'}, {', '.join(map(str, figures))} "
                   f"in {time.perf_counter() - started:.0f}s")
+    _stop_if_diverged({f"{task} {row}": res for task, rows in summary["results"].items() for row, res in rows.items()},
+                      keep_going)
 
 
 def _read_config_json(path: Path) -> dict:

@@ -452,7 +452,8 @@ def plot_extrapolation(summary: dict, out: str | Path) -> Path:
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("validation loss (bits per byte)")
-    axes[1].legend(loc="best", fontsize="small")
+    if axes[1].get_legend_handles_labels()[0]:  # none when every row diverged
+        axes[1].legend(loc="best", fontsize="small")
     corpus = summary.get("corpus", {}).get("name", "")
     fig.suptitle(f"Train at L={train_len}, evaluate longer (non-overlapping windows) — {corpus}", fontsize="medium")
     fig.tight_layout()

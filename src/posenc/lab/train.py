@@ -260,7 +260,7 @@ def train_lm(
         losses.append(loss.item())
         if not math.isfinite(losses[-1]):  # before a checkpoint or record could store it
             raise TrainingDiverged(f"training diverged at step {step + 1} of {config.steps}: loss {losses[-1]} "
-                                   f"(lr {config.lr}); lower the learning rate (--lr), nothing of this run is kept")
+                                   f"(lr {config.lr}); lower the learning rate (--lr); no checkpoint of the diverged weights is kept")
         if on_step is not None:
             on_step(step, losses[-1])
         if checkpoint_path is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == config.steps):

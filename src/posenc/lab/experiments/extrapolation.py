@@ -31,7 +31,7 @@ from posenc.lab.experiments.frame import write_csv as write_csv_rows
 from posenc.lab.experiments.lm import evaluate_lengths, load_trained, train_run
 from posenc.lab.experiments.rope_extension import RopeExtension
 from posenc.lab.experiments.rows import BaseRun, RowProvider
-from posenc.lab.experiments.runs import Reporter, RunStore
+from posenc.lab.experiments.runs import Reporter, RunStore, is_diverged
 from posenc.errors import InvalidArgument
 
 __all__ = [
@@ -121,7 +121,13 @@ def aggregate(config: ExtrapolationConfig, records: Sequence[dict], names: Seque
     the same file."""
     results: dict[str, dict] = {}
     for encoding in names if names is not None else config.rows:
-        runs = [r for r in records if r["encoding"] == encoding]
+        every = [r for r in records if r["encoding"] == encoding]
+        runs = [r for r in every if not is_diverged(r)]
+        diverged = {str(r["seed"]): r["diverged"] for r in every if is_diverged(r)}
+        if not runs:  # every seed diverged: no scores, the row says so
+            results[encoding] = {"train_len": config.train_len, "eval": {}, "not_applicable": {}, "parameters": None,
+                                 "runs": {}, "diverged": diverged}
+            continue
         results[encoding] = {
             "train_len": config.train_len,
             "eval": _mean_over_seeds(config, [r["eval"] for r in runs]),
@@ -129,6 +135,8 @@ def aggregate(config: ExtrapolationConfig, records: Sequence[dict], names: Seque
             "parameters": runs[0]["parameters"],
             "runs": evals_by_seed(runs),
         }
+        if diverged:
+            results[encoding]["diverged"] = diverged
         if "extension" in runs[0]:
             results[encoding]["extension"] = runs[0]["extension"]
         if all("eval_sliding" in r for r in runs):
@@ -166,7 +174,7 @@ def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, re
         CheckpointMismatch: ``out`` holds runs made with other arguments, or corrupt ones.
     """
     reporter = reporter or Reporter()
-    store = RunStore(out)
+    store = RunStore(out, scores="eval")
     min_val = max(config.eval_lengths) + 1
     if corpus.val.numel() < min_val:
         raise InvalidArgument(f"corpus: the validation split ({corpus.val.numel()} bytes) is shorter than the longest eval length + 1 ({min_val})")
@@ -187,9 +195,14 @@ def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, re
         if not rows:
             continue
         for seed in config.seeds:
+            record = next(r for r in records if r["encoding"] == provider.base and r["seed"] == seed)
+            if is_diverged(record):  # no trained model to extend: its rows say why
+                records += [{"encoding": row, "seed": seed, "diverged": f"the {provider.base} run it starts from diverged"}
+                            for row in rows]
+                continue
             base = BaseRun(
                 provider.base, seed, fingerprint(config, corpus, provider.base, seed),
-                record=next(r for r in records if r["encoding"] == provider.base and r["seed"] == seed),
+                record=record,
                 # loaded once, and only if some row of this seed is not stored yet
                 model=functools.cache(functools.partial(
                     load_trained_base, config, corpus, store, provider.base, seed, provider.options)),

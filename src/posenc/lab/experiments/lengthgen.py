@@ -62,7 +62,7 @@ from posenc.lab.experiments.frame import (
 )
 from posenc.lab.experiments.limits import Workload
 from posenc.lab.experiments.lm import train_run
-from posenc.lab.experiments.runs import Reporter, RunStore
+from posenc.lab.experiments.runs import Reporter, RunStore, is_diverged
 from posenc.lab.experiments.task_positions import (
     ALIGNED_TASKS, COUPLED_RANGE_FACTOR, RANDOMIZED_RANGE_FACTOR, TASK_SCHEMES, AbacusPositions, CoupledPositions, PositionScheme,
     RandomizedPositions, check_task, greedy_decode, positions_tensor,
@@ -530,7 +530,13 @@ def aggregate(config: LengthgenConfig, records: Sequence[dict]) -> dict:
         n = config.task_train_size(task)
         results[task] = {}
         for row in config.rows:
-            runs = [r for r in records if r["task"] == task and r["encoding"] == row]
+            every = [r for r in records if r["task"] == task and r["encoding"] == row]
+            runs = [r for r in every if not is_diverged(r)]
+            diverged = {str(r["seed"]): r["diverged"] for r in every if is_diverged(r)}
+            if not runs:  # every seed diverged: no scores, the row says so
+                results[task][row] = {"train_size": n, "size_unit": get_task(task).size_unit, "parameters": None,
+                                      "eval": {}, "not_applicable": {}, "runs": {}, "diverged": diverged}
+                continue
             evals = {}
             for size, cells in cells_over_seeds([r["eval"] for r in runs], config.eval_sizes(task)):
                 accuracies = [c["accuracy"] for c in cells]
@@ -548,6 +554,8 @@ def aggregate(config: LengthgenConfig, records: Sequence[dict]) -> dict:
             }
             if "positions" in runs[0]:
                 results[task][row]["positions"] = runs[0]["positions"]
+            if diverged:
+                results[task][row]["diverged"] = diverged
     return results
 
 
@@ -626,7 +634,7 @@ def _jobs(config: LengthgenConfig) -> dict[str, tuple[str, str]]:
 def _compute_in_worker(config: LengthgenConfig, out: str, name: str, seed: int, expected: dict) -> dict:
     """:func:`train_and_evaluate` of one run store row, for a worker process (module level, so
     that it pickles; the worker reports no progress)."""
-    return train_and_evaluate(config, *_jobs(config)[name], seed, RunStore(out), Reporter(), expected)
+    return train_and_evaluate(config, *_jobs(config)[name], seed, RunStore(out, scores="eval"), Reporter(), expected)
 
 
 def run_lengthgen(config: LengthgenConfig, out: Path, reporter: Reporter | None = None, workers: int = 1) -> dict | None:
@@ -642,7 +650,7 @@ def run_lengthgen(config: LengthgenConfig, out: Path, reporter: Reporter | None 
         ValueError: ``workers`` not a positive integer.
     """
     reporter = reporter or Reporter()
-    store = RunStore(out)
+    store = RunStore(out, scores="eval")
     split = _jobs(config)
     jobs = [(row_name(task, row), seed) for task in config.tasks for row in config.rows for seed in config.seeds]
     if workers > 1:

@@ -40,6 +40,7 @@ from posenc.lab.checkpoint import (
     CheckpointMismatch, atomic_write_bytes, read_json, remove_stale_temporaries,
 )
 from posenc.lab.experiments import distributed
+from posenc.lab.train import TrainingDiverged
 from posenc.errors import InvalidArgument, PosencError
 
 #: Steps between training checkpoints. Not a user option (it changes no result); the
@@ -135,6 +136,36 @@ def _has_non_finite(value: Any) -> bool:
     return False
 
 
+def diverged_record(fingerprint: dict, error: Exception) -> dict:
+    """The record of a run whose training diverged (:class:`~posenc.lab.train.TrainingDiverged`):
+    its fingerprint, the fingerprint's ``task`` / ``encoding`` (or ``row``) / ``seed`` (what the merge reads)
+    and ``diverged``, the error's message; no scores. Stored like a finished run, so a rerun
+    with the same arguments reports it again instead of training it again (another ``--lr`` is
+    another fingerprint)."""
+    keys = {key: fingerprint[key] for key in ("task", "encoding", "seed") if key in fingerprint}
+    if "encoding" not in keys and "row" in fingerprint:  # lengthgen's fingerprints name the row "row"
+        keys["encoding"] = fingerprint["row"]
+    return {"fingerprint": fingerprint, **keys, "diverged": str(error)}
+
+
+def is_diverged(record: dict) -> bool:
+    """A record of :func:`diverged_record`."""
+    return "diverged" in record
+
+
+def _check_shape(record: Any, path: Path, scores: str | None) -> None:
+    """A record is a JSON object with its fingerprint (an object) and either ``diverged`` (a
+    message) or, where ``scores`` names the key, its scores there (an object)."""
+    ok = isinstance(record, dict) and isinstance(record.get("fingerprint"), dict)
+    if ok and "diverged" in record:
+        ok = isinstance(record["diverged"], str)
+    elif ok and scores is not None:
+        ok = isinstance(record.get(scores), dict)
+    if not ok:
+        raise CheckpointMismatch(f"--out: {path} is not a run record (an object with 'fingerprint'"
+                                 + (f" and '{scores}'" if scores else "") + "); it is corrupt: delete it to rerun that run")
+
+
 def _finite_or_null(value: Any) -> Any:
     """``value`` with every non-finite float replaced by None (JSON null)."""
     if isinstance(value, float):
@@ -151,10 +182,13 @@ class RunStore:
 
     Args:
         out: the folder (created on the first write); ``runs/`` and ``checkpoints/`` under it.
+        scores: the key that holds a finished record's scores, an object (the experiments'
+            ``eval``); a stored record without it (and not diverged) is corrupt. None: not checked.
     """
 
-    def __init__(self, out: str | os.PathLike) -> None:
+    def __init__(self, out: str | os.PathLike, scores: str | None = None) -> None:
         self.out = Path(out)
+        self.scores = scores
         self.runs = self.out / "runs"
         self.checkpoints = self.out / "checkpoints"
         if self.out.is_dir():  # what a run killed mid-write left behind (15-40 MB a checkpoint)
@@ -183,6 +217,7 @@ class RunStore:
         if not path.exists():
             return None
         record = read_json(path)
+        _check_shape(record, path, self.scores)
         if record.get("fingerprint") != fingerprint:
             raise CheckpointMismatch(
                 f"--out: {path} holds a run with other arguments or another posenc version; "
@@ -231,7 +266,10 @@ class RunStore:
         if record is not None:
             reporter.run_finished(row, seed, record, skipped=True)
             return record
-        record = {"fingerprint": fingerprint, **compute()}
+        try:
+            record = {"fingerprint": fingerprint, **compute()}
+        except TrainingDiverged as err:  # the other runs go on; the merge and the exit status say it
+            record = diverged_record(fingerprint, err)
         if distributed.writes_records():
             self.write(row, seed, record)
         reporter.run_finished(row, seed, record, skipped=False)
@@ -333,6 +371,12 @@ class RunStore:
                 for future in finished:
                     row, seed, expected = running.pop(future)
                     if future.cancelled():
+                        continue
+                    if isinstance(future.exception(), TrainingDiverged):
+                        record = diverged_record(expected, future.exception())
+                        self.write(row, seed, record)
+                        reporter.run_finished(row, seed, record, skipped=False)
+                        done[row, seed] = record
                         continue
                     if future.exception() is not None:
                         error = error or future.exception()
