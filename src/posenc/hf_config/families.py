@@ -43,6 +43,7 @@ from posenc.encodings.rope.rotary import RoPE
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
 from posenc.hf_config.plan import LayerPlan, PositionPlan
 from posenc.hf_config.rope import head_dim_of, read_hf_config, rope_dict_spellings
+from posenc.hf_config.values import check_real, config_int
 
 __all__ = ["Family", "FAMILIES", "position_plan", "LAYOUTS", "reads_plainly"]
 
@@ -89,10 +90,23 @@ class Reading:
         return value
 
     def positive_int(self, key: str) -> int:
-        value = self.require(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidArgument(f"config[{key!r}] must be a positive integer, got {value!r}")
-        return value
+        """``cfg[key]`` as a size (:func:`posenc.hf_config.values.config_int`: an int in [1,
+        the key's bound]), else MissingKey, InvalidType or InvalidArgument naming it."""
+        self.require(key)  # MissingKey naming the family
+        return config_int(self.cfg, key)
+
+    def number(self, key: str, **bounds: float) -> float:
+        """``cfg[key]`` as a finite number (``gt``, ``ge``, ``le`` bounds), which must be there."""
+        return check_real(self.require(key), f"config[{key!r}]", **bounds)
+
+    def head_dim_from_sizes(self) -> int:
+        """hidden_size // num_attention_heads, the head width of the families that ignore a
+        ``head_dim`` key (Cohere2, GPT-J): checked sizes, a multiple."""
+        hidden, heads = self.positive_int("hidden_size"), self.positive_int("num_attention_heads")
+        if hidden % heads:
+            raise InvalidArgument(f"config ({self.family.model_type}): hidden_size {hidden} is not divisible by "
+                                  f"num_attention_heads {heads}")
+        return hidden // heads
 
     def cached(self, key: Any, build: Callable[[], PositionalEncoding | None]) -> PositionalEncoding | None:
         if key not in self._encodings:
@@ -171,7 +185,7 @@ def qwen2_layer_types(r: Reading) -> list[str]:
         return explicit
     n = r.positive_int("num_hidden_layers")
     window = r.cfg.get("sliding_window") if r.cfg.get("use_sliding_window") else None
-    first = r.cfg.get("max_window_layers")
+    first = config_int(r.cfg, "max_window_layers", minimum=0, where="config") if window is not None else 0
     return ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(n)]
 
 
@@ -195,7 +209,7 @@ def pattern_layer_types(pattern_key: str, default: int, last_full: bool = False)
         types = r.explicit_layer_types()
         if types is None:
             n = r.positive_int("num_hidden_layers")
-            pattern = r.cfg.get(pattern_key, default) if pattern_key else default
+            pattern = config_int(r.cfg, pattern_key, default=default) if pattern_key else default
             types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
         if last_full and types[-1] != "full_attention":
             r.note("transformers forces the last layer to full_attention (Gemma4TextConfig)")
@@ -258,7 +272,7 @@ def gemma4_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEnc
     per_layer = r.cfg.get("per_layer_config")
     if isinstance(per_layer, Mapping):
         for key, value in per_layer.items():
-            if int(key) == index and isinstance(value, Mapping) and "head_dim" in value:
+            if str(key) == str(index) and isinstance(value, Mapping) and "head_dim" in value:
                 overrides["head_dim"] = value["head_dim"]
     elif layer_type == "full_attention":
         overrides["head_dim"] = r.cfg.get("global_head_dim", 512)
@@ -281,11 +295,11 @@ def cohere2_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEn
     num_attention_heads whatever the config says (``Cohere2Config.__post_init__``)."""
     if layer_type != "sliding_attention" or r.cfg.get("sliding_window") is None:
         return None
-    return r.rope(layer_type, head_dim=r.require("hidden_size") // r.require("num_attention_heads"))
+    return r.rope(layer_type, head_dim=r.head_dim_from_sizes())
 
 
 def cohere2_check(r: Reading) -> None:
-    if r.cfg.get("head_dim") is not None and r.cfg["head_dim"] != r.require("hidden_size") // r.require("num_attention_heads"):
+    if r.cfg.get("head_dim") is not None and r.cfg["head_dim"] != r.head_dim_from_sizes():
         r.note(f"config head_dim={r.cfg['head_dim']} is ignored: transformers' Cohere2 uses hidden_size // "
                "num_attention_heads", warn=True)
     if r.cfg.get("sliding_window") is None:
@@ -332,7 +346,7 @@ def llama4_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEnc
     if not r.cfg.get("attn_temperature_tuning"):
         return None
     return r.cached("temperature", lambda: AttentionTemperature(
-        floor_scale=r.positive_int("floor_scale"), attn_scale=float(r.require("attn_scale"))))
+        floor_scale=r.positive_int("floor_scale"), attn_scale=r.number("attn_scale", ge=0)))
 
 
 def qwen_vl_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
@@ -406,7 +420,8 @@ def gptj_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncod
             if r.cfg.get(key) is not None and key in r.given:
                 r.note(f"config {key}={r.cfg[key]!r} is not read by transformers' GPT-J (base 10000, no scaling)",
                        warn=True)
-        head_dim = r.require("hidden_size") // r.require("num_attention_heads")
+        head_dim = r.head_dim_from_sizes()
+        rotary = config_int(r.cfg, "rotary_dim", where="config (gptj)")
         return RoPE(head_dim, rotary_dim=rotary, base=10000.0, interleaved=True,
                     max_position_embeddings=r.cfg.get("max_position_embeddings"))
     return r.cached("gptj", build)
