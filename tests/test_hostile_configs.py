@@ -95,6 +95,18 @@ HOSTILE = [
     ("partial_rotary_factor NaN", llama(partial_rotary_factor=NAN), InvalidArgument, "partial_rotary_factor"),
     ("partial_rotary_factor 0.01 (width 0)", llama(partial_rotary_factor=0.01), InvalidArgument, "rotary_dim"),
     ("partial_rotary_factor 3/64 (width 3)", llama(partial_rotary_factor=3 / 64), InvalidArgument, "rotary_dim"),
+    # inside a rope dict
+    ("rope_type a list", llama(rope_scaling={"rope_type": [1], "factor": 2.0}), InvalidType, "rope_type"),
+    ("yarn beta_fast 1e308", scaled("yarn", 4.0, beta_fast=1e308), InvalidArgument, "beta_fast"),
+    ("longrope short_factor holding NaN", llama(max_position_embeddings=1024, rope_scaling={
+        "rope_type": "longrope", "short_factor": [1.0] * 31 + [NAN], "long_factor": [2.0] * 32,
+        "original_max_position_embeddings": 256}), InvalidArgument, "short_factor"),
+    ("qwen2_vl mrope_section null", {"model_type": "qwen2_vl", "hidden_size": 256, "num_attention_heads": 4,
+                                     "num_hidden_layers": 2, "rope_scaling": {"type": "mrope", "mrope_section": None}},
+     InvalidType, "mrope_section"),
+    ("gemma3 rope_scaling -1", {"model_type": "gemma3_text", "hidden_size": 64, "num_attention_heads": 2,
+                                "head_dim": 32, "num_hidden_layers": 6, "rope_scaling": -1}, InvalidArgument,
+     "rope_scaling"),
     # hidden_size / heads
     ("hidden_size 250 over 4 heads", llama(hidden_size=250), InvalidArgument, "not divisible"),
     # booleans where numbers are expected (True is an int to Python)

@@ -247,6 +247,8 @@ def gemma3_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEnc
         out.setdefault("full_attention", {"rope_type": "default"})
         out.setdefault("sliding_attention", {"rope_type": "default"})
         if cfg.get("rope_scaling"):
+            if not isinstance(cfg["rope_scaling"], Mapping):
+                raise InvalidArgument(f"config['rope_scaling'] must be a dict or null, got {type(cfg['rope_scaling']).__name__}")
             out["full_attention"].update(cfg["rope_scaling"])
         out["full_attention"].setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
         out["sliding_attention"].setdefault("rope_theta", cfg.get("rope_local_base_freq", 10_000.0))
@@ -355,6 +357,8 @@ def qwen_vl_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEn
     def build() -> MRoPE:
         kwargs, layout = read_hf_config(r.cfg)
         section = (layout.get("passthrough") or {}).get("mrope_section", [16, 24, 24])
+        if not isinstance(section, (list, tuple)):
+            raise InvalidType(f"config: mrope_section must be a list of 3 ints, got {section!r:.60}")
         if kwargs["scaling"] is not None:
             r.note(f"rope scaling {kwargs['scaling']!r} on M-RoPE")
         rotary = (int(kwargs["head_dim"] * kwargs["partial_rotary_factor"])

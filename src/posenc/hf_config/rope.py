@@ -41,6 +41,7 @@ from posenc.hf_config.values import (
     MAX_POSITIONS,
     MAX_ROPE_THETA,
     check_real,
+    check_rope_dict,
     check_size,
     config_int,
     config_mapping,
@@ -232,6 +233,7 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
     params = dict(params) if params is not None else None
     passthrough: dict[str, Any] = {}
     if params is not None:
+        check_rope_dict(params, f"config[{container!r}]" + (f"[{layer_type!r}]" if layer_type is not None else ""))
         for key in _PASSTHROUGH_KEYS:
             if key in params:
                 passthrough[key] = params.pop(key)

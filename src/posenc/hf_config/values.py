@@ -144,6 +144,27 @@ def config_number(config: Mapping[str, Any], key: str, *, default: Any = _REQUIR
     return check_real(config[key], f"{where}[{key!r}]", gt=gt, ge=ge, le=le)
 
 
+def check_rope_dict(params: Mapping[str, Any], where: str) -> None:
+    """A rope dict's own checks before any rope_type reads it: ``rope_type`` / ``type`` a
+    string, and every number in it (lists included; bools are flags) finite and within
+    +-:data:`MAX_ROPE_THETA`, so that no rope_type's formula meets an inf, a NaN or a value
+    whose logarithm underflows (a ``beta_fast`` of 1e308 makes L0 / (2 pi beta) 0). Each
+    rope_type's own rules (factor >= 1, ...) are :class:`~posenc.RoPE`'s.
+
+    Raises:
+        InvalidType: a rope_type that is not a string. InvalidArgument: a number out of range.
+    """
+    for key in ("rope_type", "type"):
+        if key in params and not isinstance(params[key], str):
+            raise InvalidType(f"{where}[{key!r}] must be a string (a rope_type name), got {_kind(params[key])}")
+    for key, value in params.items():
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, (int, float)) and not isinstance(item, bool) and \
+                    not (math.isfinite(item) and abs(item) <= MAX_ROPE_THETA):
+                raise InvalidArgument(f"{where}[{key!r}] must hold finite numbers of magnitude <= "
+                                      f"{MAX_ROPE_THETA:g}, got {value!r:.80}")
+
+
 def rotary_dim_of(head_dim: int, partial_rotary_factor: Any, where: str = "config") -> int:
     """The rotated width transformers computes, ``int(head_dim * partial_rotary_factor)``,
     refused unless an even int in [2, head_dim]: a factor of 0 would rotate nothing (Phi then
