@@ -636,8 +636,14 @@ def position_plan(config: Any) -> PositionPlan:
     Returns:
         A :class:`~posenc.hf_config.plan.PositionPlan`, one layer per decoder layer.
 
+    Every number is read through :mod:`posenc.hf_config.values` (one set of checks for every
+    family), bounded before anything is allocated: head widths <= 65536, positions and windows
+    <= 2^31, ``num_hidden_layers`` and heads <= 65536, a learned table (GPT-2, OPT, T5) <= 2^30
+    values (docs/errors.md, "Malformed configs").
+
     Raises:
-        InvalidType: config neither a dict nor a transformers config.
+        InvalidType: config neither a dict nor a transformers config; a number given as a
+            string, a bool or a float where an int is needed.
         MissingKey: no ``model_type``, a missing key the family needs (``num_hidden_layers``,
             ``hidden_size`` / ``num_attention_heads``, GPT-J's ``rotary_dim``, a wrapper's
             ``text_config``), named.
