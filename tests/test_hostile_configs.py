@@ -116,6 +116,9 @@ HOSTILE = [
     ("max_position_embeddings true", llama(max_position_embeddings=True), InvalidType, "max_position_embeddings"),
     ("partial_rotary_factor true", llama(partial_rotary_factor=True), InvalidType, "partial_rotary_factor"),
     ("head_dim 64.0", llama(head_dim=64.0), InvalidType, "head_dim"),
+    ("num_hidden_layers 0", llama(num_hidden_layers=0), InvalidArgument, "num_hidden_layers"),
+    ("num_hidden_layers 2^40", llama(num_hidden_layers=2**40), InvalidArgument, "num_hidden_layers"),
+    ("num_hidden_layers '2'", llama(num_hidden_layers="2"), InvalidType, "num_hidden_layers"),
     # context lengths
     ("max_position_embeddings 0", llama(max_position_embeddings=0), InvalidArgument, "max_position_embeddings"),
     ("max_position_embeddings -1", llama(max_position_embeddings=-1), InvalidArgument, "max_position_embeddings"),

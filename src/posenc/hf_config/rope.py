@@ -254,6 +254,7 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
     prf = config_number(config, "partial_rotary_factor", default=None)
     max_pos = config_int(config, "max_position_embeddings", default=None)
     config_int(config, "original_max_position_embeddings", default=None)
+    config_int(config, "num_hidden_layers", default=None)  # not read here, but a malformed config is refused whole
     scaling = None
     implicit: dict[str, Any] = {}
     if params is not None:
