@@ -184,6 +184,9 @@ def test_a_json_nested_100000_deep_is_refused_naming_the_file(capsys, tmp_path):
     path.write_text('{"a": ' * 100_000 + "1" + "}" * 100_000)
     code, _, err = run_inspect(capsys, path, tmp_path)
     assert code == 2 and err.count("\n") == 1 and "nested too deep" in err and str(path) in err, err
+    code = cli.main(["audit", str(path)])  # posenc audit reads its CONFIG itself
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "nested too deep" in err and str(path) in err, err
 
 
 @pytest.mark.parametrize("text, kind", [("[1, 2]", "list"), ('"config"', "str"), ("3", "int"), ("null", "NoneType")])
