@@ -8,6 +8,9 @@ transformers import: the model glue is :mod:`posenc.integrations.transformers`.
   per-layer :class:`~posenc.hf_config.plan.PositionPlan`.
 - :mod:`posenc.hf_config.encoding`: config <-> posenc encodings: :func:`from_hf_config`,
   :func:`to_hf_dict`, and :func:`extension_config`, the fields that extend a model's context.
+- :mod:`posenc.hf_config.values`: the one reader of a config's numbers (types, ranges and the
+  bounds checked before any allocation) and :func:`load_config_json`, a config.json file parsed
+  or refused with one error naming it.
 
 >>> import json, posenc.hf_config as hf
 >>> rope = hf.from_hf_config(json.load(open("config.json")))       # doctest: +SKIP
@@ -30,10 +33,11 @@ from posenc.hf_config.rope import (
     rope_parameters_of,
     write_hf_config,
 )
+from posenc.hf_config.values import load_config_json
 
 __all__ = [
     "HF_ROPE_FIELDS", "read_hf_config", "write_hf_config", "head_dim_of", "inspect_config", "RopeInspection",
     "EXTENSION_METHODS", "extension_scaling", "rope_parameters_of",
     "from_hf_config", "to_hf_dict", "extension_config",
-    "position_plan", "reads_model_type", "FAMILIES", "Family", "PositionPlan", "LayerPlan",
+    "position_plan", "reads_model_type", "FAMILIES", "Family", "PositionPlan", "LayerPlan", "load_config_json",
 ]

@@ -50,8 +50,16 @@ def from_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None, 
         unchanged (its ``hf_layout`` is the layout read); ``rope.max_position_embeddings``
         holds the config's value (or None).
 
+    Every number is read through :mod:`posenc.hf_config.values`, bounded before anything is
+    allocated: head_dim <= 65536, positions (max_position_embeddings, a scaling's L0 and
+    L0 x factor) <= 2^31, layers and heads <= 65536, rope_theta in (1, 1e30]; a malformed
+    config (a number as a string, a bool, null, NaN, inf, zero or negative, a
+    partial_rotary_factor without an even rotary width in [2, head_dim]) raises posenc's
+    errors (docs/errors.md, "Malformed configs"), never a raw Python one.
+
     Raises:
-        TypeError, KeyError, ValueError: as :func:`~posenc.hf_config.rope.read_hf_config`
+        InvalidType (a TypeError), MissingKey (a KeyError), InvalidArgument (a ValueError): as
+        :func:`~posenc.hf_config.rope.read_hf_config`, :func:`~posenc.hf_config.position_plan`
         and :class:`~posenc.RoPE`.
     """
     family_rope = _family_rope(config, layer_type, kwargs)

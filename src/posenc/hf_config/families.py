@@ -43,6 +43,7 @@ from posenc.encodings.rope.rotary import RoPE
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
 from posenc.hf_config.plan import LayerPlan, PositionPlan
 from posenc.hf_config.rope import head_dim_of, read_hf_config, rope_dict_spellings
+from posenc.hf_config.values import check_real, config_int
 
 __all__ = ["Family", "FAMILIES", "position_plan", "LAYOUTS", "reads_plainly"]
 
@@ -89,10 +90,23 @@ class Reading:
         return value
 
     def positive_int(self, key: str) -> int:
-        value = self.require(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidArgument(f"config[{key!r}] must be a positive integer, got {value!r}")
-        return value
+        """``cfg[key]`` as a size (:func:`posenc.hf_config.values.config_int`: an int in [1,
+        the key's bound]), else MissingKey, InvalidType or InvalidArgument naming it."""
+        self.require(key)  # MissingKey naming the family
+        return config_int(self.cfg, key)
+
+    def number(self, key: str, **bounds: float) -> float:
+        """``cfg[key]`` as a finite number (``gt``, ``ge``, ``le`` bounds), which must be there."""
+        return check_real(self.require(key), f"config[{key!r}]", **bounds)
+
+    def head_dim_from_sizes(self) -> int:
+        """hidden_size // num_attention_heads, the head width of the families that ignore a
+        ``head_dim`` key (Cohere2, GPT-J): checked sizes, a multiple."""
+        hidden, heads = self.positive_int("hidden_size"), self.positive_int("num_attention_heads")
+        if hidden % heads:
+            raise InvalidArgument(f"config ({self.family.model_type}): hidden_size {hidden} is not divisible by "
+                                  f"num_attention_heads {heads}")
+        return hidden // heads
 
     def cached(self, key: Any, build: Callable[[], PositionalEncoding | None]) -> PositionalEncoding | None:
         if key not in self._encodings:
@@ -171,7 +185,7 @@ def qwen2_layer_types(r: Reading) -> list[str]:
         return explicit
     n = r.positive_int("num_hidden_layers")
     window = r.cfg.get("sliding_window") if r.cfg.get("use_sliding_window") else None
-    first = r.cfg.get("max_window_layers")
+    first = config_int(r.cfg, "max_window_layers", minimum=0, where="config") if window is not None else 0
     return ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(n)]
 
 
@@ -195,7 +209,7 @@ def pattern_layer_types(pattern_key: str, default: int, last_full: bool = False)
         types = r.explicit_layer_types()
         if types is None:
             n = r.positive_int("num_hidden_layers")
-            pattern = r.cfg.get(pattern_key, default) if pattern_key else default
+            pattern = config_int(r.cfg, pattern_key, default=default) if pattern_key else default
             types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
         if last_full and types[-1] != "full_attention":
             r.note("transformers forces the last layer to full_attention (Gemma4TextConfig)")
@@ -233,6 +247,8 @@ def gemma3_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEnc
         out.setdefault("full_attention", {"rope_type": "default"})
         out.setdefault("sliding_attention", {"rope_type": "default"})
         if cfg.get("rope_scaling"):
+            if not isinstance(cfg["rope_scaling"], Mapping):
+                raise InvalidArgument(f"config['rope_scaling'] must be a dict or null, got {type(cfg['rope_scaling']).__name__}")
             out["full_attention"].update(cfg["rope_scaling"])
         out["full_attention"].setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
         out["sliding_attention"].setdefault("rope_theta", cfg.get("rope_local_base_freq", 10_000.0))
@@ -258,7 +274,7 @@ def gemma4_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEnc
     per_layer = r.cfg.get("per_layer_config")
     if isinstance(per_layer, Mapping):
         for key, value in per_layer.items():
-            if int(key) == index and isinstance(value, Mapping) and "head_dim" in value:
+            if str(key) == str(index) and isinstance(value, Mapping) and "head_dim" in value:
                 overrides["head_dim"] = value["head_dim"]
     elif layer_type == "full_attention":
         overrides["head_dim"] = r.cfg.get("global_head_dim", 512)
@@ -281,11 +297,11 @@ def cohere2_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEn
     num_attention_heads whatever the config says (``Cohere2Config.__post_init__``)."""
     if layer_type != "sliding_attention" or r.cfg.get("sliding_window") is None:
         return None
-    return r.rope(layer_type, head_dim=r.require("hidden_size") // r.require("num_attention_heads"))
+    return r.rope(layer_type, head_dim=r.head_dim_from_sizes())
 
 
 def cohere2_check(r: Reading) -> None:
-    if r.cfg.get("head_dim") is not None and r.cfg["head_dim"] != r.require("hidden_size") // r.require("num_attention_heads"):
+    if r.cfg.get("head_dim") is not None and r.cfg["head_dim"] != r.head_dim_from_sizes():
         r.note(f"config head_dim={r.cfg['head_dim']} is ignored: transformers' Cohere2 uses hidden_size // "
                "num_attention_heads", warn=True)
     if r.cfg.get("sliding_window") is None:
@@ -332,7 +348,7 @@ def llama4_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEnc
     if not r.cfg.get("attn_temperature_tuning"):
         return None
     return r.cached("temperature", lambda: AttentionTemperature(
-        floor_scale=r.positive_int("floor_scale"), attn_scale=float(r.require("attn_scale"))))
+        floor_scale=r.positive_int("floor_scale"), attn_scale=r.number("attn_scale", ge=0)))
 
 
 def qwen_vl_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
@@ -341,6 +357,8 @@ def qwen_vl_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEn
     def build() -> MRoPE:
         kwargs, layout = read_hf_config(r.cfg)
         section = (layout.get("passthrough") or {}).get("mrope_section", [16, 24, 24])
+        if not isinstance(section, (list, tuple)):
+            raise InvalidType(f"config: mrope_section must be a list of 3 ints, got {section!r:.60}")
         if kwargs["scaling"] is not None:
             r.note(f"rope scaling {kwargs['scaling']!r} on M-RoPE")
         rotary = (int(kwargs["head_dim"] * kwargs["partial_rotary_factor"])
@@ -406,7 +424,8 @@ def gptj_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncod
             if r.cfg.get(key) is not None and key in r.given:
                 r.note(f"config {key}={r.cfg[key]!r} is not read by transformers' GPT-J (base 10000, no scaling)",
                        warn=True)
-        head_dim = r.require("hidden_size") // r.require("num_attention_heads")
+        head_dim = r.head_dim_from_sizes()
+        rotary = config_int(r.cfg, "rotary_dim", where="config (gptj)")
         return RoPE(head_dim, rotary_dim=rotary, base=10000.0, interleaved=True,
                     max_position_embeddings=r.cfg.get("max_position_embeddings"))
     return r.cached("gptj", build)
@@ -617,8 +636,14 @@ def position_plan(config: Any) -> PositionPlan:
     Returns:
         A :class:`~posenc.hf_config.plan.PositionPlan`, one layer per decoder layer.
 
+    Every number is read through :mod:`posenc.hf_config.values` (one set of checks for every
+    family), bounded before anything is allocated: head widths <= 65536, positions and windows
+    <= 2^31, ``num_hidden_layers`` and heads <= 65536, a learned table (GPT-2, OPT, T5) <= 2^30
+    values (docs/errors.md, "Malformed configs").
+
     Raises:
-        InvalidType: config neither a dict nor a transformers config.
+        InvalidType: config neither a dict nor a transformers config; a number given as a
+            string, a bool or a float where an int is needed.
         MissingKey: no ``model_type``, a missing key the family needs (``num_hidden_layers``,
             ``hidden_size`` / ``num_attention_heads``, GPT-J's ``rotary_dim``, a wrapper's
             ``text_config``), named.

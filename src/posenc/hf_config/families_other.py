@@ -40,6 +40,7 @@ from posenc.errors import InvalidArgument, InvalidType, MissingKey
 from posenc.encodings.rope.rotary import RoPE
 from posenc.hf_config.rope import read_hf_config
 from posenc.hf_config.plan import LayerPlan, PositionPlan
+from posenc.hf_config.values import check_size, check_table
 
 __all__ = ["FAMILY_READERS", "plan_falcon", "plan_bloom", "plan_mpt", "plan_gpt2", "plan_opt", "plan_t5", "plan_mt5"]
 
@@ -81,10 +82,11 @@ class _Reader:
         return value
 
     def positive_int(self, *names: str, default: Any = _NO_DEFAULT, config: Mapping[str, Any] | None = None) -> int:
+        """:meth:`value` as a size: an int in [1, the key's bound] (:mod:`posenc.hf_config.values`)."""
         value = self.value(*names, default=default, config=config)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidArgument(f"config[{names[0]!r}] must be a positive int, got {value!r}")
-        return value
+        present = next((name for name in names if (self.config if config is None else config).get(name) is not None),
+                       names[0])
+        return check_size(value, f"config[{present!r}]", key=present)
 
     def flag(self, name: str, default: bool, config: Mapping[str, Any] | None = None) -> bool:
         value = (self.config if config is None else config).get(name, default)
@@ -161,7 +163,8 @@ def plan_falcon(config: Mapping[str, Any]) -> PositionPlan:
         return r.plan([LayerPlan(encoding) for _ in range(num_layers)])
     rope_config = {key: value for key, value in config.items() if key not in ("n_embed", "head_dim")}
     rope_config.update(hidden_size=hidden, num_attention_heads=heads, head_dim=head_dim,
-                       max_position_embeddings=config.get("max_position_embeddings") or 2048)
+                       max_position_embeddings=2048 if config.get("max_position_embeddings") is None
+                       else config["max_position_embeddings"])
     rope_config, dropped = _drop_partial_rotary(rope_config)
     if dropped is not None:
         rope_type = _rope_type(rope_config)
@@ -299,6 +302,7 @@ def plan_gpt2(config: Mapping[str, Any]) -> PositionPlan:
     num_positions = r.positive_int("max_position_embeddings", "n_positions", default=1024)
     hidden = r.positive_int("hidden_size", "n_embd", default=768)
     num_layers = r.positive_int("num_hidden_layers", "n_layer", default=12)
+    check_table(num_positions, hidden, "config (gpt2): max_position_embeddings x hidden_size")
     r.note("gpt2: learned table wpe added to the token embeddings; positions arange + cache length "
            "unless position_ids are given")
     return r.plan([LayerPlan() for _ in range(num_layers)], embedding=LearnedAbsolute(num_positions, hidden))
@@ -322,6 +326,7 @@ def plan_opt(config: Mapping[str, Any]) -> PositionPlan:
     num_positions = r.positive_int("max_position_embeddings", default=2048)
     hidden = r.positive_int("hidden_size", default=768)
     num_layers = r.positive_int("num_hidden_layers", default=12)
+    check_table(num_positions + 2, hidden, "config (opt): (max_position_embeddings + 2) x hidden_size")
     r.note("opt: learned table with an offset of 2 rows (OPTLearnedPositionalEmbedding); positions from the "
            "attention mask (cumsum * mask - 1: padding -1)")
     return r.plan([LayerPlan() for _ in range(num_layers)], embedding=LearnedAbsolute(num_positions, hidden, offset=2))
@@ -377,6 +382,7 @@ def _plan_t5_family(config: Mapping[str, Any], family: str) -> PositionPlan:
     heads = r.positive_int("num_attention_heads", "num_heads", default=defaults["num_heads"])
     buckets = r.positive_int("relative_attention_num_buckets", default=32)
     max_distance = r.positive_int("relative_attention_max_distance", default=128)
+    check_table(buckets, heads, f"config ({family}): relative_attention_num_buckets x num_heads")
     r.note(f"{family}: one bucket table per stack, computed in its first layer and shared; the tables are learned "
            "(the integration copies the model's)")
     encoder_bias = T5RelativeBias(heads, num_buckets=buckets, max_distance=max_distance, bidirectional=True)

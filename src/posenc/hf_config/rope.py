@@ -29,7 +29,6 @@ from typing import Any
 
 from torch import Tensor
 
-from posenc._validation import check_even, check_number
 from posenc.encodings.rope.scaling import (
     ROPE_TYPES,
     compute_rope_parameters,
@@ -37,7 +36,18 @@ from posenc.encodings.rope.scaling import (
     rope_type_of,
     yarn_correction_dim,
 )
-from posenc.errors import InvalidArgument, InvalidType, MissingKey
+from posenc.errors import InvalidArgument, MissingKey
+from posenc.hf_config.values import (
+    MAX_POSITIONS,
+    MAX_ROPE_THETA,
+    check_real,
+    check_rope_dict,
+    check_size,
+    config_int,
+    config_mapping,
+    config_number,
+    rotary_dim_of,
+)
 
 #: The config.json fields that determine a model's RoPE (read by :func:`read_hf_config`).
 HF_ROPE_FIELDS = (
@@ -156,13 +166,24 @@ def head_dim_of(config: Mapping[str, Any]) -> int:
     """The per-head width D of a config dict: ``head_dim``, else ``hidden_size //
     num_attention_heads`` (the configs that predate ``head_dim``: Llama 2, Qwen2, ...).
 
+    Every one of the three keys that is there (not null) must be a positive int within
+    posenc's bounds (:mod:`posenc.hf_config.values`: head_dim <= 65536, heads <= 65536,
+    hidden_size <= 2^31); without ``head_dim``, hidden_size must be a multiple of the heads.
+
     Raises:
-        KeyError: neither is there.
+        MissingKey: neither is there. InvalidType: a value that is not an int (a string, a
+        bool, a float). InvalidArgument: zero, negative, past a bound, or hidden_size not
+        divisible by num_attention_heads.
     """
+    hidden = config_int(config, "hidden_size", default=None)
+    heads = config_int(config, "num_attention_heads", default=None)
     if config.get("head_dim") is not None:
-        return config["head_dim"]
-    if config.get("hidden_size") is not None and config.get("num_attention_heads") is not None:
-        return config["hidden_size"] // config["num_attention_heads"]
+        return config_int(config, "head_dim")
+    if hidden is not None and heads is not None:
+        if hidden % heads:
+            raise InvalidArgument(f"config: hidden_size {hidden} is not divisible by num_attention_heads {heads}, "
+                                  "and there is no head_dim; give head_dim")
+        return check_size(hidden // heads, "config: head_dim (hidden_size // num_attention_heads)", key="head_dim")
     raise MissingKey("config: needs 'head_dim', or 'hidden_size' and 'num_attention_heads'")
 
 
@@ -182,11 +203,19 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
         (kwargs for :class:`~posenc.RoPE` (head_dim, base, scaling, partial_rotary_factor),
         layout: how the config spelled things, for :func:`write_hf_config`).
 
+    Every number is read through :mod:`posenc.hf_config.values`, with its bounds: head_dim an
+    even int <= 65536 (:func:`head_dim_of`), ``rope_theta`` a finite number in (1, 1e30]
+    (null refused), ``partial_rotary_factor`` in (0, 1] giving an even rotary_dim >= 2,
+    ``max_position_embeddings`` / ``original_max_position_embeddings`` ints in [1, 2^31],
+    and a scaling's L0 x factor at most 2^31 positions.
+
     Raises:
-        TypeError: config is not a dict. KeyError: no head_dim nor hidden_size and
-        num_attention_heads, or a context length that cannot be found. ValueError: a
-        per-layer rope dict without ``layer_type``, ``layer_type`` for a config without
-        per-layer-type parameters, or a config that says its model has no RoPE (see
+        InvalidType (a TypeError): config is not a dict; a number given as a string, a bool, or
+        null for rope_theta. MissingKey (a KeyError): no head_dim nor hidden_size and
+        num_attention_heads, or a context length that cannot be found. InvalidArgument (a
+        ValueError): a value out of range or past a bound (named), a per-layer rope dict
+        without ``layer_type``, ``layer_type`` for a config without per-layer-type
+        parameters, or a config that says its model has no RoPE (see
         :func:`_refuse_without_rope`).
 
     Both ``rope_scaling`` and ``rope_parameters`` present: read as transformers builds it
@@ -194,8 +223,7 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
     Qwen2-VL's ``{"type": "mrope", "mrope_section": [...]}`` reads as the default rope_type (as
     transformers does); ``mrope_section`` is kept in the layout and written back.
     """
-    if not isinstance(config, Mapping):
-        raise InvalidType(f"config must be a dict (a parsed config.json), got {type(config).__name__}")
+    config_mapping(config)
     _refuse_without_rope(config)
     config, note = rope_dict_spellings(config)
     if note is not None:
@@ -205,6 +233,7 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
     params = dict(params) if params is not None else None
     passthrough: dict[str, Any] = {}
     if params is not None:
+        check_rope_dict(params, f"config[{container!r}]" + (f"[{layer_type!r}]" if layer_type is not None else ""))
         for key in _PASSTHROUGH_KEYS:
             if key in params:
                 passthrough[key] = params.pop(key)
@@ -218,20 +247,32 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
                 raise InvalidArgument(f"config[{container!r}]: rope_type {alias!r} takes no {unknown} (transformers reads it as the default rope_type)")
 
     head_dim = head_dim_of(config)
-    base = config.get("rope_theta", 10000.0)
-    prf = config.get("partial_rotary_factor")
+    if head_dim % 2:
+        raise InvalidArgument(f"config: head_dim {head_dim} must be even (RoPE rotates pairs of dimensions)")
+    # every number below through posenc.hf_config.values: one set of checks and bounds for all families
+    base = config_number(config, "rope_theta", default=10000.0, nullable=False, gt=1, le=MAX_ROPE_THETA)
+    prf = config_number(config, "partial_rotary_factor", default=None)
+    max_pos = config_int(config, "max_position_embeddings", default=None)
+    config_int(config, "original_max_position_embeddings", default=None)
+    config_int(config, "num_hidden_layers", default=None)  # not read here, but a malformed config is refused whole
     scaling = None
     implicit: dict[str, Any] = {}
     if params is not None:
-        base = params.pop("rope_theta", base)
-        prf = params.pop("partial_rotary_factor", prf)
+        if "rope_theta" in params:
+            base = check_real(params.pop("rope_theta"), f"config[{container!r}]['rope_theta']", gt=1, le=MAX_ROPE_THETA)
+        if "partial_rotary_factor" in params:
+            prf = params.pop("partial_rotary_factor")
+            prf = None if prf is None else check_real(prf, f"config[{container!r}]['partial_rotary_factor']")
         if rope_type_of(params) != "default":
             scaling = params
+            if scaling.get("original_max_position_embeddings") is not None:  # read below: checked first
+                check_size(scaling["original_max_position_embeddings"],
+                           f"config[{container!r}]['original_max_position_embeddings']",
+                           key="original_max_position_embeddings")
     # an unknown rope_type is left for RoPE to refuse, with the list of known ones
     record = ROPE_TYPES.get(rope_type_of(scaling)) if scaling is not None else None
     if record is not None and record.needs_context:
         rope_type = rope_type_of(scaling)
-        max_pos = config.get("max_position_embeddings")
         top = config.get("original_max_position_embeddings") if record.hf_top_level_context else None
         if top is not None or scaling.get("original_max_position_embeddings") is None:
             context = top if top is not None else max_pos
@@ -250,11 +291,37 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
         if prf is not None:
             scaling["partial_rotary_factor"] = prf
         prf = None
+    if prf is not None:
+        rotary_dim_of(head_dim, prf)  # an even width in [2, head_dim], as RoPE(partial_rotary_factor=) needs
+    if scaling is not None:
+        _check_extent(scaling, container, max_pos)
     layout = {"present": present, "container": container, "layer_type": layer_type, "implicit": implicit,
               "partial_rotary_factor": prf, "passthrough": passthrough}
-    kwargs = {"head_dim": head_dim, "base": float(base), "scaling": scaling,
+    kwargs = {"head_dim": head_dim, "base": base, "scaling": scaling,
               "partial_rotary_factor": None if prf is None or prf == 1.0 else prf}
     return kwargs, layout
+
+
+def _check_extent(scaling: Mapping[str, Any], container: str | None, max_pos: int | None) -> None:
+    """Bound the positions a scaling reaches: its L0 (``original_max_position_embeddings``) and
+    L0 x ``factor`` at most :data:`~posenc.hf_config.values.MAX_POSITIONS` (2^31), L0 being the
+    dict's or else ``max_position_embeddings``. The rope_type's own rules (factor >= 1, ...) are
+    :class:`~posenc.RoPE`'s.
+
+    Raises:
+        InvalidType: a factor that is not a number. InvalidArgument: NaN, inf, <= 0, or
+            past the bound (1e308 x 4096 would overflow every context computed from it).
+    """
+    where = f"config[{container!r}]" if container else "config['rope_scaling']"
+    context = scaling.get("original_max_position_embeddings")  # checked by read_hf_config
+    factor = scaling.get("factor")
+    if factor is None:
+        return
+    factor = check_real(factor, f"{where}['factor']", gt=0, le=MAX_POSITIONS)
+    context = context if context is not None else max_pos
+    if context is not None and context * factor > MAX_POSITIONS:
+        raise InvalidArgument(f"{where}['factor'] = {factor:g} over a context of {context} reaches "
+                              f"{context * factor:.4g} positions, past posenc's bound of 2^31 = {MAX_POSITIONS}")
 
 
 def write_hf_config(
@@ -372,30 +439,42 @@ def inspect_config(
     layer_type: str | None = None,
     original_context: int | None = None,
     extended_context: int | None = None,
+    rope: Any = None,
 ) -> RopeInspection:
     """Per frequency pair, the wavelengths of a config's RoPE against its contexts.
 
     The original context L0 is the rope dict's ``original_max_position_embeddings`` (as
     :func:`read_hf_config` fills it in), else ``max_position_embeddings``. The extended
-    context is max(max_position_embeddings, L0 * factor). Either can be given instead.
+    context is max(max_position_embeddings, L0 * factor). Either can be given instead (an
+    int in [1, 2^31]).
+
+    Args:
+        rope: the RoPE to inspect (anything with ``head_dim``, ``rotary_dim``, ``base`` and
+            ``scaling``: ``from_hf_config(config, layer_type=...)``, which reads a family's own
+            keys, as ``posenc inspect`` does); default: :func:`read_hf_config` of ``config``,
+            with ``layer_type``. Either way the config's numbers pass the same checks.
 
     Raises:
         KeyError: no context length can be found (give ``original_context``); and as
         :func:`read_hf_config`.
     """
-    kwargs, _ = read_hf_config(config, layer_type=layer_type)
-    head_dim, base, scaling = kwargs["head_dim"], kwargs["base"], kwargs["scaling"]
-    rotary_dim = int(head_dim * kwargs["partial_rotary_factor"]) if kwargs["partial_rotary_factor"] else head_dim
-    check_even(rotary_dim, "rotary_dim (head_dim * partial_rotary_factor)")
-    check_number(base, "rope_theta", gt=1)
-    max_pos = config.get("max_position_embeddings")
+    if rope is None:
+        kwargs, _ = read_hf_config(config, layer_type=layer_type)
+        head_dim, base, scaling = kwargs["head_dim"], kwargs["base"], kwargs["scaling"]
+        prf = kwargs["partial_rotary_factor"]
+        rotary_dim = rotary_dim_of(head_dim, prf) if prf is not None else head_dim
+    else:
+        head_dim, rotary_dim, base, scaling = rope.head_dim, rope.rotary_dim, rope.base, rope.scaling
+    max_pos = config_int(config_mapping(config), "max_position_embeddings", default=None)
     if original_context is None:
         original_context = (scaling or {}).get("original_max_position_embeddings") or max_pos
         if original_context is None:
             raise MissingKey("config: needs 'max_position_embeddings' (or pass original_context=)")
+    check_size(original_context, "original_context", key="max_position_embeddings")
     if extended_context is None:
         factor = (scaling or {}).get("factor") or 1.0
         extended_context = max(int(max_pos or 0), int(round(original_context * factor)), int(original_context))
+    check_size(extended_context, "extended_context", key="max_position_embeddings")
     inv_original, _ = compute_rope_parameters(rotary_dim, base, None, None)
     inv_scaled, attention_factor = compute_rope_parameters(rotary_dim, base, scaling, extended_context)
     wavelength_original = 2 * math.pi / inv_original.double()

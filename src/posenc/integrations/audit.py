@@ -145,6 +145,9 @@ def read_config(source: str | os.PathLike) -> tuple[dict, str]:
         config = json.loads(path.read_text("utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InvalidArgument(f"CONFIG: {path} is not a readable JSON file ({err})") from None
+    except RecursionError:  # json.loads on JSON nested ~100,000 deep (issue 22)
+        raise InvalidArgument(f"CONFIG: {path} is nested too deep to be a model config (the JSON parser's "
+                              "recursion limit)") from None
     if not isinstance(config, dict):
         raise InvalidArgument(f"CONFIG: {path} must hold a JSON object (a model config.json), got {type(config).__name__}")
     return config, str(path)

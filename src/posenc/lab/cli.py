@@ -8,7 +8,6 @@ traceback of either).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -574,18 +573,11 @@ def lengthgen(
 
 
 def _read_config_json(path: Path) -> dict:
-    """A parsed config.json; every failure as one clear error naming the file."""
-    if not path.exists():
-        raise FileNotFoundError(f"CONFIG: {path} does not exist")
-    if not path.is_file():
-        raise InvalidArgument(f"CONFIG: {path} is not a file")
-    try:
-        config = json.loads(path.read_text("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InvalidArgument(f"CONFIG: {path} is not valid JSON ({err})") from None
-    if not isinstance(config, dict):
-        raise InvalidArgument(f"CONFIG: {path} must hold a JSON object (a model config.json), got {type(config).__name__}")
-    return config
+    """A parsed config.json; every failure as one clear error naming the file
+    (posenc.hf_config.load_config_json: too deep a nesting included)."""
+    from posenc.hf_config import load_config_json
+
+    return load_config_json(path)
 
 
 def rope_inspection_table(report, title: str) -> Table:
@@ -630,14 +622,16 @@ def inspect(
     (YaRN's critical dimension), the attention factor, a PNG of it, and the per-layer plan
     (position_plan: each layer's encoding and span, layers grouped)."""
     from posenc.lab.plots import figure_path, plot_rope_inspection
-    from posenc.rope import inspect_config
+    from posenc.rope import from_hf_config, inspect_config
 
     for value, name in ((original_context, "--original-context"), (extended_context, "--extended-context")):
         if value is not None and value < 1:
             raise UsageError(f"{name} must be a positive integer, got {value}")
     figure_out = figure_path(out if out is not None else Path("."), f"{config.stem}.rope.png", "--out")
+    config_dict = _read_config_json(config)
+    # the library's own reading, so that inspect accepts exactly what from_hf_config accepts
     report = inspect_config(
-        _read_config_json(config), layer_type=layer_type,
+        config_dict, layer_type=layer_type, rope=from_hf_config(config_dict, layer_type=layer_type),
         original_context=original_context, extended_context=extended_context,
     )
     name = report.model_type or config.stem
@@ -650,24 +644,27 @@ def inspect(
         f"{report.attention_factor ** 2:.6g}); [bold]contexts[/] L0 = {report.original_context}, "
         f"extended L = {report.extended_context}"
     )
-    _print_position_plan(_read_config_json(config))
+    _print_position_plan(config_dict)
     figure = plot_rope_inspection(report, figure_out)
     console.print(f"wrote {figure}")
 
 
 def _print_position_plan(config: dict) -> None:
     """The per-layer plan of a config (posenc.hf_config.position_plan), layers grouped, and its
-    notes; one line saying why when the family is not in the table."""
+    notes; one line saying why when the family is not in the table or the plan needs a key the
+    RoPE does not (a malformed value of a known family is an error, as in the library)."""
     import warnings
 
-    from posenc.errors import PosencError
-    from posenc.hf_config import position_plan
+    from posenc.errors import MissingKey, PosencError
+    from posenc.hf_config import position_plan, reads_model_type
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the notes are printed below
             plan = position_plan(config)
     except PosencError as error:
+        if reads_model_type(config.get("model_type")) and not isinstance(error, MissingKey):
+            raise
         console.print(f"per-layer plan: not read ({error})", markup=False, highlight=False)
         return
     console.print(f"[bold]per-layer plan[/] ({len(plan)} layers, {plan.model_type}):", highlight=False)
