@@ -45,10 +45,10 @@ and packed documents folded in), or None when plain causal attention is meant.
 from __future__ import annotations
 
 import dataclasses
-import warnings
-
+import functools
 import inspect
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,7 +63,8 @@ from posenc.encodings.rope.multiaxis import MultiAxisRoPE
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
 from posenc.hf_config import extension_config, from_hf_config, position_plan, reads_model_type
 from posenc.hf_config.plan import PLAN_FORMAT, LayerPlan, PositionPlan, encoding_from_dict, encoding_to_dict
-from posenc.integrations.adapters import ADAPTERS, RotaryEmbedding, apply_plan
+from posenc.integrations import adapters
+from posenc.integrations.adapters import ADAPTERS, RotaryEmbedding
 
 __all__ = [
     "ATTN_IMPLEMENTATION", "FAMILIES", "Family", "position_plan", "use_encoding", "extend_context", "from_pretrained",
@@ -254,9 +255,14 @@ def use_encoding(
             Qwen2-VL and Qwen2.5-VL, their text tower: an :class:`~posenc.MRoPE` takes the
             model's own tables at its (3, B, T) positions, exact on text and image positions);
             or of a family in :data:`posenc.integrations.adapters.ADAPTERS` (gpt2, opt, bloom,
-            mpt, falcon with RoPE or ALiBi, t5, mt5), which take a PositionPlan of their own kind only
+            mpt, falcon with RoPE or ALiBi, t5, mt5): a PositionPlan of their own kind
             (``position_plan(model.config)``, or one with other numbers: another RoPE base,
-            other ALiBi slopes) through :func:`~posenc.integrations.adapters.apply_plan`.
+            other ALiBi slopes) goes through :func:`~posenc.integrations.adapters.apply_plan`,
+            every layer at once; an encoding or a name replaces the family's positions on every
+            self-attention layer or those in ``layers`` (T5: the encoder's layers are 0 .. E-1,
+            the decoder's E .. E+D-1; a name builds a bidirectional encoding for the encoder, a
+            causal one for the decoder), and without ``layers`` the family's absolute table
+            (GPT-2, OPT) too, by an embedding encoding's rows or nothing.
         plan_or_encoding: a :class:`~posenc.hf_config.plan.PositionPlan` (one LayerPlan per
             decoder layer; its ``embedding`` added before layer 0); a
             :class:`~posenc.PositionalEncoding` (on every layer, its ``for_layer(i)`` on layer
@@ -286,40 +292,249 @@ def use_encoding(
             another head count than the model's query heads (both named); one with the
             ``gate`` hook (FoX); a non-rotary encoding on a layer with attention sinks (gpt-oss)
             or logit soft-capping (Gemma 2), which posenc's attention does not compute.
-        InvalidArgument, for an adapter family: an encoding or a name (not a plan), ``layers``,
-            a plan the adapter cannot apply (the message says what it takes).
+        InvalidArgument, for an adapter family (the message names the family and the
+            encoding): a plan with ``layers`` or one the adapter cannot apply (it says what it
+            takes); an encoding with the gate hook (FoX), with several position axes (M-RoPE),
+            with another head count or head_dim than the model's, an embedding encoding with
+            ``layers``, a name that does not build for the stack's sizes.
         InvalidType (TypeError): neither a plan, an encoding nor a name. ImportError:
             transformers is not installed. On an error the model is left as it was.
     """
     adapter = ADAPTERS.get(getattr(getattr(model, "config", None), "model_type", None))
     if adapter is not None:  # the families whose positions an adapter hands to posenc
-        _adapter_arguments(model, plan_or_encoding, layers, kwargs)
-        record = _record(None, None, plan_or_encoding)
-        apply_plan(model, plan_or_encoding)
-        model.base_model.__dict__["posenc_plan"] = plan_or_encoding
-        setattr(model.config, CONFIG_KEY, record)
-        return model
-    apply = _prepare(model, plan_or_encoding, layers, kwargs)
+        apply = _prepare_adapter(model, adapter, plan_or_encoding, layers, kwargs)
+    else:
+        apply = _prepare(model, plan_or_encoding, layers, kwargs)
     apply()
     return model
 
 
-def _adapter_arguments(model: nn.Module, plan: Any, layers: Any, kwargs: dict) -> None:
-    """Refuse what the adapters of :data:`posenc.integrations.adapters.ADAPTERS` cannot take:
-    they apply a whole :class:`PositionPlan` of the family's own kinds of encoding."""
+# -- the adapter families (posenc.integrations.adapters.ADAPTERS) ---------------------------------
+
+def _prepare_adapter(model: nn.Module, adapter: adapters.Adapter, plan_or_encoding: Any, layers: Sequence[int] | None,
+                     kwargs: dict) -> Callable[[], None]:
+    """Check everything for an adapter family without changing the model; returns the function
+    that applies it. A PositionPlan goes to the family's plan adapter (its own kinds of
+    encoding, every layer); an encoding or a name replaces the family's positions on the
+    self-attention layers named (all: also its absolute position table)."""
     model_type = model.config.model_type
-    takes = ("a PositionPlan of the family's own kind (position_plan(model.config): learned tables for gpt2 and "
-             "opt, ALiBi for bloom and mpt, RoPE or ALiBi for falcon (as its config), T5 buckets per stack for t5)")
-    if layers is not None:
-        raise InvalidArgument(f"layers: the {model_type} adapter applies a plan to every layer at once; it takes {takes}")
-    if kwargs:
-        raise InvalidType(f"keyword arguments {sorted(kwargs)}: the {model_type} adapter takes {takes}, not a name")
-    if not isinstance(plan, PositionPlan):
-        raise InvalidArgument(
-            f"plan_or_encoding: {model_type} computes its positions outside transformers' AttentionInterface, so posenc "
-            f"cannot give it another encoding ({type(plan).__name__} {plan!r:.60}); its adapter takes {takes}. Families "
-            f"that take any encoding: those in FAMILIES and the Llama-shaped ones"
-        )
+    if isinstance(plan_or_encoding, PositionPlan):
+        takes = ("a PositionPlan of the family's own kind (position_plan(model.config): learned tables for gpt2 and "
+                 "opt, ALiBi for bloom and mpt, RoPE or ALiBi for falcon (as its config), T5 buckets per stack for t5)")
+        if layers is not None:
+            raise InvalidArgument(f"layers: the {model_type} adapter applies a plan to every layer at once; it takes "
+                                  f"{takes}, or an encoding or a name with layers=")
+        if kwargs:
+            raise InvalidType(f"keyword arguments {sorted(kwargs)} are for building an encoding from a name; got a "
+                              "PositionPlan")
+        apply_plan = adapter.plan(model, plan_or_encoding)
+        plan, record = plan_or_encoding, _record(None, None, plan_or_encoding)
+
+        def apply() -> None:
+            adapters.restore(model)
+            apply_plan()
+            _keep_plan(model, plan, record)
+
+        return apply
+    return _prepare_adapter_encoding(model, adapter, plan_or_encoding, layers, kwargs)
+
+
+def _prepare_adapter_encoding(model: nn.Module, adapter: adapters.Adapter, given: Any, layers: Sequence[int] | None,
+                              kwargs: dict) -> Callable[[], None]:
+    model_type = model.config.model_type
+    stacks = adapter.stacks(model)
+    if isinstance(given, str):
+        encodings = []
+        for stack in stacks:
+            try:
+                encodings.append(create_for_model(given, d_model=stack.d_model, num_heads=stack.num_heads,
+                                                  head_dim=stack.head_dim, max_positions=stack.max_positions,
+                                                  causal=stack.causal, **kwargs))
+            except (InvalidArgument, InvalidType) as err:
+                raise type(err)(f"{model_type} {stack.name}: encoding {given!r}: {err}") from err
+    elif isinstance(given, PositionalEncoding):
+        if kwargs:
+            raise InvalidType(f"keyword arguments {sorted(kwargs)} are for building an encoding from a name; got "
+                              f"{type(given).__name__}")
+        encodings = [given] * len(stacks)
+    else:
+        raise InvalidType("plan_or_encoding must be a posenc PositionPlan, a posenc.PositionalEncoding or a registered "
+                          f"name, got {type(given).__name__}")
+    name = given if isinstance(given, str) else type(given).__name__
+    embeds = Hook.EMBED in encodings[0].hooks
+    for stack, encoding in zip(stacks, encodings):
+        _check_adapter_encoding(model_type, stack, encoding, name)
+    offsets = [sum(len(s.attentions) for s in stacks[:i]) for i in range(len(stacks))]
+    chosen = set(_chosen_layers(layers, sum(len(s.attentions) for s in stacks)))
+    if layers is not None and embeds:
+        raise InvalidArgument(f"layers: {name} is an embedding encoding (embed hook), added before the first layer of "
+                              f"{model_type}, not per layer; use it without layers=")
+    # (stack, local index, attention module, the layer's encoding) of every layer that changes
+    changed = [(stack, i, module, encoding.for_layer(i))
+               for stack, encoding, offset in zip(stacks, encodings, offsets)
+               for i, module in enumerate(stack.attentions) if offset + i in chosen]
+    plan = _adapter_plan(model, stacks, encodings, changed, replace_table=layers is None)
+    distinct = {id(e): e for e in [*encodings, *(c[3] for c in changed)]}
+    registered = encodings[0] if len(distinct) == 1 else nn.ModuleList(distinct.values())
+    single = encodings[0] if len({id(e) for e in encodings}) == 1 else None
+    record = _record(single, layers, plan) if single is not None or layers is None else {
+        "format": PLAN_FORMAT, "error": f"{model_type}: {name} by name was built once per stack (encoder "
+                                        "bidirectional, decoder causal) with layers=; give a PositionalEncoding instead"}
+    # the implementation the model had before any use_encoding (restored with the rest)
+    original = model.__dict__.get(_ORIGINAL_ATTN, model.config._attn_implementation)
+    if adapter.attention is None:
+        _transformers_attention_function(original)  # one that cannot serve the other layers: refused now
+
+    def apply() -> None:
+        adapters.restore(model)
+        base = model.base_model
+        parameter = next(model.parameters(), None)
+        if parameter is not None:
+            registered.to(parameter.device)
+        adapters.replace_attribute(model, base, "posenc_encoding", registered, submodule=True)
+        positions = {stack.name: {} for stack in stacks}
+        for stack in stacks:
+            adapters.hook(model, stack.base.register_forward_pre_hook(
+                _stack_positions_hook(positions[stack.name], [c[2] for c in changed if c[0] is stack]),
+                with_kwargs=True))
+        if adapter.table is not None and layers is None:
+            owner, attribute = adapter.table(model)
+            table = adapters.EmbeddingPositions(encodings[0], stacks[0].d_model) if embeds else adapters.ZeroPositions()
+            table.__dict__["original"] = getattr(owner, attribute)  # what the plan adapters check against
+            adapters.replace_attribute(model, owner, attribute, table)
+        elif embeds:
+            for stack, encoding in zip(stacks, encodings):
+                first = stack.base.block[0] if hasattr(stack.base, "block") else stack.attentions[0]
+                adapters.hook(model, first.register_forward_pre_hook(
+                    _stack_embed_hook(encoding, positions[stack.name]), with_kwargs=True))
+        adapters.on_undo(model, lambda: [c[2].__dict__.pop(_POSITIONS_ATTR, None) for c in changed])
+        for stack, _, module, encoding in changed:
+            if adapter.attention is not None:
+                forward = functools.partial(adapter.attention, module, encoding, positions[stack.name])
+                adapters.replace_attribute(model, module, "forward", forward)
+            else:
+                adapters.replace_attribute(model, module, _ENCODING_ATTR, encoding)
+        if adapter.attention is None:
+            _register_with_transformers()
+            for module in adapter.interface(model):
+                adapters.replace_attribute(model, module, _FALLBACK_ATTR, original)
+            model.set_attn_implementation(ATTN_IMPLEMENTATION)
+            adapters.on_undo(model, lambda: model.set_attn_implementation(original))
+            adapters.replace_attribute(model, model, _ORIGINAL_ATTN, original)
+        _keep_plan(model, plan, record)
+
+    return apply
+
+
+#: Where an adapter family keeps the attention implementation it had before use_encoding.
+_ORIGINAL_ATTN = "_posenc_original_attn"
+
+
+def _keep_plan(model: nn.Module, plan: PositionPlan, record: dict) -> None:
+    """Record the plan applied (``base_model.posenc_plan``, ``config.posenc_plan``), undone
+    with the rest by :func:`posenc.integrations.adapters.restore`."""
+    adapters.replace_attribute(model, model.base_model, "posenc_plan", plan)
+    adapters.replace_attribute(model, model.config, CONFIG_KEY, record)
+
+
+def _check_adapter_encoding(model_type: str, stack: adapters.Stack, encoding: PositionalEncoding, name: str) -> None:
+    """Refuse, naming the family and the encoding, what posenc's attention cannot run in that stack."""
+    where = f"{model_type} {stack.name}"
+    if Hook.GATE in encoding.hooks:
+        raise InvalidArgument(f"{where}: {name} has the gate hook (values of each layer's hidden state, kept per key), "
+                              "which the model's cache cannot carry; use posenc.lab.model.TransformerLM")
+    if getattr(encoding, "position_axes", 1) != 1:
+        raise InvalidArgument(f"{where}: {name} reads {encoding.position_axes} position axes; {model_type} has one "
+                              "position per token")
+    heads = getattr(encoding, "num_heads", None)
+    if isinstance(heads, int) and heads != stack.num_heads:
+        raise InvalidArgument(f"{where}: {name} was built for num_heads={heads}, the model's attention has "
+                              f"{stack.num_heads} query heads")
+    head_dim = getattr(encoding, "head_dim", None)
+    if Hook.EMBED not in encoding.hooks and isinstance(head_dim, int) and head_dim != stack.head_dim:
+        raise InvalidArgument(f"{where}: {name} has head_dim={head_dim}, the model's heads {stack.head_dim}")
+    d_model = getattr(encoding, "d_model", None)
+    if Hook.EMBED in encoding.hooks and isinstance(d_model, int) and d_model != stack.d_model:
+        raise InvalidArgument(f"{where}: {name} has d_model={d_model}, the model's hidden size {stack.d_model}")
+
+
+def _adapter_plan(model: nn.Module, stacks: tuple, encodings: list, changed: list, replace_table: bool) -> PositionPlan:
+    """The plan an encoding applied to an adapter family amounts to: the family's own plan
+    (``position_plan(config)``) with the changed layers' encodings, the absolute table replaced
+    (by the embedding encoding, or nothing) when every layer changed."""
+    own = position_plan(model.config)
+    by_stack = {"decoder": own, "encoder": own.encoder}
+    plans = {}
+    for stack, encoding in zip(stacks, encodings):
+        stack_plan = by_stack[stack.name]
+        new = {i: e for s, i, _, e in changed if s is stack}
+        layers = tuple(dataclasses.replace(layer, encoding=new[i] if Hook.EMBED not in new[i].hooks else None)
+                       if i in new else layer for i, layer in enumerate(stack_plan))
+        embedding = stack_plan.embedding
+        if replace_table:
+            embedding = encoding if Hook.EMBED in encoding.hooks else None
+        plans[stack.name] = PositionPlan(layers, embedding, stack_plan.model_type, None, stack_plan.notes)
+    decoder = plans["decoder"]
+    return dataclasses.replace(decoder, encoder=plans.get("encoder"))
+
+
+def _stack_positions_hook(positions: dict, modules: list[nn.Module]):
+    """A stack's forward pre-hook: the call's positions, (B|1, Tq) queries and (B|1, Tk) keys:
+    the call's ``position_ids`` where given (negative ones, OPT's padding, read at 0; the keys
+    the consecutive positions ending at the queries, as for the Llama-shaped families), else
+    from its 2-d attention mask over the cached and new tokens (cumsum(mask) - 1, padding at
+    0), else 0 .. Tk-1; kept in ``positions`` and on the modules of posenc's
+    attention. A StaticCache is refused here, at the first call."""
+    def read_positions(module, args, kwargs):
+        tokens = args[0] if args else kwargs.get("input_ids")
+        if tokens is None:
+            tokens = kwargs["inputs_embeds"][..., 0]
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        _refuse_static_layers(cache)
+        cache = getattr(cache, "self_attention_cache", cache)
+        past = cache.get_seq_length() if cache is not None else 0
+        length = past + tokens.shape[1]
+        mask = kwargs.get("attention_mask")
+        if mask is None and len(args) > 2 and isinstance(args[2], Tensor):
+            mask = args[2]
+        given = kwargs.get("position_ids")
+        if isinstance(given, Tensor) and given.dim() == 2:  # the caller's (GPT-2, OPT, Falcon take them)
+            queries = given.clamp(min=0)
+            positions["q"], positions["k"] = queries, _key_positions(queries, length)
+        else:
+            if mask is not None and mask.dim() == 2 and mask.shape[-1] == length:
+                keys = (mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+            else:
+                keys = torch.arange(length, device=tokens.device).unsqueeze(0)
+            positions["k"], positions["q"] = keys, keys[:, past:]
+        for attention_module in modules:
+            attention_module.__dict__[_POSITIONS_ATTR] = positions["q"]
+
+    return read_positions
+
+
+def _stack_embed_hook(encoding: PositionalEncoding, positions: dict):
+    """The first layer's forward pre-hook adding an embedding encoding's rows at the stack's positions."""
+    def add_position_embedding(module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        hidden = encoding.embed(hidden, positions["q"].expand(hidden.shape[0], -1))
+        if args:
+            return (hidden, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": hidden}
+
+    return add_position_embedding
+
+
+def _refuse_static_layers(cache: Any) -> None:
+    if cache is None:
+        return
+    from transformers.cache_utils import StaticLayer
+
+    for part in (cache, getattr(cache, "self_attention_cache", None)):
+        if any(isinstance(layer, StaticLayer) for layer in getattr(part, "layers", None) or []):
+            raise InvalidArgument(
+                f"cache: a StaticCache ({type(cache).__name__}) keeps keys in fixed slots, which posenc's attention "
+                "cannot position; generate with the default DynamicCache (no cache_implementation='static')")
 
 
 #: The config attribute holding the plan :func:`use_encoding` applied (plain JSON, written to
@@ -879,9 +1094,11 @@ def posenc_attention_forward(
     if kwargs.get("s_aux") is not None:
         raise InvalidArgument("posenc attention has no attention sinks (s_aux); use the model's own attention")
     encoding = module.__dict__[_ENCODING_ATTR]
-    positions = kwargs.get("position_ids")
+    # the positions the layer's or the stack's pre-hook kept for this call (an adapter family's:
+    # OPT's padding -1 read at 0), else the ones transformers hands the attention
+    positions = module.__dict__.get(_POSITIONS_ATTR)
     if positions is None:
-        positions = module.__dict__.get(_POSITIONS_ATTR)
+        positions = kwargs.get("position_ids")
     q_positions = _query_positions(positions, query)
     k_positions = _key_positions(q_positions, key.shape[2])
     out = attention(
