@@ -19,8 +19,9 @@ import posenc  # noqa: E402
 from posenc.errors import InvalidArgument, InvalidType  # noqa: E402
 from posenc.hf_config import position_plan  # noqa: E402
 from posenc.hf_config.plan import LayerPlan, PositionPlan  # noqa: E402
-from posenc.integrations.adapters import ADAPTERS, ZeroPositions  # noqa: E402
-from posenc.integrations.transformers import use_encoding  # noqa: E402
+from posenc.integrations.adapters import ADAPTERS, RotaryEmbedding, ZeroPositions  # noqa: E402
+from posenc.integrations.transformers import extend_context, use_encoding  # noqa: E402
+from test_integration_families import plain_reload_logits  # noqa: E402
 from test_position_plan_other import gpt2_position_ids, left_padded_mask, model_of  # noqa: E402
 
 #: The adapter families as test_position_plan_other builds them (Falcon twice: rotary and ALiBi).
@@ -305,3 +306,63 @@ def test_the_record_of_an_encoding_by_name():
     assert model.config.posenc_plan["encoding"]["name"] == "alibi"
     t5 = use_encoding(model_of("t5"), "t5", layers=[0])
     assert "error" in t5.config.posenc_plan  # two encodings by name with layers=: not restorable, said so
+
+
+# ------------------------------------------------------------------------------------ extend_context (item 3)
+
+@pytest.mark.parametrize("method,factor", [("linear", 2.0), ("yarn", 4.0), ("dynamic", 2.0)])
+def test_extend_context_on_falcon_rotary_round_trips_through_plain_from_pretrained(method, factor, tmp_path):
+    """Falcon with rotary: the scaling is written to its config (rope_parameters, where
+    FalconRotaryEmbedding reads it) and the model runs posenc's RoPE of the new config through
+    the plan adapter; a plain transformers from_pretrained of the saved folder gives the same
+    logits; the extension moved them (the check can fail). Lengths past the original context
+    (64 here) so that yarn and dynamic act."""
+    model = model_of("falcon_rope", max_position_embeddings=64)
+    ids = torch.randint(3, 128, (2, 96), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = model(ids).logits
+    extend_context(model, method, factor)
+    assert model.config.rope_parameters["rope_type"] == method
+    with torch.no_grad():
+        extended = model(ids).logits
+    assert (extended - before).abs().max() > 1e-3
+    reloaded = plain_reload_logits(model, transformers.FalconForCausalLM, tmp_path, ids, attn="eager")
+    assert (reloaded - extended).abs().max() <= 1e-5
+    # applied once: the plan adapter's rotary module, nothing stacked
+    assert isinstance(model.transformer.rotary_emb, RotaryEmbedding)
+
+
+@pytest.mark.parametrize("name", ["falcon_alibi", "bloom", "mpt", "gpt2", "opt", "t5"])
+def test_extend_context_refuses_families_without_rope_and_changes_nothing(name):
+    model = model_of(name)
+    config = model.config.to_dict()
+    with pytest.raises(InvalidArgument, match="not RoPE on every layer: extend_context scales a RoPE"):
+        extend_context(model, "linear", 2.0)
+    assert model.config.to_dict() == config and "_posenc_adapter_undo" not in model.__dict__
+
+
+def test_extend_context_on_falcon_is_atomic():
+    """A refusal after the config's scaling is computed (a bad yarn parameter, an already
+    scaled RoPE, an encoding applied by use_encoding) leaves model and config unchanged."""
+    model = model_of("falcon_rope")
+    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = model(ids).logits
+    config = model.config.to_dict()
+    with pytest.raises(InvalidArgument, match="beta_fast"):
+        extend_context(model, "yarn", 4.0, beta_fast=-1.0)
+    with pytest.raises(InvalidArgument, match="layer_types"):
+        extend_context(model, "linear", 2.0, layer_types=["full_attention"])
+    assert model.config.to_dict() == config and "_posenc_adapter_undo" not in model.__dict__
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+    extend_context(model, "linear", 2.0)
+    extended = model.config.to_dict()
+    with pytest.raises(InvalidArgument, match="already scaled"):
+        extend_context(model, "linear", 2.0)
+    assert model.config.to_dict() == extended
+    other = use_encoding(model_of("falcon_rope"), "alibi")
+    config = other.config.to_dict()
+    with pytest.raises(InvalidArgument, match="extend before use_encoding"):
+        extend_context(other, "linear", 2.0)
+    assert other.config.to_dict() == config

@@ -937,6 +937,14 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     from the config (:func:`~posenc.hf_config.from_hf_config`, in the family's pair layout) for
     every layer.
 
+    Qwen2-VL / Qwen2.5-VL: the scaling is written to ``config.text_config``'s rope dict (where
+    their text model's rotary embedding reads it; ``mrope_section`` kept) and the text tower
+    runs posenc's M-RoPE of it. Falcon with rotary: written to its config, the model runs the
+    new config's plan through its adapter. Refused, saying why: GPT-J (transformers builds its
+    rotary table from ``rotary_dim`` and base 10000 only, reading no scaling), and the
+    families without RoPE (ALiBi: BLOOM, MPT, Falcon with ``alibi``; GPT-2's and OPT's learned
+    tables; T5's buckets).
+
     Args:
         model: a transformers decoder whose RoPE has the default rope_type.
         method: one of :data:`posenc.rope.EXTENSION_METHODS`.
@@ -951,16 +959,21 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
             s < 1, a bad parameter (named, as :func:`posenc.rope_frequencies` raises); a model
             with no RoPE layer (every layer NoPE); a per-layer-type config without
             ``layer_types`` where the family names none, or naming a type the config does not
-            have. And as :func:`use_encoding`. On an error model and config are left unchanged.
+            have; a family whose transformers model reads no scaling from its config (GPT-J) or
+            that has no RoPE; a model running another plan of :func:`use_encoding` than its
+            config's (Falcon, Qwen-VL: extend first). And as :func:`use_encoding`. On an error
+            model and config are left unchanged.
     """
     if factor is None:
         raise MissingKey(f"factor: extend_context(model, {method!r}, factor) needs the scaling factor s")
+    adapter = ADAPTERS.get(getattr(getattr(model, "config", None), "model_type", None))
+    if adapter is not None:
+        return _extend_adapter_family(model, adapter, method, factor, layer_types, params)
     family = family_of(model)
     base = _base_model(model, family)
     config = model.config
     if family.text_config is not None:
-        raise InvalidArgument(f"model: {config.model_type}'s RoPE is in config.{family.text_config}, a nested config "
-                              "extend_context does not write; extend the text model's config and load the model from it")
+        return _extend_text_config(model, family, base, method, factor, layer_types, params)
     current = config.to_dict()
     if "max_position_embeddings" not in current and isinstance(getattr(config, "max_position_embeddings", None), int):
         # an attribute_map alias (GPT-J's n_positions), which to_dict() spells the family's way
@@ -1004,6 +1017,75 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     for name, value in fields.items():
         setattr(config, name, value)
     apply()
+    return model
+
+
+def _extension_fields(config: Any, current: dict, method: str, factor: float, layer_types: Any, params: dict,
+                      model_type: str) -> dict:
+    """The extension's config fields for a config with one rope dict (read plainly: the family
+    was read by the caller), checked against transformers' config class."""
+    if layer_types is not None:
+        raise InvalidArgument(f"layer_types: {model_type} has one rope dict for every layer, not one per layer type")
+    flat = {key: value for key, value in current.items() if key != "model_type"}
+    fields = extension_config(flat, method, factor, **params)
+    _check_transformers_reads(config, fields, method)
+    return fields
+
+
+def _unchanged_plan_refusal(model_type: str, old: PositionPlan, new: PositionPlan) -> None:
+    if new.describe() == old.describe():
+        raise InvalidArgument(f"model: {model_type} does not read a RoPE scaling from its config (transformers builds "
+                              "the same model from the extended config): nothing to extend")
+
+
+def _extend_text_config(model: nn.Module, family: Family, base: nn.Module, method: str, factor: float,
+                        layer_types: Any, params: dict) -> nn.Module:
+    """extend_context for a model whose decoder's RoPE is in a nested config (Qwen2-VL,
+    Qwen2.5-VL: ``config.text_config``, where their text model's rotary embedding reads it;
+    the M-RoPE's ``mrope_section`` kept in the rope dict)."""
+    config = model.config
+    text = getattr(config, family.text_config)
+    own = position_plan(config)
+    recorded = base.__dict__.get("posenc_plan")
+    if recorded is not None and recorded.describe() != own.describe():
+        raise InvalidArgument(f"model: it runs a plan of use_encoding ({recorded.describe()!r}), not the RoPE of its "
+                              "config; extend_context scales the config's RoPE: extend before use_encoding")
+    fields = _extension_fields(text, text.to_dict(), method, factor, layer_types, params, config.model_type)
+    new_plan = position_plan({**config.to_dict(), family.text_config: {**text.to_dict(), **fields}})
+    _unchanged_plan_refusal(config.model_type, own, new_plan)
+    apply = _prepare(model, new_plan, None, {})  # every refusal before the config changes
+    for name, value in fields.items():
+        setattr(text, name, value)
+    apply()
+    return model
+
+
+def _extend_adapter_family(model: nn.Module, adapter: adapters.Adapter, method: str, factor: float,
+                           layer_types: Any, params: dict) -> nn.Module:
+    """extend_context for an adapter family with RoPE (Falcon's rotary): the extended config's
+    plan through the family's plan adapter. ALiBi, learned tables and T5 buckets have no RoPE
+    to scale: refused, saying which."""
+    config = model.config
+    current = config.to_dict()
+    own = position_plan(current)
+    if not all(isinstance(layer.encoding, RoPE) for layer in own) or own.encoder is not None:
+        raise InvalidArgument(f"model: {config.model_type}'s positions are {own.describe()!r}, not RoPE on every "
+                              "layer: extend_context scales a RoPE (ALiBi, learned tables and T5 buckets have no "
+                              "scaling to write)")
+    recorded = model.base_model.__dict__.get("posenc_plan")
+    if recorded is not None and recorded.describe() != own.describe():
+        raise InvalidArgument(f"model: it runs a plan of use_encoding ({recorded.describe()!r}), not the RoPE of its "
+                              "config; extend_context scales the config's RoPE: extend before use_encoding")
+    fields = _extension_fields(config, current, method, factor, layer_types, params, config.model_type)
+    new_plan = position_plan({**current, **fields})
+    _unchanged_plan_refusal(config.model_type, own, new_plan)
+    apply_plan = adapter.plan(model, new_plan)  # every refusal before the config changes
+    record = _record(None, None, new_plan)
+    for name, value in fields.items():
+        setattr(config, name, value)
+    adapters.restore(model)
+    apply_plan()
+    _keep_plan(model, new_plan, record)
     return model
 
 
