@@ -87,6 +87,25 @@ def test_encodings_by_name_on_adapter_families_train_and_generate_with_the_cache
     assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("name", ["gpt2", "opt", "bloom", "falcon_rope", "falcon_alibi"])
+@pytest.mark.parametrize("encoding", ["alibi", "rope"])
+def test_left_padded_generation_with_the_cache_equals_without(name, encoding):
+    """Left padding (the families whose positions follow the mask; MPT's do not): generate()
+    with the cache gives the tokens of generate() without it, and the padded row's real tokens
+    the logits of the same row unpadded."""
+    model = use_encoding(model_of(name), encoding)
+    ids = torch.randint(3, 128, (2, 10), generator=torch.Generator().manual_seed(1))
+    mask = left_padded_mask([10, 6], 10)
+    options = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, attention_mask=mask)
+    with torch.no_grad():
+        assert torch.equal(model.generate(ids, use_cache=True, **options),
+                           model.generate(ids, use_cache=False, **options))
+        extra = {"position_ids": gpt2_position_ids(mask)} if name == "gpt2" else {}
+        padded = model(ids, attention_mask=mask, **extra).logits[1, 4:]
+        alone = model(ids[1:, 4:]).logits[0]
+    assert (padded - alone).abs().max() <= 1e-5
+
+
 def _own_encoding(name, model):
     """The family's own positions as one posenc encoding given to use_encoding (the encoding
     route, posenc's attention), with the model's own numbers: GPT-2's and OPT's tables copied."""
@@ -300,12 +319,30 @@ def test_encoding_parameters_train_and_are_registered_once():
     assert any((p - before[n]).abs().max() > 0 for n, p in model.named_parameters() if n in before)
 
 
-def test_the_record_of_an_encoding_by_name():
-    model = use_encoding(model_of("gpt2"), "alibi", layers=[1])
-    assert model.config.posenc_plan["applied_layers"] == [1]
-    assert model.config.posenc_plan["encoding"]["name"] == "alibi"
-    t5 = use_encoding(model_of("t5"), "t5", layers=[0])
-    assert "error" in t5.config.posenc_plan  # two encodings by name with layers=: not restorable, said so
+@pytest.mark.parametrize("name,encoding,layers", [("gpt2", "alibi", [1]), ("gpt2", "rope", None),
+                                                  ("opt", "learned", None), ("bloom", "kerple", None),
+                                                  ("mpt", "fire", [0]), ("falcon_rope", "t5", None),
+                                                  ("t5", "t5", [0, 3]), ("t5", "alibi", None)])
+def test_save_and_load_an_encoding_on_an_adapter_family(name, encoding, layers, tmp_path):
+    """save_pretrained after use_encoding(name, layers=), then posenc's from_pretrained: the
+    same encoding on the same layers with its saved (here perturbed) parameters, the same
+    logits. T5's encodings by name (one per stack) are recorded by name and built again."""
+    from posenc.integrations.transformers import from_pretrained
+
+    model = use_encoding(_model(name), encoding, layers=layers)
+    with torch.no_grad():
+        for parameter in model.base_model.posenc_encoding.parameters():
+            parameter.normal_(std=0.3)
+    ids = torch.randint(3, 128, (2, 10), generator=torch.Generator().manual_seed(1))
+    x = dict(input_ids=ids, decoder_input_ids=ids[:, :5]) if name == "t5" else dict(input_ids=ids)
+    assert model.config.posenc_plan["applied_layers"] == layers
+    with torch.no_grad():
+        expected = model(**x).logits
+    model.save_pretrained(tmp_path)
+    loaded = from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert (loaded(**x).logits - expected).abs().max() <= 1e-5
+    assert loaded.base_model.posenc_plan.describe() == model.base_model.posenc_plan.describe()
 
 
 # ------------------------------------------------------------------------------------ extend_context (item 3)

@@ -377,9 +377,9 @@ def _prepare_adapter_encoding(model: nn.Module, adapter: adapters.Adapter, given
     distinct = {id(e): e for e in [*encodings, *(c[3] for c in changed)]}
     registered = encodings[0] if len(distinct) == 1 else nn.ModuleList(distinct.values())
     single = encodings[0] if len({id(e) for e in encodings}) == 1 else None
-    record = _record(single, layers, plan) if single is not None or layers is None else {
-        "format": PLAN_FORMAT, "error": f"{model_type}: {name} by name was built once per stack (encoder "
-                                        "bidirectional, decoder causal) with layers=; give a PositionalEncoding instead"}
+    record = _record(single, layers, plan)
+    if single is None:  # a name built once per stack (T5): from_pretrained builds it again by name
+        record = _with_name(record, given, kwargs)
     # the implementation the model had before any use_encoding (restored with the rest)
     original = model.__dict__.get(_ORIGINAL_ATTN, model.config._attn_implementation)
     if adapter.attention is None:
@@ -428,6 +428,22 @@ def _prepare_adapter_encoding(model: nn.Module, adapter: adapters.Adapter, given
 
 #: Where an adapter family keeps the attention implementation it had before use_encoding.
 _ORIGINAL_ATTN = "_posenc_original_attn"
+
+
+#: The record's key for an encoding built by name once per stack (T5's encoder and decoder).
+_BUILT_FROM_NAME = "built_from_name"
+
+
+def _with_name(record: dict, name: str, kwargs: dict) -> dict:
+    """The record of a plan built from ``name`` per stack, with the name and its options (plain
+    JSON) for :func:`from_pretrained` to build it again; the reason where they are not."""
+    import json
+
+    try:
+        json.dumps(kwargs)
+    except (TypeError, ValueError):
+        return {"format": PLAN_FORMAT, "error": f"encoding {name!r}: its options {sorted(kwargs)} are not plain data"}
+    return {**record, _BUILT_FROM_NAME: {"name": name, "kwargs": dict(kwargs)}}
 
 
 def _keep_plan(model: nn.Module, plan: PositionPlan, record: dict) -> None:
@@ -590,9 +606,13 @@ def from_pretrained(path: Any, **kwargs: Any) -> nn.Module:
         raise InvalidArgument(f"config.{CONFIG_KEY} must be a dict (PositionPlan.to_dict), got {type(record).__name__}")
     if "error" in record:
         raise InvalidArgument(f"{path}: the model was saved with a plan posenc could not record: {record['error']}")
-    given = record.get("encoding")
-    target = encoding_from_dict(given, f"{CONFIG_KEY}.encoding") if given is not None else PositionPlan.from_dict(record)
-    use_encoding(model, target, layers=record.get("applied_layers"))
+    given, by_name = record.get("encoding"), record.get(_BUILT_FROM_NAME)
+    if isinstance(by_name, dict):  # an adapter family's encoding built by name per stack (T5)
+        use_encoding(model, by_name.get("name"), layers=record.get("applied_layers"), **(by_name.get("kwargs") or {}))
+    else:
+        target = encoding_from_dict(given, f"{CONFIG_KEY}.encoding") if given is not None else \
+            PositionPlan.from_dict(record)
+        use_encoding(model, target, layers=record.get("applied_layers"))
     wanted = [name for name in model.state_dict() if ".posenc_encoding." in f".{name}"]
     if wanted:
         saved = _saved_tensors(path, wanted)
