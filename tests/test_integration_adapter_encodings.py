@@ -403,3 +403,44 @@ def test_extend_context_on_falcon_is_atomic():
     with pytest.raises(InvalidArgument, match="extend before use_encoding"):
         extend_context(other, "linear", 2.0)
     assert other.config.to_dict() == config
+
+
+def _vaswani_table(length, dim):
+    """Vaswani et al. 2017, section 3.5, in float64: PE[p, 2i] = sin(p / 1e4^(2i/d)), PE[p, 2i+1] = cos(.)."""
+    p = torch.arange(length, dtype=torch.float64)[:, None]
+    angle = p / 10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    return torch.stack((angle.sin(), angle.cos()), dim=-1).reshape(length, dim).float()
+
+
+@pytest.mark.parametrize("name", ["bloom", "gpt2"])
+def test_sinusoidal_is_added_to_the_first_layers_input(name):
+    """An embedding encoding goes where the family's positions enter the residual stream: in
+    place of GPT-2's table, or (BLOOM: no table) added to the first block's input, the layers'
+    own positions removed. The reference adds Vaswani's table (float64 formula) to the same
+    place of the family's own model without positions (BLOOM: zero slopes; GPT-2: wpe zeroed)."""
+    model, reference = model_of(name), model_of(name)
+    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    d = model.config.hidden_size
+    with torch.no_grad():
+        if name == "bloom":
+            own = position_plan(reference.config)[0].encoding
+            zero = posenc.ALiBi(own.num_heads, slopes=own.slope_formula, scale=own.scale)
+            zero.slopes.zero_()
+            use_encoding(reference, PositionPlan(tuple(LayerPlan(zero) for _ in range(2)), model_type="bloom"))
+            reference.transformer.h[0].register_forward_pre_hook(
+                lambda module, args: (args[0] + _vaswani_table(args[0].shape[1], d), *args[1:]))
+        else:
+            reference.transformer.wpe.weight.copy_(_vaswani_table(reference.config.n_positions, d))
+        expected = reference(ids).logits
+        use_encoding(model, "sinusoidal")
+        assert (model(ids).logits - expected).abs().max() <= 1e-5
+
+
+def test_an_encoding_on_gpt2_runs_in_bfloat16():
+    """The replaced table follows the model's dtype (model.to(bfloat16) after use_encoding)."""
+    model = use_encoding(model_of("gpt2"), "sinusoidal").to(torch.bfloat16)
+    with torch.no_grad():
+        assert model(torch.randint(3, 128, (2, 8))).logits.dtype == torch.bfloat16
+    model = use_encoding(model_of("bloom").to(torch.bfloat16), "rope")
+    with torch.no_grad():
+        assert model(torch.randint(3, 128, (2, 8))).logits.dtype == torch.bfloat16

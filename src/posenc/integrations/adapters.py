@@ -364,6 +364,8 @@ class Stack:
         name: "decoder" or "encoder" (T5).
         base: the module whose forward pre-hook reads each call's positions (its ``input_ids``
             or ``inputs_embeds``, ``attention_mask`` and cache).
+        first_block: the stack's first layer, whose input an embedding encoding is added to
+            (where the family has no absolute table to replace).
         attentions: the self-attention module of each layer, in order.
         causal: the stack's attention is causal.
         num_heads, head_dim, d_model, max_positions: the sizes an encoding by name is built for.
@@ -371,6 +373,7 @@ class Stack:
 
     name: str
     base: nn.Module
+    first_block: nn.Module
     attentions: tuple[nn.Module, ...]
     causal: bool
     num_heads: int
@@ -425,14 +428,16 @@ class ZeroPositions(nn.Module):
 
 class EmbeddingPositions(nn.Module):
     """A drop-in for a family's absolute position table backed by an embedding encoding
-    (sinusoidal, learned): ``forward(position_ids (B, T)) -> (B, T, d)``, the encoding's
-    ``embed`` of zeros at those positions; OPT's call ``(mask, cache_length, position_ids)``
+    (sinusoidal, learned): ``forward(position_ids (B, T)) -> (B, T, d)`` in the replaced
+    table's dtype (``like``'s), the encoding's ``embed`` of zeros at those positions; OPT's call ``(mask, cache_length, position_ids)``
     too. Padding positions (OPT's -1) are read at 0 (their rows are masked)."""
 
-    def __init__(self, encoding: PositionalEncoding, d_model: int) -> None:
+    def __init__(self, encoding: PositionalEncoding, d_model: int, like: Tensor) -> None:
         super().__init__()
         self.__dict__["encoding"] = encoding  # registered once, on the base model
         self.d_model = d_model
+        # follows the model's dtype and device (model.to(...)): the rows come in the table's dtype
+        self.register_buffer("like", like.new_zeros(0), persistent=False)
 
     def forward(self, *args: Any, position_ids: Tensor | None = None) -> Tensor:
         if position_ids is None:
@@ -441,10 +446,8 @@ class EmbeddingPositions(nn.Module):
             mask, cache_length = args[0], args[1] if len(args) > 1 else 0
             position_ids = (mask.cumsum(dim=1) * mask - 1).long()[:, cache_length:]
         position_ids = position_ids.clamp(min=0)
-        parameter = next(self.encoding.parameters(), None)
-        dtype = parameter.dtype if parameter is not None else torch.float32
-        zeros = torch.zeros((*position_ids.shape, self.d_model), dtype=dtype, device=position_ids.device)
-        return self.encoding.embed(zeros, position_ids)
+        zeros = self.like.new_zeros((*position_ids.shape, self.d_model))
+        return self.encoding.embed(zeros, position_ids.to(zeros.device))
 
 
 def _heads_out(context: Tensor) -> Tensor:
@@ -529,7 +532,7 @@ def _sizes(config: Any, num_heads: int, max_positions: int) -> dict:
 
 def _gpt2_stacks(model: nn.Module) -> tuple[Stack, ...]:
     base, config = _base(model), model.config
-    return (Stack("decoder", base, tuple(block.attn for block in base.h), True,
+    return (Stack("decoder", base, base.h[0], tuple(block.attn for block in base.h), True,
                   **_sizes(config, config.num_attention_heads, config.max_position_embeddings)),)
 
 
@@ -539,7 +542,7 @@ def _opt_decoder(model: nn.Module) -> nn.Module:
 
 def _opt_stacks(model: nn.Module) -> tuple[Stack, ...]:
     decoder, config = _opt_decoder(model), model.config
-    return (Stack("decoder", decoder, tuple(layer.self_attn for layer in decoder.layers), True,
+    return (Stack("decoder", decoder, decoder.layers[0], tuple(layer.self_attn for layer in decoder.layers), True,
                   **_sizes(config, config.num_attention_heads, config.max_position_embeddings)),)
 
 
@@ -547,19 +550,19 @@ def _bloom_stacks(model: nn.Module) -> tuple[Stack, ...]:
     base, config = _base(model), model.config
     # BLOOM has no length limit of its own (ALiBi): a learned or FIRE table gets 2048 positions
     max_positions = getattr(config, "seq_length", None) or 2048
-    return (Stack("decoder", base, tuple(block.self_attention for block in base.h), True,
+    return (Stack("decoder", base, base.h[0], tuple(block.self_attention for block in base.h), True,
                   **_sizes(config, base.num_heads, max_positions)),)
 
 
 def _mpt_stacks(model: nn.Module) -> tuple[Stack, ...]:
     base, config = _base(model), model.config
-    return (Stack("decoder", base, tuple(block.attn for block in base.blocks), True,
+    return (Stack("decoder", base, base.blocks[0], tuple(block.attn for block in base.blocks), True,
                   **_sizes(config, config.n_heads, config.max_seq_len)),)
 
 
 def _falcon_stacks(model: nn.Module) -> tuple[Stack, ...]:
     base, config = _base(model), model.config
-    return (Stack("decoder", base, tuple(block.self_attention for block in base.h), True,
+    return (Stack("decoder", base, base.h[0], tuple(block.self_attention for block in base.h), True,
                   **_sizes(config, config.num_attention_heads, config.max_position_embeddings)),)
 
 
@@ -567,7 +570,8 @@ def _t5_stacks(model: nn.Module) -> tuple[Stack, ...]:
     config = model.config
     sizes = {"num_heads": config.num_heads, "head_dim": config.d_kv, "d_model": config.d_model,
              "max_positions": getattr(config, "n_positions", None) or 512}
-    return tuple(Stack(name, stack, tuple(block.layer[0].SelfAttention for block in stack.block), causal, **sizes)
+    return tuple(Stack(name, stack, stack.block[0], tuple(block.layer[0].SelfAttention for block in stack.block),
+                       causal, **sizes)
                  for name, stack, causal in (("encoder", model.encoder, False), ("decoder", model.decoder, True)))
 
 

@@ -339,27 +339,35 @@ def _prepare_adapter(model: nn.Module, adapter: adapters.Adapter, plan_or_encodi
     return _prepare_adapter_encoding(model, adapter, plan_or_encoding, layers, kwargs)
 
 
-def _prepare_adapter_encoding(model: nn.Module, adapter: adapters.Adapter, given: Any, layers: Sequence[int] | None,
-                              kwargs: dict) -> Callable[[], None]:
-    model_type = model.config.model_type
-    stacks = adapter.stacks(model)
-    if isinstance(given, str):
-        encodings = []
-        for stack in stacks:
-            try:
-                encodings.append(create_for_model(given, d_model=stack.d_model, num_heads=stack.num_heads,
-                                                  head_dim=stack.head_dim, max_positions=stack.max_positions,
-                                                  causal=stack.causal, **kwargs))
-            except (InvalidArgument, InvalidType) as err:
-                raise type(err)(f"{model_type} {stack.name}: encoding {given!r}: {err}") from err
-    elif isinstance(given, PositionalEncoding):
+def _stack_encodings(model_type: str, stacks: tuple, given: Any, kwargs: dict) -> list[PositionalEncoding]:
+    """One encoding per stack: ``given``, or built from its name for the stack's sizes and
+    direction (T5's encoder: bidirectional)."""
+    if isinstance(given, PositionalEncoding):
         if kwargs:
             raise InvalidType(f"keyword arguments {sorted(kwargs)} are for building an encoding from a name; got "
                               f"{type(given).__name__}")
-        encodings = [given] * len(stacks)
-    else:
+        return [given] * len(stacks)
+    if not isinstance(given, str):
         raise InvalidType("plan_or_encoding must be a posenc PositionPlan, a posenc.PositionalEncoding or a registered "
                           f"name, got {type(given).__name__}")
+    encodings = []
+    for stack in stacks:
+        try:
+            encodings.append(create_for_model(given, d_model=stack.d_model, num_heads=stack.num_heads,
+                                              head_dim=stack.head_dim, max_positions=stack.max_positions,
+                                              causal=stack.causal, **kwargs))
+        except (InvalidArgument, InvalidType) as err:
+            raise type(err)(f"{model_type} {stack.name}: encoding {given!r}: {err}") from err
+    return encodings
+
+
+def _prepare_adapter_encoding(model: nn.Module, adapter: adapters.Adapter, given: Any, layers: Sequence[int] | None,
+                              kwargs: dict) -> Callable[[], None]:
+    """:func:`_prepare_adapter` for an encoding or a name: every check, then the function that
+    swaps the table, hooks the stacks and hands the layers named to posenc's attention."""
+    model_type = model.config.model_type
+    stacks = adapter.stacks(model)
+    encodings = _stack_encodings(model_type, stacks, given, kwargs)
     name = given if isinstance(given, str) else type(given).__name__
     embeds = Hook.EMBED in encodings[0].hooks
     for stack, encoding in zip(stacks, encodings):
@@ -399,13 +407,14 @@ def _prepare_adapter_encoding(model: nn.Module, adapter: adapters.Adapter, given
                 with_kwargs=True))
         if adapter.table is not None and layers is None:
             owner, attribute = adapter.table(model)
-            table = adapters.EmbeddingPositions(encodings[0], stacks[0].d_model) if embeds else adapters.ZeroPositions()
-            table.__dict__["original"] = getattr(owner, attribute)  # what the plan adapters check against
+            original_table = getattr(owner, attribute)
+            table = adapters.EmbeddingPositions(encodings[0], stacks[0].d_model, original_table.weight) if embeds \
+                else adapters.ZeroPositions()
+            table.__dict__["original"] = original_table  # what the plan adapters check against
             adapters.replace_attribute(model, owner, attribute, table)
-        elif embeds:
+        elif embeds:  # no table: added to the first layer's input
             for stack, encoding in zip(stacks, encodings):
-                first = stack.base.block[0] if hasattr(stack.base, "block") else stack.attentions[0]
-                adapters.hook(model, first.register_forward_pre_hook(
+                adapters.hook(model, stack.first_block.register_forward_pre_hook(
                     _stack_embed_hook(encoding, positions[stack.name]), with_kwargs=True))
         adapters.on_undo(model, lambda: [c[2].__dict__.pop(_POSITIONS_ATTR, None) for c in changed])
         for stack, _, module, encoding in changed:
