@@ -158,6 +158,8 @@ class Family:
             (hidden_size, num_attention_heads, head_dim, ...) where they are not on the model's
             config itself (Qwen2-VL: ``"text_config"``), or None. :func:`extend_context` refuses
             such a model (it writes the top-level config only).
+        no_scaling: why transformers' model of the family reads no RoPE scaling from its
+            config, so that :func:`extend_context` has nothing to write (GPT-J); None: it reads one.
         rotary_positions: the decoder layers are not handed the positions their tables are
             computed at (Qwen2-VL's text model hands them ``position_ids=None``, or the packed
             text positions, and its rotary embedding the M-RoPE positions (3, B, T)): the
@@ -178,6 +180,7 @@ class Family:
     interleaved_tables: TableFormat | None = None
     head_dim: str = "head_dim"
     text_config: str | None = None
+    no_scaling: str | None = None
     rotary_positions: bool = False
 
 
@@ -185,7 +188,10 @@ class Family:
 #: read as Llama-shaped (``layers``, ``self_attn``, half-split (cos, sin)). Adding a family is one entry.
 FAMILIES: dict[str, Family] = {
     "gpt_neox": Family(attention="attention"),
-    "gptj": Family(layers="h", attention="attn", interleaved=True, tables=PAIR_SIN_COS),
+    "gptj": Family(layers="h", attention="attn", interleaved=True, tables=PAIR_SIN_COS,
+                   no_scaling="transformers' GPT-J builds its rotary table once, with create_sinusoidal_positions "
+                              "from rotary_dim and base 10000, and reads no rope_theta, rope_scaling or "
+                              "rope_parameters"),
     "cohere": Family(interleaved=True),
     "cohere2": Family(interleaved=True),
     "llama4_text": Family(base="model", interleaved=True, tables=COMPLEX_PAIRS,
@@ -1001,6 +1007,9 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     family = family_of(model)
     base = _base_model(model, family)
     config = model.config
+    if family.no_scaling is not None:
+        raise InvalidArgument(f"model: {config.model_type} does not read a RoPE scaling from its config "
+                              f"({family.no_scaling}): nothing to extend")
     if family.text_config is not None:
         return _extend_text_config(model, family, base, method, factor, layer_types, params)
     current = config.to_dict()
