@@ -299,10 +299,12 @@ def test_a_plan_of_another_kind_is_refused_by_the_plan_adapter():
         use_encoding(model, PositionPlan(tuple(LayerPlan(posenc.RoPE(8)) for _ in range(2))))
 
 
-def test_static_cache_is_refused_at_the_first_call():
-    model = use_encoding(model_of("bloom"), "rope")
+@pytest.mark.parametrize("name", ["gpt2", "bloom", "falcon_rope", "t5"])
+def test_static_cache_is_refused_at_the_first_call(name):
+    model = use_encoding(_model(name), "rope", layers=[_layer_count(_model(name)) - 1])
     with pytest.raises(InvalidArgument, match="StaticCache"):
-        model.generate(torch.randint(3, 128, (1, 6)), max_new_tokens=3, do_sample=False, cache_implementation="static")
+        model.generate(torch.randint(3, 128, (1, 6)), max_new_tokens=3, do_sample=False, cache_implementation="static",
+                       pad_token_id=0)
 
 
 def test_encoding_parameters_train_and_are_registered_once():
