@@ -313,7 +313,7 @@ def test_encoding_parameters_train_and_are_registered_once():
     model = use_encoding(model_of("mpt"), "kerple")
     names = [n for n, _ in model.named_parameters() if "posenc_encoding" in n]
     assert names and all(n.startswith("transformer.posenc_encoding.") for n in names)
-    assert len(set(id(p) for p in model.parameters())) == len(list(model.parameters()))
+    assert len({id(p) for p in model.parameters()}) == len(list(model.parameters()))
     model.train()
     batch = _batch("mpt")
     before = {n: p.detach().clone() for n, p in model.named_parameters() if "posenc_encoding" in n}
