@@ -291,6 +291,17 @@ def test_what_cannot_work_is_refused_at_use_encoding_naming_family_and_encoding(
         assert torch.equal(model(**x).logits, before)
 
 
+def test_an_attention_implementation_that_cannot_serve_the_other_layers_is_refused():
+    """GPT-2's and T5's layers that keep their own attention run it through posenc's entry:
+    sdpa or eager only (an implementation posenc cannot call with its mask is refused, naming
+    family and encoding, the model unchanged)."""
+    model = model_of("gpt2")
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(InvalidArgument, match="gpt2: alibi: .*'flash_attention_2' cannot serve"):
+        use_encoding(model, "alibi", layers=[0])
+    assert model.config._attn_implementation == "flash_attention_2" and not hasattr(model.config, "posenc_plan")
+
+
 def test_a_plan_of_another_kind_is_refused_by_the_plan_adapter():
     """A PositionPlan still goes to the family's plan adapter (its own kinds only): an encoding
     or a name is the way to give another kind."""

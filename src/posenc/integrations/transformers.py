@@ -397,7 +397,10 @@ def _prepare_adapter_encoding(model: nn.Module, adapter: adapters.Adapter, given
     # the implementation the model had before any use_encoding (restored with the rest)
     original = model.__dict__.get(_ORIGINAL_ATTN, model.config._attn_implementation)
     if adapter.attention is None:
-        _transformers_attention_function(original)  # one that cannot serve the other layers: refused now
+        try:  # one that cannot serve the layers keeping the model's attention: refused now
+            _transformers_attention_function(original)
+        except InvalidArgument as err:
+            raise InvalidArgument(f"{model_type}: {name}: {err}") from err
 
     def apply() -> None:
         adapters.restore(model)
