@@ -429,8 +429,9 @@ class ZeroPositions(nn.Module):
 class EmbeddingPositions(nn.Module):
     """A drop-in for a family's absolute position table backed by an embedding encoding
     (sinusoidal, learned): ``forward(position_ids (B, T)) -> (B, T, d)`` in the replaced
-    table's dtype (``like``'s), the encoding's ``embed`` of zeros at those positions; OPT's call ``(mask, cache_length, position_ids)``
-    too. Padding positions (OPT's -1) are read at 0 (their rows are masked)."""
+    table's dtype (``like``'s), the encoding's ``embed`` of zeros at those positions; OPT's
+    call ``(mask, cache_length, position_ids)`` too. Padding positions (OPT's -1) are read at
+    0 (their rows are masked)."""
 
     def __init__(self, encoding: PositionalEncoding, d_model: int, like: Tensor) -> None:
         super().__init__()
