@@ -493,9 +493,8 @@ def test_llama4_native_temperature_is_kept_for_its_own_plan_and_replaced_otherwi
 EXTEND_REFUSED = {"gemma3_text": "already scaled", "gpt_oss": "already scaled",
                   "phi3": "Phi3Config refuses the extended config",  # Phi-3 accepts longrope only
                   "gemma4_text": "name the ones to scale",
-                  "gptj": "does not read a RoPE scaling",
-                  # the VL models' RoPE is in config.text_config, which extend_context does not write yet
-                  "qwen2_vl": "a nested config", "qwen2_5_vl": "a nested config"}  # GPT-J's rotary: rotary_dim and base 10000, nothing else
+                  # GPT-J's rotary: rotary_dim and base 10000 (create_sinusoidal_positions), nothing else
+                  "gptj": "does not read a RoPE scaling.*create_sinusoidal_positions"}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -518,3 +517,37 @@ def test_extend_context_round_trips_through_plain_from_pretrained(family, tmp_pa
     assert (extended - before).abs().max() > 1e-3  # the extension changed the positions: the check can fail
     reloaded = plain_reload_logits(model, FAMILIES[family][1], tmp_path, x, FAMILIES[family][4])
     assert (reloaded - extended).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+def test_extend_context_writes_the_qwen_vl_text_config_and_round_trips_on_mrope_positions(family, tmp_path):
+    """Qwen2-VL / Qwen2.5-VL: the scaling goes to config.text_config's rope dict (where their
+    text model's rotary embedding reads it), mrope_section kept; the top-level config's fields
+    are not touched. On image-like M-RoPE positions (3, B, T) and past the original context, the
+    extended model equals a plain transformers reload of the saved folder; refusals (already
+    scaled) leave both configs unchanged."""
+    text = FAMILIES[family][2]["text_config"]
+    model = build(family, text_config=dict(text, max_position_embeddings=16))
+    top = {k: v for k, v in model.config.to_dict().items() if k not in ("text_config", "posenc_plan")}
+    ids = posenc.mrope_position_ids([4, (1, 4, 6), 4], spatial_merge_size=1)  # (3, 32)
+    positions = ids[:, None].expand(3, 2, -1)
+    x = tokens(length=ids.shape[1])
+    with torch.no_grad():
+        before = model(x, position_ids=positions).logits
+    extend_context(model, "yarn", 4.0)
+    rope = model.config.text_config.rope_parameters
+    assert rope["rope_type"] == "yarn" and rope["factor"] == 4.0 and rope["mrope_section"] == text["rope_parameters"][
+        "mrope_section"]
+    # (posenc_plan: use_encoding's record of the plan the model runs now)
+    assert {k: v for k, v in model.config.to_dict().items() if k not in ("text_config", "posenc_plan")} == top
+    with torch.no_grad():
+        extended = model(x, position_ids=positions).logits
+    assert (extended - before).abs().max() > 1e-3
+    model.save_pretrained(tmp_path)
+    plain = FAMILIES[family][1].from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        assert (plain(x, position_ids=positions).logits - extended).abs().max() <= 1e-5
+    config = model.config.to_dict()
+    with pytest.raises(InvalidArgument, match="already scaled"):
+        extend_context(model, "linear", 2.0)
+    assert model.config.to_dict() == config

@@ -45,10 +45,10 @@ and packed documents folded in), or None when plain causal attention is meant.
 from __future__ import annotations
 
 import dataclasses
-import warnings
-
+import functools
 import inspect
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,7 +63,8 @@ from posenc.encodings.rope.multiaxis import MultiAxisRoPE
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
 from posenc.hf_config import extension_config, from_hf_config, position_plan, reads_model_type
 from posenc.hf_config.plan import PLAN_FORMAT, LayerPlan, PositionPlan, encoding_from_dict, encoding_to_dict
-from posenc.integrations.adapters import ADAPTERS, RotaryEmbedding, apply_plan
+from posenc.integrations import adapters
+from posenc.integrations.adapters import ADAPTERS, RotaryEmbedding
 
 __all__ = [
     "ATTN_IMPLEMENTATION", "FAMILIES", "Family", "position_plan", "use_encoding", "extend_context", "from_pretrained",
@@ -157,6 +158,8 @@ class Family:
             (hidden_size, num_attention_heads, head_dim, ...) where they are not on the model's
             config itself (Qwen2-VL: ``"text_config"``), or None. :func:`extend_context` refuses
             such a model (it writes the top-level config only).
+        no_scaling: why transformers' model of the family reads no RoPE scaling from its
+            config, so that :func:`extend_context` has nothing to write (GPT-J); None: it reads one.
         rotary_positions: the decoder layers are not handed the positions their tables are
             computed at (Qwen2-VL's text model hands them ``position_ids=None``, or the packed
             text positions, and its rotary embedding the M-RoPE positions (3, B, T)): the
@@ -177,6 +180,7 @@ class Family:
     interleaved_tables: TableFormat | None = None
     head_dim: str = "head_dim"
     text_config: str | None = None
+    no_scaling: str | None = None
     rotary_positions: bool = False
 
 
@@ -184,7 +188,10 @@ class Family:
 #: read as Llama-shaped (``layers``, ``self_attn``, half-split (cos, sin)). Adding a family is one entry.
 FAMILIES: dict[str, Family] = {
     "gpt_neox": Family(attention="attention"),
-    "gptj": Family(layers="h", attention="attn", interleaved=True, tables=PAIR_SIN_COS),
+    "gptj": Family(layers="h", attention="attn", interleaved=True, tables=PAIR_SIN_COS,
+                   no_scaling="transformers' GPT-J builds its rotary table once, with create_sinusoidal_positions "
+                              "from rotary_dim and base 10000, and reads no rope_theta, rope_scaling or "
+                              "rope_parameters"),
     "cohere": Family(interleaved=True),
     "cohere2": Family(interleaved=True),
     "llama4_text": Family(base="model", interleaved=True, tables=COMPLEX_PAIRS,
@@ -254,9 +261,14 @@ def use_encoding(
             Qwen2-VL and Qwen2.5-VL, their text tower: an :class:`~posenc.MRoPE` takes the
             model's own tables at its (3, B, T) positions, exact on text and image positions);
             or of a family in :data:`posenc.integrations.adapters.ADAPTERS` (gpt2, opt, bloom,
-            mpt, falcon with RoPE or ALiBi, t5, mt5), which take a PositionPlan of their own kind only
+            mpt, falcon with RoPE or ALiBi, t5, mt5): a PositionPlan of their own kind
             (``position_plan(model.config)``, or one with other numbers: another RoPE base,
-            other ALiBi slopes) through :func:`~posenc.integrations.adapters.apply_plan`.
+            other ALiBi slopes) goes through :func:`~posenc.integrations.adapters.apply_plan`,
+            every layer at once; an encoding or a name replaces the family's positions on every
+            self-attention layer or those in ``layers`` (T5: the encoder's layers are 0 .. E-1,
+            the decoder's E .. E+D-1; a name builds a bidirectional encoding for the encoder, a
+            causal one for the decoder), and without ``layers`` the family's absolute table
+            (GPT-2, OPT) too, by an embedding encoding's rows or nothing.
         plan_or_encoding: a :class:`~posenc.hf_config.plan.PositionPlan` (one LayerPlan per
             decoder layer; its ``embedding`` added before layer 0); a
             :class:`~posenc.PositionalEncoding` (on every layer, its ``for_layer(i)`` on layer
@@ -286,40 +298,277 @@ def use_encoding(
             another head count than the model's query heads (both named); one with the
             ``gate`` hook (FoX); a non-rotary encoding on a layer with attention sinks (gpt-oss)
             or logit soft-capping (Gemma 2), which posenc's attention does not compute.
-        InvalidArgument, for an adapter family: an encoding or a name (not a plan), ``layers``,
-            a plan the adapter cannot apply (the message says what it takes).
+        InvalidArgument, for an adapter family (the message names the family and the
+            encoding): a plan with ``layers`` or one the adapter cannot apply (it says what it
+            takes); an encoding with the gate hook (FoX), with several position axes (M-RoPE),
+            with another head count or head_dim than the model's, an embedding encoding with
+            ``layers``, a name that does not build for the stack's sizes.
         InvalidType (TypeError): neither a plan, an encoding nor a name. ImportError:
             transformers is not installed. On an error the model is left as it was.
     """
     adapter = ADAPTERS.get(getattr(getattr(model, "config", None), "model_type", None))
     if adapter is not None:  # the families whose positions an adapter hands to posenc
-        _adapter_arguments(model, plan_or_encoding, layers, kwargs)
-        record = _record(None, None, plan_or_encoding)
-        apply_plan(model, plan_or_encoding)
-        model.base_model.__dict__["posenc_plan"] = plan_or_encoding
-        setattr(model.config, CONFIG_KEY, record)
-        return model
-    apply = _prepare(model, plan_or_encoding, layers, kwargs)
+        apply = _prepare_adapter(model, adapter, plan_or_encoding, layers, kwargs)
+    else:
+        apply = _prepare(model, plan_or_encoding, layers, kwargs)
     apply()
     return model
 
 
-def _adapter_arguments(model: nn.Module, plan: Any, layers: Any, kwargs: dict) -> None:
-    """Refuse what the adapters of :data:`posenc.integrations.adapters.ADAPTERS` cannot take:
-    they apply a whole :class:`PositionPlan` of the family's own kinds of encoding."""
+# -- the adapter families (posenc.integrations.adapters.ADAPTERS) ---------------------------------
+
+def _prepare_adapter(model: nn.Module, adapter: adapters.Adapter, plan_or_encoding: Any, layers: Sequence[int] | None,
+                     kwargs: dict) -> Callable[[], None]:
+    """Check everything for an adapter family without changing the model; returns the function
+    that applies it. A PositionPlan goes to the family's plan adapter (its own kinds of
+    encoding, every layer); an encoding or a name replaces the family's positions on the
+    self-attention layers named (all: also its absolute position table)."""
     model_type = model.config.model_type
-    takes = ("a PositionPlan of the family's own kind (position_plan(model.config): learned tables for gpt2 and "
-             "opt, ALiBi for bloom and mpt, RoPE or ALiBi for falcon (as its config), T5 buckets per stack for t5)")
-    if layers is not None:
-        raise InvalidArgument(f"layers: the {model_type} adapter applies a plan to every layer at once; it takes {takes}")
-    if kwargs:
-        raise InvalidType(f"keyword arguments {sorted(kwargs)}: the {model_type} adapter takes {takes}, not a name")
-    if not isinstance(plan, PositionPlan):
-        raise InvalidArgument(
-            f"plan_or_encoding: {model_type} computes its positions outside transformers' AttentionInterface, so posenc "
-            f"cannot give it another encoding ({type(plan).__name__} {plan!r:.60}); its adapter takes {takes}. Families "
-            f"that take any encoding: those in FAMILIES and the Llama-shaped ones"
-        )
+    if isinstance(plan_or_encoding, PositionPlan):
+        takes = ("a PositionPlan of the family's own kind (position_plan(model.config): learned tables for gpt2 and "
+                 "opt, ALiBi for bloom and mpt, RoPE or ALiBi for falcon (as its config), T5 buckets per stack for t5)")
+        if layers is not None:
+            raise InvalidArgument(f"layers: the {model_type} adapter applies a plan to every layer at once; it takes "
+                                  f"{takes}, or an encoding or a name with layers=")
+        if kwargs:
+            raise InvalidType(f"keyword arguments {sorted(kwargs)} are for building an encoding from a name; got a "
+                              "PositionPlan")
+        apply_plan = adapter.plan(model, plan_or_encoding)
+        plan, record = plan_or_encoding, _record(None, None, plan_or_encoding)
+
+        def apply() -> None:
+            adapters.restore(model)
+            apply_plan()
+            _keep_plan(model, plan, record)
+
+        return apply
+    return _prepare_adapter_encoding(model, adapter, plan_or_encoding, layers, kwargs)
+
+
+def _stack_encodings(model_type: str, stacks: tuple, given: Any, kwargs: dict) -> list[PositionalEncoding]:
+    """One encoding per stack: ``given``, or built from its name for the stack's sizes and
+    direction (T5's encoder: bidirectional)."""
+    if isinstance(given, PositionalEncoding):
+        if kwargs:
+            raise InvalidType(f"keyword arguments {sorted(kwargs)} are for building an encoding from a name; got "
+                              f"{type(given).__name__}")
+        return [given] * len(stacks)
+    if not isinstance(given, str):
+        raise InvalidType("plan_or_encoding must be a posenc PositionPlan, a posenc.PositionalEncoding or a registered "
+                          f"name, got {type(given).__name__}")
+    encodings = []
+    for stack in stacks:
+        try:
+            encodings.append(create_for_model(given, d_model=stack.d_model, num_heads=stack.num_heads,
+                                              head_dim=stack.head_dim, max_positions=stack.max_positions,
+                                              causal=stack.causal, **kwargs))
+        except (InvalidArgument, InvalidType) as err:
+            raise type(err)(f"{model_type} {stack.name}: encoding {given!r}: {err}") from err
+    return encodings
+
+
+def _prepare_adapter_encoding(model: nn.Module, adapter: adapters.Adapter, given: Any, layers: Sequence[int] | None,
+                              kwargs: dict) -> Callable[[], None]:
+    """:func:`_prepare_adapter` for an encoding or a name: every check, then the function that
+    swaps the table, hooks the stacks and hands the layers named to posenc's attention."""
+    model_type = model.config.model_type
+    stacks = adapter.stacks(model)
+    encodings = _stack_encodings(model_type, stacks, given, kwargs)
+    name = given if isinstance(given, str) else type(given).__name__
+    embeds = Hook.EMBED in encodings[0].hooks
+    for stack, encoding in zip(stacks, encodings):
+        _check_adapter_encoding(model_type, stack, encoding, name)
+    offsets = [sum(len(s.attentions) for s in stacks[:i]) for i in range(len(stacks))]
+    chosen = set(_chosen_layers(layers, sum(len(s.attentions) for s in stacks)))
+    if layers is not None and embeds:
+        raise InvalidArgument(f"layers: {name} is an embedding encoding (embed hook), added before the first layer of "
+                              f"{model_type}, not per layer; use it without layers=")
+    # (stack, local index, attention module, the layer's encoding) of every layer that changes
+    changed = [(stack, i, module, encoding.for_layer(i))
+               for stack, encoding, offset in zip(stacks, encodings, offsets)
+               for i, module in enumerate(stack.attentions) if offset + i in chosen]
+    plan = _adapter_plan(model, stacks, encodings, changed, replace_table=layers is None)
+    distinct = {id(e): e for e in [*encodings, *(c[3] for c in changed)]}
+    registered = encodings[0] if len(distinct) == 1 else nn.ModuleList(distinct.values())
+    single = encodings[0] if len({id(e) for e in encodings}) == 1 else None
+    record = _record(single, layers, plan)
+    if single is None:  # a name built once per stack (T5): from_pretrained builds it again by name
+        record = _with_name(record, given, kwargs)
+    # the implementation the model had before any use_encoding (restored with the rest)
+    original = model.__dict__.get(_ORIGINAL_ATTN, model.config._attn_implementation)
+    if adapter.attention is None:
+        try:  # one that cannot serve the layers keeping the model's attention: refused now
+            _transformers_attention_function(original)
+        except InvalidArgument as err:
+            raise InvalidArgument(f"{model_type}: {name}: {err}") from err
+
+    def apply() -> None:
+        adapters.restore(model)
+        base = model.base_model
+        parameter = next(model.parameters(), None)
+        if parameter is not None:
+            registered.to(parameter.device)
+        adapters.replace_attribute(model, base, "posenc_encoding", registered, submodule=True)
+        positions = {stack.name: {} for stack in stacks}
+        for stack in stacks:
+            adapters.hook(model, stack.base.register_forward_pre_hook(
+                _stack_positions_hook(positions[stack.name], [c[2] for c in changed if c[0] is stack]),
+                with_kwargs=True))
+        if adapter.table is not None and layers is None:
+            owner, attribute = adapter.table(model)
+            original_table = getattr(owner, attribute)
+            table = adapters.EmbeddingPositions(encodings[0], stacks[0].d_model, original_table.weight) if embeds \
+                else adapters.ZeroPositions()
+            table.__dict__["original"] = original_table  # what the plan adapters check against
+            adapters.replace_attribute(model, owner, attribute, table)
+        elif embeds:  # no table: added to the first layer's input
+            for stack, encoding in zip(stacks, encodings):
+                adapters.hook(model, stack.first_block.register_forward_pre_hook(
+                    _stack_embed_hook(encoding, positions[stack.name]), with_kwargs=True))
+        adapters.on_undo(model, lambda: [c[2].__dict__.pop(_POSITIONS_ATTR, None) for c in changed])
+        for stack, _, module, encoding in changed:
+            if adapter.attention is not None:
+                forward = functools.partial(adapter.attention, module, encoding, positions[stack.name])
+                adapters.replace_attribute(model, module, "forward", forward)
+            else:
+                adapters.replace_attribute(model, module, _ENCODING_ATTR, encoding)
+        if adapter.attention is None:
+            _register_with_transformers()
+            for module in adapter.interface(model):
+                adapters.replace_attribute(model, module, _FALLBACK_ATTR, original)
+            model.set_attn_implementation(ATTN_IMPLEMENTATION)
+            adapters.on_undo(model, lambda: model.set_attn_implementation(original))
+            adapters.replace_attribute(model, model, _ORIGINAL_ATTN, original)
+        _keep_plan(model, plan, record)
+
+    return apply
+
+
+#: Where an adapter family keeps the attention implementation it had before use_encoding.
+_ORIGINAL_ATTN = "_posenc_original_attn"
+
+
+#: The record's key for an encoding built by name once per stack (T5's encoder and decoder).
+_BUILT_FROM_NAME = "built_from_name"
+
+
+def _with_name(record: dict, name: str, kwargs: dict) -> dict:
+    """The record of a plan built from ``name`` per stack, with the name and its options (plain
+    JSON) for :func:`from_pretrained` to build it again; the reason where they are not."""
+    import json
+
+    try:
+        json.dumps(kwargs)
+    except (TypeError, ValueError):
+        return {"format": PLAN_FORMAT, "error": f"encoding {name!r}: its options {sorted(kwargs)} are not plain data"}
+    return {**record, _BUILT_FROM_NAME: {"name": name, "kwargs": dict(kwargs)}}
+
+
+def _keep_plan(model: nn.Module, plan: PositionPlan, record: dict) -> None:
+    """Record the plan applied (``base_model.posenc_plan``, ``config.posenc_plan``), undone
+    with the rest by :func:`posenc.integrations.adapters.restore`."""
+    adapters.replace_attribute(model, model.base_model, "posenc_plan", plan)
+    adapters.replace_attribute(model, model.config, CONFIG_KEY, record)
+
+
+def _check_adapter_encoding(model_type: str, stack: adapters.Stack, encoding: PositionalEncoding, name: str) -> None:
+    """Refuse, naming the family and the encoding, what posenc's attention cannot run in that stack."""
+    where = f"{model_type} {stack.name}"
+    if Hook.GATE in encoding.hooks:
+        raise InvalidArgument(f"{where}: {name} has the gate hook (values of each layer's hidden state, kept per key), "
+                              "which the model's cache cannot carry; use posenc.lab.model.TransformerLM")
+    if getattr(encoding, "position_axes", 1) != 1:
+        raise InvalidArgument(f"{where}: {name} reads {encoding.position_axes} position axes; {model_type} has one "
+                              "position per token")
+    heads = getattr(encoding, "num_heads", None)
+    if isinstance(heads, int) and heads != stack.num_heads:
+        raise InvalidArgument(f"{where}: {name} was built for num_heads={heads}, the model's attention has "
+                              f"{stack.num_heads} query heads")
+    head_dim = getattr(encoding, "head_dim", None)
+    if Hook.EMBED not in encoding.hooks and isinstance(head_dim, int) and head_dim != stack.head_dim:
+        raise InvalidArgument(f"{where}: {name} has head_dim={head_dim}, the model's heads {stack.head_dim}")
+    d_model = getattr(encoding, "d_model", None)
+    if Hook.EMBED in encoding.hooks and isinstance(d_model, int) and d_model != stack.d_model:
+        raise InvalidArgument(f"{where}: {name} has d_model={d_model}, the model's hidden size {stack.d_model}")
+
+
+def _adapter_plan(model: nn.Module, stacks: tuple, encodings: list, changed: list, replace_table: bool) -> PositionPlan:
+    """The plan an encoding applied to an adapter family amounts to: the family's own plan
+    (``position_plan(config)``) with the changed layers' encodings, the absolute table replaced
+    (by the embedding encoding, or nothing) when every layer changed."""
+    own = position_plan(model.config)
+    by_stack = {"decoder": own, "encoder": own.encoder}
+    plans = {}
+    for stack, encoding in zip(stacks, encodings):
+        stack_plan = by_stack[stack.name]
+        new = {i: e for s, i, _, e in changed if s is stack}
+        layers = tuple(dataclasses.replace(layer, encoding=new[i] if Hook.EMBED not in new[i].hooks else None)
+                       if i in new else layer for i, layer in enumerate(stack_plan))
+        embedding = stack_plan.embedding
+        if replace_table:
+            embedding = encoding if Hook.EMBED in encoding.hooks else None
+        plans[stack.name] = PositionPlan(layers, embedding, stack_plan.model_type, None, stack_plan.notes)
+    decoder = plans["decoder"]
+    return dataclasses.replace(decoder, encoder=plans.get("encoder"))
+
+
+def _stack_positions_hook(positions: dict, modules: list[nn.Module]):
+    """A stack's forward pre-hook: the call's positions, (B|1, Tq) queries and (B|1, Tk) keys:
+    the call's ``position_ids`` where given (negative ones, OPT's padding, read at 0; the keys
+    the consecutive positions ending at the queries, as for the Llama-shaped families), else
+    from its 2-d attention mask over the cached and new tokens (cumsum(mask) - 1, padding at
+    0), else 0 .. Tk-1; kept in ``positions`` and on the modules of posenc's
+    attention. A StaticCache is refused here, at the first call."""
+    def read_positions(module, args, kwargs):
+        tokens = args[0] if args else kwargs.get("input_ids")
+        if tokens is None:
+            tokens = kwargs["inputs_embeds"][..., 0]
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        _refuse_static_layers(cache)
+        cache = getattr(cache, "self_attention_cache", cache)
+        past = cache.get_seq_length() if cache is not None else 0
+        length = past + tokens.shape[1]
+        mask = kwargs.get("attention_mask")
+        if mask is None and len(args) > 2 and isinstance(args[2], Tensor):
+            mask = args[2]
+        given = kwargs.get("position_ids")
+        if isinstance(given, Tensor) and given.dim() == 2:  # the caller's (GPT-2, OPT, Falcon take them)
+            queries = given.clamp(min=0)
+            positions["q"], positions["k"] = queries, _key_positions(queries, length)
+        else:
+            if mask is not None and mask.dim() == 2 and mask.shape[-1] == length:
+                keys = (mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+            else:
+                keys = torch.arange(length, device=tokens.device).unsqueeze(0)
+            positions["k"], positions["q"] = keys, keys[:, past:]
+        for attention_module in modules:
+            attention_module.__dict__[_POSITIONS_ATTR] = positions["q"]
+
+    return read_positions
+
+
+def _stack_embed_hook(encoding: PositionalEncoding, positions: dict):
+    """The first layer's forward pre-hook adding an embedding encoding's rows at the stack's positions."""
+    def add_position_embedding(module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        hidden = encoding.embed(hidden, positions["q"].expand(hidden.shape[0], -1))
+        if args:
+            return (hidden, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": hidden}
+
+    return add_position_embedding
+
+
+def _refuse_static_layers(cache: Any) -> None:
+    if cache is None:
+        return
+    from transformers.cache_utils import StaticLayer
+
+    for part in (cache, getattr(cache, "self_attention_cache", None)):
+        if any(isinstance(layer, StaticLayer) for layer in getattr(part, "layers", None) or []):
+            raise InvalidArgument(
+                f"cache: a StaticCache ({type(cache).__name__}) keeps keys in fixed slots, which posenc's attention "
+                "cannot position; generate with the default DynamicCache (no cache_implementation='static')")
 
 
 #: The config attribute holding the plan :func:`use_encoding` applied (plain JSON, written to
@@ -375,9 +624,13 @@ def from_pretrained(path: Any, **kwargs: Any) -> nn.Module:
         raise InvalidArgument(f"config.{CONFIG_KEY} must be a dict (PositionPlan.to_dict), got {type(record).__name__}")
     if "error" in record:
         raise InvalidArgument(f"{path}: the model was saved with a plan posenc could not record: {record['error']}")
-    given = record.get("encoding")
-    target = encoding_from_dict(given, f"{CONFIG_KEY}.encoding") if given is not None else PositionPlan.from_dict(record)
-    use_encoding(model, target, layers=record.get("applied_layers"))
+    given, by_name = record.get("encoding"), record.get(_BUILT_FROM_NAME)
+    if isinstance(by_name, dict):  # an adapter family's encoding built by name per stack (T5)
+        use_encoding(model, by_name.get("name"), layers=record.get("applied_layers"), **(by_name.get("kwargs") or {}))
+    else:
+        target = encoding_from_dict(given, f"{CONFIG_KEY}.encoding") if given is not None else \
+            PositionPlan.from_dict(record)
+        use_encoding(model, target, layers=record.get("applied_layers"))
     wanted = [name for name in model.state_dict() if ".posenc_encoding." in f".{name}"]
     if wanted:
         saved = _saved_tensors(path, wanted)
@@ -722,6 +975,14 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     from the config (:func:`~posenc.hf_config.from_hf_config`, in the family's pair layout) for
     every layer.
 
+    Qwen2-VL / Qwen2.5-VL: the scaling is written to ``config.text_config``'s rope dict (where
+    their text model's rotary embedding reads it; ``mrope_section`` kept) and the text tower
+    runs posenc's M-RoPE of it. Falcon with rotary: written to its config, the model runs the
+    new config's plan through its adapter. Refused, saying why: GPT-J (transformers builds its
+    rotary table from ``rotary_dim`` and base 10000 only, reading no scaling), and the
+    families without RoPE (ALiBi: BLOOM, MPT, Falcon with ``alibi``; GPT-2's and OPT's learned
+    tables; T5's buckets).
+
     Args:
         model: a transformers decoder whose RoPE has the default rope_type.
         method: one of :data:`posenc.rope.EXTENSION_METHODS`.
@@ -736,16 +997,24 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
             s < 1, a bad parameter (named, as :func:`posenc.rope_frequencies` raises); a model
             with no RoPE layer (every layer NoPE); a per-layer-type config without
             ``layer_types`` where the family names none, or naming a type the config does not
-            have. And as :func:`use_encoding`. On an error model and config are left unchanged.
+            have; a family whose transformers model reads no scaling from its config (GPT-J) or
+            that has no RoPE; a model running another plan of :func:`use_encoding` than its
+            config's (Falcon, Qwen-VL: extend first). And as :func:`use_encoding`. On an error
+            model and config are left unchanged.
     """
     if factor is None:
         raise MissingKey(f"factor: extend_context(model, {method!r}, factor) needs the scaling factor s")
+    adapter = ADAPTERS.get(getattr(getattr(model, "config", None), "model_type", None))
+    if adapter is not None:
+        return _extend_adapter_family(model, adapter, method, factor, layer_types, params)
     family = family_of(model)
     base = _base_model(model, family)
     config = model.config
+    if family.no_scaling is not None:
+        raise InvalidArgument(f"model: {config.model_type} does not read a RoPE scaling from its config "
+                              f"({family.no_scaling}): nothing to extend")
     if family.text_config is not None:
-        raise InvalidArgument(f"model: {config.model_type}'s RoPE is in config.{family.text_config}, a nested config "
-                              "extend_context does not write; extend the text model's config and load the model from it")
+        return _extend_text_config(model, family, base, method, factor, layer_types, params)
     current = config.to_dict()
     if "max_position_embeddings" not in current and isinstance(getattr(config, "max_position_embeddings", None), int):
         # an attribute_map alias (GPT-J's n_positions), which to_dict() spells the family's way
@@ -789,6 +1058,75 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     for name, value in fields.items():
         setattr(config, name, value)
     apply()
+    return model
+
+
+def _extension_fields(config: Any, current: dict, method: str, factor: float, layer_types: Any, params: dict,
+                      model_type: str) -> dict:
+    """The extension's config fields for a config with one rope dict (read plainly: the family
+    was read by the caller), checked against transformers' config class."""
+    if layer_types is not None:
+        raise InvalidArgument(f"layer_types: {model_type} has one rope dict for every layer, not one per layer type")
+    flat = {key: value for key, value in current.items() if key != "model_type"}
+    fields = extension_config(flat, method, factor, **params)
+    _check_transformers_reads(config, fields, method)
+    return fields
+
+
+def _unchanged_plan_refusal(model_type: str, old: PositionPlan, new: PositionPlan) -> None:
+    if new.describe() == old.describe():
+        raise InvalidArgument(f"model: {model_type} does not read a RoPE scaling from its config (transformers builds "
+                              "the same model from the extended config): nothing to extend")
+
+
+def _extend_text_config(model: nn.Module, family: Family, base: nn.Module, method: str, factor: float,
+                        layer_types: Any, params: dict) -> nn.Module:
+    """extend_context for a model whose decoder's RoPE is in a nested config (Qwen2-VL,
+    Qwen2.5-VL: ``config.text_config``, where their text model's rotary embedding reads it;
+    the M-RoPE's ``mrope_section`` kept in the rope dict)."""
+    config = model.config
+    text = getattr(config, family.text_config)
+    own = position_plan(config)
+    recorded = base.__dict__.get("posenc_plan")
+    if recorded is not None and recorded.describe() != own.describe():
+        raise InvalidArgument(f"model: it runs a plan of use_encoding ({recorded.describe()!r}), not the RoPE of its "
+                              "config; extend_context scales the config's RoPE: extend before use_encoding")
+    fields = _extension_fields(text, text.to_dict(), method, factor, layer_types, params, config.model_type)
+    new_plan = position_plan({**config.to_dict(), family.text_config: {**text.to_dict(), **fields}})
+    _unchanged_plan_refusal(config.model_type, own, new_plan)
+    apply = _prepare(model, new_plan, None, {})  # every refusal before the config changes
+    for name, value in fields.items():
+        setattr(text, name, value)
+    apply()
+    return model
+
+
+def _extend_adapter_family(model: nn.Module, adapter: adapters.Adapter, method: str, factor: float,
+                           layer_types: Any, params: dict) -> nn.Module:
+    """extend_context for an adapter family with RoPE (Falcon's rotary): the extended config's
+    plan through the family's plan adapter. ALiBi, learned tables and T5 buckets have no RoPE
+    to scale: refused, saying which."""
+    config = model.config
+    current = config.to_dict()
+    own = position_plan(current)
+    if not all(isinstance(layer.encoding, RoPE) for layer in own) or own.encoder is not None:
+        raise InvalidArgument(f"model: {config.model_type}'s positions are {own.describe()!r}, not RoPE on every "
+                              "layer: extend_context scales a RoPE (ALiBi, learned tables and T5 buckets have no "
+                              "scaling to write)")
+    recorded = model.base_model.__dict__.get("posenc_plan")
+    if recorded is not None and recorded.describe() != own.describe():
+        raise InvalidArgument(f"model: it runs a plan of use_encoding ({recorded.describe()!r}), not the RoPE of its "
+                              "config; extend_context scales the config's RoPE: extend before use_encoding")
+    fields = _extension_fields(config, current, method, factor, layer_types, params, config.model_type)
+    new_plan = position_plan({**current, **fields})
+    _unchanged_plan_refusal(config.model_type, own, new_plan)
+    apply_plan = adapter.plan(model, new_plan)  # every refusal before the config changes
+    record = _record(None, None, new_plan)
+    for name, value in fields.items():
+        setattr(config, name, value)
+    adapters.restore(model)
+    apply_plan()
+    _keep_plan(model, new_plan, record)
     return model
 
 
@@ -879,9 +1217,11 @@ def posenc_attention_forward(
     if kwargs.get("s_aux") is not None:
         raise InvalidArgument("posenc attention has no attention sinks (s_aux); use the model's own attention")
     encoding = module.__dict__[_ENCODING_ATTR]
-    positions = kwargs.get("position_ids")
+    # the positions the layer's or the stack's pre-hook kept for this call (an adapter family's:
+    # OPT's padding -1 read at 0), else the ones transformers hands the attention
+    positions = module.__dict__.get(_POSITIONS_ATTR)
     if positions is None:
-        positions = module.__dict__.get(_POSITIONS_ATTR)
+        positions = kwargs.get("position_ids")
     q_positions = _query_positions(positions, query)
     k_positions = _key_positions(q_positions, key.shape[2])
     out = attention(
