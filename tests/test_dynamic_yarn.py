@@ -16,7 +16,13 @@ import torch
 import posenc
 from posenc.hf_config import extension_config
 from posenc.lab.model import KVCache, LMConfig, TransformerLM
-from posenc.rope import EXTENSION_METHODS, ROPE_TYPES, extension_scaling, from_hf_config, rope_frequencies
+from posenc.rope import (
+    EXTENSION_METHODS,
+    ROPE_TYPES,
+    extension_scaling,
+    from_hf_config,
+    rope_frequencies,
+)
 
 D, BASE, L0 = 32, 10000.0, 512
 DYN = {"rope_type": "dynamic_yarn", "original_max_position_embeddings": L0}

@@ -41,10 +41,11 @@ def rope_frequencies(
 
     ``inv_freq[i] = base^(-2i/head_dim)`` for i < head_dim / 2 (RoFormer eq. 15), modified by
     ``scaling``, a Hugging Face ``rope_scaling`` dict (``{"rope_type": ..., "factor": ...}``):
-    ``linear``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``, ``longrope`` (formulas, sources and
+    ``linear``, ``ntk``, ``dynamic``, ``yarn``, ``dynamic_yarn``, ``llama3``, ``longrope`` (formulas, sources and
     where posenc departs from Hugging Face: :mod:`posenc.encodings.rope.scaling`). ``seq_len``,
-    the current length, matters for ``dynamic`` (frequencies recomputed for seq_len > L0) and
-    ``longrope`` (long factors for seq_len > L0); None means "within L0". Pass the rotary
+    the current length, matters for ``dynamic`` (frequencies recomputed for seq_len > L0),
+    ``dynamic_yarn`` (frequencies and attention factor) and ``longrope`` (long factors for
+    seq_len > L0); None means "within L0". Pass the rotary
     dimension as ``head_dim`` for partial rotary.
 
     Returns:
@@ -326,12 +327,13 @@ class RoPE(PositionalEncoding):
             if fused is not None:
                 return fused
         q_dtype, k_dtype = torch.promote_types(q.dtype, torch.float32), torch.promote_types(k.dtype, torch.float32)
-        q_role, k_role = ("query", "key") if self._query_carries_scale else ("shared", "shared")
-        cos_q, sin_q = self.cos_sin(q_positions, q_dtype, seq_len, role=q_role)
+        # role passed only where it matters, so a subclass's cos_sin without it keeps working
+        q_role, k_role = ({"role": "query"}, {"role": "key"}) if self._query_carries_scale else ({}, {})
+        cos_q, sin_q = self.cos_sin(q_positions, q_dtype, seq_len, **q_role)
         if k_positions is q_positions and k_dtype == q_dtype and k_role == q_role:  # self-attention: one computation
             cos_k, sin_k = cos_q, sin_q
         else:
-            cos_k, sin_k = self.cos_sin(k_positions, k_dtype, seq_len, role=k_role)
+            cos_k, sin_k = self.cos_sin(k_positions, k_dtype, seq_len, **k_role)
         return rotate_heads(q, cos_q, sin_q, interleaved=self.interleaved), rotate_heads(k, cos_k, sin_k, interleaved=self.interleaved)
 
     def kernel_angles(self, positions: Tensor, seq_len: int | Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None] | None:
