@@ -22,6 +22,14 @@ def ref_inv_freq(d, b, sc, seq_len=None):
         L = L0 if seq_len is None else max(seq_len, L0)
         s = sc["factor"]
         return ref_default(d, b * (s * L / L0 - (s - 1)) ** (d / (d - 2))), 1.0
+    if t == "dynamic_yarn":
+        # YaRN (below) at the factor of the current length, s = max(1, L / L0); plain RoPE within L0
+        L0 = sc["original_max_position_embeddings"]
+        if seq_len is None or seq_len <= L0:
+            return theta, 1.0
+        keys = ("beta_fast", "beta_slow", "truncate")
+        return ref_inv_freq(d, b, {"rope_type": "yarn", "factor": seq_len / L0, "original_max_position_embeddings": L0,
+                                   **{k: sc[k] for k in keys if k in sc}})
     if t == "yarn":
         s, L0 = sc["factor"], sc["original_max_position_embeddings"]
         bf, bs = sc.get("beta_fast") or 32, sc.get("beta_slow") or 1
@@ -91,6 +99,7 @@ SAMPLES = {
     "ntk": {"rope_type": "ntk", "factor": 4.0},
     "dynamic": {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": L0},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L0},
+    "dynamic_yarn": {"rope_type": "dynamic_yarn", "factor": 4.0, "original_max_position_embeddings": L0},
     "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": L0},
     "longrope": {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0],

@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 import posenc
 
 from rope_reference import SAMPLES as SCALINGS  # noqa: E402  (one dict per rope_type, rotary dim 8)
-LENGTH_DEPENDENT = ("dynamic", "longrope")
+LENGTH_DEPENDENT = ("dynamic", "dynamic_yarn", "longrope")
 
 
 @pytest.fixture(autouse=True)

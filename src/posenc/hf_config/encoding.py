@@ -147,8 +147,11 @@ def extension_config(config: Mapping[str, Any], rope_type: str, factor: float, *
     written over the config's ``rope_parameters``
     (:func:`~posenc.hf_config.rope.rope_parameters_of`):
 
-    - linear, yarn, llama3: ``{"rope_type": ..., "factor": s, ...}``; ``max_position_embeddings``
-      becomes round(s * L0) (yarn and llama3 keep L0 as ``original_max_position_embeddings``);
+    - linear, yarn, dynamic_yarn, llama3: ``{"rope_type": ..., "factor": s, ...}``;
+      ``max_position_embeddings`` becomes round(s * L0) (yarn, dynamic_yarn and llama3 keep L0
+      as ``original_max_position_embeddings``). transformers has no dynamic_yarn: it loads
+      that config with a logged warning and raises KeyError('dynamic_yarn') building the model
+      (docs/encodings.md);
     - dynamic: ``{"rope_type": "dynamic", "factor": s}``; ``max_position_embeddings`` stays L0,
       which is where transformers reads dynamic NTK's original context from;
     - ntk (static NTK-aware, no transformers rope_type): the equivalent plain RoPE with

@@ -515,6 +515,9 @@ def extension_scaling(method: str, factor: float, original_max_position_embeddin
       base * (s^2 - s + 1)^(d/(d-2)), a stronger stretch than ``ntk`` at the same s.
     - ``yarn``: Peng et al. 2023 with Hugging Face's defaults (beta_fast 32, beta_slow 1,
       attention_factor 0.1 ln s + 1).
+    - ``dynamic_yarn``: YaRN at s(L) = max(1, L / L0) of the current length L (frequencies
+      and attention factor), plain RoPE within L0; ``factor`` is kept as the declared
+      extension and does not enter the frequencies. Not a transformers type.
     - ``llama3``: Llama 3.1's low_freq_factor 1 and high_freq_factor 4.
 
     Args:

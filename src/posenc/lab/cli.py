@@ -305,7 +305,7 @@ def extrapolate(
     device: Device = "cpu",
     rope_scaling: Optional[str] = typer.Option(
         None, help="Also evaluate the trained rope model with these RoPE scalings at inference, factor = length / L: "
-        "a comma-separated list of linear, ntk, dynamic, yarn, llama3 (rows rope+<method>).",
+        "a comma-separated list of linear, ntk, dynamic, yarn, dynamic_yarn, llama3 (rows rope+<method>).",
     ),
     finetune_steps: Optional[int] = typer.Option(
         None, help="Also fine-tune a copy of the rope model for N steps at finetune-factor x L with each scaling "

@@ -41,10 +41,11 @@ def rope_frequencies(
 
     ``inv_freq[i] = base^(-2i/head_dim)`` for i < head_dim / 2 (RoFormer eq. 15), modified by
     ``scaling``, a Hugging Face ``rope_scaling`` dict (``{"rope_type": ..., "factor": ...}``):
-    ``linear``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``, ``longrope`` (formulas, sources and
+    ``linear``, ``ntk``, ``dynamic``, ``yarn``, ``dynamic_yarn``, ``llama3``, ``longrope`` (formulas, sources and
     where posenc departs from Hugging Face: :mod:`posenc.encodings.rope.scaling`). ``seq_len``,
-    the current length, matters for ``dynamic`` (frequencies recomputed for seq_len > L0) and
-    ``longrope`` (long factors for seq_len > L0); None means "within L0". Pass the rotary
+    the current length, matters for ``dynamic`` (frequencies recomputed for seq_len > L0),
+    ``dynamic_yarn`` (frequencies and attention factor) and ``longrope`` (long factors for
+    seq_len > L0); None means "within L0". Pass the rotary
     dimension as ``head_dim`` for partial rotary.
 
     Returns:
@@ -64,6 +65,8 @@ def rope_frequencies(
 
 #: Values of ``RoPE(dynamic_cache=...)``.
 DYNAMIC_CACHE_MODES = ("rerotate", "frozen")
+#: Values of ``RoPE.cos_sin(role=...)``: which side of q . k a table rotates.
+TABLE_ROLES = ("shared", "query", "key")
 
 
 def full_width(half: Tensor, interleaved: bool) -> Tensor:
@@ -75,13 +78,15 @@ def full_width(half: Tensor, interleaved: bool) -> Tensor:
 
 
 def cos_sin_table(
-    angles: Tensor, attention_factor: float, interleaved: bool, dtype: torch.dtype
+    angles: Tensor, attention_factor: float | Tensor, interleaved: bool, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
     """The cos/sin tables of RoPE and multi-axis RoPE from their angles.
 
     Args:
         angles: float64 (..., r/2), radians, one per frequency pair.
-        attention_factor: the factor cos and sin are multiplied by (Hugging Face's; 1.0 for none).
+        attention_factor: the factor cos and sin are multiplied by (Hugging Face's; 1.0 for
+            none): a float, or a float64 tensor of one factor per row of ``angles`` (shape
+            ``angles.shape[:-1]``, or 0-d for the whole call: dynamic_yarn).
         interleaved: the pair layout, as :func:`full_width`.
         dtype: the tables' dtype.
 
@@ -90,7 +95,10 @@ def cos_sin_table(
         float64 and rounded once (docs/precision.md).
     """
     cos, sin = angles.cos(), angles.sin()
-    if attention_factor != 1.0:
+    if isinstance(attention_factor, Tensor):  # multiplied whatever its value: no branch on a tensor
+        factor = attention_factor.unsqueeze(-1)
+        cos, sin = cos * factor, sin * factor
+    elif attention_factor != 1.0:
         cos, sin = cos * attention_factor, sin * attention_factor
     return full_width(cos.to(dtype), interleaved), full_width(sin.to(dtype), interleaved)
 
@@ -117,8 +125,8 @@ class RoPE(PositionalEncoding):
         interleaved: pair (2i, 2i+1) (RoFormer / GPT-J) instead of (i, i + r/2) (NeoX / HF).
         scaling: a Hugging Face ``rope_scaling`` dict, or None (see :func:`rope_frequencies`).
             cos and sin are multiplied by its attention_factor, as Hugging Face does.
-        dynamic_cache: for the length-dependent scalings (``dynamic``, ``longrope``), which
-            frequencies rotate a token (other types ignore it):
+        dynamic_cache: for the length-dependent scalings (``dynamic``, ``dynamic_yarn``,
+            ``longrope``), which frequencies rotate a token (other types ignore it):
 
             - ``"rerotate"`` (default): every q and k of a call is rotated with the
               frequencies of the current length L = max(q and k positions) + 1. Exact for a
@@ -133,6 +141,12 @@ class RoPE(PositionalEncoding):
               keys is exact. This is what Hugging Face computes when decoding token by token
               (it caches rotated keys); a Hugging Face prefill longer than L0 uses the
               prefill's length for all its tokens instead.
+
+            ``dynamic_yarn``'s attention factor m(L) = 0.1 ln max(1, L / L0) + 1 follows the
+            same length: in "rerotate" q and k are both multiplied by m(L) (logits by m(L)^2,
+            static YaRN at factor L / L0); in "frozen" the query at position p carries
+            m(p + 1)^2 and the keys nothing, so a logit is scaled by its query's length alone,
+            m(q + 1)^2, never m(q + 1) m(k + 1) (see :meth:`cos_sin`'s ``role``).
         hf_layout: how a Hugging Face config.json spelled these fields (the layout of
             :func:`~posenc.hf_config.rope.read_hf_config`); :meth:`to_hf_dict`
             writes them back in that spelling. None (default): the plain spelling.
@@ -186,10 +200,15 @@ class RoPE(PositionalEncoding):
         if dynamic_cache not in DYNAMIC_CACHE_MODES:
             raise InvalidArgument(f"dynamic_cache must be one of {DYNAMIC_CACHE_MODES}, got {dynamic_cache!r}")
         self.dynamic_cache = dynamic_cache
-        # a length-dependent type's frequencies at any length (dict already checked above)
-        of_length = rope_type_record(self.scaling).of_length
+        # a length-dependent type's frequencies (and attention factor) at any length (dict already checked above)
+        record = rope_type_record(self.scaling)
+        of_length, attention_of_length = record.of_length, record.attention_of_length
         self._of_length = None if of_length is None else of_length(rotary_dim, self.base, self.scaling)
+        self._attention_of_length = (
+            None if attention_of_length is None else attention_of_length(rotary_dim, self.base, self.scaling))
         self.length_dependent = self._of_length is not None
+        # frozen dynamic_yarn: the query side carries the whole logit scale, so q and k tables differ
+        self._query_carries_scale = self._attention_of_length is not None and dynamic_cache == "frozen"
         self.hf_layout, self.max_position_embeddings = hf_layout, max_position_embeddings
         self._freq_on: dict[torch.device, Tensor] = {}
 
@@ -202,7 +221,7 @@ class RoPE(PositionalEncoding):
 
     @property
     def call_invariant(self) -> bool:
-        """False for dynamic / longrope in "rerotate" mode: a longer call changes the
+        """False for dynamic / dynamic_yarn / longrope in "rerotate" mode: a longer call changes the
         frequencies of every token, so hidden states cached at a shorter length go stale."""
         return not (self.length_dependent and self.dynamic_cache == "rerotate")
 
@@ -215,36 +234,65 @@ class RoPE(PositionalEncoding):
             freq = self._freq_on[device] = self._inv_freq_f64.to(device)
         return freq
 
+    def _lengths(self, positions: Tensor, seq_len: int | Tensor | None) -> Tensor | None:
+        """The float64 length(s) a length-dependent type is evaluated at: ``positions + 1`` in
+        the "frozen" mode, else the 0-d L = max(max(positions) + 1, seq_len); None for a static
+        type, or when there is neither a position nor a seq_len.
+
+        A tensor, so no value leaves the device (nothing to sync, nothing for
+        ``torch.compile`` to break on).
+        """
+        if self._of_length is None:
+            return None
+        if self.dynamic_cache == "frozen":
+            return (positions + 1).to(torch.float64)
+        length = None if seq_len is None else torch.as_tensor(seq_len, dtype=torch.long, device=positions.device)
+        if positions.numel():
+            furthest = positions.max().to(torch.long) + 1
+            length = furthest if length is None else torch.maximum(furthest, length)
+        return None if length is None else length.to(torch.float64)
+
     def _frequencies(self, positions: Tensor, seq_len: int | Tensor | None) -> Tensor:
         """float64 frequencies for ``positions``: (r/2,) shared by the call, or one row per
         position ((T, r/2) or (B, T, r/2)) in the "frozen" mode.
 
-        Length-dependent types take L = max(max(positions) + 1, seq_len) as a tensor and their
-        record's ``of_length``, so no value leaves the device (nothing to sync, nothing for
-        ``torch.compile`` to break on).
+        Length-dependent types take their record's ``of_length`` at :meth:`_lengths`.
         """
-        device = positions.device
-        if self._of_length is None:
-            return self._static_frequencies(device)
-        if self.dynamic_cache == "frozen":
-            return self._of_length((positions + 1).to(torch.float64))
-        length = None if seq_len is None else torch.as_tensor(seq_len, dtype=torch.long, device=device)
-        if positions.numel():
-            furthest = positions.max().to(torch.long) + 1
-            length = furthest if length is None else torch.maximum(furthest, length)
-        if length is None:  # no positions: nothing is rotated, any frequencies do
-            return self._static_frequencies(device)
-        return self._of_length(length.to(torch.float64))
+        lengths = self._lengths(positions, seq_len)
+        if lengths is None:  # a static type, or no positions: nothing is rotated, any frequencies do
+            return self._static_frequencies(positions.device)
+        return self._of_length(lengths)
+
+    def _attention_factors(self, positions: Tensor, seq_len: int | Tensor | None, role: str) -> float | Tensor:
+        """The factor cos and sin are multiplied by: :attr:`attention_factor` (a float), or for a
+        type whose factor follows the length (dynamic_yarn) a float64 tensor, 0-d in the
+        "rerotate" mode, one per position in the "frozen" mode, where it is m(p + 1) for a
+        ``"shared"`` table, m(p + 1)^2 for the query side and 1 for the key side."""
+        lengths = None if self._attention_of_length is None else self._lengths(positions, seq_len)
+        if lengths is None:
+            return self.attention_factor
+        if self.dynamic_cache == "frozen" and role == "key":
+            return 1.0
+        factor = self._attention_of_length(lengths)
+        return factor * factor if self.dynamic_cache == "frozen" and role == "query" else factor
 
     def cos_sin(
-        self, positions: Tensor, dtype: torch.dtype = torch.float32, seq_len: int | Tensor | None = None
+        self, positions: Tensor, dtype: torch.dtype = torch.float32, seq_len: int | Tensor | None = None,
+        *, role: str = "shared",
     ) -> tuple[Tensor, Tensor]:
         """cos and sin (attention factor included) at integer positions (T,) or (B, T).
 
         ``seq_len``: the current length for the length-dependent scalings (dynamic,
-        longrope; an int or a 0-d integer tensor); the length used is
+        dynamic_yarn, longrope; an int or a 0-d integer tensor); the length used is
         max(max(positions) + 1, seq_len). Ignored by the other types and in the "frozen"
         mode (position p uses length p + 1).
+
+        ``role``: one of :data:`TABLE_ROLES`; it matters only for ``dynamic_yarn`` in the
+        "frozen" mode, whose attention factor m differs per position: ``"query"`` tables carry
+        m(p + 1)^2 and ``"key"`` tables none (what :meth:`rotate` uses: a logit scaled by its
+        query's length alone), while a ``"shared"`` table (default; one table for q and k, as
+        transformers' ``apply_rotary_pos_emb`` uses it) carries m(p + 1), so a logit is scaled
+        by m(q + 1) m(k + 1). Every other type and mode gives the same table for each role.
 
         The angles are ``positions`` (int64 -> float64, exact below 2^53) times the float64
         frequencies, their cos and sin taken in float64 and rounded once to ``dtype``
@@ -254,8 +302,10 @@ class RoPE(PositionalEncoding):
 
         Returns two tensors (T, r) or (B, T, r) of ``dtype`` in this encoding's layout.
         """
+        if role not in TABLE_ROLES:
+            raise InvalidArgument(f"role must be one of {TABLE_ROLES}, got {role!r}")
         angles = positions.to(torch.float64).unsqueeze(-1) * self._frequencies(positions, seq_len)
-        return cos_sin_table(angles, self.attention_factor, self.interleaved, dtype)
+        return cos_sin_table(angles, self._attention_factors(positions, seq_len, role), self.interleaved, dtype)
 
     def rotate(self, q, k, q_positions, k_positions):
         """q (B, H, Tq, D) and k (B, H_kv, Tk, D) rotated at q_positions and k_positions ((T,) or
@@ -277,11 +327,13 @@ class RoPE(PositionalEncoding):
             if fused is not None:
                 return fused
         q_dtype, k_dtype = torch.promote_types(q.dtype, torch.float32), torch.promote_types(k.dtype, torch.float32)
-        cos_q, sin_q = self.cos_sin(q_positions, q_dtype, seq_len)
-        if k_positions is q_positions and k_dtype == q_dtype:  # self-attention: one computation
+        # role passed only where it matters, so a subclass's cos_sin without it keeps working
+        q_role, k_role = ({"role": "query"}, {"role": "key"}) if self._query_carries_scale else ({}, {})
+        cos_q, sin_q = self.cos_sin(q_positions, q_dtype, seq_len, **q_role)
+        if k_positions is q_positions and k_dtype == q_dtype and k_role == q_role:  # self-attention: one computation
             cos_k, sin_k = cos_q, sin_q
         else:
-            cos_k, sin_k = self.cos_sin(k_positions, k_dtype, seq_len)
+            cos_k, sin_k = self.cos_sin(k_positions, k_dtype, seq_len, **k_role)
         return rotate_heads(q, cos_q, sin_q, interleaved=self.interleaved), rotate_heads(k, cos_k, sin_k, interleaved=self.interleaved)
 
     def kernel_angles(self, positions: Tensor, seq_len: int | Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None] | None:
@@ -293,9 +345,11 @@ class RoPE(PositionalEncoding):
         "frozen" mode of the length-dependent scalings); the kernel multiplies cos and sin by
         :attr:`attention_factor`. A subclass whose angles differ (M-RoPE's per-axis positions)
         overrides this together with :meth:`cos_sin`; one that overrides only :meth:`cos_sin`
-        gets None here, so it keeps the table path rather than silently losing its change.
+        gets None here, so it keeps the table path rather than silently losing its change. None
+        too for a length-dependent attention factor (dynamic_yarn), which the kernel's one float
+        cannot carry.
         """
-        if type(self).cos_sin is not RoPE.cos_sin:
+        if type(self).cos_sin is not RoPE.cos_sin or self._attention_of_length is not None:
             return None
         return positions, self._frequencies(positions, seq_len), None
 

@@ -20,6 +20,8 @@ it from the dict, so that these functions need no config object:
 
 - ``dynamic``: L0 is the dict's ``original_max_position_embeddings`` (Hugging Face uses
   ``config.max_position_embeddings``; :func:`posenc.rope.from_hf_config` fills it in).
+- ``dynamic_yarn`` (posenc's; no Hugging Face type): YaRN at s = max(1, L / L0), its
+  attention factor following the length too (the record's ``attention_of_length``).
 - ``yarn`` / ``longrope`` / ``llama3``: L0 is the dict's ``original_max_position_embeddings``
   (required, as in v5). For ``yarn`` the explicit ``factor`` is used, as in v5 (v4.4x let
   ``original_max_position_embeddings`` override it: transformers issue #38224).
@@ -110,6 +112,8 @@ def _check_keys(scaling: Mapping[str, Any], rope_type: str, allowed: frozenset[s
 RopeInitFn = Callable[[int, float, Mapping[str, Any], "int | None"], tuple[Tensor, float]]
 #: (dim, base, scaling) -> (lengths float64 Tensor (...) -> frequencies float64 (..., dim // 2)).
 LengthFrequenciesFn = Callable[[int, float, Mapping[str, Any]], Callable[[Tensor], Tensor]]
+#: (dim, base, scaling) -> (lengths float64 Tensor (...) -> attention factors float64 (...)).
+LengthAttentionFn = Callable[[int, float, Mapping[str, Any]], Callable[[Tensor], Tensor]]
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,13 @@ class RopeType:
             :class:`~posenc.RoPE` calls it with the call's length (``dynamic_cache="rerotate"``)
             or with ``positions + 1`` (``"frozen"``: position p rotated with the frequencies
             in force when it was the last token). None: the frequencies ignore the length.
+        attention_of_length: for a type whose *attention factor* follows the length too
+            (dynamic_yarn): ``(dim, base, scaling) -> g``, where ``g(lengths)`` maps a float64
+            tensor of lengths (shape S) to the float64 attention factors (shape S), tensor ops
+            only; it must equal ``inv_freq(dim, base, scaling, L)[1]`` at every L (to float64
+            rounding: torch's and the math module's log may differ in the last bit). Needs
+            ``of_length``. None: the attention factor is the float of ``inv_freq`` (at
+            seq_len None), whatever the length (longrope's too, as in Hugging Face).
         needs_context: the dict carries the original context L0 =
             ``original_max_position_embeddings`` (a required key); Hugging Face reads it from
             the model config, so :func:`posenc.rope.read_hf_config` fills it in from
@@ -157,6 +168,7 @@ class RopeType:
 
     inv_freq: RopeInitFn
     of_length: LengthFrequenciesFn | None = None
+    attention_of_length: LengthAttentionFn | None = None
     needs_context: bool = False
     hf_top_level_context: bool = False
     hf_factor_from_context: Callable[[Mapping[str, Any]], bool] | None = None
@@ -165,6 +177,8 @@ class RopeType:
     hf_equivalent: Callable[[Mapping[str, Any], float, int], tuple[float, Mapping[str, Any] | None]] | None = None
 
     def __post_init__(self) -> None:
+        if self.attention_of_length is not None and self.of_length is None:
+            raise InvalidArgument("RopeType: attention_of_length needs of_length (a length-dependent type)")
         if self.extension is not None:
             object.__setattr__(self, "extension", MappingProxyType(dict(self.extension)))
 
@@ -271,14 +285,7 @@ def _yarn(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None
     _check_keys(scaling, "yarn", frozenset(keys))
     factor = _factor(scaling, "yarn")
     context_length = _context_length(scaling, "yarn")
-    # Hugging Face reads `.get(key) or default`, so None means the default.
-    beta_fast = _number(scaling.get("beta_fast") or 32, "beta_fast", minimum=0.0, strict=True)
-    beta_slow = _number(scaling.get("beta_slow") or 1, "beta_slow", minimum=0.0, strict=True)
-    if beta_fast < beta_slow:
-        raise InvalidArgument(f"scaling: beta_fast must be >= beta_slow, got beta_fast={beta_fast:g}, beta_slow={beta_slow:g}")
-    truncate = scaling.get("truncate", True)
-    if not isinstance(truncate, bool):
-        raise InvalidArgument(f"scaling['truncate'] must be True or False, got {truncate!r}")
+    ramp = _yarn_ramp(dim, base, scaling, context_length)
 
     attention_factor = scaling.get("attention_factor")
     if attention_factor is not None:
@@ -292,6 +299,23 @@ def _yarn(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None
         else:
             attention_factor = yarn_get_mscale(factor)
 
+    theta = default_inv_freq_f64(dim, base)
+    return theta / factor * ramp + theta * (1.0 - ramp), float(attention_factor)
+
+
+def _yarn_ramp(dim: int, base: float, scaling: Mapping[str, Any], context_length: int) -> Tensor:
+    """YaRN's ramp over the pairs, float64 (dim // 2,): 0 keeps theta_i (fast pairs,
+    extrapolated), 1 divides it by the factor (slow pairs, interpolated); from the dict's
+    ``beta_fast`` (default 32), ``beta_slow`` (default 1) and ``truncate`` (default True),
+    checked here. It depends on L0, not on the factor."""
+    # Hugging Face reads `.get(key) or default`, so None means the default.
+    beta_fast = _number(scaling.get("beta_fast") or 32, "beta_fast", minimum=0.0, strict=True)
+    beta_slow = _number(scaling.get("beta_slow") or 1, "beta_slow", minimum=0.0, strict=True)
+    if beta_fast < beta_slow:
+        raise InvalidArgument(f"scaling: beta_fast must be >= beta_slow, got beta_fast={beta_fast:g}, beta_slow={beta_slow:g}")
+    truncate = scaling.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise InvalidArgument(f"scaling['truncate'] must be True or False, got {truncate!r}")
     low = yarn_correction_dim(beta_fast, dim, base, context_length)
     high = yarn_correction_dim(beta_slow, dim, base, context_length)
     if truncate:
@@ -299,9 +323,64 @@ def _yarn(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # Hugging Face's guard against a zero-width ramp
-    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)
-    theta = default_inv_freq_f64(dim, base)
-    return theta / factor * ramp + theta * (1.0 - ramp), float(attention_factor)
+    return ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)
+
+
+# -- dynamic YaRN -------------------------------------------------------------------------------------
+_DYNAMIC_YARN_KEYS = frozenset({"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate"})
+
+
+def _dynamic_yarn_settings(dim: int, base: float, scaling: Mapping[str, Any]) -> tuple[int, Tensor, Tensor]:
+    """(L0, ramp, theta) of a dynamic_yarn dict, checked; ``factor``, when given, must be >= 1."""
+    if scaling.get("factor") is not None:
+        _factor(scaling, "dynamic_yarn")
+    context_length = _context_length(scaling, "dynamic_yarn")
+    return context_length, _yarn_ramp(dim, base, scaling, context_length), default_inv_freq_f64(dim, base)
+
+
+def _dynamic_yarn(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """Dynamic YaRN (Peng et al. 2023, "YaRN", section 3.3; their ``LlamaDynamicYaRNScaledRotaryEmbedding``
+    without its grow-only cache): static YaRN (:func:`_yarn`, with beta_fast / beta_slow /
+    truncate) at the factor s = max(1, L / L0) of the current length L.
+
+    inv_i = theta_i / s * ramp_i + theta_i * (1 - ramp_i) and attention_factor = 0.1 ln s + 1
+    (eq. 22) for L > L0; exactly theta and 1 for L <= L0 (and seq_len None): plain RoPE.
+    ``factor`` is optional and does not enter the frequencies: it is the extension the config
+    declares (Hugging Face's max_position_embeddings = factor * L0). No attention_factor /
+    mscale override: the factor follows the length.
+    """
+    _check_keys(scaling, "dynamic_yarn", _DYNAMIC_YARN_KEYS)
+    context_length, ramp, theta = _dynamic_yarn_settings(dim, base, scaling)
+    if seq_len is None or seq_len <= context_length:
+        return theta, 1.0
+    factor = seq_len / context_length
+    return theta / factor * ramp + theta * (1.0 - ramp), yarn_get_mscale(factor)
+
+
+def _dynamic_yarn_of_length(dim: int, base: float, scaling: Mapping[str, Any]) -> Callable[[Tensor], Tensor]:
+    """f(lengths) -> dynamic YaRN's frequencies at each length, float64 (..., dim // 2)."""
+    context_length, ramp, theta = _dynamic_yarn_settings(dim, base, scaling)
+
+    def of_length(lengths: Tensor) -> Tensor:
+        device = lengths.device
+        t, r = theta.to(device), ramp.to(device)
+        # the factor's division in float64 as in _dynamic_yarn, so a length equals static YaRN bit for bit
+        factor = (lengths / context_length).clamp(min=1.0).unsqueeze(-1)
+        stretched = t / factor * r + t * (1.0 - r)
+        # within L0 exactly theta: t * r + t * (1 - r) may be off by an ulp
+        return torch.where((lengths > context_length).unsqueeze(-1), stretched, t)
+
+    return of_length
+
+
+def _dynamic_yarn_attention_of_length(dim: int, base: float, scaling: Mapping[str, Any]) -> Callable[[Tensor], Tensor]:
+    """g(lengths) -> 0.1 ln max(1, L / L0) + 1 at each length, float64 (exactly 1 within L0)."""
+    context_length = _context_length(scaling, "dynamic_yarn")
+
+    def attention_of_length(lengths: Tensor) -> Tensor:
+        return 0.1 * torch.log((lengths / context_length).clamp(min=1.0)) + 1.0
+
+    return attention_of_length
 
 
 def _yarn_factor_is_null(scaling: Mapping[str, Any]) -> bool:
@@ -426,6 +505,10 @@ ROPE_TYPES: dict[str, RopeType] = {
     ),
     "yarn": RopeType(
         _yarn, needs_context=True, hf_top_level_context=True, hf_factor_from_context=_yarn_factor_is_null, extension={},
+    ),
+    "dynamic_yarn": RopeType(
+        _dynamic_yarn, of_length=_dynamic_yarn_of_length, attention_of_length=_dynamic_yarn_attention_of_length,
+        needs_context=True, hf_top_level_context=True, extension={},
     ),
     "llama3": RopeType(
         _llama3, needs_context=True, hf_top_level_context=True,

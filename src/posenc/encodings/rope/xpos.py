@@ -156,7 +156,9 @@ class XPos(RoPE):
 
     def _rotate_scaled(self, x: Tensor, positions: Tensor, centre: Tensor, sign: float, seq_len: int | None) -> Tensor:
         dtype = torch.promote_types(x.dtype, torch.float32)
-        cos, sin = self.cos_sin(positions, dtype, seq_len)
+        # the query / key split matters for a length-dependent attention factor only (dynamic_yarn, frozen)
+        role = {"role": "query" if sign > 0 else "key"} if self._query_carries_scale else {}
+        cos, sin = self.cos_sin(positions, dtype, seq_len, **role)
         scale = self.xpos_scale(positions, centre, sign, dtype)
         return rotate_heads(x, cos * scale, sin * scale, interleaved=self.interleaved)
 
