@@ -183,11 +183,12 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
         layout: how the config spelled things, for :func:`write_hf_config`).
 
     Raises:
-        TypeError: config is not a dict. KeyError: no head_dim nor hidden_size and
-        num_attention_heads, or a context length that cannot be found. ValueError: a
-        per-layer rope dict without ``layer_type``, ``layer_type`` for a config without
-        per-layer-type parameters, or a config that says its model has no RoPE (see
-        :func:`_refuse_without_rope`).
+        TypeError: config is not a dict.
+        KeyError: no head_dim nor hidden_size and num_attention_heads, or a context length
+            that cannot be found.
+        ValueError: a per-layer rope dict without ``layer_type``, ``layer_type`` for a
+            config without per-layer-type parameters, or a config that says its model has no
+            RoPE (see ``_refuse_without_rope``).
 
     Both ``rope_scaling`` and ``rope_parameters`` present: read as transformers builds it
     (:func:`rope_dict_spellings`), with a ``warnings.warn`` naming both when they disagree.

@@ -268,9 +268,10 @@ def apply_plan(model: nn.Module, plan: PositionPlan) -> nn.Module:
     (shared, not copied). Positions are the model's (``position_ids``, its attention mask).
 
     Raises:
-        InvalidType: ``plan`` is not a PositionPlan. InvalidArgument: a family without an
-        adapter (the message lists those with one), a plan whose encodings do not fit the
-        model (head count, table shape, bucket settings, naming both).
+        InvalidType: ``plan`` is not a PositionPlan.
+        InvalidArgument: a family without an adapter (the message lists those with one), a
+            plan whose encodings do not fit the model (head count, table shape, bucket
+            settings, naming both).
     """
     if not isinstance(plan, PositionPlan):
         raise InvalidType(f"plan must be a PositionPlan, got {type(plan).__name__}")
