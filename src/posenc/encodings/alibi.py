@@ -100,7 +100,7 @@ class ALiBi(ScoreBias):
 
     Raises:
         InvalidArgument: an unknown slope formula or slope dtype (the message lists the
-        known ones), a scale that is not a finite number > 0.
+            known ones), a scale that is not a finite number > 0.
     """
 
     name = "alibi"

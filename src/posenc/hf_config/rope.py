@@ -210,13 +210,14 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
     and a scaling's L0 x factor at most 2^31 positions.
 
     Raises:
-        InvalidType (a TypeError): config is not a dict; a number given as a string, a bool, or
-        null for rope_theta. MissingKey (a KeyError): no head_dim nor hidden_size and
-        num_attention_heads, or a context length that cannot be found. InvalidArgument (a
-        ValueError): a value out of range or past a bound (named), a per-layer rope dict
-        without ``layer_type``, ``layer_type`` for a config without per-layer-type
-        parameters, or a config that says its model has no RoPE (see
-        :func:`_refuse_without_rope`).
+        InvalidType: (a TypeError) config is not a dict; a number given as a string, a bool,
+            or null for rope_theta.
+        MissingKey: (a KeyError) no head_dim nor hidden_size and num_attention_heads, or a
+            context length that cannot be found.
+        InvalidArgument: (a ValueError) a value out of range or past a bound (named), a
+            per-layer rope dict without ``layer_type``, ``layer_type`` for a config without
+            per-layer-type parameters, or a config that says its model has no RoPE (see
+            ``_refuse_without_rope``).
 
     Both ``rope_scaling`` and ``rope_parameters`` present: read as transformers builds it
     (:func:`rope_dict_spellings`), with a ``warnings.warn`` naming both when they disagree.

@@ -615,10 +615,10 @@ def apply_plan(model: nn.Module, plan: PositionPlan) -> nn.Module:
     last one (:func:`restore`), it never stacks on it.
 
     Raises:
-        InvalidType: ``plan`` is not a PositionPlan. InvalidArgument: a family without an
-        adapter (the message lists those with one), a plan whose encodings do not fit the
-        model (head count, table shape, bucket settings, naming both). On an error the model
-        is left as it was.
+        InvalidType: ``plan`` is not a PositionPlan.
+        InvalidArgument: a family without an adapter (the message lists those with one), a
+            plan whose encodings do not fit the model (head count, table shape, bucket
+            settings, naming both). On an error the model is left as it was.
     """
     if not isinstance(plan, PositionPlan):
         raise InvalidType(f"plan must be a PositionPlan, got {type(plan).__name__}")

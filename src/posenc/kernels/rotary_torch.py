@@ -170,9 +170,10 @@ def apply_rotary(
 
     Args:
         x: (..., T, D), D even.
-        cos, sin: broadcastable to x, full width D: half-split repeats the half
+        cos: broadcastable to x, full width D: half-split repeats the half
             ``[c_0 .. c_{D/2-1}, c_0 .. c_{D/2-1}]``; interleaved duplicates each pair
             ``[c_0, c_0, c_1, c_1, ...]``. Every entry is read, as in the formula.
+        sin: as cos.
         interleaved: pair (2i, 2i+1) instead of (i, i + D/2).
         out: optional preallocated result of x's shape and dtype (no autograd); it may be x
             itself, for an in-place rotation.

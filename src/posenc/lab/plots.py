@@ -369,7 +369,7 @@ def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
         name: a registered encoding (``posenc.available()``).
         out: the figure's path, its format from the extension (PNG without one); an existing
             folder: ``<name>.png`` in it (:func:`figure_path`); parent folders are created.
-        encoding_kwargs: the model sizes ``d_model``, ``num_heads``, ``head_dim``,
+        **encoding_kwargs: the model sizes ``d_model``, ``num_heads``, ``head_dim``,
             ``max_positions`` (defaults :data:`FIGURE_SIZES`), ``max_distance`` (the distance
             axis, default 1024 for rotations, 128 otherwise) and the encoding's own options
             (e.g. ``variant="power"`` for kerple).

@@ -75,8 +75,8 @@ class XPos(RoPE):
         gamma: 0.4 in the paper.
         center: "query" (default: the midpoint of each call's query positions), an int (a
             fixed centre) or "call" (the midpoint of the call's query and key positions).
-        rotary_dim, partial_rotary_factor, base, interleaved, scaling: as :class:`RoPE`;
-            zeta uses r = rotary_dim and the tail past r is neither rotated nor scaled.
+        **rope_kwargs: rotary_dim, partial_rotary_factor, base, interleaved, scaling, as
+            :class:`RoPE`; zeta uses r = rotary_dim and the tail past r is neither rotated nor scaled.
             Default layout half-split (x-transformers); torchscale pairs (2i, 2i+1)
             (``interleaved=True``). The layouts are the same map up to a permutation.
 
