@@ -290,21 +290,23 @@ def use_encoding(
         config.json and :func:`from_pretrained` restores it.
 
     Raises:
-        InvalidArgument (ValueError): the model is not of a known shape; a plan whose length is
-            not the number of decoder layers, or that gives positions to a layer without
+        InvalidArgument: (a ValueError) the model is not of a known shape; a plan whose length
+            is not the number of decoder layers, or that gives positions to a layer without
             attention (an encoding given alone goes to the layers with softmax attention only:
-            Qwen3-Next's linear-attention layers keep theirs); ``layers`` out of range or with an embedding encoding; an encoding whose
-            head_dim differs from the model's, or with per-head values (``num_heads``) for
-            another head count than the model's query heads (both named); one with the
-            ``gate`` hook (FoX); a non-rotary encoding on a layer with attention sinks (gpt-oss)
-            or logit soft-capping (Gemma 2), which posenc's attention does not compute.
-        InvalidArgument, for an adapter family (the message names the family and the
-            encoding): a plan with ``layers`` or one the adapter cannot apply (it says what it
-            takes); an encoding with the gate hook (FoX), with several position axes (M-RoPE),
-            with another head count or head_dim than the model's, an embedding encoding with
-            ``layers``, a name that does not build for the stack's sizes.
-        InvalidType (TypeError): neither a plan, an encoding nor a name. ImportError:
-            transformers is not installed. On an error the model is left as it was.
+            Qwen3-Next's linear-attention layers keep theirs); ``layers`` out of range or with
+            an embedding encoding; an encoding whose head_dim differs from the model's, or
+            with per-head values (``num_heads``) for another head count than the model's query
+            heads (both named); one with the ``gate`` hook (FoX); a non-rotary encoding on a
+            layer with attention sinks (gpt-oss) or logit soft-capping (Gemma 2), which
+            posenc's attention does not compute. For an adapter family (the message names the
+            family and the encoding): a plan with ``layers`` or one the adapter cannot apply
+            (it says what it takes); an encoding with the gate hook (FoX), with several
+            position axes (M-RoPE), with another head count or head_dim than the model's, an
+            embedding encoding with ``layers``, a name that does not build for the stack's sizes.
+        InvalidType: (a TypeError) neither a plan, an encoding nor a name.
+        ImportError: transformers is not installed.
+
+    On an error the model is left as it was.
     """
     adapter = ADAPTERS.get(getattr(getattr(model, "config", None), "model_type", None))
     if adapter is not None:  # the families whose positions an adapter hands to posenc
