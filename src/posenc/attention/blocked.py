@@ -47,12 +47,12 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         gate_state: object = None) -> Tensor:
     biased = encoding if encoding is not None and Hook.SCORE_BIAS in encoding.hooks else None
     call = _Call(biased, encoding, gate_state, q_positions, k_positions, causal, mask, scale)
-    bias_inputs = _bias_inputs(call)
-    wants_grad = torch.is_grad_enabled() and (any(t.requires_grad for t in (q, k, v)) or bool(bias_inputs))
     # Dropout would need each block's random mask again in the backward, and torch.compile
     # traces the SDPA blocks as they are: both keep autograd's O(H T^2) saved probabilities.
-    if wants_grad and not dropout_p and not torch.compiler.is_compiling():
-        return BlockedAttention.apply(q, k, v, call, *bias_inputs)
+    if torch.is_grad_enabled() and not dropout_p and not torch.compiler.is_compiling():
+        bias_inputs = _bias_inputs(call)
+        if bias_inputs or any(t.requires_grad for t in (q, k, v)):
+            return BlockedAttention.apply(q, k, v, call, *bias_inputs)
     out = torch.empty_like(q)
     for block in _blocks(call, q, grad=torch.is_grad_enabled()):
         rows = q[:, :, block.start:block.stop]
@@ -130,11 +130,17 @@ def _probabilities(rows: Tensor, keys: Tensor, mask: Tensor | None, scale: float
         scores.masked_fill_(~mask, float("-inf"))
     elif mask is not None:
         scores.add_(mask.detach())
-    if lse is None:
-        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-        # a row that sees no key (only under a bias of -inf) gets zero weights, not NaN
-        lse = lse.masked_fill(lse == float("-inf"), 0.0)
-    return _exp(scores.sub_(lse)), lse
+    if lse is not None:
+        return _exp(scores.sub_(lse)), lse
+    # softmax as torch computes it (max subtracted, exp, sum, divide), one exp pass: the log-sum-exp
+    # is max + log(sum); a row that sees no key (only under a bias of -inf) gets zero weights, not NaN
+    top = scores.amax(dim=-1, keepdim=True)
+    top = top.masked_fill(top == float("-inf"), 0.0)
+    probs = _exp(scores.sub_(top))
+    total = probs.sum(dim=-1, keepdim=True)
+    probs.div_(total.clamp(min=torch.finfo(total.dtype).tiny))
+    lse = top + total.log()
+    return probs, lse.masked_fill(lse == float("-inf"), 0.0)
 
 
 def _exp(x: Tensor) -> Tensor:
