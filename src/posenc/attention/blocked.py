@@ -194,6 +194,7 @@ class BlockedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # no double backward: a clear error, not a wrong one
     def backward(ctx, grad_out: Tensor):
         q, k, v, out, lse = ctx.saved_tensors
         call, bias_inputs = ctx.call, ctx.bias_inputs
