@@ -1,14 +1,24 @@
-"""Query blocks, each an SDPA call with its own bias tile (posenc.attention.tiling): memory
-O(T) instead of the (H, Tq, Tk) bias, keys wholly in a block's future skipped."""
+"""Query blocks, each with its own bias tile (posenc.attention.tiling): memory O(T) instead of
+the (H, Tq, Tk) bias, keys wholly in a block's future skipped.
+
+Without a gradient to compute, each block is one SDPA call. With one (training), the call is
+:class:`BlockedAttention`, an autograd function that keeps only q, k, v, the output and the
+log-sum-exp of each query row, O(B H T), and recomputes each block's tile, scores and
+probabilities in the backward, as FlashAttention does (Dao et al. 2022, "FlashAttention",
+Algorithm 4; Dao 2023, "FlashAttention-2", Algorithm 2): training memory O(T) as well.
+"""
 
 from __future__ import annotations
+
+import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posenc.attention.tiling import Block, query_blocks
 from posenc.encodings.base import Hook, PositionalEncoding
-from posenc.attention.tiling import query_blocks
 
 
 def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dropout_p: float = 0.0) -> str | None:
@@ -18,14 +28,33 @@ def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dro
     return None
 
 
+class _Call(NamedTuple):
+    """What every block of one call is made from (none of it differentiated but through the
+    encoding's parameters and the gate state)."""
+
+    encoding: PositionalEncoding | None  # with the score_bias hook, else None
+    gated: PositionalEncoding | None
+    gate_state: object
+    q_positions: Tensor
+    k_positions: Tensor
+    causal: bool
+    mask: Tensor | None
+    scale: float
+
+
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
         k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0,
         gate_state: object = None) -> Tensor:
     biased = encoding if encoding is not None and Hook.SCORE_BIAS in encoding.hooks else None
+    call = _Call(biased, encoding, gate_state, q_positions, k_positions, causal, mask, scale)
+    # Dropout would need each block's random mask again in the backward, and torch.compile
+    # traces the SDPA blocks as they are: both keep autograd's O(H T^2) saved probabilities.
+    if torch.is_grad_enabled() and not dropout_p and not torch.compiler.is_compiling():
+        bias_inputs = _bias_inputs(call)
+        if bias_inputs or any(t.requires_grad for t in (q, k, v)):
+            return BlockedAttention.apply(q, k, v, call, *bias_inputs)
     out = torch.empty_like(q)
-    blocks = query_blocks(biased, q_positions, k_positions, num_heads=q.shape[1], batch=q.shape[0], causal=causal,
-                          mask=mask, dtype=q.dtype, gated=encoding, gate_state=gate_state)
-    for block in blocks:
+    for block in _blocks(call, q, grad=torch.is_grad_enabled()):
         rows = q[:, :, block.start:block.stop]
         keys, values = k[:, :, :block.key_end], v[:, :, :block.key_end]
         block_out = F.scaled_dot_product_attention(rows.flip(2) if block.descending else rows, keys, values,
@@ -34,3 +63,173 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         out[:, :, block.start:block.stop] = block_out.flip(2) if block.descending else block_out
         del block, block_out  # before the next block's tile is made: one tile alive at a time
     return out
+
+
+def _bias_inputs(call: _Call) -> tuple[Tensor, ...]:
+    """The tensors a tile is differentiated in: the encoding's parameters that require grad
+    (a score bias's, or a gate encoding's), and the gate state's tensors that do (FoX's
+    cumulative log forget gates, computed from the model's hidden state)."""
+    found: dict[int, Tensor] = {}
+    if torch.is_grad_enabled():
+        for owner in (call.encoding, call.gated if call.gate_state is not None else None):
+            if owner is not None:
+                found.update((id(p), p) for p in owner.parameters() if p.requires_grad)
+        state = call.gate_state
+        for t in (state if isinstance(state, (tuple, list)) else (state,)):
+            if isinstance(t, Tensor) and t.requires_grad:
+                found[id(t)] = t
+    return tuple(found.values())
+
+
+def _detached_state(call: _Call, bias_inputs: tuple[Tensor, ...]) -> tuple[_Call, list[Tensor]]:
+    """The call with its gate state's tensors cut from the graph that made them (as new leaves
+    requiring grad), and the tensors to differentiate the tiles in, in ``bias_inputs``' order.
+
+    Why: a gate state's tensors are made from one another (FoX's lo from hi); differentiating
+    a tile in the state's tensors themselves would run those links too (freeing the model's
+    graph, and counting a gradient twice once autograd runs them again from ours)."""
+    leaves = {id(t): t.detach().requires_grad_() for t in bias_inputs if t.grad_fn is not None}
+    state = call.gate_state
+    if isinstance(state, (tuple, list)):
+        state = type(state)(leaves.get(id(t), t) if isinstance(t, Tensor) else t for t in state)
+    elif isinstance(state, Tensor):
+        state = leaves.get(id(state), state)
+    return call._replace(gate_state=state), [leaves.get(id(t), t) for t in bias_inputs]
+
+
+def _blocks(call: _Call, q: Tensor, *, grad: bool):
+    """The call's query blocks (:func:`~posenc.attention.tiling.query_blocks`), each tile made
+    with autograd on or off (``grad``) and the caller's mode left alone between blocks."""
+    blocks = query_blocks(call.encoding, call.q_positions, call.k_positions, num_heads=q.shape[1],
+                          batch=q.shape[0], causal=call.causal, mask=call.mask, dtype=q.dtype, gated=call.gated,
+                          gate_state=call.gate_state)
+    while True:
+        with torch.set_grad_enabled(grad):
+            block = next(blocks, None)
+        if block is None:
+            return
+        yield block
+        del block
+
+
+def _rows(x: Tensor, block: Block) -> Tensor:
+    """x's rows of the block (dim 2), in the order of the block's mask rows."""
+    rows = x[:, :, block.start:block.stop]
+    return rows.flip(2) if block.descending else rows
+
+
+def _probabilities(rows: Tensor, keys: Tensor, mask: Tensor | None, scale: float, wide: torch.dtype,
+                   lse: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """softmax(scale q.k^T + mask) of one block and its log-sum-exp (B, H, n, 1), in ``wide``:
+    rows (B, H, n, D), keys (B, H_kv, Tk', D), the H / H_kv query heads of a key-value head
+    one product. With ``lse`` given (the backward) the probabilities are exp(scores - lse)."""
+    batch, heads, n, _ = rows.shape
+    grouped = _grouped(rows.to(wide) * scale, keys.shape[1])
+    scores = torch.matmul(grouped, keys.to(wide).transpose(-2, -1)).view(batch, heads, n, keys.shape[2])
+    if mask is not None and mask.dtype == torch.bool:
+        scores.masked_fill_(~mask, float("-inf"))
+    elif mask is not None:
+        scores.add_(mask.detach())
+    if lse is not None:
+        return _exp(scores.sub_(lse)), lse
+    # softmax as torch computes it (max subtracted, exp, sum, divide), one exp pass: the log-sum-exp
+    # is max + log(sum); a row that sees no key (only under a bias of -inf) gets zero weights, not NaN
+    top = scores.amax(dim=-1, keepdim=True)
+    top = top.masked_fill(top == float("-inf"), 0.0)
+    probs = _exp(scores.sub_(top))
+    total = probs.sum(dim=-1, keepdim=True)
+    probs.div_(total.clamp(min=torch.finfo(total.dtype).tiny))
+    lse = top + total.log()
+    return probs, lse.masked_fill(lse == float("-inf"), 0.0)
+
+
+def _exp(x: Tensor) -> Tensor:
+    """exp(x) in place, the entries whose exp is below the dtype's smallest normal number
+    (x < log(tiny): -87.3 in float32) flushed to 0: torch's vectorized exp is about ten times
+    slower on such inputs (far keys under a decaying bias: FoX, ALiBi) than on -inf or others,
+    and they would only give subnormal probabilities."""
+    return F.threshold_(x, math.log(torch.finfo(x.dtype).tiny), float("-inf")).exp_()
+
+
+def _grouped(x: Tensor, kv_heads: int) -> Tensor:
+    """(B, H, n, X) -> (B, H_kv, (H / H_kv) n, X): query head h = kv (H / H_kv) + g."""
+    batch, heads, n, width = x.shape
+    return x.reshape(batch, kv_heads, (heads // kv_heads) * n, width)
+
+
+class BlockedAttention(torch.autograd.Function):
+    """softmax(scale q.k^T + bias + mask) v over query blocks with a recomputing backward.
+
+    Saved for the backward: q, k, v, the output and the log-sum-exp L of each query row
+    (B, H, Tq): O(B H T (D + 1)), never a (Tq, Tk) tensor. The backward walks the query blocks
+    again; per block it remakes the bias tile (with autograd on when a parameter or gate needs
+    a gradient), the scores, P = exp(S - L), then (FlashAttention's backward)
+    dV += P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = scale dS K,
+    dK += scale dS^T Q, and hands dS (summed to the tile's shape) to the tile's own autograd
+    for the parameters' gradients (``torch.autograd.grad``): one tile alive at a time.
+
+    Inputs: q (B, H, Tq, D), k and v (B, H_kv, Tk, D), the call, then the tensors the tiles
+    are differentiated in. Arithmetic in float32 (float64 for float64 inputs); output in q's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, call: _Call, *bias_inputs: Tensor) -> Tensor:
+        wide = torch.promote_types(q.dtype, torch.float32)
+        batch, heads, num_queries, _ = q.shape
+        out = q.new_empty(batch, heads, num_queries, v.shape[-1])
+        lse = torch.empty(batch, heads, num_queries, 1, dtype=wide, device=q.device)
+        # the tiles as the backward remakes them (autograd on when it differentiates them), so
+        # that the gradient is the derivative of the very values used here
+        for block in _blocks(call, q, grad=bool(bias_inputs)):
+            keys, values = k[:, :, :block.key_end], v[:, :, :block.key_end]
+            probs, block_lse = _probabilities(_rows(q, block), keys, block.mask, call.scale, wide)
+            block_out = torch.matmul(_grouped(probs, k.shape[1]), values.to(wide)).view(batch, heads, -1, v.shape[-1])
+            if block.descending:
+                block_out, block_lse = block_out.flip(2), block_lse.flip(2)
+            out[:, :, block.start:block.stop] = block_out
+            lse[:, :, block.start:block.stop] = block_lse
+            del block, probs, block_out
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.call, ctx.bias_inputs = call, bias_inputs
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # no double backward: a clear error, not a wrong one
+    def backward(ctx, grad_out: Tensor):
+        q, k, v, out, lse = ctx.saved_tensors
+        call, bias_inputs = ctx.call, ctx.bias_inputs
+        tracked = [i for i, t in enumerate(bias_inputs) if ctx.needs_input_grad[4 + i]]
+        wide = lse.dtype
+        batch, heads, _, head_dim = q.shape
+        kv_heads = k.shape[1]
+        grad_out = grad_out.to(wide)
+        delta = (grad_out * out.to(wide)).sum(-1, keepdim=True)  # rowsum(dO * O): (B, H, Tq, 1)
+        dq = torch.zeros(q.shape, dtype=wide, device=q.device)
+        dk = torch.zeros(k.shape, dtype=wide, device=q.device)
+        dv = torch.zeros(v.shape, dtype=wide, device=q.device)
+        bias_grads: list[Tensor | None] = [None] * len(bias_inputs)
+        call, leaves = _detached_state(call, bias_inputs)
+        for block in _blocks(call, q, grad=bool(tracked)):
+            end = block.key_end
+            keys, values = k[:, :, :end].to(wide), v[:, :, :end].to(wide)
+            rows, d_out = _rows(q, block).to(wide), _grouped(_rows(grad_out, block), kv_heads)
+            probs, _ = _probabilities(rows, keys, block.mask, call.scale, wide, lse=_rows(lse, block))
+            n = rows.shape[2]
+            dv[:, :, :end] += torch.matmul(_grouped(probs, kv_heads).transpose(-2, -1), d_out)
+            d_scores = torch.matmul(d_out, values.transpose(-2, -1)).view(batch, heads, n, end)
+            d_scores = d_scores.sub_(_rows(delta, block)).mul_(probs)  # dS = P * (dP - rowsum(dO * O))
+            del probs
+            grouped_ds = _grouped(d_scores, kv_heads)
+            dk[:, :, :end] += torch.matmul(grouped_ds.transpose(-2, -1), _grouped(rows, kv_heads)).mul_(call.scale)
+            block_dq = torch.matmul(grouped_ds, keys).mul_(call.scale).view(batch, heads, n, head_dim)
+            dq[:, :, block.start:block.stop] = block_dq.flip(2) if block.descending else block_dq
+            tile = block.mask
+            if tracked and tile is not None and tile.requires_grad:
+                inputs = [leaves[i] for i in tracked]
+                grads = torch.autograd.grad(tile, inputs, grad_outputs=d_scores.sum_to_size(tile.shape).to(tile.dtype),
+                                            allow_unused=True)
+                for i, grad in zip(tracked, grads):
+                    if grad is not None:
+                        bias_grads[i] = grad if bias_grads[i] is None else bias_grads[i] + grad
+            del block, tile, d_scores, grouped_ds, block_dq
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, *bias_grads
