@@ -164,8 +164,8 @@ def test_cli_generate_on_an_extrapolate_checkpoint(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra, match", [
     (["--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
-    (["--temperature", "0"], "temperature must be a finite number > 0"),
-    (["--temperature", "-2"], "temperature must be a finite number > 0"),
+    (["--temperature", "0"], "temperature must be a finite number >= 1e-06"),
+    (["--temperature", "-2"], "temperature must be a finite number >= 1e-06"),
     (["--top-k", "0"], "top_k must be an integer >= 1"),
     (["--max-new-tokens", "many"], "max-new-tokens"),
 ])
