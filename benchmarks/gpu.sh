@@ -35,7 +35,7 @@ else
     DEVICE=cuda; QUICK=; LENGTHS=(2048 8192 32768); TEST_DEVICE_NOTE=""
     # The papers' setting (--preset gpu: L = 512, 25.5M parameters, evaluation to 16L, windows
     # and sliding stride L), shortened to minutes: the rows of Press et al. (2022) Table 2.
-    EXTRAPOLATE=(--preset gpu --steps 500 --encodings sinusoidal,rope,t5,alibi --eval-tokens 262144)
+    EXTRAPOLATE=(--preset gpu --steps 300 --encodings sinusoidal,rope,alibi --eval-tokens 131072)
     RECOMPILE_LENGTHS=200,333,777,1500
 fi
 
@@ -77,7 +77,7 @@ say "posenc $(git rev-parse --short HEAD 2>/dev/null) $(git status --porcelain 2
 
 # 1. The CUDA tests: Triton RoPE against float64, Flex score_mods against eager (values and
 #    gradients), FlashAttention-2's ALiBi where installed, KV-cache decoding.
-step tests 100 $PY -m pytest -q -rs -p no:cacheprovider --junitxml="$WORK/tests.xml" \
+step tests 140 $PY -m pytest -q -rs -p no:cacheprovider --junitxml="$WORK/tests.xml" \
     tests/test_rotary_triton_cuda.py tests/test_flex_cuda.py tests/test_flash_attention_2.py tests/test_cuda_decoding.py
 { echo; echo "### tests $TEST_DEVICE_NOTE"; echo; grep -E "passed|failed|skipped|error" "$LOG" | tail -3 | sed 's/^/    /'; } >>"$TABLES"
 
