@@ -166,15 +166,49 @@ def test_results_csv_goes_through_a_temporary_file_of_this_process(tmp_path, mon
     assert (tmp_path / "results.csv").read_bytes() == b"a,b\r\n1,2\r\n"
 
 
-def test_a_resumed_run_times_only_its_last_leg_and_says_so():
-    """Throughput over every step's tokens but one leg's seconds was up to 3,000x too high."""
+def test_a_resumed_run_is_timed_whole_across_its_legs():
+    """Time and throughput cover every leg of a resumed run (the checkpoint keeps the seconds
+    of its steps); with a checkpoint that does not (written before), the last leg alone, said
+    so. Throughput over every step's tokens but one leg's seconds was up to 3,000x too high."""
     from posenc.lab.experiments.lm import training_fields
 
     config = TrainConfig(steps=100, batch_size=2, seq_len=8)
     fresh = training_fields(config, [1.0] * 100, 10.0)
     assert fresh["tokens_per_second"] == 100 * 2 * 8 / 10 and "resumed_at_step" not in fresh
-    resumed = training_fields(config, [1.0] * 100, 2.0, first_step=90)
-    assert resumed["tokens_per_second"] == 10 * 2 * 8 / 2 and resumed["resumed_at_step"] == 90
+    resumed = training_fields(config, [1.0] * 100, 2.0, first_step=90, earlier_seconds=8.0)
+    assert resumed["train_seconds"] == 10.0 and resumed["tokens_per_second"] == 100 * 2 * 8 / 10
+    assert resumed["resumed_at_step"] == 90 and "timed" not in resumed
+    unknown = training_fields(config, [1.0] * 100, 2.0, first_step=90, earlier_seconds=None)
+    assert unknown["tokens_per_second"] == 10 * 2 * 8 / 2 and unknown["timed"] == "last leg"
+
+
+def test_the_checkpoint_keeps_the_seconds_of_its_steps(tmp_path):
+    import torch
+
+    from posenc.lab.model import TransformerLM
+    from posenc.lab.train import train_lm
+
+    data = torch.randint(0, 256, (4096,), dtype=torch.uint8)
+    config = TrainConfig(steps=6, batch_size=2, seq_len=8)
+    path = tmp_path / "run.pt"
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_4(step, loss):
+        if step + 1 == 4:
+            raise Stop
+
+    model = TransformerLM(LMConfig(d_model=16, num_layers=1, num_heads=2, max_positions=16), "rope")
+    with pytest.raises(Stop):
+        train_lm(model, data, config, stop_after_4, checkpoint_path=path, checkpoint_every=3)
+    stored = torch.load(path, weights_only=True)["train_seconds"]
+    assert stored > 0
+    timing = {}
+    model = TransformerLM(LMConfig(d_model=16, num_layers=1, num_heads=2, max_positions=16), "rope")
+    train_lm(model, data, config, checkpoint_path=path, checkpoint_every=3, timing=timing)
+    assert timing == {"earlier_seconds": stored}
+    assert torch.load(path, weights_only=True)["train_seconds"] > stored  # the final checkpoint: both legs
 
 
 def test_a_second_run_on_the_same_out_folder_is_refused(tmp_path):

@@ -8,6 +8,7 @@ It trains on random windows of a byte corpus, or on the batches of a :data:`Batc
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import Union
 from dataclasses import asdict, dataclass
@@ -154,6 +155,7 @@ def train_lm(
     checkpoint_every: int = 250,
     fingerprint: dict | None = None,
     on_resume: Callable[[int], None] | None = None,
+    timing: dict | None = None,
 ) -> list[float]:
     """Train ``model`` for next-byte prediction on random windows of ``data`` (uint8 bytes),
     or on the batches a :data:`BatchSource` ``data`` makes.
@@ -178,6 +180,10 @@ def train_lm(
             read back with ``weights_only=True``.
         fingerprint: what the checkpoint must have been made with (arguments, version).
         on_resume: called once with the step training starts from (0 when fresh).
+        timing: if given, filled with ``earlier_seconds``: the training seconds of the steps
+            done before this call, from the checkpoint it resumed (0.0 when fresh; None for a
+            checkpoint written before posenc kept them), so that the whole run's time is known
+            across resumes. The checkpoint stores the seconds of every step it holds.
 
     Returns:
         The training loss (nats per token) of every step.
@@ -201,11 +207,15 @@ def train_lm(
     describes_itself = checkpoint_path is not None and isinstance(model, TransformerLM)
     model_spec = {"config": model.config.to_dict(), "encoding": model.encoding_spec()} if describes_itself \
         else {"config": None, "encoding": None}
+    earlier_seconds: float | None = 0.0
     if checkpoint_path is not None and Path(checkpoint_path).exists():
         state = load_checkpoint(checkpoint_path, fingerprint)
         model.load_state_dict(state["model"])
         generator.set_state(state["generator"])
         losses, start = list(state["losses"]), state["step"]
+        earlier_seconds = state.get("train_seconds")
+    if timing is not None:
+        timing["earlier_seconds"] = earlier_seconds
     # several ranks: the module that runs (DDP, or an FSDP2 copy) and the one the optimizer takes
     parallel = None if ranks is None else ParallelTraining(model, ranks, device, sharded=distributed.sharded())
     optimized = model if parallel is None else parallel.optimized
@@ -221,11 +231,14 @@ def train_lm(
             else parallel.states(optimizer)  # every rank: a collective under FSDP2
         if not distributed.writes_records():  # data-parallel: rank 0 writes the one checkpoint
             return
+        # the seconds of every step the checkpoint holds, across resumes (a step lost to a kill is not counted)
+        seconds = (earlier_seconds or 0.0) + time.perf_counter() - leg_started
         checkpoint.save(
             checkpoint_path, model_state, **model_spec, fingerprint=fingerprint, step=step, losses=losses,
-            optimizer=optimizer_state, generator=generator.get_state(),
+            optimizer=optimizer_state, generator=generator.get_state(), train_seconds=seconds,
         )
 
+    leg_started = time.perf_counter()
     if on_resume is not None:
         on_resume(start)
     trained = model if parallel is None else parallel.trained

@@ -62,19 +62,27 @@ def windows_at(length: int, eval_tokens: int, val: Tensor, stride: int | None = 
 LOSS_CURVE_STEPS = 50
 
 
-def training_fields(config: TrainConfig, losses: Sequence[float], seconds: float, first_step: int = 0) -> dict:
+def training_fields(config: TrainConfig, losses: Sequence[float], seconds: float, first_step: int = 0,
+                    earlier_seconds: float | None = 0.0) -> dict:
     """``train_seconds``, ``tokens_per_second``, ``final_train_loss`` (mean of the last 50
     steps) and ``loss_curve`` (the mean loss of each block of :data:`LOSS_CURVE_STEPS` steps,
     nats per token: where a task's sudden learning transition came) of a training run.
 
-    A run resumed at step ``first_step`` > 0 timed only its last leg: ``tokens_per_second`` is
-    that leg's (its steps' tokens over its seconds), ``train_seconds`` that leg's wall clock,
-    and ``resumed_at_step`` says so (a rate over every step's tokens was up to 3,000x too high)."""
-    tokens = (config.steps - first_step) * config.batch_size * config.seq_len
+    ``seconds`` is this leg's wall clock; a run resumed at step ``first_step`` > 0 adds
+    ``earlier_seconds``, the seconds of the steps before it (from its checkpoint), so that time
+    and throughput cover the whole run, and says ``resumed_at_step``. Where the earlier seconds
+    are unknown (None: a checkpoint from before posenc kept them), the fields time this leg only
+    and ``timed`` says ``"last leg"`` (a rate over every step's tokens but one leg's seconds was
+    up to 3,000x too high)."""
+    whole = not first_step or earlier_seconds is not None
+    tokens = (config.steps - (0 if whole else first_step)) * config.batch_size * config.seq_len
+    total = seconds + (earlier_seconds if whole and earlier_seconds else 0.0)
     resumed = {"resumed_at_step": first_step} if first_step else {}
+    if not whole:
+        resumed["timed"] = "last leg"
     return {
-        "train_seconds": round(seconds, 3),
-        "tokens_per_second": round(tokens / max(seconds, 1e-9)),
+        "train_seconds": round(total, 3),
+        "tokens_per_second": round(tokens / max(total, 1e-9)),
         **resumed,
         "final_train_loss": sum(losses[-50:]) / len(losses[-50:]) if losses else None,
         "loss_curve": [round(sum(block) / len(block), 4) for block in
@@ -92,7 +100,7 @@ def train_run(
     Raises:
         CheckpointMismatch: the checkpoint is corrupt or was made with another ``fingerprint``.
     """
-    started, first_step = time.perf_counter(), []
+    started, first_step, timing = time.perf_counter(), [], {}
 
     def on_resume(step: int) -> None:
         first_step.append(step)
@@ -105,8 +113,10 @@ def train_run(
         checkpoint_every=checkpoint_every(),
         fingerprint=fingerprint,
         on_resume=on_resume,
+        timing=timing,
     )
-    return training_fields(config, losses, time.perf_counter() - started, first_step[0] if first_step else 0)
+    return training_fields(config, losses, time.perf_counter() - started, first_step[0] if first_step else 0,
+                           timing.get("earlier_seconds", 0.0))
 
 
 def load_trained(
