@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 from test_generate import greedy_without_cache
-from test_positions_contract import NAMES, backends_for, tiny_lm
+from test_positions_contract import NAMES, backends_for, decode_with_cache, tiny_lm
 
-from posenc.lab.model import KVCache
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
@@ -22,15 +21,6 @@ DEVICE = torch.device("cuda")
 # the O(1) change of a position read wrongly (weights std 0.3, tiny_lm).
 TOL = {"atol": 1e-4, "rtol": 1e-4}
 CASES = [(name, backend) for name in NAMES for backend in [*backends_for(name), "auto"]]
-
-
-def decode_with_cache(model, tokens: torch.Tensor, prefill: int) -> torch.Tensor:
-    """Logits of every token: the first ``prefill`` in one call, then one token per call."""
-    cache = KVCache(model.config.num_layers)
-    outs = [model(tokens[:, :prefill], torch.arange(prefill, device=DEVICE), cache=cache)]
-    for t in range(prefill, tokens.shape[1]):
-        outs.append(model(tokens[:, t : t + 1], torch.tensor([t], device=DEVICE), cache=cache))
-    return torch.cat(outs, dim=1)
 
 
 @pytest.mark.parametrize("name, backend", CASES)

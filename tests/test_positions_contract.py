@@ -62,9 +62,10 @@ CASES = [(name, backend) for name in NAMES for backend in backends_for(name)]
 def decode_with_cache(model: TransformerLM, tokens: torch.Tensor, prefill: int) -> torch.Tensor:
     """Logits of every token: the first ``prefill`` in one call, then one token per call."""
     cache = KVCache(model.config.num_layers)
-    outs = [model(tokens[:, :prefill], torch.arange(prefill), cache=cache)]
+    device = tokens.device
+    outs = [model(tokens[:, :prefill], torch.arange(prefill, device=device), cache=cache)]
     for t in range(prefill, tokens.shape[1]):
-        outs.append(model(tokens[:, t : t + 1], torch.tensor([t]), cache=cache))
+        outs.append(model(tokens[:, t : t + 1], torch.tensor([t], device=device), cache=cache))
     assert len(cache) == tokens.shape[1]
     return torch.cat(outs, dim=1)
 
