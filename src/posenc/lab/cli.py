@@ -493,7 +493,8 @@ def lengthgen_task_table() -> Table:
 @app.command()
 def lengthgen(
     tasks: Optional[str] = typer.Option(None, help="Comma-separated tasks: copy, reverse, sort, addition, flipflop, "
-                                        "selective_copy, passkey (default: the preset's)."),
+                                        "selective_copy, passkey, mqar, parity, modular, cycle, bucket_sort, duplicate, "
+                                        "missing, multikey, vartrack; --list describes them (default: the preset's)."),
     encodings: Encodings = None,
     preset: str = typer.Option("default", help="quick | default | full (every task on every registered encoding)."),
     train_size: Optional[int] = typer.Option(None, help="N for every task: train on sizes <= N (default: each task's own)."),

@@ -27,7 +27,28 @@ selective_copy  n letters among n blanks ``_`` (2n         the n letters, in    
                 bytes, blanks at random), then ``=``       order                Mamba's task)
 passkey         n bytes of filler, ``key <5 digits>.`` at  the key              PI, Landmark
                 a random depth in it, then ``key?``
+mqar            n pairs ``<2-letter key><digit>``, ``?``,   their values, in     Zoology (Arora et
+                ceil(n/2) of the keys, then ``=``          query order          al. 2023)
+parity          n bits, then ``=``                         ``1`` if the count   Deletang et al.
+                                                           of 1s is odd, ``0``  2023
+modular         n numbers 0-4 joined by n - 1 of ``+-*``,  the value mod 5      Deletang et al.
+                then ``=``                                 (``*`` binds first)  2023
+cycle           n moves ``l`` (-1), ``s`` (0), ``r`` (+1)  the final position   Deletang et al.
+                from 0 on a cycle of 5, then ``=``         0-4                  2023
+bucket_sort     n symbols 0-4, then ``=``                  them sorted          Deletang et al.
+duplicate       n bits ``a``/``b``, then ``=``             them twice           Deletang et al.
+missing         n bits ``a``/``b`` written twice, one of   the hidden bit       Deletang et al.
+                the 2n replaced by ``_``, then ``=``
+multikey        passkey's filler with 4 needles            that key's value     RULER (Hsieh et
+                ``key <2 letters> <5 digits>.``, then                           al. 2024)
+                ``key <one of the keys>?``
+vartrack        filler with two chains of 4 assignments    the 4 variables of   RULER (Hsieh et
+                (``ab=<5 digits>.``, ``cd=ab.``, ...),     that chain, in       al. 2024)
+                then ``=<one chain's value>?``             order
 ==============  =========================================  ===================  =====================
+
+The tasks from mqar on are in the catalogue (``posenc lengthgen --list``, ``--tasks``), not in
+the default run.
 
 Training draws sizes uniformly from ``min_size .. N`` (:meth:`Task.train_example`);
 evaluation draws fresh instances of exactly one size.
@@ -78,6 +99,10 @@ class Task:
     source: ClassVar[str] = ""
     #: The smallest size an instance can have.
     min_size: ClassVar[int] = 1
+    #: The largest size an instance can have (None: no bound), where distinct symbols run out.
+    max_size: ClassVar[int | None] = None
+    #: Whether :meth:`example` reads ``depth`` (evaluation then spreads instances over :data:`DEPTHS`).
+    uses_depth: ClassVar[bool] = False
 
     def example(self, size: int, rng: random.Random, depth: float | None = None) -> Example:
         """One instance of ``size``, drawn with ``rng``. ``depth`` is read by passkey only.
@@ -103,6 +128,8 @@ class Task:
     def _check_size(self, size: int) -> None:
         if not isinstance(size, int) or isinstance(size, bool) or size < self.min_size:
             raise InvalidArgument(f"size of a {self.name} instance must be an integer >= {self.min_size}, got {size!r}")
+        if self.max_size is not None and size > self.max_size:
+            raise InvalidArgument(f"size of a {self.name} instance must be at most {self.max_size}, got {size}")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -249,6 +276,7 @@ class Passkey(Task):
     given (evaluation uses a grid of depths, see :data:`DEPTHS`)."""
 
     name, size_unit = "passkey", "filler bytes"
+    uses_depth = True
     prompt_format = "n bytes of filler, 'key <5 digits>.' at a random depth in it, then 'key?'"
     answer_format = "the 5-digit key"
     source = "Position Interpolation (Chen et al. 2023); Landmark Attention"
@@ -271,12 +299,238 @@ class Passkey(Task):
         return Example(prompt, key, depth)
 
 
+def _pairs_of_letters(count: int, rng: random.Random) -> list[str]:
+    """``count`` distinct two-letter names (of the 676), in random order."""
+    return [LETTERS[i // 26] + LETTERS[i % 26] for i in rng.sample(range(26 * 26), count)]
+
+
+def _filler(size: int) -> str:
+    """Passkey's filler cut at ``size`` bytes."""
+    return (Passkey.FILLER * (size // len(Passkey.FILLER) + 1))[:size]
+
+
+def _insert(filler: str, pieces: list[tuple[int, str]]) -> str:
+    """``filler`` with each (cut, text) inserted at byte ``cut`` of it; pieces at one cut keep
+    their order in ``pieces``."""
+    out, last = [], 0
+    for cut, text in sorted(pieces, key=lambda piece: piece[0]):  # stable: ties keep their order
+        out += [filler[last:cut], text]
+        last = cut
+    return "".join(out) + filler[last:]
+
+
+class MQAR(Task):
+    """Multi-query associative recall (Arora et al. 2023, "Zoology: Measuring and Improving
+    Recall in Efficient Language Models", arXiv 2312.04927): n key-value pairs, each a distinct
+    two-letter key and a digit, then ``?``, ceil(n/2) distinct keys among them in random order,
+    then ``=``; the answer is their values in query order: ``"ab3cd7ef1?cdab="`` -> ``"73"``.
+    Size n = key-value pairs (at most 676, the two-letter keys); the prompt is 3n + 2 +
+    2 ceil(n/2) bytes. Zoology writes the answers after each query and scatters the queries
+    among noise tokens at power-law gaps; here the queries follow the pairs and the values come
+    after all of them, so the gap between a pair and its query grows with n."""
+
+    name, size_unit = "mqar", "key-value pairs"
+    prompt_format = "n pairs '<2-letter key><digit>', '?', ceil(n/2) of the keys, then '='"
+    answer_format = "their values, in query order"
+    source = "Zoology (Arora et al. 2023)"
+    max_size = 26 * 26
+
+    def example(self, size, rng, depth=None):
+        self._check_size(size)
+        keys = _pairs_of_letters(size, rng)
+        values = [rng.choice(string.digits) for _ in range(size)]
+        asked = rng.sample(range(size), (size + 1) // 2)
+        pairs = "".join(key + value for key, value in zip(keys, values))
+        queries = "".join(keys[i] for i in asked)
+        return Example(f"{pairs}?{queries}=", "".join(values[i] for i in asked))
+
+
+class Parity(Task):
+    """Parity check (Deletang et al. 2023, "Neural Networks and the Chomsky Hierarchy", arXiv
+    2207.02098, a regular task): n bits, the answer ``1`` if an odd number of them are 1, else
+    ``0``: ``"0110="`` -> ``"0"``. Size n = bits."""
+
+    name, size_unit = "parity", "bits"
+    prompt_format = "n bits 0/1, then '='"
+    answer_format = "1 if the count of 1s is odd, else 0"
+    source = "Deletang et al. 2023 (parity check)"
+
+    def example(self, size, rng, depth=None):
+        self._check_size(size)
+        bits = "".join(rng.choice("01") for _ in range(size))
+        return Example(bits + "=", str(bits.count("1") % 2))
+
+
+class ModularArithmetic(Task):
+    """Modular arithmetic without brackets (Deletang et al. 2023, regular): n numbers in 0-4
+    joined by n - 1 operators uniform in ``+ - *``, evaluated mod 5 with the usual precedence
+    (``*`` before ``+`` and ``-``, left to right): ``"1+2*3="`` -> ``"2"``, ``"1-1-1="`` ->
+    ``"4"``. Size n = numbers (Deletang et al. count the 2n - 1 symbols); the prompt is 2n bytes."""
+
+    name, size_unit = "modular", "numbers"
+    prompt_format = "n numbers 0-4 joined by n - 1 operators + - *, then '='"
+    answer_format = "the value mod 5 (* before + and -)"
+    source = "Deletang et al. 2023 (modular arithmetic)"
+    MODULUS, OPERATORS = 5, "+-*"
+
+    def example(self, size, rng, depth=None):
+        self._check_size(size)
+        numbers = [rng.randrange(self.MODULUS) for _ in range(size)]
+        operators = [rng.choice(self.OPERATORS) for _ in range(size - 1)]
+        # sum of signed products: each + or - starts a new term, * extends the current one
+        total, sign, term = 0, 1, numbers[0]
+        for operator, number in zip(operators, numbers[1:]):
+            if operator == "*":
+                term *= number
+            else:
+                total, sign, term = total + sign * term, (1 if operator == "+" else -1), number
+        total += sign * term
+        text = str(numbers[0]) + "".join(op + str(x) for op, x in zip(operators, numbers[1:]))
+        return Example(text + "=", str(total % self.MODULUS))
+
+
+class CycleNavigation(Task):
+    """Cycle navigation (Deletang et al. 2023, regular): n moves, each ``l`` (-1), ``s`` (stay)
+    or ``r`` (+1), uniform, from position 0 on a cycle of 5; the answer is the final position:
+    ``"rlsll="`` -> ``"3"`` (-2 mod 5). Size n = moves."""
+
+    name, size_unit = "cycle", "moves"
+    prompt_format = "n moves l (-1), s (0), r (+1) from 0 on a cycle of 5, then '='"
+    answer_format = "the final position, 0-4"
+    source = "Deletang et al. 2023 (cycle navigation)"
+    CYCLE, STEP = 5, {"l": -1, "s": 0, "r": 1}
+
+    def example(self, size, rng, depth=None):
+        self._check_size(size)
+        moves = "".join(rng.choice("lsr") for _ in range(size))
+        return Example(moves + "=", str(sum(self.STEP[move] for move in moves) % self.CYCLE))
+
+
+class BucketSort(Task):
+    """Bucket sort (Deletang et al. 2023, context-sensitive): n symbols from a vocabulary of 5
+    (the digits 0-4), the answer them sorted: ``"31402="`` -> ``"01234"``. Unlike ``sort`` (26
+    letters) the few symbols repeat, so the answer is a count of each. Size n = symbols."""
+
+    name, size_unit = "bucket_sort", "symbols"
+    prompt_format = "n symbols 0-4, then '='"
+    answer_format = "them sorted"
+    source = "Deletang et al. 2023 (bucket sort)"
+
+    def example(self, size, rng, depth=None):
+        self._check_size(size)
+        text = "".join(rng.choice("01234") for _ in range(size))
+        return Example(text + "=", "".join(sorted(text)))
+
+
+class DuplicateString(Task):
+    """Duplicate string (Deletang et al. 2023, context-sensitive): n symbols of a binary
+    alphabet (``a``, ``b``, as in the paper), the answer them written twice: ``"abb="`` ->
+    ``"abbabb"``. Size n = symbols of the input; the answer is 2n bytes."""
+
+    name, size_unit = "duplicate", "symbols"
+    prompt_format = "n symbols a/b, then '='"
+    answer_format = "them twice (2n symbols)"
+    source = "Deletang et al. 2023 (duplicate string)"
+
+    def example(self, size, rng, depth=None):
+        self._check_size(size)
+        text = "".join(rng.choice("ab") for _ in range(size))
+        return Example(text + "=", text + text)
+
+
+class MissingDuplicate(Task):
+    """Missing duplicate (Deletang et al. 2023, context-sensitive): a binary string w of n
+    symbols (``a``, ``b``) written twice, one of the 2n symbols, uniform, replaced by ``_``; the
+    answer is the hidden symbol: ``"a_aaba="`` -> ``"b"`` (w = aba). Size n = symbols of w
+    (Deletang et al. count the 2n); the prompt is 2n + 1 bytes."""
+
+    name, size_unit = "missing", "symbols of w"
+    prompt_format = "a string w of n symbols a/b written twice, one of the 2n replaced by '_', then '='"
+    answer_format = "the hidden symbol"
+    source = "Deletang et al. 2023 (missing duplicate)"
+
+    def example(self, size, rng, depth=None):
+        self._check_size(size)
+        doubled = "".join(rng.choice("ab") for _ in range(size)) * 2
+        hole = rng.randrange(2 * size)
+        return Example(doubled[:hole] + "_" + doubled[hole + 1:] + "=", doubled[hole])
+
+
+class MultiKeyNeedle(Task):
+    """Multi-key needle in a haystack (RULER, Hsieh et al. 2024, arXiv 2404.06654, its
+    ``niah_multikey``): passkey's filler of n bytes with :attr:`NEEDLES` needles ``key <2-letter
+    key> <5 digits>.``, their keys distinct, then the question ``key <one of the keys>?``; the
+    answer is that key's value: ``"... key ab 36937. ... key xq 11205. ... key xq? "`` ->
+    ``"11205"``. The asked needle sits at byte ``round(depth * n)`` of the filler (``depth``
+    uniform unless given, evaluation on :data:`DEPTHS`), the others at uniform bytes. RULER's
+    needles are sentences with words or UUIDs as keys in a pretrained model's prompt; these are
+    cut to fixed markers as passkey's are. Size n = filler bytes."""
+
+    name, size_unit = "multikey", "filler bytes"
+    prompt_format = "n bytes of filler, 4 needles 'key <2 letters> <5 digits>.' in it, then 'key <one key>?'"
+    answer_format = "that key's 5-digit value"
+    source = "RULER (Hsieh et al. 2024), niah_multikey"
+    min_size = 0
+    uses_depth = True
+    NEEDLES, VALUE_DIGITS = 4, 5
+    NEEDLE, QUESTION = " key {key} {value}. ", " key {key}? "
+
+    def example(self, size, rng, depth=None):
+        self._check_size(size)
+        if depth is None:
+            depth = rng.random()
+        elif not 0 <= depth <= 1:
+            raise InvalidArgument(f"depth must be in [0, 1], got {depth!r}")
+        keys = _pairs_of_letters(self.NEEDLES, rng)
+        values = ["".join(rng.choice(string.digits) for _ in range(self.VALUE_DIGITS)) for _ in keys]
+        cuts = [round(depth * size), *(rng.randint(0, size) for _ in keys[1:])]  # the first key is asked
+        needles = [(cut, self.NEEDLE.format(key=key, value=value)) for cut, key, value in zip(cuts, keys, values)]
+        rng.shuffle(needles)  # at a shared cut, the asked needle is not always first
+        prompt = _insert(_filler(size), needles) + self.QUESTION.format(key=keys[0])
+        return Example(prompt, values[0], depth)
+
+
+class VariableTracking(Task):
+    """Variable tracking (RULER, Hsieh et al. 2024, its ``vt``): passkey's filler of n bytes
+    with two chains of :attr:`HOPS` assignments, ``ab=36937.`` then ``cd=ab.``, ``ef=cd.``, ...
+    (distinct two-letter names, each chain in order at uniform bytes, the chains interleaved),
+    then the question ``=<one chain's value>?``; the answer is the names of that chain in
+    assignment order: ``"... ab=36937. ... xq=50112. ... cd=ab. ... ef=xq. ... =36937? "`` ->
+    ``"abcd"`` (with 2 hops). RULER asks for the variables in any order; ours are written in
+    chain order, so exact match needs no set comparison. Size n = filler bytes."""
+
+    name, size_unit = "vartrack", "filler bytes"
+    prompt_format = "n bytes of filler, two chains of 4 assignments 'ab=<5 digits>.', 'cd=ab.', ..., then '=<a value>?'"
+    answer_format = "the 4 names of that chain, in order"
+    source = "RULER (Hsieh et al. 2024), variable tracking"
+    min_size = 0
+    HOPS, CHAINS, VALUE_DIGITS = 4, 2, 5
+    QUESTION = " ={value}? "
+
+    def example(self, size, rng, depth=None):
+        self._check_size(size)
+        names = _pairs_of_letters(self.HOPS * self.CHAINS, rng)
+        values = rng.sample(range(10 ** (self.VALUE_DIGITS - 1), 10 ** self.VALUE_DIGITS), self.CHAINS)
+        pieces = []
+        for chain, value in enumerate(values):
+            chain_names = names[chain * self.HOPS:(chain + 1) * self.HOPS]
+            sources = [str(value), *chain_names[:-1]]
+            cuts = sorted(rng.randint(0, size) for _ in chain_names)
+            pieces += [(cut, f" {name}={source}. ") for cut, name, source in zip(cuts, chain_names, sources)]
+        pieces.sort(key=lambda piece: piece[0])  # stable: a chain's own order survives ties
+        asked = rng.randrange(self.CHAINS)
+        prompt = _insert(_filler(size), pieces) + self.QUESTION.format(value=values[asked])
+        return Example(prompt, "".join(names[asked * self.HOPS:(asked + 1) * self.HOPS]))
+
+
 #: Passkey evaluation depths: instances of one size are spread evenly over these.
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 #: Every task by name, in table order.
 TASKS: dict[str, Task] = {task.name: task for task in (
-    Copy(), Reverse(), Sort(), Addition(), FlipFlop(), SelectiveCopy(), Passkey()
+    Copy(), Reverse(), Sort(), Addition(), FlipFlop(), SelectiveCopy(), Passkey(),
+    MQAR(), Parity(), ModularArithmetic(), CycleNavigation(), BucketSort(), DuplicateString(), MissingDuplicate(),
+    MultiKeyNeedle(), VariableTracking(),
 )}
 
 
@@ -293,10 +547,10 @@ def get_task(name: str) -> Task:
 
 def eval_examples(task: Task, size: int, count: int, seed: int) -> list[Example]:
     """``count`` fresh instances of exactly ``size``, from a generator seeded by (task, size,
-    seed) alone, so every encoding is scored on the same instances. For passkey, the i-th
-    instance sits at depth ``DEPTHS[i % len(DEPTHS)]``."""
+    seed) alone, so every encoding is scored on the same instances. For a task that reads a
+    depth (passkey, multikey), the i-th instance sits at depth ``DEPTHS[i % len(DEPTHS)]``."""
     rng = random.Random(f"eval/{task.name}/{size}/{seed}")
-    if isinstance(task, Passkey):
+    if task.uses_depth:
         return [task.example(size, rng, DEPTHS[i % len(DEPTHS)]) for i in range(count)]
     return [task.example(size, rng) for _ in range(count)]
 
@@ -310,6 +564,7 @@ def exact_match(generated: str, example: Example) -> bool:
 
 
 __all__ = [
-    "DEPTHS", "END", "LETTERS", "TASKS", "Addition", "Copy", "Example", "FlipFlop", "Passkey", "Reverse",
-    "SelectiveCopy", "Sort", "Task", "eval_examples", "exact_match", "get_task",
+    "DEPTHS", "END", "LETTERS", "MQAR", "TASKS", "Addition", "BucketSort", "Copy", "CycleNavigation",
+    "DuplicateString", "Example", "FlipFlop", "MissingDuplicate", "ModularArithmetic", "MultiKeyNeedle", "Parity",
+    "Passkey", "Reverse", "SelectiveCopy", "Sort", "Task", "VariableTracking", "eval_examples", "exact_match", "get_task",
 ]
