@@ -13,6 +13,9 @@ head_dim 128). ``--out FILE.md`` writes the table (and FILE.json). On a GPU::
     pip install -e '.[gpu,bench]' liger-kernel flash-attn   # the peers that install
     python benchmarks/bench_rope.py --device cuda --out docs/results/rope_cuda.md
 
+``--shape 1,32,2048,128 8,32,4096,128 --no-peers`` is the CPU hot-path table of issue 24 (ratios to
+a clone and to ``copy_`` of the same tensors; the peers take seconds per call at the larger shape).
+
 ``--device cpu --lengths 64 --heads 4,2 --head-dim 16 --no-compile`` is a smoke run of the same harness.
 """
 
@@ -25,7 +28,8 @@ from posenc.lab.bench import ROPE_COLUMNS, ROPE_DEVICE_COLUMNS, print_table, rop
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="RoPE apply vs copy and peers (one process, ratios)")
-    parser.add_argument("--shape", default="1,32,2048,128", help="CPU table: B,H,T,D")
+    parser.add_argument("--shape", nargs="+", default=["1,32,2048,128"], help="CPU table: B,H,T,D (several: one table each)")
+    parser.add_argument("--no-peers", action="store_true", help="CPU table: skip transformers and rotary-embedding-torch")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="CPU table: dtypes")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per method (default 7 on CPU, 50 with --device)")
     parser.add_argument("--threads", type=int, default=1)
@@ -39,9 +43,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="--device: write the table to this Markdown file (and .json beside it)")
     args = parser.parse_args(argv)
     if args.device is None:
-        shape = tuple(int(s) for s in args.shape.split(","))
-        rows, notes = rope_benchmark(shape, tuple(args.dtypes.split(",")), args.repeats or 7, args.threads)
-        print_table(f"RoPE on q and k {shape}, {args.threads} thread(s)", rows, ROPE_COLUMNS, notes)
+        for text in args.shape:
+            shape = tuple(int(s) for s in text.split(","))
+            rows, notes = rope_benchmark(shape, tuple(args.dtypes.split(",")), args.repeats or 7, args.threads,
+                                         peers=not args.no_peers)
+            print_table(f"RoPE on q and k {shape}, {args.threads} thread(s)", rows, ROPE_COLUMNS, notes)
         return
     import torch
 

@@ -25,11 +25,13 @@ from posenc._validation import broadcast_shape, check_bool
 from posenc.errors import InvalidArgument, InvalidType
 
 
-#: Elements per chunk of :func:`apply_rotary`'s fast path (2 MiB of float32): big enough
-#: that the per-op overhead of the few ops per chunk is small, small enough that a chunk
-#: stays in cache between those ops, so each element crosses main memory about once each
-#: way. Chosen by timing (docs/results.md, "Measurements behind the code").
-_CHUNK_ELEMENTS = 1 << 19
+#: Elements per chunk of :func:`apply_rotary`'s fast path when x and out are float32 (1 MiB
+#: each); other dtypes scale it so that a chunk touches the same 2 MiB (x, out and the
+#: float32 scratches: bf16 chunks hold about 2/3 as many elements). Big enough that the
+#: per-op overhead of the few ops per chunk is small, small enough that a chunk stays in a
+#: core's L2 between those ops, so each element crosses main memory about once each way.
+#: Chosen by timing (docs/results.md, "Measurements behind the code").
+_CHUNK_ELEMENTS = 1 << 18
 
 
 def _pair_views(t: Tensor, interleaved: bool) -> tuple[Tensor, Tensor]:
@@ -86,6 +88,13 @@ def _rows(t: Tensor, start: int, stop: int, num_rows: int) -> Tensor:
     return t
 
 
+def _chunk_elements(x: Tensor, out: Tensor, wide: torch.dtype, widen: bool, direct: bool) -> int:
+    """Elements of x per chunk: the bytes a float32 chunk touches (x and out, 8 per element,
+    :data:`_CHUNK_ELEMENTS` of them), divided by the bytes this chunk touches per element."""
+    per_element = x.element_size() + out.element_size() + wide.itemsize * (int(widen) + int(not direct))
+    return _CHUNK_ELEMENTS * 8 // per_element
+
+
 def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: bool) -> Tensor:
     """out = x * cos + rotate(x) * sin, chunked over dimension -2, no autograd.
 
@@ -105,10 +114,10 @@ def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: 
     if x.dim() < 2:  # a single row
         x, out, cos, sin = x.unsqueeze(0), out.unsqueeze(0), cos.unsqueeze(0), sin.unsqueeze(0)
     num_rows = x.shape[-2]
-    step = max(1, min(num_rows, _CHUNK_ELEMENTS * num_rows // max(1, x.numel())))
-    chunk_shape = x.shape[:-2] + (step, x.shape[-1])
     widen = x.dtype != wide
     direct = out.dtype == wide and out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    step = max(1, min(num_rows, _chunk_elements(x, out, wide, widen, direct) * num_rows // max(1, x.numel())))
+    chunk_shape = x.shape[:-2] + (step, x.shape[-1])
     x_scratch = torch.empty(chunk_shape, dtype=wide, device=x.device) if widen else None
     out_scratch = None if direct else torch.empty(chunk_shape, dtype=wide, device=x.device)
     for start in range(0, num_rows, step):

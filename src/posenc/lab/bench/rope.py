@@ -26,7 +26,7 @@ def _hf_apply_rotary(notes: list[str]) -> Callable | None:
     return apply_rotary_pos_emb
 
 
-def _rope_candidates(q, k, cos, sin, notes: list[str]) -> dict[str, Callable[[], object]]:
+def _rope_candidates(q, k, cos, sin, notes: list[str], peers: bool = True) -> dict[str, Callable[[], object]]:
     out_q, out_k = torch.empty_like(q), torch.empty_like(k)
     cos_x, sin_x = cos.to(q.dtype), sin.to(q.dtype)  # Hugging Face casts the tables to x's dtype
     fns: dict[str, Callable[[], object]] = {
@@ -36,6 +36,8 @@ def _rope_candidates(q, k, cos, sin, notes: list[str]) -> dict[str, Callable[[],
         "posenc apply_rotary(out=)": lambda: (apply_rotary(q, cos, sin, out=out_q), apply_rotary(k, cos, sin, out=out_k)),
         "HF-style eager formula (inline)": lambda: (q * cos_x + _rotate_half(q) * sin_x, k * cos_x + _rotate_half(k) * sin_x),
     }
+    if not peers:
+        return fns
     apply_rotary_pos_emb = _hf_apply_rotary(notes)
     if apply_rotary_pos_emb is not None:
         fns["transformers apply_rotary_pos_emb"] = lambda: apply_rotary_pos_emb(q, k, cos_x[None], sin_x[None])  # (B, T, D), unsqueeze_dim=1
@@ -54,8 +56,12 @@ def rope_benchmark(
     dtypes: tuple[str, ...] = ("float32", "bfloat16"),
     repeats: int = 7,
     threads: int | None = 1,
+    peers: bool = True,
 ) -> tuple[list[dict], list[str]]:
     """Time RoPE on q and k of ``shape`` (B, H, T, D) per dtype.
+
+    ``peers=False`` times only the baselines (clone, ``copy_``), posenc's two calls and the
+    inline formula: the peers take seconds per call at (8, 32, 4096, 128).
 
     Returns rows ``{"dtype", "method", "ms", "vs_clone", "vs_copy_", "hf_over_this"}`` and notes.
     cos/sin come from ``posenc.create("rope")`` once (float32, as RoPE passes them).
@@ -71,7 +77,7 @@ def rope_benchmark(
         g = torch.Generator().manual_seed(0)
         q, k = (torch.randn(shape, generator=g).to(dtype) for _ in range(2))
         cos, sin = RoPE(shape[-1]).cos_sin(torch.arange(shape[2]), torch.float32)
-        fns = _rope_candidates(q, k, cos, sin, notes if dtype_name == dtypes[0] else [])
+        fns = _rope_candidates(q, k, cos, sin, notes if dtype_name == dtypes[0] else [], peers)
         times = _median_times(fns, repeats)
         clone, copy_ = times["copy (clone: new tensors)"], times["copy_ (into preallocated)"]
         hf = times["HF-style eager formula (inline)"]
