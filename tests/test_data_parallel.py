@@ -22,7 +22,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 #: Rank 0 writes the losses. stop_after < steps ends the process after that step (a kill
 #: after the checkpoint written at that step).
 SCRIPT = textwrap.dedent('''
-    import json, sys
+    import json, os, sys
     import torch
     import posenc
     from posenc.lab.experiments import distributed
@@ -55,9 +55,9 @@ SCRIPT = textwrap.dedent('''
     try:
         losses = train_lm(model, batches, train, on_step, checkpoint_path=ckpt if ckpt != "-" else None,
                           checkpoint_every=3)
-    except Stop:
-        losses = None
-    if distributed.current().is_main and losses is not None:
+    except Stop:  # as a kill would: no orderly shutdown of the process group (its threads may abort the exit)
+        os._exit(0)
+    if distributed.current().is_main:
         with open(out, "w") as handle:
             json.dump(losses, handle)
 ''')
