@@ -307,7 +307,7 @@ class RunStore:
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise InvalidArgument(f"workers must be an integer >= 1, got {workers!r}")
         if workers > 1 and distributed.data_parallel() is not None:
-            raise InvalidArgument("--workers > 1 and --parallel data exclude each other: with data parallelism every "
+            raise InvalidArgument("--workers > 1 and --parallel data or fsdp exclude each other: then every "
                                   "rank trains every run in its own process; use one or the other")
         shard = distributed.current()
         # one run of posenc per --out folder: a second one refuses at once (the ranks of one
