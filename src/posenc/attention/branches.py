@@ -1,0 +1,319 @@
+"""Branch-merge attention: several ordinary attentions over disjoint key sets, each with its
+own RoPE positions, merged exactly by log-sum-exp (issue 26, item 2; first increment).
+
+A *branch* is ``(q_positions, k_positions, key_mask)``: int64 positions (Tq,) and (Tk,) at
+which the queries and keys are rotated, and a bool (Tq, Tk) mask of the keys this branch
+takes for each query. The branches of one call take disjoint key sets; their union is what
+the query sees. The softmax over the union is recovered exactly from each branch's output o_b
+and log-sum-exp l_b (the identity flash-decoding and ring attention rely on):
+
+    out = sum_b exp(l_b - m) o_b / sum_b exp(l_b - m),   m = max_b l_b.
+
+The training-free context extensions are position maps of this kind; this module has two:
+:func:`streaming_llm` (Xiao et al. 2023, "Efficient Streaming Language Models with Attention
+Sinks") and :func:`self_extend` (Jin et al. 2024, "LLM Maybe LongLM: Self-Extend LLM Context
+Window Without Tuning"). Eager math only in this increment (T² scores per branch); the
+backends (sdpa, blocked, flex) and the KV cache are not wired yet (docs/fast_attention.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from posenc._validation import check_positive_int
+from posenc.errors import InvalidArgument, InvalidType
+
+__all__ = [
+    "MERGE_MODES",
+    "Branch",
+    "SelfExtend",
+    "StreamingLLM",
+    "branch_attention",
+    "merge_by_lse",
+    "self_extend",
+    "streaming_llm",
+]
+
+#: How :func:`branch_attention` combines its branches: ``"lse"`` (one attention per branch,
+#: merged by :func:`merge_by_lse`) or ``"select"`` (each logit taken from the branch that
+#: covers it, then one softmax: eager only, T² memory).
+MERGE_MODES = ("lse", "select")
+
+Rotate = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+
+
+class Branch(NamedTuple):
+    """One branch: queries rotated at ``q_positions`` (int64 (Tq,)), keys at ``k_positions``
+    (int64 (Tk,)), taking the keys where ``key_mask`` (bool (Tq, Tk)) is True."""
+
+    q_positions: Tensor
+    k_positions: Tensor
+    key_mask: Tensor
+
+
+def merge_by_lse(outputs: Tensor | Sequence[Tensor], lses: Tensor | Sequence[Tensor]) -> Tensor:
+    """The attention over the union of n disjoint key sets, from each set's attention.
+
+    Args:
+        outputs: (n, B, H, Tq, D), or a list of n tensors (B, H, Tq, D): each branch's
+            softmax-weighted values over its own keys.
+        lses: (n, B, H, Tq) float, or a list of n (B, H, Tq): each branch's log-sum-exp of its
+            scores over its keys, -inf where the branch has no key for that query (its output
+            row is then ignored, whatever it holds).
+
+    Returns (B, H, Tq, D) in the outputs' dtype, accumulated in float32 (float64 for float64
+    inputs): exactly the softmax over the union of the keys. A row that no branch covers
+    (every l_b = -inf) is 0, as an attention over no key is here, not NaN.
+
+    Raises:
+        InvalidType: outputs or lses not tensors, or lses not floating point.
+        InvalidArgument: no branch, or shapes that do not match (n, B, H, Tq[, D]).
+    """
+    outputs, lses = _stacked(outputs, "outputs"), _stacked(lses, "lses")
+    if not lses.dtype.is_floating_point:
+        raise InvalidType(f"lses must be a floating-point tensor, got {lses.dtype}")
+    if outputs.dim() != 5 or lses.shape != outputs.shape[:-1]:
+        raise InvalidArgument(f"outputs must be (n, B, H, Tq, D) and lses (n, B, H, Tq), got {tuple(outputs.shape)} "
+                              f"and {tuple(lses.shape)}")
+    acc = torch.promote_types(torch.promote_types(outputs.dtype, lses.dtype), torch.float32)
+    lses = lses.to(acc)
+    top = lses.amax(dim=0)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # all -inf rows: weights exp(-inf) = 0
+    weights = torch.exp(lses - top)
+    # a branch with no key may hold anything (NaN from a softmax over no key): it must not reach the sum
+    terms = torch.where(weights.unsqueeze(-1) > 0, weights.unsqueeze(-1) * outputs.to(acc), 0.0)
+    total = weights.sum(dim=0)
+    merged = terms.sum(dim=0) / torch.where(total > 0, total, torch.ones_like(total)).unsqueeze(-1)
+    return merged.to(outputs.dtype)
+
+
+def _stacked(x, argname: str) -> Tensor:
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (list, tuple)) and x and all(isinstance(t, Tensor) for t in x):
+        shapes = {tuple(t.shape) for t in x}
+        if len(shapes) != 1:
+            raise InvalidArgument(f"{argname} must all have one shape, got {sorted(shapes)}")
+        return torch.stack(list(x))
+    if isinstance(x, (list, tuple)) and not x:
+        raise InvalidArgument(f"{argname} must hold at least one branch, got none")
+    raise InvalidType(f"{argname} must be a tensor or a non-empty list of tensors, got {type(x).__name__}")
+
+
+def branch_attention(q: Tensor, k: Tensor, v: Tensor, *, rotate: Rotate, branches: Sequence[Branch],
+                     scale: float | None = None, causal: bool = True, merge: str = "lse") -> Tensor:
+    """Attention whose keys are split into branches, each rotated at its own positions.
+
+    Args:
+        q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D), H a multiple of H_kv. The queries are the last
+            Tq of the Tk tokens (query t at absolute position Tk - Tq + t), prefill or decode.
+        rotate: ``rotate(q, k, q_positions, k_positions) -> (q, k)``, e.g. ``RoPE.rotate``.
+        branches: :class:`Branch` es with disjoint key masks (checked outside torch.compile).
+        scale: the logit scale, default 1/sqrt(D).
+        causal: also mask the keys after each query's absolute position.
+        merge: one of :data:`MERGE_MODES`; both give the same result (to rounding).
+
+    Returns (B, H, Tq, D) in q's dtype; scores, softmax and merge in float32 (float64 for
+    float64 inputs). A query row that no branch covers is 0.
+
+    Raises:
+        InvalidArgument: an unknown merge, mismatched shapes, positions or masks of the wrong
+            shape, overlapping branches, or no branch.
+        InvalidType: positions that are not integer tensors, a mask that is not bool.
+    """
+    if merge not in MERGE_MODES:
+        raise InvalidArgument(f"merge must be one of {MERGE_MODES}, got {merge!r}")
+    q_len, k_len = _check_qkv(q, k, v)
+    _check_branches(branches, q_len, k_len)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    allowed = _causal_mask(q_len, k_len, q.device) if causal else None
+    acc = torch.promote_types(q.dtype, torch.float32)
+    group = q.shape[1] // k.shape[1]
+    values = v.repeat_interleave(group, dim=1).to(acc) if group > 1 else v.to(acc)
+    scores, masks = [], []
+    for branch in branches:
+        q_rot, k_rot = rotate(q, k, branch.q_positions, branch.k_positions)
+        if group > 1:
+            k_rot = k_rot.repeat_interleave(group, dim=1)
+        scores.append(torch.matmul(q_rot.to(acc), k_rot.to(acc).transpose(-1, -2)) * scale)
+        masks.append(branch.key_mask.to(q.device) if allowed is None else branch.key_mask.to(q.device) & allowed)
+    if merge == "select":
+        return _select_then_softmax(scores, masks, values).to(q.dtype)
+    outputs, lses = zip(*(_masked_attention(s, m, values) for s, m in zip(scores, masks)))
+    return merge_by_lse(list(outputs), list(lses)).to(q.dtype)
+
+
+def _masked_attention(scores: Tensor, mask: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    """One branch's output and log-sum-exp; rows with no key give output 0 and lse -inf."""
+    scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    probs = torch.where(mask.any(dim=-1, keepdim=True), probs, torch.zeros_like(probs))
+    return torch.matmul(probs, values), lse
+
+
+def _select_then_softmax(scores: list[Tensor], masks: list[Tensor], values: Tensor) -> Tensor:
+    logits = torch.full_like(scores[0], float("-inf"))
+    for s, m in zip(scores, masks):
+        logits = torch.where(m, s, logits)
+    covered = torch.stack(masks).any(dim=0).any(dim=-1, keepdim=True)
+    probs = torch.where(covered, torch.softmax(logits, dim=-1), torch.zeros_like(logits))
+    return torch.matmul(probs, values)
+
+
+def _causal_mask(q_len: int, k_len: int, device) -> Tensor:
+    rows = torch.arange(k_len - q_len, k_len, device=device).unsqueeze(-1)
+    return torch.arange(k_len, device=device) <= rows
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int]:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor) or not x.dtype.is_floating_point:
+            raise InvalidType(f"{name} must be a floating-point tensor")
+        if x.dim() != 4:
+            raise InvalidArgument(f"{name} must be (B, H, T, D), got {tuple(x.shape)}")
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
+        raise InvalidArgument(f"q (B, H, Tq, D) and k, v (B, H_kv, Tk, D) with H a multiple of H_kv expected, got "
+                              f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[2] > k.shape[2]:
+        raise InvalidArgument(f"the queries are the last Tq of the Tk keys: Tq <= Tk, got {q.shape[2]} > {k.shape[2]}")
+    return q.shape[2], k.shape[2]
+
+
+def _check_branches(branches: Sequence[Branch], q_len: int, k_len: int) -> None:
+    if not isinstance(branches, (list, tuple)) or not branches:
+        raise InvalidArgument("branches must be a non-empty list of (q_positions, k_positions, key_mask)")
+    for i, branch in enumerate(branches):
+        if not isinstance(branch, (tuple, list)) or len(branch) != 3:
+            raise InvalidArgument(f"branches[{i}] must be (q_positions, k_positions, key_mask)")
+        q_pos, k_pos, mask = branch
+        for name, pos, n in (("q_positions", q_pos, q_len), ("k_positions", k_pos, k_len)):
+            if not isinstance(pos, Tensor) or pos.dtype.is_floating_point or pos.dtype == torch.bool:
+                raise InvalidType(f"branches[{i}].{name} must be an integer tensor")
+            if pos.shape != (n,):
+                raise InvalidArgument(f"branches[{i}].{name} must have shape ({n},), got {tuple(pos.shape)}")
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            raise InvalidType(f"branches[{i}].key_mask must be a bool tensor")
+        if mask.shape != (q_len, k_len):
+            raise InvalidArgument(f"branches[{i}].key_mask must have shape ({q_len}, {k_len}), got {tuple(mask.shape)}")
+    if not torch.compiler.is_compiling() and len(branches) > 1:
+        overlap = torch.stack([b[2].to(branches[0][2].device) for b in branches]).sum(dim=0).max()
+        if int(overlap) > 1:
+            raise InvalidArgument("branches must take disjoint keys: a (query, key) pair is in two key masks")
+
+
+def _query_and_key_indices(q_len: int, k_len: int, device) -> tuple[Tensor, Tensor]:
+    """Absolute positions of the queries (the last q_len tokens) as a column, and of the keys."""
+    if q_len > k_len:
+        raise InvalidArgument(f"q_len must be <= k_len, got {q_len} > {k_len}")
+    i = torch.arange(k_len - q_len, k_len, device=device, dtype=torch.int64)
+    return i, torch.arange(k_len, device=device, dtype=torch.int64)
+
+
+@dataclass(frozen=True)
+class _PositionMap:
+    def branches(self, q_len: int, k_len: int, device=None) -> list[Branch]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def relative_positions(self, q_len: int, k_len: int) -> tuple[Tensor, Tensor]:
+        """The map as a matrix: (rel, covered), int64 and bool (q_len, k_len); rel[t, j] is the
+        rotation distance q_position - k_position of the branch that takes key j for query t
+        (0 where none does, ``covered`` False). Causal: keys after the query are not covered."""
+        rel = torch.zeros(q_len, k_len, dtype=torch.int64)
+        covered = torch.zeros(q_len, k_len, dtype=torch.bool)
+        causal = _causal_mask(q_len, k_len, None)
+        for b in self.branches(q_len, k_len):
+            mask = b.key_mask & causal
+            rel = torch.where(mask, b.q_positions.unsqueeze(-1) - b.k_positions, rel)
+            covered |= mask
+        return rel, covered
+
+
+@dataclass(frozen=True)
+class StreamingLLM(_PositionMap):
+    """StreamingLLM (Xiao et al. 2023, arXiv 2309.17453): each query sees the first
+    ``start_size`` keys (the attention sinks) and its last ``recent_size`` keys (itself
+    included), with positions *within the cache*: the kept keys re-indexed 0..len-1 in cache
+    order and the query at the index of its own key, len - 1 (mit-han-lab/streaming-llm,
+    ``StartRecentKVCache.evict_for_space`` then ``pos_shift/modify_llama.py``, token by token).
+
+    The key masks are causal (a key after its query is in no branch). A recent key keeps its distance i - j; a sink key j is at distance
+    start_size + recent_size - 1 - j once the cache is full. Two branches: "direct" (the
+    recent keys, and every key while i < start_size + recent_size, at positions i and j) and
+    "sinks" (the evicted-window sinks, query at start_size + recent_size - 1). The reference's
+    first prompt, prefilled in one pass without eviction, is not this map: here every query is
+    treated as if decoded one token at a time.
+    """
+
+    start_size: int = 4
+    recent_size: int = 512
+
+    def __post_init__(self):
+        _check_size(self.start_size, "start_size", minimum=0)
+        _check_size(self.recent_size, "recent_size", minimum=1)
+
+    def branches(self, q_len: int, k_len: int, device=None) -> list[Branch]:
+        i, j = _query_and_key_indices(q_len, k_len, device)
+        cache = self.start_size + self.recent_size
+        past = j <= i.unsqueeze(-1)
+        recent = past & (j > i.unsqueeze(-1) - self.recent_size)
+        sink = past & (j < self.start_size)
+        warm = (i < cache).unsqueeze(-1)  # the cache not yet full: nothing evicted, plain positions
+        direct = recent | (sink & warm)
+        sinks = sink & ~recent & ~warm
+        return [Branch(i, j, direct), Branch(torch.clamp(i, max=cache - 1), j, sinks)]
+
+
+@dataclass(frozen=True)
+class SelfExtend(_PositionMap):
+    """Self-Extend (Jin et al. 2024, arXiv 2401.01325): keys within ``neighbor_window`` of the
+    query (distance i - j < neighbor_window) at their normal positions; farther keys at grouped
+    positions, query i at i // group_size + neighbor_window - neighbor_window // group_size and
+    key j at j // group_size, so that the grouped distances continue the neighbor ones.
+
+    Integer floor division throughout, in prefill and decode alike: the reference's flash
+    decode (datamllab/LongLM ``self_extend_patch/Llama.py``, ``flash_self_extend_forward``,
+    q_len == 1) subtracts ``neighbor_window // group_size``, while its eager and flash prefill
+    subtract ``neighbor_window / group_size``, a fraction when the window is not a multiple of
+    the group: the two disagree there, and this map follows the decode (integer positions).
+    Where the window is a multiple of the group the reference's paths agree with this map.
+    """
+
+    group_size: int = 8
+    neighbor_window: int = 1024
+
+    def __post_init__(self):
+        _check_size(self.group_size, "group_size", minimum=1)
+        _check_size(self.neighbor_window, "neighbor_window", minimum=1)
+
+    def branches(self, q_len: int, k_len: int, device=None) -> list[Branch]:
+        i, j = _query_and_key_indices(q_len, k_len, device)
+        g, w = self.group_size, self.neighbor_window
+        distance = i.unsqueeze(-1) - j
+        neighbor = (distance >= 0) & (distance < w)
+        grouped_q = i // g + w - w // g
+        return [Branch(i, j, neighbor), Branch(grouped_q, j // g, distance >= w)]
+
+
+def streaming_llm(start_size: int = 4, recent_size: int = 512) -> StreamingLLM:
+    """The StreamingLLM position map (:class:`StreamingLLM`); defaults are the reference's
+    ``StartRecentKVCache(start_size=4, recent_size=512)``."""
+    return StreamingLLM(start_size, recent_size)
+
+
+def self_extend(group_size: int = 8, neighbor_window: int = 1024) -> SelfExtend:
+    """The Self-Extend position map (:class:`SelfExtend`); defaults are the reference's
+    (``group_size_1=8``, ``group_size_2=1024`` in datamllab/LongLM)."""
+    return SelfExtend(group_size, neighbor_window)
+
+
+def _check_size(value, argname: str, *, minimum: int) -> None:
+    if minimum >= 1:
+        check_positive_int(value, argname)
+    elif isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgument(f"{argname} must be an int >= {minimum}, got {value!r}")
