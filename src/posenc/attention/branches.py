@@ -317,3 +317,110 @@ def _check_size(value, argname: str, *, minimum: int) -> None:
         check_positive_int(value, argname)
     elif isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidArgument(f"{argname} must be an int >= {minimum}, got {value!r}")
+
+
+# ---------------------------------------------------------------- LM-Infinite and DCA (issue 26, item 2)
+
+
+@dataclass(frozen=True)
+class LMInfinite(_PositionMap):
+    """LM-Infinite (Han et al. 2023, arXiv 2308.16137): a Λ-shaped mask and a distance limit.
+    Each query sees its last ``local_branch`` keys (distance i - j < local_branch, itself
+    included) at their normal positions, and the first ``global_branch`` keys beyond that at
+    the capped distance ``local_branch`` (query rotated at local_branch, key unrotated, as
+    the reference's "stationary" branch: Glaciohound/LM-Infinite ``models/llama.py``
+    ``convert_llama_model`` with ``limit_distance = local_branch``, and
+    ``models/lambda_attention.py``). The middle keys are in no branch.
+
+    The reference rotates the stationary query at min(limit_distance, kv_len - 1); a global
+    key beyond the local branch implies kv_len - 1 >= local_branch, so the two agree.
+    """
+
+    local_branch: int = 2048
+    global_branch: int = 100
+
+    def __post_init__(self):
+        _check_size(self.local_branch, "local_branch", minimum=1)
+        _check_size(self.global_branch, "global_branch", minimum=0)
+
+    def branches(self, q_len: int, k_len: int, device=None) -> list[Branch]:
+        i, j = _query_and_key_indices(q_len, k_len, device)
+        distance = i.unsqueeze(-1) - j
+        local = (distance >= 0) & (distance < self.local_branch)
+        stationary = (distance >= self.local_branch) & (j < self.global_branch)
+        return [Branch(i, j, local),
+                Branch(torch.full_like(i, self.local_branch), torch.zeros_like(j), stationary)]
+
+
+@dataclass(frozen=True)
+class DualChunk(_PositionMap):
+    """Dual Chunk Attention (An et al. 2024, "Training-Free Long-Context Scaling of Large
+    Language Models", arXiv 2402.17463; HKUNLP/ChunkLlama ``chunkllama_attn_replace.py``).
+
+    The sequence is cut into chunks of c = chunk_size - local_size tokens; every key is
+    rotated at j mod c. Query i (chunk i // c, in-chunk position p = i mod c) sees
+    - intra-chunk: the keys of its own chunk, query at p (distance i - j);
+    - successive-chunk: the keys of the previous chunk, query at min(p + c, chunk_size);
+    - inter-chunk: the keys of all earlier chunks, query at min(2c - 1, chunk_size).
+    Distances never exceed chunk_size. Names as Qwen's ``dual_chunk_attention_config``
+    (``chunk_size``, ``local_size``); see :meth:`from_config`.
+    """
+
+    chunk_size: int = 3072
+    local_size: int = 256
+
+    def __post_init__(self):
+        _check_size(self.chunk_size, "chunk_size", minimum=2)
+        _check_size(self.local_size, "local_size", minimum=0)
+        if self.local_size >= self.chunk_size:
+            raise InvalidArgument(f"local_size must be < chunk_size, got local_size={self.local_size}, "
+                                  f"chunk_size={self.chunk_size}")
+
+    @classmethod
+    def from_config(cls, config) -> DualChunk:
+        """From a Hugging Face config (or its dict) holding ``dual_chunk_attention_config``
+        (Qwen2.5-1M, Qwen3), or from that dict itself: reads ``chunk_size`` and ``local_size``.
+
+        Raises:
+            MissingKey: no ``chunk_size`` or ``local_size``.
+            InvalidType: config is neither a mapping nor has ``dual_chunk_attention_config``.
+        """
+        from posenc.errors import MissingKey
+
+        if not isinstance(config, dict):
+            config = getattr(config, "dual_chunk_attention_config", None)
+            if not isinstance(config, dict):
+                raise InvalidType("config must be a dict or have a dual_chunk_attention_config dict")
+        config = config.get("dual_chunk_attention_config", config)
+        missing = [key for key in ("chunk_size", "local_size") if key not in config]
+        if missing:
+            raise MissingKey(f"dual_chunk_attention_config lacks {missing}")
+        return cls(config["chunk_size"], config["local_size"])
+
+    def branches(self, q_len: int, k_len: int, device=None) -> list[Branch]:
+        i, j = _query_and_key_indices(q_len, k_len, device)
+        c = self.chunk_size - self.local_size
+        q_chunk, k_chunk = (i // c).unsqueeze(-1), j // c
+        p = i % c
+        causal = j <= i.unsqueeze(-1)
+        intra = causal & (k_chunk == q_chunk)
+        successive = k_chunk == q_chunk - 1
+        inter = k_chunk < q_chunk - 1
+        q_succ = torch.clamp(p + c, max=self.chunk_size)
+        q_inter = torch.full_like(i, min(2 * c - 1, self.chunk_size))
+        k_pos = j % c
+        return [Branch(p, k_pos, intra), Branch(q_succ, k_pos, successive), Branch(q_inter, k_pos, inter)]
+
+
+def lm_infinite(local_branch: int = 2048, global_branch: int = 100) -> LMInfinite:
+    """The LM-Infinite position map (:class:`LMInfinite`); defaults are the reference's
+    (``--local_branch 2048 --global_branch 100`` in Glaciohound/LM-Infinite
+    ``utils/arguments.py``; its Llama 2 scripts pass local_branch 4096, the training length)."""
+    return LMInfinite(local_branch, global_branch)
+
+
+def dca(chunk_size: int = 3072, local_size: int = 256) -> DualChunk:
+    """The Dual Chunk Attention position map (:class:`DualChunk`); defaults are the
+    reference's for a 4096-token model (``replace_with_chunkllama(pretraining_length=4096)``:
+    chunk_size = 3/4 of it, local window 1/16 of it)."""
+    return DualChunk(chunk_size, local_size)
