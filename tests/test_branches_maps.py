@@ -11,7 +11,7 @@ import torch
 from posenc.attention.branches import DualChunk, branch_attention, dca, lm_infinite
 from posenc.encodings.rope import RoPE
 from posenc.errors import InvalidArgument, MissingKey
-from tests.test_branches import (
+from test_branches import (
     as_rows,
     plain_rope_attention,
     qkv,
