@@ -312,6 +312,135 @@ def self_extend(group_size: int = 8, neighbor_window: int = 1024) -> SelfExtend:
     return SelfExtend(group_size, neighbor_window)
 
 
+# ReRoPE and Leaky ReRoPE (Su 2023, https://kexue.fm/archives/9708), reference code
+# bojone/rerope ``rerope_patch.py`` and ``leaky_rerope_patch.py`` (transformers 4.31 patches).
+
+
+def _log_n_query_scale(q_len: int, k_len: int, training_length: int, device=None) -> Tensor:
+    """max(1, log(i + 1) / log(training_length)) at each query's absolute position i, float64
+    (q_len,): bojone/rerope multiplies every query by it before any rotation."""
+    i, _ = _query_and_key_indices(q_len, k_len, device)
+    log_length = torch.tensor(float(training_length), dtype=torch.float64, device=i.device).log()
+    return ((i + 1).to(torch.float64).log() / log_length).clamp(min=1.0)
+
+
+def _check_training_length(value) -> None:
+    check_positive_int(value, "training_length")
+    if value < 2:  # log(training_length) is the divisor of the query scale
+        raise InvalidArgument(f"training_length must be an int >= 2, got {value!r}")
+
+
+@dataclass(frozen=True)
+class _LogNScaled(_PositionMap):
+    def query_scale(self, q_len: int, k_len: int, device=None) -> Tensor:
+        """The log-n query scale, float64 (q_len,): max(1, log(i + 1) / log(training_length))
+        at each query's absolute position i (the queries are the last q_len of k_len tokens).
+        1 exactly for every query at i + 1 <= training_length."""
+        return _log_n_query_scale(q_len, k_len, self.training_length, device)
+
+    def scale_queries(self, q: Tensor, k_len: int) -> Tensor:
+        """q (B, H, Tq, D) times :meth:`query_scale`, the scale cast to q's dtype first as the
+        reference does (``.to(query_states.dtype)``); q itself, bit for bit, where every scale
+        is 1. Apply it before :func:`branch_attention` (the scale multiplies every branch).
+
+        Raises:
+            InvalidType: q not a floating-point tensor.
+            InvalidArgument: q not 4-d, or its Tq > k_len.
+        """
+        if not isinstance(q, Tensor) or not q.dtype.is_floating_point:
+            raise InvalidType("q must be a floating-point tensor")
+        if q.dim() != 4:
+            raise InvalidArgument(f"q must be (B, H, Tq, D), got {tuple(q.shape)}")
+        scale = self.query_scale(q.shape[2], k_len, q.device).to(q.dtype)
+        return q * scale.unsqueeze(-1)
+
+
+@dataclass(frozen=True)
+class ReRoPE(_LogNScaled):
+    """ReRoPE (Su 2023, "Rectified Rotary Position Embeddings"): keys within ``window`` of the
+    query (0 <= i - j < window) at their normal distance i - j, every farther key at distance
+    ``window`` exactly (the reference's query at position ``window``, key at 0), so no distance
+    past the window is ever seen. Queries are scaled by max(1, log(i + 1) / log(training_length))
+    (:meth:`query_scale`, :meth:`scale_queries`), as the reference does in prefill and decode.
+
+    Reference: bojone/rerope ``rerope_patch.py`` (``forward_with_rerope``): prefill takes
+    attn_weights1 (positions i, j) where |i - j| < window, else attn_weights2 (query at
+    window, key unrotated); decode rotates keys by -clip(i - j, max=window). The same map.
+    Defaults are its globals (``window = 512``, ``training_length = 4096``).
+    """
+
+    window: int = 512
+    training_length: int = 4096
+
+    def __post_init__(self):
+        _check_size(self.window, "window", minimum=1)
+        _check_training_length(self.training_length)
+
+    def branches(self, q_len: int, k_len: int, device=None) -> list[Branch]:
+        i, j = _query_and_key_indices(q_len, k_len, device)
+        distance = i.unsqueeze(-1) - j
+        near = (distance >= 0) & (distance < self.window)
+        capped_q = torch.full_like(i, self.window)
+        return [Branch(i, j, near), Branch(capped_q, torch.zeros_like(j), distance >= self.window)]
+
+
+@dataclass(frozen=True)
+class LeakyReRoPE(_LogNScaled):
+    """Leaky ReRoPE (Su 2023): keys within ``window`` at distance i - j; farther keys at
+    window + (i - j - window) / scaling_factor, slope 1/scaling_factor past the window. Queries
+    log-n scaled as :class:`ReRoPE`.
+
+    A fractional distance cannot come from integer positions at the plain frequencies, and
+    ``RoPE.rotate`` takes integer positions only. So the branches' positions are in units of
+    1/scaling_factor: the near branch at (s i, s j), the far branch at (i + window (s - 1), j),
+    and ``rotate`` must be RoPE at frequencies theta/s, i.e.
+    ``RoPE(head_dim, scaling={"rope_type": "linear", "factor": s})`` (this module may not
+    import RoPE: the attention layer sees the encodings' protocol only), the
+    reference's ``LlamaLinearScalingRotaryEmbedding`` for the far branch. Inside the window the
+    angles s i theta/s equal plain RoPE's i theta to float rounding only (not bit for bit);
+    ``scaling_factor`` is an integer, as the reference's table offset window (s - 1) needs.
+
+    Reference: bojone/rerope ``leaky_rerope_patch.py`` (``forward_with_leaky_rerope``): the
+    far branch rotates the query at i + offset, offset = window (scaling_factor - 1), and the
+    key at j, both by the linear-scaled table; decode takes the key table's first ``window``
+    rows from the plain table and the rest from the scaled one at d + offset. Defaults are
+    its globals (``window = 512``, ``scaling_factor = 16``, ``training_length = 4096``).
+    """
+
+    window: int = 512
+    scaling_factor: int = 16
+    training_length: int = 4096
+
+    def __post_init__(self):
+        _check_size(self.window, "window", minimum=1)
+        _check_size(self.scaling_factor, "scaling_factor", minimum=1)
+        _check_training_length(self.training_length)
+
+    def branches(self, q_len: int, k_len: int, device=None) -> list[Branch]:
+        """Positions in units of 1/scaling_factor: rotate with :meth:`rope` (see the class)."""
+        i, j = _query_and_key_indices(q_len, k_len, device)
+        s, w = self.scaling_factor, self.window
+        distance = i.unsqueeze(-1) - j
+        near = (distance >= 0) & (distance < w)
+        return [Branch(s * i, s * j, near), Branch(i + w * (s - 1), j, distance >= w)]
+
+    def relative_positions(self, q_len: int, k_len: int) -> tuple[Tensor, Tensor]:
+        """(rel, covered) as the base class, but rel in float64 in units of one position:
+        i - j inside the window, window + (i - j - window) / scaling_factor past it."""
+        rel, covered = super().relative_positions(q_len, k_len)
+        return rel.to(torch.float64) / self.scaling_factor, covered
+
+
+def rerope(window: int = 512, training_length: int = 4096) -> ReRoPE:
+    """The ReRoPE position map (:class:`ReRoPE`); defaults are bojone/rerope's."""
+    return ReRoPE(window, training_length)
+
+
+def leaky_rerope(window: int = 512, scaling_factor: int = 16, training_length: int = 4096) -> LeakyReRoPE:
+    """The Leaky ReRoPE position map (:class:`LeakyReRoPE`); defaults are bojone/rerope's."""
+    return LeakyReRoPE(window, scaling_factor, training_length)
+
+
 def _check_size(value, argname: str, *, minimum: int) -> None:
     if minimum >= 1:
         check_positive_int(value, argname)
