@@ -119,6 +119,7 @@ TASK_SETTINGS: dict[str, TaskSetting] = {
     "missing": TaskSetting(train_size=8, steps=2000),
     "multikey": TaskSetting(train_size=32, steps=1500),
     "vartrack": TaskSetting(train_size=32, steps=2000),
+    "counting": TaskSetting(train_size=16, steps=1500),
 }
 
 

@@ -45,6 +45,9 @@ multikey        passkey's filler with 4 needles            that key's value     
 vartrack        filler with two chains of 4 assignments    the 4 variables of   RULER (Hsieh et
                 (``ab=<5 digits>.``, ``cd=ab.``, ...),     that chain, in       al. 2024)
                 then ``=<one chain's value>?``             order
+counting        n symbols a-d, then ``?<one of a-d>=``     how many of the n    CoPE paper (Golovneva
+                                                           are that symbol, 3   et al. 2024), simplest
+                                                           digits: ``007``      form
 ==============  =========================================  ===================  =====================
 
 The tasks from mqar on are in the catalogue (``posenc lengthgen --list``, ``--tasks``), not in
@@ -523,6 +526,35 @@ class VariableTracking(Task):
         return Example(prompt, "".join(names[asked * self.HOPS:(asked + 1) * self.HOPS]))
 
 
+class Counting(Task):
+    """Counting (after the CoPE paper's counting task, Golovneva et al. 2024, "Contextual
+    Position Encoding: Learning to Count What's Important", arXiv 2405.18719): n symbols, each
+    uniform in :attr:`SYMBOLS` (``a``-``d``), then ``?``, the queried symbol (uniform in the
+    same four, so a count of 0 occurs) and ``=``; the answer is how many of the n symbols are
+    the queried one, in decimal, zero-padded to :attr:`COUNT_DIGITS` digits:
+    ``"abca?a="`` -> ``"002"``, ``"bbb?c="`` -> ``"000"``.
+
+    The paper's own definition (its counting section) could not be read from this session's
+    sources, so this is the simplest form of the task it names, counting the occurrences of a
+    queried item, not necessarily the paper's exact format. The answer has a fixed width
+    whatever n (every answer of every size is 3 digits) so that its format does not change
+    with the size being tested, hence sizes up to 999. Size n = symbols counted over; the
+    prompt is n + 3 bytes."""
+
+    name, size_unit = "counting", "symbols"
+    prompt_format = "n symbols a-d, then '?', one of a-d, then '='"
+    answer_format = "how many of the n are that symbol, 3 digits zero-padded"
+    source = "CoPE paper (Golovneva et al. 2024), counting (simplest form)"
+    SYMBOLS, COUNT_DIGITS = "abcd", 3
+    max_size = 10 ** COUNT_DIGITS - 1
+
+    def example(self, size, rng, depth=None):
+        self._check_size(size)
+        text = "".join(rng.choice(self.SYMBOLS) for _ in range(size))
+        asked = rng.choice(self.SYMBOLS)
+        return Example(f"{text}?{asked}=", str(text.count(asked)).zfill(self.COUNT_DIGITS))
+
+
 #: Passkey evaluation depths: instances of one size are spread evenly over these.
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -530,7 +562,7 @@ DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 TASKS: dict[str, Task] = {task.name: task for task in (
     Copy(), Reverse(), Sort(), Addition(), FlipFlop(), SelectiveCopy(), Passkey(),
     MQAR(), Parity(), ModularArithmetic(), CycleNavigation(), BucketSort(), DuplicateString(), MissingDuplicate(),
-    MultiKeyNeedle(), VariableTracking(),
+    MultiKeyNeedle(), VariableTracking(), Counting(),
 )}
 
 
@@ -564,7 +596,7 @@ def exact_match(generated: str, example: Example) -> bool:
 
 
 __all__ = [
-    "DEPTHS", "END", "LETTERS", "MQAR", "TASKS", "Addition", "BucketSort", "Copy", "CycleNavigation",
+    "DEPTHS", "END", "LETTERS", "MQAR", "TASKS", "Addition", "BucketSort", "Copy", "Counting", "CycleNavigation",
     "DuplicateString", "Example", "FlipFlop", "MissingDuplicate", "ModularArithmetic", "MultiKeyNeedle", "Parity",
     "Passkey", "Reverse", "SelectiveCopy", "Sort", "Task", "VariableTracking", "eval_examples", "exact_match", "get_task",
 ]
