@@ -9,11 +9,15 @@ and log-sum-exp l_b (the identity flash-decoding and ring attention rely on):
 
     out = sum_b exp(l_b - m) o_b / sum_b exp(l_b - m),   m = max_b l_b.
 
-The training-free context extensions are position maps of this kind; this module has two:
-:func:`streaming_llm` (Xiao et al. 2023, "Efficient Streaming Language Models with Attention
-Sinks") and :func:`self_extend` (Jin et al. 2024, "LLM Maybe LongLM: Self-Extend LLM Context
-Window Without Tuning"). Eager math only in this increment (T² scores per branch); the
-backends (sdpa, blocked, flex) and the KV cache are not wired yet (docs/fast_attention.md).
+The training-free context extensions are position maps of this kind; this module has six,
+each named and parameterized as its reference code spells it: :func:`streaming_llm` (Xiao et
+al. 2023, "Efficient Streaming Language Models with Attention Sinks"), :func:`self_extend`
+(Jin et al. 2024, "LLM Maybe LongLM: Self-Extend LLM Context Window Without Tuning"),
+:func:`rerope` and :func:`leaky_rerope` (Su 2023, bojone/rerope, with their log-n query
+scaling), :func:`lm_infinite` (Han et al. 2023, "LM-Infinite") and :func:`dca` (An et al. 2024,
+"Training-Free Long-Context Scaling of Large Language Models", ChunkLlama). STRING is not here
+yet. Eager math only in this increment (T² scores per branch); the backends (sdpa, blocked,
+flex) and the KV cache are not wired yet (docs/fast_attention.md).
 """
 
 from __future__ import annotations
@@ -26,15 +30,23 @@ import torch
 from torch import Tensor
 
 from posenc._validation import check_positive_int
-from posenc.errors import InvalidArgument, InvalidType
+from posenc.errors import InvalidArgument, InvalidType, MissingKey
 
 __all__ = [
     "MERGE_MODES",
     "Branch",
+    "DualChunk",
+    "LMInfinite",
+    "LeakyReRoPE",
+    "ReRoPE",
     "SelfExtend",
     "StreamingLLM",
     "branch_attention",
+    "dca",
+    "leaky_rerope",
+    "lm_infinite",
     "merge_by_lse",
+    "rerope",
     "self_extend",
     "streaming_llm",
 ]
@@ -514,7 +526,6 @@ class DualChunk(_PositionMap):
             MissingKey: no ``chunk_size`` or ``local_size``.
             InvalidType: config is neither a mapping nor has ``dual_chunk_attention_config``.
         """
-        from posenc.errors import MissingKey
 
         if not isinstance(config, dict):
             config = getattr(config, "dual_chunk_attention_config", None)
