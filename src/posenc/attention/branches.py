@@ -9,19 +9,21 @@ and log-sum-exp l_b (the identity flash-decoding and ring attention rely on):
 
     out = sum_b exp(l_b - m) o_b / sum_b exp(l_b - m),   m = max_b l_b.
 
-The training-free context extensions are position maps of this kind; this module has six,
+The training-free context extensions are position maps of this kind; this module has seven,
 each named and parameterized as its reference code spells it: :func:`streaming_llm` (Xiao et
 al. 2023, "Efficient Streaming Language Models with Attention Sinks"), :func:`self_extend`
 (Jin et al. 2024, "LLM Maybe LongLM: Self-Extend LLM Context Window Without Tuning"),
 :func:`rerope` and :func:`leaky_rerope` (Su 2023, bojone/rerope, with their log-n query
-scaling), :func:`lm_infinite` (Han et al. 2023, "LM-Infinite") and :func:`dca` (An et al. 2024,
-"Training-Free Long-Context Scaling of Large Language Models", ChunkLlama). STRING is not here
-yet. Eager math only in this increment (T² scores per branch); the backends (sdpa, blocked,
-flex) and the KV cache are not wired yet (docs/fast_attention.md).
+scaling), :func:`lm_infinite` (Han et al. 2023, "LM-Infinite"), :func:`dca` (An et al. 2024,
+"Training-Free Long-Context Scaling of Large Language Models", ChunkLlama) and :func:`string`
+(An et al. 2024, "Why Does the Effective Context Length of LLMs Fall Short?", STRING). Eager
+math only in this increment (T² scores per branch); the backends (sdpa, blocked, flex) and
+the KV cache are not wired yet (docs/fast_attention.md).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -41,6 +43,7 @@ __all__ = [
     "ReRoPE",
     "SelfExtend",
     "StreamingLLM",
+    "String",
     "branch_attention",
     "dca",
     "leaky_rerope",
@@ -49,6 +52,7 @@ __all__ = [
     "rerope",
     "self_extend",
     "streaming_llm",
+    "string",
 ]
 
 #: How :func:`branch_attention` combines its branches: ``"lse"`` (one attention per branch,
@@ -564,3 +568,77 @@ def dca(chunk_size: int = 3072, local_size: int = 256) -> DualChunk:
     reference's for a 4096-token model (``replace_with_chunkllama(pretraining_length=4096)``:
     chunk_size = 3/4 of it, local window 1/16 of it)."""
     return DualChunk(chunk_size, local_size)
+
+
+# ---------------------------------------------------------------- STRING (issue 26, item 2)
+
+# STRING's attention factor, 0.1 ln 2 + 1 (HKUNLP/STRING ``replace_with_string``).
+_STRING_ATTENTION_FACTOR = 0.1 * math.log(2) + 1
+
+
+@dataclass(frozen=True)
+class String(_PositionMap):
+    """STRING (An et al. 2024, "Why Does the Effective Context Length of LLMs Fall Short?",
+    arXiv 2410.18745; reference code HKUNLP/STRING ``string_for_llama.py``): distances
+    d = i - j >= ``shifted_offset`` are shifted down to d - shifted_offset + local_value, so far
+    keys reuse the well-trained small distances; nearer keys (d < shifted_offset) keep d.
+    Two branches: "diagonal" (0 <= d < shifted_offset, positions i and j) and "shifted"
+    (d >= shifted_offset, query at i - shifted_offset + local_value, key at j).
+
+    The reference's prefill (``string_flash_forward``) counts the key at d = shifted_offset
+    twice: its diagonal pass is flash-attn's ``window_size=[shifted_offset, 0]`` (0 <= d <=
+    shifted_offset) and its shifted pass takes the keys j <= i - shifted_offset; the two are
+    merged by log-sum-exp. Branches here are disjoint, and that key goes to the shifted branch
+    only (distance local_value), as in the reference's decode (flash decoding over the last
+    shifted_offset keys, d < shifted_offset, and over the rest). Inside the window (every
+    d < shifted_offset) this is plain RoPE.
+
+    The reference also multiplies its cos and sin tables by its attention factor
+    (0.1 ln 2 + 1, :attr:`attention_factor`), i.e. every logit by its square, at every position; that is a
+    temperature, not a position, so the map does not apply it: pass
+    ``scale=map.attention_factor ** 2 / sqrt(D)`` to :func:`branch_attention` to match it.
+    """
+
+    shifted_offset: int = int(0.33 * 4096)
+    local_value: int = 128
+
+    def __post_init__(self):
+        _check_size(self.shifted_offset, "shifted_offset", minimum=1)
+        _check_size(self.local_value, "local_value", minimum=0)
+        if self.local_value >= self.shifted_offset:
+            raise InvalidArgument(f"local_value must be < shifted_offset, got local_value={self.local_value}, "
+                                  f"shifted_offset={self.shifted_offset}")
+
+    @property
+    def attention_factor(self) -> float:
+        """0.1 ln 2 + 1, the reference's cos/sin multiplier (not applied by the map)."""
+        return _STRING_ATTENTION_FACTOR
+
+    def branches(self, q_len: int, k_len: int, device=None) -> list[Branch]:
+        i, j = _query_and_key_indices(q_len, k_len, device)
+        s, w = self.shifted_offset, self.local_value
+        distance = i.unsqueeze(-1) - j
+        diagonal = (distance >= 0) & (distance < s)
+        # queries before shifted_offset have no shifted key; clamping keeps their unused
+        # positions non-negative (a rotation table may not take negative indices)
+        shifted_q = torch.clamp(i - s + w, min=w)
+        return [Branch(i, j, diagonal), Branch(shifted_q, j, distance >= s)]
+
+
+def string(training_length: int = 4096, shifted_offset: int | None = None, local_value: int = 128) -> String:
+    """The STRING position map (:class:`String`). Defaults are the reference's:
+    ``shifted_offset = int(0.33 * L)`` for the training length L
+    (``config.max_position_embeddings``; 4096 here, 131072 for Llama 3.1) and
+    ``small_local_value = 128``. An explicit ``shifted_offset`` overrides the derived one.
+
+    Raises:
+        InvalidArgument: training_length not a positive int, a shifted_offset < 1 (given or
+            derived), local_value < 0, or local_value >= shifted_offset.
+    """
+    check_positive_int(training_length, "training_length")
+    if shifted_offset is None:
+        shifted_offset = int(0.33 * training_length)
+        if shifted_offset < 1:
+            raise InvalidArgument(f"training_length must be >= 4 (shifted_offset = int(0.33 * training_length) "
+                                  f"must be >= 1), got {training_length!r}")
+    return String(shifted_offset, local_value)
