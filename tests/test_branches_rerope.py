@@ -12,6 +12,7 @@ import torch
 from posenc.attention.branches import branch_attention, leaky_rerope, rerope
 from posenc.encodings.rope import RoPE
 from posenc.errors import InvalidArgument, InvalidType
+from test_branches import plain_rope_attention
 
 _ = None
 
@@ -121,16 +122,6 @@ def test_log_n_query_scale_is_the_reference_formula(pmap):
     assert pmap.query_scale(1, 9).tolist() == pytest.approx(expected[-1:], abs=1e-15)
     q = torch.randn(1, 2, 9, 4, dtype=torch.float64)
     torch.testing.assert_close(pmap.scale_queries(q, 9), q * torch.tensor(expected, dtype=torch.float64)[:, None])
-
-
-def plain_rope_attention(q, k, v, rope):
-    t = k.shape[2]
-    pos = torch.arange(t)
-    qr, kr = rope.rotate(q, k, pos[t - q.shape[2]:], pos)
-    acc = torch.promote_types(q.dtype, torch.float32)
-    s = qr.to(acc) @ kr.to(acc).transpose(-1, -2) * q.shape[-1] ** -0.5
-    causal = pos <= pos[t - q.shape[2]:].unsqueeze(-1)
-    return (torch.softmax(s.masked_fill(~causal, float("-inf")), -1) @ v.to(acc)).to(q.dtype)
 
 
 def qkv(t, dtype, seed=0):
