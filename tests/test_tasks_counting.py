@@ -112,16 +112,9 @@ def test_coupled_and_abacus_rows_are_refused(suffix):
 
 
 def test_lengthgen_runs_counting_with_cope_and_fox_end_to_end(tmp_path, capsys):
-    import json
+    from test_tasks_recall import tiny_lengthgen
 
-    from posenc.lab.cli import main
-
-    out = tmp_path / "out"
-    args = ["lengthgen", "--tasks", "counting", "--encodings", "cope,fox,rope", "--steps", "2", "--eval-instances", "4",
-            "--batch-size", "4", "--d-model", "16", "--layers", "1", "--heads", "2", "--train-size", "4", "--threads", "1",
-            "--workers", "1", "--out", str(out)]
-    assert main(args) == 0, capsys.readouterr().err
-    summary = json.loads((out / "results.json").read_text())
+    summary = tiny_lengthgen(tmp_path, capsys, "counting", "cope,fox,rope")
     settings = summary["config"]["task_settings"]["counting"]
     assert settings["size_unit"] == "symbols" and settings["eval_sizes"] == [2, 4, 6, 8, 12, 16]
     assert set(summary["results"]["counting"]) == {"cope", "fox", "rope"}

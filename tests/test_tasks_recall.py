@@ -241,17 +241,22 @@ def test_a_size_past_mqars_keys_is_refused_before_any_run():
         preset_config("default", tasks=("mqar",), train_size=200)
 
 
-def test_lengthgen_runs_new_tasks_end_to_end(tmp_path, capsys):
+def tiny_lengthgen(tmp_path, capsys, tasks: str, encodings: str) -> dict:
+    """results.json of a 2-step lengthgen run of a 1-layer, 16-wide model at N = 4."""
     import json
 
     from posenc.lab.cli import main
 
     out = tmp_path / "out"
-    args = ["lengthgen", "--tasks", "mqar,vartrack", "--encodings", "rope,alibi+rand", "--steps", "2", "--eval-instances", "4",
+    args = ["lengthgen", "--tasks", tasks, "--encodings", encodings, "--steps", "2", "--eval-instances", "4",
             "--batch-size", "4", "--d-model", "16", "--layers", "1", "--heads", "2", "--train-size", "4", "--threads", "1",
             "--workers", "1", "--out", str(out)]
     assert main(args) == 0, capsys.readouterr().err
-    summary = json.loads((out / "results.json").read_text())
+    return json.loads((out / "results.json").read_text())
+
+
+def test_lengthgen_runs_new_tasks_end_to_end(tmp_path, capsys):
+    summary = tiny_lengthgen(tmp_path, capsys, "mqar,vartrack", "rope,alibi+rand")
     settings = summary["config"]["task_settings"]
     assert settings["mqar"]["size_unit"] == "key-value pairs" and settings["mqar"]["eval_sizes"] == [2, 4, 6, 8, 12, 16]
     assert settings["vartrack"]["size_unit"] == "filler bytes"
