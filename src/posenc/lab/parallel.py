@@ -32,13 +32,23 @@ class ParallelTraining:
     (DistributedDataParallel around ``model``, or with ``sharded`` an FSDP2 copy of it, each
     transformer block in ``model.blocks`` a unit); :attr:`optimized` the module whose
     parameters the optimizer takes. Under FSDP2 the copy's weights return to ``model`` at
-    :meth:`finish`; the model is first built whole on every rank (no meta-device build yet)."""
+    :meth:`finish`.
+
+    Memory under FSDP2: while the run trains, ``model`` is parked in host memory and the sharded
+    copy is made there, then ``fully_shard`` moves each block to the device and keeps this
+    rank's 1/N of it, so a device holds 1/N of the parameters, gradients and AdamW state (plus
+    one block's parameters, gathered for its forward and backward), never the whole model and
+    its copy; ``model`` returns to ``device`` at :meth:`finish` (the evaluation after training
+    runs the whole model on one device). The model is still built whole once per rank, in
+    host memory before it reaches here (no meta-device build)."""
 
     def __init__(self, model: nn.Module, ranks: Shard, device: torch.device, *, sharded: bool) -> None:
         self.model, self.ranks, self.sharded = model, ranks, sharded
         if sharded:
             from torch.distributed.fsdp import fully_shard
 
+            self.home = device
+            model.to("cpu")  # the whole model waits in host memory; the device gets shards only
             self.trained = copy.deepcopy(model)
             for block in getattr(self.trained, "blocks", ()):
                 fully_shard(block)
@@ -112,4 +122,6 @@ class ParallelTraining:
         if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+            # every rank needs the weights (cpu_offload would hand them to rank 0 alone)
             self.model.load_state_dict(get_model_state_dict(self.trained, options=StateDictOptions(full_state_dict=True)))
+            self.model.to(self.home)
