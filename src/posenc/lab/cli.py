@@ -527,7 +527,7 @@ def lengthgen(
     encodings: Encodings = None,
     preset: str = typer.Option("default", help=(
         "quick (nope, rope, alibi on copy and flipflop; ~1 min) | default (the six core encodings, rope+rand and the "
-        "hybrid rope/nope:3 on copy, reverse, addition, flipflop, passkey, and rope+coupled on addition; ~13 min on 2 "
+        "hybrid rope/nope:3 on copy, reverse, addition, flipflop, passkey, and rope+coupled on addition; ~12 min on 2 "
         "cores) | full (every task on every registered encoding and the hybrid plans) | paper (one GPU at the NoPE "
         "paper's and Ruoss et al.'s scale: 85M parameters, 40,000 steps, N = 40 tested to 500; ~15 h on one H100, "
         "refused on a CPU).")),

@@ -527,9 +527,13 @@ def plot_lengthgen(summary: dict, out_dir: str | Path) -> list[Path]:
         ax.set_xlabel(f"instance size ({settings[task]['size_unit']})")
         ax.set_ylabel("exact-match accuracy")
         ax.grid(True, alpha=0.3)
-    # one legend for every panel, beside them: inside, it hides the curves at small sizes
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right center", fontsize="small")
+    # one legend for every panel, beside them: inside, it hides the curves at small sizes; a row
+    # of one task only (a task row such as rope+coupled on addition) is in its panel's handles
+    legend: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.legend(list(legend.values()), list(legend), loc="outside right center", fontsize="small")
     fig.suptitle("Train on sizes <= N, test longer: exact match, greedy decoding", fontsize="medium")
     paths.append(_save(fig, plt, out_dir / "accuracy.png"))
 

@@ -146,7 +146,7 @@ PAPER_TASKS = ("copy", "reverse", "addition", "sort", "duplicate", "missing", "p
 #:
 #: - "quick": a smoke run, nope, rope and alibi on copy and flip-flop (about 1 minute on 2 cores);
 #: - "default": the default run, :data:`DEFAULT_TASKS` x :data:`DEFAULT_ROWS` plus
-#:   :data:`DEFAULT_TASK_ROWS` (41 runs; about 13 minutes on this project's 2 cores, estimated
+#:   :data:`DEFAULT_TASK_ROWS` (41 runs; about 12 minutes on this project's 2 cores, estimated
 #:   from measured step times in docs/results.md);
 #: - "full": every task on every registered encoding and the hybrid plans;
 #: - "paper": one GPU at the papers' scale (refused on a CPU, :func:`check_gpu_preset`): the
