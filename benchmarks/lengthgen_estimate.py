@@ -80,9 +80,10 @@ def scaled_estimate(records: list[dict], full, args) -> None:
     total_old = total_new = 0.0
     print("| task | stored seconds (its rows) | measured ratio, all rows / stored rows | estimated seconds |")
     print("|---|---|---|---|")
+    def run_seconds(r: dict) -> float:
+        return full.task_steps(r["task"]) * r["train_seconds"] / args.steps + r["eval_seconds"]
+
     for task in full.tasks:
-        def run_seconds(r):
-            return full.task_steps(task) * r["train_seconds"] / args.steps + r["eval_seconds"]
         measured_all = sum(run_seconds(r) for r in records if r["task"] == task)
         measured_old = sum(run_seconds(r) for r in records if r["task"] == task and (task, r["encoding"]) in old_rows)
         base = sum(r["train_seconds"] + r["eval_seconds"] for r in stored if r["task"] == task)
