@@ -21,14 +21,23 @@ sweep resumes and torchrun splits the runs, as ``posenc extrapolate`` does.
          "eval": {"<size>": {"factor": size / N, "accuracy": mean exact match over seeds in [0, 1],
                              "accuracy_std": spread over seeds (0 for one), "token_accuracy": mean
                              share of answer bytes (and END) right at their place, "instances": per seed,
-                             "seeds": int, "by_depth": {"<depth>": accuracy} (passkey only)}},
+                             "seeds": int, "by_depth": {"<depth>": accuracy} (passkey, multikey)}},
          "not_applicable": {"<size>": why},
          "runs": {"<seed>": that seed's "eval"},
          "positions": {"scheme", ...} (rows with a position suffix only)}}},
      "ranking": {"learned_at_n": {task: [rows]}, "2": {"per_task": {task: [{"row", "accuracy",
-                 "rank"}, ...]}, "mean_reciprocal_rank": {row: float}}, "4": {...}}}
+                 "rank"}, ...]}, "mean_reciprocal_rank": {row: float} (over every task)}, "4": {...}},
+     "reading": {"threshold": 0.9, "generalization": {task: {row: {"size", "factor", "learned_at_n",
+                 "why", "per_seed"}}}, "all_tie": [tasks], "separating": [tasks], "tied_at": {"2": [tasks],
+                 "4": [...]}, "mean_reciprocal_rank": {"2": {row: {"mrr", "tasks"}}, "4": {...}}
+                 (over the separating tasks; :mod:`posenc.lab.experiments.lengthgen_report`)}}
 
-A row is an encoding, or the same encoding with a position suffix
+Beside it, ``summary.md``: the reading as markdown (generalization lengths, the ranking over the
+separating tasks with the all-tie tasks named, the comparison with the papers).
+
+The rows of a task are ``encodings`` (every task), then that task's ``task_rows`` (``TASK=ROW``:
+the default preset's ``addition=rope+coupled``). A row is an encoding, or the same encoding with
+a position suffix
 (:mod:`posenc.lab.experiments.task_positions`): ``<encoding>+rand`` (randomized positions, Ruoss
 et al. 2023, sampled in training and at test), ``<encoding>+coupled`` (position coupling, Cho et
 al. 2024) or ``<encoding>+abacus`` (Abacus, McLeish et al. 2024); such a row's results and
@@ -156,7 +165,8 @@ PAPER_TASKS = ("copy", "reverse", "addition", "sort", "duplicate", "missing", "p
 #:   up to 500 (Ruoss et al.'s N = 40 and test lengths 41-500, randomized positions from
 #:   [0, 2048): google-deepmind/randomized_positional_encodings), rows NoPE, APE (sinusoidal,
 #:   learned), RoPE, ALiBi, T5, ``rope+rand``, and on addition ``rope+coupled`` and
-#:   ``learned+abacus``.
+#:   ``learned+abacus``; 100 instances per size (addition's 200 at 500 digits, 1504 tokens
+#:   each, would need at least 57 GiB at once to evaluate: a floor near an H100's 80).
 PRESETS: dict[str, dict] = {
     "quick": dict(encodings=("nope", "rope", "alibi"), tasks=("copy", "flipflop"), eval_instances=100),
     "default": dict(encodings=DEFAULT_ROWS, task_rows=DEFAULT_TASK_ROWS),
@@ -165,7 +175,8 @@ PRESETS: dict[str, dict] = {
                   tasks=PAPER_TASKS, model=LMConfig(d_model=768, num_layers=12, num_heads=12, mlp_ratio=4),
                   train=TrainConfig(batch_size=64, lr=3e-5, weight_decay=0.05, stable_frac=0.6, autocast="bfloat16"),
                   steps=40000,
-                  train_size=40, eval_factors=(0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.5), randomized_positions=2048),
+                  train_size=40, eval_factors=(0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.5), randomized_positions=2048,
+                  eval_instances=100),
 }
 
 #: Presets refused on a CPU, with their time estimate (:func:`gpu_hours`).
