@@ -174,9 +174,8 @@ PRESETS: dict[str, dict] = {
     "paper": dict(encodings=(*CORE_ENCODINGS, "rope+rand"), task_rows=("addition=rope+coupled", "addition=learned+abacus"),
                   tasks=PAPER_TASKS, model=LMConfig(d_model=768, num_layers=12, num_heads=12, mlp_ratio=4),
                   train=TrainConfig(batch_size=64, lr=3e-5, weight_decay=0.05, stable_frac=0.6, autocast="bfloat16"),
-                  steps=40000,
-                  train_size=40, eval_factors=(0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.5), randomized_positions=2048,
-                  eval_instances=100),
+                  steps=40000, train_size=40, eval_factors=(0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.5),
+                  randomized_positions=2048, eval_instances=100),
 }
 
 #: Presets refused on a CPU, with their time estimate (:func:`gpu_hours`).
