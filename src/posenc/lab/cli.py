@@ -423,14 +423,21 @@ class TaskReporter(RichReporter):
 
 def lengthgen_table(summary: dict) -> Table:
     """Rows: task and encoding; columns: evaluation sizes as multiples of N (the size in
-    each task's unit in the cell's task row); cells: exact-match accuracy (± seed spread)."""
+    each task's unit in the cell's task row), then the generalization length (the largest
+    size with accuracy >= 0.9, the row having reached 0.9 at N; ``not learned`` otherwise);
+    cells: exact-match accuracy (± seed spread)."""
+    from posenc.lab.experiments.lengthgen_report import generalization_text
+
     config = summary["config"]
     factors = sorted({f for f in config["eval_factors"]})
-    table = Table(title="exact-match accuracy (greedy decoding; trained on sizes <= N)")
+    table = Table(title="exact-match accuracy (greedy decoding; trained on sizes <= N)",
+                  caption="generalization length: the largest size with accuracy >= 0.9, for a row at >= 0.9 at N")
     table.add_column("task", style="bold", no_wrap=True)
     table.add_column("encoding", no_wrap=True)
     for f in factors:
         table.add_column(f"{f:g}N", justify="right")
+    table.add_column("generalization length", justify="right")
+    generalization = summary["reading"]["generalization"]
     tasks = list(summary["results"].items())
     for index, (task, rows) in enumerate(tasks):
         setting = config["task_settings"][task]
@@ -452,27 +459,49 @@ def lengthgen_table(summary: dict) -> Table:
                 colour = "green" if cell["accuracy"] >= 0.9 else "red" if cell["accuracy"] < 0.1 else "yellow"
                 cells.append(f"[{colour}]{cell['accuracy']:.2f}[/]{spread}")
             label = f"{task} (N={n})" if position == 0 else ""
+            cells.append(generalization_text(generalization[task][row]))
             table.add_row(label, _diverged_label(row, res), *cells, end_section=position == len(names) - 1 and index < len(tasks) - 1)
     return table
 
 
 def lengthgen_ranking_table(summary: dict) -> Table:
-    """One row per encoding row: the tasks it learned at N, and its mean reciprocal rank over
-    the tasks at each ranked size (``summary["ranking"]``, best first by the first size)."""
-    ranking = summary["ranking"]
-    factors = [key for key in ranking if key != "learned_at_n"]
-    rows = list(next(iter(summary["results"].values())))
+    """One row per encoding row: the tasks it learned at N (of those it ran), and its mean
+    reciprocal rank over the tasks that separate the rows at each ranked size, with how many
+    tasks it was ranked on (``summary["reading"]``, best first by the first size); the caption
+    names the all-tie tasks left out."""
+    ranking, reading = summary["ranking"], summary["reading"]
+    mrr = reading["mean_reciprocal_rank"]
+    factors = list(mrr)
+    rows = list(dict.fromkeys(row for rows in summary["results"].values() for row in rows))
+    ran = {row: sum(row in rows for rows in summary["results"].values()) for row in rows}
     learned = {row: sum(row in names for names in ranking["learned_at_n"].values()) for row in rows}
-    table = Table(title="mean reciprocal rank over tasks (1 = first on every task; the NoPE paper's summary)")
+    left = ", ".join(reading["all_tie"]) or "none"
+    caption = (f"over the separating tasks ({', '.join(reading['separating']) or 'none'}); all-tie tasks (every row equal "
+               f"at every size past N) are left out of the ranking: {left}")
+    if not reading["separating"]:
+        caption = f"no task separates the rows (all-tie: {left}): no ranking"
+    table = Table(title="mean reciprocal rank over the tasks that separate the rows (1 = first on every one; "
+                  "the NoPE paper's summary)", caption=caption)
     table.add_column("encoding", style="bold", no_wrap=True)
     table.add_column("learned at N", justify="right")
     for factor in factors:
-        table.add_column(f"MRR at {factor}N", justify="right")
-    first = ranking[factors[0]]["mean_reciprocal_rank"] if factors else {}
-    for row in sorted(rows, key=lambda r: -first.get(r, 0.0)):
-        cells = [f"{ranking[f]['mean_reciprocal_rank'][row]:.2f}" if row in ranking[f]["mean_reciprocal_rank"] else "n/a"
-                 for f in factors]
-        table.add_row(row, f"{learned[row]}/{len(ranking['learned_at_n'])}", *cells)
+        table.add_column(f"MRR at {factor}N (tasks)", justify="right")
+    first = mrr[factors[0]] if factors else {}
+    for row in sorted(rows, key=lambda r: -first.get(r, {}).get("mrr", 0.0)):
+        cells = [f"{mrr[f][row]['mrr']:.2f} ({mrr[f][row]['tasks']})" if row in mrr[f] else "n/a" for f in factors]
+        table.add_row(row, f"{learned[row]}/{ran[row]}", *cells)
+    return table
+
+
+def lengthgen_comparison_table(summary: dict) -> Table:
+    """The reproduced papers: claim against this run (summary.md has it as markdown)."""
+    from posenc.lab.experiments.lengthgen_report import paper_comparison
+
+    table = Table(title="against the papers")
+    for column in ("paper", "claim", "ours"):
+        table.add_column(column)
+    for entry in paper_comparison(summary):
+        table.add_row(entry["paper"], entry["claim"], entry["ours"])
     return table
 
 
@@ -496,7 +525,15 @@ def lengthgen(
                                         "selective_copy, passkey, mqar, parity, modular, cycle, bucket_sort, duplicate, "
                                         "missing, multikey, vartrack; --list describes them (default: the preset's)."),
     encodings: Encodings = None,
-    preset: str = typer.Option("default", help="quick | default | full (every task on every registered encoding)."),
+    preset: str = typer.Option("default", help=(
+        "quick (nope, rope, alibi on copy and flipflop; ~1 min) | default (the six core encodings, rope+rand and the "
+        "hybrid rope/nope:3 on copy, reverse, addition, flipflop, passkey, and rope+coupled on addition; ~12 min on 2 "
+        "cores) | full (every task on every registered encoding and the hybrid plans) | paper (one GPU at the NoPE "
+        "paper's and Ruoss et al.'s scale: 85M parameters, 40,000 steps, N = 40 tested to 500; ~15 h on one H100, "
+        "refused on a CPU).")),
+    task_rows: Optional[str] = typer.Option(None, help=(
+        "Comma-separated TASK=ROW: rows trained on one task only (e.g. addition=rope+coupled,addition=learned+abacus); "
+        "'' for none. Default: the preset's, unless --encodings is given.")),
     train_size: Optional[int] = typer.Option(None, help="N for every task: train on sizes <= N (default: each task's own)."),
     steps: Optional[int] = typer.Option(None, help="Training steps per run (default: each task's own)."),
     batch_size: Optional[int] = typer.Option(None, help="Training batch size (instances)."),
@@ -510,8 +547,9 @@ def lengthgen(
     device: Device = "cpu",
     randomized_positions: Optional[int] = typer.Option(None, help=(
         "L_max of the +rand rows (Ruoss et al. 2023): each sequence's positions a sorted random sample from [0, M), in "
-        "training and at test. With no +rand row in --encodings, adds a row <encoding>+rand per encoding; a +rand row "
-        "named without it takes 4x the longest evaluation sequence.")),
+        "training and at test. With no +rand row among the rows, adds a row <encoding>+rand per encoding; a +rand row "
+        "(the default preset names rope+rand) takes it as its range, or without it 4x the longest evaluation "
+        "sequence.")),
     list_tasks: bool = typer.Option(False, "--list", help="Print every task (unit of size, N, formats, source) and exit."),
     threads: Threads = None,
     workers: Optional[int] = typer.Option(
@@ -528,7 +566,7 @@ def lengthgen(
     (task, encoding, seed) runs are split across the processes.
     """
     from posenc.lab.experiments import distributed
-    from posenc.lab.experiments.lengthgen import preset_config, run_lengthgen
+    from posenc.lab.experiments.lengthgen import GPU_PRESETS, check_gpu_preset, gpu_hours, preset_config, run_lengthgen
     from posenc.lab.plots import plot_lengthgen
 
     if list_tasks:
@@ -539,9 +577,11 @@ def lengthgen(
         preset_config, preset, encodings=encodings, seeds=seeds, layers=layers, heads=heads,
         tasks=_split_list(tasks, "--tasks"), train_size=train_size, steps=steps, batch_size=batch_size, lr=lr,
         d_model=d_model, eval_instances=eval_instances, device=device, randomized_positions=randomized_positions,
+        task_rows=() if task_rows is not None and not task_rows.strip() else _split_list(task_rows, "--task-rows"),
     )
+    check_gpu_preset(preset, config)
     model, train = config.model, config.train
-    runs = len(config.tasks) * len(config.rows) * len(config.seeds)
+    runs = len(config.jobs()) * len(config.seeds)
     if workers is None:
         local = device.startswith("cpu") and distributed.current().world_size == 1
         workers = min(len(os.sched_getaffinity(0)), runs) if local else 1
@@ -553,10 +593,15 @@ def lengthgen(
         f"batch {train.batch_size}, lr {train.lr}"
     )
     for task in config.tasks:
+        extra = config.rows_of(task)[len(config.rows):]
         console.print(
             f"  [bold]{task}[/] N={config.task_train_size(task)}, {config.task_steps(task)} steps, "
             f"eval sizes {config.eval_sizes(task)} x {config.eval_instances} instances"
+            + (f"; also {', '.join(extra)}" if extra else "")
         )
+    if preset in GPU_PRESETS:
+        console.print(f"[bold]expected run time[/] about {gpu_hours(config):.0f} h on one H100 (training FLOPs at 15% of "
+                      "bf16 peak, a floor: short sequences and one-token decoding run below it)")
     started = time.perf_counter()
     summary, reporter = _run_sweep(lambda progress: TaskReporter(progress, runs),
                                    lambda reporter: run_lengthgen(config, out, reporter, workers=workers))
@@ -565,9 +610,10 @@ def lengthgen(
     figures = plot_lengthgen(summary, out)
     console.print(lengthgen_table(summary))
     console.print(lengthgen_ranking_table(summary))
+    console.print(lengthgen_comparison_table(summary))
     console.print("[bold]time per task[/] (train + eval, summed over its runs, which may have run side by side): " + ", ".join(
         f"{task} {train:.0f}s + {evaluation:.0f}s" for task, (train, evaluation) in reporter.seconds.items()))
-    console.print(f"wrote {out / 'results.json'}, {out / 'results.csv'}, {', '.join(map(str, figures))} "
+    console.print(f"wrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'summary.md'}, {', '.join(map(str, figures))} "
                   f"in {time.perf_counter() - started:.0f}s")
     _stop_if_diverged({f"{task} {row}": res for task, rows in summary["results"].items() for row, res in rows.items()},
                       keep_going)

@@ -495,8 +495,9 @@ def plot_lengthgen(summary: dict, out_dir: str | Path) -> list[Path]:
     - ``accuracy.png``: exact-match accuracy against instance size, one panel per task, one
       line per row (encoding), the training size N marked (error bars: spread over seeds);
     - ``heatmap.png``: the same numbers as an (encoding x size) grid per task;
-    - ``passkey_depth.png`` (when passkey ran): accuracy by the key's depth in the filler
-      against size, one panel per row.
+    - ``<task>_depth.png`` for each needle-style task that ran (passkey, multikey:
+      :func:`plot_depth_heatmap`): accuracy by the needle's depth in the filler against size,
+      one panel per row.
 
     Returns the paths written.
     """
@@ -526,9 +527,13 @@ def plot_lengthgen(summary: dict, out_dir: str | Path) -> list[Path]:
         ax.set_xlabel(f"instance size ({settings[task]['size_unit']})")
         ax.set_ylabel("exact-match accuracy")
         ax.grid(True, alpha=0.3)
-    # one legend for every panel, beside them: inside, it hides the curves at small sizes
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right center", fontsize="small")
+    # one legend for every panel, beside them: inside, it hides the curves at small sizes; a row
+    # of one task only (a task row such as rope+coupled on addition) is in its panel's handles
+    legend: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.legend(list(legend.values()), list(legend), loc="outside right center", fontsize="small")
     fig.suptitle("Train on sizes <= N, test longer: exact match, greedy decoding", fontsize="medium")
     paths.append(_save(fig, plt, out_dir / "accuracy.png"))
 
@@ -546,25 +551,51 @@ def plot_lengthgen(summary: dict, out_dir: str | Path) -> list[Path]:
     fig.suptitle("Exact-match accuracy, encoding x instance size", fontsize="medium")
     paths.append(_save(fig, plt, out_dir / "heatmap.png"))
 
-    if "passkey" in tasks:
-        rows = tasks["passkey"]
-        sizes = settings["passkey"]["eval_sizes"]
-        fig, axes = _task_axes(plt, len(rows), 3.6, 3.0)
-        for ax, (row, res) in zip(axes, rows.items()):
-            depths = sorted({d for cell in res["eval"].values() for d in cell.get("by_depth", {})}, key=float)
-            grid = [[res["eval"].get(str(n), {}).get("by_depth", {}).get(d, float("nan")) for n in sizes] for d in depths]
-            image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
-            _annotate(ax, grid, fontsize=6)
-            ax.set_xticks(range(len(sizes)), [str(s) for s in sizes], fontsize=7)
-            ax.set_yticks(range(len(depths)), depths, fontsize=7)
-            ax.set_xlabel("filler bytes")
-            ax.set_ylabel("key depth")
-            ax.set_title(row, fontsize=9)
-        fig.colorbar(image, ax=axes, label="exact-match accuracy", shrink=0.8)
-        fig.suptitle(f"passkey: accuracy by key depth (0 = start of the filler) and size (N = {settings['passkey']['train_size']})",
-                     fontsize="medium")
-        paths.append(_save(fig, plt, out_dir / "passkey_depth.png"))
+    for task in needle_tasks(summary):
+        paths.append(plot_depth_heatmap(summary, task, out_dir / f"{task}_depth.png"))
     return paths
+
+
+def needle_tasks(summary: dict) -> list[str]:
+    """The needle-style tasks of a ``posenc lengthgen`` results dict: those whose cells hold
+    accuracies by the needle's depth (``by_depth``: passkey, multikey)."""
+    return [task for task, rows in summary["results"].items()
+            if any("by_depth" in cell for res in rows.values() for cell in res["eval"].values())]
+
+
+def plot_depth_heatmap(summary: dict, task: str, out: str | Path) -> Path:
+    """The depth x length heatmap of a needle-style ``task`` (:func:`needle_tasks`), one
+    panel per row: exact-match accuracy (mean over seeds, in [0, 1]) by the needle's depth in
+    the filler (0 = its start, 1 = its end; rows of the panel) and the instance size (columns,
+    in the task's unit), N marked on the axis; NaN cells (a size not evaluated) read "n/a".
+    After the needle-in-a-haystack figures of RULER (Hsieh et al. 2024).
+
+    Raises:
+        InvalidArgument: ``task`` not needle-style in ``summary``.
+    """
+    if task not in needle_tasks(summary):
+        raise InvalidArgument(f"task: {task!r} has no accuracies by depth in these results; "
+                              f"needle-style tasks here: {needle_tasks(summary)}")
+    plt = _pyplot()
+    rows = summary["results"][task]
+    setting = summary["config"]["task_settings"][task]
+    sizes, n = setting["eval_sizes"], setting["train_size"]
+    fig, axes = _task_axes(plt, len(rows), 3.6, 3.0)
+    image = None
+    for ax, (row, res) in zip(axes, rows.items()):
+        depths = sorted({d for cell in res["eval"].values() for d in cell.get("by_depth", {})}, key=float)
+        grid = [[res["eval"].get(str(s), {}).get("by_depth", {}).get(d, float("nan")) for s in sizes] for d in depths]
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        _annotate(ax, grid, fontsize=6)
+        ax.set_xticks(range(len(sizes)), [f"{s}\n{s / n:.2g}N" for s in sizes], fontsize=7)
+        ax.set_yticks(range(len(depths)), depths, fontsize=7)
+        ax.set_xlabel(setting["size_unit"])
+        ax.set_ylabel("needle depth")
+        ax.set_title(row, fontsize=9)
+    if image is not None:
+        fig.colorbar(image, ax=axes, label="exact-match accuracy", shrink=0.8)
+    fig.suptitle(f"{task}: accuracy by needle depth (0 = start of the filler) and size (N = {n})", fontsize="medium")
+    return _save(fig, plt, Path(out))
 
 
 def plot_rope_inspection(report: RopeInspection, out_png: str | Path, *, title: str | None = None) -> Path:

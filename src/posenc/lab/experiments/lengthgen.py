@@ -21,14 +21,23 @@ sweep resumes and torchrun splits the runs, as ``posenc extrapolate`` does.
          "eval": {"<size>": {"factor": size / N, "accuracy": mean exact match over seeds in [0, 1],
                              "accuracy_std": spread over seeds (0 for one), "token_accuracy": mean
                              share of answer bytes (and END) right at their place, "instances": per seed,
-                             "seeds": int, "by_depth": {"<depth>": accuracy} (passkey only)}},
+                             "seeds": int, "by_depth": {"<depth>": accuracy} (passkey, multikey)}},
          "not_applicable": {"<size>": why},
          "runs": {"<seed>": that seed's "eval"},
          "positions": {"scheme", ...} (rows with a position suffix only)}}},
      "ranking": {"learned_at_n": {task: [rows]}, "2": {"per_task": {task: [{"row", "accuracy",
-                 "rank"}, ...]}, "mean_reciprocal_rank": {row: float}}, "4": {...}}}
+                 "rank"}, ...]}, "mean_reciprocal_rank": {row: float} (over every task)}, "4": {...}},
+     "reading": {"threshold": 0.9, "generalization": {task: {row: {"size", "factor", "learned_at_n",
+                 "why", "per_seed"}}}, "all_tie": [tasks], "separating": [tasks], "tied_at": {"2": [tasks],
+                 "4": [...]}, "mean_reciprocal_rank": {"2": {row: {"mrr", "tasks"}}, "4": {...}}
+                 (over the separating tasks; :mod:`posenc.lab.experiments.lengthgen_report`)}}
 
-A row is an encoding, or the same encoding with a position suffix
+Beside it, ``summary.md``: the reading as markdown (generalization lengths, the ranking over the
+separating tasks with the all-tie tasks named, the comparison with the papers).
+
+The rows of a task are ``encodings`` (every task), then that task's ``task_rows`` (``TASK=ROW``:
+the default preset's ``addition=rope+coupled``). A row is an encoding, or the same encoding with
+a position suffix
 (:mod:`posenc.lab.experiments.task_positions`): ``<encoding>+rand`` (randomized positions, Ruoss
 et al. 2023, sampled in training and at test), ``<encoding>+coupled`` (position coupling, Cho et
 al. 2024) or ``<encoding>+abacus`` (Abacus, McLeish et al. 2024); such a row's results and
@@ -57,10 +66,14 @@ from posenc._version import __version__
 from posenc._validation import check_positive_int
 from posenc.errors import InvalidArgument
 from posenc.lab.experiments.frame import (
-    MODEL_TRAIN_OPTIONS, Row, RunConfig, cells_over_seeds, check_names, evals_by_seed, merged_not_applicable, spread,
+    CORE_ENCODINGS, MODEL_TRAIN_OPTIONS, Row, RunConfig, cells_over_seeds, check_names, evals_by_seed, merged_not_applicable, spread,
     write_csv as write_csv_rows,
 )
-from posenc.lab.experiments.limits import Workload
+from posenc.encodings import encoding_class
+from posenc.lab.checkpoint import atomic_write_bytes
+from posenc.lab.experiments.extrapolation_config import CPU_FLOPS, H100_FLOPS, MODEL_FLOPS_UTILIZATION
+from posenc.lab.experiments.limits import Workload, holds_a_table, parameter_floor
+from posenc.lab.experiments.lengthgen_report import reading, summary_markdown
 from posenc.lab.experiments.lm import train_run
 from posenc.lab.experiments.runs import Reporter, RunStore, is_diverged
 from posenc.lab.experiments.task_positions import (
@@ -123,13 +136,50 @@ TASK_SETTINGS: dict[str, TaskSetting] = {
 }
 
 
-#: Named sizes (options of :func:`preset_config`): "default" is the issue's run (< 15 min on
-#: 2 cores), "quick" a smoke run (< 3 min), "full" every task on every registered encoding.
+#: The rows of the default run: the six core encodings, the rows that separate them where the
+#: core rows all score 0 past N (Ruoss et al.'s randomized positions, ``rope+rand``), and a hybrid
+#: plan (NoPE on the last of every 3 layers over RoPE, SmolLM3's rule for this 3-layer model).
+DEFAULT_ROWS = (*CORE_ENCODINGS, "rope+rand", "rope/nope:3")
+
+#: The rows the default run adds to one task: position coupling (Cho et al. 2024) on addition,
+#: the one published fix that learned it at N in our runs (docs/results.md).
+DEFAULT_TASK_ROWS = ("addition=rope+coupled",)
+
+#: The paper preset's tasks: those of Kazemnejad et al. (2023) in this catalogue (copy, reverse,
+#: addition, sort) and Deletang et al.'s that Ruoss et al. (2023) report on (duplicate string,
+#: missing duplicate, parity, modular arithmetic, cycle navigation, bucket sort).
+PAPER_TASKS = ("copy", "reverse", "addition", "sort", "duplicate", "missing", "parity", "modular", "cycle",
+               "bucket_sort")
+
+#: Named sizes (options of :func:`preset_config`):
+#:
+#: - "quick": a smoke run, nope, rope and alibi on copy and flip-flop (about 1 minute on 2 cores);
+#: - "default": the default run, :data:`DEFAULT_TASKS` x :data:`DEFAULT_ROWS` plus
+#:   :data:`DEFAULT_TASK_ROWS` (41 runs; about 12 minutes on this project's 2 cores, estimated
+#:   from measured step times in docs/results.md);
+#: - "full": every task on every registered encoding and the hybrid plans;
+#: - "paper": one GPU at the papers' scale (refused on a CPU, :func:`check_gpu_preset`): the
+#:   NoPE paper's model (Kazemnejad et al. 2023: a T5-base-sized decoder, 12 layers, d_model 768,
+#:   12 heads, FFN 3072; 40,000 steps of batch 64 at lr 3e-5, McGill-NLP/length-generalization
+#:   configs/trainer/base_model.jsonnet) on :data:`PAPER_TASKS`, trained on sizes <= 40 and tested
+#:   up to 500 (Ruoss et al.'s N = 40 and test lengths 41-500, randomized positions from
+#:   [0, 2048): google-deepmind/randomized_positional_encodings), rows NoPE, APE (sinusoidal,
+#:   learned), RoPE, ALiBi, T5, ``rope+rand``, and on addition ``rope+coupled`` and
+#:   ``learned+abacus``; 100 instances per size (addition's 200 at 500 digits, 1504 tokens
+#:   each, would need at least 57 GiB at once to evaluate: a floor near an H100's 80).
 PRESETS: dict[str, dict] = {
     "quick": dict(encodings=("nope", "rope", "alibi"), tasks=("copy", "flipflop"), eval_instances=100),
-    "default": {},
+    "default": dict(encodings=DEFAULT_ROWS, task_rows=DEFAULT_TASK_ROWS),
     "full": dict(encodings=None, tasks=tuple(TASKS)),
+    "paper": dict(encodings=(*CORE_ENCODINGS, "rope+rand"), task_rows=("addition=rope+coupled", "addition=learned+abacus"),
+                  tasks=PAPER_TASKS, model=LMConfig(d_model=768, num_layers=12, num_heads=12, mlp_ratio=4),
+                  train=TrainConfig(batch_size=64, lr=3e-5, weight_decay=0.05, stable_frac=0.6, autocast="bfloat16"),
+                  steps=40000, train_size=40, eval_factors=(0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.5),
+                  randomized_positions=2048, eval_instances=100),
 }
+
+#: Presets refused on a CPU, with their time estimate (:func:`gpu_hours`).
+GPU_PRESETS = ("paper",)
 
 #: Flat options that override a field of ``model`` or ``train`` (those of every experiment).
 OPTIONS: dict[str, tuple[str, str]] = MODEL_TRAIN_OPTIONS
@@ -173,6 +223,11 @@ class LengthgenConfig(RunConfig):
             names some, None means :meth:`default_randomized_positions` (four times the longest
             evaluation sequence). M must be >= every task's longest training sequence; an
             evaluation size whose sequence is longer than M is not applicable to ``+rand`` rows.
+        task_rows: rows trained on one task only, each ``"TASK=ROW"`` (e.g.
+            ``"addition=rope+coupled"``), after the rows of every task (a row already among
+            them is not repeated); entries of tasks not in ``tasks`` are ignored (a preset's
+            task rows survive ``--tasks``). :meth:`from_preset` drops the preset's task rows
+            when ``encodings`` is given without ``task_rows``: the rows are then those named.
 
     Raises:
         InvalidType: a field of the wrong type.
@@ -186,14 +241,17 @@ class LengthgenConfig(RunConfig):
     steps: int | None = None
     eval_factors: tuple[float, ...] = EVAL_FACTORS
     eval_instances: int = 200
+    task_rows: tuple[str, ...] = ()
 
     PRESETS: ClassVar[dict[str, dict]] = PRESETS
     OPTIONS: ClassVar[dict[str, tuple[str, str]]] = OPTIONS
     #: results.json's order since the first runs
     FIELD_ORDER: ClassVar[tuple[str, ...]] = (
         "tasks", "encodings", "model", "train", "train_size", "steps", "eval_factors", "eval_instances", "seeds",
-        "device", "randomized_positions",
+        "device", "randomized_positions", "task_rows",
     )
+    #: written (results.json, fingerprints) only when set: the runs stored before it read the same
+    ADDED_LATER: ClassVar[dict[str, object]] = {"task_rows": ()}
     #: set per task (``steps``, ``seq_len``), per run (``seed``) and per task (the table size)
     UNREAD: ClassVar[tuple[str, ...]] = ("train.seed", "train.steps", "train.seq_len", "model.max_positions")
     #: The hybrid plans of ``--preset full``, for this experiment's 3-layer model: the global
@@ -230,7 +288,8 @@ class LengthgenConfig(RunConfig):
                 raise InvalidArgument(f"train_size/eval_factors: {name}'s largest size {max(largest, self.task_train_size(name))} "
                                       f"is past its largest instance ({bound} {get_task(name).size_unit})")
         check_positive_int(self.eval_instances, "eval_instances")
-        for name in self.encodings:
+        self._check_task_rows()
+        for name in (*self.encodings, *(row for _, row in self.task_row_pairs())):
             row = Row.parse(name)
             if row.plan is not None and row.positions is not None:
                 # a plan's sliding and chunked spans count position ids, which these schemes
@@ -239,7 +298,63 @@ class LengthgenConfig(RunConfig):
                                       f"+{row.positions} goes on a single encoding (e.g. rope+{row.positions})")
             if row.task_positions is not None:
                 for task in self.tasks:
-                    check_task(row.task_positions, task, name)
+                    if name in self.rows_of(task):
+                        check_task(row.task_positions, task, name)
+
+    def _check_task_rows(self) -> None:
+        if isinstance(self.task_rows, str) or not isinstance(self.task_rows, tuple) \
+                or not all(isinstance(e, str) for e in self.task_rows):
+            raise InvalidArgument(f"task_rows: give a tuple of 'TASK=ROW' strings, got {self.task_rows!r}")
+        for entry in self.task_rows:
+            task, sep, row = entry.partition("=")
+            if not sep or not task or not row:
+                raise InvalidArgument(f"task_rows: {entry!r} is not TASK=ROW (e.g. 'addition=rope+coupled')")
+            get_task(task)  # unknown names raise, listing the tasks
+            parsed = Row.parse(row, self.NAMED_RANDOMIZED_ROWS)
+            if parsed.plan is not None:
+                parsed.plan.check(self.model.num_layers, row)
+            else:
+                encoding_class(parsed.encoding)  # unknown names raise, listing the available ones
+
+    @classmethod
+    def from_preset(cls, preset: str = "default", **overrides) -> LengthgenConfig:
+        """The preset's config with ``overrides`` (:meth:`RunConfig.from_preset`); ``encodings``
+        given without ``task_rows`` drops the preset's task rows (the rows are those named). A
+        preset's plan row that names no layer of the model (``rope/nope:3`` with
+        ``num_layers`` below 3) is left out of its rows; a plan row given in ``encodings``
+        is checked (and refused) as given."""
+        if overrides.get("encodings") is not None and overrides.get("task_rows") is None:
+            overrides["task_rows"] = ()
+        named = cls.PRESETS.get(preset, {}).get("encodings")
+        if overrides.get("encodings") is None and named:
+            model = cls.PRESETS[preset].get("model") or next(
+                f for f in dataclasses.fields(cls) if f.name == "model").default_factory()
+            layers = overrides.get("num_layers") or model.num_layers
+            overrides["encodings"] = tuple(row for row in named if _fits(row, layers))
+        return super().from_preset(preset, **overrides)
+
+    def task_row_pairs(self) -> list[tuple[str, str]]:
+        """(task, row) of each ``task_rows`` entry whose task is in ``tasks``."""
+        pairs = [tuple(entry.split("=", 1)) for entry in self.task_rows]
+        return [(task, row) for task, row in pairs if task in self.tasks]
+
+    def rows_of(self, task: str) -> list[str]:
+        """The rows trained on ``task``, in table order: :attr:`rows`, then its ``task_rows``."""
+        rows = list(self.rows)
+        for name, row in self.task_row_pairs():
+            if name == task and row not in rows:
+                rows.append(row)
+        return rows
+
+    def jobs(self) -> list[tuple[str, str]]:
+        """Every (task, row) of the sweep, task by task."""
+        return [(task, row) for task in self.tasks for row in self.rows_of(task)]
+
+    def _named_randomized_rows(self) -> bool:
+        return any(Row.parse(name).randomized for name in (*self.encodings, *(r for _, r in self.task_row_pairs())))
+
+    def holds_a_table(self) -> bool:
+        return holds_a_table(row.encoding for _, name in self.jobs() for row in [Row.parse(name)] if row.plan is None)
 
     def default_randomized_positions(self) -> int:
         """L_max of ``+rand`` rows named without ``randomized_positions``: four times the longest
@@ -353,6 +468,14 @@ class LengthgenConfig(RunConfig):
         }}
 
 
+def _fits(row: str, num_layers: int) -> bool:
+    """Whether every ``/PART:N`` of a plan row names a layer of a ``num_layers`` model (rows
+    that are no plan always fit)."""
+    plan = Row.parse(row).plan
+    return plan is None or isinstance(num_layers, bool) or not isinstance(num_layers, int) \
+        or all(n <= num_layers for _, n in plan.every)
+
+
 def task_catalogue() -> list[dict]:
     """Every task of :data:`~posenc.lab.experiments.tasks.TASKS`, in table order, as
     ``posenc lengthgen --list`` prints it: ``task``, ``size_unit``, ``train_size`` (its default
@@ -366,6 +489,47 @@ def task_catalogue() -> list[dict]:
         "source": task.source, "in_default": name in DEFAULT_TASKS,
         "suffixes": ["+rand", *(f"+{scheme}" for scheme in TASK_SCHEMES if name in ALIGNED_TASKS)],
     } for name, task in TASKS.items()]
+
+
+def run_flops(config: LengthgenConfig, task: str, parameters: int) -> float:
+    """FLOPs of one run of ``task``: training, (6 N + 6 n_layers L d) per token (Kaplan et al.
+    2020 for the 6 N of the matrix products; causal attention's two products after PaLM,
+    Chowdhery et al. 2022, appendix B) over steps x batch x L tokens, L the longest training
+    sequence (batches are padded to their longest instance, which at batch 32-64 is near N);
+    then the evaluation, 2 N per token over every size's instances, prompt and answer."""
+    model, length = config.model, config.train_sequence_length(task)
+    per_token = 6 * parameters + 6 * model.num_layers * length * model.d_model
+    training = per_token * config.task_steps(task) * config.train.batch_size * length
+    found = get_task(task)
+    evaluation = sum(2 * parameters * config.eval_instances * found.sequence_length(size) for size in config.eval_sizes(task))
+    return training + evaluation
+
+
+def gpu_hours(config: LengthgenConfig, gpus: int = 1) -> float:
+    """Hours for every run of ``config`` (tasks x rows x seeds) on ``gpus`` H100s at
+    :data:`~posenc.lab.experiments.extrapolation_config.MODEL_FLOPS_UTILIZATION` of bf16 peak
+    (:func:`run_flops`; runs split evenly). A floor: sequences of 40-1000 tokens and greedy
+    decoding, one token a step, keep a GPU further from its peak than language modelling does."""
+    parameters = parameter_floor(config.model, table=False)
+    flops = sum(run_flops(config, task, parameters) for task, _ in config.jobs()) * len(config.seeds)
+    return flops / (H100_FLOPS * MODEL_FLOPS_UTILIZATION * gpus) / 3600
+
+
+def check_gpu_preset(preset: str, config: LengthgenConfig) -> None:
+    """Refuse a preset of :data:`GPU_PRESETS` on a CPU, with its estimate there and on one GPU.
+
+    Raises:
+        InvalidArgument: ``preset`` in :data:`GPU_PRESETS` and ``config.device`` a CPU.
+    """
+    if preset not in GPU_PRESETS or torch.device(config.device).type != "cpu":
+        return
+    parameters = parameter_floor(config.model, table=False)
+    runs = len(config.jobs()) * len(config.seeds)
+    cpu_days = gpu_hours(config) * 3600 * H100_FLOPS * MODEL_FLOPS_UTILIZATION / CPU_FLOPS / 86400
+    raise InvalidArgument(
+        f"--preset {preset} trains {runs} runs of a {parameters / 1e6:.0f}M-parameter model: about {cpu_days:,.0f} days "
+        f"on a CPU at {CPU_FLOPS / 1e9:.0f} GFLOP/s; {gpu_hours(config):.0f} h on one H100 (at "
+        f"{MODEL_FLOPS_UTILIZATION:.0%} of bf16 peak, a floor): run it with --device cuda")
 
 
 #: The preset's config with overrides: fields of :class:`LengthgenConfig` or the :data:`OPTIONS`
@@ -547,7 +711,7 @@ def aggregate(config: LengthgenConfig, records: Sequence[dict]) -> dict:
     for task in config.tasks:
         n = config.task_train_size(task)
         results[task] = {}
-        for row in config.rows:
+        for row in config.rows_of(task):
             every = [r for r in records if r["task"] == task and r["encoding"] == row]
             runs = [r for r in every if not is_diverged(r)]
             diverged = {str(r["seed"]): r["diverged"] for r in every if is_diverged(r)}
@@ -646,7 +810,7 @@ def rankings(results: dict, factors: Sequence[float] = RANK_FACTORS) -> dict:
 
 def _jobs(config: LengthgenConfig) -> dict[str, tuple[str, str]]:
     """Every run store row of the sweep: ``<task>-<row>`` -> (task, row)."""
-    return {row_name(task, row): (task, row) for task in config.tasks for row in config.rows}
+    return {row_name(task, row): (task, row) for task, row in config.jobs()}
 
 
 def _compute_in_worker(config: LengthgenConfig, out: str, name: str, seed: int, expected: dict) -> dict:
@@ -670,7 +834,7 @@ def run_lengthgen(config: LengthgenConfig, out: Path, reporter: Reporter | None 
     reporter = reporter or Reporter()
     store = RunStore(out, scores="eval")
     split = _jobs(config)
-    jobs = [(row_name(task, row), seed) for task in config.tasks for row in config.rows for seed in config.seeds]
+    jobs = [(row_name(task, row), seed) for task, row in config.jobs() for seed in config.seeds]
     if workers > 1:
         compute = functools.partial(_compute_in_worker, config, str(out))
     else:
@@ -681,10 +845,12 @@ def run_lengthgen(config: LengthgenConfig, out: Path, reporter: Reporter | None 
     if records is None:  # not rank 0
         return None
     results = aggregate(config, records)
+    ranking = rankings(results)
     summary = {"config": {**config.to_dict(), "posenc_version": __version__}, "results": results,
-               "ranking": rankings(results)}
+               "ranking": ranking, "reading": reading(results, ranking)}
     store.write_json("results.json", summary)
     write_csv(store.out / "results.csv", summary)
+    atomic_write_bytes(store.out / "summary.md", summary_markdown(summary).encode("utf-8"))
     return summary
 
 
@@ -712,7 +878,8 @@ def _csv_row(task: str, row: str, res: dict, size: int) -> list:
 
 
 __all__ = [
-    "DEFAULT_TASKS", "EVAL_FACTORS", "OPTIONS", "PRESETS", "TASK_SETTINGS", "LengthgenConfig", "TaskSetting",
+    "DEFAULT_ROWS", "DEFAULT_TASK_ROWS", "DEFAULT_TASKS", "EVAL_FACTORS", "GPU_PRESETS", "OPTIONS", "PAPER_TASKS", "PRESETS",
+    "TASK_SETTINGS", "LengthgenConfig", "TaskSetting", "check_gpu_preset", "gpu_hours", "run_flops",
     "LEARNED_ACCURACY", "RANK_FACTORS",
     "aggregate", "encode_training_batch", "fingerprint", "fractional_ranks", "preset_config", "rankings",
     "run_lengthgen", "score", "task_batches", "task_catalogue", "train_and_evaluate", "write_csv",
