@@ -108,10 +108,14 @@ void rotate_rows(const void* xv, void* ov, const float* c, const float* s, int64
 extern "C" {
 
 // dtype: 0 float32, 1 bfloat16, 2 float16. Returns 0 when done, -1 for a dtype this build lacks.
+// strides: x's, out's, cos's and sin's strides over (n0, n1, T), in elements, 12 in all.
 int posenc_rotary_cpu(int dtype, const void* x, void* out, const float* cos, const float* sin, int64_t n1,
-                      int64_t D, const int64_t* x_strides, const int64_t* out_strides, const int64_t* cos_strides,
-                      const int64_t* sin_strides, int64_t g_begin, int64_t g_end, int64_t t_begin, int64_t t_end,
-                      int64_t block) {
+                      int64_t D, const int64_t* strides, int64_t g_begin, int64_t g_end, int64_t t_begin,
+                      int64_t t_end, int64_t block) {
+    const int64_t* x_strides = strides;
+    const int64_t* out_strides = strides + 3;
+    const int64_t* cos_strides = strides + 6;
+    const int64_t* sin_strides = strides + 9;
     switch (dtype) {
         case 0:
             rotate_rows<F32>(x, out, cos, sin, n1, D, x_strides, out_strides, cos_strides, sin_strides, g_begin, g_end,

@@ -123,8 +123,7 @@ def build(verbose: bool = False) -> bool:
             )
             lib = ctypes.CDLL(str(path))
             i64, ptr = ctypes.c_int64, ctypes.c_void_p
-            lib.posenc_rotary_cpu.argtypes = [ctypes.c_int, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr,
-                                              i64, i64, i64, i64, i64]
+            lib.posenc_rotary_cpu.argtypes = [ctypes.c_int, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, i64, i64, i64, i64]
             lib.posenc_rotary_cpu.restype = ctypes.c_int
             lib.posenc_rotary_cpu_dtypes.restype = ctypes.c_int
             mask = lib.posenc_rotary_cpu_dtypes()
@@ -138,17 +137,31 @@ def build(verbose: bool = False) -> bool:
         return True
 
 
-def _as_4d(t: Tensor) -> Tensor | None:
-    """t as (n0, n1, T, D): leading size-1 dimensions added, or extra leading ones merged
-    (None when their strides do not merge)."""
-    if t.dim() < 4:
-        return t[(None,) * (4 - t.dim())]
-    if t.dim() == 4:
-        return t
-    try:
-        return t.view(-1, *t.shape[-3:])
-    except RuntimeError:
-        return None
+def _leading_strides(shape: torch.Size, t: Tensor) -> list[int] | None:
+    """The strides of t broadcast to ``shape`` (0 where t broadcasts), for ``shape`` viewed as
+    (n0, n1, T, D): size-1 dimensions added in front, extra leading ones merged into n0 (None
+    when their strides do not merge). Returns the first three; computed on ints, no views."""
+    nd = len(shape)
+    strides = [0] * (nd - t.dim()) + [st if n != 1 else 0 for st, n in zip(t.stride(), t.shape)]
+    sizes = list(shape)
+    while len(sizes) > 4:  # merge dimension 0 into 1: stride_0 = stride_1 * size_1, or one is a broadcast
+        if sizes[0] == 1 or strides[0] == strides[1] * sizes[1]:
+            merged = strides[1]
+        elif sizes[1] == 1:
+            merged = strides[0]
+        else:
+            return None
+        sizes[:2], strides[:2] = [sizes[0] * sizes[1]], [merged]
+    return ([0] * (4 - len(sizes)) + strides)[:3]
+
+
+def _view_4d(shape: torch.Size) -> tuple[int, int, int, int]:
+    """``shape`` as (n0, n1, T, D)."""
+    sizes = (1,) * (4 - len(shape)) + tuple(shape)
+    n0 = 1
+    for n in sizes[:-3]:
+        n0 *= n
+    return n0, sizes[-3], sizes[-2], sizes[-1]
 
 
 def _thread_pool(n: int) -> ThreadPoolExecutor:
@@ -183,17 +196,16 @@ def rotate_with_tables(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interle
         cos = cos.contiguous()
     if sin.stride(-1) != 1:
         sin = sin.contiguous()
-    views = [_as_4d(t) for t in (x, out, cos.expand(x.shape), sin.expand(x.shape))]
-    if any(v is None for v in views):
+    if x.shape[-1] > 1 and (x.stride(-1) != 1 or out.stride(-1) != 1):
         return None
-    x4, o4, c4, s4 = views
-    if x4.stride(-1) != 1 or o4.stride(-1) != 1:
+    strides = [_leading_strides(x.shape, t) for t in (x, out, cos, sin)]
+    if any(st is None for st in strides):
         return None
-    n0, n1, length, d = x4.shape
-    strides = [(ctypes.c_int64 * 3)(*v.stride()[:3]) for v in views]
+    _, n1, length, d = _view_4d(x.shape)
+    heads = x.numel() // (length * d)
     block = max(1, _BLOCK_BYTES // (8 * d))
-    args = (_DTYPE_CODES[x.dtype], x4.data_ptr(), o4.data_ptr(), c4.data_ptr(), s4.data_ptr(), n1, d, *strides)
-    heads = n0 * n1
+    args = (_DTYPE_CODES[x.dtype], x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), n1, d,
+            (ctypes.c_int64 * 12)(*strides[0], *strides[1], *strides[2], *strides[3]))
     threads = torch.get_num_threads()
     if threads > 1 and x.numel() >= _PARALLEL_MIN_ELEMENTS:
         _run_split(args, heads, length, block, threads)
