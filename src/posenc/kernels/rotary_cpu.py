@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import platform
 import threading
 import warnings
@@ -58,7 +59,7 @@ _dtypes: frozenset[torch.dtype] = frozenset()
 _failed = False
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
-_pool_size = 0
+_pool_key: tuple[int, int] = (0, 0)
 
 
 def torch_fuses_addcmul() -> bool:
@@ -165,11 +166,14 @@ def _view_4d(shape: torch.Size) -> tuple[int, int, int, int]:
 
 
 def _thread_pool(n: int) -> ThreadPoolExecutor:
-    global _pool, _pool_size
-    if _pool is None or _pool_size != n:
-        if _pool is not None:
+    """n - 1 worker threads, made again when n changes or in a forked child (whose copy of the
+    parent's pool has no threads behind it)."""
+    global _pool, _pool_key
+    key = (n, os.getpid())
+    if _pool is None or _pool_key != key:
+        if _pool is not None and _pool_key[1] == key[1]:
             _pool.shutdown(wait=False)
-        _pool, _pool_size = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="posenc-rotary"), n
+        _pool, _pool_key = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="posenc-rotary"), key
     return _pool
 
 
