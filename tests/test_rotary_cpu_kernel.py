@@ -63,18 +63,19 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TABLES = {"T,D": (37, 64), "B,1,T,D": (2, 1, 37, 64), "B,H,T,D": (2, 3, 37, 64), "1,D": (1, 64)}
 
 
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half-split", "interleaved"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("table", list(TABLES))
-def test_bit_identical_to_torch_path(dtype, table, kernel_calls):
+def test_bit_identical_to_torch_path(dtype, table, interleaved, kernel_calls):
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(2, 3, 37, 64, generator=g) * 3).to(dtype)
     cos, sin = (torch.randn(TABLES[table], generator=g) for _ in range(2))
-    expected = torch_path(lambda: posenc.apply_rotary(x, cos, sin))
-    got = posenc.apply_rotary(x, cos, sin)
+    expected = torch_path(lambda: posenc.apply_rotary(x, cos, sin, interleaved=interleaved))
+    got = posenc.apply_rotary(x, cos, sin, interleaved=interleaved)
     buf = torch.empty_like(x)
-    got_out = posenc.apply_rotary(x, cos, sin, out=buf)
+    got_out = posenc.apply_rotary(x, cos, sin, interleaved=interleaved, out=buf)
     inplace = x.clone()
-    posenc.apply_rotary(inplace, cos, sin, out=inplace)
+    posenc.apply_rotary(inplace, cos, sin, interleaved=interleaved, out=inplace)
     assert kernel_calls == [True, True, True]
     assert got_out is buf and got.dtype == dtype
     for result in (got, buf, inplace):
@@ -175,16 +176,24 @@ def test_autograd_uses_kernel_and_matches_torch_path(kernel_calls):
     assert same_bits(x.grad, x2.grad)
 
 
+def test_interleaved_hand_worked():
+    """Interleaved pairs (2i, 2i+1), a quarter turn: (x_0, x_1, x_2, x_3) -> (-x_1, x_0, -x_3, x_2)."""
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    got = posenc.apply_rotary(x, torch.zeros(4), torch.ones(4), interleaved=True)
+    assert torch.equal(got, torch.tensor([-2.0, 1.0, -4.0, 3.0]))
+
+
 def test_torch_path_where_kernel_does_not_cover(kernel_calls):
-    """Interleaved pairs, float64 and an out that partly overlaps x go to the torch path."""
+    """float64, a float64 table and an out that partly overlaps x go to the torch path."""
     g = torch.Generator().manual_seed(4)
     x, cos, sin = torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
-    posenc.apply_rotary(x, cos, sin, interleaved=True)
     posenc.apply_rotary(x.double(), cos.double(), sin.double())
     posenc.apply_rotary(x, cos.double(), sin)
     buf = torch.randn(5, 8, generator=g)
-    posenc.apply_rotary(buf[1:], cos, sin, out=buf[:4])
-    assert kernel_calls == [False, False, False, False]
+    expected = torch_path(lambda: posenc.apply_rotary(buf[1:].clone(), cos, sin))
+    got = posenc.apply_rotary(buf[1:], cos, sin, out=buf[:4])
+    assert kernel_calls == [False, False, False]
+    assert same_bits(got, expected)
 
 
 def test_switch_off_compiling_and_other_devices_keep_torch_path(kernel_calls, monkeypatch):

@@ -13,15 +13,15 @@ The switch: :data:`TRITON_ENABLED`, read from the environment variable ``POSENC_
     import posenc.kernels
     posenc.kernels.TRITON_ENABLED = False   # every call takes the plain torch path
 
-The fused CPU kernel (:mod:`posenc.kernels.rotary_cpu`, RoPE's half-split rotation in one
-pass over memory, bit-identical to the torch path) is compiled from C++ on request, because the
+The fused CPU kernel (:mod:`posenc.kernels.rotary_cpu`, RoPE's rotation in one pass over
+memory, bit-identical to the torch path) is compiled from C++ on request, because the
 first build runs g++ (seconds; later processes load it from torch's extension cache). The rule,
 asked by the torch path before each uncompiled CPU rotation (:func:`use_cpu_kernel`):
 
 - ``posenc.kernels.build_cpu_rotary()`` builds (or loads) it; from then on every CPU call of
   ``apply_rotary`` (``out=``, allocating, in place, and the backward of the allocating call)
-  takes it where it covers the call (half-split; float32, bfloat16, float16; last dimension
-  contiguous) and the torch path elsewhere.
+  takes it where it covers the call (float32, bfloat16, float16; last dimension contiguous)
+  and the torch path elsewhere.
 - The environment variable ``POSENC_CPU_KERNEL``, read at import: ``1`` builds it at the first
   CPU call instead (automatic); ``0`` never uses it (nor builds it on a call); unset: only after
   ``build_cpu_rotary()``. :data:`CPU_KERNEL_ENABLED` (``False`` = off) is settable at run time.

@@ -1,7 +1,7 @@
-// posenc's fused CPU rotation (RoPE, half-split): one pass over memory per element. Each row
-// is loaded in its own dtype, rotated in float32 registers and stored once, rounded to the
-// output dtype (round-to-nearest-even, as torch rounds). Compiled at first use by
-// posenc.kernels.rotary_cpu (torch.utils.cpp_extension, -O3 -march=native) and called through
+// posenc's fused CPU rotation (RoPE, half-split or interleaved pairs): one pass over memory per
+// element. Each row is loaded in its own dtype, rotated in float32 registers and stored once,
+// rounded to the output dtype (round-to-nearest-even, as torch rounds). Compiled at first use
+// by posenc.kernels.rotary_cpu (torch.utils.cpp_extension, -O3 -march=native) and called through
 // ctypes: this file includes no torch header, so the build takes seconds, not a minute.
 //
 // The arithmetic is the torch path's (posenc/kernels/rotary_torch.py, _rotate_pairs), operation
@@ -62,25 +62,29 @@ struct F16 {
 };
 #endif
 
-// One row of D = 2h values. x and out may be the same row (an in-place rotation): element j
-// and j + h are both read before either is written, and no other element is touched.
-template <class K>
+// One row of D = 2h values, pairs (j, j + h) (half-split) or (2j, 2j + 1) (interleaved). x and
+// out may be the same row (an in-place rotation): both members of a pair are read before either
+// is written, and no other element is touched.
+template <class K, bool Interleaved>
 inline void rotate_row(const typename K::T* x, typename K::T* out, const float* c, const float* s, int64_t h) {
+    constexpr int64_t step = Interleaved ? 2 : 1;
+    const int64_t second = Interleaved ? 1 : h;
 #pragma GCC ivdep
     for (int64_t j = 0; j < h; ++j) {
-        const float a = K::load(x[j]);
-        const float b = K::load(x[j + h]);
-        const float o1 = add_product(a * c[j], -b, s[j]);
-        const float o2 = add_product(b * c[j + h], a, s[j + h]);
-        out[j] = K::store(o1);
-        out[j + h] = K::store(o2);
+        const int64_t i1 = j * step, i2 = j * step + second;
+        const float a = K::load(x[i1]);
+        const float b = K::load(x[i2]);
+        const float o1 = add_product(a * c[i1], -b, s[i1]);
+        const float o2 = add_product(b * c[i2], a, s[i2]);
+        out[i1] = K::store(o1);
+        out[i2] = K::store(o2);
     }
 }
 
 // Rows t in [t_begin, t_end) of heads g in [g_begin, g_end) of x viewed as (n0, n1, T, D);
 // strides in elements, the last dimension contiguous. Rows go in blocks of `block` positions
 // across every head, so that a block of cos and sin stays in L1 while all heads read it.
-template <class K>
+template <class K, bool Interleaved>
 void rotate_rows(const void* xv, void* ov, const float* c, const float* s, int64_t n1, int64_t D,
                  const int64_t* xs, const int64_t* os, const int64_t* cs, const int64_t* ss,
                  int64_t g_begin, int64_t g_end, int64_t t_begin, int64_t t_end, int64_t block) {
@@ -97,9 +101,32 @@ void rotate_rows(const void* xv, void* ov, const float* c, const float* s, int64
             const float* cr = c + i0 * cs[0] + i1 * cs[1];
             const float* sr = s + i0 * ss[0] + i1 * ss[1];
             for (int64_t t = t0; t < t1; ++t) {
-                rotate_row<K>(xr + t * xs[2], orow + t * os[2], cr + t * cs[2], sr + t * ss[2], h);
+                rotate_row<K, Interleaved>(xr + t * xs[2], orow + t * os[2], cr + t * cs[2], sr + t * ss[2], h);
             }
         }
+    }
+}
+
+template <bool Interleaved>
+int dispatch(int dtype, const void* x, void* out, const float* cos, const float* sin, int64_t n1, int64_t D,
+             const int64_t* st, int64_t g_begin, int64_t g_end, int64_t t_begin, int64_t t_end, int64_t block) {
+    switch (dtype) {
+        case 0:
+            rotate_rows<F32, Interleaved>(x, out, cos, sin, n1, D, st, st + 3, st + 6, st + 9, g_begin, g_end,
+                                          t_begin, t_end, block);
+            return 0;
+        case 1:
+            rotate_rows<BF16, Interleaved>(x, out, cos, sin, n1, D, st, st + 3, st + 6, st + 9, g_begin, g_end,
+                                           t_begin, t_end, block);
+            return 0;
+#ifdef __FLT16_MANT_DIG__
+        case 2:
+            rotate_rows<F16, Interleaved>(x, out, cos, sin, n1, D, st, st + 3, st + 6, st + 9, g_begin, g_end,
+                                          t_begin, t_end, block);
+            return 0;
+#endif
+        default:
+            return -1;
     }
 }
 
@@ -107,33 +134,15 @@ void rotate_rows(const void* xv, void* ov, const float* c, const float* s, int64
 
 extern "C" {
 
-// dtype: 0 float32, 1 bfloat16, 2 float16. Returns 0 when done, -1 for a dtype this build lacks.
-// strides: x's, out's, cos's and sin's strides over (n0, n1, T), in elements, 12 in all.
-int posenc_rotary_cpu(int dtype, const void* x, void* out, const float* cos, const float* sin, int64_t n1,
-                      int64_t D, const int64_t* strides, int64_t g_begin, int64_t g_end, int64_t t_begin,
+// dtype: 0 float32, 1 bfloat16, 2 float16; strides: x's, out's, cos's and sin's strides over
+// (n0, n1, T), in elements, 12 in all. Returns 0 when done, -1 for a dtype this build lacks.
+int posenc_rotary_cpu(int dtype, int interleaved, const void* x, void* out, const float* cos, const float* sin,
+                      int64_t n1, int64_t D, const int64_t* strides, int64_t g_begin, int64_t g_end, int64_t t_begin,
                       int64_t t_end, int64_t block) {
-    const int64_t* x_strides = strides;
-    const int64_t* out_strides = strides + 3;
-    const int64_t* cos_strides = strides + 6;
-    const int64_t* sin_strides = strides + 9;
-    switch (dtype) {
-        case 0:
-            rotate_rows<F32>(x, out, cos, sin, n1, D, x_strides, out_strides, cos_strides, sin_strides, g_begin, g_end,
-                             t_begin, t_end, block);
-            return 0;
-        case 1:
-            rotate_rows<BF16>(x, out, cos, sin, n1, D, x_strides, out_strides, cos_strides, sin_strides, g_begin,
-                              g_end, t_begin, t_end, block);
-            return 0;
-#ifdef __FLT16_MANT_DIG__
-        case 2:
-            rotate_rows<F16>(x, out, cos, sin, n1, D, x_strides, out_strides, cos_strides, sin_strides, g_begin, g_end,
-                             t_begin, t_end, block);
-            return 0;
-#endif
-        default:
-            return -1;
+    if (interleaved) {
+        return dispatch<true>(dtype, x, out, cos, sin, n1, D, strides, g_begin, g_end, t_begin, t_end, block);
     }
+    return dispatch<false>(dtype, x, out, cos, sin, n1, D, strides, g_begin, g_end, t_begin, t_end, block);
 }
 
 // Which dtypes this build rotates (bit i: dtype i above).

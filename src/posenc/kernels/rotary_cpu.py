@@ -1,4 +1,4 @@
-"""The fused CPU rotation of RoPE (half-split): one pass over memory, x loaded in its dtype,
+"""The fused CPU rotation of RoPE (half-split or interleaved pairs): one pass over memory, x loaded in its dtype,
 rotated in float32 registers, stored once rounded to x's dtype (``rotary_cpu.cpp`` beside this
 file). The torch path (:mod:`posenc.kernels.rotary_torch`) makes three or five passes per
 chunk; this one makes one, so it runs at about the speed of a copy (docs/results.md, "CPU RoPE
@@ -16,9 +16,9 @@ rounded, the sin term added by a fused multiply-add exactly when torch's ``addcm
 this CPU, probed before the build), so the results are bit-identical to it; bf16 and fp16 are
 rounded once, to nearest even as torch rounds.
 
-:func:`rotate_with_tables` returns None for what it does not cover (interleaved pairs, float64,
-a last dimension that is not contiguous, an ``out`` that partly overlaps x, shapes whose
-leading dimensions do not merge); the caller then takes the torch path.
+:func:`rotate_with_tables` returns None for what it does not cover (float64, a last dimension
+that is not contiguous, an ``out`` that partly overlaps x, shapes whose leading dimensions do
+not merge); the caller then takes the torch path.
 
 Layer: kernels (imports torch only).
 """
@@ -124,7 +124,7 @@ def build(verbose: bool = False) -> bool:
             )
             lib = ctypes.CDLL(str(path))
             i64, ptr = ctypes.c_int64, ctypes.c_void_p
-            lib.posenc_rotary_cpu.argtypes = [ctypes.c_int, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, i64, i64, i64, i64]
+            lib.posenc_rotary_cpu.argtypes = [ctypes.c_int, ctypes.c_int, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, i64, i64, i64, i64]
             lib.posenc_rotary_cpu.restype = ctypes.c_int
             lib.posenc_rotary_cpu_dtypes.restype = ctypes.c_int
             mask = lib.posenc_rotary_cpu_dtypes()
@@ -178,14 +178,15 @@ def _thread_pool(n: int) -> ThreadPoolExecutor:
 
 
 def rotate_with_tables(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: bool) -> Tensor | None:
-    """out = x * cos + rotate_half(x) * sin in one pass (no autograd), or None when this kernel
-    does not cover the call (see the module docstring) and the torch path must run.
+    """out = x * cos + rotate(x) * sin in one pass (no autograd; pairs (i, i + D/2), or (2i, 2i+1)
+    when interleaved), or None when this kernel does not cover the call (see the module
+    docstring) and the torch path must run.
 
     x: (..., T, D) float32, bfloat16 or float16 on the CPU, last dimension contiguous; cos, sin:
     broadcastable to x (checked by the caller), float32 (bf16/fp16 tables are widened first,
     exactly); out: x's shape and dtype, x itself or not overlapping it.
     """
-    if _lib is None or interleaved or x.dtype not in _dtypes or out.dtype != x.dtype:
+    if _lib is None or x.dtype not in _dtypes or out.dtype != x.dtype:
         return None
     if cos.dtype not in _DTYPE_CODES or sin.dtype not in _DTYPE_CODES:
         return None  # a float64 table: the torch path computes in float64
@@ -208,7 +209,7 @@ def rotate_with_tables(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interle
     _, n1, length, d = _view_4d(x.shape)
     heads = x.numel() // (length * d)
     block = max(1, _BLOCK_BYTES // (8 * d))
-    args = (_DTYPE_CODES[x.dtype], x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), n1, d,
+    args = (_DTYPE_CODES[x.dtype], int(interleaved), x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), n1, d,
             (ctypes.c_int64 * 12)(*strides[0], *strides[1], *strides[2], *strides[3]))
     threads = torch.get_num_threads()
     if threads > 1 and x.numel() >= _PARALLEL_MIN_ELEMENTS:
