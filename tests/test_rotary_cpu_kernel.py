@@ -82,6 +82,18 @@ def test_bit_identical_to_torch_path(dtype, table, interleaved, kernel_calls):
         assert same_bits(result, expected)
 
 
+@pytest.mark.parametrize("d", [2, 18, 74])
+def test_bit_identical_at_widths_off_the_vector_length(d):
+    """Half widths 1, 9, 37: the scalar tails of the vector loops (here and in torch) round alike."""
+    g = torch.Generator().manual_seed(6)
+    cos, sin = torch.randn(11, d, generator=g), torch.randn(11, d, generator=g)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(2, 3, 11, d, generator=g).to(dtype)
+        for interleaved in (False, True):
+            expected = torch_path(lambda x=x, il=interleaved: posenc.apply_rotary(x, cos, sin, interleaved=il))
+            assert same_bits(posenc.apply_rotary(x, cos, sin, interleaved=interleaved), expected)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_within_one_rounding_of_float64_formula(dtype):
     """float32 products and one fused sum (error <= 2 eps32 (|x1 c1| + |x2 s1|)), then one
