@@ -93,9 +93,15 @@ def use_triton(*tensors: Tensor) -> bool:
     return rotary_kernels() is not None
 
 
+_cpu_rotary: ModuleType | None = None
+
+
 def cpu_rotary_kernel() -> ModuleType:
     """The :mod:`posenc.kernels.rotary_cpu` module (imported on first use; building is separate)."""
-    return importlib.import_module(".rotary_cpu", __name__)
+    global _cpu_rotary
+    if _cpu_rotary is None:
+        _cpu_rotary = importlib.import_module(".rotary_cpu", __name__)
+    return _cpu_rotary
 
 
 def build_cpu_rotary(verbose: bool = False) -> bool:
