@@ -100,8 +100,19 @@ void rotate_rows(const void* xv, void* ov, const float* c, const float* s, int64
             T* orow = out + i0 * os[0] + i1 * os[1];
             const float* cr = c + i0 * cs[0] + i1 * cs[1];
             const float* sr = s + i0 * ss[0] + i1 * ss[1];
-            for (int64_t t = t0; t < t1; ++t) {
-                rotate_row<K, Interleaved>(xr + t * xs[2], orow + t * os[2], cr + t * cs[2], sr + t * ss[2], h);
+            // The common head sizes get a loop of known length (fully unrolled, no remainder).
+            if (h == 64) {
+                for (int64_t t = t0; t < t1; ++t) {
+                    rotate_row<K, Interleaved>(xr + t * xs[2], orow + t * os[2], cr + t * cs[2], sr + t * ss[2], 64);
+                }
+            } else if (h == 32) {
+                for (int64_t t = t0; t < t1; ++t) {
+                    rotate_row<K, Interleaved>(xr + t * xs[2], orow + t * os[2], cr + t * cs[2], sr + t * ss[2], 32);
+                }
+            } else {
+                for (int64_t t = t0; t < t1; ++t) {
+                    rotate_row<K, Interleaved>(xr + t * xs[2], orow + t * os[2], cr + t * cs[2], sr + t * ss[2], h);
+                }
             }
         }
     }
