@@ -47,11 +47,12 @@ CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno")
 #: Codes of the dtypes in the C entry point.
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
-#: Positions per block: the block of cos and sin (2 x 16 rows x 128 x 4 bytes = 16 KiB) stays
-#: in L1 while every head reads it. Chosen by timing (docs/results.md).
+#: Bytes of cos and sin per block of positions (16 positions at D = 128): the block stays in L1
+#: while every head reads it. Chosen by timing (docs/results.md, "CPU RoPE hot path (issue 24)").
 _BLOCK_BYTES = 16 * 1024
 
-#: Below this many elements a call stays on one thread (a thread hand-off costs ~50 us).
+#: Below this many elements a call stays on one thread: handing parts to the pool costs tens of
+#: microseconds, small against a call of 2^18 elements (about 0.1 ms even in cache).
 _PARALLEL_MIN_ELEMENTS = 1 << 18
 
 _lib: ctypes.CDLL | None = None
