@@ -208,6 +208,17 @@ def test_torch_path_where_kernel_does_not_cover(kernel_calls):
     assert same_bits(got, expected)
 
 
+def test_out_with_grad_raises_as_torch_path():
+    """``out=`` records no gradient: with x requiring grad the torch path's error, not a silent write."""
+    x = torch.randn(2, 4, 8, requires_grad=True)
+    cos, sin = torch.randn(4, 8), torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match="don't support automatic differentiation"):
+        posenc.apply_rotary(x, cos, sin, out=torch.empty(2, 4, 8))
+    with torch.no_grad():
+        got = posenc.apply_rotary(x, cos, sin, out=torch.empty(2, 4, 8))
+    assert same_bits(got, torch_path(lambda: posenc.apply_rotary(x.detach(), cos, sin)))
+
+
 def test_switch_off_compiling_and_other_devices_keep_torch_path(kernel_calls, monkeypatch):
     x, cos, sin = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8)
     torch_path(lambda: posenc.apply_rotary(x, cos, sin))

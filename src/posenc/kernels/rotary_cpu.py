@@ -16,8 +16,8 @@ rounded, the sin term added by a fused multiply-add exactly when torch's ``addcm
 this CPU, probed before the build), so the results are bit-identical to it; bf16 and fp16 are
 rounded once, to nearest even as torch rounds.
 
-:func:`rotate_with_tables` returns None for what it does not cover (float64, a last dimension
-that is not contiguous, an ``out`` that partly overlaps x, shapes whose leading dimensions do
+:func:`rotate_with_tables` returns None for what it does not cover (float64, a tensor that
+requires grad while grad mode is on, a last dimension that is not contiguous, an ``out`` that partly overlaps x, shapes whose leading dimensions do
 not merge); the caller then takes the torch path.
 
 Layer: kernels (imports torch only).
@@ -191,6 +191,8 @@ def rotate_with_tables(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interle
         return None
     if cos.dtype not in _DTYPE_CODES or sin.dtype not in _DTYPE_CODES:
         return None  # a float64 table: the torch path computes in float64
+    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad or out.requires_grad):
+        return None  # writing into out records no gradient: the torch path raises, as torch's out= ops do
     if x.numel() == 0:
         return out
     if out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() and (
