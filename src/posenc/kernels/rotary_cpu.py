@@ -108,7 +108,9 @@ def build(verbose: bool = False) -> bool:
     The first build on a machine takes seconds (g++ and ninja, as torch's C++ extensions need);
     later processes load the cached library. On failure (no compiler, no ninja, an unwritable
     cache) it warns once (``RuntimeWarning``) and returns False; every call then keeps the torch
-    path. Thread-safe; returns True when the kernel is loaded.
+    path. Thread-safe; returns True when the kernel is loaded. Processes building at once wait
+    on torch's ``lock`` file in the build folder (a build killed midway leaves it behind, and
+    the next build waits on it until it is deleted: torch's rule for every C++ extension).
     """
     global _lib, _dtypes, _failed
     with _lock:
