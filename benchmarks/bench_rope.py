@@ -14,7 +14,10 @@ head_dim 128). ``--out FILE.md`` writes the table (and FILE.json). On a GPU::
     python benchmarks/bench_rope.py --device cuda --out docs/results/rope_cuda.md
 
 ``--shape 1,32,2048,128 8,32,4096,128 --no-peers`` is the CPU hot-path table of issue 24 (ratios to
-a clone and to ``copy_`` of the same tensors; the peers take seconds per call at the larger shape).
+a clone and to ``copy_`` of the same tensors; the peers take seconds per call at the larger shape):
+posenc's ``apply_rotary`` on the fused CPU kernel (built first: ``posenc.kernels.build_cpu_rotary``;
+``--no-cpu-kernel`` leaves it unbuilt), the same call on the eager torch path,
+``torch.compile(apply_rotary)`` (``--no-compile`` skips it) and Hugging Face's formula inline.
 
 ``--device cpu --lengths 64 --heads 4,2 --head-dim 16 --no-compile`` is a smoke run of the same harness.
 """
@@ -39,14 +42,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heads", default="32,8", help="--device: query heads,key-value heads")
     parser.add_argument("--head-dim", type=int, default=128, help="--device: head_dim")
     parser.add_argument("--dtype", default="bfloat16", help="--device: activation dtype")
-    parser.add_argument("--no-compile", action="store_true", help="--device: skip torch.compile of the Hugging Face formula")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="skip torch.compile (of posenc's formula on the CPU table, of Hugging Face's with --device)")
+    parser.add_argument("--no-cpu-kernel", action="store_true", help="CPU table: do not build posenc's fused CPU kernel")
     parser.add_argument("--out", default=None, help="--device: write the table to this Markdown file (and .json beside it)")
     args = parser.parse_args(argv)
     if args.device is None:
         for text in args.shape:
             shape = tuple(int(s) for s in text.split(","))
             rows, notes = rope_benchmark(shape, tuple(args.dtypes.split(",")), args.repeats or 7, args.threads,
-                                         peers=not args.no_peers)
+                                         peers=not args.no_peers, compile_peers=not args.no_compile,
+                                         cpu_kernel=not args.no_cpu_kernel)
             print_table(f"RoPE on q and k {shape}, {args.threads} thread(s)", rows, ROPE_COLUMNS, notes)
         return
     import torch

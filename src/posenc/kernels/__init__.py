@@ -1,4 +1,5 @@
-"""Optional fused kernels (Triton) and the rule that decides when posenc uses them.
+"""Optional fused kernels (Triton on CUDA, C++ on the CPU) and the rules that decide when
+posenc uses them.
 
 The kernels live in submodules that import ``triton`` (the optional ``gpu`` extra:
 ``pip install posenc[gpu]``); this package itself imports only torch, so ``import posenc``
@@ -11,6 +12,21 @@ The switch: :data:`TRITON_ENABLED`, read from the environment variable ``POSENC_
 
     import posenc.kernels
     posenc.kernels.TRITON_ENABLED = False   # every call takes the plain torch path
+
+The fused CPU kernel (:mod:`posenc.kernels.rotary_cpu`, RoPE's rotation in one pass over
+memory, bit-identical to the torch path) is compiled from C++ on request, because the
+first build runs g++ (seconds; later processes load it from torch's extension cache). The rule,
+asked by the torch path before each uncompiled CPU rotation (:func:`use_cpu_kernel`):
+
+- ``posenc.kernels.build_cpu_rotary()`` builds (or loads) it; from then on every CPU call of
+  ``apply_rotary`` (``out=``, allocating, in place, and the backward of the allocating call)
+  takes it where it covers the call (float32, bfloat16, float16; last dimension contiguous)
+  and the torch path elsewhere.
+- The environment variable ``POSENC_CPU_KERNEL``, read at import: ``1`` builds it at the first
+  CPU call instead (automatic); ``0`` never uses it (nor builds it on a call); unset: only after
+  ``build_cpu_rotary()``. :data:`CPU_KERNEL_ENABLED` (``False`` = off) is settable at run time.
+- Under ``torch.compile`` the torch formula is traced as before (the kernel is not a torch op).
+- A machine without a compiler: one ``RuntimeWarning`` at the build, then the torch path.
 
 Layer: imported by ``encodings/`` (docs/design.md); imports only torch, ``triton`` and
 ``_validation``.
@@ -33,6 +49,16 @@ TRITON_ENABLED: bool = os.environ.get("POSENC_TRITON", "1").strip().lower() not 
 #: tests add "cpu" together with ``TRITON_INTERPRET=1`` (Triton's interpreter runs kernels on
 #: CPU tensors) to exercise the kernel path of :class:`~posenc.RoPE` and ``apply_rotary``.
 KERNEL_DEVICES: tuple[str, ...] = ("cuda",)
+
+def _env_switch(name: str) -> str:
+    return os.environ.get(name, "").strip().lower()
+
+
+#: Whether posenc may use its fused CPU kernel once built (``POSENC_CPU_KERNEL=0`` turns it off).
+CPU_KERNEL_ENABLED: bool = _env_switch("POSENC_CPU_KERNEL") not in ("0", "false", "off", "no")
+
+#: Whether the first uncompiled CPU rotation builds the CPU kernel (``POSENC_CPU_KERNEL=1``).
+CPU_KERNEL_AUTOBUILD: bool = _env_switch("POSENC_CPU_KERNEL") in ("1", "true", "on", "yes")
 
 _rotary: ModuleType | None = None
 _rotary_failed = False
@@ -67,4 +93,41 @@ def use_triton(*tensors: Tensor) -> bool:
     return rotary_kernels() is not None
 
 
-__all__ = ["TRITON_ENABLED", "KERNEL_DEVICES", "rotary_kernels", "use_triton"]
+_cpu_rotary: ModuleType | None = None
+
+
+def cpu_rotary_kernel() -> ModuleType:
+    """The :mod:`posenc.kernels.rotary_cpu` module (imported on first use; building is separate)."""
+    global _cpu_rotary
+    if _cpu_rotary is None:
+        _cpu_rotary = importlib.import_module(".rotary_cpu", __name__)
+    return _cpu_rotary
+
+
+def build_cpu_rotary(verbose: bool = False) -> bool:
+    """Build (or load from torch's extension cache) the fused CPU RoPE kernel into this process,
+    after which ``apply_rotary`` uses it on CPU tensors (the rule: this module's docstring).
+
+    Returns True when it is loaded; False, with one ``RuntimeWarning``, where it cannot be built
+    (no C++ compiler or ninja, an unwritable cache), and every call keeps the torch path. The
+    first build on a machine takes seconds (g++ -O3 -march=native), later ones load the cache.
+    """
+    return cpu_rotary_kernel().build(verbose)
+
+
+def use_cpu_kernel(*tensors: Tensor) -> bool:
+    """True when the fused CPU kernel should be tried on these tensors: the switch
+    :data:`CPU_KERNEL_ENABLED` is on, every tensor is on the CPU, the call is not being traced
+    by ``torch.compile``, and the kernel is built (or :data:`CPU_KERNEL_AUTOBUILD` builds it now)."""
+    if not CPU_KERNEL_ENABLED or torch.compiler.is_compiling():
+        return False
+    if not all(t.device.type == "cpu" for t in tensors):
+        return False
+    module = cpu_rotary_kernel()
+    if module.is_built():
+        return True
+    return CPU_KERNEL_AUTOBUILD and module.build()
+
+
+__all__ = ["CPU_KERNEL_AUTOBUILD", "CPU_KERNEL_ENABLED", "KERNEL_DEVICES", "TRITON_ENABLED", "build_cpu_rotary",
+           "cpu_rotary_kernel", "rotary_kernels", "use_cpu_kernel", "use_triton"]

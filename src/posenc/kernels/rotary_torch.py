@@ -24,7 +24,6 @@ from posenc import kernels as _kernels
 from posenc._validation import broadcast_shape, check_bool
 from posenc.errors import InvalidArgument, InvalidType
 
-
 #: Elements per chunk of :func:`apply_rotary`'s fast path when x and out are float32 (1 MiB
 #: each); other dtypes scale it so that a chunk touches the same 2 MiB (x, out and the
 #: float32 scratches: bf16 chunks hold about 2/3 as many elements). Big enough that the
@@ -103,14 +102,21 @@ def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: 
     result is rounded once into ``out``.
 
     On a kernel device (CUDA, with Triton: :func:`posenc.kernels.use_triton`) the whole
-    rotation is one Triton launch instead (:func:`posenc.kernels.rotary_triton.rotate_with_tables`).
+    rotation is one Triton launch instead (:func:`posenc.kernels.rotary_triton.rotate_with_tables`);
+    on the CPU, once the fused kernel is built (:func:`posenc.kernels.use_cpu_kernel`), one
+    pass of :func:`posenc.kernels.rotary_cpu.rotate_with_tables`, bit-identical.
     """
     if _kernels.use_triton(x, cos, sin):
         done = _kernels.rotary_kernels().rotate_with_tables(x, cos, sin, out, interleaved)
         if done is not None:
             return done
+    elif _kernels.use_cpu_kernel(x, cos, sin, out):
+        done = _kernels.cpu_rotary_kernel().rotate_with_tables(x, cos, sin, out, interleaved)
+        if done is not None:
+            return done
     wide = _wide_dtype(x, cos, sin)
     cos, sin = cos.to(wide), sin.to(wide)
+    result = out  # the caller's tensor, of x's shape (a single row is viewed as one more dimension below)
     if x.dim() < 2:  # a single row
         x, out, cos, sin = x.unsqueeze(0), out.unsqueeze(0), cos.unsqueeze(0), sin.unsqueeze(0)
     num_rows = x.shape[-2]
@@ -129,7 +135,7 @@ def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: 
         dst = _rotate_pairs(xs, c, s, interleaved, out=os_ if direct else out_scratch[..., : stop - start, :])
         if not direct:
             os_.copy_(dst)
-    return out
+    return result
 
 
 class _ApplyRotary(torch.autograd.Function):
@@ -171,6 +177,13 @@ def apply_rotary(
     On CUDA tensors with Triton installed (``pip install posenc[gpu]``) the rotation is one
     Triton launch, the same arithmetic (:func:`posenc.kernels.rotary_triton.rotate_with_tables`;
     ``posenc.kernels.TRITON_ENABLED = False`` or ``POSENC_TRITON=0`` turns it off).
+
+    On the CPU, after ``posenc.kernels.build_cpu_rotary()`` (or with ``POSENC_CPU_KERNEL=1``
+    in the environment: built at the first call), the rotation of float32, bf16 and fp16 (either
+    layout) is one fused C++ pass (:mod:`posenc.kernels.rotary_cpu`), bit-identical to the torch
+    path and about the cost of a copy (docs/results.md, "CPU RoPE hot path"); the backward of
+    the allocating call uses it too. ``POSENC_CPU_KERNEL=0`` or
+    ``posenc.kernels.CPU_KERNEL_ENABLED = False`` keeps the torch path.
 
     Under ``torch.compile`` (``torch.compiler.is_compiling()``) the same rotation runs on the
     whole tensor at once (no chunks), in the same dtype, and traces with ``fullgraph=True``; with ``dynamic=True`` a

@@ -1,5 +1,6 @@
-"""RoPE apply on q and k: posenc against its peers, on the CPU (:func:`rope_benchmark`) and on an
-accelerator at Liger-Kernel's shape (:func:`rope_device_benchmark`)."""
+"""RoPE apply on q and k: posenc against its peers, on the CPU (:func:`rope_benchmark`: the fused
+CPU kernel beside copy, clone, posenc's eager torch path, the compiled formula and Hugging
+Face's eager formula) and on an accelerator at Liger-Kernel's shape (:func:`rope_device_benchmark`)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,25 @@ def _hf_apply_rotary(notes: list[str]) -> Callable | None:
     return apply_rotary_pos_emb
 
 
-def _rope_candidates(q, k, cos, sin, notes: list[str], peers: bool = True) -> dict[str, Callable[[], object]]:
+TORCH_PATH_OUT = "posenc apply_rotary(out=), torch path"
+
+
+def _torch_path(fn: Callable[[], object]) -> Callable[[], object]:
+    """fn with posenc's fused CPU kernel switched off during the call: the eager torch path."""
+    from posenc import kernels
+
+    def run():
+        enabled, kernels.CPU_KERNEL_ENABLED = kernels.CPU_KERNEL_ENABLED, False
+        try:
+            return fn()
+        finally:
+            kernels.CPU_KERNEL_ENABLED = enabled
+
+    return run
+
+
+def _rope_candidates(q, k, cos, sin, notes: list[str], peers: bool = True,
+                     compile_peers: bool = False) -> dict[str, Callable[[], object]]:
     out_q, out_k = torch.empty_like(q), torch.empty_like(k)
     cos_x, sin_x = cos.to(q.dtype), sin.to(q.dtype)  # Hugging Face casts the tables to x's dtype
     fns: dict[str, Callable[[], object]] = {
@@ -34,8 +53,14 @@ def _rope_candidates(q, k, cos, sin, notes: list[str], peers: bool = True) -> di
         "copy_ (into preallocated)": lambda: (out_q.copy_(q), out_k.copy_(k)),
         "posenc apply_rotary": lambda: (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)),
         "posenc apply_rotary(out=)": lambda: (apply_rotary(q, cos, sin, out=out_q), apply_rotary(k, cos, sin, out=out_k)),
+        "posenc apply_rotary, torch path": _torch_path(lambda: (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin))),
+        TORCH_PATH_OUT: _torch_path(
+            lambda: (apply_rotary(q, cos, sin, out=out_q), apply_rotary(k, cos, sin, out=out_k))),
         "HF-style eager formula (inline)": lambda: (q * cos_x + _rotate_half(q) * sin_x, k * cos_x + _rotate_half(k) * sin_x),
     }
+    if compile_peers:
+        compiled = torch.compile(apply_rotary, dynamic=False)
+        fns["torch.compile(posenc apply_rotary)"] = lambda: (compiled(q, cos, sin), compiled(k, cos, sin))
     if not peers:
         return fns
     apply_rotary_pos_emb = _hf_apply_rotary(notes)
@@ -51,41 +76,62 @@ def _rope_candidates(q, k, cos, sin, notes: list[str], peers: bool = True) -> di
     return fns
 
 
+def _cpu_kernel_note(cpu_kernel: bool) -> str:
+    """Builds posenc's fused CPU kernel when asked, and says which path the plain rows time."""
+    from posenc import kernels
+
+    if cpu_kernel and kernels.build_cpu_rotary():
+        return ("posenc apply_rotary = the fused CPU kernel (posenc.kernels.build_cpu_rotary()); "
+                "'torch path' = the same call with posenc.kernels.CPU_KERNEL_ENABLED = False")
+    return "the fused CPU kernel is not built: every posenc row is the torch path"
+
+
 def rope_benchmark(
     shape: tuple[int, int, int, int] = (1, 32, 2048, 128),
     dtypes: tuple[str, ...] = ("float32", "bfloat16"),
     repeats: int = 7,
     threads: int | None = 1,
     peers: bool = True,
+    compile_peers: bool = True,
+    cpu_kernel: bool = True,
 ) -> tuple[list[dict], list[str]]:
     """Time RoPE on q and k of ``shape`` (B, H, T, D) per dtype.
 
-    ``peers=False`` times only the baselines (clone, ``copy_``), posenc's two calls and the
-    inline formula: the peers take seconds per call at (8, 32, 4096, 128).
+    Rows: the baselines (``clone``, ``copy_`` of q and k), ``posenc.apply_rotary`` allocating
+    and with ``out=`` (with ``cpu_kernel``, the fused CPU kernel, built here first when a
+    compiler is at hand: ``posenc.kernels.build_cpu_rotary``), the same two calls on the eager
+    torch path (the kernel switched off), the Hugging Face formula written inline (eager), and
+    with ``compile_peers`` ``torch.compile(apply_rotary)`` (Inductor, ``dynamic=False``; the
+    compile itself is outside the timing). ``peers=False`` skips transformers and
+    rotary-embedding-torch: they take seconds per call at (8, 32, 4096, 128).
 
-    Returns rows ``{"dtype", "method", "ms", "vs_clone", "vs_copy_", "hf_over_this"}`` and notes.
-    cos/sin come from ``posenc.create("rope")`` once (float32, as RoPE passes them).
+    Returns rows ``{"dtype", "method", "ms", "vs_clone", "vs_copy_", "torch_path_over_this",
+    "hf_over_this"}`` (the ratios: this / clone, this / copy_, the torch path's ``out=`` call /
+    this, the inline HF formula / this) and notes. cos/sin come from ``RoPE.cos_sin`` once
+    (float32, as RoPE passes them).
     """
     from posenc.encodings import RoPE
 
     if threads:
         torch.set_num_threads(threads)
-    notes: list[str] = []
+    notes: list[str] = [_cpu_kernel_note(cpu_kernel)]
     rows = []
     for dtype_name in dtypes:
         dtype = getattr(torch, dtype_name)
         g = torch.Generator().manual_seed(0)
         q, k = (torch.randn(shape, generator=g).to(dtype) for _ in range(2))
         cos, sin = RoPE(shape[-1]).cos_sin(torch.arange(shape[2]), torch.float32)
-        fns = _rope_candidates(q, k, cos, sin, notes if dtype_name == dtypes[0] else [], peers)
+        fns = _rope_candidates(q, k, cos, sin, notes if dtype_name == dtypes[0] else [], peers, compile_peers)
         times = _median_times(fns, repeats)
         clone, copy_ = times["copy (clone: new tensors)"], times["copy_ (into preallocated)"]
-        hf = times["HF-style eager formula (inline)"]
+        hf, torch_path = times["HF-style eager formula (inline)"], times[TORCH_PATH_OUT]
         for name, seconds in times.items():
             rows.append({
                 "dtype": dtype_name, "method": name, "ms": seconds * 1e3,
-                "vs_clone": seconds / clone, "vs_copy_": seconds / copy_, "hf_over_this": hf / seconds,
+                "vs_clone": seconds / clone, "vs_copy_": seconds / copy_,
+                "torch_path_over_this": torch_path / seconds, "hf_over_this": hf / seconds,
             })
+        del q, k, fns
     return rows, notes
 
 
@@ -252,4 +298,5 @@ ROPE_DEVICE_COLUMNS = [("T", "T", "d"), ("mode", "mode", ""), ("method", "method
 
 
 ROPE_COLUMNS = [("dtype", "dtype", ""), ("method", "method", ""), ("ms", "ms", ".2f"),
-                ("vs_clone", "x clone", ".2f"), ("vs_copy_", "x copy_", ".2f"), ("hf_over_this", "HF-style / this", ".2f")]
+                ("vs_clone", "x clone", ".2f"), ("vs_copy_", "x copy_", ".2f"),
+                ("torch_path_over_this", "torch path out= / this", ".2f"), ("hf_over_this", "HF-style / this", ".2f")]

@@ -1,0 +1,240 @@
+"""The fused CPU rotation of RoPE (half-split or interleaved pairs): one pass over memory, x loaded in its dtype,
+rotated in float32 registers, stored once rounded to x's dtype (``rotary_cpu.cpp`` beside this
+file). The torch path (:mod:`posenc.kernels.rotary_torch`) makes three or five passes per
+chunk; this one makes one, so it runs at about the speed of a copy (docs/results.md, "CPU RoPE
+hot path (issue 24)").
+
+Built on first request by :func:`build` with ``torch.utils.cpp_extension.load`` (``-O3
+-march=native``; the source includes no torch header, so the build takes seconds), kept in
+torch's extension cache on disk (``TORCH_EXTENSIONS_DIR``, default
+``~/.cache/torch_extensions``) under a name that holds the CPU's model and flags (a binary
+built for one CPU is never loaded on another), and called through ``ctypes``, which releases
+the GIL: with several torch threads the rows are split across a thread pool.
+
+The arithmetic is the torch path's, operation for operation (float32, the product with cos
+rounded, the sin term added by a fused multiply-add exactly when torch's ``addcmul_`` fuses on
+this CPU, probed before the build), so the results are bit-identical to it; bf16 and fp16 are
+rounded once, to nearest even as torch rounds.
+
+:func:`rotate_with_tables` returns None for what it does not cover (float64, a tensor that
+requires grad while grad mode is on, a last dimension that is not contiguous, an ``out`` that partly overlaps x, shapes whose leading dimensions do
+not merge); the caller then takes the torch path.
+
+Layer: kernels (imports torch only).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+#: The C++ source, shipped beside this module (package data).
+SOURCE = Path(__file__).with_name("rotary_cpu.cpp")
+
+#: Compiler flags: the host's instruction set; no contraction of a * b + c into an FMA
+#: beyond the ones the source writes (the rounding must be the torch path's).
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno")
+
+#: Codes of the dtypes in the C entry point.
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+#: Bytes of cos and sin per block of positions (16 positions at D = 128): the block stays in L1
+#: while every head reads it. Chosen by timing (docs/results.md, "CPU RoPE hot path (issue 24)").
+_BLOCK_BYTES = 16 * 1024
+
+#: Below this many elements a call stays on one thread: handing parts to the pool costs tens of
+#: microseconds, small against a call of 2^18 elements (about 0.1 ms even in cache).
+_PARALLEL_MIN_ELEMENTS = 1 << 18
+
+_lib: ctypes.CDLL | None = None
+_dtypes: frozenset[torch.dtype] = frozenset()
+_failed = False
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_key: tuple[int, int] = (0, 0)
+
+
+def torch_fuses_addcmul() -> bool:
+    """Whether torch's CPU ``addcmul_`` rounds ``a + b * c`` once (a fused multiply-add) on
+    this machine: with a = -1, b = 1 + 2^-23, c = 1 - 2^-23 the fused result is -2^-46, the
+    unfused one 0 (b * c rounds to 1). Read on a vector-length tensor (torch's vector loop)."""
+    n = 64
+    a = torch.full((n,), -1.0)
+    b = torch.full((n,), 1.0 + 2.0**-23)
+    c = torch.full((n,), 1.0 - 2.0**-23)
+    return bool(a.addcmul_(b, c)[0] != 0)
+
+
+def _cpu_fingerprint() -> str:
+    """The CPU's model and instruction-set flags (what ``-march=native`` compiled for)."""
+    text = platform.machine() + platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith(("model name", "flags", "Features", "CPU part")):
+                    text += line
+                if line.strip() == "":
+                    break  # the first processor describes them all
+    except OSError:
+        pass
+    return text
+
+
+def extension_name(fma: bool) -> str:
+    """The name in torch's extension cache: source, flags, FMA choice and CPU in one digest."""
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), str(fma).encode(), _cpu_fingerprint().encode()):
+        digest.update(part)
+    return f"posenc_rotary_cpu_{digest.hexdigest()[:16]}"
+
+
+def is_built() -> bool:
+    """True once :func:`build` has loaded the kernel in this process."""
+    return _lib is not None
+
+
+def build(verbose: bool = False) -> bool:
+    """Compile the kernel (or load it from torch's extension cache) into this process.
+
+    The first build on a machine takes seconds (g++ and ninja, as torch's C++ extensions need);
+    later processes load the cached library. On failure (no compiler, no ninja, an unwritable
+    cache) it warns once (``RuntimeWarning``) and returns False; every call then keeps the torch
+    path. Thread-safe; returns True when the kernel is loaded. Processes building at once wait
+    on torch's ``lock`` file in the build folder (a build killed midway leaves it behind, and
+    the next build waits on it until it is deleted: torch's rule for every C++ extension).
+    """
+    global _lib, _dtypes, _failed
+    with _lock:
+        if _lib is not None or _failed:
+            return _lib is not None
+        try:
+            from torch.utils import cpp_extension
+
+            fma = torch_fuses_addcmul()
+            path = cpp_extension.load(
+                name=extension_name(fma), sources=[str(SOURCE)],
+                extra_cflags=list(CFLAGS) + [f"-DPOSENC_ROTARY_FMA={int(fma)}"],
+                is_python_module=False, verbose=verbose,
+            )
+            lib = ctypes.CDLL(str(path))
+            i64, ptr = ctypes.c_int64, ctypes.c_void_p
+            lib.posenc_rotary_cpu.argtypes = [ctypes.c_int, ctypes.c_int, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, i64, i64, i64, i64]
+            lib.posenc_rotary_cpu.restype = ctypes.c_int
+            lib.posenc_rotary_cpu_dtypes.restype = ctypes.c_int
+            mask = lib.posenc_rotary_cpu_dtypes()
+        except Exception as err:  # noqa: BLE001 - any build or load failure (compiler, ninja, cache, dlopen) keeps the torch path
+            _failed = True
+            warnings.warn(f"posenc: the fused CPU RoPE kernel could not be built ({type(err).__name__}: "
+                          f"{str(err).strip()[-300:]}); apply_rotary keeps its torch path", RuntimeWarning, stacklevel=3)
+            return False
+        _dtypes = frozenset(dt for dt, code in _DTYPE_CODES.items() if mask >> code & 1)
+        _lib = lib
+        return True
+
+
+def _leading_strides(shape: torch.Size, t: Tensor) -> list[int] | None:
+    """The strides of t broadcast to ``shape`` (0 where t broadcasts), for ``shape`` viewed as
+    (n0, n1, T, D): size-1 dimensions added in front, extra leading ones merged into n0 (None
+    when their strides do not merge). Returns the first three; computed on ints, no views."""
+    nd = len(shape)
+    strides = [0] * (nd - t.dim()) + [st if n != 1 else 0 for st, n in zip(t.stride(), t.shape)]
+    sizes = list(shape)
+    while len(sizes) > 4:  # merge dimension 0 into 1: stride_0 = stride_1 * size_1, or one is a broadcast
+        if sizes[0] == 1 or strides[0] == strides[1] * sizes[1]:
+            merged = strides[1]
+        elif sizes[1] == 1:
+            merged = strides[0]
+        else:
+            return None
+        sizes[:2], strides[:2] = [sizes[0] * sizes[1]], [merged]
+    return ([0] * (4 - len(sizes)) + strides)[:3]
+
+
+def _view_4d(shape: torch.Size) -> tuple[int, int, int, int]:
+    """``shape`` as (n0, n1, T, D)."""
+    sizes = (1,) * (4 - len(shape)) + tuple(shape)
+    n0 = 1
+    for n in sizes[:-3]:
+        n0 *= n
+    return n0, sizes[-3], sizes[-2], sizes[-1]
+
+
+def _thread_pool(n: int) -> ThreadPoolExecutor:
+    """n - 1 worker threads, made again when n changes or in a forked child (whose copy of the
+    parent's pool has no threads behind it)."""
+    global _pool, _pool_key
+    key = (n, os.getpid())
+    if _pool is None or _pool_key != key:
+        if _pool is not None and _pool_key[1] == key[1]:
+            _pool.shutdown(wait=False)
+        _pool, _pool_key = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="posenc-rotary"), key
+    return _pool
+
+
+def rotate_with_tables(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: bool) -> Tensor | None:
+    """out = x * cos + rotate(x) * sin in one pass (no autograd; pairs (i, i + D/2), or (2i, 2i+1)
+    when interleaved), or None when this kernel does not cover the call (see the module
+    docstring) and the torch path must run.
+
+    x: (..., T, D) float32, bfloat16 or float16 on the CPU, last dimension contiguous; cos, sin:
+    broadcastable to x (checked by the caller), float32 (bf16/fp16 tables are widened first,
+    exactly); out: x's shape and dtype, x itself or not overlapping it.
+    """
+    if _lib is None or x.dtype not in _dtypes or out.dtype != x.dtype:
+        return None
+    if cos.dtype not in _DTYPE_CODES or sin.dtype not in _DTYPE_CODES:
+        return None  # a float64 table: the torch path computes in float64
+    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad or out.requires_grad):
+        return None  # writing into out records no gradient: the torch path raises, as torch's out= ops do
+    if x.numel() == 0:
+        return out
+    if out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() and (
+            out.data_ptr() != x.data_ptr() or out.stride() != x.stride()):
+        return None
+    cos = cos.to(torch.float32)
+    sin = sin.to(torch.float32)
+    if cos.stride(-1) != 1:
+        cos = cos.contiguous()
+    if sin.stride(-1) != 1:
+        sin = sin.contiguous()
+    if x.shape[-1] > 1 and (x.stride(-1) != 1 or out.stride(-1) != 1):
+        return None
+    strides = [_leading_strides(x.shape, t) for t in (x, out, cos, sin)]
+    if any(st is None for st in strides):
+        return None
+    _, n1, length, d = _view_4d(x.shape)
+    heads = x.numel() // (length * d)
+    block = max(1, _BLOCK_BYTES // (8 * d))
+    args = (_DTYPE_CODES[x.dtype], int(interleaved), x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), n1, d,
+            (ctypes.c_int64 * 12)(*strides[0], *strides[1], *strides[2], *strides[3]))
+    threads = torch.get_num_threads()
+    if threads > 1 and x.numel() >= _PARALLEL_MIN_ELEMENTS:
+        _run_split(args, heads, length, block, threads)
+    else:
+        _lib.posenc_rotary_cpu(*args, 0, heads, 0, length, block)
+    return out
+
+
+def _run_split(args: tuple, heads: int, length: int, block: int, threads: int) -> None:
+    """The rows split into ``threads`` parts (by positions when there are enough, else by
+    heads), one run on this thread and the rest on the pool (ctypes releases the GIL)."""
+    if length >= threads * block:
+        cuts = [length * i // threads for i in range(threads + 1)]
+        parts = [(0, heads, cuts[i], cuts[i + 1]) for i in range(threads)]
+    else:
+        cuts = [heads * i // threads for i in range(threads + 1)]
+        parts = [(cuts[i], cuts[i + 1], 0, length) for i in range(threads) if cuts[i + 1] > cuts[i]]
+    pool = _thread_pool(threads)
+    futures = [pool.submit(_lib.posenc_rotary_cpu, *args, *p, block) for p in parts[1:]]
+    _lib.posenc_rotary_cpu(*args, *parts[0], block)
+    for f in futures:
+        f.result()
