@@ -29,6 +29,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import shutil
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -102,6 +103,18 @@ def is_built() -> bool:
     return _lib is not None
 
 
+def _put_pip_ninja_on_path() -> None:
+    """torch runs ``ninja`` from PATH; the PyPI package ``ninja`` (in the ``test`` extra) puts it
+    in the environment's bin folder, which is on PATH only in an activated environment."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
 def build(verbose: bool = False) -> bool:
     """Compile the kernel (or load it from torch's extension cache) into this process.
 
@@ -119,6 +132,7 @@ def build(verbose: bool = False) -> bool:
         try:
             from torch.utils import cpp_extension
 
+            _put_pip_ninja_on_path()
             fma = torch_fuses_addcmul()
             path = cpp_extension.load(
                 name=extension_name(fma), sources=[str(SOURCE)],
