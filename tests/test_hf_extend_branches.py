@@ -28,7 +28,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from posenc.attention.branches import (  # noqa: E402
+from posenc.attention.branches import (
     Branch,
     branch_attention,
     dca,
@@ -39,14 +39,14 @@ from posenc.attention.branches import (  # noqa: E402
     streaming_llm,
     string,
 )
-from posenc.errors import InvalidArgument, MissingKey  # noqa: E402
-from posenc.integrations import branch_attention as hf_branches  # noqa: E402
-from posenc.integrations.transformers import extend_context, from_pretrained  # noqa: E402
+from posenc.errors import InvalidArgument, MissingKey
+from posenc.integrations import branch_attention as hf_branches
+from posenc.integrations.transformers import extend_context, from_pretrained
 
 T = transformers
 V = 128
-COMMON = dict(vocab_size=V, hidden_size=64, num_attention_heads=4, max_position_embeddings=64, pad_token_id=0,
-              bos_token_id=1, eos_token_id=2)
+COMMON = {"vocab_size": V, "hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 64, "pad_token_id": 0,
+              "bos_token_id": 1, "eos_token_id": 2}
 SMALL = dict(COMMON, intermediate_size=96, num_key_value_heads=2)
 GEMMA3_TYPES = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]
 
@@ -88,8 +88,8 @@ FAMILIES = {
     "olmo2": (T.Olmo2Config, T.Olmo2ForCausalLM,
               dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}), "sdpa"),
     "gptj": (T.GPTJConfig, T.GPTJForCausalLM,
-             dict(vocab_size=V, n_embd=64, n_head=4, n_layer=2, n_positions=64, rotary_dim=8, pad_token_id=0,
-                  bos_token_id=1, eos_token_id=2), "sdpa"),
+             {"vocab_size": V, "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 64, "rotary_dim": 8, "pad_token_id": 0,
+                  "bos_token_id": 1, "eos_token_id": 2}, "sdpa"),
     "gpt_oss": (T.GptOssConfig, T.GptOssForCausalLM,
                 dict(COMMON, intermediate_size=64, num_hidden_layers=2, num_key_value_heads=2, head_dim=16,
                      num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
@@ -102,23 +102,23 @@ MAIN = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", 
 
 #: method -> parameters of a map that covers the whole input (every distance plain, T <= 40)
 INSIDE = {
-    "streaming_llm": dict(start_size=4, recent_size=64),
-    "self_extend": dict(group_size=4, neighbor_window=64),
-    "rerope": dict(window=64, training_length=64),
-    "leaky_rerope": dict(window=64, scaling_factor=4, training_length=64),
-    "lm_infinite": dict(local_branch=64, global_branch=4),
-    "dca": dict(chunk_size=64, local_size=8),
-    "string": dict(shifted_offset=48, local_value=4, attention_factor=1.0),
+    "streaming_llm": {"start_size": 4, "recent_size": 64},
+    "self_extend": {"group_size": 4, "neighbor_window": 64},
+    "rerope": {"window": 64, "training_length": 64},
+    "leaky_rerope": {"window": 64, "scaling_factor": 4, "training_length": 64},
+    "lm_infinite": {"local_branch": 64, "global_branch": 4},
+    "dca": {"chunk_size": 64, "local_size": 8},
+    "string": {"shifted_offset": 48, "local_value": 4, "attention_factor": 1.0},
 }
 #: method -> parameters that move most distances of a 40-token input (log-n scale on past 16)
 OUTSIDE = {
-    "streaming_llm": dict(start_size=2, recent_size=8),
-    "self_extend": dict(group_size=3, neighbor_window=8),  # the window not a multiple of the group
-    "rerope": dict(window=8, training_length=16),
-    "leaky_rerope": dict(window=8, scaling_factor=4, training_length=16),
-    "lm_infinite": dict(local_branch=8, global_branch=3),
-    "dca": dict(chunk_size=12, local_size=2),
-    "string": dict(shifted_offset=10, local_value=3),  # with STRING's attention factor 0.1 ln 2 + 1
+    "streaming_llm": {"start_size": 2, "recent_size": 8},
+    "self_extend": {"group_size": 3, "neighbor_window": 8},  # the window not a multiple of the group
+    "rerope": {"window": 8, "training_length": 16},
+    "leaky_rerope": {"window": 8, "scaling_factor": 4, "training_length": 16},
+    "lm_infinite": {"local_branch": 8, "global_branch": 3},
+    "dca": {"chunk_size": 12, "local_size": 2},
+    "string": {"shifted_offset": 10, "local_value": 3},  # with STRING's attention factor 0.1 ln 2 + 1
 }
 MAPS = {"streaming_llm": streaming_llm, "self_extend": self_extend, "rerope": rerope, "leaky_rerope": leaky_rerope,
         "lm_infinite": lm_infinite, "dca": dca}
@@ -386,7 +386,7 @@ def test_d_dynamic_yarn_config_is_refused_by_plain_transformers(tmp_path):
 
 def yarn_model(family, factor, l0=16, **kwargs):
     """transformers' own static YaRN at ``factor`` on the same weights."""
-    config_class, _, base_kwargs, _ = FAMILIES[family]
+    _config_class, _, base_kwargs, _ = FAMILIES[family]
     rope = dict(base_kwargs.get("rope_parameters") or {"rope_type": "default", "rope_theta": 10000.0})
     rope.update(rope_type="yarn", factor=factor, original_max_position_embeddings=l0)
     return build(family, rope_parameters=rope, max_position_embeddings=l0, **kwargs)

@@ -6,6 +6,10 @@
 >>> model = use_encoding(model, "t5", layers=[0, 2])                            # doctest: +SKIP
 >>> model = use_encoding(model, plan)        # a posenc.hf_config.PositionPlan   # doctest: +SKIP
 >>> model = extend_context(LlamaForCausalLM.from_pretrained(path), "yarn", 4.0)  # doctest: +SKIP
+>>> model = extend_context(model, "self_extend", group_size=8, neighbor_window=1024)  # doctest: +SKIP
+
+The position maps of :func:`extend_context` (self_extend, dca, ...) run through their own
+attention function, :mod:`posenc.integrations.branch_attention`.
 
 Every layer of the plan takes one of two routes, chosen from what its encoding does, never
 from its name:
@@ -596,7 +600,12 @@ def _record(encoding: PositionalEncoding | None, layers: Sequence[int] | None, p
 
 
 def from_pretrained(path: Any, **kwargs: Any) -> nn.Module:
-    """Load a model saved after :func:`use_encoding` with the posenc plan it had.
+    """Load a model saved after :func:`use_encoding` (or :func:`extend_context` with a position
+    map) with the posenc plan it had.
+
+    A config with ``posenc_context_extension`` (a position map of :func:`extend_context`):
+    ``AutoModelForCausalLM.from_pretrained``, then ``extend_context(model, method, **params)``
+    with the recorded method and resolved parameters.
 
     ``transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)`` (T5:
     ``AutoModelForSeq2SeqLM``), then :func:`use_encoding` with the plan recorded in config.json
