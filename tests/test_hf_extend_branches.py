@@ -374,12 +374,28 @@ def test_d_save_then_plain_from_pretrained_runs_the_unextended_model(tmp_path):
     torch.testing.assert_close(logits(again, x), extended, atol=1e-5, rtol=0)
 
 
-def test_d_dynamic_yarn_config_is_refused_by_plain_transformers(tmp_path):
-    model = extend_context(build("llama", max_position_embeddings=16), "dynamic_yarn", 4.0)
-    assert model.config.rope_parameters["rope_type"] == "dynamic_yarn"
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_d_dynamic_yarn_is_refused_by_plain_transformers_and_loaded_by_posenc(family, tmp_path):
+    x = tokens(length=40)
+    model = extend_context(build(family, max_position_embeddings=16), "dynamic_yarn", 4.0, dynamic_cache="frozen")
+    extended = logits(model, x)
     model.save_pretrained(tmp_path)
     with pytest.raises(KeyError, match="dynamic_yarn"):
-        T.LlamaForCausalLM.from_pretrained(tmp_path)
+        FAMILIES[family][1].from_pretrained(tmp_path)
+    again = from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    rope = again.config.rope_parameters
+    assert (rope.get("full_attention") or rope)["rope_type"] == "dynamic_yarn"
+    torch.testing.assert_close(logits(again, x), extended, atol=1e-5, rtol=0)
+    assert (extended - logits(build(family, max_position_embeddings=16), x)).abs().max() > 1e-3
+
+
+def test_dynamic_ntk_frozen_takes_the_tables_and_caches_exactly():
+    """dynamic_cache="frozen" for transformers' dynamic NTK: per-position tables (what
+    transformers computes decoding token by token), the model's own attention, exact cache."""
+    x = tokens(batch=1, length=40)
+    model = extend_context(build("llama", max_position_embeddings=16), "dynamic", 2.0, dynamic_cache="frozen")
+    assert model.config._attn_implementation == "sdpa"
+    assert (decoded_logits(model, x, 5) - logits(model, x)).abs().max().item() <= tolerance("llama")
 
 
 # -- dynamic_yarn ---------------------------------------------------------------------------------

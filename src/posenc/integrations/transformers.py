@@ -605,7 +605,9 @@ def from_pretrained(path: Any, **kwargs: Any) -> nn.Module:
 
     A config with ``posenc_context_extension`` (a position map of :func:`extend_context`):
     ``AutoModelForCausalLM.from_pretrained``, then ``extend_context(model, method, **params)``
-    with the recorded method and resolved parameters.
+    with the recorded method and resolved parameters. A config with a rope_type transformers
+    cannot build (``dynamic_yarn``) and a recorded plan: built with the default rope_type in
+    its place, then the plan applied and the config's rope dict put back as saved.
 
     ``transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)`` (T5:
     ``AutoModelForSeq2SeqLM``), then :func:`use_encoding` with the plan recorded in config.json
@@ -628,7 +630,13 @@ def from_pretrained(path: Any, **kwargs: Any) -> nn.Module:
     config = transformers.AutoConfig.from_pretrained(path)
     auto = transformers.AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else \
         transformers.AutoModelForCausalLM
+    posenc_only = _posenc_only_rope(config) if "config" not in kwargs and isinstance(
+        getattr(config, CONFIG_KEY, None), dict) else None
+    if posenc_only:  # transformers cannot build that rotary module: built with the default one, then the plan's
+        kwargs = {**kwargs, "config": config}
     model = auto.from_pretrained(path, **kwargs)
+    for owner, name, value in posenc_only or ():
+        setattr(model.config if owner is config else owner, name, value)
     extension = getattr(model.config, branches.CONFIG_KEY, None)
     if extension is not None:  # a position map of extend_context: applied again
         if not isinstance(extension, dict) or not isinstance(extension.get("params"), dict):
@@ -658,6 +666,32 @@ def from_pretrained(path: Any, **kwargs: Any) -> nn.Module:
         parameter = next(model.parameters())
         model.load_state_dict({name: saved[name].to(parameter.device) for name in wanted}, strict=False)
     return model
+
+
+#: rope_types of posenc's that transformers' rotary modules do not know (its ROPE_INIT_FUNCTIONS).
+_POSENC_ONLY_ROPE_TYPES = ("dynamic_yarn",)
+
+
+def _posenc_only_rope(config: Any) -> list[tuple[Any, str, Any]]:
+    """Swap, in ``config``, every rope dict of a type transformers cannot build (dynamic_yarn,
+    written by :func:`extend_context`) for the default rope_type with the same theta, so that
+    transformers builds the model; returns (owner, attribute, original value) to put back. The
+    recorded plan then gives those layers posenc's RoPE of the original dict."""
+    swapped = []
+    for key in ("rope_parameters", "rope_scaling"):
+        value = getattr(config, key, None)
+        if not isinstance(value, dict) or not value:
+            continue
+        per_type = all(isinstance(v, dict) for v in value.values())
+        dicts = value if per_type else {None: value}
+        if not any(d.get("rope_type") in _POSENC_ONLY_ROPE_TYPES for d in dicts.values()):
+            continue
+        plain = {name: ({k: v for k, v in d.items() if k in ("rope_theta", "partial_rotary_factor")}
+                        | {"rope_type": "default"} if d.get("rope_type") in _POSENC_ONLY_ROPE_TYPES else d)
+                 for name, d in dicts.items()}
+        swapped.append((config, key, value))
+        setattr(config, key, plain if per_type else plain[None])
+    return swapped
 
 
 def _saved_tensors(path: Any, names: list[str]) -> dict[str, Tensor]:
@@ -1005,7 +1039,8 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     by its query's length only; cached decoding equals the full pass). Its layers run posenc's
     attention (keys cached unrotated), so layers with logit soft-capping (Gemma 2) or attention
     sinks refuse it. transformers has no ``dynamic_yarn``: a plain ``from_pretrained`` of the
-    saved config raises ``KeyError('dynamic_yarn')`` building the model (docs/integration.md).
+    saved config raises ``KeyError('dynamic_yarn')`` building the model; :func:`from_pretrained`
+    loads it (docs/integration.md).
     ``dynamic_cache=`` is taken by ``dynamic`` too (``"frozen"``: what transformers computes
     decoding token by token).
 
