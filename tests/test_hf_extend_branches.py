@@ -539,3 +539,15 @@ def test_a_second_extension_replaces_the_first_and_use_encoding_undoes_it():
     use_encoding(model, position_plan(model.config))
     assert "posenc_context_extension" not in model.config.to_dict()
     torch.testing.assert_close(logits(model, x), plain, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family,method", [("llama", "rerope"), ("gemma2", "string"), ("gpt_oss", "dca"),
+                                           ("qwen3", "streaming_llm")])
+def test_queries_in_blocks_give_the_same_logits(family, method, monkeypatch):
+    """A long prefill's queries taken in blocks of 3 (each seeing the keys up to its last query)
+    = all at once, to float32 rounding (the matmuls' sums run over fewer keys)."""
+    x = tokens()
+    model = extend_context(build(family), method, **OUTSIDE[method])
+    whole = logits(model, x)
+    monkeypatch.setattr(hf_branches, "BLOCK_ELEMENTS", 2 * 4 * 40 * 3)
+    torch.testing.assert_close(logits(model, x), whole, atol=tolerance(family), rtol=0)

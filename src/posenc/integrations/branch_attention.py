@@ -26,8 +26,9 @@ and attention (their window never shows a distance past it: Gemma 2/3's local la
 gpt-oss's); NoPE layers keep theirs. A model with no full-span RoPE layer is refused (Mistral
 with a ``sliding_window``, Llama 4, whose RoPE layers are chunked).
 
-Memory: the branch attention is eager, O(Tq Tk) float32 logits per layer call (the backends
-of ``posenc.attention`` for branch maps are not wired here yet).
+Memory: the branch attention is eager math, with the queries of a long prefill taken in blocks
+so that one block's float32 logits stay under :data:`BLOCK_ELEMENTS` (a block sees only the keys
+up to its last query); the backends of ``posenc.attention`` for branch maps are not wired here yet.
 """
 
 from __future__ import annotations
@@ -221,8 +222,34 @@ def branch_attention_forward(
         extra = {name: v for name, v in (("softcap", softcap), ("s_aux", s_aux)) if v is not None}
         return fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **extra, **kwargs)
     q_len, k_len = query.shape[2], key.shape[2]
-    acc = torch.promote_types(query.dtype, torch.float32)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    # queries in blocks so that one block's logits stay under BLOCK_ELEMENTS (a long prefill);
+    # a block of queries ending at absolute position e sees the first e + 1 keys only (causal),
+    # and is the map's branches(block, e + 1): the queries the last of those keys
+    rows = max(1, BLOCK_ELEMENTS // max(1, query.shape[0] * query.shape[1] * k_len))
+    outputs = []
+    for start in range(0, q_len, rows):
+        stop = min(start + rows, q_len)
+        k_end = k_len - q_len + stop
+        mask = attention_mask
+        if mask is not None and mask.dim() == 4 and mask.shape[-2] == q_len:
+            mask = mask[..., start:stop, :]
+        outputs.append(_attend(module, layer, query[:, :, start:stop], key[:, :, :k_end], value[:, :, :k_end], mask,
+                               dropout, scale, softcap, s_aux))
+    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+    return out.transpose(1, 2).contiguous(), None
+
+
+#: The most logits one block of queries holds (B x H x rows x Tk); 2^25 float32: 128 MiB.
+BLOCK_ELEMENTS = 1 << 25
+
+
+def _attend(module: nn.Module, layer: BranchLayer, query: Tensor, key: Tensor, value: Tensor,
+            attention_mask: Tensor | None, dropout: float, scale: float, softcap: float | None,
+            s_aux: Tensor | None) -> Tensor:
+    """(B, H, Tq, D) in query's dtype: the queries the last Tq of the Tk keys."""
+    q_len, k_len = query.shape[2], key.shape[2]
+    acc = torch.promote_types(query.dtype, torch.float32)
     if layer.query_scale:
         query = layer.map.scale_queries(query, k_len)
     group = query.shape[1] // key.shape[1]
@@ -247,8 +274,7 @@ def branch_attention_forward(
     probs = torch.nan_to_num(probs, nan=0.0)  # a row with no key (none in the maps: every query sees itself)
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     values = value.to(acc).repeat_interleave(group, dim=1) if group > 1 else value.to(acc)
-    out = torch.matmul(probs, values).to(query.dtype)
-    return out.transpose(1, 2).contiguous(), None
+    return torch.matmul(probs, values).to(query.dtype)
 
 
 def _scale_rotary(x: Tensor, layer: BranchLayer) -> Tensor:
@@ -269,7 +295,7 @@ def _allowed(attention_mask: Tensor | None, q_len: int, k_len: int, device) -> T
         return allowed
     if attention_mask.dtype != torch.bool:
         attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
-    return allowed & attention_mask[..., -k_len:]
+    return allowed & attention_mask[..., :k_len]
 
 
 # -- the positions check ------------------------------------------------------------------------
