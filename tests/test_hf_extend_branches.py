@@ -551,3 +551,21 @@ def test_queries_in_blocks_give_the_same_logits(family, method, monkeypatch):
     whole = logits(model, x)
     monkeypatch.setattr(hf_branches, "BLOCK_ELEMENTS", 2 * 4 * 40 * 3)
     torch.testing.assert_close(logits(model, x), whole, atol=tolerance(family), rtol=0)
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "stablelm", "persimmon", "mixtral", "qwen3_moe", "phi",
+                                    "gemma4_text"])
+def test_more_families_inside_the_window_and_with_the_cache(family):
+    """The families of test_integration_families not above: inside its window a map is the plain
+    model; with the cache, token by token = the full pass within the plain model's own
+    cached-vs-full noise (Qwen3-Next's linear-attention layers: 3e-5)."""
+    from test_integration_families import build as build_any
+
+    x = tokens(batch=1)
+    plain = build_any(family)
+    inside = extend_context(build_any(family), "self_extend", **INSIDE["self_extend"])
+    assert (logits(inside, x) - logits(plain, x)).abs().max().item() <= 1e-5
+    model = extend_context(build_any(family), "rerope", **OUTSIDE["rerope"])
+    own_noise = (decoded_logits(plain, x, 5) - logits(plain, x)).abs().max().item()
+    assert (decoded_logits(model, x, 5) - logits(model, x)).abs().max().item() <= max(1e-5, 2 * own_noise)
+    assert (logits(model, x) - logits(plain, x)).abs().max().item() > 1e-3
