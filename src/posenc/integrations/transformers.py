@@ -65,7 +65,7 @@ from posenc.encodings import Hook, PositionalEncoding, RoPE, create_for_model
 from posenc.encodings.irope import AttentionTemperature
 from posenc.encodings.rope.multiaxis import MultiAxisRoPE
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
-from posenc.hf_config import extension_config, from_hf_config, position_plan, reads_model_type
+from posenc.hf_config import EXTENSION_METHODS, extension_config, from_hf_config, position_plan, reads_model_type
 from posenc.hf_config.plan import PLAN_FORMAT, LayerPlan, PositionPlan, encoding_from_dict, encoding_to_dict
 from posenc.integrations import adapters
 from posenc.integrations import branch_attention as branches
@@ -1044,6 +1044,19 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     ``dynamic_cache=`` is taken by ``dynamic`` too (``"frozen"``: what transformers computes
     decoding token by token).
 
+    The model's plan is the one :func:`use_encoding` applied last (``base_model.posenc_plan``),
+    else ``posenc.hf_config.position_plan(config)`` for a family posenc reads, else one RoPE read
+    from the config (:func:`~posenc.hf_config.from_hf_config`, in the family's pair layout) for
+    every layer.
+
+    Qwen2-VL / Qwen2.5-VL: the scaling is written to ``config.text_config``'s rope dict (where
+    their text model's rotary embedding reads it; ``mrope_section`` kept) and the text tower
+    runs posenc's M-RoPE of it. Falcon with rotary: written to its config, the model runs the
+    new config's plan through its adapter. Refused, saying why: GPT-J (transformers builds its
+    rotary table from ``rotary_dim`` and base 10000 only, reading no scaling), and the
+    families without RoPE (ALiBi: BLOOM, MPT, Falcon with ``alibi``; GPT-2's and OPT's learned
+    tables; T5's buckets).
+
     **Position maps** (``method`` one of :data:`posenc.integrations.branch_attention.BRANCH_METHODS`,
     no ``factor``; :mod:`posenc.attention.branches`; parameters as the reference code spells
     them, defaults the published ones, scaled to the training length L0 where the reference
@@ -1105,6 +1118,9 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
         if layer_types is not None:
             raise InvalidArgument(f"layer_types: {method} applies to every layer with RoPE and a full span")
         return _extend_with_branches(model, method, params)
+    if not isinstance(method, str) or method not in EXTENSION_METHODS:
+        raise InvalidArgument(f"method must be one of the scalings {list(EXTENSION_METHODS)} or the position maps "
+                              f"{list(branches.BRANCH_METHODS)}, got {method!r}")
     if factor is None:
         raise MissingKey(f"factor: extend_context(model, {method!r}, factor) needs the scaling factor s")
     dynamic_cache = params.pop("dynamic_cache", None)
