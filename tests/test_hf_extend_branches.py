@@ -569,3 +569,14 @@ def test_more_families_inside_the_window_and_with_the_cache(family):
     own_noise = (decoded_logits(plain, x, 5) - logits(plain, x)).abs().max().item()
     assert (decoded_logits(model, x, 5) - logits(model, x)).abs().max().item() <= max(1e-5, 2 * own_noise)
     assert (logits(model, x) - logits(plain, x)).abs().max().item() > 1e-3
+
+
+def test_dca_reads_qwens_dual_chunk_attention_config():
+    """Qwen2.5-1M / Qwen3 configs carry dual_chunk_attention_config: extend_context(model, "dca")
+    takes its chunk_size and local_size, and runs the same map as those given by hand."""
+    x = tokens()
+    config_block = {"chunk_size": 12, "local_size": 2, "original_max_position_embeddings": 64}
+    model = extend_context(build("qwen2", dual_chunk_attention_config=config_block), "dca")
+    assert model.config.posenc_context_extension["params"] == {"chunk_size": 12, "local_size": 2}
+    by_hand = extend_context(build("qwen2"), "dca", chunk_size=12, local_size=2)
+    torch.testing.assert_close(logits(model, x), logits(by_hand, x), atol=0, rtol=0)

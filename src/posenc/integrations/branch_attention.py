@@ -33,6 +33,7 @@ up to its last query); the backends of ``posenc.attention`` for branch maps are 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -254,7 +255,7 @@ def _attend(module: nn.Module, layer: BranchLayer, query: Tensor, key: Tensor, v
         query = layer.map.scale_queries(query, k_len)
     group = query.shape[1] // key.shape[1]
     logits = torch.full((*query.shape[:3], k_len), float("-inf"), dtype=acc, device=query.device)
-    for branch in layer.map.branches(q_len, k_len, query.device):
+    for branch in _branches(layer.map, q_len, k_len, query.device):
         q_rot, k_rot = layer.rope.rotate(query, key, branch.q_positions, branch.k_positions)
         q_rot, k_rot = q_rot.to(acc), k_rot.to(acc)
         if layer.attention_factor != 1.0:
@@ -275,6 +276,13 @@ def _attend(module: nn.Module, layer: BranchLayer, query: Tensor, key: Tensor, v
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     values = value.to(acc).repeat_interleave(group, dim=1) if group > 1 else value.to(acc)
     return torch.matmul(probs, values).to(query.dtype)
+
+
+@functools.lru_cache(maxsize=4)
+def _branches(position_map: Any, q_len: int, k_len: int, device: torch.device) -> list:
+    """``position_map.branches(q_len, k_len, device)``, built once for all the layers of a call
+    (the maps are frozen dataclasses: equal maps share their branches)."""
+    return position_map.branches(q_len, k_len, device)
 
 
 def _scale_rotary(x: Tensor, layer: BranchLayer) -> Tensor:
