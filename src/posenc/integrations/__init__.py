@@ -4,4 +4,6 @@
   in a Hugging Face decoder (Llama, Qwen, Mistral, Gemma 1-3, Cohere 1/2, SmolLM3, gpt-oss,
   GPT-NeoX, GPT-J, Llama 4, ...; one entry of its ``FAMILIES`` table per family that differs
   from Llama): ``use_encoding(model, plan_or_encoding, layers=...)``, ``extend_context(model, ...)``.
+- :mod:`posenc.integrations.branch_attention`: the training-free position maps (Self-Extend,
+  DCA, ReRoPE, STRING, ...) as a transformers attention function, for ``extend_context``.
 """

@@ -6,6 +6,10 @@
 >>> model = use_encoding(model, "t5", layers=[0, 2])                            # doctest: +SKIP
 >>> model = use_encoding(model, plan)        # a posenc.hf_config.PositionPlan   # doctest: +SKIP
 >>> model = extend_context(LlamaForCausalLM.from_pretrained(path), "yarn", 4.0)  # doctest: +SKIP
+>>> model = extend_context(model, "self_extend", group_size=8, neighbor_window=1024)  # doctest: +SKIP
+
+The position maps of :func:`extend_context` (self_extend, dca, ...) run through their own
+attention function, :mod:`posenc.integrations.branch_attention`.
 
 Every layer of the plan takes one of two routes, chosen from what its encoding does, never
 from its name:
@@ -61,9 +65,10 @@ from posenc.encodings import Hook, PositionalEncoding, RoPE, create_for_model
 from posenc.encodings.irope import AttentionTemperature
 from posenc.encodings.rope.multiaxis import MultiAxisRoPE
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
-from posenc.hf_config import extension_config, from_hf_config, position_plan, reads_model_type
+from posenc.hf_config import EXTENSION_METHODS, extension_config, from_hf_config, position_plan, reads_model_type
 from posenc.hf_config.plan import PLAN_FORMAT, LayerPlan, PositionPlan, encoding_from_dict, encoding_to_dict
 from posenc.integrations import adapters
+from posenc.integrations import branch_attention as branches
 from posenc.integrations.adapters import ADAPTERS, RotaryEmbedding
 
 __all__ = [
@@ -595,7 +600,14 @@ def _record(encoding: PositionalEncoding | None, layers: Sequence[int] | None, p
 
 
 def from_pretrained(path: Any, **kwargs: Any) -> nn.Module:
-    """Load a model saved after :func:`use_encoding` with the posenc plan it had.
+    """Load a model saved after :func:`use_encoding` (or :func:`extend_context` with a position
+    map) with the posenc plan it had.
+
+    A config with ``posenc_context_extension`` (a position map of :func:`extend_context`):
+    ``AutoModelForCausalLM.from_pretrained``, then ``extend_context(model, method, **params)``
+    with the recorded method and resolved parameters. A config with a rope_type transformers
+    cannot build (``dynamic_yarn``) and a recorded plan: built with the default rope_type in
+    its place, then the plan applied and the config's rope dict put back as saved.
 
     ``transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)`` (T5:
     ``AutoModelForSeq2SeqLM``), then :func:`use_encoding` with the plan recorded in config.json
@@ -618,7 +630,19 @@ def from_pretrained(path: Any, **kwargs: Any) -> nn.Module:
     config = transformers.AutoConfig.from_pretrained(path)
     auto = transformers.AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else \
         transformers.AutoModelForCausalLM
+    posenc_only = _posenc_only_rope(config) if "config" not in kwargs and isinstance(
+        getattr(config, CONFIG_KEY, None), dict) else None
+    if posenc_only:  # transformers cannot build that rotary module: built with the default one, then the plan's
+        kwargs = {**kwargs, "config": config}
     model = auto.from_pretrained(path, **kwargs)
+    for owner, name, value in posenc_only or ():
+        setattr(model.config if owner is config else owner, name, value)
+    extension = getattr(model.config, branches.CONFIG_KEY, None)
+    if extension is not None:  # a position map of extend_context: applied again
+        if not isinstance(extension, dict) or not isinstance(extension.get("params"), dict):
+            raise InvalidArgument(f"config.{branches.CONFIG_KEY} must be a dict with 'method' and 'params', got "
+                                  f"{extension!r}")
+        return extend_context(model, extension.get("method"), **extension["params"])
     record = getattr(model.config, CONFIG_KEY, None)
     if record is None:
         return model
@@ -642,6 +666,32 @@ def from_pretrained(path: Any, **kwargs: Any) -> nn.Module:
         parameter = next(model.parameters())
         model.load_state_dict({name: saved[name].to(parameter.device) for name in wanted}, strict=False)
     return model
+
+
+#: rope_types of posenc's that transformers' rotary modules do not know (its ROPE_INIT_FUNCTIONS).
+_POSENC_ONLY_ROPE_TYPES = ("dynamic_yarn",)
+
+
+def _posenc_only_rope(config: Any) -> list[tuple[Any, str, Any]]:
+    """Swap, in ``config``, every rope dict of a type transformers cannot build (dynamic_yarn,
+    written by :func:`extend_context`) for the default rope_type with the same theta, so that
+    transformers builds the model; returns (owner, attribute, original value) to put back. The
+    recorded plan then gives those layers posenc's RoPE of the original dict."""
+    swapped = []
+    for key in ("rope_parameters", "rope_scaling"):
+        value = getattr(config, key, None)
+        if not isinstance(value, dict) or not value:
+            continue
+        per_type = all(isinstance(v, dict) for v in value.values())
+        dicts = value if per_type else {None: value}
+        if not any(d.get("rope_type") in _POSENC_ONLY_ROPE_TYPES for d in dicts.values()):
+            continue
+        plain = {name: ({k: v for k, v in d.items() if k in ("rope_theta", "partial_rotary_factor")}
+                        | {"rope_type": "default"} if d.get("rope_type") in _POSENC_ONLY_ROPE_TYPES else d)
+                 for name, d in dicts.items()}
+        swapped.append((config, key, value))
+        setattr(config, key, plain if per_type else plain[None])
+    return swapped
 
 
 def _saved_tensors(path: Any, names: list[str]) -> dict[str, Tensor]:
@@ -852,7 +902,11 @@ def _takes_tables(encoding: PositionalEncoding, family: Family, width: int) -> b
     # a multi-axis RoPE (M-RoPE) on the model's own tables: cos/sin of each pair at its axis' coordinate
     multi_axis = isinstance(encoding, MultiAxisRoPE) and type(encoding).rotate is MultiAxisRoPE.rotate \
         and type(encoding).cos_sin is MultiAxisRoPE.cos_sin
-    return ((plain_rope or multi_axis)
+    # an attention factor that follows the length (dynamic_yarn) is no one shared table: "frozen"
+    # splits it between q and k, "rerotate" re-rotates the cached keys at the current length
+    # (posenc's attention, keys cached unrotated); no transformers type to match here
+    length_factor = getattr(encoding, "_attention_of_length", None) is not None
+    return ((plain_rope or multi_axis) and not length_factor
             and encoding.hooks == frozenset({Hook.ROTATE}) and encoding.interleaved == family.interleaved
             and encoding.rotary_dim == width)
 
@@ -958,19 +1012,37 @@ def _refuse_static_cache(cache: Any, module: nn.Module, index: int) -> None:
 
 def extend_context(model: nn.Module, method: str, factor: float | None = None, *,
                    layer_types: Sequence[str] | None = None, **params: Any) -> nn.Module:
-    """Apply a context-extension scaling to a loaded RoPE model, and write it into its config.
+    """Extend the context of a loaded RoPE model, in place: a RoPE scaling written into its
+    config, or a training-free position map run in its attention.
 
-    The config gets the fields of :func:`posenc.hf_config.extension_config` (the scaling
+    **Scalings** (``method`` one of :data:`posenc.rope.EXTENSION_METHODS`: linear, ntk,
+    dynamic, yarn, dynamic_yarn, llama3; ``factor`` s >= 1). The config gets the fields of
+    :func:`posenc.hf_config.extension_config` (the scaling
     :func:`posenc.rope.extension_scaling` ``(method, factor, L0)`` with ``params`` on top,
-    e.g. ``beta_fast=16`` for yarn, L0 the config's ``max_position_embeddings`` or
-    ``original_max_position_embeddings=`` in ``params``, in Hugging Face's ``rope_parameters``
-    spelling, ``max_position_embeddings`` extended where transformers does not read L0 from
-    it), so that ``save_pretrained`` then a plain ``from_pretrained`` (no posenc) computes the
-    same logits. A config with one rope dict per layer type (Gemma 3) has the layer types
-    ``layer_types`` scaled, by default the family's (Gemma 3: ``"full_attention"``, the global
-    layers, as Google's long-context recipe scales them); the others keep theirs. The model then
-    runs posenc's RoPE of the new config on its RoPE layers (:func:`use_encoding`), its other
-    layers as they were.
+    e.g. ``beta_fast=16`` for yarn (defaults: Hugging Face's, beta_fast 32, beta_slow 1,
+    attention factor 0.1 ln s + 1; llama3: low_freq_factor 1, high_freq_factor 4), L0 the
+    config's ``max_position_embeddings`` or ``original_max_position_embeddings=`` in
+    ``params``, in Hugging Face's ``rope_parameters`` spelling, ``max_position_embeddings``
+    extended where transformers does not read L0 from it), so that ``save_pretrained`` then a
+    plain ``from_pretrained`` (no posenc) computes the same logits. A config with one rope dict
+    per layer type (Gemma 3) has the layer types ``layer_types`` scaled, by default the
+    family's (Gemma 3: ``"full_attention"``, the global layers, as Google's long-context recipe
+    scales them); the others keep theirs. The model then runs posenc's RoPE of the new config
+    on its RoPE layers (:func:`use_encoding`), its other layers as they were.
+
+    ``dynamic_yarn`` (YaRN sec. 3.3: s = max(1, L / L0) of the current length L, YaRN's ramp
+    and attention factor 0.1 ln s + 1; plain RoPE at every L <= L0; ``factor`` is recorded as
+    the declared extension and does not enter the frequencies) takes ``dynamic_cache=``
+    (:class:`posenc.RoPE`): ``"rerotate"`` (default; a prefill of T tokens is static YaRN at
+    factor T / L0; with the cache, old keys are re-rotated at the current length, exact for the
+    first layer only) or ``"frozen"`` (the token at p rotated at length p + 1, the logit scaled
+    by its query's length only; cached decoding equals the full pass). Its layers run posenc's
+    attention (keys cached unrotated), so layers with logit soft-capping (Gemma 2) or attention
+    sinks refuse it. transformers has no ``dynamic_yarn``: a plain ``from_pretrained`` of the
+    saved config raises ``KeyError('dynamic_yarn')`` building the model; :func:`from_pretrained`
+    loads it (docs/integration.md).
+    ``dynamic_cache=`` is taken by ``dynamic`` too (``"frozen"``: what transformers computes
+    decoding token by token).
 
     The model's plan is the one :func:`use_encoding` applied last (``base_model.posenc_plan``),
     else ``posenc.hf_config.position_plan(config)`` for a family posenc reads, else one RoPE read
@@ -985,31 +1057,82 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     families without RoPE (ALiBi: BLOOM, MPT, Falcon with ``alibi``; GPT-2's and OPT's learned
     tables; T5's buckets).
 
+    **Position maps** (``method`` one of :data:`posenc.integrations.branch_attention.BRANCH_METHODS`,
+    no ``factor``; :mod:`posenc.attention.branches`; parameters as the reference code spells
+    them, defaults the published ones, scaled to the training length L0 where the reference
+    scales them, :func:`~posenc.integrations.branch_attention.method_defaults`):
+
+    - ``streaming_llm`` (start_size 4, recent_size 512; every key stays in the cache, the
+      evicted ones masked);
+    - ``self_extend`` (group_size 8, neighbor_window 1024);
+    - ``rerope`` (window 512, training_length L0) and ``leaky_rerope`` (window 512,
+      scaling_factor 16, training_length L0), with their log-n query scaling;
+    - ``lm_infinite`` (local_branch L0, global_branch 100);
+    - ``dca`` (the config's ``dual_chunk_attention_config``, else chunk_size 3 L0 / 4,
+      local_size L0 / 16);
+    - ``string`` (shifted_offset int(0.33 L0), local_value 128, attention_factor 0.1 ln 2 + 1;
+      ``attention_factor=1.0`` for plain RoPE inside the window).
+
+    Every layer with a plain RoPE and a full span runs the map
+    (:mod:`posenc.integrations.branch_attention`: identity rotary tables, keys cached
+    unrotated, the branches rotated by posenc's RoPE of the layer at each call); sliding-window
+    and chunked layers (Gemma 2/3's local layers, Cohere 2's, gpt-oss's) and NoPE layers keep
+    the model's own. ``generate()`` with its ``DynamicCache`` equals the full forward. The config
+    gets ``posenc_context_extension`` = {"format": 1, "method", "params" (resolved), "layers"}:
+    :func:`from_pretrained` applies it again; a plain transformers ``from_pretrained`` ignores
+    it and runs the **unextended** model (equal to the extended one inside the map's window
+    only).
+
     Args:
-        model: a transformers decoder whose RoPE has the default rope_type.
-        method: one of :data:`posenc.rope.EXTENSION_METHODS`.
-        factor: s >= 1.
-        layer_types: for a per-layer-type config, the layer types to scale.
+        model: a transformers decoder; for a scaling, its RoPE has the default rope_type.
+        method: a scaling or a position map, as above.
+        factor: s >= 1, for the scalings only.
+        layer_types: for a per-layer-type config, the layer types to scale (scalings only).
+        params: the scaling's extra fields (and ``dynamic_cache``), or the map's parameters.
 
     Returns:
         ``model``, changed in place (its config too).
 
     Raises:
-        InvalidArgument (ValueError): the model's RoPE is already scaled, an unknown method,
-            s < 1, a bad parameter (named, as :func:`posenc.rope_frequencies` raises); a model
-            with no RoPE layer (every layer NoPE); a per-layer-type config without
-            ``layer_types`` where the family names none, or naming a type the config does not
-            have; a family whose transformers model reads no scaling from its config (GPT-J) or
-            that has no RoPE; a model running another plan of :func:`use_encoding` than its
-            config's (Falcon, Qwen-VL: extend first). And as :func:`use_encoding`. On an error
-            model and config are left unchanged.
+        MissingKey (KeyError): a scaling without ``factor``.
+        InvalidArgument (ValueError): the model's RoPE is already scaled (scalings), an unknown
+            method (the message lists both kinds), s < 1, a bad or unknown parameter (named),
+            a ``factor`` or ``layer_types`` given to a position map, ``dynamic_cache`` for
+            another method than dynamic / dynamic_yarn; a model with no RoPE layer (every
+            layer NoPE); a per-layer-type config without ``layer_types`` where the family
+            names none, or naming a type the config does not have; a family whose transformers
+            model reads no scaling from its config (GPT-J) or that has no RoPE; a model running
+            another plan of :func:`use_encoding` than its config's (extend first). For the
+            position maps: a family with multi-axis positions (Qwen2-VL), an adapter family
+            (GPT-2, OPT, BLOOM, MPT, Falcon, T5), a RoPE not in the leading dimensions of the
+            head (DeepSeek-V3's MLA), no layer with a plain RoPE and a full span (Mistral with
+            a sliding window, Llama 4), leaky_rerope on an already scaled RoPE; at a forward
+            call, padding in the attention mask, position_ids other than past + 0 .. T-1, a
+            4-d mask or a StaticCache. And as :func:`use_encoding`. On an error at extension
+            time, model and config are left unchanged.
     """
+    if isinstance(method, str) and method in branches.BRANCH_METHODS:
+        if factor is not None:
+            raise InvalidArgument(f"factor: {method} is a position map and takes no factor; its parameters are "
+                                  f"{list(branches.BRANCH_METHODS[method])}")
+        if layer_types is not None:
+            raise InvalidArgument(f"layer_types: {method} applies to every layer with RoPE and a full span")
+        return _extend_with_branches(model, method, params)
+    if not isinstance(method, str) or method not in EXTENSION_METHODS:
+        raise InvalidArgument(f"method must be one of the scalings {list(EXTENSION_METHODS)} or the position maps "
+                              f"{list(branches.BRANCH_METHODS)}, got {method!r}")
     if factor is None:
         raise MissingKey(f"factor: extend_context(model, {method!r}, factor) needs the scaling factor s")
+    dynamic_cache = params.pop("dynamic_cache", None)
+    if dynamic_cache is not None and method not in ("dynamic", "dynamic_yarn"):
+        raise InvalidArgument(f"dynamic_cache: for dynamic and dynamic_yarn only, not {method!r}")
     adapter = ADAPTERS.get(getattr(getattr(model, "config", None), "model_type", None))
+    family = family_of(model) if adapter is None else None
+    if dynamic_cache is not None and (adapter is not None or family.text_config is not None):
+        raise InvalidArgument(f"dynamic_cache: not taken for {model.config.model_type} (its plan is read from the "
+                              "config alone)")
     if adapter is not None:
         return _extend_adapter_family(model, adapter, method, factor, layer_types, params)
-    family = family_of(model)
     base = _base_model(model, family)
     config = model.config
     if family.no_scaling is not None:
@@ -1055,12 +1178,88 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     if reads_model_type(new_config.get("model_type")) and plan is not None and _plan_quietly(new_config) == plan.describe():
         raise InvalidArgument(f"model: {new_config['model_type']} does not read a RoPE scaling from its config "
                               "(transformers builds the same model from the extended config): nothing to extend")
-    new_plan = _extended_plan(plan, new_config, scaled_types, per_type is not None, model)
+    options = {} if dynamic_cache is None else {"dynamic_cache": dynamic_cache}
+    new_plan = _extended_plan(plan, new_config, scaled_types, per_type is not None, model, options)
     apply = _prepare(model, new_plan, None, {})  # every refusal before the config changes
     for name, value in fields.items():
         setattr(config, name, value)
     apply()
     return model
+
+
+def _extend_with_branches(model: nn.Module, method: str, params: dict) -> nn.Module:
+    """extend_context for a position map (:mod:`posenc.integrations.branch_attention`): every
+    check first, then the identity tables, the branch attention and the positions check."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type in ADAPTERS:
+        raise InvalidArgument(f"model: {method} is not available for {model_type}: its positions go through posenc's "
+                              f"adapter for the family, not transformers' AttentionInterface with RoPE tables")
+    family = family_of(model)
+    base = _base_model(model, family)
+    if family.text_config is not None or family.rotary_positions:
+        raise InvalidArgument(f"model: {model_type} has multi-axis positions (M-RoPE); {method} maps one position "
+                              "per token")
+    if family.head_dim != "head_dim":
+        raise InvalidArgument(f"model: {model_type}'s RoPE is on the last dimensions of each head (MLA), not the "
+                              f"leading ones posenc's RoPE rotates; {method} is not available for it")
+    current = config.to_dict()
+    own = position_plan(current) if reads_model_type(model_type) else None
+    recorded = base.__dict__.get("posenc_plan")
+    if recorded is not None and own is not None and recorded.describe() != own.describe():
+        raise InvalidArgument(f"model: it runs a plan of use_encoding ({recorded.describe()!r}), not the RoPE of its "
+                              f"config; {method} maps the config's RoPE: extend before use_encoding")
+    decoder_layers = list(getattr(base, family.layers))
+    plan = own if own is not None else PositionPlan.uniform(
+        from_hf_config(current, interleaved=family.interleaved), len(decoder_layers))
+    map_, resolved = branches.resolve_map(method, params, config)
+    probe = _RotaryProbe(base, family, _sizes_config(config, family))
+    chosen = []
+    for index, (decoder_layer, layer_plan) in enumerate(zip(decoder_layers, plan)):
+        module = getattr(decoder_layer, family.attention, None)
+        encoding = layer_plan.encoding
+        # sliding and chunked layers never see a distance past their window; NoPE has no RoPE
+        if module is None or not isinstance(encoding, RoPE) or layer_plan.span != "full":
+            continue
+        layer = branches.make_layer(method, map_, resolved, encoding, f"layer {index}")
+        chosen.append((index, module, layer, probe.width(index)))
+    if not chosen:
+        raise InvalidArgument(f"model: {model_type} has no layer with RoPE and a full span ({plan.describe()!r}); "
+                              f"{method} maps full attention (sliding-window and chunked layers keep theirs)")
+    original = base.__dict__.get("_posenc_original_attn", config._attn_implementation)
+    _transformers_attention_function(original)  # one that cannot serve the other layers: refused now
+    record = {"format": 1, "method": method, "params": dict(resolved), "layers": [c[0] for c in chosen]}
+
+    _restore(model, base, family)
+    handles = [base.register_forward_pre_hook(branches.positions_check(_refuse_static_layers), with_kwargs=True)]
+    memo: dict[Any, Any] = {}
+    for index, module, layer, width in chosen:
+        module.__dict__[branches.BRANCH_ATTR] = layer
+        identity = _Layer(index, LayerPlan(None), module, width, posenc_route=False)
+        handles.append(decoder_layers[index].register_forward_pre_hook(_tables_hook(identity, family, memo),
+                                                                       with_kwargs=True))
+    base.__dict__["_posenc_hooks"] = handles
+    base.__dict__["_posenc_original_attn"] = config._attn_implementation
+    _register_branch_attention()
+    for decoder_layer in decoder_layers:
+        module = getattr(decoder_layer, family.attention, None)
+        if module is not None:
+            module.__dict__[_FALLBACK_ATTR] = original
+    model.set_attn_implementation(branches.ATTN_IMPLEMENTATION)
+    setattr(config, branches.CONFIG_KEY, record)
+    return model
+
+
+def _branch_attention_entry(module, query, key, value, attention_mask, **kwargs):
+    return branches.branch_attention_forward(module, query, key, value, attention_mask, fallback=_fallback, **kwargs)
+
+
+def _register_branch_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(branches.ATTN_IMPLEMENTATION, _branch_attention_entry)
+    AttentionMaskInterface.register(branches.ATTN_IMPLEMENTATION, sdpa_mask)
 
 
 def _extension_fields(config: Any, current: dict, method: str, factor: float, layer_types: Any, params: dict,
@@ -1168,14 +1367,15 @@ def _per_layer_type_rope(config: dict) -> tuple[str, dict] | None:
 
 
 def _extended_plan(plan: PositionPlan | None, new_config: dict, scaled_types: tuple[str, ...] | None,
-                   per_type: bool, model: nn.Module) -> PositionPlan:
+                   per_type: bool, model: nn.Module, options: dict | None = None) -> PositionPlan:
+    options = options or {}
     if plan is None:
         if per_type:
             raise InvalidArgument("model: a per-layer-type RoPE config needs the model's plan (use_encoding(model, plan) "
                                   "first, or posenc.hf_config.position_plan)")
         family = family_of(model)
         count = len(getattr(_base_model(model, family), family.layers))
-        return PositionPlan.uniform(from_hf_config(new_config, interleaved=family.interleaved), count)
+        return PositionPlan.uniform(from_hf_config(new_config, interleaved=family.interleaved, **options), count)
     layer_types = new_config.get("layer_types")
     layers = []
     for index, layer in enumerate(plan):
@@ -1185,7 +1385,8 @@ def _extended_plan(plan: PositionPlan | None, new_config: dict, scaled_types: tu
         if scaled:
             read = from_hf_config(new_config, layer_type=layer_type if per_type else None)
             new = RoPE(old.head_dim, rotary_dim=old.rotary_dim, base=read.base, scaling=read.scaling,
-                       interleaved=old.interleaved, max_position_embeddings=new_config.get("max_position_embeddings"))
+                       interleaved=old.interleaved, max_position_embeddings=new_config.get("max_position_embeddings"),
+                       **options)
             layer = LayerPlan(new, layer.span, layer.window, layer.layer_type, layer.sinks)
         layers.append(layer)
     return PositionPlan(tuple(layers), plan.embedding, plan.model_type, plan.encoder, plan.notes)
@@ -1358,12 +1559,13 @@ def _restore(model: nn.Module, base: nn.Module, family: Family) -> None:
         setattr(module, switch, value)
     base.__dict__.pop("posenc_plan", None)
     model.config.__dict__.pop(CONFIG_KEY, None)
+    model.config.__dict__.pop(branches.CONFIG_KEY, None)
     if "posenc_encoding" in base._modules:
         del base._modules["posenc_encoding"]
     for layer in getattr(base, family.layers):
         module = getattr(layer, family.attention, None)
         if module is not None:
-            for attr in (_ENCODING_ATTR, _POSITIONS_ATTR, _FALLBACK_ATTR):
+            for attr in (_ENCODING_ATTR, _POSITIONS_ATTR, _FALLBACK_ATTR, branches.BRANCH_ATTR):
                 module.__dict__.pop(attr, None)
     attn_implementation = base.__dict__.pop("_posenc_original_attn", None)
     if attn_implementation is not None and model.config._attn_implementation != attn_implementation:
