@@ -41,6 +41,7 @@ from torch import Tensor
 from posenc.encodings.base import Hook, PositionalEncoding
 from posenc._validation import check_number, check_sequence_positions
 from posenc.attention import blocked, eager, flash_attention_2, flex, sdpa
+from posenc.attention.branches import BRANCH_BACKENDS, run_branches
 from posenc.attention.masks import causal_mask, check_mask, combine_masks, encoding_mask, is_mask_mod, mask_from_mod
 from posenc.errors import InvalidArgument, InvalidType
 
@@ -322,6 +323,8 @@ def attention(
     if mask is not None and not is_mask_mod(mask):
         mask = check_mask(mask, batch, num_heads, num_queries, num_keys).to(q.device)
     reason = backend_module.unsupported(encoding, mask=mask, dropout_p=dropout_p)
+    if reason is None and encoding is not None and encoding.branched:
+        reason = _branched_unsupported(encoding, backend_module, dropout_p)
     if reason is not None:
         raise InvalidArgument(reason)
     if batch == 0 or num_queries == 0 or num_keys == 0:
@@ -341,6 +344,13 @@ def attention(
     has_key = None
     if mask is not None and not is_mask_mod(mask):
         mask, has_key = combine_masks(causal_mask(num_queries, num_keys, q.device) if causal else None, mask)
+    if encoding is not None and encoding.branched:
+        q, k, v, poisoned = _quarantine(q, k, v, causal=causal, mask=mask, has_key=has_key)
+        out = run_branches(backend_module, encoding, q, k, v, q_positions=q_positions, k_positions=k_positions,
+                           causal=causal, mask=mask, scale=scale)
+        if has_key is not None:
+            out = out.masked_fill(~has_key, 0.0)
+        return out if poisoned is None else out.masked_fill(poisoned.unsqueeze(-1), float("nan"))
     if Hook.ROTATE in hooks:
         q, k = encoding.rotate(q, k, q_positions, k_positions)
     if Hook.SCORE_BIAS in hooks:
@@ -352,6 +362,18 @@ def attention(
     if has_key is not None:
         out = out.masked_fill(~has_key, 0.0)
     return out if poisoned is None else out.masked_fill(poisoned.unsqueeze(-1), float("nan"))
+
+
+def _branched_unsupported(encoding: PositionalEncoding, backend_module, dropout_p: float) -> str | None:
+    """Branch-merge attention (``encoding.branched``) needs each branch's log-sum-exp, which
+    the backends of :data:`~posenc.attention.branches.BRANCH_BACKENDS` give; no dropout (a
+    training-free inference method)."""
+    if backend_module not in BRANCH_BACKENDS.values():
+        return (f"{type(encoding).__name__} is branch-merge attention, which needs each branch's log-sum-exp: "
+                f"use backend={', '.join(repr(b) for b in BRANCH_BACKENDS)} or 'auto'")
+    if dropout_p:
+        return f"{type(encoding).__name__} is branch-merge attention, which has no attention dropout (dropout_p)"
+    return None
 
 
 def _all_finite(*tensors: Tensor) -> bool:

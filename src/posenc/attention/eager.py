@@ -71,3 +71,31 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         if extra is not None:
             out = out + extra.to(wide)
     return out.to(q.dtype)
+
+
+def run_with_lse(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, scale: float,
+                 causal: bool = False) -> tuple[Tensor, Tensor]:
+    """Plain attention (no bias, content or gate: a branch of branch-merge attention) and its
+    log-sum-exp, for :func:`posenc.attention.branches.merge_by_lse`.
+
+    q (B, H, Tq, D), k and v (B, H_kv, Tk, D); ``mask`` None or bool broadcastable to
+    (B, H, Tq, Tk) (True: may attend), the causal mask (bottom-right) added when ``causal``
+    and ``mask`` is None. Returns (out (B, H, Tq, D) in the accumulation dtype, float32 or
+    float64; lse (B, H, Tq) of the scaled, masked scores, -inf for a row with no key, whose
+    output is 0). Scores explicit: (B, H, Tq, Tk) memory.
+    """
+    batch, heads, num_queries, num_keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    if mask is None and causal:
+        mask = causal_mask(num_queries, num_keys, q.device)
+    groups, kv_rows = heads // k.shape[1], batch * k.shape[1]
+    wide = torch.promote_types(q.dtype, torch.float32)
+    q3 = q.to(wide).reshape(kv_rows, groups * num_queries, q.shape[-1])
+    k3t = k.to(wide).reshape(kv_rows, num_keys, k.shape[-1]).transpose(-2, -1)
+    logits = (torch.bmm(q3, k3t) * scale).view(batch, heads, num_queries, num_keys)
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)
+    # a row with no key: lse -inf, every weight exp(-inf - 0) = 0, output 0 (not NaN)
+    probs = torch.exp(logits - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)).unsqueeze(-1))
+    out = torch.bmm(probs.reshape(kv_rows, groups * num_queries, num_keys), v.to(wide).reshape(kv_rows, num_keys, -1))
+    return out.view(batch, heads, num_queries, -1), lse
