@@ -322,9 +322,10 @@ def attention(
         mask = mask_from_mod(mask, batch, num_heads, num_queries, num_keys, q.device)  # the backends without mask_mods
     if mask is not None and not is_mask_mod(mask):
         mask = check_mask(mask, batch, num_heads, num_queries, num_keys).to(q.device)
-    reason = backend_module.unsupported(encoding, mask=mask, dropout_p=dropout_p)
-    if reason is None and encoding is not None and encoding.branched:
+    reason = None
+    if encoding is not None and encoding.branched:
         reason = _branched_unsupported(encoding, backend_module, dropout_p)
+    reason = reason or backend_module.unsupported(encoding, mask=mask, dropout_p=dropout_p)
     if reason is not None:
         raise InvalidArgument(reason)
     if batch == 0 or num_queries == 0 or num_keys == 0:
