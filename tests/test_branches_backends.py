@@ -263,3 +263,18 @@ def test_cached_decoding_equals_the_full_pass(method, backend):
                 start += size
             torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=2e-5, rtol=0,
                                        msg=f"{method} {backend} chunks {chunks}")
+
+
+@pytest.mark.parametrize("backend", ("eager", "sdpa", "blocked"))
+def test_gradients_through_a_branched_encoding(backend):
+    """q, k, v gradients equal those of the eager select-then-softmax (autograd through both)."""
+    method, params = "dca", ACTIVE["dca"]
+    q, k, v = (t.requires_grad_() for t in _qkv(24, 24, 4, 2, torch.float64))
+    weights = torch.randn(2, 4, 24, HEAD_DIM, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    (posenc.attention(q, k, v, branched(RoPE(HEAD_DIM), method, **params), backend=backend) * weights).sum().backward()
+    got = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    (_reference(method, params, q, k, v) * weights).sum().backward()
+    for mine, want in zip(got, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(mine, want, atol=1e-10, rtol=0)
