@@ -278,3 +278,16 @@ def test_gradients_through_a_branched_encoding(backend):
     (_reference(method, params, q, k, v) * weights).sum().backward()
     for mine, want in zip(got, (q.grad, k.grad, v.grad)):
         torch.testing.assert_close(mine, want, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_branched_attention_traces_in_one_graph(backend):
+    torch._dynamo.reset()
+    encoding = branched(RoPE(HEAD_DIM), "dca", **ACTIVE["dca"])
+    q, k, v = _qkv(20, 20, 4, 2, torch.float32)
+    compiled = torch.compile(lambda q, k, v: posenc.attention(q, k, v, encoding, backend=backend),
+                             backend="eager", fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(q, k, v), posenc.attention(q, k, v, encoding, backend=backend),
+                                   atol=1e-6, rtol=0)
+    torch._dynamo.reset()
