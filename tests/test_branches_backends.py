@@ -215,6 +215,7 @@ def test_attention_with_a_user_mask_and_left_padding_positions(backend):
         first = posenc.attention(q[:1], k[:1], v[:1], encoding, backend="eager")
     torch.testing.assert_close(got[1:, :, pad:], alone, atol=1e-6, rtol=0)
     torch.testing.assert_close(got[:1], first, atol=1e-6, rtol=0)
+    assert torch.equal(got[1, :, :pad], torch.zeros_like(got[1, :, :pad]))  # padding queries see no key: 0, not NaN
 
 
 def test_branched_rope_for_model_and_config():

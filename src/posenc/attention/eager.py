@@ -89,13 +89,23 @@ def run_with_lse(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, scale:
         mask = causal_mask(num_queries, num_keys, q.device)
     groups, kv_rows = heads // k.shape[1], batch * k.shape[1]
     wide = torch.promote_types(q.dtype, torch.float32)
-    q3 = q.to(wide).reshape(kv_rows, groups * num_queries, q.shape[-1])
+    q3 = q.to(wide).reshape(kv_rows, groups * num_queries, q.shape[-1]) * scale
     k3t = k.to(wide).reshape(kv_rows, num_keys, k.shape[-1]).transpose(-2, -1)
-    logits = (torch.bmm(q3, k3t) * scale).view(batch, heads, num_queries, num_keys)
+    logits = torch.bmm(q3, k3t).view(batch, heads, num_queries, num_keys)
+    has_key = None
     if mask is not None:
-        logits = logits.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(logits, dim=-1)
-    # a row with no key: lse -inf, every weight exp(-inf - 0) = 0, output 0 (not NaN)
-    probs = torch.exp(logits - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)).unsqueeze(-1))
+        # a row with no key is opened to every key (a finite softmax, no NaN in any gradient),
+        # then its output set to 0 and its lse to -inf
+        has_key = mask.any(dim=-1, keepdim=True)
+        logits = logits.masked_fill(~(mask | ~has_key), float("-inf"))
+    # torch's softmax kernel (its exp of -inf entries is several times faster than torch.exp's
+    # on the CPU), and the log-sum-exp read back from its largest probability: p_max =
+    # exp(max - lse), so lse = max - log(p_max), with p_max >= 1 / Tk (no loss of precision)
+    probs = torch.softmax(logits, dim=-1)
+    lse = logits.amax(dim=-1) - probs.amax(dim=-1).log()
     out = torch.bmm(probs.reshape(kv_rows, groups * num_queries, num_keys), v.to(wide).reshape(kv_rows, num_keys, -1))
-    return out.view(batch, heads, num_queries, -1), lse
+    out = out.view(batch, heads, num_queries, -1)
+    if has_key is not None:
+        out = torch.where(has_key, out, torch.zeros((), dtype=out.dtype, device=out.device))
+        lse = torch.where(has_key.squeeze(-1), lse, torch.full((), float("-inf"), dtype=lse.dtype, device=lse.device))
+    return out, lse

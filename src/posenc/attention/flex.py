@@ -188,7 +188,9 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, *, score_mod, mask, causal: bool, s
         # and compiled with the caller's graph: no nested compile, no warnings context
         block_mask = _block_mask(mask, use_compiled=False, **shapes)
         return _with_lse(flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa, **lse_kw), lse_kw)
-    use_compiled = min(num_queries, num_keys) > FLEX_COMPILE_MIN_LENGTH and not (q.device.type == "cpu" and learned_bias)
+    # torch 2.13's compiled CPU kernel refuses learned-bias gradients and the log-sum-exp
+    cpu_uncompiled = q.device.type == "cpu" and (learned_bias or return_lse)
+    use_compiled = min(num_queries, num_keys) > FLEX_COMPILE_MIN_LENGTH and not cpu_uncompiled
     if not use_compiled:
         # the uncompiled flex_attention (scores materialized, small here) is exact
         with warnings.catch_warnings():
@@ -242,7 +244,9 @@ def run_with_lse(q: Tensor, k: Tensor, v: Tensor, *, mask, scale: float, causal:
     FlexAttention's ``return_lse=True``: out (B, H, Tq, D) in q's dtype, lse (B, H, Tq) (natural
     log; -inf for a row with no key, whose output is 0). ``mask``: None, a mask_mod or a 4-D
     bool tensor; with ``causal`` the causal mask is and-ed in (for a mask_mod or None). No
-    (Tq, Tk) tensor is made for a mask_mod. As :func:`run`: no q, k, v backward on the CPU."""
+    (Tq, Tk) tensor is made for a mask_mod on CUDA; on the CPU FlexAttention runs uncompiled
+    (torch 2.13's compiled CPU kernel has no log-sum-exp: "return_lse is not supported yet"),
+    which materializes the scores. As :func:`run`: no q, k, v backward on the CPU."""
     if q.device.type == "cpu" and not torch.is_grad_enabled():
         q, k, v = q.detach(), k.detach(), v.detach()
     if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
