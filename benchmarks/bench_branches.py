@@ -52,10 +52,11 @@ def main(argv: list[str] | None = None) -> None:
         q = torch.randn(1, args.heads, length, args.head_dim)
         k, v = (torch.randn(1, args.kv_heads, length, args.head_dim) for _ in range(2))
         with torch.no_grad():
-            base = _time(lambda: posenc.attention(q, k, v, rope, backend="sdpa"), args.repeats)
+            base = _time(lambda q=q, k=k, v=v: posenc.attention(q, k, v, rope, backend="sdpa"), args.repeats)
             cells = []
             for backend in args.backends.split(","):
-                seconds = _time(lambda b=backend: posenc.attention(q, k, v, encoding, backend=b), args.repeats)
+                seconds = _time(lambda q=q, k=k, v=v, b=backend: posenc.attention(q, k, v, encoding, backend=b),
+                                args.repeats)
                 cells.append(f"{seconds:8.3f} ({seconds / base:4.1f}x)")
         print(f"{length:>6} {base:>10.3f} " + " ".join(f"{c:>16}" for c in cells))
 
