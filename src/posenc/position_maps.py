@@ -191,6 +191,10 @@ class StreamingLLM(_PositionMap):
     "sinks" (the evicted-window sinks, query at start_size + recent_size - 1). The reference's
     first prompt, prefilled in one pass without eviction, is not this map: here every query is
     treated as if decoded one token at a time.
+
+    In a KV cache that keeps every key (the lab model's, run with
+    :class:`posenc.encodings.BranchedRoPE`) the evicted keys are masked, not dropped: the
+    attention is the reference's evicting cache's, the memory is not bounded.
     """
 
     start_size: int = 4
@@ -531,8 +535,9 @@ class String(_PositionMap):
 
     The reference also multiplies its cos and sin tables by its attention factor
     (0.1 ln 2 + 1, :attr:`attention_factor`), i.e. every logit by its square, at every position; that is a
-    temperature, not a position, so the map does not apply it: pass
-    ``scale=map.attention_factor ** 2 / sqrt(D)`` to :func:`branch_attention` to match it.
+    temperature, not a position, so the branches do not apply it: pass
+    ``scale=map.attention_factor ** 2 / sqrt(D)`` to :func:`branch_attention` to match it;
+    :class:`posenc.encodings.BranchedRoPE` applies it (:attr:`logit_factor`).
     """
 
     shifted_offset: int = int(0.33 * 4096)

@@ -2,7 +2,10 @@
 
 ``attention(q, k, v, encoding)`` checks its arguments, fills in default positions, applies the
 encoding's ``rotate`` hook to q and k once, and runs one backend; it never looks at the
-encoding's name. Shapes: B batch, H heads, Tq queries, Tk keys, D head_dim.
+encoding's name. An encoding that states branch-merge attention (``encoding.branched``:
+:class:`~posenc.encodings.BranchedRoPE`, the training-free context extensions) is rotated per
+branch instead (``encoding.attention_branches``), one attention per branch on the backend's
+``run_with_lse``, merged by log-sum-exp (:func:`posenc.attention.branches.run_branches`). Shapes: B batch, H heads, Tq queries, Tk keys, D head_dim.
 
 Backends (one module each, in :data:`_BACKENDS`), all with the same two functions:
 
@@ -236,6 +239,8 @@ def attention(
             ALiBi or no bias, no ``mask``; needs ``pip install flash-attn``) or "auto", which
             picks by device, encoding hooks, bias size, dtype, mask and dropout: the table in
             docs/fast_attention.md, "The `auto` rule" (the one statement of the rule).
+            A branched encoding (``encoding.branched``) runs on "eager", "sdpa", "blocked"
+            and "flex" (docs/fast_attention.md, "Branch-merge attention"), without dropout.
         mask: optional boolean tensor, True where query i may attend key j, of shape
             (Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk), any of B, H, Tq may be 1 to broadcast
             (a key-padding mask is (B, 1, Tk)); or a FlexAttention mask_mod

@@ -27,7 +27,7 @@ Two ways to run them:
   "flex" (one attention per branch with its log-sum-exp, merged by :func:`merge_by_lse`);
 - :func:`posenc.attention` with an encoding that states branches
   (:class:`posenc.encodings.BranchedRoPE`, built by :func:`posenc.encodings.branched`): the
-  maps at the call's positions (:meth:`~posenc.position_maps.Branch`), on every backend that
+  maps at the call's positions (``map.branches_at``), on every backend that
   takes RoPE and in the lab model's KV cache (:func:`run_branches`).
 
 Which backend gives the log-sum-exp how, and what each costs in memory: docs/fast_attention.md,
