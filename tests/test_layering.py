@@ -33,7 +33,7 @@ import posenc
 LIBRARY = ("ground", "kernels", "encodings", "attention", "masks", "hf_config", "rope_face", "integrations", "moved",
            "face")
 LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
-    ("ground", ("posenc.errors", "posenc._validation", "posenc.mask_rules", "posenc._version"), ()),
+    ("ground", ("posenc.errors", "posenc._validation", "posenc.mask_rules", "posenc.position_maps", "posenc._version"), ()),
     ("kernels", ("posenc.kernels.*",), ("ground",)),
     ("encodings", ("posenc.encodings.*",), ("ground", "kernels")),
     ("attention", ("posenc.attention.*",), ("ground", "posenc.encodings.base")),

@@ -2,7 +2,10 @@
 
 ``attention(q, k, v, encoding)`` checks its arguments, fills in default positions, applies the
 encoding's ``rotate`` hook to q and k once, and runs one backend; it never looks at the
-encoding's name. Shapes: B batch, H heads, Tq queries, Tk keys, D head_dim.
+encoding's name. An encoding that states branch-merge attention (``encoding.branched``:
+:class:`~posenc.encodings.BranchedRoPE`, the training-free context extensions) is rotated per
+branch instead (``encoding.attention_branches``), one attention per branch on the backend's
+``run_with_lse``, merged by log-sum-exp (:func:`posenc.attention.branches.run_branches`). Shapes: B batch, H heads, Tq queries, Tk keys, D head_dim.
 
 Backends (one module each, in :data:`_BACKENDS`), all with the same two functions:
 
@@ -41,6 +44,7 @@ from torch import Tensor
 from posenc.encodings.base import Hook, PositionalEncoding
 from posenc._validation import check_number, check_sequence_positions
 from posenc.attention import blocked, eager, flash_attention_2, flex, sdpa
+from posenc.attention.branches import BRANCH_BACKENDS, run_branches
 from posenc.attention.masks import causal_mask, check_mask, combine_masks, encoding_mask, is_mask_mod, mask_from_mod
 from posenc.errors import InvalidArgument, InvalidType
 
@@ -235,6 +239,8 @@ def attention(
             ALiBi or no bias, no ``mask``; needs ``pip install flash-attn``) or "auto", which
             picks by device, encoding hooks, bias size, dtype, mask and dropout: the table in
             docs/fast_attention.md, "The `auto` rule" (the one statement of the rule).
+            A branched encoding (``encoding.branched``) runs on "eager", "sdpa", "blocked"
+            and "flex" (docs/fast_attention.md, "Branch-merge attention"), without dropout.
         mask: optional boolean tensor, True where query i may attend key j, of shape
             (Tq, Tk), (B, Tq, Tk) or (B, H, Tq, Tk), any of B, H, Tq may be 1 to broadcast
             (a key-padding mask is (B, 1, Tk)); or a FlexAttention mask_mod
@@ -321,7 +327,10 @@ def attention(
         mask = mask_from_mod(mask, batch, num_heads, num_queries, num_keys, q.device)  # the backends without mask_mods
     if mask is not None and not is_mask_mod(mask):
         mask = check_mask(mask, batch, num_heads, num_queries, num_keys).to(q.device)
-    reason = backend_module.unsupported(encoding, mask=mask, dropout_p=dropout_p)
+    reason = None
+    if encoding is not None and encoding.branched:
+        reason = _branched_unsupported(encoding, backend_module, dropout_p)
+    reason = reason or backend_module.unsupported(encoding, mask=mask, dropout_p=dropout_p)
     if reason is not None:
         raise InvalidArgument(reason)
     if batch == 0 or num_queries == 0 or num_keys == 0:
@@ -341,6 +350,13 @@ def attention(
     has_key = None
     if mask is not None and not is_mask_mod(mask):
         mask, has_key = combine_masks(causal_mask(num_queries, num_keys, q.device) if causal else None, mask)
+    if encoding is not None and encoding.branched:
+        q, k, v, poisoned = _quarantine(q, k, v, causal=causal, mask=mask, has_key=has_key)
+        out = run_branches(backend_module, encoding, q, k, v, q_positions=q_positions, k_positions=k_positions,
+                           causal=causal, mask=mask, scale=scale)
+        if has_key is not None:
+            out = out.masked_fill(~has_key, 0.0)
+        return out if poisoned is None else out.masked_fill(poisoned.unsqueeze(-1), float("nan"))
     if Hook.ROTATE in hooks:
         q, k = encoding.rotate(q, k, q_positions, k_positions)
     if Hook.SCORE_BIAS in hooks:
@@ -352,6 +368,18 @@ def attention(
     if has_key is not None:
         out = out.masked_fill(~has_key, 0.0)
     return out if poisoned is None else out.masked_fill(poisoned.unsqueeze(-1), float("nan"))
+
+
+def _branched_unsupported(encoding: PositionalEncoding, backend_module, dropout_p: float) -> str | None:
+    """Branch-merge attention (``encoding.branched``) needs each branch's log-sum-exp, which
+    the backends of :data:`~posenc.attention.branches.BRANCH_BACKENDS` give; no dropout (a
+    training-free inference method)."""
+    if backend_module not in BRANCH_BACKENDS.values():
+        return (f"{type(encoding).__name__} is branch-merge attention, which needs each branch's log-sum-exp: "
+                f"use backend={', '.join(repr(b) for b in BRANCH_BACKENDS)} or 'auto'")
+    if dropout_p:
+        return f"{type(encoding).__name__} is branch-merge attention, which has no attention dropout (dropout_p)"
+    return None
 
 
 def _all_finite(*tensors: Tensor) -> bool:

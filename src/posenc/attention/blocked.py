@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.attention.tiling import Block, query_blocks
+from posenc.attention.masks import as_4d, causal_mask
+from posenc.attention.tiling import BLOCKED_TILE_ELEMENTS, Block, query_blocks
 from posenc.encodings.base import Hook, PositionalEncoding
 
 
@@ -233,3 +234,53 @@ class BlockedAttention(torch.autograd.Function):
                         bias_grads[i] = grad if bias_grads[i] is None else bias_grads[i] + grad
             del block, tile, d_scores, grouped_ds, block_dq
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, *bias_grads
+
+
+def run_with_lse(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, scale: float,
+                 causal: bool = False) -> tuple[Tensor, Tensor]:
+    """Plain attention and its log-sum-exp (a branch of branch-merge attention) over query
+    blocks, as :func:`posenc.attention.eager.run_with_lse` (same arguments and returns): blocks
+    sized so that one block's scores hold at most
+    :data:`~posenc.attention.tiling.BLOCKED_TILE_ELEMENTS` entries, each block's softmax and
+    log-sum-exp computed from its scores alone (a row's whole key range is in its block); with
+    ``causal`` the keys wholly after a block are skipped (the mask must then hold the causal
+    mask). Without a gradient to take, :func:`_probabilities` (in place, one exp pass); with
+    one, the same out of place, and autograd saves every block's probabilities (no
+    recomputing backward here)."""
+    batch, heads, num_queries, num_keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    if mask is None and causal:
+        mask = causal_mask(num_queries, num_keys, q.device)
+    mask = None if mask is None else as_4d(mask)
+    wide = torch.promote_types(q.dtype, torch.float32)
+    differentiable = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    rows = max(1, BLOCKED_TILE_ELEMENTS // max(1, batch * heads * num_keys))
+    outputs, lses = [], []
+    for start in range(0, num_queries, rows):  # a few blocks per call, as query_blocks cuts them
+        stop = min(num_queries, start + rows)
+        key_end = min(num_keys, stop + num_keys - num_queries) if causal else num_keys
+        block_mask = None
+        if mask is not None:
+            block_mask = mask[..., start:stop, :key_end] if mask.shape[-2] > 1 else mask[..., :key_end]
+        block = _differentiable_block if differentiable else _probabilities
+        probs, lse = block(q[:, :, start:stop], k[:, :, :key_end], block_mask, scale, wide)
+        out = torch.matmul(_grouped(probs, k.shape[1]), v[:, :, :key_end].to(wide)).view(batch, heads, stop - start, -1)
+        lse = lse.squeeze(-1)
+        if block_mask is not None:
+            lse = lse.masked_fill(~block_mask.any(dim=-1), float("-inf"))
+        outputs.append(out)
+        lses.append(lse.expand(batch, heads, stop - start))
+    return torch.cat(outputs, dim=2), torch.cat(lses, dim=2)
+
+
+def _differentiable_block(rows: Tensor, keys: Tensor, mask: Tensor | None, scale: float,
+                          wide: torch.dtype) -> tuple[Tensor, Tensor]:
+    """:func:`_probabilities` out of place (autograd through it): probabilities (B, H, n, Tk')
+    and log-sum-exp (B, H, n, 1), a row without keys giving zeros."""
+    batch, heads, n, _ = rows.shape
+    grouped = _grouped(rows.to(wide) * scale, keys.shape[1])
+    scores = torch.matmul(grouped, keys.to(wide).transpose(-2, -1)).view(batch, heads, n, keys.shape[2])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    probs = torch.exp(scores - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)))
+    return probs, lse

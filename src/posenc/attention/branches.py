@@ -1,5 +1,5 @@
 """Branch-merge attention: several ordinary attentions over disjoint key sets, each with its
-own RoPE positions, merged exactly by log-sum-exp (issue 26, item 2; first increment).
+own RoPE positions, merged exactly by log-sum-exp (issue 26, item 2).
 
 A *branch* is ``(q_positions, k_positions, key_mask)``: int64 positions (Tq,) and (Tk,) at
 which the queries and keys are rotated, and a bool (Tq, Tk) mask of the keys this branch
@@ -9,33 +9,66 @@ and log-sum-exp l_b (the identity flash-decoding and ring attention rely on):
 
     out = sum_b exp(l_b - m) o_b / sum_b exp(l_b - m),   m = max_b l_b.
 
-The training-free context extensions are position maps of this kind; this module has seven,
-each named and parameterized as its reference code spells it: :func:`streaming_llm` (Xiao et
-al. 2023, "Efficient Streaming Language Models with Attention Sinks"), :func:`self_extend`
-(Jin et al. 2024, "LLM Maybe LongLM: Self-Extend LLM Context Window Without Tuning"),
-:func:`rerope` and :func:`leaky_rerope` (Su 2023, bojone/rerope, with their log-n query
-scaling), :func:`lm_infinite` (Han et al. 2023, "LM-Infinite"), :func:`dca` (An et al. 2024,
-"Training-Free Long-Context Scaling of Large Language Models", ChunkLlama) and :func:`string`
-(An et al. 2024, "Why Does the Effective Context Length of LLMs Fall Short?", STRING). Eager
-math only in this increment (T² scores per branch); the backends (sdpa, blocked, flex) and
-the KV cache are not wired yet (docs/fast_attention.md).
+The training-free context extensions are position maps of this kind, seven of them, each
+named and parameterized as its reference code spells it (defined in :mod:`posenc.position_maps`,
+the ground floor that the encodings read too, and re-exported here): :func:`streaming_llm`
+(Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks"),
+:func:`self_extend` (Jin et al. 2024, "LLM Maybe LongLM: Self-Extend LLM Context Window Without
+Tuning"), :func:`rerope` and :func:`leaky_rerope` (Su 2023, bojone/rerope, with their log-n
+query scaling), :func:`lm_infinite` (Han et al. 2023, "LM-Infinite"), :func:`dca` (An et al.
+2024, "Training-Free Long-Context Scaling of Large Language Models", ChunkLlama) and
+:func:`string` (An et al. 2024, "Why Does the Effective Context Length of LLMs Fall Short?",
+STRING); :data:`METHODS` names them.
+
+Two ways to run them:
+
+- :func:`branch_attention` (lengths-based: the queries are the last Tq of Tk tokens), with
+  ``backend=`` "eager" (explicit scores; ``merge="select"`` or ``"lse"``), "sdpa", "blocked" or
+  "flex" (one attention per branch with its log-sum-exp, merged by :func:`merge_by_lse`);
+- :func:`posenc.attention` with an encoding that states branches
+  (:class:`posenc.encodings.BranchedRoPE`, built by :func:`posenc.encodings.branched`): the
+  maps at the call's positions (``map.branches_at``), on every backend that
+  takes RoPE and in the lab model's KV cache (:func:`run_branches`).
+
+Which backend gives the log-sum-exp how, and what each costs in memory: docs/fast_attention.md,
+"Branch-merge attention".
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from posenc._validation import check_positive_int
-from posenc.errors import InvalidArgument, InvalidType, MissingKey
+from posenc.attention import blocked, eager, flex, sdpa
+from posenc.attention.masks import as_4d
+from posenc.errors import InvalidArgument, InvalidType
+from posenc.mask_rules import position_at
+from posenc.position_maps import (
+    METHODS,
+    Branch,
+    DualChunk,
+    LeakyReRoPE,
+    LMInfinite,
+    ReRoPE,
+    SelfExtend,
+    StreamingLLM,
+    String,
+    dca,
+    leaky_rerope,
+    lm_infinite,
+    position_map,
+    rerope,
+    self_extend,
+    streaming_llm,
+    string,
+)
 
 __all__ = [
+    "BRANCH_BACKENDS",
     "MERGE_MODES",
+    "METHODS",
     "Branch",
     "DualChunk",
     "LMInfinite",
@@ -49,11 +82,17 @@ __all__ = [
     "leaky_rerope",
     "lm_infinite",
     "merge_by_lse",
+    "position_map",
     "rerope",
+    "run_branches",
     "self_extend",
     "streaming_llm",
     "string",
 ]
+
+#: The backends that give each branch's log-sum-exp (``run_with_lse``): every backend that
+#: takes RoPE but "flash_attention_2" (ALiBi's kernel).
+BRANCH_BACKENDS = {"eager": eager, "sdpa": sdpa, "blocked": blocked, "flex": flex}
 
 #: How :func:`branch_attention` combines its branches: ``"lse"`` (one attention per branch,
 #: merged by :func:`merge_by_lse`) or ``"select"`` (each logit taken from the branch that
@@ -61,15 +100,6 @@ __all__ = [
 MERGE_MODES = ("lse", "select")
 
 Rotate = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
-
-
-class Branch(NamedTuple):
-    """One branch: queries rotated at ``q_positions`` (int64 (Tq,)), keys at ``k_positions``
-    (int64 (Tk,)), taking the keys where ``key_mask`` (bool (Tq, Tk)) is True."""
-
-    q_positions: Tensor
-    k_positions: Tensor
-    key_mask: Tensor
 
 
 def merge_by_lse(outputs: Tensor | Sequence[Tensor], lses: Tensor | Sequence[Tensor]) -> Tensor:
@@ -122,7 +152,8 @@ def _stacked(x, argname: str) -> Tensor:
 
 
 def branch_attention(q: Tensor, k: Tensor, v: Tensor, *, rotate: Rotate, branches: Sequence[Branch],
-                     scale: float | None = None, causal: bool = True, merge: str = "lse") -> Tensor:
+                     scale: float | None = None, causal: bool = True, merge: str = "lse",
+                     backend: str = "eager") -> Tensor:
     """Attention whose keys are split into branches, each rotated at its own positions.
 
     Args:
@@ -133,20 +164,31 @@ def branch_attention(q: Tensor, k: Tensor, v: Tensor, *, rotate: Rotate, branche
         scale: the logit scale, default 1/sqrt(D).
         causal: also mask the keys after each query's absolute position.
         merge: one of :data:`MERGE_MODES`; both give the same result (to rounding).
+        backend: a key of :data:`BRANCH_BACKENDS`. "eager" (the default) computes every
+            branch's scores explicitly, as before; "sdpa", "blocked" and "flex" run one
+            attention per branch on that backend, which returns its log-sum-exp, and merge by
+            :func:`merge_by_lse` (``merge="lse"`` only).
 
     Returns (B, H, Tq, D) in q's dtype; scores, softmax and merge in float32 (float64 for
     float64 inputs). A query row that no branch covers is 0.
 
     Raises:
-        InvalidArgument: an unknown merge, mismatched shapes, positions or masks of the wrong
-            shape, overlapping branches, or no branch.
+        InvalidArgument: an unknown merge or backend, merge="select" on a backend other than
+            "eager", mismatched shapes, positions or masks of the wrong shape, overlapping
+            branches, or no branch.
         InvalidType: positions that are not integer tensors, a mask that is not bool.
     """
     if merge not in MERGE_MODES:
         raise InvalidArgument(f"merge must be one of {MERGE_MODES}, got {merge!r}")
+    if backend not in BRANCH_BACKENDS:
+        raise InvalidArgument(f"backend must be one of {tuple(BRANCH_BACKENDS)}, got {backend!r}")
+    if merge == "select" and backend != "eager":
+        raise InvalidArgument(f"merge='select' needs every branch's scores: backend='eager' only, got {backend!r}")
     q_len, k_len = _check_qkv(q, k, v)
     _check_branches(branches, q_len, k_len)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if backend != "eager":
+        return _on_backend(BRANCH_BACKENDS[backend], q, k, v, rotate, branches, scale, causal)
     allowed = _causal_mask(q_len, k_len, q.device) if causal else None
     acc = torch.promote_types(q.dtype, torch.float32)
     group = q.shape[1] // k.shape[1]
@@ -162,6 +204,68 @@ def branch_attention(q: Tensor, k: Tensor, v: Tensor, *, rotate: Rotate, branche
         return _select_then_softmax(scores, masks, values).to(q.dtype)
     outputs, lses = zip(*(_masked_attention(s, m, values) for s, m in zip(scores, masks)))
     return merge_by_lse(list(outputs), list(lses)).to(q.dtype)
+
+
+def _on_backend(module, q: Tensor, k: Tensor, v: Tensor, rotate: Rotate, branches: Sequence[Branch], scale: float,
+                causal: bool) -> Tensor:
+    """One attention per branch on ``module`` (its ``run_with_lse``), merged by log-sum-exp."""
+    allowed = _causal_mask(q.shape[2], k.shape[2], q.device) if causal else None
+    outputs, lses = [], []
+    for branch in branches:
+        q_rot, k_rot = rotate(q, k, branch.q_positions, branch.k_positions)
+        mask = branch.key_mask.to(q.device) if allowed is None else branch.key_mask.to(q.device) & allowed
+        out, lse = module.run_with_lse(q_rot, k_rot, v, mask=as_4d(mask), scale=scale, causal=False)
+        outputs.append(out)
+        lses.append(lse)
+    return merge_by_lse(outputs, lses).to(q.dtype)
+
+
+def run_branches(module, encoding, q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor, k_positions: Tensor,
+                 causal: bool, mask, scale: float) -> Tensor:
+    """The branch-merge attention of an encoding that states branches, for
+    :func:`posenc.attention` (q, k unrotated; positions, mask and scale as it hands a backend).
+
+    ``encoding.attention_branches(q, k, q_positions, k_positions)`` gives, per branch, q and k
+    rotated at the branch's positions and the branch's key rule ``allowed(q_pos, k_pos)``
+    (elementwise on positions). Each branch's mask is that rule on the call's positions
+    and-ed with ``mask`` (the causal, user and positional masks as :func:`posenc.attention`
+    combined them; or, on flex, a mask_mod or None, the causal mask added by flex): on flex a
+    mask_mod (nothing (Tq, Tk) made), elsewhere a bool (1 or B, 1, Tq, Tk) tensor. Each
+    branch runs on ``module.run_with_lse``; the outputs are merged by :func:`merge_by_lse`.
+    Returns (B, H, Tq, D) in q's dtype.
+    """
+    batch, heads, num_queries, num_keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    outputs, lses = [], []
+    base = mask
+    if module is not flex and base is None and causal:
+        base = as_4d(_causal_mask(num_queries, num_keys, q.device))
+    for q_rot, k_rot, allowed in encoding.attention_branches(q, k, q_positions, k_positions):
+        if module is flex:
+            branch_mask = _branch_mask_mod(allowed, q_positions, k_positions, base, batch=batch, heads=heads,
+                                           num_queries=num_queries, num_keys=num_keys)
+        else:
+            grid = allowed(q_positions.unsqueeze(-1), k_positions.unsqueeze(-2))
+            grid = as_4d(grid) if grid.dim() == 2 else grid.unsqueeze(1)  # (1 or B, 1, Tq, Tk)
+            branch_mask = grid if base is None else grid & base
+        out, lse = module.run_with_lse(q_rot, k_rot, v, mask=branch_mask, scale=scale, causal=causal)
+        outputs.append(out)
+        lses.append(lse)
+    return merge_by_lse(outputs, lses).to(q.dtype)
+
+
+def _branch_mask_mod(allowed: Callable[[Tensor, Tensor], Tensor], q_positions: Tensor, k_positions: Tensor, mask, *,
+                     batch: int, heads: int, num_queries: int, num_keys: int):
+    """A branch's key rule as a FlexAttention mask_mod on the call's positions, and-ed with
+    ``mask`` (None, a mask_mod or a 4-D bool tensor)."""
+
+    def branch_mod(b, h, q_idx, kv_idx):
+        return allowed(position_at(q_positions, b, q_idx), position_at(k_positions, b, kv_idx))
+
+    if mask is None:
+        return branch_mod
+    if isinstance(mask, Tensor):
+        mask = flex.tensor_mask_mod(mask, batch, heads, num_queries, num_keys)
+    return flex.and_mask_mods(mask, branch_mod)
 
 
 def _masked_attention(scores: Tensor, mask: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
@@ -221,424 +325,3 @@ def _check_branches(branches: Sequence[Branch], q_len: int, k_len: int) -> None:
         overlap = torch.stack([b[2].to(branches[0][2].device) for b in branches]).sum(dim=0).max()
         if int(overlap) > 1:
             raise InvalidArgument("branches must take disjoint keys: a (query, key) pair is in two key masks")
-
-
-def _query_and_key_indices(q_len: int, k_len: int, device) -> tuple[Tensor, Tensor]:
-    """Absolute positions of the queries (the last q_len tokens) as a column, and of the keys."""
-    if q_len > k_len:
-        raise InvalidArgument(f"q_len must be <= k_len, got {q_len} > {k_len}")
-    i = torch.arange(k_len - q_len, k_len, device=device, dtype=torch.int64)
-    return i, torch.arange(k_len, device=device, dtype=torch.int64)
-
-
-@dataclass(frozen=True)
-class _PositionMap:
-    def branches(self, q_len: int, k_len: int, device=None) -> list[Branch]:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def relative_positions(self, q_len: int, k_len: int) -> tuple[Tensor, Tensor]:
-        """The map as a matrix: (rel, covered), int64 and bool (q_len, k_len); rel[t, j] is the
-        rotation distance q_position - k_position of the branch that takes key j for query t
-        (0 where none does, ``covered`` False). Causal: keys after the query are not covered."""
-        rel = torch.zeros(q_len, k_len, dtype=torch.int64)
-        covered = torch.zeros(q_len, k_len, dtype=torch.bool)
-        causal = _causal_mask(q_len, k_len, None)
-        for b in self.branches(q_len, k_len):
-            mask = b.key_mask & causal
-            rel = torch.where(mask, b.q_positions.unsqueeze(-1) - b.k_positions, rel)
-            covered |= mask
-        return rel, covered
-
-
-@dataclass(frozen=True)
-class StreamingLLM(_PositionMap):
-    """StreamingLLM (Xiao et al. 2023, arXiv 2309.17453): each query sees the first
-    ``start_size`` keys (the attention sinks) and its last ``recent_size`` keys (itself
-    included), with positions *within the cache*: the kept keys re-indexed 0..len-1 in cache
-    order and the query at the index of its own key, len - 1 (mit-han-lab/streaming-llm,
-    ``StartRecentKVCache.evict_for_space`` then ``pos_shift/modify_llama.py``, token by token).
-
-    The key masks are causal (a key after its query is in no branch). A recent key keeps its distance i - j; a sink key j is at distance
-    start_size + recent_size - 1 - j once the cache is full. Two branches: "direct" (the
-    recent keys, and every key while i < start_size + recent_size, at positions i and j) and
-    "sinks" (the evicted-window sinks, query at start_size + recent_size - 1). The reference's
-    first prompt, prefilled in one pass without eviction, is not this map: here every query is
-    treated as if decoded one token at a time.
-    """
-
-    start_size: int = 4
-    recent_size: int = 512
-
-    def __post_init__(self):
-        _check_size(self.start_size, "start_size", minimum=0)
-        _check_size(self.recent_size, "recent_size", minimum=1)
-
-    def branches(self, q_len: int, k_len: int, device=None) -> list[Branch]:
-        i, j = _query_and_key_indices(q_len, k_len, device)
-        cache = self.start_size + self.recent_size
-        past = j <= i.unsqueeze(-1)
-        recent = past & (j > i.unsqueeze(-1) - self.recent_size)
-        sink = past & (j < self.start_size)
-        warm = (i < cache).unsqueeze(-1)  # the cache not yet full: nothing evicted, plain positions
-        direct = recent | (sink & warm)
-        sinks = sink & ~recent & ~warm
-        return [Branch(i, j, direct), Branch(torch.clamp(i, max=cache - 1), j, sinks)]
-
-
-@dataclass(frozen=True)
-class SelfExtend(_PositionMap):
-    """Self-Extend (Jin et al. 2024, arXiv 2401.01325): keys within ``neighbor_window`` of the
-    query (distance i - j < neighbor_window) at their normal positions; farther keys at grouped
-    positions, query i at i // group_size + neighbor_window - neighbor_window // group_size and
-    key j at j // group_size, so that the grouped distances continue the neighbor ones.
-
-    Integer floor division throughout, in prefill and decode alike: the reference's flash
-    decode (datamllab/LongLM ``self_extend_patch/Llama.py``, ``flash_self_extend_forward``,
-    q_len == 1) subtracts ``neighbor_window // group_size``, while its eager and flash prefill
-    subtract ``neighbor_window / group_size``, a fraction when the window is not a multiple of
-    the group: the two disagree there, and this map follows the decode (integer positions).
-    Where the window is a multiple of the group the reference's paths agree with this map.
-    """
-
-    group_size: int = 8
-    neighbor_window: int = 1024
-
-    def __post_init__(self):
-        _check_size(self.group_size, "group_size", minimum=1)
-        _check_size(self.neighbor_window, "neighbor_window", minimum=1)
-
-    def branches(self, q_len: int, k_len: int, device=None) -> list[Branch]:
-        i, j = _query_and_key_indices(q_len, k_len, device)
-        g, w = self.group_size, self.neighbor_window
-        distance = i.unsqueeze(-1) - j
-        neighbor = (distance >= 0) & (distance < w)
-        grouped_q = i // g + w - w // g
-        return [Branch(i, j, neighbor), Branch(grouped_q, j // g, distance >= w)]
-
-
-def streaming_llm(start_size: int = 4, recent_size: int = 512) -> StreamingLLM:
-    """The StreamingLLM position map (:class:`StreamingLLM`); defaults are the reference's
-    ``StartRecentKVCache(start_size=4, recent_size=512)``."""
-    return StreamingLLM(start_size, recent_size)
-
-
-def self_extend(group_size: int = 8, neighbor_window: int = 1024) -> SelfExtend:
-    """The Self-Extend position map (:class:`SelfExtend`); defaults are the reference's
-    (``group_size_1=8``, ``group_size_2=1024`` in datamllab/LongLM)."""
-    return SelfExtend(group_size, neighbor_window)
-
-
-# ReRoPE and Leaky ReRoPE (Su 2023, https://kexue.fm/archives/9708), reference code
-# bojone/rerope ``rerope_patch.py`` and ``leaky_rerope_patch.py`` (transformers 4.31 patches).
-
-
-def _log_n_query_scale(q_len: int, k_len: int, training_length: int, device=None) -> Tensor:
-    """max(1, log(i + 1) / log(training_length)) at each query's absolute position i, float64
-    (q_len,): bojone/rerope multiplies every query by it before any rotation."""
-    i, _ = _query_and_key_indices(q_len, k_len, device)
-    log_length = torch.tensor(float(training_length), dtype=torch.float64, device=i.device).log()
-    return ((i + 1).to(torch.float64).log() / log_length).clamp(min=1.0)
-
-
-def _check_training_length(value) -> None:
-    check_positive_int(value, "training_length")
-    if value < 2:  # log(training_length) is the divisor of the query scale
-        raise InvalidArgument(f"training_length must be an int >= 2, got {value!r}")
-
-
-@dataclass(frozen=True)
-class _LogNScaled(_PositionMap):
-    def query_scale(self, q_len: int, k_len: int, device=None) -> Tensor:
-        """The log-n query scale, float64 (q_len,): max(1, log(i + 1) / log(training_length))
-        at each query's absolute position i (the queries are the last q_len of k_len tokens).
-        1 exactly for every query at i + 1 <= training_length."""
-        return _log_n_query_scale(q_len, k_len, self.training_length, device)
-
-    def scale_queries(self, q: Tensor, k_len: int) -> Tensor:
-        """q (B, H, Tq, D) times :meth:`query_scale`, the scale cast to q's dtype first as the
-        reference does (``.to(query_states.dtype)``); q itself, bit for bit, where every scale
-        is 1. Apply it before :func:`branch_attention` (the scale multiplies every branch).
-
-        Raises:
-            InvalidType: q not a floating-point tensor.
-            InvalidArgument: q not 4-d, or its Tq > k_len.
-        """
-        if not isinstance(q, Tensor) or not q.dtype.is_floating_point:
-            raise InvalidType("q must be a floating-point tensor")
-        if q.dim() != 4:
-            raise InvalidArgument(f"q must be (B, H, Tq, D), got {tuple(q.shape)}")
-        scale = self.query_scale(q.shape[2], k_len, q.device).to(q.dtype)
-        return q * scale.unsqueeze(-1)
-
-
-@dataclass(frozen=True)
-class ReRoPE(_LogNScaled):
-    """ReRoPE (Su 2023, "Rectified Rotary Position Embeddings"): keys within ``window`` of the
-    query (0 <= i - j < window) at their normal distance i - j, every farther key at distance
-    ``window`` exactly (the reference's query at position ``window``, key at 0), so no distance
-    past the window is ever seen. Queries are scaled by max(1, log(i + 1) / log(training_length))
-    (:meth:`query_scale`, :meth:`scale_queries`), as the reference does in prefill and decode.
-
-    Reference: bojone/rerope ``rerope_patch.py`` (``forward_with_rerope``): prefill takes
-    attn_weights1 (positions i, j) where |i - j| < window, else attn_weights2 (query at
-    window, key unrotated); decode rotates keys by -clip(i - j, max=window). The same map.
-    Defaults are its globals (``window = 512``, ``training_length = 4096``).
-    """
-
-    window: int = 512
-    training_length: int = 4096
-
-    def __post_init__(self):
-        _check_size(self.window, "window", minimum=1)
-        _check_training_length(self.training_length)
-
-    def branches(self, q_len: int, k_len: int, device=None) -> list[Branch]:
-        i, j = _query_and_key_indices(q_len, k_len, device)
-        distance = i.unsqueeze(-1) - j
-        near = (distance >= 0) & (distance < self.window)
-        capped_q = torch.full_like(i, self.window)
-        return [Branch(i, j, near), Branch(capped_q, torch.zeros_like(j), distance >= self.window)]
-
-
-@dataclass(frozen=True)
-class LeakyReRoPE(_LogNScaled):
-    """Leaky ReRoPE (Su 2023): keys within ``window`` at distance i - j; farther keys at
-    window + (i - j - window) / scaling_factor, slope 1/scaling_factor past the window. Queries
-    log-n scaled as :class:`ReRoPE`.
-
-    A fractional distance cannot come from integer positions at the plain frequencies, and
-    ``RoPE.rotate`` takes integer positions only. So the branches' positions are in units of
-    1/scaling_factor: the near branch at (s i, s j), the far branch at (i + window (s - 1), j),
-    and ``rotate`` must be RoPE at frequencies theta/s, i.e.
-    ``RoPE(head_dim, scaling={"rope_type": "linear", "factor": s})`` (this module may not
-    import RoPE: the attention layer sees the encodings' protocol only), the
-    reference's ``LlamaLinearScalingRotaryEmbedding`` for the far branch. Inside the window the
-    angles s i theta/s equal plain RoPE's i theta to float rounding only (not bit for bit);
-    ``scaling_factor`` is an integer, as the reference's table offset window (s - 1) needs.
-
-    Reference: bojone/rerope ``leaky_rerope_patch.py`` (``forward_with_leaky_rerope``): the
-    far branch rotates the query at i + offset, offset = window (scaling_factor - 1), and the
-    key at j, both by the linear-scaled table; decode takes the key table's first ``window``
-    rows from the plain table and the rest from the scaled one at d + offset. Defaults are
-    its globals (``window = 512``, ``scaling_factor = 16``, ``training_length = 4096``).
-    """
-
-    window: int = 512
-    scaling_factor: int = 16
-    training_length: int = 4096
-
-    def __post_init__(self):
-        _check_size(self.window, "window", minimum=1)
-        _check_size(self.scaling_factor, "scaling_factor", minimum=1)
-        _check_training_length(self.training_length)
-
-    def branches(self, q_len: int, k_len: int, device=None) -> list[Branch]:
-        """Positions in units of 1/scaling_factor: rotate with :meth:`rope` (see the class)."""
-        i, j = _query_and_key_indices(q_len, k_len, device)
-        s, w = self.scaling_factor, self.window
-        distance = i.unsqueeze(-1) - j
-        near = (distance >= 0) & (distance < w)
-        return [Branch(s * i, s * j, near), Branch(i + w * (s - 1), j, distance >= w)]
-
-    def relative_positions(self, q_len: int, k_len: int) -> tuple[Tensor, Tensor]:
-        """(rel, covered) as the base class, but rel in float64 in units of one position:
-        i - j inside the window, window + (i - j - window) / scaling_factor past it."""
-        rel, covered = super().relative_positions(q_len, k_len)
-        return rel.to(torch.float64) / self.scaling_factor, covered
-
-
-def rerope(window: int = 512, training_length: int = 4096) -> ReRoPE:
-    """The ReRoPE position map (:class:`ReRoPE`); defaults are bojone/rerope's."""
-    return ReRoPE(window, training_length)
-
-
-def leaky_rerope(window: int = 512, scaling_factor: int = 16, training_length: int = 4096) -> LeakyReRoPE:
-    """The Leaky ReRoPE position map (:class:`LeakyReRoPE`); defaults are bojone/rerope's."""
-    return LeakyReRoPE(window, scaling_factor, training_length)
-
-
-def _check_size(value, argname: str, *, minimum: int) -> None:
-    if minimum >= 1:
-        check_positive_int(value, argname)
-    elif isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidArgument(f"{argname} must be an int >= {minimum}, got {value!r}")
-
-
-# ---------------------------------------------------------------- LM-Infinite and DCA (issue 26, item 2)
-
-
-@dataclass(frozen=True)
-class LMInfinite(_PositionMap):
-    """LM-Infinite (Han et al. 2023, arXiv 2308.16137): a Λ-shaped mask and a distance limit.
-    Each query sees its last ``local_branch`` keys (distance i - j < local_branch, itself
-    included) at their normal positions, and the first ``global_branch`` keys beyond that at
-    the capped distance ``local_branch`` (query rotated at local_branch, key unrotated, as
-    the reference's "stationary" branch: Glaciohound/LM-Infinite ``models/llama.py``
-    ``convert_llama_model`` with ``limit_distance = local_branch``, and
-    ``models/lambda_attention.py``). The middle keys are in no branch.
-
-    The reference rotates the stationary query at min(limit_distance, kv_len - 1); a global
-    key beyond the local branch implies kv_len - 1 >= local_branch, so the two agree.
-    """
-
-    local_branch: int = 2048
-    global_branch: int = 100
-
-    def __post_init__(self):
-        _check_size(self.local_branch, "local_branch", minimum=1)
-        _check_size(self.global_branch, "global_branch", minimum=0)
-
-    def branches(self, q_len: int, k_len: int, device=None) -> list[Branch]:
-        i, j = _query_and_key_indices(q_len, k_len, device)
-        distance = i.unsqueeze(-1) - j
-        local = (distance >= 0) & (distance < self.local_branch)
-        stationary = (distance >= self.local_branch) & (j < self.global_branch)
-        return [Branch(i, j, local),
-                Branch(torch.full_like(i, self.local_branch), torch.zeros_like(j), stationary)]
-
-
-@dataclass(frozen=True)
-class DualChunk(_PositionMap):
-    """Dual Chunk Attention (An et al. 2024, "Training-Free Long-Context Scaling of Large
-    Language Models", arXiv 2402.17463; HKUNLP/ChunkLlama ``chunkllama_attn_replace.py``).
-
-    The sequence is cut into chunks of c = chunk_size - local_size tokens; every key is
-    rotated at j mod c. Query i (chunk i // c, in-chunk position p = i mod c) sees
-    - intra-chunk: the keys of its own chunk, query at p (distance i - j);
-    - successive-chunk: the keys of the previous chunk, query at min(p + c, chunk_size);
-    - inter-chunk: the keys of all earlier chunks, query at min(2c - 1, chunk_size).
-    Distances never exceed chunk_size. Names as Qwen's ``dual_chunk_attention_config``
-    (``chunk_size``, ``local_size``); see :meth:`from_config`.
-    """
-
-    chunk_size: int = 3072
-    local_size: int = 256
-
-    def __post_init__(self):
-        _check_size(self.chunk_size, "chunk_size", minimum=2)
-        _check_size(self.local_size, "local_size", minimum=0)
-        if self.local_size >= self.chunk_size:
-            raise InvalidArgument(f"local_size must be < chunk_size, got local_size={self.local_size}, "
-                                  f"chunk_size={self.chunk_size}")
-
-    @classmethod
-    def from_config(cls, config) -> DualChunk:
-        """From a Hugging Face config (or its dict) holding ``dual_chunk_attention_config``
-        (Qwen2.5-1M, Qwen3), or from that dict itself: reads ``chunk_size`` and ``local_size``.
-
-        Raises:
-            MissingKey: no ``chunk_size`` or ``local_size``.
-            InvalidType: config is neither a mapping nor has ``dual_chunk_attention_config``.
-        """
-
-        if not isinstance(config, dict):
-            config = getattr(config, "dual_chunk_attention_config", None)
-            if not isinstance(config, dict):
-                raise InvalidType("config must be a dict or have a dual_chunk_attention_config dict")
-        config = config.get("dual_chunk_attention_config", config)
-        missing = [key for key in ("chunk_size", "local_size") if key not in config]
-        if missing:
-            raise MissingKey(f"dual_chunk_attention_config lacks {missing}")
-        return cls(config["chunk_size"], config["local_size"])
-
-    def branches(self, q_len: int, k_len: int, device=None) -> list[Branch]:
-        i, j = _query_and_key_indices(q_len, k_len, device)
-        c = self.chunk_size - self.local_size
-        q_chunk, k_chunk = (i // c).unsqueeze(-1), j // c
-        p = i % c
-        causal = j <= i.unsqueeze(-1)
-        intra = causal & (k_chunk == q_chunk)
-        successive = k_chunk == q_chunk - 1
-        inter = k_chunk < q_chunk - 1
-        q_succ = torch.clamp(p + c, max=self.chunk_size)
-        q_inter = torch.full_like(i, min(2 * c - 1, self.chunk_size))
-        k_pos = j % c
-        return [Branch(p, k_pos, intra), Branch(q_succ, k_pos, successive), Branch(q_inter, k_pos, inter)]
-
-
-def lm_infinite(local_branch: int = 2048, global_branch: int = 100) -> LMInfinite:
-    """The LM-Infinite position map (:class:`LMInfinite`); defaults are the reference's
-    (``--local_branch 2048 --global_branch 100`` in Glaciohound/LM-Infinite
-    ``utils/arguments.py``; its Llama 2 scripts pass local_branch 4096, the training length)."""
-    return LMInfinite(local_branch, global_branch)
-
-
-def dca(chunk_size: int = 3072, local_size: int = 256) -> DualChunk:
-    """The Dual Chunk Attention position map (:class:`DualChunk`); defaults are the
-    reference's for a 4096-token model (``replace_with_chunkllama(pretraining_length=4096)``:
-    chunk_size = 3/4 of it, local window 1/16 of it)."""
-    return DualChunk(chunk_size, local_size)
-
-
-# ---------------------------------------------------------------- STRING (issue 26, item 2)
-
-# STRING's attention factor, 0.1 ln 2 + 1 (HKUNLP/STRING ``replace_with_string``).
-_STRING_ATTENTION_FACTOR = 0.1 * math.log(2) + 1
-
-
-@dataclass(frozen=True)
-class String(_PositionMap):
-    """STRING (An et al. 2024, "Why Does the Effective Context Length of LLMs Fall Short?",
-    arXiv 2410.18745; reference code HKUNLP/STRING ``string_for_llama.py``): distances
-    d = i - j >= ``shifted_offset`` are shifted down to d - shifted_offset + local_value, so far
-    keys reuse the well-trained small distances; nearer keys (d < shifted_offset) keep d.
-    Two branches: "diagonal" (0 <= d < shifted_offset, positions i and j) and "shifted"
-    (d >= shifted_offset, query at i - shifted_offset + local_value, key at j).
-
-    The reference's prefill (``string_flash_forward``) counts the key at d = shifted_offset
-    twice: its diagonal pass is flash-attn's ``window_size=[shifted_offset, 0]`` (0 <= d <=
-    shifted_offset) and its shifted pass takes the keys j <= i - shifted_offset; the two are
-    merged by log-sum-exp. Branches here are disjoint, and that key goes to the shifted branch
-    only (distance local_value), as in the reference's decode (flash decoding over the last
-    shifted_offset keys, d < shifted_offset, and over the rest). Inside the window (every
-    d < shifted_offset) this is plain RoPE.
-
-    The reference also multiplies its cos and sin tables by its attention factor
-    (0.1 ln 2 + 1, :attr:`attention_factor`), i.e. every logit by its square, at every position; that is a
-    temperature, not a position, so the map does not apply it: pass
-    ``scale=map.attention_factor ** 2 / sqrt(D)`` to :func:`branch_attention` to match it.
-    """
-
-    shifted_offset: int = int(0.33 * 4096)
-    local_value: int = 128
-
-    def __post_init__(self):
-        _check_size(self.shifted_offset, "shifted_offset", minimum=1)
-        _check_size(self.local_value, "local_value", minimum=0)
-        if self.local_value >= self.shifted_offset:
-            raise InvalidArgument(f"local_value must be < shifted_offset, got local_value={self.local_value}, "
-                                  f"shifted_offset={self.shifted_offset}")
-
-    @property
-    def attention_factor(self) -> float:
-        """0.1 ln 2 + 1, the reference's cos/sin multiplier (not applied by the map)."""
-        return _STRING_ATTENTION_FACTOR
-
-    def branches(self, q_len: int, k_len: int, device=None) -> list[Branch]:
-        i, j = _query_and_key_indices(q_len, k_len, device)
-        s, w = self.shifted_offset, self.local_value
-        distance = i.unsqueeze(-1) - j
-        diagonal = (distance >= 0) & (distance < s)
-        # queries before shifted_offset have no shifted key; clamping keeps their unused
-        # positions non-negative (a rotation table may not take negative indices)
-        shifted_q = torch.clamp(i - s + w, min=w)
-        return [Branch(i, j, diagonal), Branch(shifted_q, j, distance >= s)]
-
-
-def string(training_length: int = 4096, shifted_offset: int | None = None, local_value: int = 128) -> String:
-    """The STRING position map (:class:`String`). Defaults are the reference's:
-    ``shifted_offset = int(0.33 * L)`` for the training length L
-    (``config.max_position_embeddings``; 4096 here, 131072 for Llama 3.1) and
-    ``small_local_value = 128``. An explicit ``shifted_offset`` overrides the derived one.
-
-    Raises:
-        InvalidArgument: training_length not a positive int, a shifted_offset < 1 (given or
-            derived), local_value < 0, or local_value >= shifted_offset.
-    """
-    check_positive_int(training_length, "training_length")
-    if shifted_offset is None:
-        shifted_offset = int(0.33 * training_length)
-        if shifted_offset < 1:
-            raise InvalidArgument(f"training_length must be >= 4 (shifted_offset = int(0.33 * training_length) "
-                                  f"must be >= 1), got {training_length!r}")
-    return String(shifted_offset, local_value)

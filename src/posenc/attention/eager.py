@@ -71,3 +71,41 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         if extra is not None:
             out = out + extra.to(wide)
     return out.to(q.dtype)
+
+
+def run_with_lse(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, scale: float,
+                 causal: bool = False) -> tuple[Tensor, Tensor]:
+    """Plain attention (no bias, content or gate: a branch of branch-merge attention) and its
+    log-sum-exp, for :func:`posenc.attention.branches.merge_by_lse`.
+
+    q (B, H, Tq, D), k and v (B, H_kv, Tk, D); ``mask`` None or bool broadcastable to
+    (B, H, Tq, Tk) (True: may attend), the causal mask (bottom-right) added when ``causal``
+    and ``mask`` is None. Returns (out (B, H, Tq, D) in the accumulation dtype, float32 or
+    float64; lse (B, H, Tq) of the scaled, masked scores, -inf for a row with no key, whose
+    output is 0). Scores explicit: (B, H, Tq, Tk) memory.
+    """
+    batch, heads, num_queries, num_keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    if mask is None and causal:
+        mask = causal_mask(num_queries, num_keys, q.device)
+    groups, kv_rows = heads // k.shape[1], batch * k.shape[1]
+    wide = torch.promote_types(q.dtype, torch.float32)
+    q3 = q.to(wide).reshape(kv_rows, groups * num_queries, q.shape[-1]) * scale
+    k3t = k.to(wide).reshape(kv_rows, num_keys, k.shape[-1]).transpose(-2, -1)
+    logits = torch.bmm(q3, k3t).view(batch, heads, num_queries, num_keys)
+    has_key = None
+    if mask is not None:
+        # a row with no key is opened to every key (a finite softmax, no NaN in any gradient),
+        # then its output set to 0 and its lse to -inf
+        has_key = mask.any(dim=-1, keepdim=True)
+        logits = logits.masked_fill(~(mask | ~has_key), float("-inf"))
+    # torch's softmax kernel (its exp of -inf entries is several times faster than torch.exp's
+    # on the CPU), and the log-sum-exp read back from its largest probability: p_max =
+    # exp(max - lse), so lse = max - log(p_max), with p_max >= 1 / Tk (no loss of precision)
+    probs = torch.softmax(logits, dim=-1)
+    lse = logits.amax(dim=-1) - probs.amax(dim=-1).log()
+    out = torch.bmm(probs.reshape(kv_rows, groups * num_queries, num_keys), v.to(wide).reshape(kv_rows, num_keys, -1))
+    out = out.view(batch, heads, num_queries, -1)
+    if has_key is not None:
+        out = torch.where(has_key, out, torch.zeros((), dtype=out.dtype, device=out.device))
+        lse = torch.where(has_key.squeeze(-1), lse, torch.full((), float("-inf"), dtype=lse.dtype, device=lse.device))
+    return out, lse

@@ -174,8 +174,10 @@ def _block_mask(mask, *, causal, batch, heads, num_queries, num_keys, device, us
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, *, score_mod, mask, causal: bool, scale: float,
-            learned_bias: bool) -> Tensor:
-    """FlexAttention on (B, H, Tq, D), (B, H_kv, Tk, D): compiled, uncompiled or traced."""
+            learned_bias: bool, return_lse: bool = False):
+    """FlexAttention on (B, H, Tq, D), (B, H_kv, Tk, D): compiled, uncompiled or traced; with
+    ``return_lse``, (out, lse (B, H, Tq)) as FlexAttention returns them."""
+    lse_kw = _lse_request() if return_lse else {}
     flex_attention = _flex()[2]
     batch, heads, num_queries, _ = q.shape
     num_keys = k.shape[2]
@@ -185,16 +187,18 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, *, score_mod, mask, causal: bool, s
         # inside the caller's torch.compile, flex_attention is traced as one higher-order op
         # and compiled with the caller's graph: no nested compile, no warnings context
         block_mask = _block_mask(mask, use_compiled=False, **shapes)
-        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
-    use_compiled = min(num_queries, num_keys) > FLEX_COMPILE_MIN_LENGTH and not (q.device.type == "cpu" and learned_bias)
+        return _with_lse(flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa, **lse_kw), lse_kw)
+    # torch 2.13's compiled CPU kernel refuses learned-bias gradients and the log-sum-exp
+    cpu_uncompiled = q.device.type == "cpu" and (learned_bias or return_lse)
+    use_compiled = min(num_queries, num_keys) > FLEX_COMPILE_MIN_LENGTH and not cpu_uncompiled
     if not use_compiled:
         # the uncompiled flex_attention (scores materialized, small here) is exact
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             block_mask = _block_mask(mask, use_compiled=False, **shapes)
-            return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+            return _with_lse(flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa, **lse_kw), lse_kw)
     block_mask = _block_mask(mask, use_compiled=True, **shapes)
-    return compiled("flex_attention")(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    return _with_lse(compiled("flex_attention")(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa, **lse_kw), lse_kw)
 
 
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
@@ -215,6 +219,52 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
             "use backend='blocked', 'eager' or 'auto' to train on the CPU, or call it under torch.no_grad()"
         )
     return _attend(q, k, v, score_mod=score_mod, mask=mask, causal=causal, scale=scale, learned_bias=learned_bias)
+
+
+def _lse_request() -> dict:
+    """The keyword asking FlexAttention for the log-sum-exp: ``return_aux=AuxRequest(lse=True)``
+    where torch has it (``return_lse`` is deprecated there), else ``return_lse=True``."""
+    try:
+        from torch.nn.attention.flex_attention import AuxRequest
+    except ImportError:  # pragma: no cover - older torch
+        return {"return_lse": True}
+    return {"return_aux": AuxRequest(lse=True)}
+
+
+def _with_lse(result, lse_kw: dict):
+    """FlexAttention's result as ``out`` (no lse asked) or ``(out, lse)``."""
+    if "return_aux" in lse_kw:
+        out, aux = result
+        return out, aux.lse
+    return result
+
+
+def run_with_lse(q: Tensor, k: Tensor, v: Tensor, *, mask, scale: float, causal: bool = False) -> tuple[Tensor, Tensor]:
+    """Plain attention and its log-sum-exp (a branch of branch-merge attention) from
+    FlexAttention's ``return_lse=True``: out (B, H, Tq, D) in q's dtype, lse (B, H, Tq) (natural
+    log; -inf for a row with no key, whose output is 0). ``mask``: None, a mask_mod or a 4-D
+    bool tensor; with ``causal`` the causal mask is and-ed in (for a mask_mod or None). No
+    (Tq, Tk) tensor is made for a mask_mod on CUDA; on the CPU FlexAttention runs uncompiled
+    (torch 2.13's compiled CPU kernel has no log-sum-exp: "return_lse is not supported yet"),
+    which materializes the scores. As :func:`run`: no q, k, v backward on the CPU."""
+    if q.device.type == "cpu" and not torch.is_grad_enabled():
+        q, k, v = q.detach(), k.detach(), v.detach()
+    if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise InvalidArgument(
+            f"backend='flex' has no backward for q, k, v on the CPU (torch {torch.__version__}'s FlexAttention refuses it); "
+            "use backend='blocked', 'eager' or 'auto' to train on the CPU, or call it under torch.no_grad()"
+        )
+    return _attend(q, k, v, score_mod=None, mask=mask, causal=causal, scale=scale, learned_bias=False, return_lse=True)
+
+
+def tensor_mask_mod(mask: Tensor, batch: int, heads: int, num_queries: int, num_keys: int) -> Callable:
+    """A 4-D boolean mask (B or 1, H or 1, Tq or 1, Tk) read by a mask_mod."""
+    return _tensor_mask_mod(mask, batch, heads, num_queries, num_keys)
+
+
+def and_mask_mods(*mask_mods: Callable) -> Callable:
+    """The mask_mods and-ed into one (FlexAttention's ``and_masks``)."""
+    return _flex()[0](*mask_mods)
 
 
 def any_visible(flags: Tensor, *, mask, causal: bool, num_heads: int, num_queries: int) -> Tensor:

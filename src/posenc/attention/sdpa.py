@@ -11,6 +11,7 @@ from torch import Tensor
 
 from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.attention.masks import as_4d, causal_mask, finite_in
+from posenc.attention.eager import run_with_lse as _eager_with_lse
 from posenc.attention.tiling import dense_bias, dense_gate_bias
 
 
@@ -53,3 +54,33 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         extra = extra.masked_fill(~mask, float("-inf"))
     return sdpa(q, k, v, attn_mask=as_4d(extra.to(q.dtype)))
 
+
+
+def run_with_lse(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, scale: float,
+                 causal: bool = False) -> tuple[Tensor, Tensor]:
+    """Plain attention and its log-sum-exp (a branch of branch-merge attention), as
+    :func:`posenc.attention.eager.run_with_lse` (same arguments and returns; out in q's dtype).
+
+    On the CPU without a gradient to take: torch's flash kernel for the CPU,
+    ``aten._scaled_dot_product_flash_attention_for_cpu``, which returns the log-sum-exp (the
+    mask goes in as a 0 / -inf float mask in q's dtype; grouped-query k and v as they are);
+    its lse of a row with no key is 0, set to -inf here. Elsewhere (CUDA: torch exposes no
+    public SDPA with a log-sum-exp and an arbitrary mask), and whenever q, k or v need a
+    gradient (the CPU kernel's lse output has no derivative): the eager computation, explicit
+    (B, H, Tq, Tk) scores. docs/fast_attention.md, "Branch-merge attention".
+    """
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if q.device.type != "cpu" or needs_grad:
+        out, lse = _eager_with_lse(q, k, v, mask=mask, scale=scale, causal=causal)
+        return out.to(q.dtype), lse
+    num_queries, num_keys = q.shape[2], k.shape[2]
+    if mask is None and causal:
+        mask = causal_mask(num_queries, num_keys, q.device)
+    float_mask = None
+    if mask is not None:
+        float_mask = as_4d(torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf")))
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, False, attn_mask=float_mask, scale=scale)
+    if mask is not None:
+        lse = lse.masked_fill(~as_4d(mask).any(dim=-1), float("-inf"))
+    return out, lse

@@ -18,6 +18,7 @@ from posenc.encodings.shaw import Shaw
 from posenc.encodings.transformer_xl import TransformerXL
 from posenc.encodings.rope import ProportionalRoPE, RoPE, XPos, apply_rotary, rope_frequencies
 from posenc.encodings.irope import IRoPE
+from posenc.encodings.rope.branched import BRANCHED_METHODS, BranchedRoPE, branched
 from posenc.errors import InvalidArgument
 
 #: name -> encoding class. A new encoding is one file (or one class in its family's file)
@@ -86,5 +87,6 @@ __all__ = [
     "MRoPE", "AxialRoPE", "mrope_position_ids",
     "IRoPE",
     "CoPE", "FoX",
+    "BranchedRoPE", "branched", "BRANCHED_METHODS",
     "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "apply_rotary",
 ]

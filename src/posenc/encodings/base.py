@@ -216,6 +216,12 @@ class PositionalEncoding(nn.Module):
     #: A statement about the math that the attention layer may rely on: it then evaluates
     #: :meth:`bias` once per distinct distance.
     translation_invariant: ClassVar[bool] = False
+    #: For a ``rotate`` encoding: True when its attention is branch-merge attention (the
+    #: training-free context extensions: Self-Extend, ReRoPE, DCA, ...): the keys split into
+    #: branches, each rotated at its own positions (:meth:`attention_branches`), one attention
+    #: per branch merged by log-sum-exp. :func:`posenc.attention` then calls
+    #: :meth:`attention_branches` instead of :meth:`rotate`.
+    branched: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -390,6 +396,21 @@ class PositionalEncoding(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """q (B, H, Tq, D), k (B, H, Tk, D) -> (q', k'), same shapes and dtypes."""
         return q, k
+
+    def attention_branches(
+        self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor
+    ) -> list[tuple[Tensor, Tensor, Callable[[Tensor, Tensor], Tensor]]] | None:
+        """The branches of a :attr:`branched` encoding's attention, or None (the default).
+
+        q (B, H, Tq, D), k (B, H_kv, Tk, D) unrotated, positions as :meth:`rotate` gets them ->
+        one ``(q_b, k_b, allowed_b)`` per branch: q and k rotated (and q scaled, where the
+        method scales it) at the branch's positions, and the keys the branch takes as an
+        elementwise rule ``allowed_b(q_pos, k_pos) -> bool`` on broadcastable int64 positions
+        (grids, or FlexAttention's 0-d tensors), causal on positions, disjoint across branches.
+        :func:`posenc.attention` runs one attention per branch (its mask: the rule on the call's
+        positions and'ed with the causal, user and positional masks) and merges them exactly
+        by log-sum-exp (:mod:`posenc.attention.branches`)."""
+        return None
 
     def bias(self, q_positions: Tensor, k_positions: Tensor, head: Tensor) -> Tensor | None:
         """The score bias b(h, i, j) as math: elementwise on broadcastable int64 tensors of query
