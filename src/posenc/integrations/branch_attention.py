@@ -26,9 +26,11 @@ and attention (their window never shows a distance past it: Gemma 2/3's local la
 gpt-oss's); NoPE layers keep theirs. A model with no full-span RoPE layer is refused (Mistral
 with a ``sliding_window``, Llama 4, whose RoPE layers are chunked).
 
-Memory: the branch attention is eager math, with the queries of a long prefill taken in blocks
-so that one block's float32 logits stay under :data:`BLOCK_ELEMENTS` (a block sees only the keys
-up to its last query); the backends of ``posenc.attention`` for branch maps are not wired here yet.
+Kernels and memory: a layer without soft-capping, sinks or dropout runs one SDPA call per branch
+in float32, merged by log-sum-exp (:func:`posenc.attention.branches.branch_attention`, backend
+"sdpa"); Gemma 2's and gpt-oss's global layers run the explicit softmax (eager math). Either way
+the queries of a long prefill are taken in blocks so that one block's Tq x Tk stays under
+:data:`BLOCK_ELEMENTS` (a block sees only the keys up to its last query).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from posenc.attention.branches import branch_attention as merged_branch_attention
 from posenc.attention.branches import DualChunk, LeakyReRoPE, ReRoPE, String
 from posenc.attention.branches import dca as _dca
 from posenc.attention.branches import leaky_rerope as _leaky_rerope
@@ -251,6 +254,8 @@ def _attend(module: nn.Module, layer: BranchLayer, query: Tensor, key: Tensor, v
     """(B, H, Tq, D) in query's dtype: the queries the last Tq of the Tk keys."""
     q_len, k_len = query.shape[2], key.shape[2]
     acc = torch.promote_types(query.dtype, torch.float32)
+    if softcap is None and s_aux is None and not (dropout and module.training):
+        return _attend_merged(layer, query.to(acc), key.to(acc), value.to(acc), scale).to(query.dtype)
     if layer.query_scale:
         query = layer.map.scale_queries(query, k_len)
     group = query.shape[1] // key.shape[1]
@@ -276,6 +281,27 @@ def _attend(module: nn.Module, layer: BranchLayer, query: Tensor, key: Tensor, v
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     values = value.to(acc).repeat_interleave(group, dim=1) if group > 1 else value.to(acc)
     return torch.matmul(probs, values).to(query.dtype)
+
+
+def _attend_merged(layer: BranchLayer, query: Tensor, key: Tensor, value: Tensor, scale: float) -> Tensor:
+    """The same attention as one SDPA call per branch merged by log-sum-exp
+    (:func:`posenc.attention.branches.branch_attention`, backend "sdpa"): no Tq x Tk logits held
+    in float32 per head, several times faster on the CPU than the explicit softmax below; for
+    layers without soft-capping, sinks or dropout (the positions check has refused padding,
+    so the mask is the causal one)."""
+    k_len = key.shape[2]
+    if layer.query_scale:
+        query = layer.map.scale_queries(query, k_len)
+
+    def rotate(q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor) -> tuple[Tensor, Tensor]:
+        q, k = layer.rope.rotate(q, k, q_positions, k_positions)
+        if layer.attention_factor != 1.0:
+            q, k = _scale_rotary(q, layer), _scale_rotary(k, layer)
+        return q, k
+
+    branches = _branches(layer.map, query.shape[2], k_len, query.device)
+    return merged_branch_attention(query, key, value, rotate=rotate, branches=branches, scale=scale,
+                                   causal=True, backend="sdpa")
 
 
 @functools.lru_cache(maxsize=4)
