@@ -256,9 +256,11 @@ def query_blocks(encoding: PositionalEncoding | None, q_positions: Tensor, k_pos
     descending = (has_bias and encoding.translation_invariant and mask is None and q_positions.dim() == 1
                   and (fold or not causal) and not compiling and not has_gate)
     # A materialized tile the causal mask is folded into is the encoding's result copied into
-    # a buffer of ours: two tiles alive at once, so each gets half the budget.
+    # a buffer of ours: two tiles alive at once, so each gets half the budget (not when the
+    # encoding writes its tile into the buffer itself: bias_into, outside autograd).
+    writes_into = hasattr(encoding, "bias_into") and not torch.is_grad_enabled()
     copied = fold and not encoding.translation_invariant
-    budget = BLOCKED_TILE_ELEMENTS // (2 if copied else 1)
+    budget = BLOCKED_TILE_ELEMENTS // (2 if copied and not writes_into else 1)
     # at least 2 rows, so that a strided (overlapping) tile can show itself: see _is_compact
     block = min(num_queries, max(2, budget // max(1, bias_rows * num_heads * num_keys)))
     buffer = None

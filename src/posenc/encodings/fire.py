@@ -17,6 +17,8 @@ from posenc.encodings.score_bias import ScoreBias, _wide
 #: Entries of a FIRE tile whose features are made at once (:func:`_hinge_product`): the
 #: (K + 2, entries) features stay in the L2 cache.
 _CHUNK_ENTRIES = 1 << 15
+#: The largest scratch buffer kept per thread (entries): 16 MiB of float32.
+_SCRATCH_ENTRIES = 1 << 22
 
 
 class FIRE(ScoreBias):
@@ -206,8 +208,9 @@ class FIRE(ScoreBias):
         denominator = torch.log((self.c * torch.maximum(i, self.threshold)).abs() + 1.0) + self.eps
         rows = numerator.as_strided((num_queries, num_keys), (1, 1))
         # out= everywhere: torch lays out a result like its inputs, and this view overlaps itself
-        x = numerator.new_empty(num_queries, num_keys)
-        return torch.div(rows, denominator.unsqueeze(-1), out=x).flip(0)
+        descending = torch.div(rows, denominator.unsqueeze(-1), out=_scratch(num_queries, num_keys, numerator, 1))
+        reverse = torch.arange(num_queries - 1, -1, -1, device=descending.device)
+        return torch.index_select(descending, 0, reverse, out=_scratch(num_queries, num_keys, numerator, 2))
 
     def _piecewise_bias(self, x: Tensor, heads: Tensor, out: Tensor | None = None) -> Tensor:
         """x (..., Tq, Tk), heads (H',) -> (..., H', Tq, Tk) from the piecewise-linear MLP
@@ -285,11 +288,14 @@ def _hinge_product(x: Tensor, out: Tensor, weights: Tensor, caps: Tensor) -> Non
 _SCRATCH = threading.local()
 
 
-def _scratch(rows: int, columns: int, like: Tensor) -> Tensor:
+def _scratch(rows: int, columns: int, like: Tensor, slot: int = 0) -> Tensor:
     """A (rows, columns) tensor of ``like``'s dtype and device from a buffer kept per thread
-    (grown, never shrunk: at most (mlp_width + 2) * ``_CHUNK_ENTRIES`` entries). Its
-    contents are garbage; it is valid until the next call on the same thread."""
-    key = (like.dtype, like.device)
+    and ``slot`` (grown, never shrunk, at most ``_SCRATCH_ENTRIES``: slot 0 holds the
+    features of :func:`_hinge_product`, slots 1 and 2 one tile's (Tq, Tk) inputs). Its contents are
+    garbage; it is valid until the next call for the same slot on the same thread."""
+    if rows * columns > _SCRATCH_ENTRIES:  # a whole dense (T, T) grid: not kept
+        return like.new_empty(rows, columns)
+    key = (like.dtype, like.device, slot)
     cache = _SCRATCH.__dict__.setdefault("buffers", {})
     buffer = cache.get(key)
     if buffer is None or buffer.numel() < rows * columns:
