@@ -69,7 +69,10 @@ class Shaw(PositionalEncoding):
     Efficient form (section 3.3 splits e_ij the same way): q_i . w^K_r for the 2k + 1 rows r
     is one (B, H, Tq, 2k+1) product, then indexed by clip(j - i); the value term sums
     alpha_ij by bucket (scatter-add into (B, H, Tq, 2k+1)) and multiplies by w^V. No
-    (B, H, Tq, Tk, D) tensor is formed.
+    (B, H, Tq, Tk, D) tensor is formed. With 1-D positions and D <= B H (training batches),
+    both terms are instead one batched matmul over the query rows against each row's
+    (Tk, D) relative vectors, a (Tq, Tk, D) table shared by the batch: no gather over the
+    scores or scatter-add over the probabilities, forward or backward.
 
     Args:
         head_dim: D.

@@ -94,7 +94,8 @@ class TransformerXL(PositionalEncoding):
         init_std: std of the normal initialisation of r_net, u and v (Hugging Face: 0.02).
 
     Hook: ``content`` (scores only, ``content_on_values = False``). Cost: a (Tq+Tk-1, d_model)
-    table through r_net, and a (B, H, Tq, Tq+Tk-1) product, about twice q.k^T.
+    table through r_net, and a (B, H, Tq, Tq+Tk-1) product, about twice q.k^T; Tk + 1 columns
+    instead when the mask hides the keys after the query (causal use).
 
     Raises:
         ValueError: a size not an int >= 1, base <= 1, init_std < 0 (construction); q or k
