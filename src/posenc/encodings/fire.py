@@ -17,8 +17,9 @@ from posenc.encodings.score_bias import ScoreBias, _wide
 #: Entries of a FIRE tile whose features are made at once (:func:`_hinge_product`): the
 #: (K + 2, entries) features stay in the L2 cache.
 _CHUNK_ENTRIES = 1 << 15
-#: The largest scratch buffer kept per thread (entries): 16 MiB of float32.
-_SCRATCH_ENTRIES = 1 << 22
+#: The largest scratch buffer kept per thread and slot (entries): 4 MiB of float32, a tile's
+#: (Tq, Tk) input at T = 8192 with 64-row blocks.
+_SCRATCH_ENTRIES = 1 << 20
 
 
 class FIRE(ScoreBias):
