@@ -143,3 +143,45 @@ def test_blocked_attention_matches_the_float64_formula(length, monkeypatch):
     logits = logits.masked_fill(positions.unsqueeze(-1) < positions, float("-inf"))
     want = torch.softmax(logits, dim=-1) @ v.double()
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=2e-5)
+
+
+def test_gradients_of_the_tile_by_gradcheck():
+    """Under autograd the tile is the piecewise product with the network's gradients: against
+    numerical ones in float64, in x (through c and L), every MLP weight, for a subset of heads
+    and a tile crossing many bends (and a unit with a zero input weight)."""
+    enc = many_bends(num_heads=3, init_L=8.0).double()
+    with torch.no_grad():
+        enc.mlp[0].weight[5, 0] = 0.0
+    q = torch.arange(6, 14).view(1, -1, 1)
+    k = torch.arange(0, 14).view(1, 1, -1)
+    head = torch.tensor([2, 0]).view(-1, 1, 1)
+    names = [name for name, _ in enc.named_parameters()]
+    params = tuple(p.detach().clone().requires_grad_() for p in enc.parameters())
+    assert torch.autograd.gradcheck(lambda *p: _bias_with(enc, names, p, q, k, head), params)
+    # and the values are the float64 formula
+    with torch.enable_grad():
+        got = enc.bias(q, k, head)
+    assert got.requires_grad
+    torch.testing.assert_close(got.detach(), reference(enc, q[0, :, 0], k[0, 0])[[2, 0]], atol=1e-10, rtol=1e-10)
+
+
+def _bias_with(enc, names, params, q, k, head):
+    """enc.bias with its parameters replaced by ``params`` (plain tensors)."""
+    saved = dict(enc.named_parameters())
+    try:
+        for name, value in zip(names, params):
+            owner = enc
+            *path, leaf = name.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            delattr(owner, leaf)
+            setattr(owner, leaf, value)
+        return enc.bias(q, k, head)
+    finally:
+        for name in names:
+            owner = enc
+            *path, leaf = name.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            delattr(owner, leaf)
+            setattr(owner, leaf, saved[name])

@@ -122,14 +122,20 @@ class FIRE(ScoreBias):
         runs, and the MLP in its piecewise-linear form (:meth:`piecewise_linear_mlp`) as one
         (H', K + 2) x (K + 2, Tq Tk) product, K the bends inside the tile's range of x
         (:meth:`_piecewise_bias`): no (Tq, Tk, width) hidden tensor; equal to the network up
-        to float32 rounding. Under autograd, inside FlexAttention (0-d arguments) or a
-        compile, the network itself."""
+        to float32 rounding. Under autograd the same product, with the network's gradients
+        (:class:`_PiecewiseTile`). Inside FlexAttention (0-d arguments) or a compile, the
+        network itself."""
         if head.dim() == 0:  # one score, inside FlexAttention's score_mod
             return self._one_score(q_positions, k_positions, head)
         if self._fast_grid(q_positions, k_positions, head):
             return self._piecewise_bias(self._grid_distance(q_positions, k_positions), head.view(-1))
         x = self.normalized_distance(q_positions, k_positions)
         grid = head.dim() == 3 and head.shape[1:] == (1, 1) and x.dim() >= 3 and x.shape[-3] == 1
+        if grid and not torch.compiler.is_compiling() and self.mlp[0].weight.dtype == x.dtype:
+            # under autograd: the same piecewise product, differentiated by _PiecewiseTile
+            first, second = self.mlp[0], self.mlp[2]
+            return _PiecewiseTile.apply(x.select(-3, 0), head.view(-1), self, first.weight, first.bias,
+                                        second.weight, second.bias)
         if grid:  # (..., H', Tq, Tk) by moving the MLP's head axis: no broadcast gather, one graph for every length
             per_head = self.mlp(x.select(-3, 0).unsqueeze(-1).to(self.mlp[0].weight.dtype)).to(x.dtype)
             return per_head.movedim(-1, -3).index_select(-3, head.view(-1))
@@ -185,8 +191,13 @@ class FIRE(ScoreBias):
         grid = (head.dim() == 3 and head.shape[1:] == (1, 1) and q_positions.dim() >= 3
                 and q_positions.shape[-3:-1] == (1, q_positions.shape[-2]) and q_positions.shape[-1] == 1
                 and k_positions.dim() >= 3 and k_positions.shape[-3:-1] == (1, 1))
-        needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-        return grid and not needs_grad and not torch.compiler.is_compiling()
+        return grid and not self._needs_grad() and not torch.compiler.is_compiling()
+
+    def _needs_grad(self) -> bool:
+        """Whether autograd records a tile: grad mode on and a tensor the tile reads requiring grad."""
+        first, second = self.mlp[0], self.mlp[2]
+        tensors = (self.c, self.L_multiplier, first.weight, first.bias, second.weight, second.bias)
+        return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
     def _grid_distance(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
         """The normalized distance of a grid, (..., Tq, Tk). For 1-D runs of consecutive
@@ -249,13 +260,15 @@ class FIRE(ScoreBias):
         return out
 
     def _cached_pieces(self) -> tuple[Tensor, Tensor, Tensor]:
-        """:meth:`_pieces`, recomputed only when a parameter of the MLP was replaced or
-        changed in place (an optimizer step, ``load_state_dict``): every tile of an attention
-        call reads the same pieces."""
-        key = tuple((id(p), p._version, p.dtype, p.device) for p in self.mlp.parameters())
+        """:meth:`_pieces`, recomputed only when the MLP's weights differ from those it was
+        computed from (compared entry by entry: an optimizer step, ``load_state_dict``, an
+        edit through ``.data``): every tile of an attention call reads the same pieces."""
+        first, second = self.mlp[0], self.mlp[2]
+        weights = torch.cat([t.detach().reshape(-1) for t in (first.weight, first.bias, second.weight, second.bias)])
         cached = self.__dict__.get("_pieces_cache")
-        if cached is None or cached[0] != key:
-            cached = (key, self._pieces())
+        if (cached is None or cached[0].dtype != weights.dtype or cached[0].device != weights.device
+                or not torch.equal(cached[0], weights)):
+            cached = (weights, self._pieces())
             self.__dict__["_pieces_cache"] = cached
         return cached[1]
 
@@ -302,3 +315,49 @@ def _scratch(rows: int, columns: int, like: Tensor, slot: int = 0) -> Tensor:
     if buffer is None or buffer.numel() < rows * columns:
         buffer = cache[key] = like.new_empty(rows * columns)
     return buffer[:rows * columns].view(rows, columns)
+
+
+class _PiecewiseTile(torch.autograd.Function):
+    """FIRE's tile f(x)_h for heads (H',) from x (..., Tq, Tk) as :meth:`FIRE._piecewise_bias`
+    computes it, with the gradients of the network f(x) = b2 + w2 relu(w1 x + b1) in x, w1, b1,
+    w2 and b2 (relu' = 0 at 0, as torch's). Units whose bend lies outside the tile's range of x
+    are on or off on the whole tile: their sums reduce to sum_e g and sum_e g x per head; the K
+    others (bend within the range) take one (H', E) x (E, K) product and K masked sums over the
+    E = Tq Tk entries, instead of autograd through an (E, width) hidden layer."""
+
+    @staticmethod
+    def forward(ctx, x, heads, encoding, w1, b1, w2, b2):
+        ctx.save_for_backward(x, heads, w1, b1, w2, b2)
+        return encoding._piecewise_bias(x, heads)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        x, heads, w1, b1, w2, b2 = ctx.saved_tensors
+        num_heads = heads.numel()
+        g = grad.movedim(-3, 0).reshape(num_heads, -1)  # (H', E)
+        xf = x.reshape(-1)
+        w1v, w2h = w1[:, 0], w2.index_select(0, heads)  # (U,), (H', U)
+        if xf.numel() == 0:
+            low = high = 0.0
+        else:
+            low, high = (float(v) for v in torch.aminmax(xf))
+        bend = -b1 / torch.where(w1v == 0, torch.ones_like(w1v), w1v)
+        active = (w1v != 0) & (bend >= low) & (bend <= high)  # relu's kink inside the range
+        always_on = ((w1v * low + b1 > 0) & ~active).to(x.dtype)  # the others: one sign throughout
+        total, moment = g.sum(-1), g @ xf  # sum_e g and sum_e g x, (H',)
+        grad_w2 = total.unsqueeze(-1) * (always_on * b1) + moment.unsqueeze(-1) * (always_on * w1v)
+        grad_b1, grad_w1 = always_on * (w2h.t() @ total), always_on * (w2h.t() @ moment)
+        grad_x = (w2h @ (always_on * w1v)) @ g  # (E,)
+        units = active.nonzero().squeeze(-1)
+        if units.numel():
+            z = torch.addmm(b1[units].unsqueeze(-1), w1v[units].unsqueeze(-1), xf.unsqueeze(0))  # (K, E)
+            on = z > 0
+            grad_w2[:, units] = g @ z.clamp_min_(0).t()
+            per_unit = (w2h[:, units].t() @ g).mul_(on)  # sum_h w2_hu g_h where unit u is on
+            grad_b1[units], grad_w1[units] = per_unit.sum(-1), per_unit @ xf
+            grad_x = grad_x + w1v[units] @ per_unit
+        grad_b2 = torch.zeros_like(b2).index_add_(0, heads, total)
+        grad_w2 = torch.zeros_like(w2).index_add_(0, heads, grad_w2)
+        return grad_x.view(x.shape), None, None, grad_w1.unsqueeze(-1), grad_b1, grad_w2, grad_b2
+
