@@ -201,10 +201,11 @@ class FIRE(ScoreBias):
 
     def _grid_distance(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
         """The normalized distance of a grid, (..., Tq, Tk). For 1-D runs of consecutive
-        positions psi is evaluated once per distance: row i of the tile is then
-        psi(d_hi - i - j')... a Hankel (strided) view of those Tq + Tk - 1 values, divided by
-        the row's normalizer (the same float operations as :meth:`normalized_distance`, on
-        Tq + Tk - 1 values instead of Tq Tk)."""
+        positions psi is evaluated once per distance: the tile's rows, last query first, are
+        then a Hankel (strided) view of those Tq + Tk - 1 values, each divided by its row's
+        normalizer (the same float operations as :meth:`normalized_distance` on Tq + Tk - 1
+        values instead of Tq Tk), and the rows put back in order. The result lives in a
+        per-thread scratch buffer: valid until the next tile (callers outside autograd only)."""
         q_run, k_run = q_positions.reshape(-1), k_positions.reshape(-1)
         runs = (q_positions.dim() == 3 and k_positions.dim() == 3 and q_run.numel() > 0 and k_run.numel() > 0
                 and all(bool((r.diff() == 1).all()) for r in (q_run, k_run)))
