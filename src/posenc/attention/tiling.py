@@ -113,16 +113,23 @@ def bias_tile(encoding: PositionalEncoding, q_positions: Tensor, k_positions: Te
         if gathered is not None:
             return gathered, True
     q, k, head = _grid(q_positions, k_positions, num_heads)
-    tile = encoding.bias(q, k, head)
+    shape = broadcast_shape(q.shape, k.shape, head.shape)
+    written = None
+    into = getattr(encoding, "bias_into", None)  # an encoding that can write its tile where we say
+    if (causal and into is not None and buffer is not None and buffer.numel() >= shape.numel()
+            and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
+        written = into(q, k, head, buffer[:shape.numel()].view(shape))
+    tile = written if written is not None else encoding.bias(q, k, head)
     if not causal:
         return tile, False
     if (torch.is_grad_enabled() and tile.requires_grad) or torch.compiler.is_compiling():
         return tile.masked_fill(k > q, float("-inf")), True
     # The encoding's tensor is not ours to write: copy it, then mask only the columns some
     # query may not see (the block's diagonal slab when the queries are the last keys).
-    shape = broadcast_shape(q.shape, k.shape, head.shape)
     reusable = buffer is not None and buffer.numel() >= shape.numel() and buffer.dtype == tile.dtype
-    if reusable and not torch.is_grad_enabled():  # autograd may keep the previous tile: no reuse there
+    if written is not None:
+        owned = written
+    elif reusable and not torch.is_grad_enabled():  # autograd may keep the previous tile: no reuse there
         owned = buffer[:shape.numel()].view(shape).copy_(tile)
     else:
         owned = tile.expand(shape).clone(memory_format=torch.contiguous_format)
@@ -249,9 +256,11 @@ def query_blocks(encoding: PositionalEncoding | None, q_positions: Tensor, k_pos
     descending = (has_bias and encoding.translation_invariant and mask is None and q_positions.dim() == 1
                   and (fold or not causal) and not compiling and not has_gate)
     # A materialized tile the causal mask is folded into is the encoding's result copied into
-    # a buffer of ours: two tiles alive at once, so each gets half the budget.
+    # a buffer of ours: two tiles alive at once, so each gets half the budget (not when the
+    # encoding writes its tile into the buffer itself: bias_into, outside autograd).
+    writes_into = hasattr(encoding, "bias_into") and not torch.is_grad_enabled()
     copied = fold and not encoding.translation_invariant
-    budget = BLOCKED_TILE_ELEMENTS // (2 if copied else 1)
+    budget = BLOCKED_TILE_ELEMENTS // (2 if copied and not writes_into else 1)
     # at least 2 rows, so that a strided (overlapping) tile can show itself: see _is_compact
     block = min(num_queries, max(2, budget // max(1, bias_rows * num_heads * num_keys)))
     buffer = None

@@ -19,6 +19,44 @@ from posenc.encodings.base import per_batch_index
 from posenc.errors import InvalidArgument
 
 
+def _per_pair_fits(x: Tensor, q_positions: Tensor, k_positions: Tensor, width: int | None = None) -> bool:
+    """Whether the (Tq, Tk, D) table of each pair's relative vector is worth making for x
+    (B, H, Tq, .): 1-D positions (one table for the batch) and D <= B H, so that it is no
+    larger than the (B, H, Tq, Tk) scores made anyway."""
+    dim = x.shape[-1] if width is None else width
+    return (q_positions.dim() == 1 and k_positions.dim() == 1 and x.dim() == 4 and dim <= x.shape[0] * x.shape[1]
+            and not torch.compiler.is_compiling())
+
+
+class _PerRowProduct(torch.autograd.Function):
+    """out[b, h, i] = x[b, h, i] @ table[i]: x (B, H, Tq, K), table (Tq, K, N) -> (B, H, Tq, N),
+    as one batched matmul over the query rows, (B H, K) x (K, N) each. Every result and
+    gradient is returned contiguous in its own layout: the permuted views the plain ops would
+    hand on make the softmax's backward and the additions after it several times slower."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, table: Tensor) -> Tensor:
+        batch, heads, rows, inner = x.shape
+        stacked = x.permute(2, 0, 1, 3).reshape(rows, batch * heads, inner)
+        ctx.save_for_backward(stacked, table)
+        ctx.shape = x.shape
+        out = torch.bmm(stacked, table)  # (Tq, B H, N)
+        return out.view(rows, batch, heads, -1).permute(1, 2, 0, 3).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        stacked, table = ctx.saved_tensors
+        batch, heads, rows, inner = ctx.shape
+        grad_rows = grad.permute(2, 0, 1, 3).reshape(rows, batch * heads, -1)  # (Tq, B H, N)
+        grad_x = grad_table = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.bmm(grad_rows, table.transpose(1, 2))
+            grad_x = grad_x.view(rows, batch, heads, inner).permute(1, 2, 0, 3).contiguous()
+        if ctx.needs_input_grad[1]:
+            grad_table = torch.bmm(stacked.transpose(1, 2), grad_rows)
+        return grad_x, grad_table
+
+
 class Shaw(PositionalEncoding):
     """Relative position representations (Shaw, Uszkoreit and Vaswani, NAACL 2018, eqs. 3-5).
 
@@ -31,7 +69,10 @@ class Shaw(PositionalEncoding):
     Efficient form (section 3.3 splits e_ij the same way): q_i . w^K_r for the 2k + 1 rows r
     is one (B, H, Tq, 2k+1) product, then indexed by clip(j - i); the value term sums
     alpha_ij by bucket (scatter-add into (B, H, Tq, 2k+1)) and multiplies by w^V. No
-    (B, H, Tq, Tk, D) tensor is formed.
+    (B, H, Tq, Tk, D) tensor is formed. With 1-D positions and D <= B H (training batches),
+    both terms are instead one batched matmul over the query rows against each row's
+    (Tk, D) relative vectors, a (Tq, Tk, D) table shared by the batch: no gather over the
+    scores or scatter-add over the probabilities, forward or backward.
 
     Args:
         head_dim: D.
@@ -87,6 +128,11 @@ class Shaw(PositionalEncoding):
         when q or the parameters are float64)."""
         self._check_dim(q, "q")
         wide = torch.promote_types(torch.promote_types(q.dtype, self.relative_key.dtype), torch.float32)
+        if _per_pair_fits(q, q_positions, k_positions):
+            # (B H, D) x (D, Tk) per query row against that row's key vectors: no gather over
+            # the (B, H, Tq, Tk) scores nor its scatter-add backward
+            per_pair = self.relative_key.to(wide)[self.relative_index(q_positions, k_positions)]  # (Tq, Tk, D)
+            return _PerRowProduct.apply(q.to(wide), per_pair.transpose(1, 2))
         per_row = q.to(wide) @ self.relative_key.to(wide).t()  # (B, H, Tq, 2k+1)
         index = per_batch_index(self.relative_index(q_positions, k_positions))
         index = index.expand(q.shape[0], q.shape[1], -1, -1)
@@ -95,10 +141,15 @@ class Shaw(PositionalEncoding):
     def content_values(self, probs, q_positions, k_positions):
         """sum_j alpha_ij w^V_{clip(j - i)}: (B, H, Tq, D), float32 (float64 when the
         probabilities or the parameters are float64)."""
+        wide = torch.promote_types(torch.promote_types(probs.dtype, self.relative_value.dtype), torch.float32)
+        if _per_pair_fits(probs, q_positions, k_positions, width=self.head_dim):
+            # (B H, Tk) x (Tk, D) per query row against that row's value vectors: no
+            # scatter-add over the probabilities nor its gather backward
+            per_pair = self.relative_value.to(wide)[self.relative_index(q_positions, k_positions)]  # (Tq, Tk, D)
+            return _PerRowProduct.apply(probs.to(wide), per_pair)
         index = per_batch_index(self.relative_index(q_positions, k_positions)).expand_as(probs)
         per_bucket = probs.new_zeros(*probs.shape[:-1], self.relative_value.shape[0])
         per_bucket = per_bucket.scatter_add(-1, index, probs)  # (B, H, Tq, 2k+1)
-        wide = torch.promote_types(torch.promote_types(probs.dtype, self.relative_value.dtype), torch.float32)
         return per_bucket.to(wide) @ self.relative_value.to(wide)
 
     def extra_repr(self) -> str:

@@ -42,11 +42,27 @@ def relative_shift(x: Tensor, num_keys: int) -> Tensor:
     num_queries, width = x.shape[-2], x.shape[-1]
     if width < num_queries + num_keys - 1:
         raise InvalidArgument(f"x: need at least Tq + Tk - 1 = {num_queries + num_keys - 1} columns, got {width}")
+    return _skew(x, num_keys)
+
+
+def _skew(x: Tensor, num_keys: int) -> Tensor:
+    """:func:`relative_shift` without its width check: with Tk + 1 <= N < Tq + Tk - 1 columns,
+    entries j > i + N - Tq read the next row's first columns (inside the buffer, no overlap:
+    for a caller whose mask hides them)."""
+    num_queries, width = x.shape[-2], x.shape[-1]
     # Element (i, j) sits at i * width + (Tq - 1 - i + j) = (Tq - 1) + i * (width - 1) + j of each
     # (Tq, width) matrix: one strided view (no padded copy), whose backward is one scatter.
     x = x.contiguous()
     strides = x.stride()[:-2] + (width - 1, 1)
     return x.as_strided(x.shape[:-1] + (num_keys,), strides, x.storage_offset() + num_queries - 1)
+
+
+def _sees_no_far_future(mask: Tensor | None, num_queries: int, num_keys: int) -> bool:
+    """True when ``mask`` (boolean, (..., Tq, Tk)) hides every key j > i + Tk - Tq + 1 from
+    query i (the causal mask, bottom-right aligned, and anything stricter)."""
+    if mask is None or mask.dtype != torch.bool or mask.dim() < 2 or mask.shape[-2:] != (num_queries, num_keys):
+        return False
+    return not bool(torch.triu(mask, diagonal=num_keys - num_queries + 2).any())
 
 
 class TransformerXL(PositionalEncoding):
@@ -78,7 +94,8 @@ class TransformerXL(PositionalEncoding):
         init_std: std of the normal initialisation of r_net, u and v (Hugging Face: 0.02).
 
     Hook: ``content`` (scores only, ``content_on_values = False``). Cost: a (Tq+Tk-1, d_model)
-    table through r_net, and a (B, H, Tq, Tq+Tk-1) product, about twice q.k^T.
+    table through r_net, and a (B, H, Tq, Tq+Tk-1) product, about twice q.k^T; Tk + 1 columns
+    instead when the mask hides the keys after the query (causal use).
 
     Raises:
         ValueError: a size not an int >= 1, base <= 1, init_std < 0 (construction); q or k
@@ -148,7 +165,11 @@ class TransformerXL(PositionalEncoding):
             bd = (query_plus_v.unsqueeze(-2) * relative).sum(-1)
         elif _is_arange(q_positions) and _is_arange(k_positions):
             d_hi = int(q_positions.max()) - int(k_positions.min())
-            distances = torch.arange(d_hi, d_hi - num_queries - num_keys + 1, -1, device=q.device)  # descending
+            # Keys more than one place past the query's diagonal masked (causal use): their
+            # entries are never read, so the table stops at distance d_hi - Tk (Tk + 1
+            # columns instead of Tq + Tk - 1, and the shifted view does not overlap itself).
+            width = num_keys + 1 if _sees_no_far_future(mask, num_queries, num_keys) else num_queries + num_keys - 1
+            distances = torch.arange(d_hi, d_hi - width, -1, device=q.device)  # descending
             bd = self._shifted_scores(query_plus_v, self.relative_embeddings(distances, wide), num_keys)
         else:
             # Only the distances that occur (at most Tq * Tk, however far apart the positions:
@@ -157,14 +178,18 @@ class TransformerXL(PositionalEncoding):
             bd_full = query_plus_v @ self.relative_embeddings(distances, wide).transpose(-2, -1)  # (B, H, Tq, N)
             column = per_batch_index(column).expand(q.shape[0], q.shape[1], num_queries, num_keys)
             bd = bd_full.gather(-1, column)
-        uk = (k.to(wide) @ self.r_w_bias.to(wide).unsqueeze(-1)).transpose(-2, -1)  # (B, H, 1, Tk)
+        # u.k_j as a product and a sum over D: a (B H)-batched matmul of (Tk, D) x (D, 1) and
+        # its backward cost several times more at small D
+        uk = (k.to(wide) * self.r_w_bias.to(wide).unsqueeze(-2)).sum(-1).unsqueeze(-2)  # (B, H, 1, Tk)
         return bd + uk
 
     @staticmethod
     def _shifted_scores(query_plus_v: Tensor, relative: Tensor, num_keys: int) -> Tensor:
         """relative_shift((q + v) @ relative^T) for relative (H, N, D) shared by the batch,
         as one (B Tq, D) x (D, N) product per head (not B H small ones against a copied
-        table) whose result is skewed in place by strides: (B, H, Tq, Tk)."""
+        table) whose result is skewed in place by strides: (B, H, Tq, Tk). With N = Tk + 1
+        (far future keys masked) entries j > i + Tk - Tq + 1 read the next row's columns:
+        values of no use, inside the buffer, the view still free of overlaps."""
         batch, heads, num_queries, head_dim = query_plus_v.shape
         width = relative.shape[1]
         rows = query_plus_v.transpose(0, 1).reshape(heads, batch * num_queries, head_dim)
