@@ -48,7 +48,10 @@ none at all: a ``+coupled`` or ``+abacus`` row is refused there (:func:`check_ta
   sample of distinct integers from [0, L_max), sorted, in training (drawn by the training loop,
   :func:`posenc.lab.train.random_positions`) and at test (:meth:`RandomizedPositions.test_ids`).
 
-With an absolute encoding (learned, sinusoidal) the ids index the table; with a relative one
+With an absolute encoding (learned, sinusoidal) the ids index the table; a ``learned`` table
+under ``+coupled`` or ``+abacus`` ids starts at the token embeddings' scale, N(0, 1)
+(:data:`TASK_TABLE_INIT_STD`, :meth:`PositionScheme.encoding_options`), as in both papers' code,
+not at the table's own default 0.02; with a relative one
 (RoPE, T5, ALiBi, ...) only their differences count, so the training offset changes nothing
 there and the coupling is what remains: an answer digit's query sees the operand digits it needs
 at a fixed id distance whatever n is. Relative encodings that assume keys before the query (ALiBi,
