@@ -69,7 +69,7 @@ from posenc.lab.experiments.frame import (
     CORE_ENCODINGS, MODEL_TRAIN_OPTIONS, Row, RunConfig, cells_over_seeds, check_names, evals_by_seed, merged_not_applicable, spread,
     write_csv as write_csv_rows,
 )
-from posenc.encodings import encoding_class
+from posenc.encodings import create_for_model, encoding_class
 from posenc.lab.checkpoint import atomic_write_bytes
 from posenc.lab.experiments.extrapolation_config import CPU_FLOPS, H100_FLOPS, MODEL_FLOPS_UTILIZATION
 from posenc.lab.experiments.limits import Workload, holds_a_table, parameter_floor
@@ -636,6 +636,10 @@ def fingerprint(config: LengthgenConfig, task: str, row: str, seed: int) -> dict
     # a row with a position scheme states it (a +rand row's test-time sampling is new: its old
     # runs, evaluated at 0, 1, 2, ..., are not reused); other rows' fingerprints are unchanged
     positions = {} if scheme is None else {"positions": scheme.describe()}
+    # a learned table under task-structured ids is built at the tokens' scale: its runs under
+    # the table's own default (0.02) are not reused
+    options = {} if scheme is None else scheme.encoding_options(Row.parse(row).encoding)
+    positions.update({"encoding_options": options} if options else {})
     return config.run_fingerprint({
         "task": task, "row": row, "seed": seed,
         "train_size": config.task_train_size(task), "model": config.model_config(task, row).to_dict(),
@@ -676,6 +680,8 @@ def train_and_evaluate(
     model_config, scheme = config.model_config(task_name, row), config.position_scheme(task_name, row)
     # a plan row's windows scale with the task's longest training sequence (its L)
     encoding = config.row_model(encoding, model_config, config.train_sequence_length(task_name))
+    if scheme is not None and isinstance(encoding, str) and (options := scheme.encoding_options(encoding)):
+        encoding = create_for_model(encoding, **model_config.encoding_sizes(), **options)
     model = TransformerLM(model_config, encoding).to(config.device)
     name = row_name(task_name, row)
     training = train_run(model, task_batches(task, config.task_train_size(task_name), scheme), train, store, name,
@@ -701,6 +707,8 @@ def train_and_evaluate(
         "parameters": model.num_parameters(), **training, "eval_seconds": round(time.perf_counter() - started, 3),
         "eval": evals, "not_applicable": not_applicable,
         **({} if scheme is None else {"positions": scheme.describe()}),
+        **({"encoding_options": options} if scheme is not None and (options := scheme.encoding_options(
+            Row.parse(row).encoding)) else {}),
     }
 
 

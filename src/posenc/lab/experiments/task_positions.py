@@ -48,7 +48,10 @@ none at all: a ``+coupled`` or ``+abacus`` row is refused there (:func:`check_ta
   sample of distinct integers from [0, L_max), sorted, in training (drawn by the training loop,
   :func:`posenc.lab.train.random_positions`) and at test (:meth:`RandomizedPositions.test_ids`).
 
-With an absolute encoding (learned, sinusoidal) the ids index the table; with a relative one
+With an absolute encoding (learned, sinusoidal) the ids index the table; a ``learned`` table
+under ``+coupled`` or ``+abacus`` ids starts at the token embeddings' scale, N(0, 1)
+(:data:`TASK_TABLE_INIT_STD`, :meth:`PositionScheme.encoding_options`), as in both papers' code,
+not at the table's own default 0.02; with a relative one
 (RoPE, T5, ALiBi, ...) only their differences count, so the training offset changes nothing
 there and the coupling is what remains: an answer digit's query sees the operand digits it needs
 at a fixed id distance whatever n is. Relative encodings that assume keys before the query (ALiBi,
@@ -79,6 +82,14 @@ ABACUS_MAX_OFFSET = 100
 #: Ruoss et al. (2023) sample from L_max = 2048 for test lengths up to 500: about four times the
 #: longest test sequence, the default range of a ``+rand`` row in ``posenc lengthgen``.
 RANDOMIZED_RANGE_FACTOR = 4
+#: The initial standard deviation of a learned table (``learned+coupled``, ``learned+abacus``)
+#: that task-structured ids index: the token embeddings' (N(0, 1) in :class:`posenc.lab.model.
+#: TransformerLM`), as in both papers' code (Cho et al.'s ``wpe`` is initialised at
+#: ``initializer_factor * 1.0``, the scale of their T5 token embeddings; McLeish et al.'s Abacus
+#: table is a default ``nn.Embedding``, N(0, 1)). The table's own default, 0.02 (GPT-2), sits 50x
+#: below the tokens here: the ids then barely move the residual stream and addition stalls at
+#: 1.4 nats per answer token (docs/results.md, issue 23).
+TASK_TABLE_INIT_STD = 1.0
 #: Position coupling's default range R: this many times the largest id of an instance of the
 #: largest size trained or evaluated (Cho et al. train with max_pos 202 for 100-digit tests).
 COUPLED_RANGE_FACTOR = 2
@@ -164,6 +175,13 @@ class PositionScheme:
         """The scheme as plain data (run fingerprints, results.json)."""
         raise NotImplementedError
 
+    def encoding_options(self, encoding: str) -> dict:
+        """Options the row's ``encoding`` is built with (:func:`posenc.create_for_model`): for a
+        task-structured scheme on ``learned``, the table at the tokens' scale
+        (``init_std`` = :data:`TASK_TABLE_INIT_STD`); none otherwise."""
+        std = getattr(self, "table_init_std", None)
+        return {"init_std": std} if std is not None and encoding == "learned" else {}
+
 
 def _largest_slot(task: Task, size: int) -> int:
     return max(layout(task.name, task.example(size, random.Random(0))).slots)
@@ -176,6 +194,7 @@ class CoupledPositions(PositionScheme):
     is < R."""
 
     range: int
+    table_init_std: float = TASK_TABLE_INIT_STD
     name: ClassVar[str] = "coupled"
 
     def ids(self, task: str, example: Example, offset: int) -> list[int]:
@@ -207,6 +226,7 @@ class AbacusPositions(PositionScheme):
     k uniform in ``[0, max_offset)`` per training instance, 0 at test."""
 
     max_offset: int = ABACUS_MAX_OFFSET
+    table_init_std: float = TASK_TABLE_INIT_STD
     name: ClassVar[str] = "abacus"
 
     def ids(self, task: str, example: Example, offset: int) -> list[int]:
@@ -307,6 +327,7 @@ def greedy_decode(model, tokens: Tensor, positions: Tensor, steps: int) -> Tenso
 
 __all__ = [
     "ABACUS_MAX_OFFSET", "ALIGNED_TASKS", "COUPLED_RANGE_FACTOR", "RANDOMIZED_RANGE_FACTOR", "TASK_SCHEMES",
+    "TASK_TABLE_INIT_STD",
     "AbacusPositions", "CoupledPositions", "Layout", "PositionScheme", "RandomizedPositions", "check_task",
     "greedy_decode", "layout", "positions_tensor",
 ]
