@@ -25,7 +25,7 @@ to ``--out`` as soon as it finishes:
   at C tokens and each depth (0 = the key at the start): 1 when every token of the key is the
   model's greedy choice after the question (teacher-forced), else 0.
 
-Run from the repository root (about 4 minutes per method and context of 12288 tokens on 2
+Run from the repository root (2 to 6 minutes per method at 12288 tokens, truncation 15, on 2
 busy CPU threads, see docs/results.md "Context extension past L (issue 26)")::
 
     python benchmarks/real_model_extension.py --out docs/results/real_model_extension.jsonl
