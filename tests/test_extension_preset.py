@@ -15,7 +15,8 @@ from posenc.errors import InvalidArgument
 from posenc.lab import cli
 from posenc.lab.experiments.extrapolation import preset_config
 from posenc.lab.experiments.lm import passkey_map, passkey_prompts
-from posenc.lab.experiments.rope_extension import BRANCH_METHODS, _extension_encoding, extension_rows
+from posenc.lab.experiments.extension_methods import BRANCH_METHODS, _extension_encoding
+from posenc.lab.experiments.rope_extension import extension_rows
 from posenc.lab.experiments.tasks import DEPTHS
 from posenc.rope import EXTENSION_METHODS, RoPE, extension_scaling, rope_frequencies
 

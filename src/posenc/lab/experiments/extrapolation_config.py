@@ -28,6 +28,7 @@ from posenc.lab.experiments.frame import CORE_ENCODINGS, MODEL_TRAIN_OPTIONS, RA
 from posenc.lab.model import LMConfig
 from posenc.lab.train import TrainConfig
 from posenc.rope import EXTENSION_METHODS
+from posenc.lab.experiments.extension_methods import BRANCH_METHODS, check_extension_method
 
 #: Tokens a forward pass of the evaluation reads (posenc.lab.evaluate.evaluate_length's default).
 EVAL_TOKENS_PER_BATCH = 16384
@@ -259,13 +260,11 @@ class ExtrapolationConfig(RunConfig):
         methods = "extension_methods (--rope-scaling)"
         if isinstance(self.extension_methods, str) or not isinstance(self.extension_methods, (tuple, list)):
             raise InvalidType(f"{methods} must be a sequence of method names, e.g. ('yarn',), got {self.extension_methods!r}")
-        from posenc.lab.experiments.rope_extension import BRANCH_METHODS, check_extension_method
-
         unknown = [m for m in self.extension_methods if m not in (*EXTENSION_METHODS, *BRANCH_METHODS)]
         if unknown:
             raise InvalidArgument(f"{methods}: unknown method(s) {unknown}; choose from {list(EXTENSION_METHODS)}")
         for method in self.extension_methods:
-            check_extension_method(method)  # the branch-merge maps: not yet (rope_extension._extension_encoding)
+            check_extension_method(method)  # the branch-merge maps: not yet (extension_methods._extension_encoding)
         if len(set(self.extension_methods)) != len(self.extension_methods):
             raise InvalidArgument(f"{methods}: each method once, got {list(self.extension_methods)}")
         if isinstance(self.finetune_steps, bool) or not isinstance(self.finetune_steps, int) or self.finetune_steps < 0:

@@ -23,9 +23,10 @@ per seed of the trained ``rope`` model:
   same total steps), and ``rope+yarn+ft`` with ``finetune_steps`` = ``drope_steps`` (the same
   extra steps; the ``extension`` preset sets both).
 
-Every method reaches the model through :func:`_extension_encoding` (rope, method, params): the
-RoPE scalings today; the branch-merge maps of :mod:`posenc.attention.branches`
-(:data:`BRANCH_METHODS`) plug in there.
+Every method reaches the model through
+:func:`posenc.lab.experiments.extension_methods._extension_encoding` (rope, method, params):
+the RoPE scalings today; the branch-merge maps of :mod:`posenc.attention.branches`
+(:data:`~posenc.lab.experiments.extension_methods.BRANCH_METHODS`) plug in there.
 
 The model never learns which encoding it holds: its ``encoding`` module is swapped for a
 :class:`~posenc.RoPE` built with ``scaling=`` (RoPE has no parameters, so the weights are
@@ -39,32 +40,28 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 import contextlib
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 
 from posenc.lab.data import Corpus
 from posenc.encodings.base import PositionalEncoding
-from posenc.encodings.rope.rotary import RoPE
 from posenc.lab.model import TransformerLM
 from posenc.rope import EXTENSION_METHODS, extension_scaling
+from posenc.lab.experiments.extension_methods import _extension_encoding, rope_like
 from posenc.lab.train import TrainConfig
 from posenc.lab.experiments.drope import drope_encoding, dropped_model
 from posenc.lab.experiments.extrapolation_config import ExtrapolationConfig
 from posenc.lab.experiments.lm import evaluate_lengths, passkey_map, train_run
 from posenc.lab.experiments.rows import BaseRun
 from posenc.lab.experiments.runs import Reporter, RunStore
-from posenc.errors import InvalidArgument, InvalidType
 
 BASE = "rope"
 #: The control of the DroPE rows: NoPE trained from scratch for as many steps in all.
 NOPE_LONG = "nope+long"
-#: The training-free branch-merge maps (:mod:`posenc.attention.branches`), rows ``rope+<name>``
-#: once :func:`_extension_encoding` builds them.
-BRANCH_METHODS = ("self_extend", "rerope", "leaky_rerope", "dca", "string", "lm_infinite", "streaming_llm")
+
 
 
 def inference_row(method: str) -> str:
@@ -90,43 +87,11 @@ def extension_rows(config: ExtrapolationConfig) -> list[str]:
     return rows
 
 
-def _extension_encoding(rope: RoPE, method: str, params: Mapping[str, Any]) -> PositionalEncoding:
-    """The encoding row ``rope+method`` runs the trained model with, from its RoPE ``rope``.
-
-    ``params``: ``factor`` (s >= 1; 1 is the plain RoPE) and ``original_max_position_embeddings``
-    (L0, the training length), plus the method's own. A RoPE scaling of
-    :data:`posenc.rope.EXTENSION_METHODS` is a RoPE of ``rope``'s geometry with
-    :func:`posenc.rope.extension_scaling` (method, s, L0).
-
-    Raises:
-        InvalidArgument: a branch-merge map (:data:`BRANCH_METHODS`): not yet an extension row;
-            any other unknown method.
-    """
-    if method in EXTENSION_METHODS:
-        return rope_like(rope, extension_scaling(method, params["factor"], params["original_max_position_embeddings"]))
-    if method in BRANCH_METHODS:
-        raise InvalidArgument(f"extension_methods: {method!r} (a branch-merge map of posenc.attention.branches) is not "
-                              f"an extension row yet; today's: {list(EXTENSION_METHODS)}")
-    raise InvalidArgument(f"extension_methods: unknown method {method!r}; choose from {list(EXTENSION_METHODS)}")
-
-
-def check_extension_method(method: str) -> None:
-    """Raise as :func:`_extension_encoding` would for ``method`` (before any training)."""
-    _extension_encoding(RoPE(8), method, {"factor": 2.0, "original_max_position_embeddings": 8})
-
-
 def _inference_factor(config: ExtrapolationConfig, length: int) -> float:
     """s of an inference row at ``length``: ``extension_factor``, else max(1, length / L)."""
     if config.extension_factor is not None:
         return float(config.extension_factor)
     return max(1.0, length / config.train_len)
-
-
-def rope_like(rope: RoPE, scaling: Mapping[str, Any] | None) -> RoPE:
-    """A RoPE with ``rope``'s geometry (head_dim, rotary_dim, base, layout) and ``scaling``."""
-    if not isinstance(rope, RoPE):
-        raise InvalidType(f"the model's encoding must be a posenc RoPE to rescale, got {type(rope).__name__}")
-    return RoPE(rope.head_dim, rotary_dim=rope.rotary_dim, base=rope.base, interleaved=rope.interleaved, scaling=scaling)
 
 
 @contextmanager
