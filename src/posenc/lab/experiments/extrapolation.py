@@ -79,22 +79,22 @@ def train_and_evaluate(
         model, corpus.val, lengths, train_len=config.train_len, eval_tokens=config.eval_tokens,
         row=encoding, seed=seed, reporter=reporter, **precision,
     )
-    sliding = {}
+    extra = {}  # the sliding-window evaluation and the passkey map, when asked
     if config.eval_stride is not None:
-        sliding["eval_sliding"] = evaluate_lengths(
+        extra["eval_sliding"] = evaluate_lengths(
             model, corpus.val, lengths, train_len=config.train_len, eval_tokens=config.eval_tokens,
             row=f"{encoding} (sliding, stride {config.eval_stride})", seed=seed, reporter=reporter,
             stride=config.eval_stride, **precision,
         )
     if config.passkey_instances:
-        sliding["passkey"] = passkey_map(model, lengths, config.passkey_instances, seed=seed)
+        extra["passkey"] = passkey_map(model, lengths, config.passkey_instances, seed=seed)
     not_applicable = {
         str(n): f"the encoding represents at most {model.max_positions} positions"
         for n in config.eval_lengths if not _applicable(model, n)
     }
     return {
         "encoding": encoding, "seed": seed, "train_len": config.train_len, "parameters": model.num_parameters(),
-        **training, "eval": evals, **sliding, "not_applicable": not_applicable,
+        **training, "eval": evals, **extra, "not_applicable": not_applicable,
     }
 
 
