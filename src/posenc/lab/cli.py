@@ -58,12 +58,6 @@ def _split_list(value: str | None, argname: str, cast=str) -> tuple | None:
         raise UsageError(f"{argname}: every item must be {cast.__name__}, got {value!r}") from None
 
 
-def number(value: str) -> int | float:
-    """An evaluation factor: an int when whole ("2"), else a float ("0.5")."""
-    parsed = float(value)
-    return int(parsed) if parsed.is_integer() else parsed
-
-
 # --- the options every sweep command (extrapolate, lengthgen) takes ---------------------------
 
 Encodings = Annotated[Optional[str], typer.Option(help=(
@@ -310,7 +304,9 @@ def extrapolate(
     encodings: Encodings = None,
     preset: str = typer.Option("default", help="quick | default | full (every registered encoding) | gpu (L=512, "
                                "25.5M parameters, eval to 16L with sliding windows; ~10 min per encoding on one H100) | paper (Press et al.'s "
-                               "Table 2 model and rows, 201M parameters; GPUs only: ~15 h on one H100, ~2 h on 8 at 15% MFU)."),
+                               "Table 2 model and rows, 201M parameters; GPUs only: ~15 h on one H100, ~2 h on 8 at 15% MFU) "
+                               "| extension (every context extension and DroPE on the same rope checkpoints, 3 seeds, "
+                               "L/2..16L and a passkey map)."),
     corpus: Optional[str] = typer.Option(
         None, help="A text file, a folder of text files, a folder saved by Hugging Face datasets' save_to_disk, or a "
         "Hugging Face dataset name NAME[:CONFIG], e.g. Salesforce/wikitext:wikitext-103-raw-v1 (pip install "
@@ -323,7 +319,7 @@ def extrapolate(
     layers: Layers = None,
     heads: Heads = None,
     eval_factors: Optional[str] = typer.Option(None, help="Evaluation lengths as multiples of L, e.g. 1,2,4,8,16 "
-                                               "(0.5: L/2; a fraction 1/k where k divides L)."),
+                                               "(--preset extension adds L/2)."),
     eval_tokens: Optional[int] = typer.Option(None, help="Validation tokens read at every length."),
     eval_stride: Optional[int] = typer.Option(
         None, help="Also evaluate with sliding windows of this stride S (1 <= S <= L; Press et al.): each token "
@@ -386,7 +382,7 @@ def extrapolate(
     config = _sweep_config(
         preset_config, preset, encodings=encodings, seeds=seeds, layers=layers, heads=heads,
         train_len=train_len, steps=steps, batch_size=batch_size, lr=lr, d_model=d_model,
-        eval_factors=_split_list(eval_factors, "--eval-factors", number), eval_tokens=eval_tokens, device=device,
+        eval_factors=_split_list(eval_factors, "--eval-factors", int), eval_tokens=eval_tokens, device=device,
         extension_methods=_split_list(rope_scaling, "--rope-scaling"), finetune_steps=finetune_steps,
         finetune_factor=finetune_factor, randomized_positions=randomized_positions, eval_stride=eval_stride,
         extension_factor=extension_factor, drope_steps=drope_steps, drope_qk_norm=drope_qk_norm,

@@ -34,7 +34,7 @@ from posenc.lab.experiments.extension_methods import BRANCH_METHODS, check_exten
 EVAL_TOKENS_PER_BATCH = 16384
 
 __all__ = [
-    "CORE_ENCODINGS", "FULL_RANDOMIZED", "OPTIONS", "PRESETS", "RANDOMIZED_SUFFIX", "ExtrapolationConfig",
+    "COMPARISONS", "CORE_ENCODINGS", "FULL_RANDOMIZED", "OPTIONS", "PRESETS", "RANDOMIZED_SUFFIX", "ExtrapolationConfig",
     "preset_config", "text_encodings", "train_flops", "paper_hours", "check_gpu_preset", "GPU_PRESETS",
 ]
 
@@ -72,6 +72,11 @@ PRESETS: dict[str, dict] = {
     "paper": dict(encodings=("sinusoidal", "rope", "t5", "alibi"), train_len=512, d_model=1024, num_layers=16,
                   num_heads=8, batch_size=64, steps=50000, lr=3e-4, eval_factors=(1, 2, 3, 5, 7, 30),
                   eval_tokens=1 << 20),
+}
+
+#: Comparison presets (``--preset NAME`` as well), kept apart from :data:`PRESETS`, whose
+#: names the error messages have always listed.
+COMPARISONS: dict[str, dict] = {
     "extension": dict(encodings=("rope",), seeds=(0, 1, 2), train_len=256, d_model=64, num_layers=4, num_heads=2,
                       batch_size=8, steps=1500, eval_factors=(0.5, 1, 2, 4, 8, 16), eval_tokens=32768,
                       extension_methods=EXTENSION_METHODS, extension_factor=16, finetune_steps=150, finetune_factor=4,
@@ -120,7 +125,8 @@ class ExtrapolationConfig(RunConfig):
         train: the training run; ``train.seq_len`` is the training length L. Its ``seed`` is
             not read: each run trains with its own seed from ``seeds``.
         eval_factors: evaluation lengths as whole multiples (>= 1) of L, or L / k for a factor
-            1 / k (0.5: L/2) where k divides L.
+            1 / k (0.5: L/2) where k divides L (the Python API and ``--preset extension``; the
+            CLI's ``--eval-factors`` takes whole multiples).
         seeds: one run per (encoding, seed); results are means over seeds.
         eval_tokens: validation tokens read at every length (the same prefix for all).
         learned_positions: see ``model``.
@@ -201,6 +207,21 @@ class ExtrapolationConfig(RunConfig):
         if "train_len" in options:
             check_positive_int(options["train_len"], "train_len")  # TrainConfig would call it seq_len
         return super().from_options(**options)
+
+    @classmethod
+    def from_preset(cls, preset: str = "default", **overrides) -> ExtrapolationConfig:
+        """As :meth:`RunConfig.from_preset`, and the comparisons of :data:`COMPARISONS`.
+
+        Raises:
+            InvalidArgument: an unknown preset (the message lists both kinds).
+        """
+        if preset in COMPARISONS:
+            values = {**COMPARISONS[preset], **{k: v for k, v in overrides.items() if v is not None}}
+            return cls.from_options(**values)
+        if preset not in cls.PRESETS:
+            raise InvalidArgument(f"preset must be one of {list(cls.PRESETS)} or a comparison {list(COMPARISONS)}, "
+                                  f"got {preset!r}")
+        return super().from_preset(preset, **overrides)
 
     @classmethod
     def every_encoding(cls) -> tuple[str, ...]:
