@@ -250,8 +250,8 @@ def results_table(summary: dict, key: str = "bits_per_byte", title: str | None =
     table = Table(title=title or f"validation loss, bits per byte (train L={train_len})")
     table.add_column("encoding", style="bold", no_wrap=True)
     for n in lengths:
-        table.add_column(f"{n} ({n // train_len}L)", justify="right")
-    table.add_column(f"{lengths[-1] // train_len}L / L", justify="right")
+        table.add_column(f"{n} ({_times_l(n, train_len)})", justify="right")
+    table.add_column(f"{_times_l(lengths[-1], train_len)} / {_times_l(lengths[0], train_len)}", justify="right")
     for encoding, res in summary["results"].items():
         if eval_key not in res:
             continue
@@ -272,6 +272,27 @@ def results_table(summary: dict, key: str = "bits_per_byte", title: str | None =
     return table
 
 
+def _times_l(length: int, train_len: int) -> str:
+    """``length`` as a multiple of L: "4L", or "L/2" below L."""
+    return f"{length // train_len}L" if length >= train_len else f"L/{train_len // length}"
+
+
+def passkey_table(summary: dict) -> Table:
+    """Rows: each row with a passkey map; columns: the evaluation lengths; cells: the accuracy
+    at each depth (0, 0.25, ... 1: the key at the start .. at the end), means over seeds."""
+    train_len = summary["config"]["train_len"]
+    lengths = summary["config"]["eval_lengths"]
+    table = Table(title="zero-shot passkey: fraction of keys copied, by depth 0 .. 1 (means over seeds)")
+    table.add_column("encoding", style="bold", no_wrap=True)
+    for n in lengths:
+        table.add_column(f"{n} ({_times_l(n, train_len)})", justify="right")
+    for encoding, res in summary["results"].items():
+        if "passkey" in res:
+            table.add_row(encoding, *(" ".join(f"{a:.2f}" for a in res["passkey"].get(str(n), {}).values()) or "n/a"
+                                      for n in lengths))
+    return table
+
+
 def _diverged_label(name: str, res: dict) -> str:
     """A results row's name, with how many of its seeds diverged (their scores are left out)."""
     diverged = res.get("diverged") or {}
@@ -283,7 +304,9 @@ def extrapolate(
     encodings: Encodings = None,
     preset: str = typer.Option("default", help="quick | default | full (every registered encoding) | gpu (L=512, "
                                "25.5M parameters, eval to 16L with sliding windows; ~10 min per encoding on one H100) | paper (Press et al.'s "
-                               "Table 2 model and rows, 201M parameters; GPUs only: ~15 h on one H100, ~2 h on 8 at 15% MFU)."),
+                               "Table 2 model and rows, 201M parameters; GPUs only: ~15 h on one H100, ~2 h on 8 at 15% MFU) "
+                               "| extension (every context extension and DroPE on the same rope checkpoints, 3 seeds, "
+                               "L/2..16L and a passkey map)."),
     corpus: Optional[str] = typer.Option(
         None, help="A text file, a folder of text files, a folder saved by Hugging Face datasets' save_to_disk, or a "
         "Hugging Face dataset name NAME[:CONFIG], e.g. Salesforce/wikitext:wikitext-103-raw-v1 (pip install "
@@ -295,7 +318,8 @@ def extrapolate(
     d_model: DModel = None,
     layers: Layers = None,
     heads: Heads = None,
-    eval_factors: Optional[str] = typer.Option(None, help="Evaluation lengths as multiples of L, e.g. 1,2,4,8,16."),
+    eval_factors: Optional[str] = typer.Option(None, help="Evaluation lengths as multiples of L, e.g. 1,2,4,8,16 "
+                                               "(--preset extension adds L/2)."),
     eval_tokens: Optional[int] = typer.Option(None, help="Validation tokens read at every length."),
     eval_stride: Optional[int] = typer.Option(
         None, help="Also evaluate with sliding windows of this stride S (1 <= S <= L; Press et al.): each token "
@@ -305,13 +329,24 @@ def extrapolate(
     device: Device = "cpu",
     rope_scaling: Optional[str] = typer.Option(
         None, help="Also evaluate the trained rope model with these RoPE scalings at inference, factor = length / L: "
-        "a comma-separated list of linear, ntk, dynamic, yarn, dynamic_yarn, llama3 (rows rope+<method>).",
+        "a comma-separated list of linear, ntk, dynamic, yarn, dynamic_yarn, llama3 (rows rope+<method>; see "
+        "--extension-factor).",
     ),
     finetune_steps: Optional[int] = typer.Option(
         None, help="Also fine-tune a copy of the rope model for N steps at finetune-factor x L with each scaling "
         "(and without: the control), then evaluate it (rows rope+<method>+ft, rope+ft).",
     ),
     finetune_factor: Optional[int] = typer.Option(None, help="Fine-tune length as a multiple of L, and the scaling factor (default 4)."),
+    extension_factor: Optional[int] = typer.Option(
+        None, help="The rope+<method> rows at this factor F at every length (a config fixed for F x L), instead of "
+        "factor max(1, length / L)."),
+    drope_steps: Optional[int] = typer.Option(
+        None, help="DroPE (arXiv 2512.12167): the rope model with its rotation dropped, recalibrated N steps at L "
+        "(row rope+drope), beside NoPE trained steps + N from scratch (row nope+long)."),
+    drope_qk_norm: Optional[bool] = typer.Option(None, "--drope-qk-norm/--no-drope-qk-norm",
+                                                 help="Also the DroPE row with a QK-norm (rope+drope+qknorm)."),
+    passkey_instances: Optional[int] = typer.Option(
+        None, help="Also a zero-shot passkey map of every row: this many prompts per length and key depth."),
     randomized_positions: Optional[int] = typer.Option(None, help=_randomized_positions_help("window's", "N")),
     threads: Threads = None,
     parallel: Parallel = "runs",
@@ -350,6 +385,8 @@ def extrapolate(
         eval_factors=_split_list(eval_factors, "--eval-factors", int), eval_tokens=eval_tokens, device=device,
         extension_methods=_split_list(rope_scaling, "--rope-scaling"), finetune_steps=finetune_steps,
         finetune_factor=finetune_factor, randomized_positions=randomized_positions, eval_stride=eval_stride,
+        extension_factor=extension_factor, drope_steps=drope_steps, drope_qk_norm=drope_qk_norm,
+        passkey_instances=passkey_instances,
         autocast="bfloat16" if bf16 else None, compile=compile or None,
     )
     check_gpu_preset(preset, config, parameter_floor(config.model, table=False))
@@ -379,6 +416,8 @@ def extrapolate(
     if config.eval_stride is not None:
         console.print(results_table(summary, title=f"sliding windows (stride {config.eval_stride}), bits per byte",
                                     eval_key="eval_sliding"))
+    if config.passkey_instances:
+        console.print(passkey_table(summary))
     console.print(f"wrote {out / 'results.json'}, {out / 'results.csv'}, {figure} in {time.perf_counter() - started:.0f}s")
     _stop_if_diverged({row: res for row, res in summary["results"].items()}, keep_going)
 

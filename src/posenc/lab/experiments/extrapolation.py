@@ -28,7 +28,7 @@ from posenc.lab.model import TransformerLM
 from posenc.lab.experiments.extrapolation_config import CORE_ENCODINGS, OPTIONS, PRESETS, ExtrapolationConfig, preset_config
 from posenc.lab.experiments.frame import cells_over_seeds, evals_by_seed, merged_not_applicable, spread
 from posenc.lab.experiments.frame import write_csv as write_csv_rows
-from posenc.lab.experiments.lm import evaluate_lengths, load_trained, train_run
+from posenc.lab.experiments.lm import evaluate_lengths, load_trained, passkey_map, passkey_means, train_run
 from posenc.lab.experiments.rope_extension import RopeExtension
 from posenc.lab.experiments.rows import BaseRun, RowProvider
 from posenc.lab.experiments.runs import Reporter, RunStore, is_diverged
@@ -60,6 +60,7 @@ def fingerprint(config: ExtrapolationConfig, corpus: Corpus, encoding: str, seed
         "eval_tokens": config.eval_tokens,
         "corpus": {k: corpus.info[k] for k in ("name", "bytes", "train_bytes", "val_bytes")},
         "eval_stride": config.eval_stride,
+        "passkey_instances": config.passkey_instances,
     })
 
 
@@ -78,20 +79,22 @@ def train_and_evaluate(
         model, corpus.val, lengths, train_len=config.train_len, eval_tokens=config.eval_tokens,
         row=encoding, seed=seed, reporter=reporter, **precision,
     )
-    sliding = {}
+    extra = {}  # the sliding-window evaluation and the passkey map, when asked
     if config.eval_stride is not None:
-        sliding["eval_sliding"] = evaluate_lengths(
+        extra["eval_sliding"] = evaluate_lengths(
             model, corpus.val, lengths, train_len=config.train_len, eval_tokens=config.eval_tokens,
             row=f"{encoding} (sliding, stride {config.eval_stride})", seed=seed, reporter=reporter,
             stride=config.eval_stride, **precision,
         )
+    if config.passkey_instances:
+        extra["passkey"] = passkey_map(model, lengths, config.passkey_instances, seed=seed)
     not_applicable = {
         str(n): f"the encoding represents at most {model.max_positions} positions"
         for n in config.eval_lengths if not _applicable(model, n)
     }
     return {
         "encoding": encoding, "seed": seed, "train_len": config.train_len, "parameters": model.num_parameters(),
-        **training, "eval": evals, **sliding, "not_applicable": not_applicable,
+        **training, "eval": evals, **extra, "not_applicable": not_applicable,
     }
 
 
@@ -141,6 +144,8 @@ def aggregate(config: ExtrapolationConfig, records: Sequence[dict], names: Seque
             results[encoding]["extension"] = runs[0]["extension"]
         if all("eval_sliding" in r for r in runs):
             results[encoding]["eval_sliding"] = _mean_over_seeds(config, [r["eval_sliding"] for r in runs])
+        if all("passkey" in r for r in runs):
+            results[encoding]["passkey"] = passkey_means([r["passkey"] for r in runs])
     return results
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -27,12 +28,13 @@ from posenc.lab.experiments.frame import CORE_ENCODINGS, MODEL_TRAIN_OPTIONS, RA
 from posenc.lab.model import LMConfig
 from posenc.lab.train import TrainConfig
 from posenc.rope import EXTENSION_METHODS
+from posenc.lab.experiments.extension_methods import BRANCH_METHODS, check_extension_method
 
 #: Tokens a forward pass of the evaluation reads (posenc.lab.evaluate.evaluate_length's default).
 EVAL_TOKENS_PER_BATCH = 16384
 
 __all__ = [
-    "CORE_ENCODINGS", "FULL_RANDOMIZED", "OPTIONS", "PRESETS", "RANDOMIZED_SUFFIX", "ExtrapolationConfig",
+    "COMPARISONS", "CORE_ENCODINGS", "FULL_RANDOMIZED", "OPTIONS", "PRESETS", "RANDOMIZED_SUFFIX", "ExtrapolationConfig",
     "preset_config", "text_encodings", "train_flops", "paper_hours", "check_gpu_preset", "GPU_PRESETS",
 ]
 
@@ -72,6 +74,24 @@ PRESETS: dict[str, dict] = {
                   eval_tokens=1 << 20),
 }
 
+#: Comparison presets (``--preset NAME`` as well), kept apart from :data:`PRESETS`, whose
+#: names the error messages have always listed.
+COMPARISONS: dict[str, dict] = {
+    "extension": dict(encodings=("rope",), seeds=(0, 1, 2), train_len=256, d_model=64, num_layers=4, num_heads=2,
+                      batch_size=8, steps=1500, eval_factors=(0.5, 1, 2, 4, 8, 16), eval_tokens=32768,
+                      extension_methods=EXTENSION_METHODS, extension_factor=16, finetune_steps=150, finetune_factor=4,
+                      drope_steps=150, drope_qk_norm=True, passkey_instances=8),
+}
+
+#: ``--preset extension`` (issue 26) compares every context extension on the same trained RoPE
+#: checkpoints, 3 seeds: head_dim 32 at L = 256 bytes, so that YaRN's ramp (beta_fast 32,
+#: beta_slow 1) has pairs on both sides (the fastest pair turns 40.7 times in L, the slowest
+#: 0.007 times); every RoPE scaling at inference as a config fixed for 16 L would serve every
+#: length (``extension_factor`` 16: the short texts show what a static scaling costs them) and
+#: fine-tuned 150 steps (10% of N) at 4 L; DroPE with and without QK-norm recalibrated the same
+#: 150 steps at L, beside NoPE trained 1650 steps from scratch; bits per byte at L/2 .. 16L and a
+#: passkey map (8 prompts per length and depth). docs/results.md states its time on 2 CPU threads.
+
 #: Presets refused on a CPU, with their time estimate (:func:`paper_hours`): days to months there.
 GPU_PRESETS = ("paper",)
 
@@ -104,7 +124,9 @@ class ExtrapolationConfig(RunConfig):
             reported as not applicable.
         train: the training run; ``train.seq_len`` is the training length L. Its ``seed`` is
             not read: each run trains with its own seed from ``seeds``.
-        eval_factors: evaluation lengths as whole multiples (>= 1) of L.
+        eval_factors: evaluation lengths as whole multiples (>= 1) of L, or L / k for a factor
+            1 / k (0.5: L/2) where k divides L (the Python API and ``--preset extension``; the
+            CLI's ``--eval-factors`` takes whole multiples).
         seeds: one run per (encoding, seed); results are means over seeds.
         eval_tokens: validation tokens read at every length (the same prefix for all).
         learned_positions: see ``model``.
@@ -125,6 +147,15 @@ class ExtrapolationConfig(RunConfig):
         eval_stride: None (default), or S in [1, L]: every length is also evaluated with
             sliding windows of stride S (:func:`posenc.lab.evaluate.evaluate_length`), reported as
             ``eval_sliding`` beside the non-overlapping ``eval``.
+        extension_factor: None (default): the inference rows ``rope+m`` use factor
+            max(1, length / L) at each length; an integer F >= 2: factor F at every length.
+        drope_steps: > 0 adds DroPE's rows (:mod:`posenc.lab.experiments.drope`): ``rope+drope``,
+            the trained rope model as NoPE recalibrated this many steps at L, and its control
+            ``nope+long``, NoPE trained from scratch for ``steps + drope_steps``; with
+            ``drope_qk_norm`` also ``rope+drope+qknorm``. ``drope_lr`` None means ``train.lr / 3``.
+        passkey_instances: > 0: every row also gets a zero-shot passkey map (``passkey``: per
+            length and depth, the fraction of this many prompts whose key the model copies,
+            :func:`posenc.lab.experiments.lm.passkey_map`).
 
     Mixed precision and compilation are ``train.autocast`` and ``train.compile`` (options
     ``autocast`` and ``compile``); the evaluation uses them too.
@@ -142,6 +173,11 @@ class ExtrapolationConfig(RunConfig):
     finetune_factor: int = 4
     finetune_lr: float | None = None
     eval_stride: int | None = None
+    extension_factor: int | None = None
+    drope_steps: int = 0
+    drope_lr: float | None = None
+    drope_qk_norm: bool = False
+    passkey_instances: int = 0
 
     PRESETS: ClassVar[dict[str, dict]] = PRESETS
     OPTIONS: ClassVar[dict[str, tuple[str, str]]] = OPTIONS
@@ -149,11 +185,13 @@ class ExtrapolationConfig(RunConfig):
     FIELD_ORDER: ClassVar[tuple[str, ...]] = (
         "encodings", "model", "train", "eval_factors", "seeds", "eval_tokens", "learned_positions", "device",
         "extension_methods", "finetune_steps", "finetune_factor", "finetune_lr", "randomized_positions", "eval_stride",
+        "extension_factor", "drope_steps", "drope_lr", "drope_qk_norm", "passkey_instances",
     )
     #: options added after the first stored runs (the sliding-window stride, the options an
     #: encoding takes from L, the precision options): in results.json and fingerprints only when set
     ADDED_LATER: ClassVar[dict[str, object]] = {
         "train.autocast": None, "train.compile": False, "eval_stride": None, "encoding_options": {},
+        "extension_factor": None, "drope_steps": 0, "drope_lr": None, "drope_qk_norm": False, "passkey_instances": 0,
     }
     NAMED_RANDOMIZED_ROWS: ClassVar[bool] = True
 
@@ -171,6 +209,21 @@ class ExtrapolationConfig(RunConfig):
         return super().from_options(**options)
 
     @classmethod
+    def from_preset(cls, preset: str = "default", **overrides) -> ExtrapolationConfig:
+        """As :meth:`RunConfig.from_preset`, and the comparisons of :data:`COMPARISONS`.
+
+        Raises:
+            InvalidArgument: an unknown preset (the message lists both kinds).
+        """
+        if preset in COMPARISONS:
+            values = {**COMPARISONS[preset], **{k: v for k, v in overrides.items() if v is not None}}
+            return cls.from_options(**values)
+        if preset not in cls.PRESETS:
+            raise InvalidArgument(f"preset must be one of {list(cls.PRESETS)} or a comparison {list(COMPARISONS)}, "
+                                  f"got {preset!r}")
+        return super().from_preset(preset, **overrides)
+
+    @classmethod
     def every_encoding(cls) -> tuple[str, ...]:
         """``--preset full``'s rows: :func:`text_encodings`, the hybrid plans (``FULL_PLANS``),
         then :data:`FULL_RANDOMIZED` randomized."""
@@ -178,10 +231,10 @@ class ExtrapolationConfig(RunConfig):
 
     def _check_experiment(self) -> None:
         check_positive_int(self.eval_tokens, "eval_tokens")
-        if not self.eval_factors or any(not isinstance(f, int) or isinstance(f, bool) or f < 1 for f in self.eval_factors):
+        if not self.eval_factors or not all(self._whole_length(f) for f in self.eval_factors):
             raise InvalidArgument(
-                "eval_factors: evaluation lengths are whole multiples >= 1 of train_len (no evaluation shorter than L), "
-                f"got {self.eval_factors}"
+                "eval_factors: evaluation lengths are whole multiples >= 1 of train_len, or train_len / k for a factor "
+                f"1 / k (0.5: L/2) where k divides train_len (no evaluation shorter than L otherwise), got {self.eval_factors}"
             )
         if self.eval_tokens < max(self.eval_lengths):
             raise InvalidArgument(f"eval_tokens={self.eval_tokens} must be >= the longest eval length {max(self.eval_lengths)}")
@@ -197,6 +250,15 @@ class ExtrapolationConfig(RunConfig):
                 raise InvalidArgument(f"eval_stride={self.eval_stride} must be <= train_len={self.train_len} "
                                       "(each sliding window scores its last eval_stride tokens)")
         self._check_rope_extension()
+
+    def _whole_length(self, factor: object) -> bool:
+        """Whether ``factor`` is an integer >= 1, or 1 / k with k an integer dividing L."""
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0:
+            return False
+        if factor >= 1:
+            return isinstance(factor, int)
+        divisor = round(1 / factor)
+        return math.isclose(factor * divisor, 1.0, rel_tol=1e-12) and self.train_len % divisor == 0
 
     def default_randomized_positions(self) -> int:
         """The longest evaluation length: Ruoss et al. sample positions up to (at least) the
@@ -219,9 +281,11 @@ class ExtrapolationConfig(RunConfig):
         methods = "extension_methods (--rope-scaling)"
         if isinstance(self.extension_methods, str) or not isinstance(self.extension_methods, (tuple, list)):
             raise InvalidType(f"{methods} must be a sequence of method names, e.g. ('yarn',), got {self.extension_methods!r}")
-        unknown = [m for m in self.extension_methods if m not in EXTENSION_METHODS]
+        unknown = [m for m in self.extension_methods if m not in (*EXTENSION_METHODS, *BRANCH_METHODS)]
         if unknown:
             raise InvalidArgument(f"{methods}: unknown method(s) {unknown}; choose from {list(EXTENSION_METHODS)}")
+        for method in self.extension_methods:
+            check_extension_method(method)  # the branch-merge maps: not yet (extension_methods._extension_encoding)
         if len(set(self.extension_methods)) != len(self.extension_methods):
             raise InvalidArgument(f"{methods}: each method once, got {list(self.extension_methods)}")
         if isinstance(self.finetune_steps, bool) or not isinstance(self.finetune_steps, int) or self.finetune_steps < 0:
@@ -234,6 +298,31 @@ class ExtrapolationConfig(RunConfig):
             raise InvalidArgument(f"finetune_factor must be an integer >= 2 (fine-tune at that many times L), got {self.finetune_factor!r}")
         if self.finetune_lr is not None and not (self.finetune_lr > 0 and math.isfinite(self.finetune_lr)):
             raise InvalidArgument(f"finetune_lr must be a finite number > 0, got {self.finetune_lr!r}")
+        if self.extension_factor is not None and (isinstance(self.extension_factor, bool) or not isinstance(
+                self.extension_factor, int) or self.extension_factor < 2):
+            raise InvalidArgument(f"extension_factor must be None (factor length / L) or an integer >= 2, got {self.extension_factor!r}")
+        for name in ("drope_steps", "passkey_instances"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgument(f"{name} must be an integer >= 0, got {value!r}")
+        if self.drope_steps and "rope" not in self.encodings:
+            raise InvalidArgument(f"drope_steps: DroPE recalibrates the trained rope model: add rope to encodings "
+                                  f"(got {list(self.encodings)})")
+        if not isinstance(self.drope_qk_norm, bool):
+            raise InvalidArgument(f"drope_qk_norm must be True or False, got {self.drope_qk_norm!r}")
+        if self.drope_qk_norm and not self.drope_steps:
+            raise InvalidArgument("drope_qk_norm: the QK-norm row is a DroPE row: set drope_steps > 0")
+        if self.drope_lr is not None and not (isinstance(self.drope_lr, (int, float)) and not isinstance(self.drope_lr, bool)
+                                              and self.drope_lr > 0 and math.isfinite(self.drope_lr)):
+            raise InvalidArgument(f"drope_lr must be a finite number > 0, got {self.drope_lr!r}")
+        if self.passkey_instances:
+            from posenc.lab.experiments.lm import passkey_prompts
+
+            try:
+                passkey_prompts(min(self.eval_lengths), 0.0, 0, random.Random(0))
+            except InvalidArgument as error:
+                raise InvalidArgument(f"passkey_instances: the shortest evaluation length is too short ({error}): "
+                                      "raise train_len or the smallest eval factor") from None
 
     @property
     def train_len(self) -> int:
@@ -243,7 +332,7 @@ class ExtrapolationConfig(RunConfig):
     @property
     def eval_lengths(self) -> list[int]:
         """The evaluation lengths in tokens, ascending: L times each of ``eval_factors``."""
-        return sorted({self.train_len * f for f in self.eval_factors})
+        return sorted({round(self.train_len * f) for f in self.eval_factors})
 
     def model_config(self) -> LMConfig:
         """The LM every run builds (``model``, with ``max_positions`` set as documented)."""

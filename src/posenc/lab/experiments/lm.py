@@ -10,6 +10,7 @@ per evaluation length ``loss`` / ``loss_last`` (nats per token), ``ppl``, ``bits
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -17,6 +18,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from torch import Tensor, nn
 
+from posenc.errors import InvalidArgument
 from posenc.lab.checkpoint import CheckpointMismatch, load_checkpoint
 from posenc.lab.evaluate import LengthResult, evaluate_length
 from posenc.encodings.base import PositionalEncoding
@@ -179,3 +181,69 @@ def evaluate_lengths(
                                      stride=stride, autocast=autocast)
         evals[str(length)] = length_record(result)
     return evals
+
+
+#: The passkey prompt of :func:`passkey_map` past the key: the cue a model copies the key after.
+PASSKEY_CUE = " key "
+
+
+def passkey_prompts(length: int, depth: float, instances: int, rng: random.Random) -> tuple[Tensor, int]:
+    """``instances`` byte prompts of exactly ``length`` bytes, (instances, length) int64, and
+    where their key starts: passkey's filler (:class:`posenc.lab.experiments.tasks.Passkey`,
+    its ``FILLER`` and ``KEY_SENTENCE``) with the key sentence at ``depth`` of it, then
+    :data:`PASSKEY_CUE` and the 5-digit key, the last 5 bytes.
+
+    Raises:
+        InvalidArgument: ``length`` too short for the key sentence, the cue and the key."""
+    from posenc.lab.experiments.tasks import Passkey
+
+    fixed = len(Passkey.KEY_SENTENCE.format(key="0" * Passkey.KEY_DIGITS)) + len(PASSKEY_CUE) + Passkey.KEY_DIGITS
+    room = length - fixed
+    if room < 0:
+        raise InvalidArgument(f"passkey: a prompt of {length} bytes is shorter than its fixed {fixed} bytes")
+    filler = (Passkey.FILLER * (room // len(Passkey.FILLER) + 1))[:room]
+    cut = round(depth * room)
+    rows = []
+    for _ in range(instances):
+        key = "".join(rng.choice("0123456789") for _ in range(Passkey.KEY_DIGITS))
+        text = filler[:cut] + Passkey.KEY_SENTENCE.format(key=key) + filler[cut:] + PASSKEY_CUE + key
+        rows.append(list(text.encode()))
+    return torch.tensor(rows, dtype=torch.long), length - Passkey.KEY_DIGITS
+
+
+@torch.no_grad()
+def passkey_map(
+    model: nn.Module, lengths: Sequence[int], instances: int, *, seed: int,
+    setting: Callable[[int], AbstractContextManager] | None = None,
+) -> dict[str, dict[str, float]]:
+    """Zero-shot passkey retrieval of a language model, by length and depth: ``{"<length>":
+    {"<depth>": accuracy}}``, accuracy the fraction of ``instances`` prompts
+    (:func:`passkey_prompts`, depths :data:`posenc.lab.experiments.tasks.DEPTHS`) whose every key
+    byte is the model's greedy choice given the prompt before it (teacher-forced, one forward
+    per prompt batch). The key comes once before, so a model finds it by copying from the
+    context (an induction head), the longer the farther back. ``setting(length)``: as in
+    :func:`evaluate_lengths`. The keys are drawn from ``seed``, the same for every row."""
+    from posenc.lab.experiments.tasks import DEPTHS
+
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    result: dict[str, dict[str, float]] = {}
+    for length in lengths:
+        rng = random.Random(f"passkey {seed} {length}")
+        cells = {}
+        with setting(length) if setting is not None else nullcontext():
+            for depth in DEPTHS:
+                prompts, key_at = passkey_prompts(length, depth, instances, rng)
+                prompts = prompts.to(device)
+                logits = model(prompts[:, :-1])[:, key_at - 1:]
+                cells[str(depth)] = (logits.argmax(-1) == prompts[:, key_at:]).all(dim=1).float().mean().item()
+        result[str(length)] = cells
+    model.train(was_training)
+    return result
+
+
+def passkey_means(maps: Sequence[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """The mean over seeds of :func:`passkey_map` results, per length and depth."""
+    return {length: {depth: sum(m[length][depth] for m in maps) / len(maps) for depth in cells}
+            for length, cells in maps[0].items()}
