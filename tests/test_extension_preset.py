@@ -29,12 +29,14 @@ def test_preset_contents():
     assert config.model.head_dim >= 32
     L = config.train_len
     assert config.eval_lengths == [L // 2, L, 2 * L, 4 * L, 8 * L, 16 * L]
-    assert config.extension_methods == EXTENSION_METHODS
+    assert config.extension_methods == EXTENSION_METHODS + BRANCH_METHODS
     # DroPE's recalibration and the YaRN fine-tune: the same extra steps
     assert config.drope_steps == config.finetune_steps > 0 and config.drope_qk_norm
     assert config.passkey_instances > 0 and config.extension_factor == 16
     rows = extension_rows(config)
-    assert rows[:len(EXTENSION_METHODS)] == [f"rope+{m}" for m in EXTENSION_METHODS]
+    methods = EXTENSION_METHODS + BRANCH_METHODS
+    assert rows[:len(methods)] == [f"rope+{m}" for m in methods]
+    assert not any(f"rope+{m}+ft" in rows for m in BRANCH_METHODS)  # training-free: no fine-tune rows
     assert {"rope+ft", "rope+yarn+ft", "rope+drope", "rope+drope+qknorm", "nope+long"} <= set(rows)
 
 
@@ -58,15 +60,31 @@ def test_preset_puts_yarn_pairs_on_both_sides_of_the_ramp():
         assert math.isclose(inv_freq[i], theta[i] / s, rel_tol=1e-6)
 
 
-def test_branch_methods_are_not_rows_yet_and_scalings_are():
+def test_scalings_are_ropes_and_branch_maps_have_the_references_windows_scaled_to_L():
     rope = RoPE(32)
     for method in EXTENSION_METHODS:
         built = _extension_encoding(rope, method, {"factor": 4.0, "original_max_position_embeddings": 64})
         assert isinstance(built, RoPE) and built.head_dim == 32
     assert _extension_encoding(rope, "yarn", {"factor": 1.0, "original_max_position_embeddings": 64}).scaling is None
+    # the references' Llama 2 defaults (L0 = 4096) at L0 = 256: windows x 1/16, by hand
+    expected = {
+        "self_extend": {"group_size": 8, "neighbor_window": 64},
+        "rerope": {"window": 32, "training_length": 256},
+        "leaky_rerope": {"window": 32, "scaling_factor": 16, "training_length": 256},
+        "dca": {"chunk_size": 192, "local_size": 16},
+        "string": {"shifted_offset": 84, "local_value": 8},  # int(0.33 * 256)
+        "lm_infinite": {"local_branch": 256, "global_branch": 6},  # 100 / 16 = 6.25
+        "streaming_llm": {"start_size": 4, "recent_size": 32},
+    }
+    assert set(expected) == set(BRANCH_METHODS)
+    for method, fields in expected.items():
+        built = _extension_encoding(rope, method, {"factor": 4.0, "original_max_position_embeddings": 256})
+        assert built.branched and built.method == method and built.rope is rope
+        assert {name: getattr(built.map, name) for name in fields} == fields
     for method in BRANCH_METHODS:
-        with pytest.raises(InvalidArgument, match="not an extension row yet"):
-            preset_config("quick", encodings=("rope",), extension_methods=(method,))
+        preset_config("quick", encodings=("rope",), extension_methods=(method,))  # accepted
+    with pytest.raises(InvalidArgument, match="unknown method"):
+        preset_config("quick", encodings=("rope",), extension_methods=("self_extnd",))
 
 
 # -- the passkey map ---------------------------------------------------------------------------
@@ -154,7 +172,8 @@ def test_toy_preset_runs_every_row(toy_run, capsys):
 
     summary = json.loads((out / "results.json").read_text())
     results = summary["results"]
-    rows = ["rope", *[f"rope+{m}" for m in EXTENSION_METHODS], "rope+ft", *[f"rope+{m}+ft" for m in EXTENSION_METHODS],
+    rows = ["rope", *[f"rope+{m}" for m in EXTENSION_METHODS + BRANCH_METHODS], "rope+ft",
+            *[f"rope+{m}+ft" for m in EXTENSION_METHODS],
             "rope+drope", "rope+drope+qknorm", "nope+long"]
     assert list(results) == rows
     for row in rows:

@@ -330,7 +330,8 @@ def extrapolate(
     rope_scaling: Optional[str] = typer.Option(
         None, help="Also evaluate the trained rope model with these RoPE scalings at inference, factor = length / L: "
         "a comma-separated list of linear, ntk, dynamic, yarn, dynamic_yarn, llama3 (rows rope+<method>; see "
-        "--extension-factor).",
+        "--extension-factor), and the training-free maps self_extend, rerope, leaky_rerope, dca, string, lm_infinite, "
+        "streaming_llm (their windows the references' scaled to L; no fine-tune rows).",
     ),
     finetune_steps: Optional[int] = typer.Option(
         None, help="Also fine-tune a copy of the rope model for N steps at finetune-factor x L with each scaling "

@@ -79,7 +79,7 @@ PRESETS: dict[str, dict] = {
 COMPARISONS: dict[str, dict] = {
     "extension": dict(encodings=("rope",), seeds=(0, 1, 2), train_len=256, d_model=64, num_layers=4, num_heads=2,
                       batch_size=8, steps=1500, eval_factors=(0.5, 1, 2, 4, 8, 16), eval_tokens=32768,
-                      extension_methods=EXTENSION_METHODS, extension_factor=16, finetune_steps=150, finetune_factor=4,
+                      extension_methods=EXTENSION_METHODS + BRANCH_METHODS, extension_factor=16, finetune_steps=150, finetune_factor=4,
                       drope_steps=150, drope_qk_norm=True, passkey_instances=8),
 }
 
@@ -88,7 +88,8 @@ COMPARISONS: dict[str, dict] = {
 #: beta_slow 1) has pairs on both sides (the fastest pair turns 40.7 times in L, the slowest
 #: 0.007 times); every RoPE scaling at inference as a config fixed for 16 L would serve every
 #: length (``extension_factor`` 16: the short texts show what a static scaling costs them) and
-#: fine-tuned 150 steps (10% of N) at 4 L; DroPE with and without QK-norm recalibrated the same
+#: fine-tuned 150 steps (10% of N) at 4 L; every training-free branch-merge map (Self-Extend, ReRoPE,
+#: Leaky ReRoPE, DCA, STRING, LM-Infinite, StreamingLLM; windows scaled to L: ``branch_defaults``); DroPE with and without QK-norm recalibrated the same
 #: 150 steps at L, beside NoPE trained 1650 steps from scratch; bits per byte at L/2 .. 16L and a
 #: passkey map (8 prompts per length and depth). docs/results.md states its time on 2 CPU threads.
 
@@ -131,7 +132,9 @@ class ExtrapolationConfig(RunConfig):
         eval_tokens: validation tokens read at every length (the same prefix for all).
         learned_positions: see ``model``.
         device: a torch device string.
-        extension_methods: :data:`posenc.rope.EXTENSION_METHODS` names (CLI ``--rope-scaling``):
+        extension_methods: :data:`posenc.rope.EXTENSION_METHODS` names and the branch-merge
+            maps of :data:`~posenc.lab.experiments.extension_methods.BRANCH_METHODS` (inference
+            only) (CLI ``--rope-scaling``):
             rows for the trained rope model extended with each RoPE scaling, at inference and,
             with ``finetune_steps`` > 0, after a short fine-tune at ``finetune_factor`` x L
             (:mod:`posenc.lab.experiments.rope_extension`). ``finetune_lr`` None means
@@ -285,7 +288,7 @@ class ExtrapolationConfig(RunConfig):
         if unknown:
             raise InvalidArgument(f"{methods}: unknown method(s) {unknown}; choose from {list(EXTENSION_METHODS)}")
         for method in self.extension_methods:
-            check_extension_method(method)  # the branch-merge maps: not yet (extension_methods._extension_encoding)
+            check_extension_method(method)  # the one construction the rows use (extension_methods._extension_encoding)
         if len(set(self.extension_methods)) != len(self.extension_methods):
             raise InvalidArgument(f"{methods}: each method once, got {list(self.extension_methods)}")
         if isinstance(self.finetune_steps, bool) or not isinstance(self.finetune_steps, int) or self.finetune_steps < 0:

@@ -25,8 +25,10 @@ per seed of the trained ``rope`` model:
 
 Every method reaches the model through
 :func:`posenc.lab.experiments.extension_methods._extension_encoding` (rope, method, params):
-the RoPE scalings today; the branch-merge maps of :mod:`posenc.attention.branches`
-(:data:`~posenc.lab.experiments.extension_methods.BRANCH_METHODS`) plug in there.
+the RoPE scalings, and the training-free branch-merge maps of :mod:`posenc.attention.branches`
+(:data:`~posenc.lab.experiments.extension_methods.BRANCH_METHODS`: ``rope+self_extend``, ...,
+the trained RoPE with the map, its windows the reference's scaled to L:
+:func:`~posenc.lab.experiments.extension_methods.branch_defaults`; inference rows only, no fine-tune).
 
 The model never learns which encoding it holds: its ``encoding`` module is swapped for a
 :class:`~posenc.RoPE` built with ``scaling=`` (RoPE has no parameters, so the weights are
