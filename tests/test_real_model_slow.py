@@ -62,10 +62,10 @@ def test_truncation_is_each_target_from_its_last_window(bench):
 def test_short_run_writes_a_line_per_method(bench, tmp_path):
     script, _, tokenizer = bench
     out = tmp_path / "results.jsonl"
-    results = script.run(["--boundary", "256", "--contexts", "384", "--methods", "plain,yarn,dynamic_yarn,truncation",
+    results = script.run(["--boundary", "256", "--contexts", "384", "--methods", "plain,yarn,dynamic_yarn,dca,truncation",
                           "--passkey-depths", "0.5", "--truncation-chunk", "64", "--out", str(out)])
     lines = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["method"] for r in lines] == ["plain", "yarn", "dynamic_yarn", "truncation"] == [r["method"] for r in results]
+    assert [r["method"] for r in lines] == ["plain", "yarn", "dynamic_yarn", "dca", "truncation"] == [r["method"] for r in results]
     by = {r["method"]: r for r in lines}
     for r in lines:
         assert math.isfinite(r["loss_past"]) and 0 < r["loss_past"] < 10 and r["context"] == 384
@@ -73,5 +73,7 @@ def test_short_run_writes_a_line_per_method(bench, tmp_path):
     # at a context of s * L0 the dynamic YaRN factor is s: static YaRN at s, up to float rounding
     assert by["dynamic_yarn"]["loss_past"] == pytest.approx(by["yarn"]["loss_past"], rel=1e-5)
     assert by["yarn"]["factor"] == 1.5 and by["yarn"]["loss_past"] != by["plain"]["loss_past"]
+    # DCA's chunks (3 L0 / 4 = 192 at L0 = 256) cut the 384 tokens: not the plain model, and no factor
+    assert by["dca"]["factor"] is None and by["dca"]["loss_past"] != by["plain"]["loss_past"]
     prompt, answer_at = script.passkey_ids(tokenizer, 384, 0.5, random.Random(0))
     assert prompt.shape == (1, 384) and tokenizer.decode(prompt[0, answer_at:]).strip().isdigit()
