@@ -210,15 +210,24 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         if score_mod is None:
             raise InvalidArgument(f"backend='flex' needs the encoding's score_mod(); {type(encoding).__name__} has none")
         learned_bias = torch.is_grad_enabled() and any(p.requires_grad for p in encoding.parameters())
-    if q.device.type == "cpu" and not torch.is_grad_enabled():
-        # torch's CPU FlexAttention refuses inputs that require grad even when none is taken
-        q, k, v = q.detach(), k.detach(), v.detach()
-    if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    q, k, v = _cpu_inputs(q, k, v)
+    return _attend(q, k, v, score_mod=score_mod, mask=mask, causal=causal, scale=scale, learned_bias=learned_bias)
+
+
+def _cpu_inputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v as torch's CPU FlexAttention takes them: detached under no_grad (it refuses
+    inputs that require grad even when none is taken); refused when a q, k, v gradient is
+    wanted (it has no such backward on the CPU)."""
+    if q.device.type != "cpu":
+        return q, k, v
+    if not torch.is_grad_enabled():
+        return q.detach(), k.detach(), v.detach()
+    if q.requires_grad or k.requires_grad or v.requires_grad:
         raise InvalidArgument(
             f"backend='flex' has no backward for q, k, v on the CPU (torch {torch.__version__}'s FlexAttention refuses it); "
             "use backend='blocked', 'eager' or 'auto' to train on the CPU, or call it under torch.no_grad()"
         )
-    return _attend(q, k, v, score_mod=score_mod, mask=mask, causal=causal, scale=scale, learned_bias=learned_bias)
+    return q, k, v
 
 
 def _lse_request() -> dict:
@@ -247,13 +256,7 @@ def run_with_lse(q: Tensor, k: Tensor, v: Tensor, *, mask, scale: float, causal:
     (Tq, Tk) tensor is made for a mask_mod on CUDA; on the CPU FlexAttention runs uncompiled
     (torch 2.13's compiled CPU kernel has no log-sum-exp: "return_lse is not supported yet"),
     which materializes the scores. As :func:`run`: no q, k, v backward on the CPU."""
-    if q.device.type == "cpu" and not torch.is_grad_enabled():
-        q, k, v = q.detach(), k.detach(), v.detach()
-    if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise InvalidArgument(
-            f"backend='flex' has no backward for q, k, v on the CPU (torch {torch.__version__}'s FlexAttention refuses it); "
-            "use backend='blocked', 'eager' or 'auto' to train on the CPU, or call it under torch.no_grad()"
-        )
+    q, k, v = _cpu_inputs(q, k, v)
     return _attend(q, k, v, score_mod=None, mask=mask, causal=causal, scale=scale, learned_bias=False, return_lse=True)
 
 
