@@ -190,3 +190,29 @@ def test_toy_preset_runs_every_row(toy_run, capsys):
         assert results[f"rope+{method}"]["eval"]["1024"]["loss"] != plain["1024"]["loss"]
     assert summary["config"]["eval_factors"] == [0.5, 1, 2, 4, 8, 16]
     assert summary["config"]["drope_steps"] == 2 and summary["config"]["passkey_instances"] == 1
+
+
+def test_toy_preset_writes_its_reading(toy_run):
+    """summary.md: every row's bits per byte at each length as results.json has them, its
+    change against rope, and the passkey means over depths."""
+    import json
+    import math
+
+    code, out = toy_run
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())["results"]
+    text = (out / "summary.md").read_text()
+    bits = text.split("## Bits per byte")[1].split("##")[0]
+    lines = {line.split("|")[1].strip(): line for line in bits.splitlines() if line.startswith("| rope") or
+             line.startswith("| nope")}
+    assert set(lines) == set(results)
+    for row, result in results.items():
+        cells = [c.strip() for c in lines[row].split("|")[2:-1]]
+        assert len(cells) == 6
+        for cell, n in zip(cells, ("32", "64", "128", "256", "512", "1024")):
+            assert float(cell) == pytest.approx(result["eval"][n]["loss"] / math.log(2), abs=6e-4)
+    change = text.split("## Against plain RoPE")[1].split("##")[0]
+    yarn = next(line for line in change.splitlines() if line.startswith("| rope+yarn |"))
+    first = float(yarn.split("|")[2])
+    expected = (results["rope+yarn"]["eval"]["32"]["loss"] - results["rope"]["eval"]["32"]["loss"]) / math.log(2)
+    assert first == pytest.approx(expected, abs=1.1e-3)

@@ -419,7 +419,8 @@ def extrapolate(
                                     eval_key="eval_sliding"))
     if config.passkey_instances:
         console.print(passkey_table(summary))
-    console.print(f"wrote {out / 'results.json'}, {out / 'results.csv'}, {figure} in {time.perf_counter() - started:.0f}s")
+    written = [out / "results.json", out / "results.csv"] + [out / "summary.md"] * (out / "summary.md").is_file()
+    console.print(f"wrote {', '.join(map(str, written))}, {figure} in {time.perf_counter() - started:.0f}s")
     _stop_if_diverged({row: res for row, res in summary["results"].items()}, keep_going)
 
 

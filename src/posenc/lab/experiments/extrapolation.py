@@ -23,8 +23,11 @@ from pathlib import Path
 import torch
 
 from posenc._version import __version__
+from posenc.lab.checkpoint import atomic_write_bytes
 from posenc.lab.data import Corpus
 from posenc.lab.model import TransformerLM
+from posenc.lab.experiments.extension_report import has_extension_rows
+from posenc.lab.experiments.extension_report import summary_markdown as extension_summary
 from posenc.lab.experiments.extrapolation_config import CORE_ENCODINGS, OPTIONS, PRESETS, ExtrapolationConfig, preset_config
 from posenc.lab.experiments.frame import cells_over_seeds, evals_by_seed, merged_not_applicable, spread
 from posenc.lab.experiments.frame import write_csv as write_csv_rows
@@ -223,6 +226,8 @@ def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, re
     write_csv(store.out / "results.csv", summary)
     if config.eval_stride is not None:
         write_csv(store.out / "results-sliding.csv", summary, key="eval_sliding")
+    if has_extension_rows(summary):
+        atomic_write_bytes(store.out / "summary.md", extension_summary(summary).encode("utf-8"))
     return summary
 
 
