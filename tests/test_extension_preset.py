@@ -201,6 +201,7 @@ def test_toy_preset_writes_its_reading(toy_run):
     code, out = toy_run
     assert code == 0
     results = json.loads((out / "results.json").read_text())["results"]
+    assert (out / "extension.png").stat().st_size > 10_000  # the comparison's figure, beside extrapolation.png
     text = (out / "summary.md").read_text()
     bits = text.split("## Bits per byte")[1].split("##")[0]
     lines = {line.split("|")[1].strip(): line for line in bits.splitlines() if line.startswith("| rope") or

@@ -373,7 +373,8 @@ def extrapolate(
     from posenc.lab.experiments.extrapolation_config import check_gpu_preset
     from posenc.lab.experiments.frame import Row
     from posenc.lab.experiments.limits import parameter_floor
-    from posenc.lab.plots import plot_extrapolation
+    from posenc.lab.experiments.extension_report import has_extension_rows
+    from posenc.lab.plots import plot_extension, plot_extrapolation
 
     device = _start_sweep(device, threads, parallel=parallel)
     on_cuda = check_device(device, "--device").type == "cuda"
@@ -419,8 +420,10 @@ def extrapolate(
                                     eval_key="eval_sliding"))
     if config.passkey_instances:
         console.print(passkey_table(summary))
-    written = [out / "results.json", out / "results.csv"] + [out / "summary.md"] * (out / "summary.md").is_file()
-    console.print(f"wrote {', '.join(map(str, written))}, {figure} in {time.perf_counter() - started:.0f}s")
+    written = [out / "results.json", out / "results.csv", figure]
+    if has_extension_rows(summary):  # summary.md is run_extrapolation's
+        written += [out / "summary.md", plot_extension(summary, out / "extension.png")]
+    console.print(f"wrote {', '.join(map(str, written))} in {time.perf_counter() - started:.0f}s")
     _stop_if_diverged({row: res for row, res in summary["results"].items()}, keep_going)
 
 

@@ -463,6 +463,68 @@ def plot_extrapolation(summary: dict, out: str | Path) -> Path:
     return out
 
 
+#: The panels of :func:`plot_extension`: (title, which rows) by the row's ``extension`` record.
+_EXTENSION_PANELS = (
+    ("RoPE scalings at inference", lambda name, ext: ext is not None and not ext.get("finetune")
+     and ext.get("method") not in _BRANCH_MAPS and ext.get("base") == "rope"),
+    ("training-free branch-merge maps", lambda name, ext: ext is not None and ext.get("method") in _BRANCH_MAPS),
+    ("fine-tuned, DroPE, NoPE trained longer", lambda name, ext: ext is not None and bool(ext.get("finetune"))
+     or name == "nope+long"),
+)
+_BRANCH_MAPS = ("self_extend", "rerope", "leaky_rerope", "dca", "string", "lm_infinite", "streaming_llm")
+
+
+def plot_extension(summary: dict, out: str | Path) -> Path:
+    """The context-extension comparison (``posenc extrapolate --preset extension``): bits per
+    byte against evaluation length, plain RoPE (black) in each of three panels (the scalings at
+    inference, the branch-merge maps, the fine-tunes with DroPE and NoPE trained as long), error
+    bars the seeds' spread; a fourth panel the passkey accuracy (mean over depths and seeds) of
+    every row that has one. Log2 length axes, L marked."""
+    plt = _pyplot()
+    out = Path(out)
+    train_len = summary["config"]["train_len"]
+    results = summary["results"]
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9.5))
+    colors = plt.get_cmap("tab10")
+
+    def draw(ax, name, result, color, key="bits_per_byte"):
+        lengths = sorted(int(n) for n in result["eval"])
+        values = [result["eval"][str(n)][key] for n in lengths]
+        errors = [result["eval"][str(n)].get("loss_std", 0.0) / math.log(2) for n in lengths]
+        ax.errorbar(lengths, values, yerr=errors if any(errors) else None, capsize=3, label=name, color=color,
+                    marker="o", markersize=3, linestyle=_line_style(result))
+
+    for ax, (title, member) in zip(axes.flat, _EXTENSION_PANELS):
+        if "rope" in results and results["rope"]["eval"]:
+            draw(ax, "rope", results["rope"], "black")
+        for index, (name, result) in enumerate((n, r) for n, r in results.items() if member(n, r.get("extension"))):
+            if result["eval"]:
+                draw(ax, name, result, colors(index % colors.N))
+        ax.set_title(title)
+    passkey_axis = axes.flat[3]
+    keyed = [(n, r) for n, r in results.items() if r.get("passkey")]
+    cmap = plt.get_cmap("tab20")
+    for index, (name, result) in enumerate(keyed):
+        lengths = sorted(int(n) for n in result["passkey"])
+        means = [sum(result["passkey"][str(n)].values()) / len(result["passkey"][str(n)]) for n in lengths]
+        passkey_axis.plot(lengths, means, marker="o", markersize=3, label=name, color=cmap(index % cmap.N),
+                          linestyle=_line_style(result))
+    passkey_axis.set_title("passkey accuracy (mean over depths)")
+    passkey_axis.set_ylim(-0.05, 1.05)
+    for index, ax in enumerate(axes.flat):
+        ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("evaluation length (bytes, log scale)")
+        ax.set_ylabel("accuracy" if index == 3 else "validation loss (bits per byte)")
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="x-small", ncol=2 if index == 3 else 1)
+    fig.suptitle(f"Context extension of one RoPE model trained at L={train_len} — "
+                 f"{summary.get('corpus', {}).get('name', '')}", fontsize="medium")
+    fig.tight_layout()
+    return _save(fig, plt, out, dpi=120)
+
+
 def _task_axes(plt, count: int, width: float, height: float):
     """A grid of ``count`` panels, at most three a row, the unused ones hidden; constrained
     layout keeps titles, tick labels and a shared colour bar apart."""
