@@ -229,6 +229,7 @@ def run(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--boundary", type=int, default=8192, help="L0: the training length (loss of the tokens past it)")
     parser.add_argument("--methods", default=None, help=f"a subset of {[m[0] for m in METHODS] + [TRUNCATION]}")
     parser.add_argument("--passkey-depths", default="", help="depths in [0, 1], comma-separated (empty: no passkey)")
+    parser.add_argument("--skip-loss", action="store_true", help="the passkey only (loss_past null)")
     parser.add_argument("--truncation-chunk", type=int, default=1024,
                         help="truncation: targets per forward over their last --boundary tokens (each then sees "
                              "boundary - chunk + 1 to boundary tokens; 1 is exact and slowest)")
@@ -266,7 +267,7 @@ def run(argv: list[str] | None = None) -> list[dict]:
                     params = fitted_params(params, context, args.boundary)
                 model = method_model(base, method, factor, args.boundary, params)
             chunk = args.truncation_chunk if window else 1024
-            loss = mean_loss_past(model, ids, args.boundary, window, chunk)
+            loss = None if args.skip_loss else mean_loss_past(model, ids, args.boundary, window, chunk)
             rng = random.Random(0)
             found = {}
             for depth in depths:
@@ -276,7 +277,7 @@ def run(argv: list[str] | None = None) -> list[dict]:
                       "method": label, "factor": None if method is None or method in BRANCH_METHODS else factor,
                       "params": getattr(model.config, CONFIG_KEY, None) if model is not base else None,
                       "truncation_chunk": args.truncation_chunk if window else None,
-                      "loss_past": loss, "ppl_past": math.exp(loss), "passkey": found,
+                      "loss_past": loss, "ppl_past": None if loss is None else math.exp(loss), "passkey": found,
                       "seconds": round(time.perf_counter() - started, 1), "threads": args.threads,
                       "device": args.device, "torch": torch.__version__}
             with out.open("a") as handle:
