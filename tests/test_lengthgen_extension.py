@@ -14,6 +14,7 @@ from posenc.lab.experiments.lengthgen import (
     EXTENSION_ROWS, EXTENSION_TASKS, LengthgenConfig, load_base_model, preset_config, row_name, run_lengthgen, score,
 )
 from posenc.lab.experiments.lengthgen_extension import METHODS, extension_method
+from posenc.lab.experiments.lengthgen_report import extension_markdown, extension_reading
 from posenc.lab.experiments.runs import RunStore
 from posenc.lab.experiments.tasks import eval_examples, get_task
 from posenc.lab.model import LMConfig
@@ -64,7 +65,9 @@ def test_cli_runs_the_extension_rows_and_resumes(tmp_path, capsys):
         assert ranked == set(summary["results"]["passkey"])
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert {r["encoding"] for r in rows if r["task"] == "passkey"} == set(summary["results"]["passkey"])
-    assert "rope+dca" in (out / "summary.md").read_text()
+    assert set(reading["extension"]["passkey"]) == {"rope+yarn", "rope+lm_infinite", "rope+dca"}
+    assert reading["extension"]["copy"]["rope+yarn"]["accuracy"]["2"] == yarn["eval"]["8"]["accuracy"]
+    assert "| passkey | rope+dca |" in (out / "summary.md").read_text()
     assert "copy" in stdout and "rope+lm_infinite" in stdout
 
     # the same arguments again: every record reused (8 trained, 10 extension), the same results
@@ -153,3 +156,31 @@ def test_extension_preset_runs_every_method_on_the_recall_and_order_tasks():
     assert {r for r in config.encodings if extension_method(r) is None} == {"rope", "nope", "alibi"}
     assert len(config.trained_jobs()) * 3 == 36 and len(config.extension_jobs()) * 3 == 156
     assert row_name("copy", "rope+yarn") == "copy-rope+yarn"
+
+
+def _result(n, accuracies, **extra):
+    return {"train_size": n, "not_applicable": {}, **extra,
+            "eval": {str(size): {"factor": size / n, "accuracy": a} for size, a in accuracies.items()}}
+
+
+def test_extension_reading_sets_each_row_beside_the_model_it_extends():
+    # flip-flop at N = 6: rope holds 1.0 at N, falls to 0.25 at 2N and 0 at 4N; yarn on it keeps
+    # 0.75 at 2N (+0.50) and 0.10 at 4N (+0.10); dca's 4N, not applicable, counts 0 (+0.00); nope
+    # extends nothing, and copy has no extension row
+    yarn = {"base": "rope", "method": "yarn"}
+    results = {"flipflop": {
+        "rope": _result(6, {3: 1.0, 6: 1.0, 12: 0.25, 24: 0.0}),
+        "rope+yarn": _result(6, {3: 1.0, 6: 1.0, 12: 0.75, 24: 0.1}, extension=yarn),
+        "rope+dca": {**_result(6, {3: 1.0, 6: 0.95, 12: 0.5}, extension={"base": "rope", "method": "dca"}),
+                     "not_applicable": {"24": "too long"}},
+        "nope": _result(6, {3: 1.0, 6: 1.0, 12: 1.0, 24: 1.0}),
+    }, "copy": {"rope": _result(4, {4: 1.0, 8: 0.0})}}
+    reading = extension_reading(results)
+    assert set(reading) == {"flipflop"} and list(reading["flipflop"]) == ["rope+yarn", "rope+dca"]
+    assert reading["flipflop"]["rope+yarn"]["accuracy"] == {"1": 1.0, "2": 0.75, "4": 0.1}
+    assert reading["flipflop"]["rope+yarn"]["vs_base"] == pytest.approx({"2": 0.5, "4": 0.1})
+    assert reading["flipflop"]["rope+dca"] == {"base": "rope", "accuracy": {"1": 0.95, "2": 0.5, "4": 0.0},
+                                               "vs_base": pytest.approx({"2": 0.25, "4": 0.0})}
+    lines = extension_markdown(reading)
+    assert "| flipflop | rope+yarn | 1.00 | 0.75 | 0.10 | +0.50 | +0.10 |" in lines
+    assert extension_reading({"copy": results["copy"]}) == {} and extension_markdown({}) == []
