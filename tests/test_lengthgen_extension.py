@@ -11,10 +11,20 @@ import pytest
 from posenc.lab.cli import main
 from posenc.lab.experiments.extension_methods import BRANCH_METHODS
 from posenc.lab.experiments.lengthgen import (
-    EXTENSION_ROWS, EXTENSION_TASKS, LengthgenConfig, load_base_model, preset_config, row_name, run_lengthgen, score,
+    EXTENSION_ROWS,
+    EXTENSION_TASKS,
+    LengthgenConfig,
+    load_base_model,
+    preset_config,
+    row_name,
+    run_lengthgen,
+    score,
 )
 from posenc.lab.experiments.lengthgen_extension import METHODS, extension_method
-from posenc.lab.experiments.lengthgen_report import extension_markdown, extension_reading
+from posenc.lab.experiments.lengthgen_report import (
+    extension_markdown,
+    extension_reading,
+)
 from posenc.lab.experiments.runs import RunStore
 from posenc.lab.experiments.tasks import eval_examples, get_task
 from posenc.lab.model import LMConfig
