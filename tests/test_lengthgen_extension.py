@@ -84,6 +84,11 @@ def test_cli_runs_the_extension_rows_and_resumes(tmp_path, capsys):
     code, stdout, _ = run_cli(args, capsys)
     assert code == 0 and stdout.count("already done") == 18
     assert json.loads((out / "results.json").read_text())["results"] == summary["results"]
+    # in two worker processes (each loading the rope checkpoint itself): the same results
+    two = tmp_path / "two"
+    code, _, err = run_cli([*args[:args.index("--out")], "--out", str(two), *TINY[:-1], "2"], capsys)
+    assert code == 0, err
+    assert json.loads((two / "results.json").read_text())["results"] == summary["results"]
 
 
 @pytest.fixture(scope="module")

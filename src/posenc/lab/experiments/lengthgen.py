@@ -24,13 +24,17 @@ sweep resumes and torchrun splits the runs, as ``posenc extrapolate`` does.
                              "seeds": int, "by_depth": {"<depth>": accuracy} (passkey, multikey)}},
          "not_applicable": {"<size>": why},
          "runs": {"<seed>": that seed's "eval"},
-         "positions": {"scheme", ...} (rows with a position suffix only)}}},
+         "positions": {"scheme", ...} (rows with a position suffix only),
+         "extension": {"base", "method", "original_max_position_embeddings", "factor" | "parameters"}
+                      (extension rows only)}}},
      "ranking": {"learned_at_n": {task: [rows]}, "2": {"per_task": {task: [{"row", "accuracy",
                  "rank"}, ...]}, "mean_reciprocal_rank": {row: float} (over every task)}, "4": {...}},
      "reading": {"threshold": 0.9, "generalization": {task: {row: {"size", "factor", "learned_at_n",
                  "why", "per_seed"}}}, "all_tie": [tasks], "separating": [tasks], "tied_at": {"2": [tasks],
                  "4": [...]}, "mean_reciprocal_rank": {"2": {row: {"mrr", "tasks"}}, "4": {...}}
-                 (over the separating tasks; :mod:`posenc.lab.experiments.lengthgen_report`)}}
+                 (over the separating tasks; :mod:`posenc.lab.experiments.lengthgen_report`),
+                 "extension": {task: {row: {"base", "accuracy": {"1", "2", "4"}, "vs_base": {"2", "4"}}}}
+                 (with extension rows only)}}
 
 Beside it, ``summary.md``: the reading as markdown (generalization lengths, the ranking over the
 separating tasks with the all-tie tasks named, the comparison with the papers).
@@ -41,7 +45,12 @@ a position suffix
 (:mod:`posenc.lab.experiments.task_positions`): ``<encoding>+rand`` (randomized positions, Ruoss
 et al. 2023, sampled in training and at test), ``<encoding>+coupled`` (position coupling, Cho et
 al. 2024) or ``<encoding>+abacus`` (Abacus, McLeish et al. 2024); such a row's results and
-records state its scheme (``"positions"``). Accuracies are fractions of instances; sizes are counted in
+records state its scheme (``"positions"``). A row ``rope+<method>`` (``rope+yarn``,
+``rope+self_extend``, ...: :mod:`posenc.lab.experiments.lengthgen_extension`) trains nothing:
+it is the task's ``rope`` run's model, from its final checkpoint, scored at every size with that
+context extension; it needs ``rope`` among the task's rows, and runs after every trained row
+(a second sweep of the same run store: resumed, split across ranks and workers alike).
+Accuracies are fractions of instances; sizes are counted in
 each task's unit (``size_unit``). Wall-clock times stay in the run records (``runs/*.json``:
 ``train_seconds``, ``eval_seconds``) so that the same arguments give the same results.json.
 """
@@ -182,8 +191,9 @@ EXTENSION_ROWS = ("rope", *extension_rows(), "nope", "alibi")
 #: - "full": every task on every registered encoding and the hybrid plans;
 #: - "extension": every context extension of the trained RoPE model on the recall and order
 #:   tasks (:data:`EXTENSION_TASKS` x :data:`EXTENSION_ROWS`, 3 seeds, 100 instances per size):
-#:   36 trained runs and 156 evaluations of the rope models with a method (about 20 minutes on
-#:   this project's 2 cores with ``--workers 2``, estimated from timed steps in docs/results.md);
+#:   36 trained runs and 156 evaluations of the rope models with a method (about 15 minutes on
+#:   this project's 2 cores with 2 workers, the CLI's default there, 28 in one process;
+#:   estimated from timed steps in docs/results.md, issue 26);
 #: - "paper": one GPU at the papers' scale (refused on a CPU, :func:`check_gpu_preset`): the
 #:   NoPE paper's model (Kazemnejad et al. 2023: a T5-base-sized decoder, 12 layers, d_model 768,
 #:   12 heads, FFN 3072; 40,000 steps of batch 64 at lr 3e-5, McGill-NLP/length-generalization

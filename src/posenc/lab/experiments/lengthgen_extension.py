@@ -29,6 +29,12 @@ Each (task, row, seed) is a record of the sweep's run store, its fingerprint the
 plus the extension's settings, so it resumes; its model is the ``rope`` run's final training
 checkpoint. The model is never told which method it runs: its ``encoding`` module is swapped
 (RoPE holds no parameters, so the weights are untouched).
+
+Not a row provider (:mod:`posenc.lab.experiments.rows`) as ``extrapolate``'s are: there the
+rows come from options (``--rope-scaling``) and run on rank 0 once the sweep is done; here they
+are rows like any other, named per task, so the sweep runs them itself, as a second pass of
+the same run store after every trained run (:func:`posenc.lab.experiments.lengthgen.run_lengthgen`),
+split across ranks and worker processes as the trained runs are.
 """
 
 from __future__ import annotations
