@@ -632,7 +632,9 @@ def lengthgen(
     _check_machine(config, out, concurrent=min(workers, runs), hint=LENGTHGEN_SIZES)
     console.print(
         f"[bold]runs[/] {', '.join(config.tasks)} x {', '.join(config.rows)} x seeds {list(config.seeds)} "
-        f"({runs} runs, {workers} at a time); "
+        f"({runs} runs, {workers} at a time"
+        + (f"; {extended} of them extension rows, the rope model run with a method, no training"
+           if (extended := len(config.extension_jobs()) * len(config.seeds)) else "") + "); "
         f"d_model {model.d_model}, {model.num_layers} layers, {model.num_heads} heads, MLP x{model.mlp_ratio}; "
         f"batch {train.batch_size}, lr {train.lr}"
     )
