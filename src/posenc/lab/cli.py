@@ -572,7 +572,7 @@ def lengthgen(
         "hybrid rope/nope:3 on copy, reverse, addition, flipflop, passkey, and rope+coupled on addition; ~12 min on 2 "
         "cores) | full (every task on every registered encoding and the hybrid plans) | extension (the trained rope model "
         "with every RoPE scaling and branch-merge map, rows rope+<method>, beside rope, nope and alibi on passkey, "
-        "flipflop, copy, reverse, 3 seeds; ~15 min on 2 cores) | paper (one GPU at the NoPE "
+        "flipflop, copy, reverse, 3 seeds; ~20 min on 2 cores) | paper (one GPU at the NoPE "
         "paper's and Ruoss et al.'s scale: 85M parameters, 40,000 steps, N = 40 tested to 500; ~15 h on one H100, "
         "refused on a CPU).")),
     task_rows: Optional[str] = typer.Option(None, help=(

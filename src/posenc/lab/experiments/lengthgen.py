@@ -191,9 +191,9 @@ EXTENSION_ROWS = ("rope", *extension_rows(), "nope", "alibi")
 #: - "full": every task on every registered encoding and the hybrid plans;
 #: - "extension": every context extension of the trained RoPE model on the recall and order
 #:   tasks (:data:`EXTENSION_TASKS` x :data:`EXTENSION_ROWS`, 3 seeds, 100 instances per size):
-#:   36 trained runs and 156 evaluations of the rope models with a method (about 15 minutes on
-#:   this project's 2 cores with 2 workers, the CLI's default there, 28 in one process;
-#:   estimated from timed steps in docs/results.md, issue 26);
+#:   36 trained runs and 156 evaluations of the rope models with a method (15-20 minutes on
+#:   this project's 2 cores with 2 workers, the CLI's default there; 28-40 in one process;
+#:   estimated from timed steps and a timed run of one task, docs/results.md, issue 26);
 #: - "paper": one GPU at the papers' scale (refused on a CPU, :func:`check_gpu_preset`): the
 #:   NoPE paper's model (Kazemnejad et al. 2023: a T5-base-sized decoder, 12 layers, d_model 768,
 #:   12 heads, FFN 3072; 40,000 steps of batch 64 at lr 3e-5, McGill-NLP/length-generalization
