@@ -19,9 +19,10 @@ two comparisons differ only in what they score (exact match on a task against lo
   every size, its windows the reference's scaled to L0 = T(N)
   (:func:`~posenc.lab.experiments.extension_methods.branch_defaults`). A map is plain RoPE only
   inside its window: LM-Infinite (local branch L0) everywhere up to N, DCA up to its chunk
-  (3 L0 / 4); Self-Extend, ReRoPE, Leaky ReRoPE and StreamingLLM change distances past L0 / 4,
-  L0 / 8, L0 / 8 and 4 + L0 / 8 already inside the training length, and STRING multiplies
-  every logit by its attention factor (1.1386), as in ``posenc extrapolate``.
+  (3 L0 / 4); Self-Extend, ReRoPE, Leaky ReRoPE, STRING and StreamingLLM change distances past
+  L0 / 4, L0 / 8, L0 / 8, int(0.33 L0) and 4 + L0 / 8 already inside the training length, and
+  STRING also multiplies every logit by its attention factor squared (1.1386), as in
+  ``posenc extrapolate``.
 
 A row is named in ``--encodings`` (every task) or ``--task-rows`` (one task) like any row; it
 needs the plain ``rope`` row among that task's rows (its trained model is the one extended).
