@@ -68,7 +68,9 @@ Encodings = Annotated[Optional[str], typer.Option(help=(
     "over RoPE (SmolLM3); rope@sliding/nope:4: RoPE on sliding-window layers, NoPE with full attention on every "
     "4th (Cohere2). A row may end in +rand (randomized positions) where the command takes it, and in lengthgen in "
     "+coupled or +abacus (position coupling, Abacus: ids that follow the task's structure, on addition, copy and "
-    "reverse)."))]
+    "reverse). lengthgen also takes rope+<method> (linear, ntk, dynamic, yarn, dynamic_yarn, llama3, self_extend, "
+    "rerope, leaky_rerope, dca, string, lm_infinite, streaming_llm): the task's trained rope model run with that "
+    "context extension, no training."))]
 LearningRate = Annotated[Optional[float], typer.Option(help="Peak learning rate.")]
 DModel = Annotated[Optional[int], typer.Option(help="Model width.")]
 Layers = Annotated[Optional[int], typer.Option(help="Number of transformer blocks.")]
@@ -572,7 +574,9 @@ def lengthgen(
     preset: str = typer.Option("default", help=(
         "quick (nope, rope, alibi on copy and flipflop; ~1 min) | default (the six core encodings, rope+rand and the "
         "hybrid rope/nope:3 on copy, reverse, addition, flipflop, passkey, and rope+coupled on addition; ~12 min on 2 "
-        "cores) | full (every task on every registered encoding and the hybrid plans) | paper (one GPU at the NoPE "
+        "cores) | full (every task on every registered encoding and the hybrid plans) | extension (the trained rope model "
+        "with every RoPE scaling and branch-merge map, rows rope+<method>, beside rope, nope and alibi on passkey, "
+        "flipflop, copy, reverse, 3 seeds; ~20 min on 2 cores) | paper (one GPU at the NoPE "
         "paper's and Ruoss et al.'s scale: 85M parameters, 40,000 steps, N = 40 tested to 500; ~15 h on one H100, "
         "refused on a CPU).")),
     task_rows: Optional[str] = typer.Option(None, help=(
@@ -632,7 +636,9 @@ def lengthgen(
     _check_machine(config, out, concurrent=min(workers, runs), hint=LENGTHGEN_SIZES)
     console.print(
         f"[bold]runs[/] {', '.join(config.tasks)} x {', '.join(config.rows)} x seeds {list(config.seeds)} "
-        f"({runs} runs, {workers} at a time); "
+        f"({runs} runs, {workers} at a time"
+        + (f"; {extended} of them extension rows, the rope model run with a method, no training"
+           if (extended := len(config.extension_jobs()) * len(config.seeds)) else "") + "); "
         f"d_model {model.d_model}, {model.num_layers} layers, {model.num_heads} heads, MLP x{model.mlp_ratio}; "
         f"batch {train.batch_size}, lr {train.lr}"
     )

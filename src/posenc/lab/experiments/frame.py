@@ -375,6 +375,8 @@ class RunConfig:
         if not isinstance(self.model, LMConfig):
             raise InvalidType(f"model must be a posenc.lab.model.LMConfig, got {type(self.model).__name__}")
         for name in self.encodings:
+            if self.derived_row(name):  # no encoding of its own to check: the experiment checks it
+                continue
             row = Row.parse(name, self.NAMED_RANDOMIZED_ROWS)
             if row.task_positions is not None and not self.TASK_POSITION_ROWS:
                 raise InvalidArgument(f"encodings: row {name!r}: +{row.task_positions} positions follow a task's "
@@ -393,6 +395,12 @@ class RunConfig:
 
     def _check_experiment(self) -> None:
         """The experiment's own fields (a subclass's checks; may set derived fields)."""
+
+    def derived_row(self, name: str) -> bool:
+        """Whether row ``name`` is built from another row's trained model rather than trained
+        (``posenc lengthgen``'s ``rope+yarn``, ...): no encoding of that name exists, and the
+        experiment checks it in :meth:`_check_experiment`. None here."""
+        return False
 
     def _check_randomized_positions(self) -> None:
         if self.randomized_positions is None:

@@ -24,13 +24,17 @@ sweep resumes and torchrun splits the runs, as ``posenc extrapolate`` does.
                              "seeds": int, "by_depth": {"<depth>": accuracy} (passkey, multikey)}},
          "not_applicable": {"<size>": why},
          "runs": {"<seed>": that seed's "eval"},
-         "positions": {"scheme", ...} (rows with a position suffix only)}}},
+         "positions": {"scheme", ...} (rows with a position suffix only),
+         "extension": {"base", "method", "original_max_position_embeddings", "factor" | "parameters"}
+                      (extension rows only)}}},
      "ranking": {"learned_at_n": {task: [rows]}, "2": {"per_task": {task: [{"row", "accuracy",
                  "rank"}, ...]}, "mean_reciprocal_rank": {row: float} (over every task)}, "4": {...}},
      "reading": {"threshold": 0.9, "generalization": {task: {row: {"size", "factor", "learned_at_n",
                  "why", "per_seed"}}}, "all_tie": [tasks], "separating": [tasks], "tied_at": {"2": [tasks],
                  "4": [...]}, "mean_reciprocal_rank": {"2": {row: {"mrr", "tasks"}}, "4": {...}}
-                 (over the separating tasks; :mod:`posenc.lab.experiments.lengthgen_report`)}}
+                 (over the separating tasks; :mod:`posenc.lab.experiments.lengthgen_report`),
+                 "extension": {task: {row: {"base", "accuracy": {"1", "2", "4"}, "vs_base": {"2", "4"}}}}
+                 (with extension rows only)}}
 
 Beside it, ``summary.md``: the reading as markdown (generalization lengths, the ranking over the
 separating tasks with the all-tie tasks named, the comparison with the papers).
@@ -41,20 +45,27 @@ a position suffix
 (:mod:`posenc.lab.experiments.task_positions`): ``<encoding>+rand`` (randomized positions, Ruoss
 et al. 2023, sampled in training and at test), ``<encoding>+coupled`` (position coupling, Cho et
 al. 2024) or ``<encoding>+abacus`` (Abacus, McLeish et al. 2024); such a row's results and
-records state its scheme (``"positions"``). Accuracies are fractions of instances; sizes are counted in
+records state its scheme (``"positions"``). A row ``rope+<method>`` (``rope+yarn``,
+``rope+self_extend``, ...: :mod:`posenc.lab.experiments.lengthgen_extension`) trains nothing:
+it is the task's ``rope`` run's model, from its final checkpoint, scored at every size with that
+context extension; it needs ``rope`` among the task's rows, and runs after every trained row
+(a second sweep of the same run store: resumed, split across ranks and workers alike).
+Accuracies are fractions of instances; sizes are counted in
 each task's unit (``size_unit``). Wall-clock times stay in the run records (``runs/*.json``:
 ``train_seconds``, ``eval_seconds``) so that the same arguments give the same results.json.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -70,11 +81,16 @@ from posenc.lab.experiments.frame import (
     write_csv as write_csv_rows,
 )
 from posenc.encodings import create_for_model, encoding_class
-from posenc.lab.checkpoint import atomic_write_bytes
+from posenc.lab.checkpoint import CheckpointMismatch, atomic_write_bytes
 from posenc.lab.experiments.extrapolation_config import CPU_FLOPS, H100_FLOPS, MODEL_FLOPS_UTILIZATION
 from posenc.lab.experiments.limits import Workload, holds_a_table, parameter_floor
+from posenc.lab.experiments.lengthgen_extension import (
+    BASE as EXTENSION_BASE, check_extension_row, check_extension_spelling, encoding_at, extension_method,
+    extension_rows, extension_settings,
+)
 from posenc.lab.experiments.lengthgen_report import reading, summary_markdown
-from posenc.lab.experiments.lm import train_run
+from posenc.lab.experiments.lm import load_trained, train_run
+from posenc.lab.experiments.rope_extension import swapped_encoding
 from posenc.lab.experiments.runs import Reporter, RunStore, is_diverged
 from posenc.lab.experiments.task_positions import (
     ALIGNED_TASKS, COUPLED_RANGE_FACTOR, RANDOMIZED_RANGE_FACTOR, TASK_SCHEMES, AbacusPositions, CoupledPositions, PositionScheme,
@@ -151,6 +167,21 @@ DEFAULT_TASK_ROWS = ("addition=rope+coupled",)
 PAPER_TASKS = ("copy", "reverse", "addition", "sort", "duplicate", "missing", "parity", "modular", "cycle",
                "bucket_sort")
 
+#: The extension preset's tasks: those of the catalogue that test recall and order, the two
+#: abilities a context extension must keep past N, at the sizes measured to be learned at N
+#: (docs/results.md): passkey (recall: one needle read back from anywhere in the haystack),
+#: flip-flop (recall of the last write past distractors: the bit must be fetched from the
+#: right place), copy and reverse (order: every letter emitted at its place, in order and
+#: reversed). Multikey, the harder recall task, trains on 107-token sequences: about 4.5
+#: minutes a run here, 40 minutes for its 9 runs alone, past this preset's budget; sort,
+#: mqar and vartrack are not yet measured to be learned at N.
+EXTENSION_TASKS = ("passkey", "flipflop", "copy", "reverse")
+
+#: The extension preset's rows: the trained rope row, every context extension of it (its RoPE
+#: scalings, then the branch-merge maps: no training of their own), and NoPE and ALiBi, the
+#: references that extrapolate without an extension.
+EXTENSION_ROWS = ("rope", *extension_rows(), "nope", "alibi")
+
 #: Named sizes (options of :func:`preset_config`):
 #:
 #: - "quick": a smoke run, nope, rope and alibi on copy and flip-flop (about 1 minute on 2 cores);
@@ -158,6 +189,11 @@ PAPER_TASKS = ("copy", "reverse", "addition", "sort", "duplicate", "missing", "p
 #:   :data:`DEFAULT_TASK_ROWS` (41 runs; about 12 minutes on this project's 2 cores, estimated
 #:   from measured step times in docs/results.md);
 #: - "full": every task on every registered encoding and the hybrid plans;
+#: - "extension": every context extension of the trained RoPE model on the recall and order
+#:   tasks (:data:`EXTENSION_TASKS` x :data:`EXTENSION_ROWS`, 3 seeds, 100 instances per size):
+#:   36 trained runs and 156 evaluations of the rope models with a method (15-20 minutes on
+#:   this project's 2 cores with 2 workers, the CLI's default there; 28-40 in one process;
+#:   estimated from timed steps and a timed run of one task, docs/results.md, issue 26);
 #: - "paper": one GPU at the papers' scale (refused on a CPU, :func:`check_gpu_preset`): the
 #:   NoPE paper's model (Kazemnejad et al. 2023: a T5-base-sized decoder, 12 layers, d_model 768,
 #:   12 heads, FFN 3072; 40,000 steps of batch 64 at lr 3e-5, McGill-NLP/length-generalization
@@ -171,6 +207,7 @@ PRESETS: dict[str, dict] = {
     "quick": dict(encodings=("nope", "rope", "alibi"), tasks=("copy", "flipflop"), eval_instances=100),
     "default": dict(encodings=DEFAULT_ROWS, task_rows=DEFAULT_TASK_ROWS),
     "full": dict(encodings=None, tasks=tuple(TASKS)),
+    "extension": dict(encodings=EXTENSION_ROWS, tasks=EXTENSION_TASKS, seeds=(0, 1, 2), eval_instances=100),
     "paper": dict(encodings=(*CORE_ENCODINGS, "rope+rand"), task_rows=("addition=rope+coupled", "addition=learned+abacus"),
                   tasks=PAPER_TASKS, model=LMConfig(d_model=768, num_layers=12, num_heads=12, mlp_ratio=4),
                   train=TrainConfig(batch_size=64, lr=3e-5, weight_decay=0.05, stable_frac=0.6, autocast="bfloat16"),
@@ -261,6 +298,18 @@ class LengthgenConfig(RunConfig):
     NAMED_RANDOMIZED_ROWS: ClassVar[bool] = True
     TASK_POSITION_ROWS: ClassVar[bool] = True
 
+    def derived_row(self, name: str) -> bool:
+        """Whether ``name`` is a context-extension row (``rope+yarn``, ...:
+        :mod:`posenc.lab.experiments.lengthgen_extension`): the ``rope`` model run with a method, not trained."""
+        return extension_method(name) is not None
+
+    def _check_run(self) -> None:
+        if isinstance(self.encodings, (tuple, list)):  # a typo such as rope+yaml names the methods, not the encodings
+            for name in self.encodings:
+                if isinstance(name, str):
+                    check_extension_spelling(name)
+        super()._check_run()
+
     def _check_experiment(self) -> None:
         check_names(self.tasks, "tasks", "task", "('copy', 'passkey')")
         for name in self.tasks:
@@ -300,6 +349,10 @@ class LengthgenConfig(RunConfig):
                 for task in self.tasks:
                     if name in self.rows_of(task):
                         check_task(row.task_positions, task, name)
+        head_dim = self.model.head_dim
+        for task, row in self.jobs():
+            if self.derived_row(row):
+                check_extension_row(row, task, self.rows_of(task), head_dim, self.train_sequence_length(task))
 
     def _check_task_rows(self) -> None:
         if isinstance(self.task_rows, str) or not isinstance(self.task_rows, tuple) \
@@ -310,6 +363,9 @@ class LengthgenConfig(RunConfig):
             if not sep or not task or not row:
                 raise InvalidArgument(f"task_rows: {entry!r} is not TASK=ROW (e.g. 'addition=rope+coupled')")
             get_task(task)  # unknown names raise, listing the tasks
+            check_extension_spelling(row)
+            if self.derived_row(row):  # checked with the task's other rows (_check_experiment)
+                continue
             parsed = Row.parse(row, self.NAMED_RANDOMIZED_ROWS)
             if parsed.plan is not None:
                 parsed.plan.check(self.model.num_layers, row)
@@ -347,14 +403,23 @@ class LengthgenConfig(RunConfig):
         return rows
 
     def jobs(self) -> list[tuple[str, str]]:
-        """Every (task, row) of the sweep, task by task."""
+        """Every (task, row) of the sweep, task by task: trained rows and extension rows."""
         return [(task, row) for task in self.tasks for row in self.rows_of(task)]
+
+    def trained_jobs(self) -> list[tuple[str, str]]:
+        """The (task, row) of :meth:`jobs` that train a model (every row but the extension rows)."""
+        return [(task, row) for task, row in self.jobs() if not self.derived_row(row)]
+
+    def extension_jobs(self) -> list[tuple[str, str]]:
+        """The (task, row) of :meth:`jobs` that run a task's trained ``rope`` model with a
+        context extension (:mod:`posenc.lab.experiments.lengthgen_extension`)."""
+        return [(task, row) for task, row in self.jobs() if self.derived_row(row)]
 
     def _named_randomized_rows(self) -> bool:
         return any(Row.parse(name).randomized for name in (*self.encodings, *(r for _, r in self.task_row_pairs())))
 
     def holds_a_table(self) -> bool:
-        return holds_a_table(row.encoding for _, name in self.jobs() for row in [Row.parse(name)] if row.plan is None)
+        return holds_a_table(row.encoding for _, name in self.trained_jobs() for row in [Row.parse(name)] if row.plan is None)
 
     def default_randomized_positions(self) -> int:
         """L_max of ``+rand`` rows named without ``randomized_positions``: four times the longest
@@ -368,10 +433,11 @@ class LengthgenConfig(RunConfig):
         """The trained rows, in table order: ``encodings`` as given, then, when
         ``randomized_positions`` is set and ``encodings`` names no ``+rand`` row, the
         ``+rand`` row of every encoding without a position suffix (plans take none: their
-        windows count position ids)."""
+        windows count position ids; nor do the extension rows, which train nothing)."""
         if not self.randomized_positions or self._named_randomized_rows():
             return list(self.encodings)
-        plain = [name for name in self.encodings if Row.parse(name).positions is None and Row.parse(name).plan is None]
+        plain = [name for name in self.encodings if Row.parse(name).positions is None and Row.parse(name).plan is None
+                 and not self.derived_row(name)]
         return [*self.encodings, *(Row(name, randomized=True).name for name in plain)]
 
     def _check_randomized_range(self, option: str) -> None:
@@ -511,7 +577,7 @@ def gpu_hours(config: LengthgenConfig, gpus: int = 1) -> float:
     (:func:`run_flops`; runs split evenly). A floor: sequences of 40-1000 tokens and greedy
     decoding, one token a step, keep a GPU further from its peak than language modelling does."""
     parameters = parameter_floor(config.model, table=False)
-    flops = sum(run_flops(config, task, parameters) for task, _ in config.jobs()) * len(config.seeds)
+    flops = sum(run_flops(config, task, parameters) for task, _ in config.trained_jobs()) * len(config.seeds)
     return flops / (H100_FLOPS * MODEL_FLOPS_UTILIZATION * gpus) / 3600
 
 
@@ -524,7 +590,7 @@ def check_gpu_preset(preset: str, config: LengthgenConfig) -> None:
     if preset not in GPU_PRESETS or torch.device(config.device).type != "cpu":
         return
     parameters = parameter_floor(config.model, table=False)
-    runs = len(config.jobs()) * len(config.seeds)
+    runs = len(config.trained_jobs()) * len(config.seeds)
     cpu_days = gpu_hours(config) * 3600 * H100_FLOPS * MODEL_FLOPS_UTILIZATION / CPU_FLOPS / 86400
     raise InvalidArgument(
         f"--preset {preset} trains {runs} runs of a {parameters / 1e6:.0f}M-parameter model: about {cpu_days:,.0f} days "
@@ -670,6 +736,33 @@ def _not_applicable(model: TransformerLM, scheme: PositionScheme | None, task: T
     return None
 
 
+def evaluate_sizes(
+    config: LengthgenConfig, task: Task, model: TransformerLM, scheme: PositionScheme | None, name: str, seed: int,
+    reporter: Reporter, setting: Callable[[int], AbstractContextManager] | None = None,
+) -> tuple[dict, dict]:
+    """(``eval``, ``not_applicable``) of a run's record: :func:`score` of ``config.eval_instances``
+    instances of ``task`` at each evaluation size (the same instances for every row of a seed),
+    with an example of each; a size the model cannot represent is not applicable, with why.
+    ``setting(length)``, if given, is a context manager the size whose instances are ``length``
+    tokens (prompt + answer + END) is scored inside (e.g. the model's RoPE scaled for it)."""
+    sizes = config.eval_sizes(task.name)
+    reporter.eval_started(name, seed, len(sizes))
+    evals, not_applicable = {}, {}
+    for size in sizes:
+        if (why := _not_applicable(model, scheme, task, size)) is not None:
+            not_applicable[str(size)] = why
+        else:
+            with setting(task.sequence_length(size)) if setting is not None else contextlib.nullcontext():
+                examples = eval_examples(task, size, config.eval_instances, seed)
+                result = score(model, examples, _eval_positions(scheme, task, examples, size, seed))
+            example = eval_examples(task, size, 1, seed)[0]
+            result["example"] = {"prompt": example.prompt, "target": example.target, "output": result["outputs"][0]}
+            del result["outputs"]
+            evals[str(size)] = result
+        reporter.eval_advanced(1)
+    return evals, not_applicable
+
+
 def train_and_evaluate(
     config: LengthgenConfig, task_name: str, row: str, seed: int, store: RunStore, reporter: Reporter, expected: dict,
 ) -> dict:
@@ -687,21 +780,8 @@ def train_and_evaluate(
     training = train_run(model, task_batches(task, config.task_train_size(task_name), scheme), train, store, name,
                          seed, expected, reporter)
     model.eval()
-    sizes = config.eval_sizes(task_name)
-    reporter.eval_started(name, seed, len(sizes))
     started = time.perf_counter()
-    evals, not_applicable = {}, {}
-    for size in sizes:
-        if (why := _not_applicable(model, scheme, task, size)) is not None:
-            not_applicable[str(size)] = why
-        else:
-            examples = eval_examples(task, size, config.eval_instances, seed)
-            result = score(model, examples, _eval_positions(scheme, task, examples, size, seed))
-            example = eval_examples(task, size, 1, seed)[0]
-            result["example"] = {"prompt": example.prompt, "target": example.target, "output": result["outputs"][0]}
-            del result["outputs"]
-            evals[str(size)] = result
-        reporter.eval_advanced(1)
+    evals, not_applicable = evaluate_sizes(config, task, model, scheme, name, seed, reporter)
     return {
         "task": task_name, "encoding": row, "seed": seed, "train_size": config.task_train_size(task_name),
         "parameters": model.num_parameters(), **training, "eval_seconds": round(time.perf_counter() - started, 3),
@@ -709,6 +789,61 @@ def train_and_evaluate(
         **({} if scheme is None else {"positions": scheme.describe()}),
         **({"encoding_options": options} if scheme is not None and (options := scheme.encoding_options(
             Row.parse(row).encoding)) else {}),
+    }
+
+
+def extension_fingerprint(config: LengthgenConfig, task: str, row: str, seed: int) -> dict:
+    """What an extension row's result depends on: the ``rope`` run's fingerprint (the model it
+    runs), with the row's name and the extension's settings
+    (:func:`~posenc.lab.experiments.lengthgen_extension.extension_settings`)."""
+    settings = extension_settings(extension_method(row), config.train_sequence_length(task))
+    return {**fingerprint(config, task, EXTENSION_BASE, seed), "row": row, "extension": settings}
+
+
+def load_base_model(config: LengthgenConfig, task: str, seed: int, store: RunStore, needed_for: str) -> TransformerLM:
+    """The model the ``rope`` run of (task, seed) trained, from its final checkpoint in ``store``.
+
+    Raises:
+        CheckpointMismatch: the checkpoint is missing, unfinished, corrupt or from other arguments.
+    """
+    encoding, train = config.row_run(task, EXTENSION_BASE, seed)
+    return load_trained(store, row_name(task, EXTENSION_BASE), seed, fingerprint(config, task, EXTENSION_BASE, seed),
+                        config.model_config(task, EXTENSION_BASE), train, encoding, device=config.device,
+                        needed_for=needed_for)
+
+
+def evaluate_extension(
+    config: LengthgenConfig, task_name: str, row: str, seed: int, store: RunStore, reporter: Reporter,
+    base_model: Callable[[], TransformerLM] | None = None,
+) -> dict:
+    """Score extension row ``row`` (``rope+<method>``) of (task, seed): the ``rope`` run's model
+    with the method at every size (:func:`~posenc.lab.experiments.lengthgen_extension.encoding_at`,
+    L0 the task's longest training sequence); the body of its record. ``base_model`` loads
+    that model (None: from ``store``); a diverged ``rope`` run gives a diverged record.
+
+    Raises:
+        CheckpointMismatch: the ``rope`` run's record or checkpoint is missing or from other arguments.
+    """
+    task, name = get_task(task_name), row_name(task_name, row)
+    base_name = row_name(task_name, EXTENSION_BASE)
+    base = store.stored(base_name, seed, fingerprint(config, task_name, EXTENSION_BASE, seed))
+    if base is None:
+        raise CheckpointMismatch(f"--out: {store.record_path(base_name, seed)} is missing; row {row} runs that model")
+    if is_diverged(base):  # no trained model to extend: the row says why
+        return {"task": task_name, "encoding": row, "seed": seed,
+                "diverged": f"the {EXTENSION_BASE} run it extends diverged: {base['diverged']}"}
+    model = base_model() if base_model is not None else load_base_model(config, task_name, seed, store, f"row {row}")
+    method, train_length = extension_method(row), config.train_sequence_length(task_name)
+    at = encoding_at(model.encoding, method, train_length)
+    started = time.perf_counter()
+    evals, not_applicable = evaluate_sizes(config, task, model, None, name, seed, reporter,
+                                           setting=lambda length: swapped_encoding(model, at(length)))
+    return {
+        "task": task_name, "encoding": row, "seed": seed, "train_size": config.task_train_size(task_name),
+        # no training of its own: the final loss is the rope run's
+        "parameters": model.num_parameters(), "train_seconds": 0.0, "final_train_loss": base.get("final_train_loss"),
+        "eval_seconds": round(time.perf_counter() - started, 3), "eval": evals, "not_applicable": not_applicable,
+        "extension": extension_settings(method, train_length),
     }
 
 
@@ -744,6 +879,8 @@ def aggregate(config: LengthgenConfig, records: Sequence[dict]) -> dict:
             }
             if "positions" in runs[0]:
                 results[task][row]["positions"] = runs[0]["positions"]
+            if "extension" in runs[0]:
+                results[task][row]["extension"] = runs[0]["extension"]
             if diverged:
                 results[task][row]["diverged"] = diverged
     return results
@@ -827,6 +964,11 @@ def _compute_in_worker(config: LengthgenConfig, out: str, name: str, seed: int, 
     return train_and_evaluate(config, *_jobs(config)[name], seed, RunStore(out, scores="eval"), Reporter(), expected)
 
 
+def _extension_in_worker(config: LengthgenConfig, out: str, name: str, seed: int, expected: dict) -> dict:
+    """:func:`evaluate_extension` of one run store row, for a worker process."""
+    return evaluate_extension(config, *_jobs(config)[name], seed, RunStore(out, scores="eval"), Reporter())
+
+
 def run_lengthgen(config: LengthgenConfig, out: Path, reporter: Reporter | None = None, workers: int = 1) -> dict | None:
     """Run (or resume) the sweep over tasks x rows x seeds; write results.json and
     results.csv to ``out``; return the results dict (schema in the module docstring). Under
@@ -842,7 +984,7 @@ def run_lengthgen(config: LengthgenConfig, out: Path, reporter: Reporter | None 
     reporter = reporter or Reporter()
     store = RunStore(out, scores="eval")
     split = _jobs(config)
-    jobs = [(row_name(task, row), seed) for task, row in config.jobs() for seed in config.seeds]
+    jobs = [(row_name(task, row), seed) for task, row in config.trained_jobs() for seed in config.seeds]
     if workers > 1:
         compute = functools.partial(_compute_in_worker, config, str(out))
     else:
@@ -850,6 +992,9 @@ def run_lengthgen(config: LengthgenConfig, out: Path, reporter: Reporter | None 
             return train_and_evaluate(config, *split[name], seed, store, reporter, expected)
     records = store.sweep(jobs, fingerprint=lambda name, seed: fingerprint(config, *split[name], seed),
                           compute=compute, reporter=reporter, workers=workers)
+    if config.extension_jobs():  # every rank, after the barrier that ends the training sweep
+        extended = _extension_sweep(config, store, reporter, workers)
+        records = None if records is None else records + extended
     if records is None:  # not rank 0
         return None
     results = aggregate(config, records)
@@ -860,6 +1005,26 @@ def run_lengthgen(config: LengthgenConfig, out: Path, reporter: Reporter | None 
     write_csv(store.out / "results.csv", summary)
     atomic_write_bytes(store.out / "summary.md", summary_markdown(summary).encode("utf-8"))
     return summary
+
+
+def _extension_sweep(config: LengthgenConfig, store: RunStore, reporter: Reporter, workers: int) -> list[dict] | None:
+    """The records of every extension row (:meth:`LengthgenConfig.extension_jobs`) x seed,
+    stored or computed through ``store`` as the trained runs are (split across ranks, in
+    ``workers`` processes); each (task, seed)'s ``rope`` model loaded once in this process."""
+    split = _jobs(config)
+    jobs = [(row_name(task, row), seed) for task, row in config.extension_jobs() for seed in config.seeds]
+    if workers > 1:
+        compute = functools.partial(_extension_in_worker, config, str(store.out))
+    else:
+        @functools.cache
+        def base_model(task: str, seed: int) -> TransformerLM:
+            return load_base_model(config, task, seed, store, "the extension rows")
+
+        def compute(name: str, seed: int, expected: dict) -> dict:
+            task, row = split[name]
+            return evaluate_extension(config, task, row, seed, store, reporter, lambda: base_model(task, seed))
+    return store.sweep(jobs, fingerprint=lambda name, seed: extension_fingerprint(config, *split[name], seed),
+                       compute=compute, reporter=reporter, workers=workers)
 
 
 #: The columns of results.csv, one row per (task, row, size).
@@ -886,9 +1051,9 @@ def _csv_row(task: str, row: str, res: dict, size: int) -> list:
 
 
 __all__ = [
-    "DEFAULT_ROWS", "DEFAULT_TASK_ROWS", "DEFAULT_TASKS", "EVAL_FACTORS", "GPU_PRESETS", "OPTIONS", "PAPER_TASKS", "PRESETS",
+    "DEFAULT_ROWS", "DEFAULT_TASK_ROWS", "DEFAULT_TASKS", "EVAL_FACTORS", "EXTENSION_ROWS", "EXTENSION_TASKS", "GPU_PRESETS", "OPTIONS", "PAPER_TASKS", "PRESETS",
     "TASK_SETTINGS", "LengthgenConfig", "TaskSetting", "check_gpu_preset", "gpu_hours", "run_flops",
     "LEARNED_ACCURACY", "RANK_FACTORS",
-    "aggregate", "encode_training_batch", "fingerprint", "fractional_ranks", "preset_config", "rankings",
+    "aggregate", "encode_training_batch", "evaluate_extension", "evaluate_sizes", "extension_fingerprint", "fingerprint", "fractional_ranks", "preset_config", "rankings",
     "run_lengthgen", "score", "task_batches", "task_catalogue", "train_and_evaluate", "write_csv",
 ]

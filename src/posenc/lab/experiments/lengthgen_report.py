@@ -25,6 +25,11 @@ instances in [0, 1] (means over seeds), sizes are in each task's unit.
   task whose rows differ only at 1.5N); each row's ranks are taken from
   ``ranking[factor]["per_task"]`` (ties share their mean rank). A row ranked on fewer tasks (a
   task row such as ``rope+coupled`` on addition) states how many (``tasks``).
+- **Context extensions** (:func:`extension_reading`): for the rows that run another row's
+  trained model with a context extension (their results carry ``extension``, e.g. ``rope+yarn``
+  on the ``rope`` model: :mod:`posenc.lab.experiments.lengthgen_extension`), the accuracy at N,
+  2N and 4N and its difference from the model they extend at 2N and 4N: what the extension
+  adds, the trained model held fixed. Read only when such rows ran.
 - **Against the papers** (:func:`paper_comparison`): one row per reproduced paper (Kazemnejad
   et al. 2023, Ruoss et al. 2023, Cho et al. 2024, McLeish et al. 2024): its claim
   (/work/shared/REFERENCE.md; docs/results.md) and what this run measured, as a markdown table
@@ -125,10 +130,11 @@ def separating_mrr(ranking: dict, separating: list[str]) -> dict:
 def reading(results: dict, ranking: dict) -> dict:
     """results.json's ``reading``: ``{"threshold": 0.9, "generalization": {task: {row:
     generalization_length}}, "all_tie": [tasks], "separating": [tasks], "tied_at": {factor:
-    [tasks]}, "mean_reciprocal_rank": separating_mrr}`` (the module's definitions)."""
+    [tasks]}, "mean_reciprocal_rank": separating_mrr}`` (the module's definitions), and
+    ``"extension"``: :func:`extension_reading` when some row is a context extension."""
     all_tie = [task for task, rows in results.items() if is_all_tie(rows)]
     separating = [task for task in results if task not in all_tie]
-    return {
+    read = {
         "threshold": GENERALIZATION_ACCURACY,
         "generalization": {task: {row: generalization_length(res) for row, res in rows.items()}
                            for task, rows in results.items()},
@@ -137,6 +143,52 @@ def reading(results: dict, ranking: dict) -> dict:
         "tied_at": tied_at(ranking),
         "mean_reciprocal_rank": separating_mrr(ranking, separating),
     }
+    if extensions := extension_reading(results):  # only with extension rows: other results read as before
+        read["extension"] = extensions
+    return read
+
+
+#: The sizes, as multiples of N, that :func:`extension_reading` reads.
+EXTENSION_FACTORS = (1, 2, 4)
+
+
+def extension_reading(results: dict) -> dict:
+    """Per task with context-extension rows (a result with ``extension``, whose ``base`` names
+    the row it extends), per such row: ``{"base": row, "accuracy": {"1": a, "2": ..., "4": ...},
+    "vs_base": {"2": a - base's a, "4": ...}}`` at size factor x N (rounded half up, as the
+    evaluation sizes; a factor not evaluated is None, and so is a difference with a side
+    missing). Accuracies as stored (means over seeds; not applicable: 0). {} without such rows."""
+    out: dict = {}
+    for task, rows in results.items():
+        extended = {row: res for row, res in rows.items() if res.get("extension")}
+        for row, res in extended.items():
+            base_row = res["extension"]["base"]
+            n = res["train_size"]
+            mine, base = _accuracies(res), _accuracies(rows.get(base_row, {}))
+            at = {f"{f:g}": mine.get(int(f * n + 0.5)) for f in EXTENSION_FACTORS}
+            vs = {f"{f:g}": None if at[f"{f:g}"] is None or base.get(int(f * n + 0.5)) is None
+                  else at[f"{f:g}"] - base[int(f * n + 0.5)] for f in EXTENSION_FACTORS if f > 1}
+            out.setdefault(task, {})[row] = {"base": base_row, "accuracy": at, "vs_base": vs}
+    return out
+
+
+def extension_markdown(extensions: dict) -> list[str]:
+    """:func:`extension_reading` as summary.md lines (a section; none without such rows)."""
+    if not extensions:
+        return []
+    lines = ["", "## Context extensions of a trained model (no training of their own)", "",
+             "| task | row | accuracy at N | at 2N | at 4N | 2N vs its base | 4N vs its base |",
+             "|---|---|---|---|---|---|---|"]
+
+    def text(value, signed=False):
+        return "n/a" if value is None else f"{value:+.2f}" if signed else f"{value:.2f}"
+
+    for task, rows in extensions.items():
+        for row, entry in rows.items():
+            at, vs = entry["accuracy"], entry["vs_base"]
+            lines.append(f"| {task} | {_cell(row)} | {text(at['1'])} | {text(at['2'])} | {text(at['4'])} | "
+                         f"{text(vs['2'], True)} | {text(vs['4'], True)} |")
+    return lines
 
 
 def generalization_text(entry: dict) -> str:
@@ -272,11 +324,13 @@ def summary_markdown(summary: dict) -> str:
             lines.append(f"| {_cell(row)} | " + " | ".join(cells) + " |")
     else:
         lines.append("No task separates the rows: no ranking.")
+    lines += extension_markdown(reading_.get("extension", {}))
     lines += ["", "## Against the papers", "", comparison_markdown(summary)]
     return "\n".join(lines)
 
 
 __all__ = [
-    "GENERALIZATION_ACCURACY", "PAPER_CLAIMS", "comparison_markdown", "generalization_length", "generalization_text",
+    "EXTENSION_FACTORS", "GENERALIZATION_ACCURACY", "PAPER_CLAIMS", "comparison_markdown", "extension_markdown",
+    "extension_reading", "generalization_length", "generalization_text",
     "is_all_tie", "paper_comparison", "reading", "separating_mrr", "summary_markdown", "tied_at",
 ]
