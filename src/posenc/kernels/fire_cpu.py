@@ -40,15 +40,16 @@ CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno")
 #: The head sizes the kernel is compiled for.
 HEAD_DIMS = (32, 64, 128)
 
-#: Query rows per block of the kernel (``BQ`` in the source): the unit split across threads.
-BLOCK_QUERIES = 64
-
 _lib: ctypes.CDLL | None = None
-_block_keys = 64
+_block_keys = 64  # keys per block of the kernel (BK in the source), read from the library
+_block_queries = 128  # query rows per block (BQ): the unit split across threads
 _failed = False
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
+_scratch = threading.local()
+#: The largest key buffer kept per thread (entries): 64 MiB of float32.
+_SCRATCH_ENTRIES = 1 << 24
 
 
 def extension_name() -> str:
@@ -68,7 +69,7 @@ def build(verbose: bool = False) -> bool:
     """Compile the kernel (or load it from torch's extension cache) into this process; True when
     loaded. On failure (no compiler, no ninja, an unwritable cache) one ``RuntimeWarning`` and
     False, and FIRE keeps its blocked path. Thread-safe."""
-    global _lib, _block_keys, _failed
+    global _lib, _block_keys, _block_queries, _failed
     with _lock:
         if _lib is not None or _failed:
             return _lib is not None
@@ -84,7 +85,9 @@ def build(verbose: bool = False) -> bool:
                                                       ptr, i64, ptr, ptr, ctypes.c_float, ctypes.c_int, i64, i64]
             lib.posenc_fire_attention_cpu.restype = ctypes.c_int
             lib.posenc_fire_cpu_block_keys.restype = ctypes.c_int
+            lib.posenc_fire_cpu_block_queries.restype = ctypes.c_int
             _block_keys = int(lib.posenc_fire_cpu_block_keys())
+            _block_queries = int(lib.posenc_fire_cpu_block_queries())
         except Exception as err:  # noqa: BLE001 - any build or load failure keeps the blocked path
             _failed = True
             warnings.warn(f"posenc: the fused CPU FIRE attention kernel could not be built ({type(err).__name__}: "
@@ -136,15 +139,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, psi: Tensor, den: Tensor, bend
         return None
     padded = table_length(num_queries, num_keys) - num_queries + 1
     q, v = q.contiguous(), v.contiguous()
-    kt = k.new_zeros(batch, heads, head_dim, padded)
-    kt[..., :num_keys] = k.transpose(-2, -1)
+    kt = _key_blocks(k, padded)
     out = q.new_empty(batch, heads, num_queries, head_dim)
     tensors = [t.contiguous() for t in (psi.float(), den.float(), bends.double(), slopes.double(), intercepts.double())]
     psi, den, bends, slopes, intercepts = tensors
     args = (q.data_ptr(), kt.data_ptr(), v.data_ptr(), out.data_ptr(), batch * heads, slopes.shape[0], num_queries,
             num_keys, padded, head_dim, psi.data_ptr(), den.data_ptr(), bends.data_ptr(), bends.numel(),
             slopes.data_ptr(), intercepts.data_ptr(), float(scale), int(causal))
-    blocks = -(-num_queries // BLOCK_QUERIES)
+    blocks = -(-num_queries // _block_queries)
     parts = max(1, min(torch.get_num_threads(), blocks))
     if parts == 1:
         code = _lib.posenc_fire_attention_cpu(*args, 0, 1)
@@ -154,6 +156,31 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, psi: Tensor, den: Tensor, bend
         code = _lib.posenc_fire_attention_cpu(*args, 0, parts)
         code = min([code] + [f.result() for f in futures])
     return out if code == 0 else None
+
+
+def _key_blocks(k: Tensor, padded: int) -> Tensor:
+    """k (B, H, Tk, D) as (B, H, Tk' / BK, D, BK): each block of BK keys transposed into one
+    contiguous 16 KiB slab (at D = 64), the keys past Tk zero. A slab per block, not one (D, Tk')
+    matrix: the kernel's product reads a block's D rows, which in a (D, Tk') layout sit Tk' floats
+    apart, each on its own page. In a buffer kept per thread (fresh pages cost page faults)."""
+    batch, heads, num_keys, head_dim = k.shape
+    blocks = padded // _block_keys
+    entries = batch * heads * padded * head_dim
+    buffer = getattr(_scratch, "keys", None)
+    if buffer is None or buffer.numel() < entries or entries > _SCRATCH_ENTRIES:
+        buffer = torch.empty(entries)
+        if entries <= _SCRATCH_ENTRIES:
+            _scratch.keys = buffer
+    kt = buffer[:entries].view(batch, heads, blocks, head_dim, _block_keys)
+    whole = num_keys // _block_keys
+    if whole:
+        kt[:, :, :whole].copy_(k[:, :, :whole * _block_keys].view(batch, heads, whole, _block_keys, head_dim)
+                               .transpose(-2, -1))
+    if whole < blocks:
+        tail = num_keys - whole * _block_keys
+        kt[:, :, whole].zero_()
+        kt[:, :, whole, :, :tail].copy_(k[:, :, whole * _block_keys:].transpose(-2, -1))
+    return kt
 
 
 def _thread_pool(n: int) -> ThreadPoolExecutor:
