@@ -22,6 +22,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -37,6 +41,7 @@ constexpr int BQ = POSENC_FIRE_BQ;
 constexpr int BK = 64;        // keys per block
 constexpr int NC = BK / 16;   // vectors per row of a tile
 constexpr int MR = 4;         // rows per register block of the products
+constexpr float RESCALE = 8.0f;  // see the online softmax below
 
 // every lane a (written out: `v16{} + a` costs a scalar add and a register shuffle per use)
 inline v16 splat(float a) { return (v16){a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}; }
@@ -44,31 +49,51 @@ inline v16 load(const float* p) { v16 r; std::memcpy(&r, p, sizeof r); return r;
 inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 inline v16 vmin(v16 a, v16 b) { return a < b ? a : b; }
 inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
-inline float hmax(v16 a) { float m = a[0]; for (int i = 1; i < 16; ++i) m = std::max(m, a[i]); return m; }
+// horizontal max and sum: four halvings
+inline float hmax(v16 a) {
+    a = vmax(a, __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+    a = vmax(a, __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+    a = vmax(a, __builtin_shufflevector(a, a, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+    a = vmax(a, __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+    return a[0];
+}
 inline float hsum(v16 a) { float s = 0; for (int i = 0; i < 16; ++i) s += a[i]; return s; }
 
-// exp(x) for x <= 0 (Cephes expf: round to n = x / ln 2, a degree-5 polynomial on the rest,
-// 2^n by the exponent bits; about 1 ulp). x below log(FLT_MIN) (-inf included) gives 0.
-inline v16 vexp(v16 x) {
-    const v16 lo = splat(-87.33654f);
-    vi16 under = x < lo;
-    x = vmax(x, lo);
-    const v16 magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-    v16 n = (x * splat(1.44269504088896341f) + magic) - magic;
-    v16 r = x - n * splat(0.693359375f);
-    r = r - n * splat(-2.12194440e-4f);
+// exp(x) for x <= 8 (Cephes expf: n = round(x / ln 2), a degree-6 polynomial for exp of the rest
+// r = x - n ln 2 in [-ln 2 / 2, ln 2 / 2], times 2^n; about 1 ulp). x below log(FLT_MIN)
+// (-inf included) gives 0. With AVX-512, 2^n by vscalefps (two instructions fewer).
+inline v16 exp_rest(v16 r) {
     v16 y = splat(1.9875691500e-4f);
     y = y * r + splat(1.3981999507e-3f);
     y = y * r + splat(8.3334519073e-3f);
     y = y * r + splat(4.1665795894e-2f);
     y = y * r + splat(1.6666665459e-1f);
     y = y * r + splat(5.0000001201e-1f);
-    y = y * (r * r) + r + splat(1.0f);
+    return y * (r * r) + r + splat(1.0f);
+}
+
+inline v16 vexp(v16 x) {
+    const v16 lo = splat(-87.33654f);
+    const v16 magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+#if defined(__AVX512F__)
+    __m512 xv = reinterpret_cast<__m512>(x);
+    __mmask16 keep = _mm512_cmp_ps_mask(xv, reinterpret_cast<__m512>(lo), _CMP_GE_OQ);
+    v16 n = (x * splat(1.44269504088896341f) + magic) - magic;
+    v16 r = x - n * splat(0.693359375f);
+    r = r - n * splat(-2.12194440e-4f);
+    return reinterpret_cast<v16>(_mm512_maskz_scalef_ps(keep, reinterpret_cast<__m512>(exp_rest(r)),
+                                                        reinterpret_cast<__m512>(n)));
+#else
+    vi16 under = x < lo;
+    x = vmax(x, lo);
+    v16 n = (x * splat(1.44269504088896341f) + magic) - magic;
+    v16 r = x - n * splat(0.693359375f);
+    r = r - n * splat(-2.12194440e-4f);
     vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
     v16 two_n;
     std::memcpy(&two_n, &bits, sizeof two_n);
-    y = y * two_n;
-    return under ? splat(0.0f) : y;
+    return under ? splat(0.0f) : exp_rest(r) * two_n;
+#endif
 }
 
 struct Problem {
@@ -164,9 +189,10 @@ void run_block(const Problem& p, int64_t qb, float* qd, float* o, float* s, floa
         for (int r = 0; r < BQ; ++r)
             for (int d = 0; d < D; ++d) qd[r * D + d] = r < nq ? src[r * D + d] * p.scale : 0.0f;
         std::fill(o, o + BQ * D, 0.0f);
-        float m[BQ], l[BQ];
+        float m[BQ];
+        v16 l[BQ];  // each row's running sum, lane by lane: one horizontal sum at the end
         std::fill(m, m + BQ, ninf);
-        std::fill(l, l + BQ, 0.0f);
+        std::fill(l, l + BQ, splat(0.0f));
         for (int64_t k0 = 0; k0 < kend; k0 += BK) {
             const int kc = static_cast<int>(std::min<int64_t>(BK, kend - k0));
             const bool masked = k0 + BK - 1 > limit[0] || kc < BK;
@@ -204,19 +230,24 @@ void run_block(const Problem& p, int64_t qb, float* qd, float* o, float* s, floa
                         if (masked) acc[r][c] = (iota + splat(static_cast<float>(c * 16))) > last ? splat(ninf) : acc[r][c];
                         top = vmax(top, acc[r][c]);
                     }
-                    const float m_new = std::max(m[row], hmax(top));
-                    const float alpha = m[row] == ninf ? 0.0f : std::exp(m[row] - m_new);
-                    const v16 mv = splat(m_new);
-                    v16 sum = splat(0.0f);
+                    // the row's reference maximum moves only when a score passes it by more than
+                    // RESCALE: most tiles then rescale nothing (the result is the same for any
+                    // reference; exp stays below e^RESCALE, far from overflow)
+                    const float mx = hmax(top);
+                    if (mx > m[row] + RESCALE) {
+                        const float alpha = m[row] == ninf ? 0.0f : std::exp(m[row] - mx);
+                        l[row] = l[row] * splat(alpha);
+                        for (int d = 0; d < DV; ++d) store(o + row * D + d * 16, load(o + row * D + d * 16) * splat(alpha));
+                        m[row] = mx;
+                    }
+                    const v16 mv = splat(m[row]);
+                    v16 sum = l[row];
                     for (int c = 0; c < NC; ++c) {
                         v16 pv = vexp(acc[r][c] - mv);
                         store(s + row * BK + c * 16, pv);
                         sum += pv;
                     }
-                    l[row] = l[row] * alpha + hsum(sum);
-                    m[row] = m_new;
-                    if (alpha != 1.0f)
-                        for (int d = 0; d < DV; ++d) store(o + row * D + d * 16, load(o + row * D + d * 16) * splat(alpha));
+                    l[row] = sum;
                 }
             }
             // o (rows, D) += P (rows, kc) x v (kc, D)
@@ -239,7 +270,7 @@ void run_block(const Problem& p, int64_t qb, float* qd, float* o, float* s, floa
         }
         float* dst = p.out + (bh * p.tq + q0) * D;
         for (int r = 0; r < nq; ++r) {
-            const float inv = 1.0f / l[r];
+            const float inv = 1.0f / hsum(l[r]);
             for (int d = 0; d < D; ++d) dst[r * D + d] = o[r * D + d] * inv;
         }
     }
