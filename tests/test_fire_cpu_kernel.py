@@ -119,6 +119,24 @@ def test_matches_the_float64_formula_as_closely_as_the_present_path(batch, heads
     assert error <= max(2 * present_error, 1e-6), (error, present_error)
 
 
+def test_sharp_scores_that_keep_raising_each_rows_maximum(kernel_calls):
+    """Scores of spread 50 whose maximum keeps rising along the keys, by more than exp's float32
+    range (88) over a row: the kernel's online softmax must move each row's reference maximum
+    (and rescale its sum and output), or its exponentials overflow."""
+    enc = fire(4, init_L=32.0)
+    q, k, v = qkv(1, 4, 260, 260, 64)
+    q = q * 50
+    k = k * torch.linspace(0.05, 1.0, 260).view(1, 1, -1, 1)  # later keys score higher
+    positions = torch.arange(260)
+    want = reference(enc, q, k, v, positions, positions, True)
+    with torch.no_grad():
+        got = fused(enc, q, k, v, positions, positions, True)
+        present = present_path(enc, q, k, v, positions, positions, True)
+    assert kernel_calls == [True]
+    present_error = float((present.double() - want).abs().max())
+    assert float((got.double() - want).abs().max()) <= max(2 * present_error, 1e-6)
+
+
 def test_default_initialisation_and_a_wrong_bias_is_seen():
     """At FIRE's default init (few bends in [0, 1]) it matches; the same comparison tells a
     bias off by one hidden unit's share (the check can fail)."""
