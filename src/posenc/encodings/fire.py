@@ -45,7 +45,9 @@ class FIRE(ScoreBias):
     ``L_multiplier``; buffer ``init_L``. Cost: the MLP runs on every (i, j) pair, O(width Tq Tk)
     memory and time (per batch row with (B, T) positions), versus O(H Tq Tk) for ALiBi; outside
     autograd O((K + 2) H Tq Tk) time, K <= width the bends the tile's inputs cross, and
-    :meth:`bias_into` writes a tile into the attention layer's buffer.
+    :meth:`bias_into` writes a tile into the attention layer's buffer; on the CPU, after
+    ``posenc.kernels.build_cpu_fire()``, :meth:`fused_attention` gives the blocked backend's
+    whole forward with the bias computed inside the attention (no tile).
 
     Raises:
         ValueError: num_heads or mlp_width not an int >= 1, init_L not a finite number > 0,

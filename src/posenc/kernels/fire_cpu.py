@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +47,7 @@ _block_queries = 128  # query rows per block (BQ): the unit split across threads
 _failed = False
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
-_pool_size = 0
+_pool_key: tuple[int, int] = (0, 0)
 _scratch = threading.local()
 #: The largest key buffer kept per thread (entries): 64 MiB of float32.
 _SCRATCH_ENTRIES = 1 << 24
@@ -184,10 +185,12 @@ def _key_blocks(k: Tensor, padded: int) -> Tensor:
 
 
 def _thread_pool(n: int) -> ThreadPoolExecutor:
-    """n - 1 worker threads (made again when n changes)."""
-    global _pool, _pool_size
-    if _pool is None or _pool_size != n:
-        if _pool is not None:
+    """n - 1 worker threads, made again when n changes or in a forked child (whose copy of the
+    parent's pool has no threads behind it)."""
+    global _pool, _pool_key
+    key = (n, os.getpid())
+    if _pool is None or _pool_key != key:
+        if _pool is not None and _pool_key[1] == key[1]:
             _pool.shutdown(wait=False)
-        _pool, _pool_size = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="posenc-fire"), n
+        _pool, _pool_key = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="posenc-fire"), key
     return _pool
