@@ -18,10 +18,14 @@ from posenc.kernels import fire_cpu
 
 @pytest.fixture(scope="module", autouse=True)
 def built():
+    was_built = fire_cpu.is_built()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         if not kernels.build_cpu_fire():
             pytest.skip("the fused CPU FIRE kernel does not build here (no C++ compiler or ninja)")
+    yield
+    if not was_built:  # later modules test the blocked tiles, as they would without this one
+        fire_cpu.unload()
 
 
 @pytest.fixture

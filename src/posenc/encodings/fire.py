@@ -46,7 +46,7 @@ class FIRE(ScoreBias):
     memory and time (per batch row with (B, T) positions), versus O(H Tq Tk) for ALiBi; outside
     autograd O((K + 2) H Tq Tk) time, K <= width the bends the tile's inputs cross, and
     :meth:`bias_into` writes a tile into the attention layer's buffer; on the CPU, after
-    ``posenc.kernels.build_cpu_fire()``, :meth:`fused_attention` gives the blocked backend's
+    ``posenc.kernels.build_cpu_fire()``, :meth:`fused_attention` gives the attention layer's
     whole forward with the bias computed inside the attention (no tile).
 
     Raises:
@@ -191,7 +191,7 @@ class FIRE(ScoreBias):
                         causal: bool, mask: Tensor | None, scale: float) -> Tensor | None:
         """softmax(scale q.k^T + b + causal mask) v with this bias computed inside the attention
         by the fused CPU kernel (:mod:`posenc.kernels.fire_cpu`): no bias tile written or read.
-        For the blocked backend's forward without autograd; returns None where it does not
+        For an attention layer's forward without autograd; returns None where it does not
         apply, and the caller runs its own path: the kernel off or not built (the rule of
         :func:`posenc.kernels.use_cpu_kernel`, under the same switch), not float32 CPU tensors,
         a float64 encoding, anything to differentiate, torch.compile, a ``mask``, key-value
@@ -200,7 +200,7 @@ class FIRE(ScoreBias):
         finite and > 0 (c = eps = 0).
 
         q (B, H, Tq, D), k and v (B, H, Tk, D); causal: key index j visible to query i iff
-        j <= i + Tk - Tq (the blocked backend's rule). Returns (B, H, Tq, D) float32."""
+        j <= i + Tk - Tq (bottom-right, as the attention layer's tiles). Returns (B, H, Tq, D) float32."""
         from posenc.kernels import fire_cpu
 
         if (mask is not None or torch.compiler.is_compiling() or _wide(self.c) != torch.float32

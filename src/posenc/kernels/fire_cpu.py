@@ -98,6 +98,15 @@ def build(verbose: bool = False) -> bool:
         return True
 
 
+def unload() -> None:
+    """Forget the loaded kernel in this process: calls take the blocked path again until the
+    next :func:`build` (which loads it back from torch's extension cache). For tests that must
+    leave the process as they found it."""
+    global _lib
+    with _lock:
+        _lib = None
+
+
 def use_kernel(*tensors: Tensor) -> bool:
     """The rule of :func:`posenc.kernels.use_cpu_kernel`, for this kernel: the switch on, every
     tensor on the CPU, not under ``torch.compile``, the kernel built (or built now when
