@@ -211,7 +211,7 @@ class FIRE(ScoreBias):
         if not (_ascending_run(q_positions) and _ascending_run(k_positions)) or q.shape[1] > self.num_heads:
             return None
         num_queries, num_keys = q.shape[2], k.shape[2]
-        if fire_cpu.table_length(num_queries, num_keys) <= 0:
+        if num_queries == 0 or num_keys == 0:
             return None
         with torch.no_grad():
             # the float operations of _grid_distance: psi once per distance, one normalizer per row

@@ -101,7 +101,7 @@ def attention_benchmark(
         rows.append({"length": length, "encoding": "none (bias-free SDPA)", "backend": "sdpa", **baseline,
                      "time_ratio": 1.0, "memory_ratio": 1.0})
         for name in encodings:
-            fused = hasattr(REGISTRY[name], "fused_attention")
+            fused = hasattr(REGISTRY.get(name), "fused_attention")  # an unknown name: its worker says so
             for backend in backends:
                 kernel_rows = (False, True) if fused and backend == "blocked" else (None,)
                 for kernel in kernel_rows:
@@ -114,7 +114,7 @@ def attention_benchmark(
                         result["memory_ratio"] = result["extra_mb"] / max(baseline["extra_mb"], 1e-9)
                     label = backend + (" + fused CPU kernel" if kernel else "")
                     rows.append({"length": length, "encoding": name, "backend": label, **result})
-    if any(hasattr(REGISTRY[name], "fused_attention") for name in encodings):
+    if any(hasattr(REGISTRY.get(name), "fused_attention") for name in encodings):
         notes.append("'blocked + fused CPU kernel': the encoding's bias computed inside the attention "
                      "(posenc.kernels.build_cpu_fire()); plain 'blocked' rows have the kernel switched off")
     return rows, notes
