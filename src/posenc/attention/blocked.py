@@ -54,6 +54,9 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         bias_inputs = _bias_inputs(call)
         if bias_inputs or any(t.requires_grad for t in (q, k, v)):
             return BlockedAttention.apply(q, k, v, call, *bias_inputs)
+    fused = _fused(call, q, k, v, dropout_p)
+    if fused is not None:
+        return fused
     out = torch.empty_like(q)
     for block in _blocks(call, q, grad=torch.is_grad_enabled()):
         rows = q[:, :, block.start:block.stop]
@@ -64,6 +67,17 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         out[:, :, block.start:block.stop] = block_out.flip(2) if block.descending else block_out
         del block, block_out  # before the next block's tile is made: one tile alive at a time
     return out
+
+
+def _fused(call: _Call, q: Tensor, k: Tensor, v: Tensor, dropout_p: float) -> Tensor | None:
+    """The whole forward from the encoding's own fused attention (``fused_attention``, an
+    optional capability: FIRE's CPU kernel computes its bias inside the attention, no tile
+    written), or None where the encoding has none or declines the call: then the blocks run."""
+    fused = getattr(call.encoding, "fused_attention", None)
+    if fused is None or dropout_p or call.gate_state is not None or torch.compiler.is_compiling():
+        return None
+    return fused(q, k, v, q_positions=call.q_positions, k_positions=call.k_positions, causal=call.causal,
+                 mask=call.mask, scale=call.scale)
 
 
 def _bias_inputs(call: _Call) -> tuple[Tensor, ...]:

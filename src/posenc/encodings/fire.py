@@ -45,7 +45,9 @@ class FIRE(ScoreBias):
     ``L_multiplier``; buffer ``init_L``. Cost: the MLP runs on every (i, j) pair, O(width Tq Tk)
     memory and time (per batch row with (B, T) positions), versus O(H Tq Tk) for ALiBi; outside
     autograd O((K + 2) H Tq Tk) time, K <= width the bends the tile's inputs cross, and
-    :meth:`bias_into` writes a tile into the attention layer's buffer.
+    :meth:`bias_into` writes a tile into the attention layer's buffer; on the CPU, after
+    ``posenc.kernels.build_cpu_fire()``, :meth:`fused_attention` gives the attention layer's
+    whole forward with the bias computed inside the attention (no tile).
 
     Raises:
         ValueError: num_heads or mlp_width not an int >= 1, init_L not a finite number > 0,
@@ -185,6 +187,45 @@ class FIRE(ScoreBias):
             return None
         return self._piecewise_bias(x, head.view(-1), out)
 
+    def fused_attention(self, q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor, k_positions: Tensor,
+                        causal: bool, mask: Tensor | None, scale: float) -> Tensor | None:
+        """softmax(scale q.k^T + b + causal mask) v with this bias computed inside the attention
+        by the fused CPU kernel (:mod:`posenc.kernels.fire_cpu`): no bias tile written or read.
+        For an attention layer's forward without autograd; returns None where it does not
+        apply, and the caller runs its own path: the kernel off or not built (the rule of
+        :func:`posenc.kernels.use_cpu_kernel`, under the same switch), not float32 CPU tensors,
+        a float64 encoding, anything to differentiate, torch.compile, a ``mask``, key-value
+        heads fewer than query heads, positions other than one 1-D consecutive ascending run
+        each, causal with Tq > Tk, a head size the kernel lacks, a normalizer that is not
+        finite and > 0 (c = eps = 0).
+
+        q (B, H, Tq, D), k and v (B, H, Tk, D); causal: key index j visible to query i iff
+        j <= i + Tk - Tq (bottom-right, as the attention layer's tiles). Returns (B, H, Tq, D) float32."""
+        from posenc.kernels import fire_cpu
+
+        if (mask is not None or torch.compiler.is_compiling() or _wide(self.c) != torch.float32
+                or not fire_cpu.use_kernel(q, k, v, q_positions, k_positions)):
+            return None
+        if torch.is_grad_enabled() and (self._needs_grad() or any(t.requires_grad for t in (q, k, v))):
+            return None
+        if not (_ascending_run(q_positions) and _ascending_run(k_positions)) or q.shape[1] > self.num_heads:
+            return None
+        num_queries, num_keys = q.shape[2], k.shape[2]
+        if num_queries == 0 or num_keys == 0:
+            return None
+        with torch.no_grad():
+            # the float operations of _grid_distance: psi once per distance, one normalizer per row
+            high = q_positions[-1] - k_positions[0]
+            distance = (high - torch.arange(fire_cpu.table_length(num_queries, num_keys))).to(torch.float32)
+            psi = torch.log((self.c * distance).abs() + 1.0)
+            i = q_positions.to(torch.float32)
+            den = torch.log((self.c * torch.maximum(i, self.threshold)).abs() + 1.0) + self.eps
+            if not (bool(torch.isfinite(psi).all()) and bool((den > 0).all()) and bool(torch.isfinite(den).all())):
+                return None
+            bends, slopes, intercepts = self._cached_pieces()
+            return fire_cpu.attention(q, k, v, psi=psi, den=den, bends=bends, slopes=slopes[:q.shape[1]],
+                                      intercepts=intercepts[:q.shape[1]], scale=scale, causal=causal)
+
     def _fast_grid(self, q_positions: Tensor, k_positions: Tensor, head: Tensor) -> bool:
         """A whole grid (heads (H', 1, 1), queries (..., 1, Tq, 1), keys (..., 1, 1, Tk)) with
         nothing to differentiate, outside torch.compile: the piecewise-linear evaluation."""
@@ -298,6 +339,13 @@ def _hinge_product(x: Tensor, out: Tensor, weights: Tensor, caps: Tensor) -> Non
         chunk = features[:, :rows * width]
         torch.minimum(x[row:row + rows].unsqueeze(0), caps.view(-1, 1, 1), out=chunk[1:].view(-1, rows, width))
         torch.mm(weights, chunk, out=out[:, row:row + rows].view(out.shape[0], rows * width))
+
+
+def _ascending_run(positions: Tensor) -> bool:
+    """Whether positions are one 1-D run p0, p0 + 1, ... (at least one position)."""
+    if positions.dim() != 1 or positions.numel() == 0 or positions.is_floating_point():
+        return False
+    return positions.numel() == 1 or bool((positions.diff() == 1).all())
 
 
 _SCRATCH = threading.local()

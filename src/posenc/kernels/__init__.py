@@ -115,6 +115,12 @@ def build_cpu_rotary(verbose: bool = False) -> bool:
     return cpu_rotary_kernel().build(verbose)
 
 
+def build_cpu_fire(verbose: bool = False) -> bool:
+    """Build (or load) the fused CPU forward of FIRE attention (:mod:`posenc.kernels.fire_cpu`,
+    under the same switch and rules as the RoPE kernel); True when loaded, else one warning."""
+    return importlib.import_module(".fire_cpu", __name__).build(verbose)
+
+
 def use_cpu_kernel(*tensors: Tensor) -> bool:
     """True when the fused CPU kernel should be tried on these tensors: the switch
     :data:`CPU_KERNEL_ENABLED` is on, every tensor is on the CPU, the call is not being traced

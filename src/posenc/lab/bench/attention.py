@@ -24,6 +24,12 @@ def _attention_worker(config: dict) -> dict:
     import resource
 
     torch.set_num_threads(config["threads"])
+    if "cpu_kernel" in config:  # an encoding with a fused CPU kernel (FIRE): its row with it and without
+        from posenc import kernels
+
+        kernels.CPU_KERNEL_ENABLED = bool(config["cpu_kernel"])
+        if config["cpu_kernel"] and not kernels.build_cpu_fire():
+            raise RuntimeError("the fused CPU kernel does not build here (no C++ compiler or ninja)")
     heads, length, head_dim = config["heads"], config["length"], config["head_dim"]
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, heads, length, head_dim, generator=g) for _ in range(3))
@@ -95,12 +101,22 @@ def attention_benchmark(
         rows.append({"length": length, "encoding": "none (bias-free SDPA)", "backend": "sdpa", **baseline,
                      "time_ratio": 1.0, "memory_ratio": 1.0})
         for name in encodings:
+            fused = hasattr(REGISTRY.get(name), "fused_attention")  # an unknown name: its worker says so
             for backend in backends:
-                result = _run_worker({**base, "encoding": name, "backend": backend})
-                if "error" not in result and "error" not in baseline:
-                    result["time_ratio"] = result["seconds"] / baseline["seconds"]
-                    result["memory_ratio"] = result["extra_mb"] / max(baseline["extra_mb"], 1e-9)
-                rows.append({"length": length, "encoding": name, "backend": backend, **result})
+                kernel_rows = (False, True) if fused and backend == "blocked" else (None,)
+                for kernel in kernel_rows:
+                    config = {**base, "encoding": name, "backend": backend}
+                    if kernel is not None:
+                        config["cpu_kernel"] = kernel
+                    result = _run_worker(config)
+                    if "error" not in result and "error" not in baseline:
+                        result["time_ratio"] = result["seconds"] / baseline["seconds"]
+                        result["memory_ratio"] = result["extra_mb"] / max(baseline["extra_mb"], 1e-9)
+                    label = backend + (" + fused CPU kernel" if kernel else "")
+                    rows.append({"length": length, "encoding": name, "backend": label, **result})
+    if any(hasattr(REGISTRY.get(name), "fused_attention") for name in encodings):
+        notes.append("'blocked + fused CPU kernel': the encoding's bias computed inside the attention "
+                     "(posenc.kernels.build_cpu_fire()); plain 'blocked' rows have the kernel switched off")
     return rows, notes
 
 

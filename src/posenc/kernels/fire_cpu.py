@@ -1,0 +1,205 @@
+"""The fused CPU forward of FIRE attention (``fire_cpu.cpp`` beside this file): softmax(scale
+q.k^T + b) v with FIRE's bias b computed inside the attention from its per-distance table, its
+per-row normalizer and its MLP's piecewise-linear pieces, online softmax per query block
+(FlashAttention's forward, Dao et al. 2022, Algorithm 1): no (H, Tq, Tk) bias tile is written
+or read. Measured in docs/results.md, "CPU attention hot paths (issue 24)".
+
+Built as :mod:`posenc.kernels.rotary_cpu` is (``torch.utils.cpp_extension.load``, ``-O3
+-march=native``, no torch header: seconds; torch's extension cache, a name holding the CPU's
+model and flags; called through ``ctypes``, which releases the GIL, so with several torch
+threads the query blocks are split across a thread pool), under the same switch
+(:data:`posenc.kernels.CPU_KERNEL_ENABLED`, ``POSENC_CPU_KERNEL``): :func:`use_kernel`.
+
+The encoding decides the math (:meth:`posenc.encodings.fire.FIRE.fused_attention`); this module
+only runs it. Float32 only, forward only (no autograd), head sizes 32, 64 and 128.
+
+Layer: kernels (imports torch only).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from posenc.kernels import rotary_cpu
+
+#: The C++ source, shipped beside this module (package data).
+SOURCE = Path(__file__).with_name("fire_cpu.cpp")
+
+#: Compiler flags: the host's instruction set, multiply-adds fused (the result is compared with
+#: the float64 formula, not bit for bit with a torch path).
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno")
+
+#: The head sizes the kernel is compiled for.
+HEAD_DIMS = (32, 64, 128)
+
+_lib: ctypes.CDLL | None = None
+_block_keys = 64  # keys per block of the kernel (BK in the source), read from the library
+_block_queries = 128  # query rows per block (BQ): the unit split across threads
+_failed = False
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_key: tuple[int, int] = (0, 0)
+_scratch = threading.local()
+#: The largest key buffer kept per thread (entries): 64 MiB of float32.
+_SCRATCH_ENTRIES = 1 << 24
+
+
+def extension_name() -> str:
+    """The name in torch's extension cache: source, flags and CPU in one digest."""
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), rotary_cpu._cpu_fingerprint().encode()):
+        digest.update(part)
+    return f"posenc_fire_cpu_{digest.hexdigest()[:16]}"
+
+
+def is_built() -> bool:
+    """True once :func:`build` has loaded the kernel in this process."""
+    return _lib is not None
+
+
+def build(verbose: bool = False) -> bool:
+    """Compile the kernel (or load it from torch's extension cache) into this process; True when
+    loaded. On failure (no compiler, no ninja, an unwritable cache) one ``RuntimeWarning`` and
+    False, and FIRE keeps its blocked path. Thread-safe."""
+    global _lib, _block_keys, _block_queries, _failed
+    with _lock:
+        if _lib is not None or _failed:
+            return _lib is not None
+        try:
+            from torch.utils import cpp_extension
+
+            rotary_cpu._put_pip_ninja_on_path()
+            path = cpp_extension.load(name=extension_name(), sources=[str(SOURCE)], extra_cflags=list(CFLAGS),
+                                      is_python_module=False, verbose=verbose)
+            lib = ctypes.CDLL(str(path))
+            i64, ptr = ctypes.c_int64, ctypes.c_void_p
+            lib.posenc_fire_attention_cpu.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ptr, ptr,
+                                                      ptr, i64, ptr, ptr, ctypes.c_float, ctypes.c_int, i64, i64]
+            lib.posenc_fire_attention_cpu.restype = ctypes.c_int
+            lib.posenc_fire_cpu_block_keys.restype = ctypes.c_int
+            lib.posenc_fire_cpu_block_queries.restype = ctypes.c_int
+            _block_keys = int(lib.posenc_fire_cpu_block_keys())
+            _block_queries = int(lib.posenc_fire_cpu_block_queries())
+        except Exception as err:  # noqa: BLE001 - any build or load failure keeps the blocked path
+            _failed = True
+            warnings.warn(f"posenc: the fused CPU FIRE attention kernel could not be built ({type(err).__name__}: "
+                          f"{str(err).strip()[-300:]}); FIRE keeps its blocked path", RuntimeWarning, stacklevel=3)
+            return False
+        _lib = lib
+        return True
+
+
+def unload() -> None:
+    """Forget the loaded kernel in this process: calls take the blocked path again until the
+    next :func:`build` (which loads it back from torch's extension cache). For tests that must
+    leave the process as they found it."""
+    global _lib
+    with _lock:
+        _lib = None
+
+
+def use_kernel(*tensors: Tensor) -> bool:
+    """The rule of :func:`posenc.kernels.use_cpu_kernel`, for this kernel: the switch on, every
+    tensor on the CPU, not under ``torch.compile``, the kernel built (or built now when
+    ``POSENC_CPU_KERNEL=1``)."""
+    from posenc import kernels
+
+    if not kernels.CPU_KERNEL_ENABLED or torch.compiler.is_compiling():
+        return False
+    if not all(t.device.type == "cpu" for t in tensors):
+        return False
+    return is_built() or (kernels.CPU_KERNEL_AUTOBUILD and build())
+
+
+def table_length(num_queries: int, num_keys: int) -> int:
+    """How many entries the distance table handed to :func:`attention` must hold: the keys are
+    padded to whole key blocks, Tq + Tk' - 1 with Tk' a multiple of the kernel's key block."""
+    padded = -(-num_keys // _block_keys) * _block_keys
+    return num_queries + padded - 1
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, psi: Tensor, den: Tensor, bends: Tensor, slopes: Tensor,
+              intercepts: Tensor, scale: float, causal: bool) -> Tensor | None:
+    """softmax(scale q.k^T + b + mask) v with b(h, i, j) = f_h(psi[(Tq - 1 - i) + j] / den[i]),
+    f_h the piecewise-linear function of ``bends``, ``slopes[h]``, ``intercepts[h]`` (as
+    :meth:`~posenc.encodings.fire.FIRE.piecewise_linear_mlp` gives them), the causal mask
+    bottom-right aligned (key j visible to query i iff j <= i + Tk - Tq), or None where the
+    kernel does not cover the call (another head size, dtype or layout).
+
+    q (B, H, Tq, D), k and v (B, H, Tk, D): float32 CPU tensors; psi (:func:`table_length`,)
+    float32, den (Tq,) float32 and > 0; bends (S - 1,) sorted, slopes and intercepts (H, S),
+    float64. Returns a new contiguous (B, H, Tq, D) float32 tensor. No autograd.
+    """
+    if _lib is None or q.dim() != 4 or q.shape[-1] not in HEAD_DIMS or q.dtype != torch.float32:
+        return None
+    batch, heads, num_queries, head_dim = q.shape
+    num_keys = k.shape[2]
+    if (k.shape != (batch, heads, num_keys, head_dim) or v.shape != k.shape or k.dtype != q.dtype
+            or v.dtype != q.dtype or num_queries == 0 or num_keys == 0 or (causal and num_keys < num_queries)
+            or psi.numel() != table_length(num_queries, num_keys)):
+        return None
+    padded = table_length(num_queries, num_keys) - num_queries + 1
+    q, v = q.contiguous(), v.contiguous()
+    kt = _key_blocks(k, padded)
+    out = q.new_empty(batch, heads, num_queries, head_dim)
+    tensors = [t.contiguous() for t in (psi.float(), den.float(), bends.double(), slopes.double(), intercepts.double())]
+    psi, den, bends, slopes, intercepts = tensors
+    args = (q.data_ptr(), kt.data_ptr(), v.data_ptr(), out.data_ptr(), batch * heads, slopes.shape[0], num_queries,
+            num_keys, padded, head_dim, psi.data_ptr(), den.data_ptr(), bends.data_ptr(), bends.numel(),
+            slopes.data_ptr(), intercepts.data_ptr(), float(scale), int(causal))
+    blocks = -(-num_queries // _block_queries)
+    parts = max(1, min(torch.get_num_threads(), blocks))
+    if parts == 1:
+        code = _lib.posenc_fire_attention_cpu(*args, 0, 1)
+    else:
+        pool = _thread_pool(parts)
+        futures = [pool.submit(_lib.posenc_fire_attention_cpu, *args, part, parts) for part in range(1, parts)]
+        code = _lib.posenc_fire_attention_cpu(*args, 0, parts)
+        code = min([code] + [f.result() for f in futures])
+    return out if code == 0 else None
+
+
+def _key_blocks(k: Tensor, padded: int) -> Tensor:
+    """k (B, H, Tk, D) as (B, H, Tk' / BK, D, BK): each block of BK keys transposed into one
+    contiguous 16 KiB slab (at D = 64), the keys past Tk zero. A slab per block, not one (D, Tk')
+    matrix: the kernel's product reads a block's D rows, which in a (D, Tk') layout sit Tk' floats
+    apart, each on its own page. In a buffer kept per thread (fresh pages cost page faults)."""
+    batch, heads, num_keys, head_dim = k.shape
+    blocks = padded // _block_keys
+    entries = batch * heads * padded * head_dim
+    buffer = getattr(_scratch, "keys", None)
+    if buffer is None or buffer.numel() < entries or entries > _SCRATCH_ENTRIES:
+        buffer = torch.empty(entries)
+        if entries <= _SCRATCH_ENTRIES:
+            _scratch.keys = buffer
+    kt = buffer[:entries].view(batch, heads, blocks, head_dim, _block_keys)
+    whole = num_keys // _block_keys
+    if whole:
+        kt[:, :, :whole].copy_(k[:, :, :whole * _block_keys].view(batch, heads, whole, _block_keys, head_dim)
+                               .transpose(-2, -1))
+    if whole < blocks:
+        tail = num_keys - whole * _block_keys
+        kt[:, :, whole].zero_()
+        kt[:, :, whole, :, :tail].copy_(k[:, :, whole * _block_keys:].transpose(-2, -1))
+    return kt
+
+
+def _thread_pool(n: int) -> ThreadPoolExecutor:
+    """n - 1 worker threads, made again when n changes or in a forked child (whose copy of the
+    parent's pool has no threads behind it)."""
+    global _pool, _pool_key
+    key = (n, os.getpid())
+    if _pool is None or _pool_key != key:
+        if _pool is not None and _pool_key[1] == key[1]:
+            _pool.shutdown(wait=False)
+        _pool, _pool_key = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="posenc-fire"), key
+    return _pool
