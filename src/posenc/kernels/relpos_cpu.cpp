@@ -1,0 +1,604 @@
+// posenc's fused CPU attention with a relative-position table (Shaw et al. 2018; Transformer-XL,
+// Dai et al. 2019): scores, the relative terms, softmax, the weighted sum and the value table in
+// one pass per (batch, head), and the backward in one more (probabilities recomputed from the
+// saved log-sum-exp, as FlashAttention does). Every (B, H) slice of q, k, v (T x D each) and its
+// (Tq, Tk) scores stay in L1/L2 while they are used, where the eager backend makes a dozen
+// passes over (B, H, Tq, Tk) tensors in memory.
+//
+// The math, per (b, h), with z_ij the logit before the scale:
+//   z_ij = q_i . k_j + (q_i + a) . E[r(i, j)] + u . k_j,      r(i, j) = clamp(j - i + offset, 0, R - 1)
+//   p_ij = softmax_j(scale * z_ij)  over the visible keys (causal: j <= i + Tk - Tq; else all)
+//   o_i  = sum_j p_ij (v_j + F[r(i, j)])
+// E (R, D): the key table (Shaw's w^K, shared by the heads; Transformer-XL's W R_d, one per
+// head), a and u (D,) per head (Transformer-XL's r_r_bias and r_w_bias; Shaw: none), F (R, D)
+// the value table shared by the heads (Shaw's w^V; Transformer-XL: none). The backward returns
+// dq, dk, dv and adds the gradients of E, a, u and F into one buffer per thread.
+// Compiled at first use by posenc.kernels.relpos_cpu (torch.utils.cpp_extension, -O3
+// -march=native) and called through ctypes: this file includes no torch header.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// 64-byte vectors in GCC's (and Clang's) vector extension: W = 16 floats or 8 doubles. The
+// compiler lowers them to the host's registers (-march=native: one AVX-512 register, two AVX2
+// ones, ...), so no intrinsics and no per-ISA code.
+template <class T>
+struct Vec {
+    typedef T type __attribute__((vector_size(64)));
+};
+template <class T>
+using VT = typename Vec<T>::type;
+typedef int32_t VI32 __attribute__((vector_size(64)));
+
+template <class T>
+constexpr int64_t lanes() { return 64 / sizeof(T); }
+
+template <class T>
+inline VT<T> load(const T* p) {
+    VT<T> v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+template <class T>
+inline void store(T* p, VT<T> v) { std::memcpy(p, &v, sizeof v); }
+template <class T>
+inline VT<T> splat(T x) { return VT<T>{} + x; }
+// Horizontal sum and max by halving the vector (each step one extract and one vector operation;
+// the lanes read one by one from memory cost more than the row's arithmetic).
+template <class T, int Bytes>
+struct Part {
+    typedef T type __attribute__((vector_size(Bytes)));
+};
+
+template <class T, int Bytes, bool Max>
+inline T reduce(typename Part<T, Bytes>::type v) {
+    if constexpr (Bytes == 2 * sizeof(T)) {
+        return Max ? (v[0] > v[1] ? v[0] : v[1]) : v[0] + v[1];
+    } else {
+        typename Part<T, Bytes / 2>::type lo, hi;
+        std::memcpy(&lo, &v, Bytes / 2);
+        std::memcpy(&hi, reinterpret_cast<const char*>(&v) + Bytes / 2, Bytes / 2);
+        if constexpr (Max) {
+            return reduce<T, Bytes / 2, Max>(hi > lo ? hi : lo);
+        } else {
+            return reduce<T, Bytes / 2, Max>(lo + hi);
+        }
+    }
+}
+
+template <class T>
+inline T hsum(VT<T> v) { return reduce<T, 64, false>(v); }
+template <class T>
+inline VT<T> iota() {
+    VT<T> v;
+    for (int64_t l = 0; l < lanes<T>(); ++l) v[l] = static_cast<T>(l);
+    return v;
+}
+template <class T>
+inline T hmax(VT<T> v) { return reduce<T, 64, true>(v); }
+
+// acc + sum_d x[d] m[d * ld .. d * ld + W): W columns of a (D, ld) matrix weighted by the row x,
+// in four independent chains (one chain of D fused multiply-adds waits on each one's latency).
+template <class T>
+inline VT<T> add_row_times_columns(VT<T> acc, const T* x, const T* m, int64_t ld, int64_t D) {
+    VT<T> a1{}, a2{}, a3{};
+    const int64_t D4 = D - D % 4;
+    int64_t d = 0;
+    for (; d < D4; d += 4) {
+        acc += x[d] * load(m + d * ld);
+        a1 += x[d + 1] * load(m + (d + 1) * ld);
+        a2 += x[d + 2] * load(m + (d + 2) * ld);
+        a3 += x[d + 3] * load(m + (d + 3) * ld);
+    }
+    for (; d < D; ++d) acc += x[d] * load(m + d * ld);
+    return (acc + a1) + (a2 + a3);
+}
+
+// exp(x) for x <= 0, 16 floats at once (Cephes' expf: Cody-Waite reduction, degree-6
+// polynomial, within about 1 ulp; glibc's expf does not vectorize without -ffast-math). Below
+// -87.3 it returns 0 (exp is then under 1e-38, nothing next to a row's largest probability, 1).
+inline VT<float> exp_nonpositive(VT<float> x) {
+    const float lo = -87.3f;
+    const VT<float> xc = x < lo ? splat(lo) : x;
+    const VT<float> n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+    VT<float> r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    VT<float> p = splat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const VI32 bits = (__builtin_convertvector(n, VI32) + 127) << 23;
+    return x < lo ? splat(0.0f) : p * (VT<float>)bits;
+}
+
+inline VT<double> exp_nonpositive(VT<double> x) {
+    for (int64_t l = 0; l < lanes<double>(); ++l) x[l] = std::exp(x[l]);
+    return x;
+}
+
+struct Strides {
+    // (b, h, t) strides in elements; the last dimension is contiguous
+    int64_t q[3], k[3], v[3], out[3], dout[3], dq[3], dk[3], dv[3];
+};
+
+// The position terms' parameters (contiguous); any of them may be absent (null).
+template <class T>
+struct Tables {
+    const T* key;          // E: (R, D), or (H, R, D) when key_per_head
+    bool key_per_head;
+    const T* query_bias;   // a: (H, D)
+    const T* key_bias;     // u: (H, D)
+    const T* value;        // F: (R, D)
+};
+
+// Their gradients, added into one buffer: E's (its shape), then a's and u's (H, D) where present,
+// then F's (R, D).
+template <class T>
+struct TableGrads {
+    T *key, *query_bias, *key_bias, *value;
+};
+
+// Where row i's keys fall in rel's columns: j < lo read column 0, lo <= j < hi column j + off,
+// j >= hi column R - 1 (the clipped distances of Shaw; Transformer-XL's table covers them all).
+struct Segments {
+    int64_t n, off, lo, hi;
+};
+
+inline Segments segments(int64_t i, int64_t Tq, int64_t Tk, int64_t R, int64_t offset, bool causal) {
+    Segments s;
+    s.n = causal ? i + Tk - Tq + 1 : Tk;
+    if (s.n > Tk) s.n = Tk;
+    if (s.n < 0) s.n = 0;
+    s.off = offset - i;
+    s.lo = -s.off < 0 ? 0 : (-s.off > s.n ? s.n : -s.off);
+    s.hi = R - s.off < s.lo ? s.lo : (R - s.off > s.n ? s.n : R - s.off);
+    return s;
+}
+
+inline int64_t clip(int64_t r, int64_t R) { return r < 0 ? 0 : (r > R - 1 ? R - 1 : r); }
+
+// Row vectors of D values: whole vectors when D is a multiple of the lane count (DC, known at
+// compile time for the common head sizes), else one value at a time.
+template <class T, int DC>
+struct Rows {
+    int64_t D;
+    static constexpr bool vec = DC != 0 && DC % lanes<T>() == 0;
+    inline int64_t dim() const { return DC ? DC : D; }
+    // y += a x
+    inline void axpy(T* y, T a, const T* x) const {
+        if constexpr (vec) {
+            for (int64_t d = 0; d < DC; d += lanes<T>()) store(y + d, load(y + d) + a * load(x + d));
+        } else {
+            for (int64_t d = 0; d < dim(); ++d) y[d] += a * x[d];
+        }
+    }
+    // y += sum_{j < n} a[j] row(j), the sum kept in registers (two chains: an FMA's latency
+    // is several cycles, and each row is only D / W of them)
+    template <class F>
+    inline void add_weighted_rows(T* y, const T* a, int64_t n, F row) const {
+        if constexpr (vec) {
+            constexpr int64_t ND = DC / lanes<T>(), L = lanes<T>();
+            VT<T> acc0[ND], acc1[ND], acc2[ND], acc3[ND];
+            for (int64_t u = 0; u < ND; ++u) {
+                acc0[u] = load(y + u * L);
+                acc1[u] = acc2[u] = acc3[u] = VT<T>{};
+            }
+            int64_t j = 0;
+            for (; j + 3 < n; j += 4) {
+                const T* x0 = row(j);
+                const T* x1 = row(j + 1);
+                const T* x2 = row(j + 2);
+                const T* x3 = row(j + 3);
+                for (int64_t u = 0; u < ND; ++u) {
+                    acc0[u] += a[j] * load(x0 + u * L);
+                    acc1[u] += a[j + 1] * load(x1 + u * L);
+                    acc2[u] += a[j + 2] * load(x2 + u * L);
+                    acc3[u] += a[j + 3] * load(x3 + u * L);
+                }
+            }
+            for (; j < n; ++j) {
+                const T* x0 = row(j);
+                for (int64_t u = 0; u < ND; ++u) acc0[u] += a[j] * load(x0 + u * L);
+            }
+            for (int64_t u = 0; u < ND; ++u) store(y + u * L, (acc0[u] + acc1[u]) + (acc2[u] + acc3[u]));
+        } else {
+            for (int64_t j = 0; j < n; ++j) axpy(y, a[j], row(j));
+        }
+    }
+    inline T dot(const T* x, const T* y) const {
+        if constexpr (vec) {
+            VT<T> acc{};
+            for (int64_t d = 0; d < DC; d += lanes<T>()) acc += load(x + d) * load(y + d);
+            return hsum<T>(acc);
+        } else {
+            T acc = 0;
+            for (int64_t d = 0; d < dim(); ++d) acc += x[d] * y[d];
+            return acc;
+        }
+    }
+};
+
+template <class T, int DC>
+struct Kernel {
+    static constexpr int64_t W = lanes<T>();
+    int64_t Tq, Tk, D, R, offset;
+    bool causal;
+    T scale;
+    const Strides* st;
+
+    inline int64_t dim() const { return DC ? DC : D; }
+    static inline int64_t padded(int64_t n) { return (n + W - 1) / W * W; }
+
+    // The W entries row[r(i, j)] for keys j = c .. c + W - 1: one load inside the middle segment.
+    inline VT<T> gather(const T* row, int64_t c, const Segments& g) const {
+        if (c >= g.lo && c + W <= g.hi) return load(row + c + g.off);
+        if (c + W <= g.lo) return splat(row[0]);
+        if (c >= g.hi) return splat(row[R - 1]);
+        VT<T> v;
+        for (int64_t l = 0; l < W; ++l) v[l] = row[clip(c + l + g.off, R)];
+        return v;
+    }
+
+    // The columns r(i, 0) .. r(i, n - 1) of row i (r is monotone in j): [first, last].
+    inline void columns(const Segments& g, int64_t& first, int64_t& last) const {
+        first = clip(g.off, R);
+        last = clip(g.n - 1 + g.off, R);
+    }
+
+    // rel[r] = x . E[r] for r in [first, last] (x = q_i + a), W columns at a time from E
+    // transposed (D, Rp); entries outside may hold anything.
+    inline void relative_row(T* rel, const T* x, const T* et, int64_t Rp, int64_t first, int64_t last) const {
+        for (int64_t c = first / W * W; c <= last; c += W) store(rel + c, add_row_times_columns(VT<T>{}, x, et + c, Rp, dim()));
+    }
+
+    // s[j] = scale * (q_i . k_j + rel[r(i, j)] + col[j]) for j < n, -inf for n <= j < padded(n).
+    // Keys go in chunks of W (the row padded with keys of probability 0), so every loop over a
+    // row's keys is whole vectors. kt: k transposed (D, Tkp), zero past Tk; colp: col padded.
+    inline void logits(T* s, const T* qi, const T* kt, int64_t Tkp, const T* rel_row, const T* colp,
+                       const Segments& g) const {
+        const int64_t np = padded(g.n);
+        const VT<T> lane = iota<T>();
+        for (int64_t c = 0; c < np; c += W) {
+            VT<T> acc = rel_row != nullptr ? gather(rel_row, c, g) : VT<T>{};
+            if (colp != nullptr) acc += load(colp + c);
+            acc = add_row_times_columns(acc, qi, kt + c, Tkp, dim());
+            store(s + c, lane < static_cast<T>(g.n - c) ? acc * scale : splat(-std::numeric_limits<T>::infinity()));
+        }
+    }
+
+    // k (or v) of one (b, h) transposed into (D, Tkp), zeros past Tk.
+    inline void transpose_keys(T* dst, const T* src, int64_t stride, int64_t Tkp) const {
+        const int64_t d_n = dim();
+        std::memset(dst, 0, sizeof(T) * d_n * Tkp);
+        for (int64_t j = 0; j < Tk; ++j)
+            for (int64_t d = 0; d < d_n; ++d) dst[d * Tkp + j] = src[j * stride + d];
+    }
+
+    // Per call: each head's key table transposed, (H', D, Rp), zeros past R.
+    std::vector<T> transposed_tables(const Tables<T>& tab, int64_t H, int64_t Rp) const {
+        const int64_t d_n = dim(), heads = tab.key_per_head ? H : 1;
+        std::vector<T> et(tab.key != nullptr ? heads * d_n * Rp : 0, T(0));
+        for (int64_t h = 0; h < (tab.key != nullptr ? heads : 0); ++h)
+            for (int64_t r = 0; r < R; ++r)
+                for (int64_t d = 0; d < d_n; ++d) et[(h * d_n + d) * Rp + r] = tab.key[(h * R + r) * d_n + d];
+        return et;
+    }
+
+    // col[j] = u . k_j for the (b, h) whose k is transposed in kt, zeros past Tk.
+    inline void key_bias_terms(T* col, const T* u, const T* kt, int64_t Tkp) const {
+        for (int64_t c = 0; c < Tkp; c += W) store(col + c, add_row_times_columns(VT<T>{}, u, kt + c, Tkp, dim()));
+    }
+
+    void forward(const T* q, const T* k, const T* v, const Tables<T>& tab, T* out, T* lse, int64_t H, int64_t g_begin,
+                 int64_t g_end) const {
+        const Rows<T, DC> rows{D};
+        const int64_t d_n = dim(), Tkp = padded(Tk > 0 ? Tk : 1), Rp = padded(R);
+        std::vector<T> kt_buf(d_n * Tkp), s_buf(Tkp), c_buf(Tkp), o_buf(d_n), rel_buf(Rp), x_buf(d_n);
+        const std::vector<T> et_all = transposed_tables(tab, H, Rp);
+        T* kt = kt_buf.data();
+        T* s = s_buf.data();
+        T* o = o_buf.data();
+        T* x = x_buf.data();
+        for (int64_t gi = g_begin; gi < g_end; ++gi) {
+            const int64_t b = gi / H, h = gi % H;
+            const T* qb = q + b * st->q[0] + h * st->q[1];
+            const T* vb = v + b * st->v[0] + h * st->v[1];
+            const T* et = tab.key != nullptr ? et_all.data() + (tab.key_per_head ? h * d_n * Rp : 0) : nullptr;
+            const T* qa = tab.query_bias != nullptr ? tab.query_bias + h * d_n : nullptr;
+            T* ob = out + b * st->out[0] + h * st->out[1];
+            T* lb = lse + gi * Tq;
+            transpose_keys(kt, k + b * st->k[0] + h * st->k[1], st->k[2], Tkp);
+            const T* colp = nullptr;
+            if (tab.key_bias != nullptr) {
+                key_bias_terms(c_buf.data(), tab.key_bias + h * d_n, kt, Tkp);
+                colp = c_buf.data();
+            }
+            for (int64_t i = 0; i < Tq; ++i) {
+                const Segments g = segments(i, Tq, Tk, R, offset, causal);
+                const T* qi = qb + i * st->q[2];
+                T* oi = ob + i * st->out[2];
+                if (g.n == 0) {
+                    for (int64_t d = 0; d < d_n; ++d) oi[d] = 0;
+                    lb[i] = -std::numeric_limits<T>::infinity();
+                    continue;
+                }
+                const int64_t np = padded(g.n);
+                const T* rel_row = nullptr;
+                if (et != nullptr) {
+                    int64_t first, last;
+                    columns(g, first, last);
+                    for (int64_t d = 0; d < d_n; ++d) x[d] = qa != nullptr ? qi[d] + qa[d] : qi[d];
+                    relative_row(rel_buf.data(), x, et, Rp, first, last);
+                    rel_row = rel_buf.data();
+                }
+                logits(s, qi, kt, Tkp, rel_row, colp, g);
+                VT<T> mv = load(s);
+                for (int64_t c = W; c < np; c += W) {
+                    const VT<T> xv = load(s + c);
+                    mv = xv > mv ? xv : mv;
+                }
+                const T m = hmax<T>(mv);
+                VT<T> lv{};
+                for (int64_t c = 0; c < np; c += W) {
+                    const VT<T> e = exp_nonpositive(load(s + c) - m);
+                    store(s + c, e);
+                    lv += e;
+                }
+                const T l = hsum<T>(lv);
+                std::memset(o, 0, sizeof(T) * d_n);
+                const int64_t vstride = st->v[2];
+                rows.add_weighted_rows(o, s, g.n, [=](int64_t j) { return vb + j * vstride; });
+                if (tab.value != nullptr) {
+                    const T* F = tab.value;
+                    T first = 0, last = 0;
+                    for (int64_t j = 0; j < g.lo; ++j) first += s[j];
+                    for (int64_t j = g.hi; j < g.n; ++j) last += s[j];
+                    rows.axpy(o, first, F);
+                    rows.axpy(o, last, F + (R - 1) * d_n);
+                    const T* mid = F + (g.lo + g.off) * d_n;
+                    rows.add_weighted_rows(o, s + g.lo, g.hi - g.lo, [=](int64_t j) { return mid + j * d_n; });
+                }
+                const T inv = T(1) / l;
+                for (int64_t d = 0; d < d_n; ++d) oi[d] = o[d] * inv;
+                lb[i] = m + std::log(l);
+            }
+        }
+    }
+
+    void backward(const T* q, const T* k, const T* v, const Tables<T>& tab, const T* out, const T* lse, const T* dout,
+                  T* dq, T* dk, T* dv, const TableGrads<T>& grads, int64_t H, int64_t g_begin, int64_t g_end) const {
+        const Rows<T, DC> rows{D};
+        const int64_t d_n = dim(), Tkp = padded(Tk > 0 ? Tk : 1), Rp = padded(R);
+        std::vector<T> kt_buf(d_n * Tkp), vt_buf(d_n * Tkp), p_buf(Tkp), dp_buf(Tkp), dk_buf(Tkp * d_n),
+            dv_buf(Tkp * d_n), dc_buf(Tkp), c_buf(Tkp), dqi_buf(d_n), rel_buf(Rp), drel_buf(Rp), x_buf(d_n),
+            gv_buf(Rp), ft_buf(tab.value != nullptr ? d_n * Rp : 0, T(0));
+        const std::vector<T> et_all = transposed_tables(tab, H, Rp);
+        T* kt = kt_buf.data();
+        T* vt = vt_buf.data();
+        T* p = p_buf.data();
+        T* dp = dp_buf.data();
+        T* dkl = dk_buf.data();
+        T* dvl = dv_buf.data();
+        T* dc = dc_buf.data();
+        T* dqi = dqi_buf.data();
+        T* drel = drel_buf.data();
+        T* x = x_buf.data();
+        T* gv = gv_buf.data();
+        T* ft = ft_buf.data();  // the value table transposed (D, Rp), zeros past R
+        if (tab.value != nullptr) {
+            for (int64_t r = 0; r < R; ++r)
+                for (int64_t d = 0; d < d_n; ++d) ft[d * Rp + r] = tab.value[r * d_n + d];
+        }
+        const VT<T> lane = iota<T>();
+        for (int64_t gi = g_begin; gi < g_end; ++gi) {
+            const int64_t b = gi / H, h = gi % H;
+            const T* qb = q + b * st->q[0] + h * st->q[1];
+            const T* kb = k + b * st->k[0] + h * st->k[1];
+            const T* ob = out + b * st->out[0] + h * st->out[1];
+            const T* dob = dout + b * st->dout[0] + h * st->dout[1];
+            const T* lb = lse + gi * Tq;
+            const int64_t eh = tab.key_per_head ? h : 0;
+            const T* et = tab.key != nullptr ? et_all.data() + eh * d_n * Rp : nullptr;
+            const T* E = tab.key != nullptr ? tab.key + eh * R * d_n : nullptr;
+            T* dE = grads.key != nullptr ? grads.key + eh * R * d_n : nullptr;
+            const T* qa = tab.query_bias != nullptr ? tab.query_bias + h * d_n : nullptr;
+            T* dqb = dq + b * st->dq[0] + h * st->dq[1];
+            transpose_keys(kt, kb, st->k[2], Tkp);
+            transpose_keys(vt, v + b * st->v[0] + h * st->v[1], st->v[2], Tkp);
+            const T* colp = nullptr;
+            if (tab.key_bias != nullptr) {
+                key_bias_terms(c_buf.data(), tab.key_bias + h * d_n, kt, Tkp);
+                colp = c_buf.data();
+            }
+            std::memset(dkl, 0, sizeof(T) * Tkp * d_n);
+            std::memset(dvl, 0, sizeof(T) * Tkp * d_n);
+            std::memset(dc, 0, sizeof(T) * Tkp);
+            for (int64_t i = 0; i < Tq; ++i) {
+                const Segments g = segments(i, Tq, Tk, R, offset, causal);
+                const T* qi = qb + i * st->q[2];
+                const T* doi = dob + i * st->dout[2];
+                T* dqo = dqb + i * st->dq[2];
+                if (g.n == 0) {
+                    for (int64_t d = 0; d < d_n; ++d) dqo[d] = 0;
+                    continue;
+                }
+                const int64_t np = padded(g.n);
+                int64_t first_col = 0, last_col = -1;
+                const T* rel_row = nullptr;
+                if (et != nullptr) {
+                    columns(g, first_col, last_col);
+                    for (int64_t d = 0; d < d_n; ++d) x[d] = qa != nullptr ? qi[d] + qa[d] : qi[d];
+                    relative_row(rel_buf.data(), x, et, Rp, first_col, last_col);
+                    rel_row = rel_buf.data();
+                }
+                logits(p, qi, kt, Tkp, rel_row, colp, g);
+                const T li = lb[i];
+                for (int64_t c = 0; c < np; c += W) store(p + c, exp_nonpositive(load(p + c) - li));
+                // delta_i = sum_j p_ij dp_ij = dO_i . O_i
+                const T delta = rows.dot(doi, ob + i * st->out[2]);
+                if (tab.value != nullptr) {
+                    // gv[r] = dO_i . F[r], W columns at a time from F transposed
+                    for (int64_t c = 0; c < Rp; c += W) store(gv + c, add_row_times_columns(VT<T>{}, doi, ft + c, Rp, d_n));
+                }
+                VT<T> first{}, last{};
+                for (int64_t c = 0; c < np; c += W) {
+                    VT<T> acc = tab.value != nullptr ? gather(gv, c, g) : VT<T>{};
+                    acc = add_row_times_columns(acc, doi, vt + c, Tkp, d_n);
+                    // d loss / d z_ij; 0 on the padding (p = 0)
+                    const VT<T> ds = load(p + c) * (acc - delta) * scale;
+                    store(dp + c, ds);
+                    store(dc + c, load(dc + c) + ds);
+                    const VT<T> j = lane + static_cast<T>(c);
+                    first += j < static_cast<T>(g.lo) ? ds : VT<T>{};
+                    last += j >= static_cast<T>(g.hi) ? ds : VT<T>{};
+                }
+                std::memset(dqi, 0, sizeof(T) * d_n);
+                for (int64_t j = 0; j < g.n; ++j) {
+                    rows.axpy(dvl + j * d_n, p[j], doi);
+                    rows.axpy(dkl + j * d_n, dp[j], qi);
+                }
+                const int64_t kstride = st->k[2];
+                rows.add_weighted_rows(dqi, dp, g.n, [=](int64_t j) { return kb + j * kstride; });
+                if (tab.value != nullptr) {
+                    // the clipped keys' probabilities summed first: one update of each end row
+                    T pf = 0, pl = 0;
+                    for (int64_t j = 0; j < g.lo; ++j) pf += p[j];
+                    for (int64_t j = g.hi; j < g.n; ++j) pl += p[j];
+                    rows.axpy(grads.value, pf, doi);
+                    for (int64_t j = g.lo; j < g.hi; ++j) rows.axpy(grads.value + (j + g.off) * d_n, p[j], doi);
+                    rows.axpy(grads.value + (R - 1) * d_n, pl, doi);
+                }
+                if (et != nullptr) {
+                    // d rel: column j + off gets key j; the clipped keys sum into the end columns.
+                    // Then dq_i += sum_r drel_r E[r], dE[r] += drel_r (q_i + a), da += the former.
+                    for (int64_t r = first_col; r <= last_col; ++r) drel[r] = 0;
+                    if (g.hi > g.lo) std::memcpy(drel + g.lo + g.off, dp + g.lo, sizeof(T) * (g.hi - g.lo));
+                    drel[0] += hsum<T>(first);
+                    drel[R - 1] += hsum<T>(last);
+                    T* dx = x;  // (q_i + a) is no longer needed once dE has it
+                    for (int64_t r = first_col; r <= last_col; ++r) rows.axpy(dE + r * d_n, drel[r], x);
+                    std::memset(dx, 0, sizeof(T) * d_n);
+                    const T* Ef = E + first_col * d_n;
+                    rows.add_weighted_rows(dx, drel + first_col, last_col - first_col + 1,
+                                           [=](int64_t r) { return Ef + r * d_n; });
+                    for (int64_t d = 0; d < d_n; ++d) dqi[d] += dx[d];
+                    if (grads.query_bias != nullptr) rows.axpy(grads.query_bias + h * d_n, T(1), dx);
+                }
+                for (int64_t d = 0; d < d_n; ++d) dqo[d] = dqi[d];
+            }
+            T* dkb = dk + b * st->dk[0] + h * st->dk[1];
+            T* dvb = dv + b * st->dv[0] + h * st->dv[1];
+            if (tab.key_bias != nullptr) {
+                // col_j = u . k_j: dk_j += dc_j u, du += sum_j dc_j k_j
+                const T* u = tab.key_bias + h * d_n;
+                for (int64_t j = 0; j < Tk; ++j) rows.axpy(dkl + j * d_n, dc[j], u);
+                const int64_t kstride = st->k[2];
+                rows.add_weighted_rows(grads.key_bias + h * d_n, dc, Tk, [=](int64_t j) { return kb + j * kstride; });
+            }
+            for (int64_t j = 0; j < Tk; ++j) {
+                std::memcpy(dkb + j * st->dk[2], dkl + j * d_n, sizeof(T) * d_n);
+                std::memcpy(dvb + j * st->dv[2], dvl + j * d_n, sizeof(T) * d_n);
+            }
+        }
+    }
+};
+
+template <class T, int DC>
+Kernel<T, DC> make(int64_t Tq, int64_t Tk, int64_t D, int64_t R, int64_t offset, int causal, double scale,
+                   const Strides* st) {
+    return Kernel<T, DC>{Tq, Tk, D, R, offset, causal != 0, static_cast<T>(scale), st};
+}
+
+// The common head sizes get loops of known length (unrolled into whole vectors).
+#define POSENC_BY_HEAD_DIM(T, CALL)                                             \
+    switch (D) {                                                                \
+        case 16: { auto kern = make<T, 16>(Tq, Tk, D, R, offset, causal, scale, st); CALL; break; } \
+        case 32: { auto kern = make<T, 32>(Tq, Tk, D, R, offset, causal, scale, st); CALL; break; } \
+        case 64: { auto kern = make<T, 64>(Tq, Tk, D, R, offset, causal, scale, st); CALL; break; } \
+        default: { auto kern = make<T, 0>(Tq, Tk, D, R, offset, causal, scale, st); CALL; break; }  \
+    }
+
+}  // namespace
+
+extern "C" {
+
+// dtype 0: float32, 1: float64. q (B, H, Tq, D), k and v (B, H, Tk, D), rows contiguous, strides
+// (b, h, t) in `strides` (the Strides struct: q, k, v, out, dout, dq, dk, dv, 24 int64 in
+// elements). key_table E (R, D), or (H, R, D) when key_per_head; query_bias a and key_bias u
+// (H, D); value_table F (R, D): contiguous, each may be null. out (B, H, Tq, D) and lse
+// (B H Tq,) are written. Handles the (b, h) slices g in [g_begin, g_end), g = b H + h.
+// Returns 0, or -1 for an unknown dtype.
+int posenc_relpos_forward(int dtype, int64_t H, int64_t Tq, int64_t Tk, int64_t D, int64_t R, int64_t offset,
+                          int causal, double scale, const void* q, const void* k, const void* v, const void* key_table,
+                          int key_per_head, const void* query_bias, const void* key_bias, const void* value_table,
+                          void* out, void* lse, const int64_t* strides, int64_t g_begin, int64_t g_end) {
+    const Strides* st = reinterpret_cast<const Strides*>(strides);
+#define POSENC_TABLES(T)                                                                                        \
+    Tables<T> tab{static_cast<const T*>(key_table), key_per_head != 0, static_cast<const T*>(query_bias),     \
+                  static_cast<const T*>(key_bias), static_cast<const T*>(value_table)}
+    if (dtype == 0) {
+        using T = float;
+        POSENC_TABLES(T);
+        POSENC_BY_HEAD_DIM(T, kern.forward(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                                           tab, static_cast<T*>(out), static_cast<T*>(lse), H, g_begin, g_end))
+        return 0;
+    }
+    if (dtype == 1) {
+        using T = double;
+        POSENC_TABLES(T);
+        POSENC_BY_HEAD_DIM(T, kern.forward(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                                           tab, static_cast<T*>(out), static_cast<T*>(lse), H, g_begin, g_end))
+        return 0;
+    }
+    return -1;
+}
+
+// The backward of posenc_relpos_forward: dq, dk, dv (shapes of q, k, v) written; the tables'
+// gradients added into `grads` (the caller zeroes it; one buffer per thread), laid out as the
+// present tables one after the other: E's (its shape), a's (H, D), u's (H, D), F's (R, D).
+// out and lse: the forward's; dout: the gradient of out.
+int posenc_relpos_backward(int dtype, int64_t H, int64_t Tq, int64_t Tk, int64_t D, int64_t R, int64_t offset,
+                           int causal, double scale, const void* q, const void* k, const void* v, const void* key_table,
+                           int key_per_head, const void* query_bias, const void* key_bias, const void* value_table,
+                           const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
+                           void* grads, const int64_t* strides, int64_t g_begin, int64_t g_end) {
+    const Strides* st = reinterpret_cast<const Strides*>(strides);
+#define POSENC_GRADS(T)                                                                                         \
+    TableGrads<T> tg{nullptr, nullptr, nullptr, nullptr};                                                      \
+    {                                                                                                            \
+        T* next = static_cast<T*>(grads);                                                                        \
+        if (key_table != nullptr) { tg.key = next; next += (key_per_head ? H : 1) * R * D; }                     \
+        if (query_bias != nullptr) { tg.query_bias = next; next += H * D; }                                      \
+        if (key_bias != nullptr) { tg.key_bias = next; next += H * D; }                                          \
+        if (value_table != nullptr) { tg.value = next; }                                                         \
+    }
+#define POSENC_BACKWARD_ARGS(T)                                                                                 \
+    static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), tab,                          \
+        static_cast<const T*>(out), static_cast<const T*>(lse), static_cast<const T*>(dout), static_cast<T*>(dq), \
+        static_cast<T*>(dk), static_cast<T*>(dv), tg, H, g_begin, g_end
+    if (dtype == 0) {
+        using T = float;
+        POSENC_TABLES(T);
+        POSENC_GRADS(T);
+        POSENC_BY_HEAD_DIM(T, kern.backward(POSENC_BACKWARD_ARGS(T)))
+        return 0;
+    }
+    if (dtype == 1) {
+        using T = double;
+        POSENC_TABLES(T);
+        POSENC_GRADS(T);
+        POSENC_BY_HEAD_DIM(T, kern.backward(POSENC_BACKWARD_ARGS(T)))
+        return 0;
+    }
+    return -1;
+}
+
+}  // extern "C"
