@@ -184,6 +184,11 @@ struct Rows {
     // is several cycles, and each row is only D / W of them)
     template <class F>
     inline void add_weighted_rows(T* y, const T* a, int64_t n, F row) const {
+        add_weighted_rows(y, a, 1, n, row);
+    }
+    // the same with the weights a[0], a[as], a[2 as], ... (a column of a row-major matrix)
+    template <class F>
+    inline void add_weighted_rows(T* y, const T* a, int64_t as, int64_t n, F row) const {
         if constexpr (vec) {
             constexpr int64_t ND = DC / lanes<T>(), L = lanes<T>();
             VT<T> acc0[ND], acc1[ND], acc2[ND], acc3[ND];
@@ -198,19 +203,19 @@ struct Rows {
                 const T* x2 = row(j + 2);
                 const T* x3 = row(j + 3);
                 for (int64_t u = 0; u < ND; ++u) {
-                    acc0[u] += a[j] * load(x0 + u * L);
-                    acc1[u] += a[j + 1] * load(x1 + u * L);
-                    acc2[u] += a[j + 2] * load(x2 + u * L);
-                    acc3[u] += a[j + 3] * load(x3 + u * L);
+                    acc0[u] += a[j * as] * load(x0 + u * L);
+                    acc1[u] += a[(j + 1) * as] * load(x1 + u * L);
+                    acc2[u] += a[(j + 2) * as] * load(x2 + u * L);
+                    acc3[u] += a[(j + 3) * as] * load(x3 + u * L);
                 }
             }
             for (; j < n; ++j) {
                 const T* x0 = row(j);
-                for (int64_t u = 0; u < ND; ++u) acc0[u] += a[j] * load(x0 + u * L);
+                for (int64_t u = 0; u < ND; ++u) acc0[u] += a[j * as] * load(x0 + u * L);
             }
             for (int64_t u = 0; u < ND; ++u) store(y + u * L, (acc0[u] + acc1[u]) + (acc2[u] + acc3[u]));
         } else {
-            for (int64_t j = 0; j < n; ++j) axpy(y, a[j], row(j));
+            for (int64_t j = 0; j < n; ++j) axpy(y, a[j * as], row(j));
         }
     }
     inline T dot(const T* x, const T* y) const {
@@ -272,6 +277,33 @@ struct Kernel {
             acc = add_row_times_columns(acc, qi, kt + c, Tkp, dim());
             store(s + c, lane < static_cast<T>(g.n - c) ? acc * scale : splat(-std::numeric_limits<T>::infinity()));
         }
+    }
+
+    // The sums of x[j] over the keys clipped to column 0 (j < lo) and to column R - 1 (j >= hi),
+    // x padded with zeros to whole chunks.
+    inline void end_sums(const T* x, const Segments& g, T& first, T& last) const {
+        const VT<T> lane = iota<T>();
+        VT<T> f{}, l{};
+        for (int64_t c = 0; c < padded(g.n); c += W) {
+            const VT<T> j = lane + static_cast<T>(c), xv = load(x + c);
+            f += j < static_cast<T>(g.lo) ? xv : VT<T>{};
+            l += j >= static_cast<T>(g.hi) ? xv : VT<T>{};
+        }
+        first = hsum<T>(f);
+        last = hsum<T>(l);
+    }
+
+    // The per-column sums of a row's x[j]: column j + off gets key j, the clipped keys sum into
+    // the end columns. Exact on the columns the row reaches ([first, last] of columns()); the
+    // copy goes in whole vectors, so up to W - 1 columns past them (col has padded(R) + W
+    // entries, x W readable entries past padded(n)) hold anything.
+    inline void by_column(T* col, const T* x, const Segments& g) const {
+        for (int64_t c = 0; c < padded(R); c += W) store(col + c, VT<T>{});
+        for (int64_t t = g.lo; t < g.hi; t += W) store(col + t + g.off, load(x + t));
+        T first, last;
+        end_sums(x, g, first, last);
+        col[0] += first;
+        col[R - 1] += last;
     }
 
     // k (or v) of one (b, h) transposed into (D, Tkp), zeros past Tk.
@@ -358,9 +390,8 @@ struct Kernel {
                 rows.add_weighted_rows(o, s, g.n, [=](int64_t j) { return vb + j * vstride; });
                 if (tab.value != nullptr) {
                     const T* F = tab.value;
-                    T first = 0, last = 0;
-                    for (int64_t j = 0; j < g.lo; ++j) first += s[j];
-                    for (int64_t j = g.hi; j < g.n; ++j) last += s[j];
+                    T first, last;
+                    end_sums(s, g, first, last);
                     rows.axpy(o, first, F);
                     rows.axpy(o, last, F + (R - 1) * d_n);
                     const T* mid = F + (g.lo + g.off) * d_n;
@@ -373,31 +404,38 @@ struct Kernel {
         }
     }
 
+    // Per (b, h): a pass over the query rows recomputes p and computes d z (kept, (Tq, Tkp)
+    // each), dq and the relative terms' per-column sums; then a pass over the keys sums dv_j and
+    // dk_j down the columns of p and d z, and one over the table rows sums their gradients: every
+    // gradient is summed in registers and stored once (no read-modify-write per (i, j)).
     void backward(const T* q, const T* k, const T* v, const Tables<T>& tab, const T* out, const T* lse, const T* dout,
                   T* dq, T* dk, T* dv, const TableGrads<T>& grads, int64_t H, int64_t g_begin, int64_t g_end) const {
         const Rows<T, DC> rows{D};
         const int64_t d_n = dim(), Tkp = padded(Tk > 0 ? Tk : 1), Rp = padded(R);
-        std::vector<T> kt_buf(d_n * Tkp), vt_buf(d_n * Tkp), p_buf(Tkp), dp_buf(Tkp), dk_buf(Tkp * d_n),
-            dv_buf(Tkp * d_n), dc_buf(Tkp), c_buf(Tkp), dqi_buf(d_n), rel_buf(Rp), drel_buf(Rp), x_buf(d_n),
-            gv_buf(Rp), ft_buf(tab.value != nullptr ? d_n * Rp : 0, T(0));
+        const bool rel = tab.key != nullptr, val = tab.value != nullptr;
+        // P and S: a row per query (W entries of slack at the end, read by by_column); DR and PB:
+        // a row of Rw = padded(R) + W per query (by_column's slack)
+        const int64_t Rw = Rp + W;
+        std::vector<T> kt_buf(d_n * Tkp), vt_buf(d_n * Tkp), P_buf(Tq * Tkp + W), S_buf(Tq * Tkp + W), dc_buf(Tkp),
+            c_buf(Tkp), rel_buf(Rp), gv_buf(Rp), dx_buf(d_n), X_buf(rel ? Tq * d_n : 0), DR_buf(rel ? Tq * Rw : 0),
+            PB_buf(val ? Tq * Rw : 0), ft_buf(val ? d_n * Rp : 0, T(0));
         const std::vector<T> et_all = transposed_tables(tab, H, Rp);
+        std::vector<int64_t> first_cols(Tq > 0 ? Tq : 1), last_cols(Tq > 0 ? Tq : 1);  // each row's columns
         T* kt = kt_buf.data();
         T* vt = vt_buf.data();
-        T* p = p_buf.data();
-        T* dp = dp_buf.data();
-        T* dkl = dk_buf.data();
-        T* dvl = dv_buf.data();
-        T* dc = dc_buf.data();
-        T* dqi = dqi_buf.data();
-        T* drel = drel_buf.data();
-        T* x = x_buf.data();
+        T* P = P_buf.data();    // p_ij, row i at P + i Tkp
+        T* S = S_buf.data();    // d loss / d z_ij
+        T* dc = dc_buf.data();  // sum_i d z_ij
+        T* X = X_buf.data();    // q_i + a
+        T* DR = DR_buf.data();  // d rel: d z summed per table row
+        T* PB = PB_buf.data();  // p summed per table row
         T* gv = gv_buf.data();
         T* ft = ft_buf.data();  // the value table transposed (D, Rp), zeros past R
-        if (tab.value != nullptr) {
+        if (val) {
             for (int64_t r = 0; r < R; ++r)
                 for (int64_t d = 0; d < d_n; ++d) ft[d * Rp + r] = tab.value[r * d_n + d];
         }
-        const VT<T> lane = iota<T>();
+        const int64_t qs = st->q[2], ks = st->k[2], dos = st->dout[2];
         for (int64_t gi = g_begin; gi < g_end; ++gi) {
             const int64_t b = gi / H, h = gi % H;
             const T* qb = q + b * st->q[0] + h * st->q[1];
@@ -406,34 +444,38 @@ struct Kernel {
             const T* dob = dout + b * st->dout[0] + h * st->dout[1];
             const T* lb = lse + gi * Tq;
             const int64_t eh = tab.key_per_head ? h : 0;
-            const T* et = tab.key != nullptr ? et_all.data() + eh * d_n * Rp : nullptr;
-            const T* E = tab.key != nullptr ? tab.key + eh * R * d_n : nullptr;
-            T* dE = grads.key != nullptr ? grads.key + eh * R * d_n : nullptr;
+            const T* et = rel ? et_all.data() + eh * d_n * Rp : nullptr;
+            const T* E = rel ? tab.key + eh * R * d_n : nullptr;
             const T* qa = tab.query_bias != nullptr ? tab.query_bias + h * d_n : nullptr;
             T* dqb = dq + b * st->dq[0] + h * st->dq[1];
-            transpose_keys(kt, kb, st->k[2], Tkp);
+            transpose_keys(kt, kb, ks, Tkp);
             transpose_keys(vt, v + b * st->v[0] + h * st->v[1], st->v[2], Tkp);
             const T* colp = nullptr;
             if (tab.key_bias != nullptr) {
                 key_bias_terms(c_buf.data(), tab.key_bias + h * d_n, kt, Tkp);
                 colp = c_buf.data();
             }
-            std::memset(dkl, 0, sizeof(T) * Tkp * d_n);
-            std::memset(dvl, 0, sizeof(T) * Tkp * d_n);
             std::memset(dc, 0, sizeof(T) * Tkp);
             for (int64_t i = 0; i < Tq; ++i) {
                 const Segments g = segments(i, Tq, Tk, R, offset, causal);
-                const T* qi = qb + i * st->q[2];
-                const T* doi = dob + i * st->dout[2];
+                const T* qi = qb + i * qs;
+                const T* doi = dob + i * dos;
                 T* dqo = dqb + i * st->dq[2];
+                T* p = P + i * Tkp;
+                T* ds = S + i * Tkp;
+                T* x = X + i * d_n;
+                first_cols[i] = R;
+                last_cols[i] = -1;
                 if (g.n == 0) {
                     for (int64_t d = 0; d < d_n; ++d) dqo[d] = 0;
+                    if (rel) std::memset(x, 0, sizeof(T) * d_n);
                     continue;
                 }
                 const int64_t np = padded(g.n);
+                columns(g, first_cols[i], last_cols[i]);
                 int64_t first_col = 0, last_col = -1;
                 const T* rel_row = nullptr;
-                if (et != nullptr) {
+                if (rel) {
                     columns(g, first_col, last_col);
                     for (int64_t d = 0; d < d_n; ++d) x[d] = qa != nullptr ? qi[d] + qa[d] : qi[d];
                     relative_row(rel_buf.data(), x, et, Rp, first_col, last_col);
@@ -444,68 +486,66 @@ struct Kernel {
                 for (int64_t c = 0; c < np; c += W) store(p + c, exp_nonpositive(load(p + c) - li));
                 // delta_i = sum_j p_ij dp_ij = dO_i . O_i
                 const T delta = rows.dot(doi, ob + i * st->out[2]);
-                if (tab.value != nullptr) {
+                if (val) {
                     // gv[r] = dO_i . F[r], W columns at a time from F transposed
-                    for (int64_t c = 0; c < Rp; c += W) store(gv + c, add_row_times_columns(VT<T>{}, doi, ft + c, Rp, d_n));
+                    // (only the columns this row reaches)
+                    for (int64_t c = first_cols[i] / W * W; c <= last_cols[i]; c += W)
+                        store(gv + c, add_row_times_columns(VT<T>{}, doi, ft + c, Rp, d_n));
                 }
-                VT<T> first{}, last{};
                 for (int64_t c = 0; c < np; c += W) {
-                    VT<T> acc = tab.value != nullptr ? gather(gv, c, g) : VT<T>{};
+                    VT<T> acc = val ? gather(gv, c, g) : VT<T>{};
                     acc = add_row_times_columns(acc, doi, vt + c, Tkp, d_n);
                     // d loss / d z_ij; 0 on the padding (p = 0)
-                    const VT<T> ds = load(p + c) * (acc - delta) * scale;
-                    store(dp + c, ds);
-                    store(dc + c, load(dc + c) + ds);
-                    const VT<T> j = lane + static_cast<T>(c);
-                    first += j < static_cast<T>(g.lo) ? ds : VT<T>{};
-                    last += j >= static_cast<T>(g.hi) ? ds : VT<T>{};
+                    const VT<T> dsv = load(p + c) * (acc - delta) * scale;
+                    store(ds + c, dsv);
+                    store(dc + c, load(dc + c) + dsv);
                 }
-                std::memset(dqi, 0, sizeof(T) * d_n);
-                for (int64_t j = 0; j < g.n; ++j) {
-                    rows.axpy(dvl + j * d_n, p[j], doi);
-                    rows.axpy(dkl + j * d_n, dp[j], qi);
-                }
-                const int64_t kstride = st->k[2];
-                rows.add_weighted_rows(dqi, dp, g.n, [=](int64_t j) { return kb + j * kstride; });
-                if (tab.value != nullptr) {
-                    // the clipped keys' probabilities summed first: one update of each end row
-                    T pf = 0, pl = 0;
-                    for (int64_t j = 0; j < g.lo; ++j) pf += p[j];
-                    for (int64_t j = g.hi; j < g.n; ++j) pl += p[j];
-                    rows.axpy(grads.value, pf, doi);
-                    for (int64_t j = g.lo; j < g.hi; ++j) rows.axpy(grads.value + (j + g.off) * d_n, p[j], doi);
-                    rows.axpy(grads.value + (R - 1) * d_n, pl, doi);
-                }
-                if (et != nullptr) {
-                    // d rel: column j + off gets key j; the clipped keys sum into the end columns.
-                    // Then dq_i += sum_r drel_r E[r], dE[r] += drel_r (q_i + a), da += the former.
-                    for (int64_t r = first_col; r <= last_col; ++r) drel[r] = 0;
-                    if (g.hi > g.lo) std::memcpy(drel + g.lo + g.off, dp + g.lo, sizeof(T) * (g.hi - g.lo));
-                    drel[0] += hsum<T>(first);
-                    drel[R - 1] += hsum<T>(last);
-                    T* dx = x;  // (q_i + a) is no longer needed once dE has it
-                    for (int64_t r = first_col; r <= last_col; ++r) rows.axpy(dE + r * d_n, drel[r], x);
-                    std::memset(dx, 0, sizeof(T) * d_n);
+                std::memset(dqo, 0, sizeof(T) * d_n);
+                rows.add_weighted_rows(dqo, ds, g.n, [=](int64_t j) { return kb + j * ks; });
+                if (val) by_column(PB + i * Rw, p, g);
+                if (rel) {
+                    // dq_i += sum_r drel_r E[r] (and the same into da)
+                    T* drel = DR + i * Rw;
+                    by_column(drel, ds, g);
+                    std::memset(dx_buf.data(), 0, sizeof(T) * d_n);
                     const T* Ef = E + first_col * d_n;
-                    rows.add_weighted_rows(dx, drel + first_col, last_col - first_col + 1,
+                    rows.add_weighted_rows(dx_buf.data(), drel + first_col, last_col - first_col + 1,
                                            [=](int64_t r) { return Ef + r * d_n; });
-                    for (int64_t d = 0; d < d_n; ++d) dqi[d] += dx[d];
-                    if (grads.query_bias != nullptr) rows.axpy(grads.query_bias + h * d_n, T(1), dx);
+                    rows.axpy(dqo, T(1), dx_buf.data());
+                    if (grads.query_bias != nullptr) rows.axpy(grads.query_bias + h * d_n, T(1), dx_buf.data());
                 }
-                for (int64_t d = 0; d < d_n; ++d) dqo[d] = dqi[d];
             }
+            // down the columns: query i sees key j from row i0(j) on (causal), every row else
             T* dkb = dk + b * st->dk[0] + h * st->dk[1];
             T* dvb = dv + b * st->dv[0] + h * st->dv[1];
-            if (tab.key_bias != nullptr) {
-                // col_j = u . k_j: dk_j += dc_j u, du += sum_j dc_j k_j
-                const T* u = tab.key_bias + h * d_n;
-                for (int64_t j = 0; j < Tk; ++j) rows.axpy(dkl + j * d_n, dc[j], u);
-                const int64_t kstride = st->k[2];
-                rows.add_weighted_rows(grads.key_bias + h * d_n, dc, Tk, [=](int64_t j) { return kb + j * kstride; });
-            }
+            const T* u = tab.key_bias != nullptr ? tab.key_bias + h * d_n : nullptr;
             for (int64_t j = 0; j < Tk; ++j) {
-                std::memcpy(dkb + j * st->dk[2], dkl + j * d_n, sizeof(T) * d_n);
-                std::memcpy(dvb + j * st->dv[2], dvl + j * d_n, sizeof(T) * d_n);
+                int64_t i0 = causal ? j - (Tk - Tq) : 0;
+                i0 = i0 < 0 ? 0 : i0;
+                const int64_t n = Tq - i0 > 0 ? Tq - i0 : 0;
+                T* dvj = dvb + j * st->dv[2];
+                T* dkj = dkb + j * st->dk[2];
+                std::memset(dvj, 0, sizeof(T) * d_n);
+                std::memset(dkj, 0, sizeof(T) * d_n);
+                const T* dob0 = dob + i0 * dos;
+                const T* qb0 = qb + i0 * qs;
+                rows.add_weighted_rows(dvj, P + i0 * Tkp + j, Tkp, n, [=](int64_t t) { return dob0 + t * dos; });
+                rows.add_weighted_rows(dkj, S + i0 * Tkp + j, Tkp, n, [=](int64_t t) { return qb0 + t * qs; });
+                if (u != nullptr) rows.axpy(dkj, dc[j], u);  // col_j = u . k_j
+            }
+            if (u != nullptr) rows.add_weighted_rows(grads.key_bias + h * d_n, dc, Tk, [=](int64_t j) { return kb + j * ks; });
+            // the table rows: dE[r] += sum_i drel_ir (q_i + a), dF[r] += sum_i pb_ir dO_i, over
+            // the rows i that reach column r (the others' entries are 0: skipped from both ends)
+            for (int64_t r = 0; r < (rel || val ? R : 0); ++r) {
+                int64_t ilo = 0, ihi = Tq - 1;
+                while (ilo < Tq && !(first_cols[ilo] <= r && r <= last_cols[ilo])) ++ilo;
+                while (ihi >= ilo && !(first_cols[ihi] <= r && r <= last_cols[ihi])) --ihi;
+                const int64_t n = ihi - ilo + 1;
+                if (n <= 0) continue;
+                const T* X0 = X + ilo * d_n;
+                const T* dob0 = dob + ilo * dos;
+                if (rel) rows.add_weighted_rows(grads.key + (eh * R + r) * d_n, DR + ilo * Rw + r, Rw, n, [=](int64_t t) { return X0 + t * d_n; });
+                if (val) rows.add_weighted_rows(grads.value + r * d_n, PB + ilo * Rw + r, Rw, n, [=](int64_t t) { return dob0 + t * dos; });
             }
         }
     }
