@@ -533,7 +533,8 @@ class PositionalEncoding(nn.Module):
         dtype (float32, float64), with autograd. The eager backend asks first and computes the
         scores itself on None; an implementation returns None for whatever it does not cover
         (under ``torch.compile``, other positions or dtypes, its kernel not built), so the
-        result never depends on whether it ran beyond rounding.
+        result never depends on whether it ran beyond rounding. Shaw and Transformer-XL: the
+        fused CPU kernel (:mod:`posenc.kernels.relpos_cpu`), float32, when built.
         """
         return None
 

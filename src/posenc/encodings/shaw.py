@@ -159,12 +159,13 @@ class Shaw(PositionalEncoding):
     def content_attention(self, q, k, v, q_positions, k_positions, *, causal, scale):
         """The whole attention (eqs. 3-5) from the fused CPU kernel
         (:mod:`posenc.kernels.relpos_cpu`: scores, both terms, softmax and the weighted sum in
-        one pass per (batch, head), and one backward), for consecutive 1-D positions; None
-        elsewhere (the kernel not built or switched off, torch.compile, other dtypes or
-        positions), and the eager backend takes the hooks. (B, H, Tq, D), q's dtype."""
+        one pass per (batch, head), and one backward), for float32 and consecutive 1-D
+        positions; None elsewhere (the kernel not built or switched off, torch.compile, other
+        dtypes or positions), and the eager backend takes the hooks. (B, H, Tq, D), float32;
+        its backward has no derivative (switch the kernel off for second derivatives)."""
         if q.shape[-1] != self.head_dim or v.shape[-1] != self.head_dim or k.shape[1] != q.shape[1]:
             return None  # the hooks' path raises the error
-        if not relpos_cpu.usable(q, k, v, self.relative_key, self.relative_value):
+        if not relpos_cpu.serves(q, k, v, self.relative_key, self.relative_value):
             return None
         q_start, k_start = arange_start(q_positions), arange_start(k_positions)
         if q_start is None or k_start is None:

@@ -190,13 +190,14 @@ class TransformerXL(PositionalEncoding):
     def content_attention(self, q, k, v, q_positions, k_positions, *, causal, scale):
         """The whole attention, (a) + (b) + (c) + (d) through softmax and the weighted sum, from
         the fused CPU kernel (:mod:`posenc.kernels.relpos_cpu`: one pass per (batch, head),
-        and one backward), for consecutive 1-D positions; None elsewhere (the kernel not built
-        or switched off, torch.compile, other dtypes or positions), and the eager backend takes
-        the hooks. (B, H, Tq, D), q's dtype."""
+        and one backward), for float32 and consecutive 1-D positions; None elsewhere (the
+        kernel not built or switched off, torch.compile, other dtypes or positions), and the
+        eager backend takes the hooks. (B, H, Tq, D), float32; its backward has no derivative
+        (switch the kernel off for second derivatives)."""
         heads, dim = self.num_heads, self.head_dim
         if q.shape[1] != heads or k.shape[1] != heads or q.shape[-1] != dim or k.shape[-1] != dim:
             return None  # the hooks' path raises the error
-        if not relpos_cpu.usable(q, k, v, self.r_net.weight, self.r_w_bias, self.r_r_bias):
+        if not relpos_cpu.serves(q, k, v, self.r_net.weight, self.r_w_bias, self.r_r_bias):
             return None
         q_start, k_start = arange_start(q_positions), arange_start(k_positions)
         if q_start is None or k_start is None:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from posenc import kernels
 from posenc.kernels.rotary_cpu import (
@@ -124,6 +125,13 @@ def usable(*tensors: Tensor) -> bool:
     return _lib is not None or (kernels.CPU_KERNEL_AUTOBUILD and build())
 
 
+def serves(*tensors: Tensor) -> bool:
+    """Whether an encoding should hand a call to the kernel: :func:`usable` on float32 tensors.
+    float64 calls keep the hooks' path: the reference dtype, exact torch operations and second
+    derivatives, which the kernel's backward does not have."""
+    return tensors[0].dtype == torch.float32 and usable(*tensors)
+
+
 def _rows(t: Tensor) -> list[int]:
     """The strides of t's (b, h, t) dimensions."""
     return list(t.stride()[:3])
@@ -199,6 +207,7 @@ class _RelativeAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, out, lse, *tables = ctx.saved_tensors
         grad_out = _last_contiguous(grad_out)
