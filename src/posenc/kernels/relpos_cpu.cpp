@@ -293,6 +293,21 @@ struct Kernel {
         last = hsum<T>(l);
     }
 
+    // The query rows i in [ilo, ihi] whose keys reach table row r: clip(offset - i) <= r (the
+    // first key's column) and clip(n_i - 1 + offset - i) >= r (the last key's), n_i > 0.
+    inline void rows_reaching(int64_t r, int64_t& ilo, int64_t& ihi) const {
+        ilo = r < R - 1 ? offset - r : 0;
+        ihi = Tq - 1;
+        if (causal) {
+            // n_i - 1 - i = Tk - Tq on every row with a key (i >= Tq - Tk)
+            ilo = ilo > Tq - Tk ? ilo : Tq - Tk;
+            if (r > 0 && Tk - Tq + offset < r) ihi = -1;
+        } else if (r > 0) {
+            ihi = ihi < Tk - 1 + offset - r ? ihi : Tk - 1 + offset - r;
+        }
+        ilo = ilo > 0 ? ilo : 0;
+    }
+
     // The per-column sums of a row's x[j]: column j + off gets key j, the clipped keys sum into
     // the end columns. Exact on the columns the row reaches ([first, last] of columns()); the
     // copy goes in whole vectors, so up to W - 1 columns past them (col has padded(R) + W
@@ -537,9 +552,8 @@ struct Kernel {
             // the table rows: dE[r] += sum_i drel_ir (q_i + a), dF[r] += sum_i pb_ir dO_i, over
             // the rows i that reach column r (the others' entries are 0: skipped from both ends)
             for (int64_t r = 0; r < (rel || val ? R : 0); ++r) {
-                int64_t ilo = 0, ihi = Tq - 1;
-                while (ilo < Tq && !(first_cols[ilo] <= r && r <= last_cols[ilo])) ++ilo;
-                while (ihi >= ilo && !(first_cols[ihi] <= r && r <= last_cols[ihi])) --ihi;
+                int64_t ilo, ihi;
+                rows_reaching(r, ilo, ihi);
                 const int64_t n = ihi - ilo + 1;
                 if (n <= 0) continue;
                 const T* X0 = X + ilo * d_n;

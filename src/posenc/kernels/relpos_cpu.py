@@ -193,7 +193,7 @@ class _RelativeAttention(torch.autograd.Function):
         batch, heads, num_queries, dim = q.shape
         num_keys = k.shape[2]
         width = tables[0].shape[-2] if tables[0] is not None else (tables[3].shape[0] if tables[3] is not None else 1)
-        out = q.new_empty(batch, heads, num_queries, dim)
+        out = _dense_like(q)  # q's layout: for the LM's (B, T, H, D) projection, the reshape after is free
         lse = q.new_empty(batch, heads, num_queries)
         head = (_DTYPE_CODES[q.dtype], heads, num_queries, num_keys, dim, width, offset, int(causal), scale)
         common = (head + (_ptr(q), _ptr(k), _ptr(v), _ptr(tables[0]), int(tables[0] is not None and tables[0].dim() == 3))
@@ -239,7 +239,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, key_table: Tensor | None = Non
     All of one dtype, float32 or float64, on the CPU (:func:`usable` says so); the last
     dimensions of q, k, v contiguous or copied. ``causal``: query i sees the keys
     j <= i + Tk - Tq (queries at the end of the keys); a row without keys gets zeros. Returns
-    (B, H, Tq, D) contiguous, in that dtype. The caller checks shapes (the kernel trusts them:
+    (B, H, Tq, D) in that dtype, its memory in the order of q's (a transposed view of
+    (B, Tq, H, D) for the LM's q). The caller checks shapes (the kernel trusts them:
     E and F of the same R) and that the kernel is built.
     """
     return _RelativeAttention.apply(q, k, v, key_table, query_bias, key_bias, value_table, int(offset), bool(causal),
