@@ -99,6 +99,60 @@ inline VT<T> add_row_times_columns(VT<T> acc, const T* x, const T* m, int64_t ld
     return (acc + a1) + (a2 + a3);
 }
 
+// C[i][c .. c + W) = sum_d A[i][d] Bt[d][c .. c + W) for the rows i < rows, four rows at a time
+// sharing each column load (and two chunks at a time where the span allows: six loads for eight
+// fused multiply-adds instead of two loads for one). span(i0, i1, lo, hi) gives the chunk-aligned
+// columns [lo, hi) that rows i0 .. i1 need (a row may get more: the caller never reads them).
+template <class T, class Span>
+void rows_times_columns(T* C, int64_t ldc, const T* A, int64_t lda, const T* Bt, int64_t ldb, int64_t D,
+                        int64_t rows, Span span) {
+    constexpr int64_t W = lanes<T>();
+    for (int64_t i0 = 0; i0 < rows; i0 += 4) {
+        const int64_t nr = rows - i0 < 4 ? rows - i0 : 4;
+        int64_t lo, hi;
+        span(i0, i0 + nr - 1, lo, hi);
+        if (nr < 4) {
+            for (int64_t i = i0; i < i0 + nr; ++i)
+                for (int64_t c = lo; c < hi; c += W) store(C + i * ldc + c, add_row_times_columns(VT<T>{}, A + i * lda, Bt + c, ldb, D));
+            continue;
+        }
+        const T* a0 = A + i0 * lda;
+        const T* a1 = a0 + lda;
+        const T* a2 = a1 + lda;
+        const T* a3 = a2 + lda;
+        T* c0 = C + i0 * ldc;
+        int64_t c = lo;
+        for (; c + W < hi; c += 2 * W) {
+            VT<T> x0{}, x1{}, x2{}, x3{}, y0{}, y1{}, y2{}, y3{};
+            for (int64_t d = 0; d < D; ++d) {
+                const VT<T> u = load(Bt + d * ldb + c), w = load(Bt + d * ldb + c + W);
+                x0 += a0[d] * u; y0 += a0[d] * w;
+                x1 += a1[d] * u; y1 += a1[d] * w;
+                x2 += a2[d] * u; y2 += a2[d] * w;
+                x3 += a3[d] * u; y3 += a3[d] * w;
+            }
+            store(c0 + c, x0); store(c0 + c + W, y0);
+            store(c0 + ldc + c, x1); store(c0 + ldc + c + W, y1);
+            store(c0 + 2 * ldc + c, x2); store(c0 + 2 * ldc + c + W, y2);
+            store(c0 + 3 * ldc + c, x3); store(c0 + 3 * ldc + c + W, y3);
+        }
+        for (; c < hi; c += W) {
+            VT<T> x0{}, x1{}, x2{}, x3{};
+            for (int64_t d = 0; d < D; ++d) {
+                const VT<T> u = load(Bt + d * ldb + c);
+                x0 += a0[d] * u;
+                x1 += a1[d] * u;
+                x2 += a2[d] * u;
+                x3 += a3[d] * u;
+            }
+            store(c0 + c, x0);
+            store(c0 + ldc + c, x1);
+            store(c0 + 2 * ldc + c, x2);
+            store(c0 + 3 * ldc + c, x3);
+        }
+    }
+}
+
 // exp(x) for x <= 0, 16 floats at once (Cephes' expf: Cody-Waite reduction, degree-6
 // polynomial, within about 1 ulp; glibc's expf does not vectorize without -ffast-math). Below
 // -87.3 it returns 0 (exp is then under 1e-38, nothing next to a row's largest probability, 1).
@@ -218,6 +272,54 @@ struct Rows {
             for (int64_t j = 0; j < n; ++j) axpy(y, a[j * as], row(j));
         }
     }
+    // C[i] += sum_{t0 <= t < t1} A[i ai + t at] B[t] for the rows i < rows, four at a time sharing
+    // each load of B[t] ([t0, t1) = range(i0, i1) for the block; A must hold zeros where a row of
+    // the block has no term). ai, at: A's strides (A or its transpose).
+    template <class Range>
+    inline void add_products(T* C, int64_t ldc, const T* A, int64_t ai, int64_t at, const T* B, int64_t ldb,
+                             int64_t rows, Range range) const {
+        for (int64_t i0 = 0; i0 < rows; i0 += 4) {
+            const int64_t nr = rows - i0 < 4 ? rows - i0 : 4;
+            int64_t t0, t1;
+            range(i0, i0 + nr - 1, t0, t1);
+            if constexpr (vec) {
+                if (nr == 4) {
+                    constexpr int64_t ND = DC / lanes<T>(), L = lanes<T>();
+                    VT<T> a0[ND], a1[ND], a2[ND], a3[ND];
+                    T* c0 = C + i0 * ldc;
+                    for (int64_t u = 0; u < ND; ++u) {
+                        a0[u] = load(c0 + u * L);
+                        a1[u] = load(c0 + ldc + u * L);
+                        a2[u] = load(c0 + 2 * ldc + u * L);
+                        a3[u] = load(c0 + 3 * ldc + u * L);
+                    }
+                    const T* w = A + i0 * ai;
+                    for (int64_t t = t0; t < t1; ++t) {
+                        const T* wt = w + t * at;
+                        for (int64_t u = 0; u < ND; ++u) {
+                            const VT<T> bt = load(B + t * ldb + u * L);
+                            a0[u] += wt[0] * bt;
+                            a1[u] += wt[ai] * bt;
+                            a2[u] += wt[2 * ai] * bt;
+                            a3[u] += wt[3 * ai] * bt;
+                        }
+                    }
+                    for (int64_t u = 0; u < ND; ++u) {
+                        store(c0 + u * L, a0[u]);
+                        store(c0 + ldc + u * L, a1[u]);
+                        store(c0 + 2 * ldc + u * L, a2[u]);
+                        store(c0 + 3 * ldc + u * L, a3[u]);
+                    }
+                    continue;
+                }
+            }
+            for (int64_t i = i0; i < i0 + nr; ++i) {
+                const T* w = A + i * ai + t0 * at;
+                const T* b0 = B + t0 * ldb;
+                add_weighted_rows(C + i * ldc, w, at, t1 - t0, [=](int64_t t) { return b0 + t * ldb; });
+            }
+        }
+    }
     inline T dot(const T* x, const T* y) const {
         if constexpr (vec) {
             VT<T> acc{};
@@ -258,25 +360,54 @@ struct Kernel {
         last = clip(g.n - 1 + g.off, R);
     }
 
-    // rel[r] = x . E[r] for r in [first, last] (x = q_i + a), W columns at a time from E
-    // transposed (D, Rp); entries outside may hold anything.
-    inline void relative_row(T* rel, const T* x, const T* et, int64_t Rp, int64_t first, int64_t last) const {
-        for (int64_t c = first / W * W; c <= last; c += W) store(rel + c, add_row_times_columns(VT<T>{}, x, et + c, Rp, dim()));
-    }
-
-    // s[j] = scale * (q_i . k_j + rel[r(i, j)] + col[j]) for j < n, -inf for n <= j < padded(n).
-    // Keys go in chunks of W (the row padded with keys of probability 0), so every loop over a
-    // row's keys is whole vectors. kt: k transposed (D, Tkp), zero past Tk; colp: col padded.
-    inline void logits(T* s, const T* qi, const T* kt, int64_t Tkp, const T* rel_row, const T* colp,
-                       const Segments& g) const {
-        const int64_t np = padded(g.n);
+    // s holds q_i . k_j on entry (rows_times_columns).
+    inline void logits(T* s, const T* rel_row, const T* colp, const Segments& g, int64_t np) const {
         const VT<T> lane = iota<T>();
         for (int64_t c = 0; c < np; c += W) {
-            VT<T> acc = rel_row != nullptr ? gather(rel_row, c, g) : VT<T>{};
+            VT<T> acc = load(s + c);
+            if (rel_row != nullptr) acc += gather(rel_row, c, g);
             if (colp != nullptr) acc += load(colp + c);
-            acc = add_row_times_columns(acc, qi, kt + c, Tkp, dim());
             store(s + c, lane < static_cast<T>(g.n - c) ? acc * scale : splat(-std::numeric_limits<T>::infinity()));
         }
+    }
+
+    // The chunk-aligned key columns [0, padded(n)) that query rows i0 .. i1 need (n grows with i).
+    inline void key_span(int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) const {
+        (void)i0;
+        lo = 0;
+        hi = padded(segments(i1, Tq, Tk, R, offset, causal).n);
+    }
+
+    // The keys of the last row of query i's block of four (the most in the block: n grows with
+    // i), and their chunk-aligned count: the row passes run to it, so that the block products
+    // read probabilities 0, not stale entries, past a row's own keys.
+    inline int64_t block_keys(int64_t i) const {
+        const int64_t last = (i | 3) < Tq - 1 ? (i | 3) : Tq - 1;
+        return segments(last, Tq, Tk, R, offset, causal).n;
+    }
+
+    // The chunk-aligned table columns rows i0 .. i1 reach (columns() of each row with a key).
+    inline void table_span(int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) const {
+        lo = padded(R);
+        hi = 0;
+        for (int64_t i = i0; i <= i1; ++i) {
+            const Segments g = segments(i, Tq, Tk, R, offset, causal);
+            if (g.n == 0) continue;
+            int64_t first, last;
+            columns(g, first, last);
+            lo = first / W * W < lo ? first / W * W : lo;
+            hi = padded(last + 1) > hi ? padded(last + 1) : hi;
+        }
+        if (hi < lo) hi = lo;
+    }
+
+    // Per (b, h): X = q + a (rows of D) and REL = X E^T over the columns each row reaches.
+    inline void relative_rows(T* X, T* REL, int64_t Rp, const T* qb, int64_t qs, const T* qa, const T* et) const {
+        const int64_t d_n = dim();
+        for (int64_t i = 0; i < Tq; ++i)
+            for (int64_t d = 0; d < d_n; ++d) X[i * d_n + d] = qa != nullptr ? qb[i * qs + d] + qa[d] : qb[i * qs + d];
+        rows_times_columns(REL, Rp, X, d_n, et, Rp, d_n, Tq,
+                           [this](int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) { table_span(i0, i1, lo, hi); });
     }
 
     // The sums of x[j] over the keys clipped to column 0 (j < lo) and to column R - 1 (j >= hi),
@@ -348,12 +479,11 @@ struct Kernel {
                  int64_t g_end) const {
         const Rows<T, DC> rows{D};
         const int64_t d_n = dim(), Tkp = padded(Tk > 0 ? Tk : 1), Rp = padded(R);
-        std::vector<T> kt_buf(d_n * Tkp), s_buf(Tkp), c_buf(Tkp), o_buf(d_n), rel_buf(Rp), x_buf(d_n);
+        const bool rel = tab.key != nullptr;
+        std::vector<T> kt_buf(d_n * Tkp), S_buf(Tq * Tkp), c_buf(Tkp), O_buf(Tq * d_n), REL_buf(rel ? Tq * Rp : 0),
+            X_buf(rel ? Tq * d_n : 0), m_buf(Tq > 0 ? Tq : 1), l_buf(Tq > 0 ? Tq : 1);
         const std::vector<T> et_all = transposed_tables(tab, H, Rp);
         T* kt = kt_buf.data();
-        T* s = s_buf.data();
-        T* o = o_buf.data();
-        T* x = x_buf.data();
         for (int64_t gi = g_begin; gi < g_end; ++gi) {
             const int64_t b = gi / H, h = gi % H;
             const T* qb = q + b * st->q[0] + h * st->q[1];
@@ -368,25 +498,20 @@ struct Kernel {
                 key_bias_terms(c_buf.data(), tab.key_bias + h * d_n, kt, Tkp);
                 colp = c_buf.data();
             }
+            // q.k and the relative terms of every row, four rows at a time
+            rows_times_columns(S_buf.data(), Tkp, qb, st->q[2], kt, Tkp, d_n, Tq,
+                               [this](int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) { key_span(i0, i1, lo, hi); });
+            if (rel) relative_rows(X_buf.data(), REL_buf.data(), Rp, qb, st->q[2], qa, et);
             for (int64_t i = 0; i < Tq; ++i) {
                 const Segments g = segments(i, Tq, Tk, R, offset, causal);
-                const T* qi = qb + i * st->q[2];
-                T* oi = ob + i * st->out[2];
+                const int64_t np = padded(block_keys(i));
+                T* s = S_buf.data() + i * Tkp;
                 if (g.n == 0) {
-                    for (int64_t d = 0; d < d_n; ++d) oi[d] = 0;
-                    lb[i] = -std::numeric_limits<T>::infinity();
+                    for (int64_t c = 0; c < np; c += W) store(s + c, VT<T>{});
+                    m_buf[i] = -std::numeric_limits<T>::infinity();
                     continue;
                 }
-                const int64_t np = padded(g.n);
-                const T* rel_row = nullptr;
-                if (et != nullptr) {
-                    int64_t first, last;
-                    columns(g, first, last);
-                    for (int64_t d = 0; d < d_n; ++d) x[d] = qa != nullptr ? qi[d] + qa[d] : qi[d];
-                    relative_row(rel_buf.data(), x, et, Rp, first, last);
-                    rel_row = rel_buf.data();
-                }
-                logits(s, qi, kt, Tkp, rel_row, colp, g);
+                logits(s, rel ? REL_buf.data() + i * Rp : nullptr, colp, g, np);
                 VT<T> mv = load(s);
                 for (int64_t c = W; c < np; c += W) {
                     const VT<T> xv = load(s + c);
@@ -399,10 +524,24 @@ struct Kernel {
                     store(s + c, e);
                     lv += e;
                 }
-                const T l = hsum<T>(lv);
-                std::memset(o, 0, sizeof(T) * d_n);
-                const int64_t vstride = st->v[2];
-                rows.add_weighted_rows(o, s, g.n, [=](int64_t j) { return vb + j * vstride; });
+                m_buf[i] = m;
+                l_buf[i] = hsum<T>(lv);
+            }
+            // o_i = sum_j p_ij v_j, four rows at a time; then the value table and 1 / l
+            std::memset(O_buf.data(), 0, sizeof(T) * Tq * d_n);
+            rows.add_products(O_buf.data(), d_n, S_buf.data(), Tkp, 1, vb, st->v[2], Tq,
+                              [this](int64_t i0, int64_t, int64_t& t0, int64_t& t1) { t0 = 0; t1 = block_keys(i0); });
+            for (int64_t i = 0; i < Tq; ++i) {
+                const Segments g = segments(i, Tq, Tk, R, offset, causal);
+                T* oi = ob + i * st->out[2];
+                if (g.n == 0) {
+                    for (int64_t d = 0; d < d_n; ++d) oi[d] = 0;
+                    lb[i] = -std::numeric_limits<T>::infinity();
+                    continue;
+                }
+                const T* s = S_buf.data() + i * Tkp;
+                T* o = O_buf.data() + i * d_n;
+                const T m = m_buf[i], l = l_buf[i];
                 if (tab.value != nullptr) {
                     const T* F = tab.value;
                     T first, last;
@@ -432,10 +571,9 @@ struct Kernel {
         // a row of Rw = padded(R) + W per query (by_column's slack)
         const int64_t Rw = Rp + W;
         std::vector<T> kt_buf(d_n * Tkp), vt_buf(d_n * Tkp), P_buf(Tq * Tkp + W), S_buf(Tq * Tkp + W), dc_buf(Tkp),
-            c_buf(Tkp), rel_buf(Rp), gv_buf(Rp), dx_buf(d_n), X_buf(rel ? Tq * d_n : 0), DR_buf(rel ? Tq * Rw : 0),
-            PB_buf(val ? Tq * Rw : 0), ft_buf(val ? d_n * Rp : 0, T(0));
+            c_buf(Tkp), REL_buf(rel ? Tq * Rp : 0), GV_buf(val ? Tq * Rp : 0), dx_buf(d_n), X_buf(rel ? Tq * d_n : 0),
+            DR_buf(rel ? Tq * Rw : 0), PB_buf(val ? Tq * Rw : 0), ft_buf(val ? d_n * Rp : 0, T(0));
         const std::vector<T> et_all = transposed_tables(tab, H, Rp);
-        std::vector<int64_t> first_cols(Tq > 0 ? Tq : 1), last_cols(Tq > 0 ? Tq : 1);  // each row's columns
         T* kt = kt_buf.data();
         T* vt = vt_buf.data();
         T* P = P_buf.data();    // p_ij, row i at P + i Tkp
@@ -444,7 +582,6 @@ struct Kernel {
         T* X = X_buf.data();    // q_i + a
         T* DR = DR_buf.data();  // d rel: d z summed per table row
         T* PB = PB_buf.data();  // p summed per table row
-        T* gv = gv_buf.data();
         T* ft = ft_buf.data();  // the value table transposed (D, Rp), zeros past R
         if (val) {
             for (int64_t r = 0; r < R; ++r)
@@ -471,52 +608,48 @@ struct Kernel {
                 colp = c_buf.data();
             }
             std::memset(dc, 0, sizeof(T) * Tkp);
+            // q.k, dO.v, the relative terms and dO.F of every row, four rows at a time
+            auto keys = [this](int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) { key_span(i0, i1, lo, hi); };
+            rows_times_columns(P, Tkp, qb, qs, kt, Tkp, d_n, Tq, keys);
+            rows_times_columns(S, Tkp, dob, dos, vt, Tkp, d_n, Tq, keys);
+            if (rel) relative_rows(X, REL_buf.data(), Rp, qb, qs, qa, et);
+            if (val) {
+                rows_times_columns(GV_buf.data(), Rp, dob, dos, ft, Rp, d_n, Tq,
+                                   [this](int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) { table_span(i0, i1, lo, hi); });
+            }
             for (int64_t i = 0; i < Tq; ++i) {
                 const Segments g = segments(i, Tq, Tk, R, offset, causal);
-                const T* qi = qb + i * qs;
                 const T* doi = dob + i * dos;
                 T* dqo = dqb + i * st->dq[2];
                 T* p = P + i * Tkp;
                 T* ds = S + i * Tkp;
-                T* x = X + i * d_n;
-                first_cols[i] = R;
-                last_cols[i] = -1;
+                const int64_t np = padded(block_keys(i));
+                std::memset(dqo, 0, sizeof(T) * d_n);
                 if (g.n == 0) {
-                    for (int64_t d = 0; d < d_n; ++d) dqo[d] = 0;
-                    if (rel) std::memset(x, 0, sizeof(T) * d_n);
+                    for (int64_t c = 0; c < np; c += W) store(ds + c, VT<T>{});
                     continue;
                 }
-                const int64_t np = padded(g.n);
-                columns(g, first_cols[i], last_cols[i]);
-                int64_t first_col = 0, last_col = -1;
-                const T* rel_row = nullptr;
-                if (rel) {
-                    columns(g, first_col, last_col);
-                    for (int64_t d = 0; d < d_n; ++d) x[d] = qa != nullptr ? qi[d] + qa[d] : qi[d];
-                    relative_row(rel_buf.data(), x, et, Rp, first_col, last_col);
-                    rel_row = rel_buf.data();
-                }
-                logits(p, qi, kt, Tkp, rel_row, colp, g);
+                int64_t first_col, last_col;
+                columns(g, first_col, last_col);
+                logits(p, rel ? REL_buf.data() + i * Rp : nullptr, colp, g, np);
                 const T li = lb[i];
                 for (int64_t c = 0; c < np; c += W) store(p + c, exp_nonpositive(load(p + c) - li));
                 // delta_i = sum_j p_ij dp_ij = dO_i . O_i
                 const T delta = rows.dot(doi, ob + i * st->out[2]);
-                if (val) {
-                    // gv[r] = dO_i . F[r], W columns at a time from F transposed
-                    // (only the columns this row reaches)
-                    for (int64_t c = first_cols[i] / W * W; c <= last_cols[i]; c += W)
-                        store(gv + c, add_row_times_columns(VT<T>{}, doi, ft + c, Rp, d_n));
-                }
+                const T* gv = val ? GV_buf.data() + i * Rp : nullptr;  // dO_i . F[r]
                 for (int64_t c = 0; c < np; c += W) {
-                    VT<T> acc = val ? gather(gv, c, g) : VT<T>{};
-                    acc = add_row_times_columns(acc, doi, vt + c, Tkp, d_n);
+                    VT<T> acc = load(ds + c);  // dO_i . v_j
+                    if (val) acc += gather(gv, c, g);
                     // d loss / d z_ij; 0 on the padding (p = 0)
                     const VT<T> dsv = load(p + c) * (acc - delta) * scale;
                     store(ds + c, dsv);
                     store(dc + c, load(dc + c) + dsv);
                 }
-                std::memset(dqo, 0, sizeof(T) * d_n);
-                rows.add_weighted_rows(dqo, ds, g.n, [=](int64_t j) { return kb + j * ks; });
+                if (np + W <= Tkp) {
+                    // a chunk of zeros past the block's keys: the four-key blocks down the columns read it
+                    store(p + np, VT<T>{});
+                    store(ds + np, VT<T>{});
+                }
                 if (val) by_column(PB + i * Rw, p, g);
                 if (rel) {
                     // dq_i += sum_r drel_r E[r] (and the same into da)
@@ -530,23 +663,26 @@ struct Kernel {
                     if (grads.query_bias != nullptr) rows.axpy(grads.query_bias + h * d_n, T(1), dx_buf.data());
                 }
             }
-            // down the columns: query i sees key j from row i0(j) on (causal), every row else
+            // dq_i += sum_j d z_ij k_j, four rows at a time
+            rows.add_products(dqb, st->dq[2], S, Tkp, 1, kb, ks, Tq,
+                              [this](int64_t i0, int64_t, int64_t& t0, int64_t& t1) { t0 = 0; t1 = block_keys(i0); });
+            // down the columns, four keys at a time: query i sees key j from row i0(j) on (causal),
+            // every row else (the rows of a block before its last key's i0 hold p = d z = 0 there)
             T* dkb = dk + b * st->dk[0] + h * st->dk[1];
             T* dvb = dv + b * st->dv[0] + h * st->dv[1];
-            const T* u = tab.key_bias != nullptr ? tab.key_bias + h * d_n : nullptr;
             for (int64_t j = 0; j < Tk; ++j) {
-                int64_t i0 = causal ? j - (Tk - Tq) : 0;
-                i0 = i0 < 0 ? 0 : i0;
-                const int64_t n = Tq - i0 > 0 ? Tq - i0 : 0;
-                T* dvj = dvb + j * st->dv[2];
-                T* dkj = dkb + j * st->dk[2];
-                std::memset(dvj, 0, sizeof(T) * d_n);
-                std::memset(dkj, 0, sizeof(T) * d_n);
-                const T* dob0 = dob + i0 * dos;
-                const T* qb0 = qb + i0 * qs;
-                rows.add_weighted_rows(dvj, P + i0 * Tkp + j, Tkp, n, [=](int64_t t) { return dob0 + t * dos; });
-                rows.add_weighted_rows(dkj, S + i0 * Tkp + j, Tkp, n, [=](int64_t t) { return qb0 + t * qs; });
-                if (u != nullptr) rows.axpy(dkj, dc[j], u);  // col_j = u . k_j
+                std::memset(dvb + j * st->dv[2], 0, sizeof(T) * d_n);
+                std::memset(dkb + j * st->dk[2], 0, sizeof(T) * d_n);
+            }
+            auto seen_by = [this](int64_t j0, int64_t, int64_t& t0, int64_t& t1) {
+                t0 = causal && j0 - (Tk - Tq) > 0 ? j0 - (Tk - Tq) : 0;
+                t1 = Tq;
+            };
+            rows.add_products(dvb, st->dv[2], P, 1, Tkp, dob, dos, Tk, seen_by);
+            rows.add_products(dkb, st->dk[2], S, 1, Tkp, qb, qs, Tk, seen_by);
+            const T* u = tab.key_bias != nullptr ? tab.key_bias + h * d_n : nullptr;
+            if (u != nullptr) {
+                for (int64_t j = 0; j < Tk; ++j) rows.axpy(dkb + j * st->dk[2], dc[j], u);  // col_j = u . k_j
             }
             if (u != nullptr) rows.add_weighted_rows(grads.key_bias + h * d_n, dc, Tk, [=](int64_t j) { return kb + j * ks; });
             // the table rows: dE[r] += sum_i drel_ir (q_i + a), dF[r] += sum_i pb_ir dO_i, over
