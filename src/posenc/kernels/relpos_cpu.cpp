@@ -440,12 +440,12 @@ struct Kernel {
     }
 
     // The per-column sums of a row's x[j]: column j + off gets key j, the clipped keys sum into
-    // the end columns. Exact on the columns the row reaches ([first, last] of columns()); the
-    // copy goes in whole vectors, so up to W - 1 columns past them (col has padded(R) + W
-    // entries, x W readable entries past padded(n)) hold anything.
+    // the end columns, the other columns 0 (col has padded(R) + W entries; x is read up to W
+    // entries past padded(n)).
     inline void by_column(T* col, const T* x, const Segments& g) const {
         for (int64_t c = 0; c < padded(R); c += W) store(col + c, VT<T>{});
         for (int64_t t = g.lo; t < g.hi; t += W) store(col + t + g.off, load(x + t));
+        if (g.hi > g.lo) store(col + g.hi + g.off, VT<T>{});  // the copy's overshoot: unreached columns
         T first, last;
         end_sums(x, g, first, last);
         col[0] += first;
@@ -685,18 +685,22 @@ struct Kernel {
                 for (int64_t j = 0; j < Tk; ++j) rows.axpy(dkb + j * st->dk[2], dc[j], u);  // col_j = u . k_j
             }
             if (u != nullptr) rows.add_weighted_rows(grads.key_bias + h * d_n, dc, Tk, [=](int64_t j) { return kb + j * ks; });
-            // the table rows: dE[r] += sum_i drel_ir (q_i + a), dF[r] += sum_i pb_ir dO_i, over
-            // the rows i that reach column r (the others' entries are 0: skipped from both ends)
-            for (int64_t r = 0; r < (rel || val ? R : 0); ++r) {
-                int64_t ilo, ihi;
-                rows_reaching(r, ilo, ihi);
-                const int64_t n = ihi - ilo + 1;
-                if (n <= 0) continue;
-                const T* X0 = X + ilo * d_n;
-                const T* dob0 = dob + ilo * dos;
-                if (rel) rows.add_weighted_rows(grads.key + (eh * R + r) * d_n, DR + ilo * Rw + r, Rw, n, [=](int64_t t) { return X0 + t * d_n; });
-                if (val) rows.add_weighted_rows(grads.value + r * d_n, PB + ilo * Rw + r, Rw, n, [=](int64_t t) { return dob0 + t * dos; });
-            }
+            // the table rows, four at a time: dE[r] += sum_i drel_ir (q_i + a), dF[r] += sum_i pb_ir dO_i
+            // over the rows i that reach one of the four (the others' entries are 0)
+            auto reaching = [this](int64_t r0, int64_t r1, int64_t& t0, int64_t& t1) {
+                t0 = Tq;
+                t1 = 0;
+                for (int64_t r = r0; r <= r1; ++r) {
+                    int64_t ilo, ihi;
+                    rows_reaching(r, ilo, ihi);
+                    if (ihi < ilo) continue;
+                    t0 = ilo < t0 ? ilo : t0;
+                    t1 = ihi + 1 > t1 ? ihi + 1 : t1;
+                }
+                if (t1 < t0) t1 = t0;
+            };
+            if (rel) rows.add_products(grads.key + eh * R * d_n, d_n, DR, 1, Rw, X, d_n, R, reaching);
+            if (val) rows.add_products(grads.value, d_n, PB, 1, Rw, dob, dos, R, reaching);
         }
     }
 };
