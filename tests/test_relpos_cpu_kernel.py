@@ -217,3 +217,26 @@ def test_backward_of_the_backward_is_refused(kernel_calls):
     (grad_q,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
     with pytest.raises(RuntimeError):
         grad_q.sum().backward()
+
+
+def test_several_threads_give_the_one_thread_result():
+    """With several torch threads a large call is split across (b, h) slices, each thread adding
+    the tables' gradients into its own buffer: the same numbers as one thread."""
+    q, k, v, tables = inputs("all", 16, 4, 64, 64, 16, 33, torch.float32, seed=6)
+    assert 16 * 4 * 64 * 64 >= relpos_cpu._PARALLEL_MIN_ENTRIES
+    grad = torch.randn(16, 4, 64, 16, generator=torch.Generator().manual_seed(7))
+    leaves = [q, k, v, *tables.values()]
+    results = []
+    threads = torch.get_num_threads()
+    for n in (1, 3):
+        torch.set_num_threads(n)
+        try:
+            out = relpos_cpu.attention(q, k, v, **tables, offset=16, causal=True, scale=0.25)
+            results.append((out, torch.autograd.grad(out, leaves, grad)))
+        finally:
+            torch.set_num_threads(threads)
+    (out1, grads1), (out3, grads3) = results
+    torch.testing.assert_close(out3, out1, atol=0, rtol=0)
+    for g3, g1 in zip(grads3, grads1):
+        # the tables' gradients: the slices' sums added in another order (float32 rounding)
+        torch.testing.assert_close(g3, g1, atol=1e-6 * float(g1.abs().max()), rtol=1e-5)
