@@ -452,6 +452,14 @@ struct Kernel {
         col[R - 1] += last;
     }
 
+    // n rows of D from a strided (b, h) slice into dst, contiguous (L1-resident for the products
+    // that read them many times); returns dst.
+    inline const T* copy_rows(T* dst, const T* src, int64_t stride, int64_t n) const {
+        const int64_t d_n = dim();
+        for (int64_t t = 0; t < n; ++t) std::memcpy(dst + t * d_n, src + t * stride, sizeof(T) * d_n);
+        return dst;
+    }
+
     // k (or v) of one (b, h) transposed into (D, Tkp), zeros past Tk.
     inline void transpose_keys(T* dst, const T* src, int64_t stride, int64_t Tkp) const {
         const int64_t d_n = dim();
@@ -481,13 +489,13 @@ struct Kernel {
         const int64_t d_n = dim(), Tkp = padded(Tk > 0 ? Tk : 1), Rp = padded(R);
         const bool rel = tab.key != nullptr;
         std::vector<T> kt_buf(d_n * Tkp), S_buf(Tq * Tkp), c_buf(Tkp), O_buf(Tq * d_n), REL_buf(rel ? Tq * Rp : 0),
-            X_buf(rel ? Tq * d_n : 0), m_buf(Tq > 0 ? Tq : 1), l_buf(Tq > 0 ? Tq : 1);
+            X_buf(rel ? Tq * d_n : 0), m_buf(Tq > 0 ? Tq : 1), l_buf(Tq > 0 ? Tq : 1), Q_buf(Tq * d_n), V_buf(Tk * d_n);
         const std::vector<T> et_all = transposed_tables(tab, H, Rp);
         T* kt = kt_buf.data();
         for (int64_t gi = g_begin; gi < g_end; ++gi) {
             const int64_t b = gi / H, h = gi % H;
-            const T* qb = q + b * st->q[0] + h * st->q[1];
-            const T* vb = v + b * st->v[0] + h * st->v[1];
+            const T* qb = copy_rows(Q_buf.data(), q + b * st->q[0] + h * st->q[1], st->q[2], Tq);
+            const T* vb = copy_rows(V_buf.data(), v + b * st->v[0] + h * st->v[1], st->v[2], Tk);
             const T* et = tab.key != nullptr ? et_all.data() + (tab.key_per_head ? h * d_n * Rp : 0) : nullptr;
             const T* qa = tab.query_bias != nullptr ? tab.query_bias + h * d_n : nullptr;
             T* ob = out + b * st->out[0] + h * st->out[1];
@@ -499,9 +507,9 @@ struct Kernel {
                 colp = c_buf.data();
             }
             // q.k and the relative terms of every row, four rows at a time
-            rows_times_columns(S_buf.data(), Tkp, qb, st->q[2], kt, Tkp, d_n, Tq,
+            rows_times_columns(S_buf.data(), Tkp, qb, d_n, kt, Tkp, d_n, Tq,
                                [this](int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) { key_span(i0, i1, lo, hi); });
-            if (rel) relative_rows(X_buf.data(), REL_buf.data(), Rp, qb, st->q[2], qa, et);
+            if (rel) relative_rows(X_buf.data(), REL_buf.data(), Rp, qb, d_n, qa, et);
             for (int64_t i = 0; i < Tq; ++i) {
                 const Segments g = segments(i, Tq, Tk, R, offset, causal);
                 const int64_t np = padded(block_keys(i));
@@ -529,7 +537,7 @@ struct Kernel {
             }
             // o_i = sum_j p_ij v_j, four rows at a time; then the value table and 1 / l
             std::memset(O_buf.data(), 0, sizeof(T) * Tq * d_n);
-            rows.add_products(O_buf.data(), d_n, S_buf.data(), Tkp, 1, vb, st->v[2], Tq,
+            rows.add_products(O_buf.data(), d_n, S_buf.data(), Tkp, 1, vb, d_n, Tq,
                               [this](int64_t i0, int64_t, int64_t& t0, int64_t& t1) { t0 = 0; t1 = block_keys(i0); });
             for (int64_t i = 0; i < Tq; ++i) {
                 const Segments g = segments(i, Tq, Tk, R, offset, causal);
@@ -587,13 +595,15 @@ struct Kernel {
             for (int64_t r = 0; r < R; ++r)
                 for (int64_t d = 0; d < d_n; ++d) ft[d * Rp + r] = tab.value[r * d_n + d];
         }
-        const int64_t qs = st->q[2], ks = st->k[2], dos = st->dout[2];
+        // q, k and dO of a slice are copied into contiguous rows (Q, K, G below)
+        const int64_t qs = d_n, ks = d_n, dos = d_n;
+        std::vector<T> Q_buf(Tq * d_n), K_buf(Tk * d_n), G_buf(Tq * d_n);
         for (int64_t gi = g_begin; gi < g_end; ++gi) {
             const int64_t b = gi / H, h = gi % H;
-            const T* qb = q + b * st->q[0] + h * st->q[1];
-            const T* kb = k + b * st->k[0] + h * st->k[1];
+            const T* qb = copy_rows(Q_buf.data(), q + b * st->q[0] + h * st->q[1], st->q[2], Tq);
+            const T* kb = copy_rows(K_buf.data(), k + b * st->k[0] + h * st->k[1], st->k[2], Tk);
             const T* ob = out + b * st->out[0] + h * st->out[1];
-            const T* dob = dout + b * st->dout[0] + h * st->dout[1];
+            const T* dob = copy_rows(G_buf.data(), dout + b * st->dout[0] + h * st->dout[1], st->dout[2], Tq);
             const T* lb = lse + gi * Tq;
             const int64_t eh = tab.key_per_head ? h : 0;
             const T* et = rel ? et_all.data() + eh * d_n * Rp : nullptr;
