@@ -18,10 +18,14 @@ from posenc.kernels import relpos_cpu
 
 @pytest.fixture(scope="module", autouse=True)
 def built():
+    """The kernel for this module only: the modules after it keep the state they would have had."""
+    before = relpos_cpu._lib
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         if not kernels.build_cpu_relpos():
             pytest.skip("the fused CPU kernel does not build here (no C++ compiler or ninja)")
+    yield
+    relpos_cpu._lib = before
 
 
 @pytest.fixture
