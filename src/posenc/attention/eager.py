@@ -26,8 +26,6 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     code").
     """
     batch, heads, num_queries, num_keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-    if mask is None and causal:
-        mask = causal_mask(num_queries, num_keys, q.device)
     bias = dense_bias(encoding, q_positions, k_positions, num_heads=heads, batch=batch)
     gate_bias = dense_gate_bias(encoding, gate_state, num_queries, num_keys, causal=causal, device=q.device)
     if gate_bias is not None:
@@ -36,6 +34,11 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     if content and k.shape[1] != heads:
         # content terms are per query head and read k (Transformer-XL's u.k_j): one k per head
         k, v = k.repeat_interleave(heads // k.shape[1], dim=1), v.repeat_interleave(heads // v.shape[1], dim=1)
+    if content and bias is None and gate_bias is None and mask is None and not dropout_p:
+        # the encoding's fused attention, where it has one for this call (a CPU kernel)
+        fused = encoding.content_attention(q, k, v, q_positions, k_positions, causal=causal, scale=scale)
+        if fused is not None:
+            return fused.to(q.dtype)
     # Grouped-query: the G query heads of a key-value head are one (G * Tq)-row product with
     # that head's keys, so k and v are never repeated (query head h = kv * G + g).
     groups = heads // k.shape[1]
@@ -43,6 +46,8 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     wide = torch.promote_types(q.dtype, torch.float32)
     q3 = q.to(wide).reshape(kv_rows, groups * num_queries, q.shape[-1])
     k3t = k.to(wide).reshape(kv_rows, num_keys, k.shape[-1]).transpose(-2, -1)
+    if mask is None and causal:
+        mask = causal_mask(num_queries, num_keys, q.device)
     additive = None
     if mask is not None:
         additive = torch.zeros(mask.shape, dtype=wide, device=q.device).masked_fill_(~mask, float("-inf"))

@@ -519,6 +519,25 @@ class PositionalEncoding(nn.Module):
         """Extra attention output (B, H, Tq, D) from the attention probabilities (B, H, Tq, Tk)."""
         return None
 
+    def content_attention(
+        self, q: Tensor, k: Tensor, v: Tensor, q_positions: Tensor, k_positions: Tensor, *, causal: bool,
+        scale: float,
+    ) -> Tensor | None:
+        """Optional, for a ``content`` encoding: the whole attention of one call, its content terms
+        included, from a fused computation, or None (the default) where it has none for the call.
+
+        softmax(scale (q.k^T + :meth:`content_scores`) + causal mask) @ v + :meth:`content_values`:
+        q (B, H, Tq, D), k and v (B, H, Tk, D) (one key head per query head), positions as the
+        hooks get them, ``causal`` the bottom-right causal mask (no other mask, bias, gate or
+        dropout: the eager backend asks only then). Returns (B, H, Tq, D) in the accumulation
+        dtype (float32, float64), with autograd. The eager backend asks first and computes the
+        scores itself on None; an implementation returns None for whatever it does not cover
+        (under ``torch.compile``, other positions or dtypes, its kernel not built), so the
+        result never depends on whether it ran beyond rounding. Shaw and Transformer-XL: the
+        fused CPU kernel (:mod:`posenc.kernels.relpos_cpu`), float32, when built.
+        """
+        return None
+
     def gate(self, x: Tensor) -> Tensor | None:
         """The ``gate`` hook: per-token values from the layer's input (its hidden state).
 
@@ -578,3 +597,14 @@ def layer_of_copies(first: PositionalEncoding, deeper: Sequence[PositionalEncodi
 def per_batch_index(index: Tensor) -> Tensor:
     """(Tq, Tk) -> (1, 1, Tq, Tk); (B, Tq, Tk) -> (B, 1, Tq, Tk): broadcastable over heads."""
     return index.unsqueeze(0).unsqueeze(0) if index.dim() == 2 else index.unsqueeze(1)
+
+
+def arange_start(positions: Tensor) -> int | None:
+    """p0 when ``positions`` is a 1-D run of consecutive integers p0, p0 + 1, ... (the layout in
+    which relative distances are a shift of the indices), else None. Reads the values: not for
+    code traced by ``torch.compile``."""
+    if positions.dim() != 1 or positions.numel() == 0:
+        return None
+    if positions.numel() > 1 and not bool((positions.diff() == 1).all()):
+        return None
+    return int(positions[0])

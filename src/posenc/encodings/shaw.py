@@ -9,14 +9,18 @@ are projected onto a small table of relative vectors, then indexed by distance: 
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor, nn
 
 from posenc._validation import check_positive_int
-from posenc.encodings.base import Hook, PositionalEncoding
-from posenc.encodings.base import per_batch_index
+from posenc.encodings.base import (
+    Hook,
+    PositionalEncoding,
+    arange_start,
+    per_batch_index,
+)
 from posenc.errors import InvalidArgument
+from posenc.kernels import relpos_cpu
 
 
 def _per_pair_fits(x: Tensor, q_positions: Tensor, k_positions: Tensor, width: int | None = None) -> bool:
@@ -151,6 +155,25 @@ class Shaw(PositionalEncoding):
         per_bucket = probs.new_zeros(*probs.shape[:-1], self.relative_value.shape[0])
         per_bucket = per_bucket.scatter_add(-1, index, probs)  # (B, H, Tq, 2k+1)
         return per_bucket.to(wide) @ self.relative_value.to(wide)
+
+    def content_attention(self, q, k, v, q_positions, k_positions, *, causal, scale):
+        """The whole attention (eqs. 3-5) from the fused CPU kernel
+        (:mod:`posenc.kernels.relpos_cpu`: scores, both terms, softmax and the weighted sum in
+        one pass per (batch, head), and one backward), for float32 and consecutive 1-D
+        positions; None elsewhere (the kernel not built or switched off, torch.compile, other
+        dtypes or positions), and the eager backend takes the hooks. (B, H, Tq, D), float32;
+        its backward has no derivative (switch the kernel off for second derivatives)."""
+        if q.shape[-1] != self.head_dim or v.shape[-1] != self.head_dim or k.shape[1] != q.shape[1]:
+            return None  # the hooks' path raises the error
+        if not relpos_cpu.serves(q, k, v, self.relative_key, self.relative_value):
+            return None
+        q_start, k_start = arange_start(q_positions), arange_start(k_positions)
+        if q_start is None or k_start is None:
+            return None
+        # pair (i, j) reads row clip(j - i + offset, 0, 2k) of both tables: clip(k_j - q_i, k) + k
+        offset = k_start - q_start + self.max_relative_position
+        return relpos_cpu.attention(q, k, v, key_table=self.relative_key, value_table=self.relative_value,
+                                    offset=offset, causal=causal, scale=scale)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, max_relative_position={self.max_relative_position}"

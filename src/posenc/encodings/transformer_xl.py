@@ -8,15 +8,19 @@ distance: no (B, H, Tq, Tk, D) tensor is made.
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor, nn
 
 from posenc._validation import check_number, check_positive_int
-from posenc.encodings.base import Hook, PositionalEncoding
-from posenc.encodings.base import per_batch_index
+from posenc.encodings.base import (
+    Hook,
+    PositionalEncoding,
+    arange_start,
+    per_batch_index,
+)
 from posenc.encodings.sinusoidal import sinusoidal_encode
 from posenc.errors import InvalidArgument
+from posenc.kernels import relpos_cpu
 
 
 def _is_arange(positions: Tensor) -> bool:
@@ -182,6 +186,30 @@ class TransformerXL(PositionalEncoding):
         # its backward cost several times more at small D
         uk = (k.to(wide) * self.r_w_bias.to(wide).unsqueeze(-2)).sum(-1).unsqueeze(-2)  # (B, H, 1, Tk)
         return bd + uk
+
+    def content_attention(self, q, k, v, q_positions, k_positions, *, causal, scale):
+        """The whole attention, (a) + (b) + (c) + (d) through softmax and the weighted sum, from
+        the fused CPU kernel (:mod:`posenc.kernels.relpos_cpu`: one pass per (batch, head),
+        and one backward), for float32 and consecutive 1-D positions; None elsewhere (the
+        kernel not built or switched off, torch.compile, other dtypes or positions), and the
+        eager backend takes the hooks. (B, H, Tq, D), float32; its backward has no derivative
+        (switch the kernel off for second derivatives)."""
+        heads, dim = self.num_heads, self.head_dim
+        if q.shape[1] != heads or k.shape[1] != heads or q.shape[-1] != dim or k.shape[-1] != dim:
+            return None  # the hooks' path raises the error
+        if not relpos_cpu.serves(q, k, v, self.r_net.weight, self.r_w_bias, self.r_r_bias):
+            return None
+        q_start, k_start = arange_start(q_positions), arange_start(k_positions)
+        if q_start is None or k_start is None:
+            return None
+        num_queries, num_keys = q.shape[2], k.shape[2]
+        # Row c of the table holds distance d_hi - c; pair (i, j) reads row Tq - 1 - i + j (the
+        # kernel's offset), at most Tk - 1 when the keys after the query are masked (causal).
+        d_hi = q_start + num_queries - 1 - k_start
+        width = num_keys + 1 if causal else num_queries + num_keys - 1
+        relative = self.relative_embeddings(torch.arange(d_hi, d_hi - width, -1, device=q.device), q.dtype)
+        return relpos_cpu.attention(q, k, v, key_table=relative, query_bias=self.r_r_bias, key_bias=self.r_w_bias,
+                                    offset=num_queries - 1, causal=causal, scale=scale)
 
     @staticmethod
     def _shifted_scores(query_plus_v: Tensor, relative: Tensor, num_keys: int) -> Tensor:

@@ -121,6 +121,12 @@ def build_cpu_fire(verbose: bool = False) -> bool:
     return importlib.import_module(".fire_cpu", __name__).build(verbose)
 
 
+def build_cpu_relpos(verbose: bool = False) -> bool:
+    """Build (or load) the fused CPU attention of Shaw and Transformer-XL
+    (:mod:`posenc.kernels.relpos_cpu`); the same switch and return value as :func:`build_cpu_rotary`."""
+    return importlib.import_module(".relpos_cpu", __name__).build(verbose)
+
+
 def use_cpu_kernel(*tensors: Tensor) -> bool:
     """True when the fused CPU kernel should be tried on these tensors: the switch
     :data:`CPU_KERNEL_ENABLED` is on, every tensor is on the CPU, the call is not being traced
@@ -135,5 +141,5 @@ def use_cpu_kernel(*tensors: Tensor) -> bool:
     return CPU_KERNEL_AUTOBUILD and module.build()
 
 
-__all__ = ["CPU_KERNEL_AUTOBUILD", "CPU_KERNEL_ENABLED", "KERNEL_DEVICES", "TRITON_ENABLED", "build_cpu_rotary",
+__all__ = ["CPU_KERNEL_AUTOBUILD", "CPU_KERNEL_ENABLED", "KERNEL_DEVICES", "TRITON_ENABLED", "build_cpu_relpos", "build_cpu_rotary",
            "cpu_rotary_kernel", "rotary_kernels", "use_cpu_kernel", "use_triton"]

@@ -1,0 +1,814 @@
+// posenc's fused CPU attention with a relative-position table (Shaw et al. 2018; Transformer-XL,
+// Dai et al. 2019): scores, the relative terms, softmax, the weighted sum and the value table in
+// one pass per (batch, head), and the backward in one more (probabilities recomputed from the
+// saved log-sum-exp, as FlashAttention does). Every (B, H) slice of q, k, v (T x D each) and its
+// (Tq, Tk) scores stay in L1/L2 while they are used, where the eager backend makes a dozen
+// passes over (B, H, Tq, Tk) tensors in memory.
+//
+// The math, per (b, h), with z_ij the logit before the scale:
+//   z_ij = q_i . k_j + (q_i + a) . E[r(i, j)] + u . k_j,      r(i, j) = clamp(j - i + offset, 0, R - 1)
+//   p_ij = softmax_j(scale * z_ij)  over the visible keys (causal: j <= i + Tk - Tq; else all)
+//   o_i  = sum_j p_ij (v_j + F[r(i, j)])
+// E (R, D): the key table (Shaw's w^K, shared by the heads; Transformer-XL's W R_d, one per
+// head), a and u (D,) per head (Transformer-XL's r_r_bias and r_w_bias; Shaw: none), F (R, D)
+// the value table shared by the heads (Shaw's w^V; Transformer-XL: none). The backward returns
+// dq, dk, dv and adds the gradients of E, a, u and F into one buffer per thread.
+// Compiled at first use by posenc.kernels.relpos_cpu (torch.utils.cpp_extension, -O3
+// -march=native) and called through ctypes: this file includes no torch header.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// 64-byte vectors in GCC's (and Clang's) vector extension: W = 16 floats or 8 doubles. The
+// compiler lowers them to the host's registers (-march=native: one AVX-512 register, two AVX2
+// ones, ...), so no intrinsics and no per-ISA code.
+template <class T>
+struct Vec {
+    typedef T type __attribute__((vector_size(64)));
+};
+template <class T>
+using VT = typename Vec<T>::type;
+typedef int32_t VI32 __attribute__((vector_size(64)));
+
+template <class T>
+constexpr int64_t lanes() { return 64 / sizeof(T); }
+
+template <class T>
+inline VT<T> load(const T* p) {
+    VT<T> v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+template <class T>
+inline void store(T* p, VT<T> v) { std::memcpy(p, &v, sizeof v); }
+template <class T>
+inline VT<T> splat(T x) { return VT<T>{} + x; }
+// Horizontal sum and max by halving the vector (each step one extract and one vector operation;
+// the lanes read one by one from memory cost more than the row's arithmetic).
+template <class T, int Bytes>
+struct Part {
+    typedef T type __attribute__((vector_size(Bytes)));
+};
+
+template <class T, int Bytes, bool Max>
+inline T reduce(typename Part<T, Bytes>::type v) {
+    if constexpr (Bytes == 2 * sizeof(T)) {
+        return Max ? (v[0] > v[1] ? v[0] : v[1]) : v[0] + v[1];
+    } else {
+        typename Part<T, Bytes / 2>::type lo, hi;
+        std::memcpy(&lo, &v, Bytes / 2);
+        std::memcpy(&hi, reinterpret_cast<const char*>(&v) + Bytes / 2, Bytes / 2);
+        if constexpr (Max) {
+            return reduce<T, Bytes / 2, Max>(hi > lo ? hi : lo);
+        } else {
+            return reduce<T, Bytes / 2, Max>(lo + hi);
+        }
+    }
+}
+
+template <class T>
+inline T hsum(VT<T> v) { return reduce<T, 64, false>(v); }
+template <class T>
+inline VT<T> iota() {
+    VT<T> v;
+    for (int64_t l = 0; l < lanes<T>(); ++l) v[l] = static_cast<T>(l);
+    return v;
+}
+template <class T>
+inline T hmax(VT<T> v) { return reduce<T, 64, true>(v); }
+
+// acc + sum_d x[d] m[d * ld .. d * ld + W): W columns of a (D, ld) matrix weighted by the row x,
+// in four independent chains (one chain of D fused multiply-adds waits on each one's latency).
+template <class T>
+inline VT<T> add_row_times_columns(VT<T> acc, const T* x, const T* m, int64_t ld, int64_t D) {
+    VT<T> a1{}, a2{}, a3{};
+    const int64_t D4 = D - D % 4;
+    int64_t d = 0;
+    for (; d < D4; d += 4) {
+        acc += x[d] * load(m + d * ld);
+        a1 += x[d + 1] * load(m + (d + 1) * ld);
+        a2 += x[d + 2] * load(m + (d + 2) * ld);
+        a3 += x[d + 3] * load(m + (d + 3) * ld);
+    }
+    for (; d < D; ++d) acc += x[d] * load(m + d * ld);
+    return (acc + a1) + (a2 + a3);
+}
+
+// C[i][c .. c + W) = sum_d A[i][d] Bt[d][c .. c + W) for the rows i < rows, four rows at a time
+// sharing each column load (and two chunks at a time where the span allows: six loads for eight
+// fused multiply-adds instead of two loads for one). span(i0, i1, lo, hi) gives the chunk-aligned
+// columns [lo, hi) that rows i0 .. i1 need (a row may get more: the caller never reads them).
+template <class T, class Span>
+void rows_times_columns(T* C, int64_t ldc, const T* A, int64_t lda, const T* Bt, int64_t ldb, int64_t D,
+                        int64_t rows, Span span) {
+    constexpr int64_t W = lanes<T>();
+    for (int64_t i0 = 0; i0 < rows; i0 += 4) {
+        const int64_t nr = rows - i0 < 4 ? rows - i0 : 4;
+        int64_t lo, hi;
+        span(i0, i0 + nr - 1, lo, hi);
+        if (nr < 4) {
+            for (int64_t i = i0; i < i0 + nr; ++i)
+                for (int64_t c = lo; c < hi; c += W) store(C + i * ldc + c, add_row_times_columns(VT<T>{}, A + i * lda, Bt + c, ldb, D));
+            continue;
+        }
+        const T* a0 = A + i0 * lda;
+        const T* a1 = a0 + lda;
+        const T* a2 = a1 + lda;
+        const T* a3 = a2 + lda;
+        T* c0 = C + i0 * ldc;
+        int64_t c = lo;
+        for (; c + W < hi; c += 2 * W) {
+            VT<T> x0{}, x1{}, x2{}, x3{}, y0{}, y1{}, y2{}, y3{};
+            for (int64_t d = 0; d < D; ++d) {
+                const VT<T> u = load(Bt + d * ldb + c), w = load(Bt + d * ldb + c + W);
+                x0 += a0[d] * u; y0 += a0[d] * w;
+                x1 += a1[d] * u; y1 += a1[d] * w;
+                x2 += a2[d] * u; y2 += a2[d] * w;
+                x3 += a3[d] * u; y3 += a3[d] * w;
+            }
+            store(c0 + c, x0); store(c0 + c + W, y0);
+            store(c0 + ldc + c, x1); store(c0 + ldc + c + W, y1);
+            store(c0 + 2 * ldc + c, x2); store(c0 + 2 * ldc + c + W, y2);
+            store(c0 + 3 * ldc + c, x3); store(c0 + 3 * ldc + c + W, y3);
+        }
+        for (; c < hi; c += W) {
+            VT<T> x0{}, x1{}, x2{}, x3{};
+            for (int64_t d = 0; d < D; ++d) {
+                const VT<T> u = load(Bt + d * ldb + c);
+                x0 += a0[d] * u;
+                x1 += a1[d] * u;
+                x2 += a2[d] * u;
+                x3 += a3[d] * u;
+            }
+            store(c0 + c, x0);
+            store(c0 + ldc + c, x1);
+            store(c0 + 2 * ldc + c, x2);
+            store(c0 + 3 * ldc + c, x3);
+        }
+    }
+}
+
+// exp(x) for x <= 0, 16 floats at once (Cephes' expf: Cody-Waite reduction, degree-6
+// polynomial, within about 1 ulp; glibc's expf does not vectorize without -ffast-math). Below
+// -87.3 it returns 0 (exp is then under 1e-38, nothing next to a row's largest probability, 1).
+inline VT<float> exp_nonpositive(VT<float> x) {
+    const float lo = -87.3f;
+    const VT<float> xc = x < lo ? splat(lo) : x;
+    const VT<float> n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+    VT<float> r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    VT<float> p = splat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const VI32 bits = (__builtin_convertvector(n, VI32) + 127) << 23;
+    return x < lo ? splat(0.0f) : p * (VT<float>)bits;
+}
+
+inline VT<double> exp_nonpositive(VT<double> x) {
+    for (int64_t l = 0; l < lanes<double>(); ++l) x[l] = std::exp(x[l]);
+    return x;
+}
+
+struct Strides {
+    // (b, h, t) strides in elements; the last dimension is contiguous
+    int64_t q[3], k[3], v[3], out[3], dout[3], dq[3], dk[3], dv[3];
+};
+
+// The position terms' parameters (contiguous); any of them may be absent (null).
+template <class T>
+struct Tables {
+    const T* key;          // E: (R, D), or (H, R, D) when key_per_head
+    bool key_per_head;
+    const T* query_bias;   // a: (H, D)
+    const T* key_bias;     // u: (H, D)
+    const T* value;        // F: (R, D)
+};
+
+// Their gradients, added into one buffer: E's (its shape), then a's and u's (H, D) where present,
+// then F's (R, D).
+template <class T>
+struct TableGrads {
+    T *key, *query_bias, *key_bias, *value;
+};
+
+// Where row i's keys fall in rel's columns: j < lo read column 0, lo <= j < hi column j + off,
+// j >= hi column R - 1 (the clipped distances of Shaw; Transformer-XL's table covers them all).
+struct Segments {
+    int64_t n, off, lo, hi;
+};
+
+inline Segments segments(int64_t i, int64_t Tq, int64_t Tk, int64_t R, int64_t offset, bool causal) {
+    Segments s;
+    s.n = causal ? i + Tk - Tq + 1 : Tk;
+    if (s.n > Tk) s.n = Tk;
+    if (s.n < 0) s.n = 0;
+    s.off = offset - i;
+    s.lo = -s.off < 0 ? 0 : (-s.off > s.n ? s.n : -s.off);
+    s.hi = R - s.off < s.lo ? s.lo : (R - s.off > s.n ? s.n : R - s.off);
+    return s;
+}
+
+inline int64_t clip(int64_t r, int64_t R) { return r < 0 ? 0 : (r > R - 1 ? R - 1 : r); }
+
+// Row vectors of D values: whole vectors when D is a multiple of the lane count (DC, known at
+// compile time for the common head sizes), else one value at a time.
+template <class T, int DC>
+struct Rows {
+    int64_t D;
+    static constexpr bool vec = DC != 0 && DC % lanes<T>() == 0;
+    inline int64_t dim() const { return DC ? DC : D; }
+    // y += a x
+    inline void axpy(T* y, T a, const T* x) const {
+        if constexpr (vec) {
+            for (int64_t d = 0; d < DC; d += lanes<T>()) store(y + d, load(y + d) + a * load(x + d));
+        } else {
+            for (int64_t d = 0; d < dim(); ++d) y[d] += a * x[d];
+        }
+    }
+    // y += sum_{j < n} a[j] row(j), the sum kept in registers (two chains: an FMA's latency
+    // is several cycles, and each row is only D / W of them)
+    template <class F>
+    inline void add_weighted_rows(T* y, const T* a, int64_t n, F row) const {
+        add_weighted_rows(y, a, 1, n, row);
+    }
+    // the same with the weights a[0], a[as], a[2 as], ... (a column of a row-major matrix)
+    template <class F>
+    inline void add_weighted_rows(T* y, const T* a, int64_t as, int64_t n, F row) const {
+        if constexpr (vec) {
+            constexpr int64_t ND = DC / lanes<T>(), L = lanes<T>();
+            VT<T> acc0[ND], acc1[ND], acc2[ND], acc3[ND];
+            for (int64_t u = 0; u < ND; ++u) {
+                acc0[u] = load(y + u * L);
+                acc1[u] = acc2[u] = acc3[u] = VT<T>{};
+            }
+            int64_t j = 0;
+            for (; j + 3 < n; j += 4) {
+                const T* x0 = row(j);
+                const T* x1 = row(j + 1);
+                const T* x2 = row(j + 2);
+                const T* x3 = row(j + 3);
+                for (int64_t u = 0; u < ND; ++u) {
+                    acc0[u] += a[j * as] * load(x0 + u * L);
+                    acc1[u] += a[(j + 1) * as] * load(x1 + u * L);
+                    acc2[u] += a[(j + 2) * as] * load(x2 + u * L);
+                    acc3[u] += a[(j + 3) * as] * load(x3 + u * L);
+                }
+            }
+            for (; j < n; ++j) {
+                const T* x0 = row(j);
+                for (int64_t u = 0; u < ND; ++u) acc0[u] += a[j * as] * load(x0 + u * L);
+            }
+            for (int64_t u = 0; u < ND; ++u) store(y + u * L, (acc0[u] + acc1[u]) + (acc2[u] + acc3[u]));
+        } else {
+            for (int64_t j = 0; j < n; ++j) axpy(y, a[j * as], row(j));
+        }
+    }
+    // C[i] += sum_{t0 <= t < t1} A[i ai + t at] B[t] for the rows i < rows, four at a time sharing
+    // each load of B[t] ([t0, t1) = range(i0, i1) for the block; A must hold zeros where a row of
+    // the block has no term). ai, at: A's strides (A or its transpose).
+    template <class Range>
+    inline void add_products(T* C, int64_t ldc, const T* A, int64_t ai, int64_t at, const T* B, int64_t ldb,
+                             int64_t rows, Range range) const {
+        for (int64_t i0 = 0; i0 < rows; i0 += 4) {
+            const int64_t nr = rows - i0 < 4 ? rows - i0 : 4;
+            int64_t t0, t1;
+            range(i0, i0 + nr - 1, t0, t1);
+            if constexpr (vec) {
+                if (nr == 4) {
+                    constexpr int64_t ND = DC / lanes<T>(), L = lanes<T>();
+                    VT<T> a0[ND], a1[ND], a2[ND], a3[ND];
+                    T* c0 = C + i0 * ldc;
+                    for (int64_t u = 0; u < ND; ++u) {
+                        a0[u] = load(c0 + u * L);
+                        a1[u] = load(c0 + ldc + u * L);
+                        a2[u] = load(c0 + 2 * ldc + u * L);
+                        a3[u] = load(c0 + 3 * ldc + u * L);
+                    }
+                    const T* w = A + i0 * ai;
+                    for (int64_t t = t0; t < t1; ++t) {
+                        const T* wt = w + t * at;
+                        for (int64_t u = 0; u < ND; ++u) {
+                            const VT<T> bt = load(B + t * ldb + u * L);
+                            a0[u] += wt[0] * bt;
+                            a1[u] += wt[ai] * bt;
+                            a2[u] += wt[2 * ai] * bt;
+                            a3[u] += wt[3 * ai] * bt;
+                        }
+                    }
+                    for (int64_t u = 0; u < ND; ++u) {
+                        store(c0 + u * L, a0[u]);
+                        store(c0 + ldc + u * L, a1[u]);
+                        store(c0 + 2 * ldc + u * L, a2[u]);
+                        store(c0 + 3 * ldc + u * L, a3[u]);
+                    }
+                    continue;
+                }
+            }
+            for (int64_t i = i0; i < i0 + nr; ++i) {
+                const T* w = A + i * ai + t0 * at;
+                const T* b0 = B + t0 * ldb;
+                add_weighted_rows(C + i * ldc, w, at, t1 - t0, [=](int64_t t) { return b0 + t * ldb; });
+            }
+        }
+    }
+    inline T dot(const T* x, const T* y) const {
+        if constexpr (vec) {
+            VT<T> acc{};
+            for (int64_t d = 0; d < DC; d += lanes<T>()) acc += load(x + d) * load(y + d);
+            return hsum<T>(acc);
+        } else {
+            T acc = 0;
+            for (int64_t d = 0; d < dim(); ++d) acc += x[d] * y[d];
+            return acc;
+        }
+    }
+};
+
+template <class T, int DC>
+struct Kernel {
+    static constexpr int64_t W = lanes<T>();
+    int64_t Tq, Tk, D, R, offset;
+    bool causal;
+    T scale;
+    const Strides* st;
+
+    inline int64_t dim() const { return DC ? DC : D; }
+    static inline int64_t padded(int64_t n) { return (n + W - 1) / W * W; }
+
+    // The W entries row[r(i, j)] for keys j = c .. c + W - 1: one load inside the middle segment.
+    inline VT<T> gather(const T* row, int64_t c, const Segments& g) const {
+        if (c >= g.lo && c + W <= g.hi) return load(row + c + g.off);
+        if (c + W <= g.lo) return splat(row[0]);
+        if (c >= g.hi) return splat(row[R - 1]);
+        VT<T> v;
+        for (int64_t l = 0; l < W; ++l) v[l] = row[clip(c + l + g.off, R)];
+        return v;
+    }
+
+    // The columns r(i, 0) .. r(i, n - 1) of row i (r is monotone in j): [first, last].
+    inline void columns(const Segments& g, int64_t& first, int64_t& last) const {
+        first = clip(g.off, R);
+        last = clip(g.n - 1 + g.off, R);
+    }
+
+    // s holds q_i . k_j on entry (rows_times_columns).
+    inline void logits(T* s, const T* rel_row, const T* colp, const Segments& g, int64_t np) const {
+        const VT<T> lane = iota<T>();
+        for (int64_t c = 0; c < np; c += W) {
+            VT<T> acc = load(s + c);
+            if (rel_row != nullptr) acc += gather(rel_row, c, g);
+            if (colp != nullptr) acc += load(colp + c);
+            store(s + c, lane < static_cast<T>(g.n - c) ? acc * scale : splat(-std::numeric_limits<T>::infinity()));
+        }
+    }
+
+    // The chunk-aligned key columns [0, padded(n)) that query rows i0 .. i1 need (n grows with i).
+    inline void key_span(int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) const {
+        (void)i0;
+        lo = 0;
+        hi = padded(segments(i1, Tq, Tk, R, offset, causal).n);
+    }
+
+    // The keys of the last row of query i's block of four (the most in the block: n grows with
+    // i), and their chunk-aligned count: the row passes run to it, so that the block products
+    // read probabilities 0, not stale entries, past a row's own keys.
+    inline int64_t block_keys(int64_t i) const {
+        const int64_t last = (i | 3) < Tq - 1 ? (i | 3) : Tq - 1;
+        return segments(last, Tq, Tk, R, offset, causal).n;
+    }
+
+    // The chunk-aligned table columns rows i0 .. i1 reach (columns() of each row with a key).
+    inline void table_span(int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) const {
+        lo = padded(R);
+        hi = 0;
+        for (int64_t i = i0; i <= i1; ++i) {
+            const Segments g = segments(i, Tq, Tk, R, offset, causal);
+            if (g.n == 0) continue;
+            int64_t first, last;
+            columns(g, first, last);
+            lo = first / W * W < lo ? first / W * W : lo;
+            hi = padded(last + 1) > hi ? padded(last + 1) : hi;
+        }
+        if (hi < lo) hi = lo;
+    }
+
+    // Per (b, h): X = q + a (rows of D) and REL = X E^T over the columns each row reaches.
+    inline void relative_rows(T* X, T* REL, int64_t Rp, const T* qb, int64_t qs, const T* qa, const T* et) const {
+        const int64_t d_n = dim();
+        for (int64_t i = 0; i < Tq; ++i)
+            for (int64_t d = 0; d < d_n; ++d) X[i * d_n + d] = qa != nullptr ? qb[i * qs + d] + qa[d] : qb[i * qs + d];
+        rows_times_columns(REL, Rp, X, d_n, et, Rp, d_n, Tq,
+                           [this](int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) { table_span(i0, i1, lo, hi); });
+    }
+
+    // The sums of x[j] over the keys clipped to column 0 (j < lo) and to column R - 1 (j >= hi),
+    // x padded with zeros to whole chunks.
+    inline void end_sums(const T* x, const Segments& g, T& first, T& last) const {
+        const VT<T> lane = iota<T>();
+        VT<T> f{}, l{};
+        for (int64_t c = 0; c < padded(g.n); c += W) {
+            const VT<T> j = lane + static_cast<T>(c), xv = load(x + c);
+            f += j < static_cast<T>(g.lo) ? xv : VT<T>{};
+            l += j >= static_cast<T>(g.hi) ? xv : VT<T>{};
+        }
+        first = hsum<T>(f);
+        last = hsum<T>(l);
+    }
+
+    // The query rows i in [ilo, ihi] whose keys reach table row r: clip(offset - i) <= r (the
+    // first key's column) and clip(n_i - 1 + offset - i) >= r (the last key's), n_i > 0.
+    inline void rows_reaching(int64_t r, int64_t& ilo, int64_t& ihi) const {
+        ilo = r < R - 1 ? offset - r : 0;
+        ihi = Tq - 1;
+        if (causal) {
+            // n_i - 1 - i = Tk - Tq on every row with a key (i >= Tq - Tk)
+            ilo = ilo > Tq - Tk ? ilo : Tq - Tk;
+            if (r > 0 && Tk - Tq + offset < r) ihi = -1;
+        } else if (r > 0) {
+            ihi = ihi < Tk - 1 + offset - r ? ihi : Tk - 1 + offset - r;
+        }
+        ilo = ilo > 0 ? ilo : 0;
+    }
+
+    // The per-column sums of a row's x[j]: column j + off gets key j, the clipped keys sum into
+    // the end columns, the other columns 0 (col has padded(R) + W entries; x is read up to W
+    // entries past padded(n)).
+    inline void by_column(T* col, const T* x, const Segments& g) const {
+        for (int64_t c = 0; c < padded(R); c += W) store(col + c, VT<T>{});
+        for (int64_t t = g.lo; t < g.hi; t += W) store(col + t + g.off, load(x + t));
+        if (g.hi > g.lo) store(col + g.hi + g.off, VT<T>{});  // the copy's overshoot: unreached columns
+        T first, last;
+        end_sums(x, g, first, last);
+        col[0] += first;
+        col[R - 1] += last;
+    }
+
+    // n rows of D from a strided (b, h) slice into dst, contiguous (L1-resident for the products
+    // that read them many times); returns dst.
+    inline const T* copy_rows(T* dst, const T* src, int64_t stride, int64_t n) const {
+        const int64_t d_n = dim();
+        for (int64_t t = 0; t < n; ++t) std::memcpy(dst + t * d_n, src + t * stride, sizeof(T) * d_n);
+        return dst;
+    }
+
+    // k (or v) of one (b, h) transposed into (D, Tkp), zeros past Tk.
+    inline void transpose_keys(T* dst, const T* src, int64_t stride, int64_t Tkp) const {
+        const int64_t d_n = dim();
+        std::memset(dst, 0, sizeof(T) * d_n * Tkp);
+        for (int64_t j = 0; j < Tk; ++j)
+            for (int64_t d = 0; d < d_n; ++d) dst[d * Tkp + j] = src[j * stride + d];
+    }
+
+    // Per call: each head's key table transposed, (H', D, Rp), zeros past R.
+    std::vector<T> transposed_tables(const Tables<T>& tab, int64_t H, int64_t Rp) const {
+        const int64_t d_n = dim(), heads = tab.key_per_head ? H : 1;
+        std::vector<T> et(tab.key != nullptr ? heads * d_n * Rp : 0, T(0));
+        for (int64_t h = 0; h < (tab.key != nullptr ? heads : 0); ++h)
+            for (int64_t r = 0; r < R; ++r)
+                for (int64_t d = 0; d < d_n; ++d) et[(h * d_n + d) * Rp + r] = tab.key[(h * R + r) * d_n + d];
+        return et;
+    }
+
+    // col[j] = u . k_j for the (b, h) whose k is transposed in kt, zeros past Tk.
+    inline void key_bias_terms(T* col, const T* u, const T* kt, int64_t Tkp) const {
+        for (int64_t c = 0; c < Tkp; c += W) store(col + c, add_row_times_columns(VT<T>{}, u, kt + c, Tkp, dim()));
+    }
+
+    void forward(const T* q, const T* k, const T* v, const Tables<T>& tab, T* out, T* lse, int64_t H, int64_t g_begin,
+                 int64_t g_end) const {
+        const Rows<T, DC> rows{D};
+        const int64_t d_n = dim(), Tkp = padded(Tk > 0 ? Tk : 1), Rp = padded(R);
+        const bool rel = tab.key != nullptr;
+        std::vector<T> kt_buf(d_n * Tkp), S_buf(Tq * Tkp), c_buf(Tkp), O_buf(Tq * d_n), REL_buf(rel ? Tq * Rp : 0),
+            X_buf(rel ? Tq * d_n : 0), m_buf(Tq > 0 ? Tq : 1), l_buf(Tq > 0 ? Tq : 1), Q_buf(Tq * d_n), V_buf(Tk * d_n);
+        const std::vector<T> et_all = transposed_tables(tab, H, Rp);
+        T* kt = kt_buf.data();
+        for (int64_t gi = g_begin; gi < g_end; ++gi) {
+            const int64_t b = gi / H, h = gi % H;
+            const T* qb = copy_rows(Q_buf.data(), q + b * st->q[0] + h * st->q[1], st->q[2], Tq);
+            const T* vb = copy_rows(V_buf.data(), v + b * st->v[0] + h * st->v[1], st->v[2], Tk);
+            const T* et = tab.key != nullptr ? et_all.data() + (tab.key_per_head ? h * d_n * Rp : 0) : nullptr;
+            const T* qa = tab.query_bias != nullptr ? tab.query_bias + h * d_n : nullptr;
+            T* ob = out + b * st->out[0] + h * st->out[1];
+            T* lb = lse + gi * Tq;
+            transpose_keys(kt, k + b * st->k[0] + h * st->k[1], st->k[2], Tkp);
+            const T* colp = nullptr;
+            if (tab.key_bias != nullptr) {
+                key_bias_terms(c_buf.data(), tab.key_bias + h * d_n, kt, Tkp);
+                colp = c_buf.data();
+            }
+            // q.k and the relative terms of every row, four rows at a time
+            rows_times_columns(S_buf.data(), Tkp, qb, d_n, kt, Tkp, d_n, Tq,
+                               [this](int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) { key_span(i0, i1, lo, hi); });
+            if (rel) relative_rows(X_buf.data(), REL_buf.data(), Rp, qb, d_n, qa, et);
+            for (int64_t i = 0; i < Tq; ++i) {
+                const Segments g = segments(i, Tq, Tk, R, offset, causal);
+                const int64_t np = padded(block_keys(i));
+                T* s = S_buf.data() + i * Tkp;
+                if (g.n == 0) {
+                    for (int64_t c = 0; c < np; c += W) store(s + c, VT<T>{});
+                    m_buf[i] = -std::numeric_limits<T>::infinity();
+                    continue;
+                }
+                logits(s, rel ? REL_buf.data() + i * Rp : nullptr, colp, g, np);
+                VT<T> mv = load(s);
+                for (int64_t c = W; c < np; c += W) {
+                    const VT<T> xv = load(s + c);
+                    mv = xv > mv ? xv : mv;
+                }
+                const T m = hmax<T>(mv);
+                VT<T> lv{};
+                for (int64_t c = 0; c < np; c += W) {
+                    const VT<T> e = exp_nonpositive(load(s + c) - m);
+                    store(s + c, e);
+                    lv += e;
+                }
+                m_buf[i] = m;
+                l_buf[i] = hsum<T>(lv);
+            }
+            // o_i = sum_j p_ij v_j, four rows at a time; then the value table and 1 / l
+            std::memset(O_buf.data(), 0, sizeof(T) * Tq * d_n);
+            rows.add_products(O_buf.data(), d_n, S_buf.data(), Tkp, 1, vb, d_n, Tq,
+                              [this](int64_t i0, int64_t, int64_t& t0, int64_t& t1) { t0 = 0; t1 = block_keys(i0); });
+            for (int64_t i = 0; i < Tq; ++i) {
+                const Segments g = segments(i, Tq, Tk, R, offset, causal);
+                T* oi = ob + i * st->out[2];
+                if (g.n == 0) {
+                    for (int64_t d = 0; d < d_n; ++d) oi[d] = 0;
+                    lb[i] = -std::numeric_limits<T>::infinity();
+                    continue;
+                }
+                const T* s = S_buf.data() + i * Tkp;
+                T* o = O_buf.data() + i * d_n;
+                const T m = m_buf[i], l = l_buf[i];
+                if (tab.value != nullptr) {
+                    const T* F = tab.value;
+                    T first, last;
+                    end_sums(s, g, first, last);
+                    rows.axpy(o, first, F);
+                    rows.axpy(o, last, F + (R - 1) * d_n);
+                    const T* mid = F + (g.lo + g.off) * d_n;
+                    rows.add_weighted_rows(o, s + g.lo, g.hi - g.lo, [=](int64_t j) { return mid + j * d_n; });
+                }
+                const T inv = T(1) / l;
+                for (int64_t d = 0; d < d_n; ++d) oi[d] = o[d] * inv;
+                lb[i] = m + std::log(l);
+            }
+        }
+    }
+
+    // Per (b, h): a pass over the query rows recomputes p and computes d z (kept, (Tq, Tkp)
+    // each), dq and the relative terms' per-column sums; then a pass over the keys sums dv_j and
+    // dk_j down the columns of p and d z, and one over the table rows sums their gradients: every
+    // gradient is summed in registers and stored once (no read-modify-write per (i, j)).
+    void backward(const T* q, const T* k, const T* v, const Tables<T>& tab, const T* out, const T* lse, const T* dout,
+                  T* dq, T* dk, T* dv, const TableGrads<T>& grads, int64_t H, int64_t g_begin, int64_t g_end) const {
+        const Rows<T, DC> rows{D};
+        const int64_t d_n = dim(), Tkp = padded(Tk > 0 ? Tk : 1), Rp = padded(R);
+        const bool rel = tab.key != nullptr, val = tab.value != nullptr;
+        // P and S: a row per query (W entries of slack at the end, read by by_column); DR and PB:
+        // a row of Rw = padded(R) + W per query (by_column's slack)
+        const int64_t Rw = Rp + W;
+        std::vector<T> kt_buf(d_n * Tkp), vt_buf(d_n * Tkp), P_buf(Tq * Tkp + W), S_buf(Tq * Tkp + W), dc_buf(Tkp),
+            c_buf(Tkp), REL_buf(rel ? Tq * Rp : 0), GV_buf(val ? Tq * Rp : 0), dx_buf(d_n), X_buf(rel ? Tq * d_n : 0),
+            DR_buf(rel ? Tq * Rw : 0), PB_buf(val ? Tq * Rw : 0), ft_buf(val ? d_n * Rp : 0, T(0));
+        const std::vector<T> et_all = transposed_tables(tab, H, Rp);
+        T* kt = kt_buf.data();
+        T* vt = vt_buf.data();
+        T* P = P_buf.data();    // p_ij, row i at P + i Tkp
+        T* S = S_buf.data();    // d loss / d z_ij
+        T* dc = dc_buf.data();  // sum_i d z_ij
+        T* X = X_buf.data();    // q_i + a
+        T* DR = DR_buf.data();  // d rel: d z summed per table row
+        T* PB = PB_buf.data();  // p summed per table row
+        T* ft = ft_buf.data();  // the value table transposed (D, Rp), zeros past R
+        if (val) {
+            for (int64_t r = 0; r < R; ++r)
+                for (int64_t d = 0; d < d_n; ++d) ft[d * Rp + r] = tab.value[r * d_n + d];
+        }
+        // q, k and dO of a slice are copied into contiguous rows (Q, K, G below)
+        const int64_t qs = d_n, ks = d_n, dos = d_n;
+        std::vector<T> Q_buf(Tq * d_n), K_buf(Tk * d_n), G_buf(Tq * d_n);
+        for (int64_t gi = g_begin; gi < g_end; ++gi) {
+            const int64_t b = gi / H, h = gi % H;
+            const T* qb = copy_rows(Q_buf.data(), q + b * st->q[0] + h * st->q[1], st->q[2], Tq);
+            const T* kb = copy_rows(K_buf.data(), k + b * st->k[0] + h * st->k[1], st->k[2], Tk);
+            const T* ob = out + b * st->out[0] + h * st->out[1];
+            const T* dob = copy_rows(G_buf.data(), dout + b * st->dout[0] + h * st->dout[1], st->dout[2], Tq);
+            const T* lb = lse + gi * Tq;
+            const int64_t eh = tab.key_per_head ? h : 0;
+            const T* et = rel ? et_all.data() + eh * d_n * Rp : nullptr;
+            const T* E = rel ? tab.key + eh * R * d_n : nullptr;
+            const T* qa = tab.query_bias != nullptr ? tab.query_bias + h * d_n : nullptr;
+            T* dqb = dq + b * st->dq[0] + h * st->dq[1];
+            transpose_keys(kt, kb, ks, Tkp);
+            transpose_keys(vt, v + b * st->v[0] + h * st->v[1], st->v[2], Tkp);
+            const T* colp = nullptr;
+            if (tab.key_bias != nullptr) {
+                key_bias_terms(c_buf.data(), tab.key_bias + h * d_n, kt, Tkp);
+                colp = c_buf.data();
+            }
+            std::memset(dc, 0, sizeof(T) * Tkp);
+            // q.k, dO.v, the relative terms and dO.F of every row, four rows at a time
+            auto keys = [this](int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) { key_span(i0, i1, lo, hi); };
+            rows_times_columns(P, Tkp, qb, qs, kt, Tkp, d_n, Tq, keys);
+            rows_times_columns(S, Tkp, dob, dos, vt, Tkp, d_n, Tq, keys);
+            if (rel) relative_rows(X, REL_buf.data(), Rp, qb, qs, qa, et);
+            if (val) {
+                rows_times_columns(GV_buf.data(), Rp, dob, dos, ft, Rp, d_n, Tq,
+                                   [this](int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) { table_span(i0, i1, lo, hi); });
+            }
+            for (int64_t i = 0; i < Tq; ++i) {
+                const Segments g = segments(i, Tq, Tk, R, offset, causal);
+                const T* doi = dob + i * dos;
+                T* dqo = dqb + i * st->dq[2];
+                T* p = P + i * Tkp;
+                T* ds = S + i * Tkp;
+                const int64_t np = padded(block_keys(i));
+                std::memset(dqo, 0, sizeof(T) * d_n);
+                if (g.n == 0) {
+                    for (int64_t c = 0; c < np; c += W) store(ds + c, VT<T>{});
+                    continue;
+                }
+                int64_t first_col, last_col;
+                columns(g, first_col, last_col);
+                logits(p, rel ? REL_buf.data() + i * Rp : nullptr, colp, g, np);
+                const T li = lb[i];
+                for (int64_t c = 0; c < np; c += W) store(p + c, exp_nonpositive(load(p + c) - li));
+                // delta_i = sum_j p_ij dp_ij = dO_i . O_i
+                const T delta = rows.dot(doi, ob + i * st->out[2]);
+                const T* gv = val ? GV_buf.data() + i * Rp : nullptr;  // dO_i . F[r]
+                for (int64_t c = 0; c < np; c += W) {
+                    VT<T> acc = load(ds + c);  // dO_i . v_j
+                    if (val) acc += gather(gv, c, g);
+                    // d loss / d z_ij; 0 on the padding (p = 0)
+                    const VT<T> dsv = load(p + c) * (acc - delta) * scale;
+                    store(ds + c, dsv);
+                    store(dc + c, load(dc + c) + dsv);
+                }
+                if (np + W <= Tkp) {
+                    // a chunk of zeros past the block's keys: the four-key blocks down the columns read it
+                    store(p + np, VT<T>{});
+                    store(ds + np, VT<T>{});
+                }
+                if (val) by_column(PB + i * Rw, p, g);
+                if (rel) {
+                    // dq_i += sum_r drel_r E[r] (and the same into da)
+                    T* drel = DR + i * Rw;
+                    by_column(drel, ds, g);
+                    std::memset(dx_buf.data(), 0, sizeof(T) * d_n);
+                    const T* Ef = E + first_col * d_n;
+                    rows.add_weighted_rows(dx_buf.data(), drel + first_col, last_col - first_col + 1,
+                                           [=](int64_t r) { return Ef + r * d_n; });
+                    rows.axpy(dqo, T(1), dx_buf.data());
+                    if (grads.query_bias != nullptr) rows.axpy(grads.query_bias + h * d_n, T(1), dx_buf.data());
+                }
+            }
+            // dq_i += sum_j d z_ij k_j, four rows at a time
+            rows.add_products(dqb, st->dq[2], S, Tkp, 1, kb, ks, Tq,
+                              [this](int64_t i0, int64_t, int64_t& t0, int64_t& t1) { t0 = 0; t1 = block_keys(i0); });
+            // down the columns, four keys at a time: query i sees key j from row i0(j) on (causal),
+            // every row else (the rows of a block before its last key's i0 hold p = d z = 0 there)
+            T* dkb = dk + b * st->dk[0] + h * st->dk[1];
+            T* dvb = dv + b * st->dv[0] + h * st->dv[1];
+            for (int64_t j = 0; j < Tk; ++j) {
+                std::memset(dvb + j * st->dv[2], 0, sizeof(T) * d_n);
+                std::memset(dkb + j * st->dk[2], 0, sizeof(T) * d_n);
+            }
+            auto seen_by = [this](int64_t j0, int64_t, int64_t& t0, int64_t& t1) {
+                t0 = causal && j0 - (Tk - Tq) > 0 ? j0 - (Tk - Tq) : 0;
+                t1 = Tq;
+            };
+            rows.add_products(dvb, st->dv[2], P, 1, Tkp, dob, dos, Tk, seen_by);
+            rows.add_products(dkb, st->dk[2], S, 1, Tkp, qb, qs, Tk, seen_by);
+            const T* u = tab.key_bias != nullptr ? tab.key_bias + h * d_n : nullptr;
+            if (u != nullptr) {
+                for (int64_t j = 0; j < Tk; ++j) rows.axpy(dkb + j * st->dk[2], dc[j], u);  // col_j = u . k_j
+            }
+            if (u != nullptr) rows.add_weighted_rows(grads.key_bias + h * d_n, dc, Tk, [=](int64_t j) { return kb + j * ks; });
+            // the table rows, four at a time: dE[r] += sum_i drel_ir (q_i + a), dF[r] += sum_i pb_ir dO_i
+            // over the rows i that reach one of the four (the others' entries are 0)
+            auto reaching = [this](int64_t r0, int64_t r1, int64_t& t0, int64_t& t1) {
+                t0 = Tq;
+                t1 = 0;
+                for (int64_t r = r0; r <= r1; ++r) {
+                    int64_t ilo, ihi;
+                    rows_reaching(r, ilo, ihi);
+                    if (ihi < ilo) continue;
+                    t0 = ilo < t0 ? ilo : t0;
+                    t1 = ihi + 1 > t1 ? ihi + 1 : t1;
+                }
+                if (t1 < t0) t1 = t0;
+            };
+            if (rel) rows.add_products(grads.key + eh * R * d_n, d_n, DR, 1, Rw, X, d_n, R, reaching);
+            if (val) rows.add_products(grads.value, d_n, PB, 1, Rw, dob, dos, R, reaching);
+        }
+    }
+};
+
+template <class T, int DC>
+Kernel<T, DC> make(int64_t Tq, int64_t Tk, int64_t D, int64_t R, int64_t offset, int causal, double scale,
+                   const Strides* st) {
+    return Kernel<T, DC>{Tq, Tk, D, R, offset, causal != 0, static_cast<T>(scale), st};
+}
+
+// The common head sizes get loops of known length (unrolled into whole vectors) in float32;
+// float64 (the tests' gradcheck) takes the general loops only, which keeps the build short.
+#define POSENC_BY_HEAD_DIM(T, CALL)                                             \
+    switch (D) {                                                                \
+        case 16: { auto kern = make<T, 16>(Tq, Tk, D, R, offset, causal, scale, st); CALL; break; } \
+        case 32: { auto kern = make<T, 32>(Tq, Tk, D, R, offset, causal, scale, st); CALL; break; } \
+        case 64: { auto kern = make<T, 64>(Tq, Tk, D, R, offset, causal, scale, st); CALL; break; } \
+        default: { auto kern = make<T, 0>(Tq, Tk, D, R, offset, causal, scale, st); CALL; break; }  \
+    }
+#define POSENC_GENERAL(T, CALL)                                                 \
+    {                                                                           \
+        auto kern = make<T, 0>(Tq, Tk, D, R, offset, causal, scale, st);       \
+        CALL;                                                                   \
+    }
+
+}  // namespace
+
+extern "C" {
+
+// dtype 0: float32, 1: float64. q (B, H, Tq, D), k and v (B, H, Tk, D), rows contiguous, strides
+// (b, h, t) in `strides` (the Strides struct: q, k, v, out, dout, dq, dk, dv, 24 int64 in
+// elements). key_table E (R, D), or (H, R, D) when key_per_head; query_bias a and key_bias u
+// (H, D); value_table F (R, D): contiguous, each may be null. out (B, H, Tq, D) and lse
+// (B H Tq,) are written. Handles the (b, h) slices g in [g_begin, g_end), g = b H + h.
+// Returns 0, or -1 for an unknown dtype.
+int posenc_relpos_forward(int dtype, int64_t H, int64_t Tq, int64_t Tk, int64_t D, int64_t R, int64_t offset,
+                          int causal, double scale, const void* q, const void* k, const void* v, const void* key_table,
+                          int key_per_head, const void* query_bias, const void* key_bias, const void* value_table,
+                          void* out, void* lse, const int64_t* strides, int64_t g_begin, int64_t g_end) {
+    const Strides* st = reinterpret_cast<const Strides*>(strides);
+#define POSENC_TABLES(T)                                                                                        \
+    Tables<T> tab{static_cast<const T*>(key_table), key_per_head != 0, static_cast<const T*>(query_bias),     \
+                  static_cast<const T*>(key_bias), static_cast<const T*>(value_table)}
+    if (dtype == 0) {
+        using T = float;
+        POSENC_TABLES(T);
+        POSENC_BY_HEAD_DIM(T, kern.forward(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                                           tab, static_cast<T*>(out), static_cast<T*>(lse), H, g_begin, g_end))
+        return 0;
+    }
+    if (dtype == 1) {
+        using T = double;
+        POSENC_TABLES(T);
+        POSENC_GENERAL(T, kern.forward(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                                           tab, static_cast<T*>(out), static_cast<T*>(lse), H, g_begin, g_end))
+        return 0;
+    }
+    return -1;
+}
+
+// The backward of posenc_relpos_forward: dq, dk, dv (shapes of q, k, v) written; the tables'
+// gradients added into `grads` (the caller zeroes it; one buffer per thread), laid out as the
+// present tables one after the other: E's (its shape), a's (H, D), u's (H, D), F's (R, D).
+// out and lse: the forward's; dout: the gradient of out.
+int posenc_relpos_backward(int dtype, int64_t H, int64_t Tq, int64_t Tk, int64_t D, int64_t R, int64_t offset,
+                           int causal, double scale, const void* q, const void* k, const void* v, const void* key_table,
+                           int key_per_head, const void* query_bias, const void* key_bias, const void* value_table,
+                           const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
+                           void* grads, const int64_t* strides, int64_t g_begin, int64_t g_end) {
+    const Strides* st = reinterpret_cast<const Strides*>(strides);
+#define POSENC_GRADS(T)                                                                                         \
+    TableGrads<T> tg{nullptr, nullptr, nullptr, nullptr};                                                      \
+    {                                                                                                            \
+        T* next = static_cast<T*>(grads);                                                                        \
+        if (key_table != nullptr) { tg.key = next; next += (key_per_head ? H : 1) * R * D; }                     \
+        if (query_bias != nullptr) { tg.query_bias = next; next += H * D; }                                      \
+        if (key_bias != nullptr) { tg.key_bias = next; next += H * D; }                                          \
+        if (value_table != nullptr) { tg.value = next; }                                                         \
+    }
+#define POSENC_BACKWARD_ARGS(T)                                                                                 \
+    static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), tab,                          \
+        static_cast<const T*>(out), static_cast<const T*>(lse), static_cast<const T*>(dout), static_cast<T*>(dq), \
+        static_cast<T*>(dk), static_cast<T*>(dv), tg, H, g_begin, g_end
+    if (dtype == 0) {
+        using T = float;
+        POSENC_TABLES(T);
+        POSENC_GRADS(T);
+        POSENC_BY_HEAD_DIM(T, kern.backward(POSENC_BACKWARD_ARGS(T)))
+        return 0;
+    }
+    if (dtype == 1) {
+        using T = double;
+        POSENC_TABLES(T);
+        POSENC_GRADS(T);
+        POSENC_GENERAL(T, kern.backward(POSENC_BACKWARD_ARGS(T)))
+        return 0;
+    }
+    return -1;
+}
+
+}  // extern "C"

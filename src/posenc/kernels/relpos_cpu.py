@@ -1,0 +1,247 @@
+"""Fused CPU attention with a relative-position table, forward and backward (``relpos_cpu.cpp``
+beside this file): the attention of Shaw et al. (2018) and of Transformer-XL (Dai et al. 2019)
+in one pass per (batch, head) slice over cache-resident data, where the eager backend makes a
+dozen passes over (B, H, Tq, Tk) tensors (timings: docs/results.md, "CPU attention hot paths
+(issue 24)").
+
+Per (b, h), z_ij the logit before the scale (the formula of ``relpos_cpu.cpp``):
+
+    z_ij = q_i . k_j + (q_i + a) . E[r(i, j)] + u . k_j,     r(i, j) = clamp(j - i + offset, 0, R - 1),
+    p_ij = softmax_j(scale z_ij) over the visible keys (causal: j <= i + Tk - Tq),
+    o_i  = sum_j p_ij (v_j + F[r(i, j)]).
+
+Shaw: E = w^K, F = w^V (R = 2k + 1, shared by the heads), no a or u. Transformer-XL: E = W R_d
+per head over the call's distances, a = r_r_bias, u = r_w_bias, no F. The gradients of q, k, v
+and of the four tables come from one backward pass that recomputes the probabilities from the
+saved log-sum-exp (FlashAttention's scheme). float32 (exp by a polynomial within about 1 ulp)
+and float64 (for gradcheck).
+
+Built as the fused RoPE kernel is (:mod:`posenc.kernels.rotary_cpu`): on request with
+``torch.utils.cpp_extension.load`` (no torch header: seconds), cached on disk under a name that
+holds the source, the flags and the CPU, called through ``ctypes`` (several torch threads: the
+(b, h) slices split across a pool). The same switch: :func:`posenc.kernels.build_cpu_relpos`,
+or ``POSENC_CPU_KERNEL=1`` (build at the first call), ``POSENC_CPU_KERNEL=0`` /
+``posenc.kernels.CPU_KERNEL_ENABLED = False`` (never used). Under ``torch.compile`` the
+encodings keep their torch path (:func:`usable` says no).
+
+Layer: kernels (imports torch and the kernels package only).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from posenc import kernels
+from posenc.kernels.rotary_cpu import (
+    _cpu_fingerprint,
+    _put_pip_ninja_on_path,
+    _thread_pool,
+)
+
+#: The C++ source, shipped beside this module (package data).
+SOURCE = Path(__file__).with_name("relpos_cpu.cpp")
+
+#: Compiler flags: the host's instruction set (the results need not match torch's bits: the
+#: softmax is this kernel's own, checked against float64 by the tests).
+CFLAGS = ("-O3", "-march=native", "-fno-math-errno")
+
+_DTYPE_CODES = {torch.float32: 0, torch.float64: 1}
+
+#: Below this many score entries (B H Tq Tk) a call stays on one thread: handing parts to the
+#: pool costs tens of microseconds.
+_PARALLEL_MIN_ENTRIES = 1 << 18
+
+_lib: ctypes.CDLL | None = None
+_failed = False
+_lock = threading.Lock()
+
+
+def extension_name() -> str:
+    """The name in torch's extension cache: source, flags and CPU in one digest."""
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), _cpu_fingerprint().encode()):
+        digest.update(part)
+    return f"posenc_relpos_cpu_{digest.hexdigest()[:16]}"
+
+
+def is_built() -> bool:
+    """True once :func:`build` has loaded the kernel in this process."""
+    return _lib is not None
+
+
+def build(verbose: bool = False) -> bool:
+    """Compile the kernel (or load it from torch's extension cache) into this process.
+
+    Returns True when it is loaded. On failure (no compiler, no ninja, an unwritable cache) it
+    warns once (``RuntimeWarning``) and returns False; the encodings then keep their torch path.
+    Thread-safe.
+    """
+    global _lib, _failed
+    with _lock:
+        if _lib is not None or _failed:
+            return _lib is not None
+        try:
+            from torch.utils import cpp_extension
+
+            _put_pip_ninja_on_path()
+            path = cpp_extension.load(name=extension_name(), sources=[str(SOURCE)], extra_cflags=list(CFLAGS),
+                                      is_python_module=False, verbose=verbose)
+            lib = ctypes.CDLL(str(path))
+            i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+            head = [c_int, i64, i64, i64, i64, i64, i64, c_int, ctypes.c_double]
+            tables = [ptr, ptr, ptr, ptr, c_int, ptr, ptr, ptr]  # q, k, v, E, E per head, a, u, F
+            lib.posenc_relpos_forward.argtypes = head + tables + [ptr, ptr, ptr, i64, i64]
+            lib.posenc_relpos_forward.restype = c_int
+            lib.posenc_relpos_backward.argtypes = head + tables + [ptr] * 7 + [ptr, i64, i64]
+            lib.posenc_relpos_backward.restype = c_int
+        except Exception as err:  # noqa: BLE001 - any build or load failure keeps the torch path
+            _failed = True
+            warnings.warn(f"posenc: the fused CPU relative-position attention kernel could not be built "
+                          f"({type(err).__name__}: {str(err).strip()[-300:]}); Shaw and Transformer-XL keep "
+                          f"their torch path", RuntimeWarning, stacklevel=3)
+            return False
+        _lib = lib
+        return True
+
+
+def usable(*tensors: Tensor) -> bool:
+    """Whether the kernel should serve a call on these tensors: the switch
+    ``posenc.kernels.CPU_KERNEL_ENABLED`` is on, not under ``torch.compile``, every tensor on the
+    CPU, all float32 or all float64, and the kernel is built (or ``POSENC_CPU_KERNEL=1`` builds
+    it now). Reads no tensor values."""
+    if not kernels.CPU_KERNEL_ENABLED or torch.compiler.is_compiling():
+        return False
+    dtype = tensors[0].dtype
+    if dtype not in _DTYPE_CODES or any(t.device.type != "cpu" or t.dtype != dtype for t in tensors):
+        return False
+    return _lib is not None or (kernels.CPU_KERNEL_AUTOBUILD and build())
+
+
+def serves(*tensors: Tensor) -> bool:
+    """Whether an encoding should hand a call to the kernel: :func:`usable` on float32 tensors.
+    float64 calls keep the hooks' path: the reference dtype, exact torch operations and second
+    derivatives, which the kernel's backward does not have."""
+    return tensors[0].dtype == torch.float32 and usable(*tensors)
+
+
+def _rows(t: Tensor) -> list[int]:
+    """The strides of t's (b, h, t) dimensions."""
+    return list(t.stride()[:3])
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return t.data_ptr() if t is not None else None
+
+
+def _dense_like(x: Tensor) -> Tensor:
+    """An uninitialized tensor of x's shape whose memory runs in the order of x's strides (the
+    gradient of a transposed view of a projection comes back in the projection's layout, so
+    the backward of the view and of the split costs no copy)."""
+    order = sorted(range(x.dim()), key=lambda d: (-x.stride(d), -d))
+    strides, step = [0] * x.dim(), 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= x.shape[d]
+    return torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device)
+
+
+def _last_contiguous(t: Tensor) -> Tensor:
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def _strides(*tensors: Tensor) -> ctypes.Array:
+    """The kernel's Strides struct: (b, h, t) strides of q, k, v, out, dout, dq, dk, dv."""
+    values = [st for t in tensors for st in _rows(t)]
+    return (ctypes.c_int64 * 24)(*(values + [0] * (24 - len(values))))
+
+
+def _threads(slices: int, entries: int) -> int:
+    """Threads for a call: torch's, at most one per (b, h) slice; one below
+    :data:`_PARALLEL_MIN_ENTRIES` score entries (the pool's hand-off costs more)."""
+    return 1 if entries < _PARALLEL_MIN_ENTRIES else max(1, min(torch.get_num_threads(), slices))
+
+
+def _run(fn, args, threads: int, slices: int) -> None:
+    """fn(*args(part), g_begin, g_end) over the (b, h) slices split in ``threads`` parts, one on
+    this thread and the rest on the pool (ctypes releases the GIL)."""
+    if threads <= 1:
+        fn(*args(0), 0, slices)
+        return
+    cuts = [slices * i // threads for i in range(threads + 1)]
+    pool = _thread_pool(threads)
+    futures = [pool.submit(fn, *args(i), cuts[i], cuts[i + 1]) for i in range(1, threads)]
+    fn(*args(0), cuts[0], cuts[1])
+    for f in futures:
+        f.result()
+
+
+class _RelativeAttention(torch.autograd.Function):
+    """The kernel's forward and backward; see :func:`attention`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, key_table, query_bias, key_bias, value_table, offset: int, causal: bool, scale: float):
+        q, k, v = _last_contiguous(q), _last_contiguous(k), _last_contiguous(v)
+        tables = [t.contiguous() if t is not None else None for t in (key_table, query_bias, key_bias, value_table)]
+        batch, heads, num_queries, dim = q.shape
+        num_keys = k.shape[2]
+        width = tables[0].shape[-2] if tables[0] is not None else (tables[3].shape[0] if tables[3] is not None else 1)
+        out = _dense_like(q)  # q's layout: for the LM's (B, T, H, D) projection, the reshape after is free
+        lse = q.new_empty(batch, heads, num_queries)
+        head = (_DTYPE_CODES[q.dtype], heads, num_queries, num_keys, dim, width, offset, int(causal), scale)
+        common = (head + (_ptr(q), _ptr(k), _ptr(v), _ptr(tables[0]), int(tables[0] is not None and tables[0].dim() == 3))
+                  + tuple(_ptr(t) for t in tables[1:]))
+        strides = _strides(q, k, v, out)
+        slices = batch * heads
+        _run(_lib.posenc_relpos_forward, lambda part: common + (_ptr(out), _ptr(lse), strides),
+             _threads(slices, slices * num_queries * num_keys), slices)
+        ctx.save_for_backward(q, k, v, out, lse, *tables)
+        ctx.common = common
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, *tables = ctx.saved_tensors
+        grad_out = _last_contiguous(grad_out)
+        dq, dk, dv = _dense_like(q), _dense_like(k), _dense_like(v)
+        batch, heads, num_queries = q.shape[:3]
+        slices = batch * heads
+        threads = _threads(slices, slices * num_queries * k.shape[2])
+        sizes = [t.numel() if t is not None else 0 for t in tables]
+        grads = q.new_zeros(threads, max(sum(sizes), 1))
+        strides = _strides(q, k, v, out, grad_out, dq, dk, dv)
+        tail = (_ptr(out), _ptr(lse), _ptr(grad_out), _ptr(dq), _ptr(dk), _ptr(dv))
+        _run(_lib.posenc_relpos_backward, lambda part: ctx.common + tail + (_ptr(grads[part]), strides), threads, slices)
+        summed = grads.sum(0) if threads > 1 else grads[0]
+        table_grads, start = [], 0
+        for t, n in zip(tables, sizes):
+            table_grads.append(summed[start:start + n].view(t.shape) if t is not None else None)
+            start += n
+        return (dq, dk, dv, *table_grads, None, None, None)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, key_table: Tensor | None = None, query_bias: Tensor | None = None,
+              key_bias: Tensor | None = None, value_table: Tensor | None = None, offset: int, causal: bool,
+              scale: float) -> Tensor:
+    """softmax(scale (q_i.k_j + (q_i + a).E[r] + u.k_j)) @ (v_j + F[r]) with autograd, r = r(i, j) =
+    clamp(j - i + offset, 0, R - 1) (the formula: the module docstring).
+
+    q (B, H, Tq, D); k, v (B, H, Tk, D); key_table E (R, D) shared by the heads or (H, R, D);
+    query_bias a and key_bias u (H, D); value_table F (R, D); each table may be None (no term).
+    All of one dtype, float32 or float64, on the CPU (:func:`usable` says so); the last
+    dimensions of q, k, v contiguous or copied. ``causal``: query i sees the keys
+    j <= i + Tk - Tq (queries at the end of the keys); a row without keys gets zeros. Returns
+    (B, H, Tq, D) in that dtype, its memory in the order of q's (a transposed view of
+    (B, Tq, H, D) for the LM's q). The caller checks shapes (the kernel trusts them:
+    E and F of the same R) and that the kernel is built.
+    """
+    return _RelativeAttention.apply(q, k, v, key_table, query_bias, key_bias, value_table, int(offset), bool(causal),
+                                    float(scale))

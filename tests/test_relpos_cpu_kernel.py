@@ -1,0 +1,246 @@
+"""The fused CPU attention of Shaw and Transformer-XL (posenc.kernels.relpos_cpu): outputs and
+gradients against the attention formula written out in float64 (Shaw et al. 2018, eqs. 3-5;
+Dai et al. 2019, A^rel), gradcheck in float64, and the encodings through ``posenc.attention``
+with the kernel on against their hooks' path. Built once per module; skips where no compiler
+builds it."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import posenc
+from posenc import kernels
+from posenc.kernels import relpos_cpu
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    """The kernel for this module only: the modules after it keep the state they would have had."""
+    before = relpos_cpu._lib
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if not kernels.build_cpu_relpos():
+            pytest.skip("the fused CPU kernel does not build here (no C++ compiler or ninja)")
+    yield
+    relpos_cpu._lib = before
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """The calls that reached the kernel."""
+    calls = []
+    original = relpos_cpu.attention
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(relpos_cpu, "attention", counting)
+    return calls
+
+
+def formula64(q, k, v, key_table, query_bias, key_bias, value_table, offset, causal, scale):
+    """softmax(scale (q_i.k_j + (q_i + a).E[r] + u.k_j) + mask) @ (v_j + F[r]) in float64, with an
+    explicit loop over the (i, j) pairs for r = clamp(j - i + offset, 0, R - 1)."""
+    q, k, v = q.double(), k.double(), v.double()
+    batch, heads, num_queries, _ = q.shape
+    num_keys = k.shape[2]
+    width = (key_table if key_table is not None else value_table).shape[-2]
+    logits = torch.zeros(batch, heads, num_queries, num_keys, dtype=torch.float64)
+    extra = [[None] * num_keys for _ in range(num_queries)]
+    for i in range(num_queries):
+        for j in range(num_keys):
+            r = max(0, min(width - 1, j - i + offset))
+            z = (q[:, :, i] * k[:, :, j]).sum(-1)
+            if key_table is not None:
+                table = key_table.double()
+                row = table[:, r] if table.dim() == 3 else table[r]
+                qa = q[:, :, i] + (query_bias.double() if query_bias is not None else 0)
+                z = z + (qa * row).sum(-1)
+            if key_bias is not None:
+                z = z + (k[:, :, j] * key_bias.double()).sum(-1)
+            logits[:, :, i, j] = z * scale
+            extra[i][j] = value_table.double()[r] if value_table is not None else None
+    if causal:
+        hidden = torch.arange(num_keys)[None, :] > torch.arange(num_queries)[:, None] + num_keys - num_queries
+        logits = logits.masked_fill(hidden, float("-inf"))
+    probs = torch.softmax(logits, dim=-1).nan_to_num()  # a row without keys: zeros
+    out = probs @ v
+    if value_table is not None:
+        for i in range(num_queries):
+            for j in range(num_keys):
+                out[:, :, i] = out[:, :, i] + probs[:, :, i, j, None] * extra[i][j]
+    return out
+
+
+def inputs(kind, batch, heads, num_queries, num_keys, dim, width, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def make(*shape):
+        return torch.randn(*shape, generator=g, dtype=dtype).requires_grad_()
+
+    q, k, v = make(batch, heads, num_queries, dim), make(batch, heads, num_keys, dim), make(batch, heads, num_keys, dim)
+    tables = {}
+    if kind in ("shaw", "all"):
+        tables.update(key_table=make(width, dim), value_table=make(width, dim))
+    if kind in ("txl", "all"):
+        tables.update(query_bias=make(heads, dim), key_bias=make(heads, dim))
+    if kind == "txl":
+        tables["key_table"] = make(heads, width, dim)
+    return q, k, v, tables
+
+
+CASES = [
+    # kind, B, H, Tq, Tk, D, R, offset, causal
+    ("shaw", 2, 4, 40, 40, 16, 33, 16, True),   # the LM's layout: clipped both ways, whole vectors
+    ("shaw", 2, 3, 5, 9, 4, 5, 6, True),        # a cache before the queries; D off the vector width
+    ("shaw", 1, 2, 7, 5, 5, 7, -2, False),      # bidirectional, more queries than keys
+    ("txl", 2, 2, 20, 20, 16, 21, 19, True),    # Tk + 1 distances (causal)
+    ("txl", 1, 2, 6, 9, 32, 14, 5, False),      # Tq + Tk - 1 distances
+    ("all", 2, 2, 17, 17, 16, 9, 4, True),      # every table at once
+    ("shaw", 1, 2, 6, 3, 16, 5, 2, True),       # Tq > Tk: the first rows see no key
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("kind, batch, heads, nq, nk, dim, width, offset, causal", CASES)
+def test_outputs_and_gradients_match_the_float64_formula(dtype, kind, batch, heads, nq, nk, dim, width, offset,
+                                                         causal):
+    q, k, v, tables = inputs(kind, batch, heads, nq, nk, dim, width, dtype)
+    scale = 0.3
+    out = relpos_cpu.attention(q, k, v, **tables, offset=offset, causal=causal, scale=scale)
+    names = ("key_table", "query_bias", "key_bias", "value_table")
+    ref = formula64(q, k, v, *(tables.get(n) for n in names), offset, causal, scale)
+    tol = {"atol": 1e-10, "rtol": 1e-10} if dtype == torch.float64 else {"atol": 2e-5, "rtol": 2e-5}
+    torch.testing.assert_close(out.double(), ref, **tol)
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    leaves = [q, k, v, *tables.values()]
+    got = torch.autograd.grad(out, leaves, grad.to(dtype))
+    want = torch.autograd.grad(ref, leaves, grad)
+    for g_kernel, g_ref in zip(got, want):
+        torch.testing.assert_close(g_kernel.double(), g_ref.double(), **tol)
+
+
+@pytest.mark.parametrize("kind", ["shaw", "txl", "all"])
+def test_gradcheck(kind):
+    q, k, v, tables = inputs(kind, 2, 2, 5, 6, 4, 6, torch.float64, seed=3)
+    names = list(tables)
+
+    def fn(q, k, v, *values):
+        return relpos_cpu.attention(q, k, v, **dict(zip(names, values)), offset=3, causal=True, scale=0.5)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, *tables.values()))
+
+
+def strided_qkv(batch, heads, length, dim, seed):
+    """q, k, v as the LM makes them: transposed views of one (B, T, 3 H D) projection."""
+    x = torch.randn(batch, length, 3 * heads * dim, generator=torch.Generator().manual_seed(seed)).requires_grad_()
+    return x, [t.view(batch, length, heads, dim).transpose(1, 2) for t in x.split(heads * dim, -1)]
+
+
+@pytest.mark.parametrize("name, options", [
+    ("shaw", {"head_dim": 16, "max_relative_position": 5}),
+    ("transformer_xl", {"d_model": 32, "num_heads": 4, "head_dim": 16}),
+])
+@pytest.mark.parametrize("causal, q_positions, k_positions", [
+    (True, None, None),
+    (False, None, None),
+    (True, torch.arange(100, 124), torch.arange(100, 124)),  # consecutive, not from 0
+])
+def test_encodings_through_attention_match_their_hooks(name, options, causal, q_positions, k_positions, kernel_calls):
+    """posenc.attention (eager) with the kernel against the same encoding's hooks path in float64."""
+    torch.manual_seed(0)
+    enc = posenc.create(name, **options)
+    enc64 = posenc.create(name, **options).double()
+    enc64.load_state_dict({key: value.double() for key, value in enc.state_dict().items()})
+    x, (q, k, v) = strided_qkv(2, 4, 24, 16, seed=1)
+    out = posenc.attention(q, k, v, enc, causal=causal, q_positions=q_positions, k_positions=k_positions,
+                           backend="eager")
+    assert kernel_calls, "the kernel did not serve the call"
+    x64 = x.detach().double().requires_grad_()
+    q64, k64, v64 = (t.view(2, 24, 4, 16).transpose(1, 2) for t in x64.split(64, -1))
+    enabled, kernels.CPU_KERNEL_ENABLED = kernels.CPU_KERNEL_ENABLED, False
+    try:
+        ref = posenc.attention(q64, k64, v64, enc64, causal=causal, q_positions=q_positions, k_positions=k_positions,
+                               backend="eager")
+    finally:
+        kernels.CPU_KERNEL_ENABLED = enabled
+    assert len(kernel_calls) == 1
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    got = torch.autograd.grad(out, [x, *enc.parameters()], grad.float())
+    want = torch.autograd.grad(ref, [x64, *enc64.parameters()], grad)
+    for g_kernel, g_ref in zip(got, want):
+        torch.testing.assert_close(g_kernel.double(), g_ref, atol=5e-5, rtol=5e-5)
+
+
+@pytest.mark.parametrize("case", ["mask", "packed positions", "gap in positions", "bfloat16", "float64", "switched off"])
+def test_calls_the_kernel_does_not_cover_take_the_hooks(case, kernel_calls):
+    """content_attention returns None and the eager backend computes the hooks' terms itself."""
+    torch.manual_seed(0)
+    enc = posenc.create("shaw", head_dim=8, max_relative_position=3)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 2, 6, 8, generator=g) for _ in range(3))
+    kwargs = {"backend": "eager"}
+    if case == "mask":
+        kwargs["mask"] = torch.rand(2, 1, 6, 6, generator=g) > 0.3
+    elif case == "packed positions":
+        kwargs["q_positions"] = kwargs["k_positions"] = torch.tensor([[0, 1, 2, 0, 1, 2], [0, 1, 2, 3, 4, 5]])
+    elif case == "gap in positions":
+        kwargs["q_positions"] = kwargs["k_positions"] = torch.tensor([0, 1, 2, 5, 6, 7])
+    elif case == "bfloat16":
+        q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    elif case == "float64":  # the reference dtype keeps the hooks (exact ops, second derivatives)
+        q, k, v, enc = q.double(), k.double(), v.double(), enc.double()
+    enabled = kernels.CPU_KERNEL_ENABLED
+    kernels.CPU_KERNEL_ENABLED = case != "switched off"
+    try:
+        out = posenc.attention(q, k, v, enc, **kwargs)
+    finally:
+        kernels.CPU_KERNEL_ENABLED = enabled
+    assert not kernel_calls
+    assert out.shape == (2, 2, 6, 8) and torch.isfinite(out.float()).all()
+
+
+def test_not_used_under_compile(monkeypatch):
+    """Under torch.compile the encodings keep their torch path (the kernel is not a torch op)."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    q = torch.randn(1, 1, 4, 8)
+    assert not relpos_cpu.usable(q, q, q)
+
+
+def test_backward_of_the_backward_is_refused(kernel_calls):
+    """The kernel's backward has no derivative: a second derivative raises instead of being wrong."""
+    enc = posenc.create("shaw", head_dim=16)
+    _, (q, k, v) = strided_qkv(1, 2, 8, 16, seed=5)
+    out = posenc.attention(q, k, v, enc, backend="eager")
+    assert kernel_calls
+    (grad_q,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError):
+        grad_q.sum().backward()
+
+
+def test_several_threads_give_the_one_thread_result():
+    """With several torch threads a large call is split across (b, h) slices, each thread adding
+    the tables' gradients into its own buffer: the same numbers as one thread."""
+    q, k, v, tables = inputs("all", 16, 4, 64, 64, 16, 33, torch.float32, seed=6)
+    assert 16 * 4 * 64 * 64 >= relpos_cpu._PARALLEL_MIN_ENTRIES
+    grad = torch.randn(16, 4, 64, 16, generator=torch.Generator().manual_seed(7))
+    leaves = [q, k, v, *tables.values()]
+    results = []
+    threads = torch.get_num_threads()
+    for n in (1, 3):
+        torch.set_num_threads(n)
+        try:
+            out = relpos_cpu.attention(q, k, v, **tables, offset=16, causal=True, scale=0.25)
+            results.append((out, torch.autograd.grad(out, leaves, grad)))
+        finally:
+            torch.set_num_threads(threads)
+    (out1, grads1), (out3, grads3) = results
+    torch.testing.assert_close(out3, out1, atol=0, rtol=0)
+    for g3, g1 in zip(grads3, grads1):
+        # the tables' gradients: the slices' sums added in another order (float32 rounding)
+        torch.testing.assert_close(g3, g1, atol=1e-6 * float(g1.abs().max()), rtol=1e-5)
