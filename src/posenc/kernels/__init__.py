@@ -141,5 +141,5 @@ def use_cpu_kernel(*tensors: Tensor) -> bool:
     return CPU_KERNEL_AUTOBUILD and module.build()
 
 
-__all__ = ["CPU_KERNEL_AUTOBUILD", "CPU_KERNEL_ENABLED", "KERNEL_DEVICES", "TRITON_ENABLED", "build_cpu_relpos", "build_cpu_rotary",
+__all__ = ["CPU_KERNEL_AUTOBUILD", "CPU_KERNEL_ENABLED", "KERNEL_DEVICES", "TRITON_ENABLED", "build_cpu_fire", "build_cpu_relpos", "build_cpu_rotary",
            "cpu_rotary_kernel", "rotary_kernels", "use_cpu_kernel", "use_triton"]
