@@ -529,8 +529,8 @@ class PositionalEncoding(nn.Module):
         softmax(scale (q.k^T + :meth:`content_scores`) + causal mask) @ v + :meth:`content_values`:
         q (B, H, Tq, D), k and v (B, H, Tk, D) (one key head per query head), positions as the
         hooks get them, ``causal`` the bottom-right causal mask (no other mask, bias, gate or
-        dropout: the eager backend asks only then). Returns (B, H, Tq, D) in the accumulation
-        dtype (float32, float64), with autograd. The eager backend asks first and computes the
+        dropout: the attention layer asks only then). Returns (B, H, Tq, D) in the accumulation
+        dtype (float32, float64), with autograd. The attention layer asks first and computes the
         scores itself on None; an implementation returns None for whatever it does not cover
         (under ``torch.compile``, other positions or dtypes, its kernel not built), so the
         result never depends on whether it ran beyond rounding. Shaw and Transformer-XL: the

@@ -161,7 +161,7 @@ class Shaw(PositionalEncoding):
         (:mod:`posenc.kernels.relpos_cpu`: scores, both terms, softmax and the weighted sum in
         one pass per (batch, head), and one backward), for float32 and consecutive 1-D
         positions; None elsewhere (the kernel not built or switched off, torch.compile, other
-        dtypes or positions), and the eager backend takes the hooks. (B, H, Tq, D), float32;
+        dtypes or positions), and the attention layer takes the hooks. (B, H, Tq, D), float32;
         its backward has no derivative (switch the kernel off for second derivatives)."""
         if q.shape[-1] != self.head_dim or v.shape[-1] != self.head_dim or k.shape[1] != q.shape[1]:
             return None  # the hooks' path raises the error

@@ -192,7 +192,7 @@ class TransformerXL(PositionalEncoding):
         the fused CPU kernel (:mod:`posenc.kernels.relpos_cpu`: one pass per (batch, head),
         and one backward), for float32 and consecutive 1-D positions; None elsewhere (the
         kernel not built or switched off, torch.compile, other dtypes or positions), and the
-        eager backend takes the hooks. (B, H, Tq, D), float32; its backward has no derivative
+        attention layer takes the hooks. (B, H, Tq, D), float32; its backward has no derivative
         (switch the kernel off for second derivatives)."""
         heads, dim = self.num_heads, self.head_dim
         if q.shape[1] != heads or k.shape[1] != heads or q.shape[-1] != dim or k.shape[-1] != dim:
