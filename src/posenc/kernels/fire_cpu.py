@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
 import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -46,8 +44,6 @@ _block_keys = 64  # keys per block of the kernel (BK in the source), read from t
 _block_queries = 128  # query rows per block (BQ): the unit split across threads
 _failed = False
 _lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_pool_key: tuple[int, int] = (0, 0)
 _scratch = threading.local()
 #: The largest key buffer kept per thread (entries): 64 MiB of float32.
 _SCRATCH_ENTRIES = 1 << 24
@@ -161,7 +157,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, psi: Tensor, den: Tensor, bend
     if parts == 1:
         code = _lib.posenc_fire_attention_cpu(*args, 0, 1)
     else:
-        pool = _thread_pool(parts)
+        pool = rotary_cpu._thread_pool(parts)  # one pool for the CPU kernels, remade in a forked child
         futures = [pool.submit(_lib.posenc_fire_attention_cpu, *args, part, parts) for part in range(1, parts)]
         code = _lib.posenc_fire_attention_cpu(*args, 0, parts)
         code = min([code] + [f.result() for f in futures])
@@ -191,15 +187,3 @@ def _key_blocks(k: Tensor, padded: int) -> Tensor:
         kt[:, :, whole].zero_()
         kt[:, :, whole, :, :tail].copy_(k[:, :, whole * _block_keys:].transpose(-2, -1))
     return kt
-
-
-def _thread_pool(n: int) -> ThreadPoolExecutor:
-    """n - 1 worker threads, made again when n changes or in a forked child (whose copy of the
-    parent's pool has no threads behind it)."""
-    global _pool, _pool_key
-    key = (n, os.getpid())
-    if _pool is None or _pool_key != key:
-        if _pool is not None and _pool_key[1] == key[1]:
-            _pool.shutdown(wait=False)
-        _pool, _pool_key = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="posenc-fire"), key
-    return _pool
