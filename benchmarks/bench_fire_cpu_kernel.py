@@ -11,25 +11,18 @@ float32, batch 1, one torch thread, FIRE at its default initialisation, forward 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 import posenc
 from posenc import kernels
+from posenc.lab.bench.timing import cpu_and_wall_medians, with_cpu_kernels
 
 
 def _tiles(fn):
     """fn with the fused kernel switched off: the blocked backend's tiles."""
-    def run():
-        enabled, kernels.CPU_KERNEL_ENABLED = kernels.CPU_KERNEL_ENABLED, False
-        try:
-            return fn()
-        finally:
-            kernels.CPU_KERNEL_ENABLED = enabled
-    return run
+    return with_cpu_kernels(fn, False)
 
 
 def measure(length: int, repeats: int, heads: int = 8, head_dim: int = 64) -> dict:
@@ -42,20 +35,12 @@ def measure(length: int, repeats: int, heads: int = 8, head_dim: int = 64) -> di
 
     calls = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), "fused": fused,
              "tiles": _tiles(fused)}
-    cpu = {name: [] for name in calls}
-    wall = {name: [] for name in calls}
     with torch.no_grad():
-        outputs = {name: fn() for name, fn in calls.items()}  # warm-up, and the outputs compared
-        for _ in range(repeats):
-            for name, fn in calls.items():
-                c0, w0 = time.thread_time(), time.perf_counter()
-                fn()
-                cpu[name].append(time.thread_time() - c0)
-                wall[name].append(time.perf_counter() - w0)
+        outputs = {name: fn() for name, fn in calls.items()}  # the outputs compared
+        timed = cpu_and_wall_medians(calls, repeats)
     row = {"T": length, "diff fused-tiles": float((outputs["fused"] - outputs["tiles"]).abs().max())}
     for name in calls:
-        row[f"{name} cpu s"] = statistics.median(cpu[name])
-        row[f"{name} wall s"] = statistics.median(wall[name])
+        row[f"{name} cpu s"], row[f"{name} wall s"] = timed[name]
     for name in ("fused", "tiles"):
         row[f"{name}/sdpa cpu"] = row[f"{name} cpu s"] / row["sdpa cpu s"]
         row[f"{name}/sdpa wall"] = row[f"{name} wall s"] / row["sdpa wall s"]

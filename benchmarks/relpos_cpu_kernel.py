@@ -11,39 +11,19 @@ numbers go in docs/results.md, "CPU attention hot paths (issue 24)".
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 import posenc
 from posenc import kernels
+from posenc.lab.bench.timing import cpu_and_wall_medians, with_cpu_kernels
 from posenc.lab.model import LMConfig, TransformerLM
 
-
-def medians(fns: dict, repeats: int) -> dict[str, tuple[float, float]]:
-    """(CPU seconds, wall seconds) medians per function, interleaved in every repeat."""
-    cpu = {name: [] for name in fns}
-    wall = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            c, w = time.thread_time(), time.perf_counter()
-            fn()
-            cpu[name].append(time.thread_time() - c)
-            wall[name].append(time.perf_counter() - w)
-    return {name: (statistics.median(cpu[name]), statistics.median(wall[name])) for name in fns}
+medians = cpu_and_wall_medians
 
 
 def switched(fn, on: bool):
-    def run():
-        kernels.CPU_KERNEL_ENABLED = on
-        try:
-            return fn()
-        finally:
-            kernels.CPU_KERNEL_ENABLED = True
-    return run
+    return with_cpu_kernels(fn, on)
 
 
 def training(repeats: int, steps: int = 5, batch: int = 32, length: int = 64) -> None:

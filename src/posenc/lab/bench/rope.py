@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from posenc.encodings import apply_rotary
-from posenc.lab.bench.timing import _Device, _median_times
+from posenc.lab.bench.timing import _Device, _median_times, with_cpu_kernels
 
 def _rotate_half(x):
     half = x.shape[-1] // 2
@@ -32,16 +32,7 @@ TORCH_PATH_OUT = "posenc apply_rotary(out=), torch path"
 
 def _torch_path(fn: Callable[[], object]) -> Callable[[], object]:
     """fn with posenc's fused CPU kernel switched off during the call: the eager torch path."""
-    from posenc import kernels
-
-    def run():
-        enabled, kernels.CPU_KERNEL_ENABLED = kernels.CPU_KERNEL_ENABLED, False
-        try:
-            return fn()
-        finally:
-            kernels.CPU_KERNEL_ENABLED = enabled
-
-    return run
+    return with_cpu_kernels(fn, False)
 
 
 def _rope_candidates(q, k, cos, sin, notes: list[str], peers: bool = True,

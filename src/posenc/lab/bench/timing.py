@@ -30,6 +30,39 @@ def _median_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[st
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def cpu_and_wall_medians(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, tuple[float, float]]:
+    """(CPU seconds of the measuring thread, wall seconds) medians per function, after one
+    warm-up call each, the functions interleaved in every repeat: on a shared machine the
+    thread's CPU time is the steadier figure, wall time says whether threads helped."""
+    cpu: dict[str, list[float]] = {name: [] for name in fns}
+    wall: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            c, w = time.thread_time(), time.perf_counter()
+            fn()
+            cpu[name].append(time.thread_time() - c)
+            wall[name].append(time.perf_counter() - w)
+    return {name: (statistics.median(cpu[name]), statistics.median(wall[name])) for name in fns}
+
+
+def with_cpu_kernels(fn: Callable[[], object], enabled: bool) -> Callable[[], object]:
+    """fn with posenc's fused CPU kernels switched on or off (``posenc.kernels.CPU_KERNEL_ENABLED``)
+    during the call, the switch restored afterwards: a kernel and the path it replaces, timed in
+    one process."""
+    from posenc import kernels
+
+    def run():
+        before, kernels.CPU_KERNEL_ENABLED = kernels.CPU_KERNEL_ENABLED, enabled
+        try:
+            return fn()
+        finally:
+            kernels.CPU_KERNEL_ENABLED = before
+
+    return run
+
+
 def _reset_peak_rss() -> bool:
     """Reset this process's peak RSS (Linux: clear_refs 5), so the peak of one call can be
     read as VmHWM - VmRSS before it. Without it, ru_maxrss keeps the peak of the imports and
