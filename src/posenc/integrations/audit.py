@@ -259,6 +259,7 @@ def _build(cfg: dict, attn_implementation: str | None = None):
     """The family's transformers model for ``cfg``, float32, every parameter drawn with std 0.2
     (the same weights on every call); ``attn_implementation`` None: transformers' default."""
     import torch
+
     import transformers
 
     model_type = cfg["model_type"]
@@ -296,7 +297,8 @@ def _stacks(model) -> list[tuple[str, list]]:
     if model_type in ADAPTER_LAYERS:
         path, attribute = ADAPTER_LAYERS[model_type]
         return [("decoder", [getattr(layer, attribute) for layer in _resolve(model, path)])]
-    from posenc.integrations.transformers import _base_model, family_of
+    from posenc.integrations.families import base_model as _base_model
+    from posenc.integrations.families import family_of
 
     family = family_of(model)
     base = _base_model(model, family)
