@@ -305,8 +305,8 @@ def test_cli_command_parses(block: Block, argv: list[str]):
 
 
 def test_cli_list_output_has_the_shape_the_readme_gives():
-    """`posenc list` shows every registered encoding with its hooks (README: "encodings and
-    their hooks")."""
+    """`posenc list` shows every registered encoding with its hooks (docs/cli.md: "the
+    registered encodings and the hooks each uses")."""
     import posenc
 
     code, output = _run_cli(["list"])

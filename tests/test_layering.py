@@ -50,7 +50,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
     ("posenc.rope", "posenc.lab.plots"): "plot_rope_inspection, the lab's figure, loaded on first use by the rope "
                                          "face: the figure's entry point belongs in the lab (issue 20's rope face)",
-    ("posenc.encodings.rope.rotary", "posenc.hf_config.rope"): "RoPE.to_hf_dict(), a documented method (README), "
+    ("posenc.encodings.rope.rotary", "posenc.hf_config.rope"): "RoPE.to_hf_dict(), a documented method (docs/index.md), "
                                                                "delegates at call time to the config writer",
     ("posenc.encodings.irope", "posenc.hf_config.rope"): "IRoPE.from_hf_config(), a documented constructor "
                                                          "(docs/encodings.md), delegates at call time to the config reader",
