@@ -245,9 +245,22 @@ def _cli_args(argv: list[str]) -> list[str] | None:
         return None
     if Path(argv[0]).name == "posenc":
         return argv[1:]
-    if "-m" in argv and argv[argv.index("-m") + 1] in ("posenc.lab.cli", "posenc.cli", "posenc"):
+    if "-m" in argv and argv[argv.index("-m") + 1] == "posenc.lab.cli":
         return argv[argv.index("-m") + 2:]
     return None
+
+
+def _runnable_module(name: str) -> bool:
+    """Whether ``python -m name`` finds a module to run (the lab's old root paths do not)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations is not None:  # a package runs its __main__
+            spec = importlib.util.find_spec(name + ".__main__")
+    except ModuleNotFoundError:
+        return False
+    return spec is not None
 
 
 def _pyproject_extras() -> set[str]:
@@ -292,8 +305,8 @@ def test_cli_command_parses(block: Block, argv: list[str]):
 
 
 def test_cli_list_output_has_the_shape_the_readme_gives():
-    """`posenc list` shows every registered encoding with its hooks (README: "encodings and
-    their hooks")."""
+    """`posenc list` shows every registered encoding with its hooks (docs/cli.md: "the
+    registered encodings and the hooks each uses")."""
     import posenc
 
     code, output = _run_cli(["list"])
@@ -319,3 +332,14 @@ def test_other_command_refers_to_what_exists(block: Block, argv: list[str]):
     for a in argv:
         if re.fullmatch(r"(benchmarks|docs|tests|src)/[\w./-]+\.(py|sh|txt)", a) or a == "constraints.txt":
             assert (ROOT / a).exists(), f"{block.id}: {a} does not exist"
+    if "-m" in argv and argv[argv.index("-m") + 1].split(".")[0] == "posenc":
+        module = argv[argv.index("-m") + 1]
+        assert _runnable_module(module), f"{block.id}: python -m {module}: no such module"
+
+
+def test_a_stale_module_path_is_caught():
+    """The check above can fail: the lab's old root path and a package without __main__ are
+    not runnable, the CLI's module is."""
+    assert _runnable_module("posenc.lab.cli")
+    assert not _runnable_module("posenc.cli") and not _runnable_module("posenc")
+    assert _cli_args(["python", "-m", "posenc.cli", "list"]) is None

@@ -1,8 +1,10 @@
-"""Every import path the README and docs/ documented before the house moved keeps working.
+"""Every import path the README and docs/ document keeps working, and the lab's old paths stay gone.
 
 The lists below are literal: the names as they were documented (README, docs/*.md, the public
 ``__all__`` of ``posenc``, ``posenc.rope``, ``posenc.masks`` and the transformers integration)
-when the lab left the library's root. A move that breaks one of them fails here.
+when the lab left the library's root. A move that breaks one of them fails here. The lab's
+modules were aliased at the package root (``posenc.model``, ``posenc.cli``, ...) by an import
+hook until issue 33; those paths were never released, and importing one now fails.
 """
 
 from __future__ import annotations
@@ -37,17 +39,17 @@ DOCUMENTED = {
     "posenc.attention.tiling": [],
     "posenc.kernels": ["KERNEL_DEVICES", "TRITON_ENABLED", "use_triton"],
     "posenc.errors": ["InvalidArgument"],
-    # the lab's modules, documented at the package root before they moved to posenc.lab
-    "posenc.model": [
+    # the lab's modules (documented at the package root before they moved to posenc.lab)
+    "posenc.lab.model": [
         "LMConfig", "TransformerLM", "document_mask", "key_padding_mask", "positions_from_document_ids",
         "positions_from_padding_mask",
     ],
-    "posenc.train": ["TrainConfig"],
-    "posenc.data": ["CorpusError"],
-    "posenc.checkpoint": ["CheckpointMismatch"],
-    "posenc.plots": ["plot_encoding"],
-    "posenc.cli": ["main"],
-    "posenc.experiments.tasks": ["TASKS"],
+    "posenc.lab.train": ["TrainConfig"],
+    "posenc.lab.data": ["CorpusError"],
+    "posenc.lab.checkpoint": ["CheckpointMismatch"],
+    "posenc.lab.plots": ["plot_encoding"],
+    "posenc.lab.cli": ["main"],
+    "posenc.lab.experiments.tasks": ["TASKS"],
 }
 
 
@@ -63,23 +65,36 @@ def test_fused_rope_kernel_path_is_documented_where_triton_imports():
     from posenc.kernels.rotary_triton import fused_rope  # noqa: F401
 
 
-@pytest.mark.parametrize("old", ["model", "generation", "checkpoint", "data", "train", "evaluate", "experiments",
-                                 "bench", "plots", "cli"])
-def test_moved_modules_are_the_same_module_not_a_copy(old):
-    """posenc.X is posenc.lab.X itself: classes keep one identity (isinstance, pickling)."""
-    assert importlib.import_module(f"posenc.{old}") is importlib.import_module(f"posenc.lab.{old}")
+#: The lab's module paths at the package root before it moved to posenc.lab (never released).
+OLD_LAB_PATHS = ["model", "generation", "checkpoint", "data", "train", "evaluate", "experiments", "bench", "plots",
+                 "cli"]
 
 
-def test_a_submodule_of_a_moved_package_loads_once():
-    import posenc.experiments.runs as old
-    import posenc.lab.experiments.runs as new
+@pytest.mark.parametrize("old", OLD_LAB_PATHS)
+def test_the_lab_s_old_paths_do_not_import(old):
+    """No alias brings ``posenc.X`` back for ``posenc.lab.X`` (issue 33 removed the import hook):
+    the one path of each lab module is the documented one."""
+    with pytest.raises(ModuleNotFoundError) as caught:
+        importlib.import_module(f"posenc.{old}")
+    assert caught.value.name == f"posenc.{old}"
+    assert importlib.import_module(f"posenc.lab.{old}").__name__ == f"posenc.lab.{old}"
 
-    assert old is new and old.RunStore is new.RunStore
+
+def test_a_submodule_of_an_old_path_does_not_import():
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("posenc.experiments.runs")
 
 
-def test_python_dash_m_posenc_cli_runs_the_cli():
-    """README: torchrun ... -m posenc.cli extrapolate; the old module path runs the CLI."""
-    done = subprocess.run([sys.executable, "-m", "posenc.cli", "list"], capture_output=True, text=True, timeout=120)
+def test_python_dash_m_of_an_old_path_fails():
+    done = subprocess.run([sys.executable, "-m", "posenc.cli", "list"], check=False, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0 and "No module named posenc.cli" in done.stderr, (done.returncode, done.stderr)
+
+
+def test_python_dash_m_posenc_lab_cli_runs_the_cli():
+    """docs/cli.md: torchrun ... -m posenc.lab.cli extrapolate."""
+    done = subprocess.run([sys.executable, "-m", "posenc.lab.cli", "list"], check=False, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     assert "rope" in done.stdout and "alibi" in done.stdout
 
@@ -87,12 +102,3 @@ def test_python_dash_m_posenc_cli_runs_the_cli():
 def test_import_posenc_does_not_import_the_lab():
     code = "import sys, posenc; bad = [m for m in sys.modules if m.startswith('posenc.lab')]; assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
-
-
-def test_an_old_path_leaves_the_module_its_own_spec():
-    import importlib.util
-
-    import posenc.cli  # noqa: F401 (the alias)
-
-    spec = importlib.util.find_spec("posenc.lab.cli")
-    assert spec.name == "posenc.lab.cli" and spec.origin.endswith("lab/cli.py")

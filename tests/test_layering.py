@@ -30,8 +30,7 @@ import posenc
 #: ``x.*`` is the module or package ``x`` and everything under it, a plain name that module
 #: alone; a module belongs to the layer of its longest matching pattern. "May import" names
 #: layers, or single modules of a layer (the attention sees the encodings' protocol only).
-LIBRARY = ("ground", "kernels", "encodings", "attention", "masks", "hf_config", "rope_face", "integrations", "moved",
-           "face")
+LIBRARY = ("ground", "kernels", "encodings", "attention", "masks", "hf_config", "rope_face", "integrations", "face")
 LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("ground", ("posenc.errors", "posenc._validation", "posenc.mask_rules", "posenc.position_maps", "posenc._version"), ()),
     ("kernels", ("posenc.kernels.*",), ("ground",)),
@@ -41,8 +40,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("hf_config", ("posenc.hf_config.*",), ("ground", "kernels", "encodings")),
     ("rope_face", ("posenc.rope",), ("ground", "kernels", "encodings", "hf_config")),
     ("integrations", ("posenc.integrations.*",), ("ground", "kernels", "encodings", "attention", "hf_config", "rope_face")),
-    ("moved", ("posenc._moved",), ()),  # names the lab's modules as strings only, imports none
-    ("face", ("posenc",), ("ground", "kernels", "encodings", "attention", "masks", "hf_config", "rope_face", "moved")),
+    ("face", ("posenc",), ("ground", "kernels", "encodings", "attention", "masks", "hf_config", "rope_face")),
     ("lab", ("posenc.lab.*",), LIBRARY),
     ("cli", ("posenc.lab.cli",), LIBRARY + ("lab",)),
 )
@@ -52,7 +50,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
     ("posenc.rope", "posenc.lab.plots"): "plot_rope_inspection, the lab's figure, loaded on first use by the rope "
                                          "face: the figure's entry point belongs in the lab (issue 20's rope face)",
-    ("posenc.encodings.rope.rotary", "posenc.hf_config.rope"): "RoPE.to_hf_dict(), a documented method (README), "
+    ("posenc.encodings.rope.rotary", "posenc.hf_config.rope"): "RoPE.to_hf_dict(), a documented method (docs/index.md), "
                                                                "delegates at call time to the config writer",
     ("posenc.encodings.irope", "posenc.hf_config.rope"): "IRoPE.from_hf_config(), a documented constructor "
                                                          "(docs/encodings.md), delegates at call time to the config reader",

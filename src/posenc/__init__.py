@@ -10,7 +10,7 @@ libraries when used.
 
 from __future__ import annotations
 
-from posenc import _moved, rope
+from posenc import rope
 from posenc._version import __version__
 from posenc.attention import BACKENDS, attention
 from posenc.encodings import (
@@ -46,8 +46,6 @@ from posenc.encodings import (
     t5_relative_position_bucket,
 )
 
-
-_moved.install()  # the lab's modules left the root: posenc.model is posenc.lab.model
 
 __all__ = [
     "__version__", "attention", "BACKENDS", "available", "create", "create_for_model", "REGISTRY",
