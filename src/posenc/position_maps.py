@@ -40,6 +40,7 @@ from torch import Tensor
 
 from posenc._validation import check_positive_int
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
+from posenc.mask_rules import causal_mask
 
 __all__ = [
     "METHODS",
@@ -70,11 +71,6 @@ class Branch(NamedTuple):
     q_positions: Tensor
     k_positions: Tensor
     key_mask: Tensor
-
-
-def _causal_mask(q_len: int, k_len: int, device) -> Tensor:
-    rows = torch.arange(k_len - q_len, k_len, device=device).unsqueeze(-1)
-    return torch.arange(k_len, device=device) <= rows
 
 
 def _query_and_key_indices(q_len: int, k_len: int, device) -> tuple[Tensor, Tensor]:
@@ -169,7 +165,7 @@ class _PositionMap:
         (0 where none does, ``covered`` False). Causal: keys after the query are not covered."""
         rel = torch.zeros(q_len, k_len, dtype=torch.int64)
         covered = torch.zeros(q_len, k_len, dtype=torch.bool)
-        causal = _causal_mask(q_len, k_len, None)
+        causal = causal_mask(q_len, k_len, None)
         for b in self.branches(q_len, k_len):
             mask = b.key_mask & causal
             rel = torch.where(mask, b.q_positions.unsqueeze(-1) - b.k_positions, rel)

@@ -44,7 +44,7 @@ from torch import Tensor
 from posenc.attention import blocked, eager, flex, sdpa
 from posenc.attention.masks import as_4d
 from posenc.errors import InvalidArgument, InvalidType
-from posenc.mask_rules import position_at
+from posenc.mask_rules import causal_mask, position_at
 from posenc.position_maps import (
     METHODS,
     Branch,
@@ -189,7 +189,7 @@ def branch_attention(q: Tensor, k: Tensor, v: Tensor, *, rotate: Rotate, branche
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if backend != "eager":
         return _on_backend(BRANCH_BACKENDS[backend], q, k, v, rotate, branches, scale, causal)
-    allowed = _causal_mask(q_len, k_len, q.device) if causal else None
+    allowed = causal_mask(q_len, k_len, q.device) if causal else None
     acc = torch.promote_types(q.dtype, torch.float32)
     group = q.shape[1] // k.shape[1]
     values = v.repeat_interleave(group, dim=1).to(acc) if group > 1 else v.to(acc)
@@ -209,7 +209,7 @@ def branch_attention(q: Tensor, k: Tensor, v: Tensor, *, rotate: Rotate, branche
 def _on_backend(module, q: Tensor, k: Tensor, v: Tensor, rotate: Rotate, branches: Sequence[Branch], scale: float,
                 causal: bool) -> Tensor:
     """One attention per branch on ``module`` (its ``run_with_lse``), merged by log-sum-exp."""
-    allowed = _causal_mask(q.shape[2], k.shape[2], q.device) if causal else None
+    allowed = causal_mask(q.shape[2], k.shape[2], q.device) if causal else None
     outputs, lses = [], []
     for branch in branches:
         q_rot, k_rot = rotate(q, k, branch.q_positions, branch.k_positions)
@@ -238,7 +238,7 @@ def run_branches(module, encoding, q: Tensor, k: Tensor, v: Tensor, *, q_positio
     outputs, lses = [], []
     base = mask
     if module is not flex and base is None and causal:
-        base = as_4d(_causal_mask(num_queries, num_keys, q.device))
+        base = as_4d(causal_mask(num_queries, num_keys, q.device))
     for q_rot, k_rot, allowed in encoding.attention_branches(q, k, q_positions, k_positions):
         if module is flex:
             branch_mask = _branch_mask_mod(allowed, q_positions, k_positions, base, batch=batch, heads=heads,
@@ -284,11 +284,6 @@ def _select_then_softmax(scores: list[Tensor], masks: list[Tensor], values: Tens
     covered = torch.stack(masks).any(dim=0).any(dim=-1, keepdim=True)
     probs = torch.where(covered, torch.softmax(logits, dim=-1), torch.zeros_like(logits))
     return torch.matmul(probs, values)
-
-
-def _causal_mask(q_len: int, k_len: int, device) -> Tensor:
-    rows = torch.arange(k_len - q_len, k_len, device=device).unsqueeze(-1)
-    return torch.arange(k_len, device=device) <= rows
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int]:

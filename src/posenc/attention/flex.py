@@ -32,6 +32,7 @@ from torch import Tensor
 from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.attention.masks import is_mask_mod
 from posenc.errors import InvalidArgument
+from posenc.mask_rules import causal_rule
 
 #: Compile FlexAttention only when both the queries and the keys are longer than this (one
 #: 128-token block of FlexAttention): with a single block on a side, dynamo specializes the
@@ -111,7 +112,7 @@ def mask_mod_for(mask, *, causal: bool, batch: int, heads: int, num_queries: int
         offset = torch.tensor(num_keys - num_queries, device=device)
 
         def causal_mod(b, h, q_idx, kv_idx):
-            return kv_idx <= q_idx + offset
+            return causal_rule(q_idx, kv_idx, offset)
 
         mods.append(causal_mod)
     if isinstance(mask, Tensor):
