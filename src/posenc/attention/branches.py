@@ -43,6 +43,7 @@ from torch import Tensor
 
 from posenc.attention import blocked, eager, flex, sdpa
 from posenc.attention.masks import as_4d
+from posenc.attention.softcap_sinks import sink_column
 from posenc.errors import InvalidArgument, InvalidType
 from posenc.mask_rules import causal_mask, position_at
 from posenc.position_maps import (
@@ -221,7 +222,7 @@ def _on_backend(module, q: Tensor, k: Tensor, v: Tensor, rotate: Rotate, branche
 
 
 def run_branches(module, encoding, q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor, k_positions: Tensor,
-                 causal: bool, mask, scale: float) -> Tensor:
+                 causal: bool, mask, scale: float, softcap: float | None = None, sinks: Tensor | None = None) -> Tensor:
     """The branch-merge attention of an encoding that states branches, for
     :func:`posenc.attention` (q, k unrotated; positions, mask and scale as it hands a backend).
 
@@ -232,6 +233,9 @@ def run_branches(module, encoding, q: Tensor, k: Tensor, v: Tensor, *, q_positio
     combined them; or, on flex, a mask_mod or None, the causal mask added by flex): on flex a
     mask_mod (nothing (Tq, Tk) made), elsewhere a bool (1 or B, 1, Tq, Tk) tensor. Each
     branch runs on ``module.run_with_lse``; the outputs are merged by :func:`merge_by_lse`.
+    ``softcap`` caps each branch's logits (each logit is in exactly one branch); ``sinks`` (H,)
+    join the merge once, as one more branch whose log-sum-exp is s_h and whose output is zero
+    (:func:`~posenc.attention.softcap_sinks.sink_column`).
     Returns (B, H, Tq, D) in q's dtype.
     """
     batch, heads, num_queries, num_keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
@@ -247,9 +251,13 @@ def run_branches(module, encoding, q: Tensor, k: Tensor, v: Tensor, *, q_positio
             grid = allowed(q_positions.unsqueeze(-1), k_positions.unsqueeze(-2))
             grid = as_4d(grid) if grid.dim() == 2 else grid.unsqueeze(1)  # (1 or B, 1, Tq, Tk)
             branch_mask = grid if base is None else grid & base
-        out, lse = module.run_with_lse(q_rot, k_rot, v, mask=branch_mask, scale=scale, causal=causal)
+        out, lse = module.run_with_lse(q_rot, k_rot, v, mask=branch_mask, scale=scale, causal=causal,
+                                       softcap=softcap)
         outputs.append(out)
         lses.append(lse)
+    if sinks is not None:
+        outputs.append(torch.zeros_like(outputs[0]))
+        lses.append(sink_column(sinks, batch, num_queries).to(lses[0].dtype))
     return merge_by_lse(outputs, lses).to(q.dtype)
 
 
