@@ -242,6 +242,24 @@ def test_flex_sinks_gradient_on_the_cpu():
     torch.testing.assert_close(leaf.grad, want, atol=1e-9, rtol=1e-7)
 
 
+@pytest.mark.parametrize("path", ["merged_lse", "sink_key"])
+@pytest.mark.parametrize("causal,tq", [(True, 9), (True, 5), (False, 5)])
+def test_sdpa_sinks_on_both_of_its_paths(path, causal, tq):
+    """sdpa's two ways to the sinks: the CPU kernel's log-sum-exp when only the sinks need a
+    gradient, the extra key when q, k or v do; both against the reference, sinks' gradient too."""
+    q, k, v, sinks = (t.double() for t in inputs(tq, 9, kv_heads=2))
+    if path == "sink_key":
+        q = q.clone().requires_grad_()
+    leaf = sinks.clone().requires_grad_()
+    mask = padding_mask(tq, 9)
+    out = posenc.attention(q, k, v, backend="sdpa", causal=causal, mask=mask, sinks=leaf)
+    torch.testing.assert_close(out.detach(), reference(q.detach(), k, v, causal=causal, mask=mask, sinks=sinks),
+                               atol=1e-9, rtol=1e-7)
+    (out * torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view(out.shape)).sum().backward()
+    want = reference_grads(q, k, v, sinks, causal=causal, mask=mask)[3]
+    torch.testing.assert_close(leaf.grad, want, atol=1e-9, rtol=1e-7)
+
+
 # ----------------------------------------------------------------- branch-merge attention
 
 

@@ -297,7 +297,8 @@ def attention(
             ``models/gpt_oss/modeling_gpt_oss.py``, ``eager_attention_forward``), i.e. the
             output times sigmoid(L - s_h) for the row's log-sum-exp L. Gradients flow to
             ``sinks`` (a learned parameter in gpt-oss) and to q, k, v. A row with no visible
-            key still gives zeros. Served by "eager", "sdpa" (the sink as one more key: zero k
+            key still gives zeros. Served by "eager", "sdpa" (CPU inference: a merged
+            log-sum-exp from torch's CPU flash kernel; else the sink as one more key, zero k
             and v, logit s_h in the float mask), "blocked" (in its log-sum-exp, forward and
             backward), "flex" (from its returned log-sum-exp) and branch-merge attention (once,
             on the merged log-sum-exp); refused by "flash_attention_2".

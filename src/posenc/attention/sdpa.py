@@ -1,10 +1,13 @@
 """torch's scaled_dot_product_attention: the bias (and mask, and content scores) go in as
 one float mask, materialized; ``is_causal`` when there is nothing to add.
 
-Sinks (gpt-oss) go in as one more key: k and v zero, its column of the float mask s_h, so its
-logit is s_h and its value nothing, the softmax over [scores, s_h] of the reference, with
-SDPA's own backward for q, k, v, the bias and the sinks. Soft-capping cannot go in (SDPA
-takes no function of the scores): refused by name."""
+Sinks (gpt-oss): on the CPU when nothing but the sinks needs a gradient, through a merged
+log-sum-exp: torch's CPU flash kernel returns each row's log-sum-exp L, and the output is
+scaled by sigmoid(L - s_h) (no (Tq, Tk) tensor for a causal call with Tq = Tk). Otherwise (a
+gradient for q, k, v or a bias, dropout, CUDA, torch.compile) as one more key: k and v zero,
+its column of the float mask s_h, so its logit is s_h and its value nothing, the softmax over
+[scores, s_h] of the reference, with SDPA's own backward for q, k, v, the bias and the sinks.
+Soft-capping cannot go in (SDPA takes no function of the scores): refused by name."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from torch import Tensor
 
 from posenc.attention.eager import run_with_lse as _eager_with_lse
 from posenc.attention.masks import as_4d, causal_mask, finite_in
+from posenc.attention.softcap_sinks import sink_factor
 from posenc.attention.tiling import dense_bias, dense_gate_bias
 from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.errors import InvalidArgument
@@ -56,6 +60,8 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         bias = gate_bias if bias is None else bias + gate_bias
     if bias is not None:
         extra = bias if extra is None else extra + bias
+    if sinks is not None and _lse_kernel_serves(q, k, v, extra, dropout_p):
+        return _with_sinks_merged(q, k, v, extra=extra, mask=mask, causal=causal, scale=scale, sinks=sinks)
     if sinks is not None:
         return _with_sink_key(sdpa, q, k, v, extra=extra, mask=mask, causal=causal, sinks=sinks)
     if mask is None and causal:
@@ -68,6 +74,35 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     if mask is not None:
         extra = extra.masked_fill(~mask, float("-inf"))
     return sdpa(q, k, v, attn_mask=as_4d(extra.to(q.dtype)))
+
+
+def _lse_kernel_serves(q: Tensor, k: Tensor, v: Tensor, extra: Tensor | None, dropout_p: float) -> bool:
+    """Whether torch's CPU flash kernel (its log-sum-exp has no derivative) can serve a call
+    with sinks: CPU, no dropout, outside torch.compile, and no gradient wanted for q, k, v or
+    the bias (the sinks' own gradient needs none: L does not depend on them)."""
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, extra))
+    return q.device.type == "cpu" and not dropout_p and not needs_grad and not torch.compiler.is_compiling()
+
+
+def _with_sinks_merged(q: Tensor, k: Tensor, v: Tensor, *, extra: Tensor | None, mask: Tensor | None, causal: bool,
+                       scale: float, sinks: Tensor) -> Tensor:
+    """SDPA's output and log-sum-exp L from ``aten._scaled_dot_product_flash_attention_for_cpu``
+    (grouped-query k and v as they are; its ``is_causal`` is top-left aligned, so only for
+    Tq = Tk without a float mask), the output times sigmoid(L - s_h). Rows without a key were
+    opened to every key by :func:`posenc.attention` (and are zeroed there)."""
+    num_queries, num_keys = q.shape[2], k.shape[2]
+    is_causal = causal and mask is None and extra is None and num_queries == num_keys
+    if mask is None and causal and not is_causal:
+        mask = causal_mask(num_queries, num_keys, q.device)
+    float_mask = None
+    if extra is not None or mask is not None:
+        float_mask = torch.zeros((), dtype=q.dtype, device=q.device) if extra is None else finite_in(extra, q.dtype).to(q.dtype)
+        if mask is not None:
+            float_mask = torch.where(mask, float_mask, torch.full((), float("-inf"), dtype=q.dtype, device=q.device))
+        float_mask = as_4d(float_mask)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)
+    return (out * sink_factor(lse, sinks)).to(q.dtype)
 
 
 def _with_sink_key(sdpa, q: Tensor, k: Tensor, v: Tensor, *, extra: Tensor | None, mask: Tensor | None, causal: bool,
