@@ -133,6 +133,12 @@ def test_opcheck_relpos_forward_and_backward():
     out, lse = torch.ops.posenc.relpos_attention_cpu(q, k, v, *tables, *RELPOS_OPTIONS)
     opcheck(torch.ops.posenc.relpos_attention_cpu_backward.default,
             (torch.randn_like(out), q, k, v, out, lse, *tables, *RELPOS_OPTIONS))
+    # a q whose last dimension is not contiguous: copied first, and the outputs' layouts follow the copy
+    q_t = q.transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert q_t.stride(-1) != 1
+    opcheck(torch.ops.posenc.relpos_attention_cpu.default, (q_t, k, v, *tables, *RELPOS_OPTIONS))
+    opcheck(torch.ops.posenc.relpos_attention_cpu_backward.default,
+            (torch.randn_like(out), q_t, k, v, out, lse, *tables, *RELPOS_OPTIONS))
 
 
 # ---- torch.compile(fullgraph=True) ----
@@ -245,6 +251,15 @@ def test_operator_names_the_argument_it_cannot_take():
     inputs = fire_inputs()
     with pytest.raises(InvalidArgument, match="D in"):
         torch.ops.posenc.fire_attention_cpu(*(t[..., :16] for t in inputs[:3]), *inputs[3:], *FIRE_OPTIONS)
+    with pytest.raises(InvalidArgument, match="den must have Tq = 10 entries"):
+        torch.ops.posenc.fire_attention_cpu(*inputs[:4], inputs[4][:9], *inputs[5:], *FIRE_OPTIONS)
+    q, k, v, e, a, u, f = relpos_inputs(requires_grad=False)
+    with pytest.raises(InvalidArgument, match="value_table \\(R, 8\\) with the key table's R"):
+        torch.ops.posenc.relpos_attention_cpu(q, k, v, e, a, u, f[:4], *RELPOS_OPTIONS)
+    with pytest.raises(InvalidArgument, match="k, v \\(B, H, Tk, D\\)"):
+        torch.ops.posenc.relpos_attention_cpu(q, k, v[:, :1], e, a, u, f, *RELPOS_OPTIONS)
+    with pytest.raises(InvalidArgument, match="one dtype"):
+        torch.ops.posenc.relpos_attention_cpu(q, k, v, e.double(), a, u, f, *RELPOS_OPTIONS)
 
 
 @pytest.mark.parametrize("name", list(BUILDS))

@@ -155,6 +155,11 @@ def _attention(q, k, v, psi, den, bends, slopes, intercepts, scale, causal):
         raise InvalidArgument(f"posenc::fire_attention_cpu: q, k, v must be float32 (B, H, T, D) with D in "
                               f"{HEAD_DIMS}, Tk >= Tq when causal, and psi of table_length(Tq, Tk) entries; got "
                               f"{tuple(q.shape)} {q.dtype}, {tuple(k.shape)}, {tuple(v.shape)}, psi {psi.numel()}")
+    pieces = (q.shape[1], bends.numel() + 1)
+    if den.numel() != q.shape[2] or slopes.shape != pieces or intercepts.shape != pieces:
+        raise InvalidArgument(f"posenc::fire_attention_cpu: den must have Tq = {q.shape[2]} entries and slopes and "
+                              f"intercepts shape (H, S) = {pieces} (S - 1 = bends' length), got {den.numel()}, "
+                              f"{tuple(slopes.shape)}, {tuple(intercepts.shape)}")
     batch, heads, num_queries, head_dim = q.shape
     num_keys = k.shape[2]
     padded = table_length(num_queries, num_keys) - num_queries + 1

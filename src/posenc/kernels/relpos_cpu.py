@@ -40,6 +40,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from posenc import kernels
+from posenc.errors import InvalidArgument
 from posenc.kernels import _build
 from posenc.kernels._build import KernelUnavailable
 
@@ -192,9 +193,36 @@ def _inputs(q, k, v, key_table, query_bias, key_bias, value_table):
     return q, k, v, tables
 
 
+def _check(name: str, q: Tensor, k: Tensor, v: Tensor, tables: list[Tensor | None], *per_query: Tensor) -> None:
+    """Raise unless the shapes and dtypes are the ones the kernel trusts (the operators are public:
+    a wrong shape must not reach the C++): q (B, H, Tq, D), k and v (B, H, Tk, D), E (R, D) or
+    (H, R, D), a and u (H, D), F (R, D), ``per_query`` tensors of q's shape (out, grad_out),
+    all CPU tensors of one dtype, float32 or float64."""
+    tensors = [q, k, v, *per_query, *(t for t in tables if t is not None)]
+    if q.dtype not in _DTYPE_CODES or any(t.dtype != q.dtype or t.device.type != "cpu" for t in tensors):
+        raise InvalidArgument(f"posenc::{name}: q, k, v and the tables must be CPU tensors of one dtype, float32 or "
+                              f"float64, got {sorted({f'{t.dtype} on {t.device}' for t in tensors})}")
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or (q.shape[0], q.shape[1], q.shape[3]) != (
+            k.shape[0], k.shape[1], k.shape[3]) or any(t.shape != q.shape for t in per_query):
+        raise InvalidArgument(f"posenc::{name}: q must be (B, H, Tq, D) and k, v (B, H, Tk, D), got "
+                              f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    heads, dim = q.shape[1], q.shape[3]
+    key_table, query_bias, key_bias, value_table = tables
+    widths = {t.shape[-2] for t in (key_table, value_table) if t is not None}
+    shapes_ok = (len(widths) <= 1 and all(t is None or t.shape == (heads, dim) for t in (query_bias, key_bias))
+                 and (key_table is None or key_table.shape[-1:] == (dim,) and key_table.dim() in (2, 3)
+                      and (key_table.dim() == 2 or key_table.shape[0] == heads))
+                 and (value_table is None or value_table.dim() == 2 and value_table.shape[-1] == dim))
+    if not shapes_ok:
+        got = ", ".join(str(tuple(t.shape)) if t is not None else "None" for t in tables)
+        raise InvalidArgument(f"posenc::{name}: key_table must be (R, {dim}) or ({heads}, R, {dim}), query_bias and "
+                              f"key_bias ({heads}, {dim}), value_table (R, {dim}) with the key table's R; got {got}")
+
+
 def _forward(q, k, v, key_table, query_bias, key_bias, value_table, offset, causal, scale):
     """``posenc::relpos_attention_cpu`` on CPU tensors: (out, lse)."""
     lib = _require_lib("relpos_attention_cpu")
+    _check("relpos_attention_cpu", q, k, v, [key_table, query_bias, key_bias, value_table])
     q, k, v, tables = _inputs(q, k, v, key_table, query_bias, key_bias, value_table)
     batch, heads, num_queries = q.shape[:3]
     out = _dense_like(q)  # q's layout: for the LM's (B, T, H, D) projection, the reshape after is free
@@ -208,6 +236,7 @@ def _forward(q, k, v, key_table, query_bias, key_bias, value_table, offset, caus
 
 
 def _forward_fake(q, k, v, key_table, query_bias, key_bias, value_table, offset, causal, scale):
+    q = _last_contiguous(q)  # the layout _forward's out follows
     return _dense_like(q), q.new_empty(q.shape[:3])
 
 
@@ -215,6 +244,10 @@ def _backward(grad_out, q, k, v, out, lse, key_table, query_bias, key_bias, valu
     """``posenc::relpos_attention_cpu_backward`` on CPU tensors: dq, dk, dv and the four tables'
     gradients flattened one after the other into one vector (the present tables only)."""
     lib = _require_lib("relpos_attention_cpu_backward")
+    _check("relpos_attention_cpu_backward", q, k, v, [key_table, query_bias, key_bias, value_table], out, grad_out)
+    if lse.shape != q.shape[:3] or lse.dtype != q.dtype:
+        raise InvalidArgument(f"posenc::relpos_attention_cpu_backward: lse must be (B, H, Tq) = {tuple(q.shape[:3])} "
+                              f"of q's dtype, got {tuple(lse.shape)} {lse.dtype}")
     q, k, v, tables = _inputs(q, k, v, key_table, query_bias, key_bias, value_table)
     grad_out = _last_contiguous(grad_out)
     dq, dk, dv = _dense_like(q), _dense_like(k), _dense_like(v)
@@ -230,7 +263,7 @@ def _backward(grad_out, q, k, v, out, lse, key_table, query_bias, key_bias, valu
 
 
 def _backward_fake(grad_out, q, k, v, out, lse, key_table, query_bias, key_bias, value_table, offset, causal, scale):
-    tables = (key_table, query_bias, key_bias, value_table)
+    q, k, v, tables = _inputs(q, k, v, key_table, query_bias, key_bias, value_table)  # the layouts _backward's follow
     return _dense_like(q), _dense_like(k), _dense_like(v), q.new_empty(max(_table_entries(tables), 1))
 
 

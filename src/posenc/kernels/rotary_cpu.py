@@ -58,6 +58,10 @@ _lib: ctypes.CDLL | None = None
 _dtypes: frozenset[torch.dtype] = frozenset()
 _failed = False
 _lock = threading.Lock()
+#: The call :func:`rotate_with_tables` is making, (x, cos, sin, out, strides), for the operator's
+#: implementation: the same tensor objects reach it through the dispatcher, so the checks (several
+#: microseconds, as much as the kernel on a decoding step) run once per call, not twice.
+_handoff = threading.local()
 
 
 def torch_fuses_addcmul() -> bool:
@@ -140,14 +144,23 @@ def _view_4d(shape: torch.Size) -> tuple[int, int, int, int]:
     return n0, sizes[-3], sizes[-2], sizes[-1]
 
 
-def _thread_pool(n: int):
-    """The kernels' one thread pool (:func:`posenc.kernels._build.thread_pool`)."""
-    return _build.thread_pool(n)
+def _float32_tables(cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """cos and sin as the kernel reads them: float32 (bf16/fp16 widened exactly), each
+    contiguous in its last dimension (a no-op for RoPE's tables)."""
+    if cos.dtype != torch.float32:
+        cos = cos.to(torch.float32)
+    if sin.dtype != torch.float32:
+        sin = sin.to(torch.float32)
+    if cos.stride(-1) != 1:
+        cos = cos.contiguous()
+    if sin.stride(-1) != 1:
+        sin = sin.contiguous()
+    return cos, sin
 
 
-def _uncovered(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor) -> str | None:
-    """Why the kernel cannot rotate these tensors, or None when it can (cos and sin still to be
-    widened to float32 and made contiguous in their last dimension)."""
+def _plan(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor) -> list[list[int]] | str:
+    """The strides the kernel reads (x's, out's, cos's and sin's over (n0, n1, T)), or why it
+    cannot rotate these tensors (cos and sin as :func:`_float32_tables` gives them)."""
     if x.dtype not in _dtypes or out.dtype != x.dtype:
         return f"x and out must share a dtype among {sorted(map(str, _dtypes))}, got {x.dtype} and {out.dtype}"
     if cos.dtype not in _DTYPE_CODES or sin.dtype not in _DTYPE_CODES:
@@ -157,9 +170,15 @@ def _uncovered(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor) -> str | None:
         return "out must be x itself or not overlap it"
     if x.shape[-1] > 1 and (x.stride(-1) != 1 or out.stride(-1) != 1):
         return "x and out must be contiguous in their last dimension"
-    if any(_leading_strides(x.shape, t) is None for t in (x, out, cos, sin)):
+    strides = [_leading_strides(x.shape, t) for t in (x, out, cos, sin)]
+    if any(st is None for st in strides):
         return "the leading dimensions of x, out, cos and sin must merge into (n0, n1)"
-    return None
+    return strides
+
+
+def _broadcasts_to(shape: torch.Size, t: Tensor) -> bool:
+    """Whether t broadcasts to ``shape`` (on ints: torch.broadcast_shapes costs tens of microseconds)."""
+    return t.dim() <= len(shape) and all(n == m or n == 1 for n, m in zip(reversed(t.shape), reversed(shape)))
 
 
 def rotate_with_tables(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: bool) -> Tensor | None:
@@ -180,33 +199,42 @@ def rotate_with_tables(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interle
         return None  # writing into out records no gradient: the torch path raises, as torch's out= ops do
     if x.numel() == 0:
         return out
-    if _uncovered(x, cos, sin, out) is not None:
+    cos, sin = _float32_tables(cos, sin)
+    strides = _plan(x, cos, sin, out)
+    if isinstance(strides, str):
         return None
-    torch.ops.posenc.rotary_cpu(x, cos, sin, out, interleaved)
+    _handoff.call = (x, cos, sin, out, strides)
+    try:
+        torch.ops.posenc.rotary_cpu(x, cos, sin, out, interleaved)
+    finally:
+        _handoff.call = None
     return out
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: bool) -> None:
-    """The operator's CPU implementation: checks what the kernel trusts, then one ctypes call
-    (or one per part on the thread pool)."""
+    """The operator's CPU implementation: checks what the kernel trusts (a call from
+    :func:`rotate_with_tables` was checked there), then runs it."""
+    call = getattr(_handoff, "call", None)
+    if call is not None and call[0] is x and call[1] is cos and call[2] is sin and call[3] is out:
+        _run(x, cos, sin, out, interleaved, call[4])  # checked by rotate_with_tables a moment ago
+        return
     if _lib is None and not build():
         raise KernelUnavailable("posenc::rotary_cpu: the fused CPU RoPE kernel is not built here "
                                 "(posenc.kernels.build_cpu_rotary() returned False: see its warning)")
-    if out.shape != x.shape or torch.broadcast_shapes(x.shape, cos.shape, sin.shape) != x.shape:
+    if out.shape != x.shape or not (_broadcasts_to(x.shape, cos) and _broadcasts_to(x.shape, sin)):
         raise InvalidArgument(f"posenc::rotary_cpu: out must have x's shape {tuple(x.shape)} and cos and sin "
                               f"broadcast to it, got {tuple(out.shape)}, {tuple(cos.shape)}, {tuple(sin.shape)}")
-    reason = _uncovered(x, cos, sin, out)
-    if reason is not None:
-        raise InvalidArgument(f"posenc::rotary_cpu: {reason}")
-    if x.numel() == 0:
-        return
-    cos = cos.to(torch.float32)
-    sin = sin.to(torch.float32)
-    if cos.stride(-1) != 1:
-        cos = cos.contiguous()
-    if sin.stride(-1) != 1:
-        sin = sin.contiguous()
-    strides = [_leading_strides(x.shape, t) for t in (x, out, cos, sin)]
+    if cos.dtype in _DTYPE_CODES and sin.dtype in _DTYPE_CODES:
+        cos, sin = _float32_tables(cos, sin)
+    strides = _plan(x, cos, sin, out)
+    if isinstance(strides, str):
+        raise InvalidArgument(f"posenc::rotary_cpu: {strides}")
+    if x.numel():
+        _run(x, cos, sin, out, interleaved, strides)
+
+
+def _run(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: bool, strides: list[list[int]]) -> None:
+    """The kernel on checked tensors: one ctypes call, or one per part on the kernels' pool."""
     _, n1, length, d = _view_4d(x.shape)
     heads = x.numel() // (length * d)
     block = max(1, _BLOCK_BYTES // (8 * d))
