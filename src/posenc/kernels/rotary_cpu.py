@@ -121,8 +121,10 @@ def _leading_strides(shape: torch.Size, t: Tensor) -> list[int] | None:
     """The strides of t broadcast to ``shape`` (0 where t broadcasts), for ``shape`` viewed as
     (n0, n1, T, D): size-1 dimensions added in front, extra leading ones merged into n0 (None
     when their strides do not merge). Returns the first three; computed on ints, no views."""
-    nd = len(shape)
-    strides = [0] * (nd - t.dim()) + [st if n != 1 else 0 for st, n in zip(t.stride(), t.shape)]
+    nd, own = len(shape), t.shape
+    strides = [0] * (nd - len(own)) + [st if n != 1 else 0 for st, n in zip(t.stride(), own)]
+    if nd <= 4:  # nothing to merge (RoPE's q and k): the common case, kept short
+        return ([0] * (4 - nd) + strides)[:3]
     sizes = list(shape)
     while len(sizes) > 4:  # merge dimension 0 into 1: stride_0 = stride_1 * size_1, or one is a broadcast
         if sizes[0] == 1 or strides[0] == strides[1] * sizes[1]:
@@ -205,7 +207,7 @@ def rotate_with_tables(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interle
         return None
     _handoff.call = (x, cos, sin, out, strides)
     try:
-        torch.ops.posenc.rotary_cpu(x, cos, sin, out, interleaved)
+        _OVERLOAD(x, cos, sin, out, interleaved)
     finally:
         _handoff.call = None
     return out
@@ -269,3 +271,4 @@ def _rotate_fake(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, interleaved: 
 
 OP = _build.define_op("rotary_cpu(Tensor x, Tensor cos, Tensor sin, Tensor(a!) out, bool interleaved) -> ()",
                       _rotate, _rotate_fake)
+_OVERLOAD = torch.ops.posenc.rotary_cpu.default  # called as is: the packet's overload lookup costs per call
