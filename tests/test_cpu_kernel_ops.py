@@ -1,8 +1,8 @@
 """The C++ kernels as ``torch.ops.posenc`` operators and their one build helper
 (posenc.kernels._build): ``torch.library.opcheck`` on each operator (schema, fake kernel,
 autograd registration, AOT dispatch), ``torch.compile(fullgraph=True)`` through a call of each
-(backend ``aot_eager``: inductor compiles C++ for the graph around the operator, minutes on two
-cores) against float64 formulas, the profiler naming each operator, a failed build's one
+against float64 formulas (backend ``aot_eager`` with the graph's operators recorded, and once
+inductor, which compiles C++ for the graph around the operator: seconds), the profiler naming each operator, a failed build's one
 warning for each kernel, and the cross-process lock (two processes building at once, a stale
 lock file left by a killed build). Skips where no compiler builds the kernels."""
 
@@ -188,6 +188,32 @@ def test_compile_traces_relpos_forward_and_backward_without_a_graph_break():
     loss = fn(*inputs, *RELPOS_OPTIONS)
     grads = torch.autograd.grad(loss, inputs)
     assert any("posenc.relpos_attention_cpu" in t for t in recorder.targets)
+    leaves = [t.detach().double().requires_grad_() for t in inputs]
+    ref = relpos64(*leaves, *RELPOS_OPTIONS).square().sum()
+    torch.testing.assert_close(loss.double(), ref, rtol=2e-5, atol=2e-5)
+    for got, want in zip(grads, torch.autograd.grad(ref, leaves)):
+        torch.testing.assert_close(got.double(), want, rtol=2e-4, atol=2e-5)
+
+
+def test_inductor_compiles_a_call_of_each_operator():
+    """The default backend too (seconds here: a small graph around each operator)."""
+    x, cos, sin, _ = rotary_inputs()
+
+    @torch.compile(fullgraph=True)
+    def rotate(x, cos, sin):
+        out = torch.empty_like(x)
+        torch.ops.posenc.rotary_cpu(x, cos, sin, out, False)
+        return out * 2.0
+
+    torch.testing.assert_close(rotate(x, cos, sin).double(), 2.0 * rotary64(x, cos, sin), rtol=1e-6, atol=1e-6)
+    inputs = fire_inputs()
+    fire = torch.compile(lambda *a: torch.ops.posenc.fire_attention_cpu(*a) + 1.0, fullgraph=True)
+    torch.testing.assert_close(fire(*inputs, *FIRE_OPTIONS).double(), fire64(*inputs, *FIRE_OPTIONS) + 1.0,
+                               rtol=2e-5, atol=2e-5)
+    inputs = relpos_inputs(seed=3)
+    loss = torch.compile(lambda *a: torch.ops.posenc.relpos_attention_cpu(*a)[0].square().sum(),
+                         fullgraph=True)(*inputs, *RELPOS_OPTIONS)
+    grads = torch.autograd.grad(loss, inputs)
     leaves = [t.detach().double().requires_grad_() for t in inputs]
     ref = relpos64(*leaves, *RELPOS_OPTIONS).square().sum()
     torch.testing.assert_close(loss.double(), ref, rtol=2e-5, atol=2e-5)
