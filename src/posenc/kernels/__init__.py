@@ -15,7 +15,11 @@ The switch: :data:`TRITON_ENABLED`, read from the environment variable ``POSENC_
 
 The fused CPU kernel (:mod:`posenc.kernels.rotary_cpu`, RoPE's rotation in one pass over
 memory, bit-identical to the torch path) is compiled from C++ on request, because the
-first build runs g++ (seconds; later processes load it from torch's extension cache). The rule,
+first build runs g++ (seconds; later processes load it from torch's extension cache). The C++
+kernels (this one, :mod:`~posenc.kernels.fire_cpu`, :mod:`~posenc.kernels.relpos_cpu`) share
+one build, lock and load helper (:mod:`posenc.kernels._build`) and run as ``torch.ops.posenc.*``
+operators (``rotary_cpu``, ``fire_attention_cpu``, ``relpos_attention_cpu`` and its backward),
+which the profiler names and ``torch.compile`` traces. The rule,
 asked by the torch path before each uncompiled CPU rotation (:func:`use_cpu_kernel`):
 
 - ``posenc.kernels.build_cpu_rotary()`` builds (or loads) it; from then on every CPU call of
@@ -25,7 +29,8 @@ asked by the torch path before each uncompiled CPU rotation (:func:`use_cpu_kern
 - The environment variable ``POSENC_CPU_KERNEL``, read at import: ``1`` builds it at the first
   CPU call instead (automatic); ``0`` never uses it (nor builds it on a call); unset: only after
   ``build_cpu_rotary()``. :data:`CPU_KERNEL_ENABLED` (``False`` = off) is settable at run time.
-- Under ``torch.compile`` the torch formula is traced as before (the kernel is not a torch op).
+- Under ``torch.compile`` the torch formula is traced as before (the compiler fuses it; the
+  operator ``torch.ops.posenc.rotary_cpu`` traces too, for code that calls it itself).
 - A machine without a compiler: one ``RuntimeWarning`` at the build, then the torch path.
 
 Layer: imported by ``encodings/`` (docs/design.md); imports only torch, ``triton`` and

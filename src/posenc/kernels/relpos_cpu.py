@@ -16,11 +16,14 @@ and of the four tables come from one backward pass that recomputes the probabili
 saved log-sum-exp (FlashAttention's scheme). float32 (exp by a polynomial within about 1 ulp)
 and float64 (for gradcheck).
 
-Built as the fused RoPE kernel is (:mod:`posenc.kernels.rotary_cpu`): on request with
-``torch.utils.cpp_extension.load`` (no torch header: seconds), cached on disk under a name that
-holds the source, the flags and the CPU, called through ``ctypes`` (several torch threads: the
-(b, h) slices split across a pool). The same switch: :func:`posenc.kernels.build_cpu_relpos`,
-or ``POSENC_CPU_KERNEL=1`` (build at the first call), ``POSENC_CPU_KERNEL=0`` /
+Built as the fused RoPE kernel is, through the kernels' one helper (:mod:`posenc.kernels._build`:
+no torch header, seconds; a cache folder per source, flags and CPU; a lock across processes),
+called through ``ctypes`` (several torch threads: the (b, h) slices split across the kernels'
+pool). The calls are two operators, ``torch.ops.posenc.relpos_attention_cpu`` (-> out and the
+log-sum-exp per row) and ``torch.ops.posenc.relpos_attention_cpu_backward``, the first with the
+second as its registered autograd formula (once differentiable), so the profiler names them and
+``torch.compile`` traces them. The same switch: :func:`posenc.kernels.build_cpu_relpos`, or
+``POSENC_CPU_KERNEL=1`` (build at the first call), ``POSENC_CPU_KERNEL=0`` /
 ``posenc.kernels.CPU_KERNEL_ENABLED = False`` (never used). Under ``torch.compile`` the
 encodings keep their torch path (:func:`usable` says no).
 
@@ -30,24 +33,19 @@ Layer: kernels (imports torch and the kernels package only).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import threading
-import warnings
-from pathlib import Path
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from posenc import kernels
-from posenc.kernels.rotary_cpu import (
-    _cpu_fingerprint,
-    _put_pip_ninja_on_path,
-    _thread_pool,
-)
+from posenc.errors import InvalidArgument
+from posenc.kernels import _build
+from posenc.kernels._build import KernelUnavailable
 
 #: The C++ source, shipped beside this module (package data).
-SOURCE = Path(__file__).with_name("relpos_cpu.cpp")
+SOURCE = _build.source("relpos_cpu")
 
 #: Compiler flags: the host's instruction set (the results need not match torch's bits: the
 #: softmax is this kernel's own, checked against float64 by the tests).
@@ -65,11 +63,8 @@ _lock = threading.Lock()
 
 
 def extension_name() -> str:
-    """The name in torch's extension cache: source, flags and CPU in one digest."""
-    digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), _cpu_fingerprint().encode()):
-        digest.update(part)
-    return f"posenc_relpos_cpu_{digest.hexdigest()[:16]}"
+    """The build's name in the cache: source, flags, torch and CPU in one digest."""
+    return _build.extension_name("relpos_cpu", CFLAGS)
 
 
 def is_built() -> bool:
@@ -77,39 +72,30 @@ def is_built() -> bool:
     return _lib is not None
 
 
+def _declare(lib: ctypes.CDLL) -> None:
+    i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    head = [c_int, i64, i64, i64, i64, i64, i64, c_int, ctypes.c_double]
+    tables = [ptr, ptr, ptr, ptr, c_int, ptr, ptr, ptr]  # q, k, v, E, E per head, a, u, F
+    lib.posenc_relpos_forward.argtypes = head + tables + [ptr, ptr, ptr, i64, i64]
+    lib.posenc_relpos_forward.restype = c_int
+    lib.posenc_relpos_backward.argtypes = head + tables + [ptr] * 7 + [ptr, i64, i64]
+    lib.posenc_relpos_backward.restype = c_int
+
+
 def build(verbose: bool = False) -> bool:
-    """Compile the kernel (or load it from torch's extension cache) into this process.
+    """Compile the kernel (or load it from the cache: :mod:`posenc.kernels._build`) into this process.
 
     Returns True when it is loaded. On failure (no compiler, no ninja, an unwritable cache) it
     warns once (``RuntimeWarning``) and returns False; the encodings then keep their torch path.
-    Thread-safe.
+    Thread-safe, and safe across processes.
     """
     global _lib, _failed
     with _lock:
-        if _lib is not None or _failed:
-            return _lib is not None
-        try:
-            from torch.utils import cpp_extension
-
-            _put_pip_ninja_on_path()
-            path = cpp_extension.load(name=extension_name(), sources=[str(SOURCE)], extra_cflags=list(CFLAGS),
-                                      is_python_module=False, verbose=verbose)
-            lib = ctypes.CDLL(str(path))
-            i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-            head = [c_int, i64, i64, i64, i64, i64, i64, c_int, ctypes.c_double]
-            tables = [ptr, ptr, ptr, ptr, c_int, ptr, ptr, ptr]  # q, k, v, E, E per head, a, u, F
-            lib.posenc_relpos_forward.argtypes = head + tables + [ptr, ptr, ptr, i64, i64]
-            lib.posenc_relpos_forward.restype = c_int
-            lib.posenc_relpos_backward.argtypes = head + tables + [ptr] * 7 + [ptr, i64, i64]
-            lib.posenc_relpos_backward.restype = c_int
-        except Exception as err:  # noqa: BLE001 - any build or load failure keeps the torch path
-            _failed = True
-            warnings.warn(f"posenc: the fused CPU relative-position attention kernel could not be built "
-                          f"({type(err).__name__}: {str(err).strip()[-300:]}); Shaw and Transformer-XL keep "
-                          f"their torch path", RuntimeWarning, stacklevel=3)
-            return False
-        _lib = lib
-        return True
+        if _lib is None and not _failed:
+            _lib = _build.load_or_warn("relpos_cpu", CFLAGS, _declare, what="relative-position attention",
+                                       fallback="Shaw and Transformer-XL keep their torch path", verbose=verbose)
+            _failed = _lib is None
+        return _lib is not None
 
 
 def usable(*tensors: Tensor) -> bool:
@@ -176,56 +162,143 @@ def _run(fn, args, threads: int, slices: int) -> None:
         fn(*args(0), 0, slices)
         return
     cuts = [slices * i // threads for i in range(threads + 1)]
-    pool = _thread_pool(threads)
+    pool = _build.thread_pool(threads)
     futures = [pool.submit(fn, *args(i), cuts[i], cuts[i + 1]) for i in range(1, threads)]
     fn(*args(0), cuts[0], cuts[1])
     for f in futures:
         f.result()
 
 
-class _RelativeAttention(torch.autograd.Function):
-    """The kernel's forward and backward; see :func:`attention`."""
+def _require_lib(name: str) -> ctypes.CDLL:
+    if _lib is None and not build():
+        raise KernelUnavailable(f"posenc::{name}: the fused CPU relative-position attention kernel is not built "
+                                f"here (posenc.kernels.build_cpu_relpos() returned False: see its warning)")
+    return _lib
 
-    @staticmethod
-    def forward(ctx, q, k, v, key_table, query_bias, key_bias, value_table, offset: int, causal: bool, scale: float):
-        q, k, v = _last_contiguous(q), _last_contiguous(k), _last_contiguous(v)
-        tables = [t.contiguous() if t is not None else None for t in (key_table, query_bias, key_bias, value_table)]
-        batch, heads, num_queries, dim = q.shape
-        num_keys = k.shape[2]
-        width = tables[0].shape[-2] if tables[0] is not None else (tables[3].shape[0] if tables[3] is not None else 1)
-        out = _dense_like(q)  # q's layout: for the LM's (B, T, H, D) projection, the reshape after is free
-        lse = q.new_empty(batch, heads, num_queries)
-        head = (_DTYPE_CODES[q.dtype], heads, num_queries, num_keys, dim, width, offset, int(causal), scale)
-        common = (head + (_ptr(q), _ptr(k), _ptr(v), _ptr(tables[0]), int(tables[0] is not None and tables[0].dim() == 3))
-                  + tuple(_ptr(t) for t in tables[1:]))
-        strides = _strides(q, k, v, out)
-        slices = batch * heads
-        _run(_lib.posenc_relpos_forward, lambda part: common + (_ptr(out), _ptr(lse), strides),
-             _threads(slices, slices * num_queries * num_keys), slices)
-        ctx.save_for_backward(q, k, v, out, lse, *tables)
-        ctx.common = common
-        return out
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        q, k, v, out, lse, *tables = ctx.saved_tensors
-        grad_out = _last_contiguous(grad_out)
-        dq, dk, dv = _dense_like(q), _dense_like(k), _dense_like(v)
-        batch, heads, num_queries = q.shape[:3]
-        slices = batch * heads
-        threads = _threads(slices, slices * num_queries * k.shape[2])
-        sizes = [t.numel() if t is not None else 0 for t in tables]
-        grads = q.new_zeros(threads, max(sum(sizes), 1))
-        strides = _strides(q, k, v, out, grad_out, dq, dk, dv)
-        tail = (_ptr(out), _ptr(lse), _ptr(grad_out), _ptr(dq), _ptr(dk), _ptr(dv))
-        _run(_lib.posenc_relpos_backward, lambda part: ctx.common + tail + (_ptr(grads[part]), strides), threads, slices)
-        summed = grads.sum(0) if threads > 1 else grads[0]
-        table_grads, start = [], 0
-        for t, n in zip(tables, sizes):
-            table_grads.append(summed[start:start + n].view(t.shape) if t is not None else None)
-            start += n
-        return (dq, dk, dv, *table_grads, None, None, None)
+def _common(q: Tensor, k: Tensor, v: Tensor, tables: list[Tensor | None], offset: int, causal: bool,
+            scale: float) -> tuple:
+    """The arguments both entry points start with: sizes, switches and the inputs' pointers."""
+    _, heads, num_queries, dim = q.shape
+    width = tables[0].shape[-2] if tables[0] is not None else (tables[3].shape[0] if tables[3] is not None else 1)
+    head = (_DTYPE_CODES[q.dtype], heads, num_queries, k.shape[2], dim, width, offset, int(causal), scale)
+    return (head + (_ptr(q), _ptr(k), _ptr(v), _ptr(tables[0]), int(tables[0] is not None and tables[0].dim() == 3))
+            + tuple(_ptr(t) for t in tables[1:]))
+
+
+def _inputs(q, k, v, key_table, query_bias, key_bias, value_table):
+    """q, k, v with their last dimension contiguous and the tables contiguous (the kernel's layout)."""
+    q, k, v = _last_contiguous(q), _last_contiguous(k), _last_contiguous(v)
+    tables = [t.contiguous() if t is not None else None for t in (key_table, query_bias, key_bias, value_table)]
+    return q, k, v, tables
+
+
+def _check(name: str, q: Tensor, k: Tensor, v: Tensor, tables: list[Tensor | None], *per_query: Tensor) -> None:
+    """Raise unless the shapes and dtypes are the ones the kernel trusts (the operators are public:
+    a wrong shape must not reach the C++): q (B, H, Tq, D), k and v (B, H, Tk, D), E (R, D) or
+    (H, R, D), a and u (H, D), F (R, D), ``per_query`` tensors of q's shape (out, grad_out),
+    all CPU tensors of one dtype, float32 or float64."""
+    tensors = [q, k, v, *per_query, *(t for t in tables if t is not None)]
+    if q.dtype not in _DTYPE_CODES or any(t.dtype != q.dtype or t.device.type != "cpu" for t in tensors):
+        raise InvalidArgument(f"posenc::{name}: q, k, v and the tables must be CPU tensors of one dtype, float32 or "
+                              f"float64, got {sorted({f'{t.dtype} on {t.device}' for t in tensors})}")
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or (q.shape[0], q.shape[1], q.shape[3]) != (
+            k.shape[0], k.shape[1], k.shape[3]) or any(t.shape != q.shape for t in per_query):
+        raise InvalidArgument(f"posenc::{name}: q must be (B, H, Tq, D) and k, v (B, H, Tk, D), got "
+                              f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    heads, dim = q.shape[1], q.shape[3]
+    key_table, query_bias, key_bias, value_table = tables
+    widths = {t.shape[-2] for t in (key_table, value_table) if t is not None}
+    shapes_ok = (len(widths) <= 1 and all(t is None or t.shape == (heads, dim) for t in (query_bias, key_bias))
+                 and (key_table is None or key_table.shape[-1:] == (dim,) and key_table.dim() in (2, 3)
+                      and (key_table.dim() == 2 or key_table.shape[0] == heads))
+                 and (value_table is None or value_table.dim() == 2 and value_table.shape[-1] == dim))
+    if not shapes_ok:
+        got = ", ".join(str(tuple(t.shape)) if t is not None else "None" for t in tables)
+        raise InvalidArgument(f"posenc::{name}: key_table must be (R, {dim}) or ({heads}, R, {dim}), query_bias and "
+                              f"key_bias ({heads}, {dim}), value_table (R, {dim}) with the key table's R; got {got}")
+
+
+def _forward(q, k, v, key_table, query_bias, key_bias, value_table, offset, causal, scale):
+    """``posenc::relpos_attention_cpu`` on CPU tensors: (out, lse)."""
+    lib = _require_lib("relpos_attention_cpu")
+    _check("relpos_attention_cpu", q, k, v, [key_table, query_bias, key_bias, value_table])
+    q, k, v, tables = _inputs(q, k, v, key_table, query_bias, key_bias, value_table)
+    batch, heads, num_queries = q.shape[:3]
+    out = _dense_like(q)  # q's layout: for the LM's (B, T, H, D) projection, the reshape after is free
+    lse = q.new_empty(batch, heads, num_queries)
+    common = _common(q, k, v, tables, offset, causal, scale)
+    strides = _strides(q, k, v, out)
+    slices = batch * heads
+    _run(lib.posenc_relpos_forward, lambda part: common + (_ptr(out), _ptr(lse), strides),
+         _threads(slices, slices * num_queries * k.shape[2]), slices)
+    return out, lse
+
+
+def _forward_fake(q, k, v, key_table, query_bias, key_bias, value_table, offset, causal, scale):
+    q = _last_contiguous(q)  # the layout _forward's out follows
+    return _dense_like(q), q.new_empty(q.shape[:3])
+
+
+def _backward(grad_out, q, k, v, out, lse, key_table, query_bias, key_bias, value_table, offset, causal, scale):
+    """``posenc::relpos_attention_cpu_backward`` on CPU tensors: dq, dk, dv and the four tables'
+    gradients flattened one after the other into one vector (the present tables only)."""
+    lib = _require_lib("relpos_attention_cpu_backward")
+    _check("relpos_attention_cpu_backward", q, k, v, [key_table, query_bias, key_bias, value_table], out, grad_out)
+    if lse.shape != q.shape[:3] or lse.dtype != q.dtype:
+        raise InvalidArgument(f"posenc::relpos_attention_cpu_backward: lse must be (B, H, Tq) = {tuple(q.shape[:3])} "
+                              f"of q's dtype, got {tuple(lse.shape)} {lse.dtype}")
+    q, k, v, tables = _inputs(q, k, v, key_table, query_bias, key_bias, value_table)
+    grad_out = _last_contiguous(grad_out)
+    dq, dk, dv = _dense_like(q), _dense_like(k), _dense_like(v)
+    batch, heads, num_queries = q.shape[:3]
+    slices = batch * heads
+    threads = _threads(slices, slices * num_queries * k.shape[2])
+    grads = q.new_zeros(threads, max(_table_entries(tables), 1))
+    common = _common(q, k, v, tables, offset, causal, scale)
+    strides = _strides(q, k, v, out, grad_out, dq, dk, dv)
+    tail = (_ptr(out), _ptr(lse), _ptr(grad_out), _ptr(dq), _ptr(dk), _ptr(dv))
+    _run(lib.posenc_relpos_backward, lambda part: common + tail + (_ptr(grads[part]), strides), threads, slices)
+    return dq, dk, dv, grads.sum(0) if threads > 1 else grads[0]
+
+
+def _backward_fake(grad_out, q, k, v, out, lse, key_table, query_bias, key_bias, value_table, offset, causal, scale):
+    q, k, v, tables = _inputs(q, k, v, key_table, query_bias, key_bias, value_table)  # the layouts _backward's follow
+    return _dense_like(q), _dense_like(k), _dense_like(v), q.new_empty(max(_table_entries(tables), 1))
+
+
+def _table_entries(tables) -> int:
+    return sum(t.numel() for t in tables if t is not None)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, key_table, query_bias, key_bias, value_table, offset, causal, scale = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], key_table, query_bias, key_bias, value_table)
+    ctx.options = (offset, causal, scale)
+
+
+@once_differentiable
+def _autograd_backward(ctx, grad_out, grad_lse):
+    """The kernel's backward (no derivative of its own: a second derivative raises)."""
+    q, k, v, out, lse, *tables = ctx.saved_tensors
+    dq, dk, dv, flat = torch.ops.posenc.relpos_attention_cpu_backward(grad_out, q, k, v, out, lse, *tables,
+                                                                      *ctx.options)
+    table_grads, start = [], 0
+    for t in tables:
+        n = t.numel() if t is not None else 0
+        table_grads.append(flat[start:start + n].view(t.shape) if t is not None else None)
+        start += n
+    return (dq, dk, dv, *table_grads, None, None, None)
+
+
+_TABLES = "Tensor? key_table, Tensor? query_bias, Tensor? key_bias, Tensor? value_table"
+_OPTIONS = "int offset, bool causal, float scale"
+OP = _build.define_op(f"relpos_attention_cpu(Tensor q, Tensor k, Tensor v, {_TABLES}, {_OPTIONS}) -> (Tensor, Tensor)",
+                      _forward, _forward_fake)
+BACKWARD_OP = _build.define_op(f"relpos_attention_cpu_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+                               f"Tensor lse, {_TABLES}, {_OPTIONS}) -> (Tensor, Tensor, Tensor, Tensor)",
+                               _backward, _backward_fake)
+_build.register_autograd(OP, _autograd_backward, _setup_context)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, key_table: Tensor | None = None, query_bias: Tensor | None = None,
@@ -241,7 +314,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, key_table: Tensor | None = Non
     j <= i + Tk - Tq (queries at the end of the keys); a row without keys gets zeros. Returns
     (B, H, Tq, D) in that dtype, its memory in the order of q's (a transposed view of
     (B, Tq, H, D) for the LM's q). The caller checks shapes (the kernel trusts them:
-    E and F of the same R) and that the kernel is built.
+    E and F of the same R) and that the kernel is built. The work is the operator
+    ``torch.ops.posenc.relpos_attention_cpu``; its gradient, once differentiable (a second
+    derivative raises ``RuntimeError``), ``torch.ops.posenc.relpos_attention_cpu_backward``.
     """
-    return _RelativeAttention.apply(q, k, v, key_table, query_bias, key_bias, value_table, int(offset), bool(causal),
-                                    float(scale))
+    return torch.ops.posenc.relpos_attention_cpu(q, k, v, key_table, query_bias, key_bias, value_table, int(offset),
+                                                 bool(causal), float(scale))[0]
