@@ -167,6 +167,11 @@ def _mean_over_seeds(config: ExtrapolationConfig, evals: Sequence[dict]) -> dict
     return means
 
 
+#: The fields every evaluation cell of a run record holds as finite numbers (the merge
+#: averages them); a stored record without them is corrupt (:class:`RunStore`).
+SCORE_NUMBERS = ("loss", "loss_last")
+
+
 def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, reporter: Reporter | None = None) -> dict | None:
     """Run (or resume) the sweep; write results.json, results.csv; return the results dict
     ``{"config": ..., "corpus": ..., "results": {encoding: {"train_len", "eval": {length: {"loss", "ppl", ...}}}}}``
@@ -182,7 +187,7 @@ def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, re
         CheckpointMismatch: ``out`` holds runs made with other arguments, or corrupt ones.
     """
     reporter = reporter or Reporter()
-    store = RunStore(out, scores="eval")
+    store = RunStore(out, scores="eval", numbers=SCORE_NUMBERS)
     min_val = max(config.eval_lengths) + 1
     if corpus.val.numel() < min_val:
         raise InvalidArgument(f"corpus: the validation split ({corpus.val.numel()} bytes) is shorter than the longest eval length + 1 ({min_val})")

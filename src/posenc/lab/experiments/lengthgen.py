@@ -953,6 +953,11 @@ def rankings(results: dict, factors: Sequence[float] = RANK_FACTORS) -> dict:
     return ranked
 
 
+#: The fields every evaluation cell of a run record holds as finite numbers (the merge
+#: averages them); a stored record without them is corrupt (:class:`RunStore`).
+SCORE_NUMBERS = ("accuracy", "token_accuracy")
+
+
 def _jobs(config: LengthgenConfig) -> dict[str, tuple[str, str]]:
     """Every run store row of the sweep: ``<task>-<row>`` -> (task, row)."""
     return {row_name(task, row): (task, row) for task, row in config.jobs()}
@@ -961,12 +966,12 @@ def _jobs(config: LengthgenConfig) -> dict[str, tuple[str, str]]:
 def _compute_in_worker(config: LengthgenConfig, out: str, name: str, seed: int, expected: dict) -> dict:
     """:func:`train_and_evaluate` of one run store row, for a worker process (module level, so
     that it pickles; the worker reports no progress)."""
-    return train_and_evaluate(config, *_jobs(config)[name], seed, RunStore(out, scores="eval"), Reporter(), expected)
+    return train_and_evaluate(config, *_jobs(config)[name], seed, RunStore(out, scores="eval", numbers=SCORE_NUMBERS), Reporter(), expected)
 
 
 def _extension_in_worker(config: LengthgenConfig, out: str, name: str, seed: int, expected: dict) -> dict:
     """:func:`evaluate_extension` of one run store row, for a worker process."""
-    return evaluate_extension(config, *_jobs(config)[name], seed, RunStore(out, scores="eval"), Reporter())
+    return evaluate_extension(config, *_jobs(config)[name], seed, RunStore(out, scores="eval", numbers=SCORE_NUMBERS), Reporter())
 
 
 def run_lengthgen(config: LengthgenConfig, out: Path, reporter: Reporter | None = None, workers: int = 1) -> dict | None:
@@ -982,7 +987,7 @@ def run_lengthgen(config: LengthgenConfig, out: Path, reporter: Reporter | None 
         ValueError: ``workers`` not a positive integer.
     """
     reporter = reporter or Reporter()
-    store = RunStore(out, scores="eval")
+    store = RunStore(out, scores="eval", numbers=SCORE_NUMBERS)
     split = _jobs(config)
     jobs = [(row_name(task, row), seed) for task, row in config.trained_jobs() for seed in config.seeds]
     if workers > 1:
