@@ -1,7 +1,9 @@
 """Figures: what each encoding does (:func:`plot_encoding`, drawn from its hooks, never from
 its name), the extrapolation results (:func:`plot_extrapolation`), the synthetic-task
 accuracies of ``posenc lengthgen`` (:func:`plot_lengthgen`) and a model's RoPE wavelengths
-against its contexts (:func:`plot_rope_inspection`, ``posenc inspect``).
+against its contexts (:func:`plot_rope_inspection`, ``posenc inspect``: the library's own
+figure, :mod:`posenc.hf_config.rope_figure`, re-exported here with :func:`figure_path`, the
+path rule of every figure).
 
 ``plot_encoding(name, out)`` builds the encoding at a small model size and draws one panel
 (or two) per hook it uses:
@@ -35,7 +37,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -43,22 +44,21 @@ from torch import Tensor
 from posenc.encodings import create_for_model
 from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.errors import InvalidArgument
+from posenc.hf_config.rope_figure import (
+    figure_path,
+    plot_rope_inspection,
+    pyplot,
+    supported_formats,
+)
 from posenc.lab.experiments.frame import Row
 
-if TYPE_CHECKING:
-    from posenc.hf_config.rope import RopeInspection
+__all__ = [
+    "FIGURE_SIZES", "figure_path", "needle_tasks", "plot_depth_heatmap", "plot_encoding", "plot_extension",
+    "plot_extrapolation", "plot_lengthgen", "plot_rope_inspection", "supported_formats",
+]
 
 #: The model size the figures use unless ``plot_encoding`` is given others.
 FIGURE_SIZES = {"d_model": 64, "num_heads": 8, "head_dim": 32, "max_positions": 256}
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _line_style(result: dict) -> str:
@@ -334,34 +334,6 @@ def _no_signal_panel(max_distance: int):
     return [draw]
 
 
-def supported_formats() -> list[str]:
-    """The file extensions matplotlib writes figures in (png, pdf, svg, ...), sorted."""
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    return sorted(FigureCanvasBase.get_supported_filetypes())
-
-
-def figure_path(out: str | Path, default_name: str, argname: str = "out") -> Path:
-    """Where a figure asked for at ``out`` is written: ``out / default_name`` when ``out``
-    is an existing folder, ``out`` with ``.png`` added when it has no extension (what
-    matplotlib writes), else ``out`` itself.
-
-    Raises:
-        InvalidArgument: the extension is not one matplotlib writes; the message names
-            ``argname`` and lists the supported ones.
-    """
-    out = Path(out)
-    if out.is_dir():
-        out = out / default_name
-    if not out.suffix:
-        out = out.with_name(out.name + ".png")
-    formats = supported_formats()
-    if out.suffix[1:].lower() not in formats:
-        raise InvalidArgument(f"{argname}: {out.name}: unknown figure format {out.suffix!r}; matplotlib writes "
-                              f"{', '.join(formats)}")
-    return out
-
-
 def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
     """Draw what the encoding ``name`` does and save it as a PNG at ``out``.
 
@@ -406,7 +378,7 @@ def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
     if not panels:
         panels = _no_signal_panel(max_distance or 128)
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(max(6.5, 5.2 * len(panels)), 4.4), squeeze=False)
     for draw, ax in zip(panels, axes[0]):
         draw(ax, fig)
@@ -425,7 +397,7 @@ def plot_extrapolation(summary: dict, out: str | Path) -> Path:
     axis; left panel all tokens of each window, right panel the last L tokens. Error bars
     show the spread over seeds when there are several. Rows that extend the rope model with
     a scaling are dashed (at inference) or dotted (fine-tuned)."""
-    plt = _pyplot()
+    plt = pyplot()
     out = Path(out)
     train_len = summary["config"]["train_len"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
@@ -480,7 +452,7 @@ def plot_extension(summary: dict, out: str | Path) -> Path:
     inference, the branch-merge maps, the fine-tunes with DroPE and NoPE trained as long), error
     bars the seeds' spread; a fourth panel the passkey accuracy (mean over depths and seeds) of
     every row that has one. Log2 length axes, L marked."""
-    plt = _pyplot()
+    plt = pyplot()
     out = Path(out)
     train_len = summary["config"]["train_len"]
     results = summary["results"]
@@ -563,7 +535,7 @@ def plot_lengthgen(summary: dict, out_dir: str | Path) -> list[Path]:
 
     Returns the paths written.
     """
-    plt = _pyplot()
+    plt = pyplot()
     out_dir = Path(out_dir)
     tasks = summary["results"]
     settings = summary["config"]["task_settings"]
@@ -638,7 +610,7 @@ def plot_depth_heatmap(summary: dict, task: str, out: str | Path) -> Path:
     if task not in needle_tasks(summary):
         raise InvalidArgument(f"task: {task!r} has no accuracies by depth in these results; "
                               f"needle-style tasks here: {needle_tasks(summary)}")
-    plt = _pyplot()
+    plt = pyplot()
     rows = summary["results"][task]
     setting = summary["config"]["task_settings"][task]
     sizes, n = setting["eval_sizes"], setting["train_size"]
@@ -658,42 +630,3 @@ def plot_depth_heatmap(summary: dict, task: str, out: str | Path) -> Path:
         fig.colorbar(image, ax=axes, label="exact-match accuracy", shrink=0.8)
     fig.suptitle(f"{task}: accuracy by needle depth (0 = start of the filler) and size (N = {n})", fontsize="medium")
     return _save(fig, plt, Path(out))
-
-
-def plot_rope_inspection(report: RopeInspection, out_png: str | Path, *, title: str | None = None) -> Path:
-    """Draw wavelength per pair (log scale), original and scaled, against both contexts.
-
-    ``report`` comes from :func:`posenc.rope.inspect_config`. Writes a PNG (matplotlib, Agg
-    backend, imported here) and returns its path: ``out_png`` as :func:`figure_path` reads
-    it (an existing folder gets ``rope.png``).
-
-    Raises:
-        InvalidArgument: an extension matplotlib does not write.
-    """
-    out = figure_path(out_png, "rope.png")
-    plt = _pyplot()
-
-    pairs = torch.arange(report.rotary_dim // 2).numpy()
-    fig, ax = plt.subplots(figsize=(8, 4.8), dpi=120)
-    ax.plot(pairs, report.wavelength_original.numpy(), "o-", ms=3, label="original wavelength")
-    if report.rope_type != "default":
-        ax.plot(pairs, report.wavelength_scaled.numpy(), "s-", ms=3, label=f"scaled ({report.rope_type})")
-    ax.axhline(report.original_context, color="tab:green", ls="--", label=f"original context {report.original_context}")
-    if report.extended_context != report.original_context:
-        ax.axhline(report.extended_context, color="tab:red", ls=":", label=f"extended context {report.extended_context}")
-    if 0 <= report.critical_dim <= pairs[-1]:
-        ax.axvline(report.critical_dim, color="gray", lw=1, label=f"critical dim {report.critical_dim:.1f}")
-    ax.axvspan(-0.5, report.num_full_rotation_pairs - 0.5, color="tab:green", alpha=0.08,
-               label=f"{report.num_full_rotation_pairs} pairs rotate fully within L0")
-    ax.set_yscale("log")
-    ax.set_xlabel("frequency pair i")
-    ax.set_ylabel("wavelength 2π/θ_i (tokens)")
-    name = report.model_type or "config"
-    ax.set_title(title or f"{name}: RoPE θ={report.rope_theta:g}, {report.rope_type}, attention factor {report.attention_factor:.4g}")
-    ax.legend(fontsize=8, loc="upper left")
-    ax.grid(True, which="major", alpha=0.3)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
