@@ -483,6 +483,13 @@ class RunConfig:
         return {}
 
 
+def diverged_label(name: str, res: dict) -> str:
+    """A results row's name in a console table (rich markup), with the seeds that diverged
+    (their scores are left out of the row's means)."""
+    diverged = res.get("diverged") or {}
+    return f"{name} [red](diverged: seed {', '.join(diverged)})[/]" if diverged else name
+
+
 def spread(values: Sequence[float]) -> float:
     """The sample standard deviation of ``values`` over seeds; 0 for one seed."""
     return statistics.stdev(values) if len(values) > 1 else 0.0

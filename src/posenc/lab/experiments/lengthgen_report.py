@@ -34,11 +34,18 @@ instances in [0, 1] (means over seeds), sizes are in each task's unit.
   et al. 2023, Ruoss et al. 2023, Cho et al. 2024, McLeish et al. 2024): its claim
   (/work/shared/REFERENCE.md; docs/results.md) and what this run measured, as a markdown table
   (:func:`comparison_markdown`) that docs/results.md can hold.
+
+What the command shows is here too: summary.md (:func:`summary_markdown`) and the console
+tables it prints (:func:`console_tables`, :func:`lengthgen_task_table` for ``--list``).
 """
 
 from __future__ import annotations
 
 import statistics
+
+from rich.table import Table
+
+from posenc.lab.experiments.frame import diverged_label
 
 #: The accuracy from which a size counts as solved (the issue's bar, as ``LEARNED_ACCURACY``).
 GENERALIZATION_ACCURACY = 0.9
@@ -329,8 +336,128 @@ def summary_markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
+# --- the tables ``posenc lengthgen`` prints (rich) --------------------------------------------
+
+
+def console_tables(summary: dict) -> list[Table]:
+    """The tables ``posenc lengthgen`` prints after a sweep, in order: the accuracies with each
+    row's generalization length, the mean reciprocal rank over the separating tasks, and the
+    comparison with the papers."""
+    return [lengthgen_table(summary), lengthgen_ranking_table(summary), lengthgen_comparison_table(summary)]
+
+
+def lengthgen_table(summary: dict) -> Table:
+    """Rows: task and encoding; columns: evaluation sizes as multiples of N (the size in
+    each task's unit in the cell's task row), then the generalization length (the largest
+    size with accuracy >= 0.9, the row having reached 0.9 at N; ``not learned`` otherwise);
+    cells: exact-match accuracy (± seed spread)."""
+    config = summary["config"]
+    factors = sorted({f for f in config["eval_factors"]})
+    table = Table(title="exact-match accuracy (greedy decoding; trained on sizes <= N)",
+                  caption="generalization length: the largest size with accuracy >= 0.9, for a row at >= 0.9 at N")
+    table.add_column("task", style="bold", no_wrap=True)
+    table.add_column("encoding", no_wrap=True)
+    for f in factors:
+        table.add_column(f"{f:g}N", justify="right")
+    table.add_column("generalization length", justify="right")
+    generalization = summary["reading"]["generalization"]
+    tasks = list(summary["results"].items())
+    for index, (task, rows) in enumerate(tasks):
+        setting = config["task_settings"][task]
+        n = setting["train_size"]
+        sizes = {size: size / n for size in setting["eval_sizes"]}
+        names = list(rows.items())
+        for position, (row, res) in enumerate(names):
+            cells = []
+            for f in factors:
+                if not res["eval"] and res.get("diverged"):
+                    cells.append("[red]diverged[/]")
+                    continue
+                size = max(sizes, key=lambda s: -abs(sizes[s] - f))  # the size this factor gave
+                cell = res["eval"].get(str(size))
+                if cell is None:
+                    cells.append("[dim]n/a[/]")
+                    continue
+                spread = f" ±{cell['accuracy_std']:.2f}" if cell["seeds"] > 1 else ""
+                colour = "green" if cell["accuracy"] >= 0.9 else "red" if cell["accuracy"] < 0.1 else "yellow"
+                cells.append(f"[{colour}]{cell['accuracy']:.2f}[/]{spread}")
+            label = f"{task} (N={n})" if position == 0 else ""
+            cells.append(generalization_text(generalization[task][row]))
+            table.add_row(label, diverged_label(row, res), *cells, end_section=position == len(names) - 1 and index < len(tasks) - 1)
+    return table
+
+
+def lengthgen_ranking_table(summary: dict) -> Table:
+    """One row per encoding row: the tasks it learned at N (of those it ran), and its mean
+    reciprocal rank over the tasks that separate the rows at each ranked size, with how many
+    tasks it was ranked on (``summary["reading"]``, best first by the first size); the caption
+    names the all-tie tasks left out."""
+    ranking, reading = summary["ranking"], summary["reading"]
+    mrr = reading["mean_reciprocal_rank"]
+    factors = list(mrr)
+    rows = list(dict.fromkeys(row for rows in summary["results"].values() for row in rows))
+    ran = {row: sum(row in rows for rows in summary["results"].values()) for row in rows}
+    learned = {row: sum(row in names for names in ranking["learned_at_n"].values()) for row in rows}
+    left = ", ".join(reading["all_tie"]) or "none"
+    caption = (f"over the separating tasks ({', '.join(reading['separating']) or 'none'}); all-tie tasks (every row equal "
+               f"at every size past N) are left out of the ranking: {left}")
+    if not reading["separating"]:
+        caption = f"no task separates the rows (all-tie: {left}): no ranking"
+    table = Table(title="mean reciprocal rank over the tasks that separate the rows (1 = first on every one; "
+                  "the NoPE paper's summary)", caption=caption)
+    table.add_column("encoding", style="bold", no_wrap=True)
+    table.add_column("learned at N", justify="right")
+    for factor in factors:
+        table.add_column(f"MRR at {factor}N (tasks)", justify="right")
+    first = mrr[factors[0]] if factors else {}
+    for row in sorted(rows, key=lambda r: -first.get(r, {}).get("mrr", 0.0)):
+        cells = [f"{mrr[f][row]['mrr']:.2f} ({mrr[f][row]['tasks']})" if row in mrr[f] else "n/a" for f in factors]
+        table.add_row(row, f"{learned[row]}/{ran[row]}", *cells)
+    return table
+
+
+def lengthgen_comparison_table(summary: dict) -> Table:
+    """The reproduced papers: claim against this run (summary.md has it as markdown)."""
+    table = Table(title="against the papers")
+    for column in ("paper", "claim", "ours"):
+        table.add_column(column)
+    for entry in paper_comparison(summary):
+        table.add_row(entry["paper"], entry["claim"], entry["ours"])
+    return table
+
+
+def lengthgen_task_table() -> Table:
+    """Every task of ``posenc lengthgen``: its unit of size, default N and steps, prompt and
+    answer formats, source, and the position suffixes its rows take."""
+    from posenc.lab.experiments.lengthgen_config import task_catalogue
+
+    table = Table(title="posenc lengthgen tasks (train on sizes <= N; * in the default run; every answer closed by '.')")
+    for column in ("task", "size unit", "N", "steps", "prompt (size n)", "answer", "source", "row suffixes"):
+        table.add_column(column, justify="right" if column in ("N", "steps") else "left")
+    for entry in task_catalogue():
+        table.add_row(entry["task"] + (" *" if entry["in_default"] else ""), entry["size_unit"], str(entry["train_size"]),
+                      str(entry["steps"]), entry["prompt"], entry["answer"], entry["source"], ", ".join(entry["suffixes"]))
+    return table
+
+
 __all__ = [
-    "EXTENSION_FACTORS", "GENERALIZATION_ACCURACY", "PAPER_CLAIMS", "comparison_markdown", "extension_markdown",
-    "extension_reading", "generalization_length", "generalization_text",
-    "is_all_tie", "paper_comparison", "reading", "separating_mrr", "summary_markdown", "tied_at",
+    "EXTENSION_FACTORS",
+    "GENERALIZATION_ACCURACY",
+    "PAPER_CLAIMS",
+    "comparison_markdown",
+    "console_tables",
+    "extension_markdown",
+    "extension_reading",
+    "generalization_length",
+    "generalization_text",
+    "is_all_tie",
+    "lengthgen_comparison_table",
+    "lengthgen_ranking_table",
+    "lengthgen_table",
+    "lengthgen_task_table",
+    "paper_comparison",
+    "reading",
+    "separating_mrr",
+    "summary_markdown",
+    "tied_at",
 ]
