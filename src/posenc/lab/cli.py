@@ -315,7 +315,6 @@ def extrapolate(
         run_extrapolation,
     )
     from posenc.lab.experiments.extrapolation_config import check_gpu_preset
-    from posenc.lab.experiments.frame import Row
     from posenc.lab.experiments.limits import parameter_floor
     from posenc.lab.experiments.extension_report import has_extension_rows
     from posenc.lab.experiments.extrapolation_report import console_tables
@@ -348,7 +347,7 @@ def extrapolate(
         + ("; bf16 autocast" if train.autocast else "") + ("; compiled" if train.compile else "")
         + (f"; sliding-window eval, stride {config.eval_stride}" if config.eval_stride else "")
     )
-    if randomized := [row for row in config.rows if Row.parse(row).randomized]:
+    if randomized := [row for row in config.rows if row.randomized]:
         console.print(f"[bold]randomized-position rows[/] {', '.join(randomized)} (positions from [0, {config.randomized_positions}))")
     for provider in ROW_PROVIDERS:
         if rows := provider.rows(config):

@@ -549,7 +549,7 @@ def plot_lengthgen(summary: dict, out_dir: str | Path) -> list[Path]:
             values = [res["eval"][str(n)]["accuracy"] for n in sizes]
             errors = [res["eval"][str(n)]["accuracy_std"] for n in sizes]
             style = dict(color=colors(index % colors.N), marker="os^Dv<>PXph"[index % 11],
-                         linestyle="--" if Row.parse(row).randomized else "-", label=row)
+                         linestyle="--" if Row.of(row).randomized else "-", label=row)
             # errorbar for every row, so that the legend keeps the rows' order
             ax.errorbar(sizes, values, yerr=errors if any(errors) else None, capsize=3, **style)
         n = settings[task]["train_size"]

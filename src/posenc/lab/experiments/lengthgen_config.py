@@ -19,7 +19,6 @@ from typing import ClassVar
 import torch
 
 from posenc._validation import check_positive_int
-from posenc.encodings import encoding_class
 from posenc.errors import InvalidArgument
 from posenc.lab.experiments.extrapolation_config import (
     CPU_FLOPS,
@@ -34,9 +33,10 @@ from posenc.lab.experiments.frame import (
     check_names,
 )
 from posenc.lab.experiments.lengthgen_extension import (
+    EXTENSIONS as EXTENSION_ROW_METHODS,
+)
+from posenc.lab.experiments.lengthgen_extension import (
     check_extension_row,
-    check_extension_spelling,
-    extension_method,
     extension_rows,
 )
 from posenc.lab.experiments.limits import Workload, holds_a_table, parameter_floor
@@ -252,18 +252,10 @@ class LengthgenConfig(RunConfig):
     FULL_PLANS: ClassVar[tuple[str, ...]] = ("rope/nope:3", "rope@sliding/nope:3")
     NAMED_RANDOMIZED_ROWS: ClassVar[bool] = True
     TASK_POSITION_ROWS: ClassVar[bool] = True
-
-    def derived_row(self, name: str) -> bool:
-        """Whether ``name`` is a context-extension row (``rope+yarn``, ...:
-        :mod:`posenc.lab.experiments.lengthgen_extension`): the ``rope`` model run with a method, not trained."""
-        return extension_method(name) is not None
-
-    def _check_run(self) -> None:
-        if isinstance(self.encodings, (tuple, list)):  # a typo such as rope+yaml names the methods, not the encodings
-            for name in self.encodings:
-                if isinstance(name, str):
-                    check_extension_spelling(name)
-        super()._check_run()
+    #: ``rope+<method>``: the task's trained ``rope`` model run with a context extension, not
+    #: trained (:mod:`posenc.lab.experiments.lengthgen_extension`); ``rope+yaml`` is refused
+    #: as a typo, naming the methods.
+    EXTENSIONS: ClassVar[dict[str, tuple[str, ...]]] = EXTENSION_ROW_METHODS
 
     def _check_experiment(self) -> None:
         check_names(self.tasks, "tasks", "task", "('copy', 'passkey')")
@@ -293,17 +285,16 @@ class LengthgenConfig(RunConfig):
                                       f"is past its largest instance ({bound} {get_task(name).size_unit})")
         check_positive_int(self.eval_instances, "eval_instances")
         self._check_task_rows()
-        for name in (*self.encodings, *(row for _, row in self.task_row_pairs())):
-            row = Row.parse(name)
+        for row in (*self.encodings, *(row for _, row in self.task_row_pairs())):
             if row.plan is not None and row.positions is not None:
                 # a plan's sliding and chunked spans count position ids, which these schemes
                 # make sparse (+rand) or repeated (+coupled): its windows would no longer be W tokens
-                raise InvalidArgument(f"encodings: row {name!r}: a plan row takes no position suffix here; "
+                raise InvalidArgument(f"encodings: row {row.name!r}: a plan row takes no position suffix here; "
                                       f"+{row.positions} goes on a single encoding (e.g. rope+{row.positions})")
             if row.task_positions is not None:
                 for task in self.tasks:
-                    if name in self.rows_of(task):
-                        check_task(row.task_positions, task, name)
+                    if row in self.rows_of(task):
+                        check_task(row.task_positions, task, row.name)
         head_dim = self.model.head_dim
         for task, row in self.jobs():
             if self.derived_row(row):
@@ -313,19 +304,18 @@ class LengthgenConfig(RunConfig):
         if isinstance(self.task_rows, str) or not isinstance(self.task_rows, tuple) \
                 or not all(isinstance(e, str) for e in self.task_rows):
             raise InvalidArgument(f"task_rows: give a tuple of 'TASK=ROW' strings, got {self.task_rows!r}")
+        pairs = []
         for entry in self.task_rows:
-            task, sep, row = entry.partition("=")
-            if not sep or not task or not row:
+            task, sep, name = entry.partition("=")
+            if not sep or not task or not name:
                 raise InvalidArgument(f"task_rows: {entry!r} is not TASK=ROW (e.g. 'addition=rope+coupled')")
             get_task(task)  # unknown names raise, listing the tasks
-            check_extension_spelling(row)
-            if self.derived_row(row):  # checked with the task's other rows (_check_experiment)
-                continue
-            parsed = Row.parse(row, self.NAMED_RANDOMIZED_ROWS)
-            if parsed.plan is not None:
-                parsed.plan.check(self.model.num_layers, row)
-            else:
-                encoding_class(parsed.encoding)  # unknown names raise, listing the available ones
+            row = self.parse_row(name)
+            self.check_row(row)  # an extension row is checked with the task's other rows (_check_experiment)
+            pairs.append((task, row))
+        # each entry parsed once, here: task_row_pairs() hands out these rows (task_rows keeps
+        # the spellings, results.json's form)
+        object.__setattr__(self, "_task_row_pairs", tuple(pairs))
 
     @classmethod
     def from_preset(cls, preset: str = "default", **overrides) -> LengthgenConfig:
@@ -344,12 +334,11 @@ class LengthgenConfig(RunConfig):
             overrides["encodings"] = tuple(row for row in named if _fits(row, layers))
         return super().from_preset(preset, **overrides)
 
-    def task_row_pairs(self) -> list[tuple[str, str]]:
+    def task_row_pairs(self) -> list[tuple[str, Row]]:
         """(task, row) of each ``task_rows`` entry whose task is in ``tasks``."""
-        pairs = [tuple(entry.split("=", 1)) for entry in self.task_rows]
-        return [(task, row) for task, row in pairs if task in self.tasks]
+        return [(task, row) for task, row in self._task_row_pairs if task in self.tasks]
 
-    def rows_of(self, task: str) -> list[str]:
+    def rows_of(self, task: str) -> list[Row]:
         """The rows trained on ``task``, in table order: :attr:`rows`, then its ``task_rows``."""
         rows = list(self.rows)
         for name, row in self.task_row_pairs():
@@ -357,24 +346,40 @@ class LengthgenConfig(RunConfig):
                 rows.append(row)
         return rows
 
-    def jobs(self) -> list[tuple[str, str]]:
+    def row_of(self, task: str, name: str) -> Row:
+        """The row named ``name`` among ``task``'s rows (:meth:`rows_of`), as the config parsed it.
+
+        Raises:
+            InvalidArgument: ``task`` has no such row.
+        """
+        for row in self.rows_of(task):
+            if row == name:
+                return row
+        raise InvalidArgument(f"{name!r} is not a row of {task}: its rows are {self.rows_of(task)}")
+
+    def extended_row(self, task: str, row: str) -> Row:
+        """The trained row whose model extension row ``row`` (``rope+yarn``) runs on ``task``:
+        its base, ``rope``, among the task's rows (checked when the config was built)."""
+        return self.row_of(task, self.row(row).encoding)
+
+    def jobs(self) -> list[tuple[str, Row]]:
         """Every (task, row) of the sweep, task by task: trained rows and extension rows."""
         return [(task, row) for task in self.tasks for row in self.rows_of(task)]
 
-    def trained_jobs(self) -> list[tuple[str, str]]:
+    def trained_jobs(self) -> list[tuple[str, Row]]:
         """The (task, row) of :meth:`jobs` that train a model (every row but the extension rows)."""
         return [(task, row) for task, row in self.jobs() if not self.derived_row(row)]
 
-    def extension_jobs(self) -> list[tuple[str, str]]:
+    def extension_jobs(self) -> list[tuple[str, Row]]:
         """The (task, row) of :meth:`jobs` that run a task's trained ``rope`` model with a
         context extension (:mod:`posenc.lab.experiments.lengthgen_extension`)."""
         return [(task, row) for task, row in self.jobs() if self.derived_row(row)]
 
     def _named_randomized_rows(self) -> bool:
-        return any(Row.parse(name).randomized for name in (*self.encodings, *(r for _, r in self.task_row_pairs())))
+        return any(row.randomized for row in (*self.encodings, *(r for _, r in self.task_row_pairs())))
 
     def holds_a_table(self) -> bool:
-        return holds_a_table(row.encoding for _, name in self.trained_jobs() for row in [Row.parse(name)] if row.plan is None)
+        return holds_a_table(row.encoding for _, row in self.trained_jobs() if row.plan is None)
 
     def default_randomized_positions(self) -> int:
         """L_max of ``+rand`` rows named without ``randomized_positions``: four times the longest
@@ -384,16 +389,15 @@ class LengthgenConfig(RunConfig):
         return RANDOMIZED_RANGE_FACTOR * max(self.eval_sequence_length(task) for task in self.tasks)
 
     @property
-    def rows(self) -> list[str]:
+    def rows(self) -> list[Row]:
         """The trained rows, in table order: ``encodings`` as given, then, when
         ``randomized_positions`` is set and ``encodings`` names no ``+rand`` row, the
         ``+rand`` row of every encoding without a position suffix (plans take none: their
         windows count position ids; nor do the extension rows, which train nothing)."""
         if not self.randomized_positions or self._named_randomized_rows():
             return list(self.encodings)
-        plain = [name for name in self.encodings if Row.parse(name).positions is None and Row.parse(name).plan is None
-                 and not self.derived_row(name)]
-        return [*self.encodings, *(Row(name, randomized=True).name for name in plain)]
+        plain = [row for row in self.encodings if row.positions is None and row.plan is None and row.extension is None]
+        return [*self.encodings, *(Row(row.name, randomized=True) for row in plain)]
 
     def _check_randomized_range(self, option: str) -> None:
         for name in self.tasks:
@@ -435,7 +439,7 @@ class LengthgenConfig(RunConfig):
     def position_scheme(self, task: str, row: str) -> PositionScheme | None:
         """The ids ``row`` feeds on ``task`` (:mod:`posenc.lab.experiments.task_positions`);
         None for ordinary positions 0, 1, 2, ..."""
-        scheme = Row.parse(row).positions
+        scheme = self.row(row).positions
         if scheme == "rand":
             return RandomizedPositions(self.randomized_positions)
         if scheme == "coupled":

@@ -25,16 +25,12 @@ from posenc._version import __version__
 from posenc.encodings import create_for_model
 from posenc.errors import InvalidArgument
 from posenc.lab.checkpoint import CheckpointMismatch, atomic_write_bytes
-from posenc.lab.experiments.frame import (
-    Row,
-)
 from posenc.lab.experiments.lengthgen_config import LengthgenConfig
 from posenc.lab.experiments.lengthgen_extension import (
     BASE as EXTENSION_BASE,
 )
 from posenc.lab.experiments.lengthgen_extension import (
     encoding_at,
-    extension_method,
     extension_settings,
 )
 from posenc.lab.experiments.lengthgen_report import reading, summary_markdown
@@ -154,6 +150,7 @@ def row_name(task: str, row: str) -> str:
 
 def fingerprint(config: LengthgenConfig, task: str, row: str, seed: int) -> dict:
     """What a run's result depends on; a stored run is reused only if this matches exactly."""
+    row = config.row(row)
     _, train = config.row_run(task, row, seed)
     scheme = config.position_scheme(task, row)
     # a row with a position scheme states it (a +rand row's test-time sampling is new: its old
@@ -161,7 +158,7 @@ def fingerprint(config: LengthgenConfig, task: str, row: str, seed: int) -> dict
     positions = {} if scheme is None else {"positions": scheme.describe()}
     # a learned table under task-structured ids is built at the tokens' scale: its runs under
     # the table's own default (0.02) are not reused
-    options = {} if scheme is None else scheme.encoding_options(Row.parse(row).encoding)
+    options = {} if scheme is None else scheme.encoding_options(row.encoding)
     positions.update({"encoding_options": options} if options else {})
     return config.run_fingerprint({
         "task": task, "row": row, "seed": seed,
@@ -224,12 +221,12 @@ def train_and_evaluate(
     config: LengthgenConfig, task_name: str, row: str, seed: int, store: RunStore, reporter: Reporter, expected: dict,
 ) -> dict:
     """Train and score one (task, row, seed); the body of its record."""
-    task = get_task(task_name)
+    task, row = get_task(task_name), config.row(row)
     torch.manual_seed(seed)
-    encoding, train = config.row_run(task_name, row, seed)
+    _, train = config.row_run(task_name, row, seed)
     model_config, scheme = config.model_config(task_name, row), config.position_scheme(task_name, row)
     # a plan row's windows scale with the task's longest training sequence (its L)
-    encoding = config.row_model(encoding, model_config, config.train_sequence_length(task_name))
+    encoding = config.row_model(row, model_config, config.train_sequence_length(task_name))
     if scheme is not None and isinstance(encoding, str) and (options := scheme.encoding_options(encoding)):
         encoding = create_for_model(encoding, **model_config.encoding_sizes(), **options)
     model = TransformerLM(model_config, encoding).to(config.device)
@@ -245,7 +242,7 @@ def train_and_evaluate(
         "eval": evals, "not_applicable": not_applicable,
         **({} if scheme is None else {"positions": scheme.describe()}),
         **({"encoding_options": options} if scheme is not None and (options := scheme.encoding_options(
-            Row.parse(row).encoding)) else {}),
+            row.encoding)) else {}),
     }
 
 
@@ -253,8 +250,9 @@ def extension_fingerprint(config: LengthgenConfig, task: str, row: str, seed: in
     """What an extension row's result depends on: the ``rope`` run's fingerprint (the model it
     runs), with the row's name and the extension's settings
     (:func:`~posenc.lab.experiments.lengthgen_extension.extension_settings`)."""
-    settings = extension_settings(extension_method(row), config.train_sequence_length(task))
-    return {**fingerprint(config, task, EXTENSION_BASE, seed), "row": row, "extension": settings}
+    settings = extension_settings(config.row(row).extension, config.train_sequence_length(task))
+    base = config.extended_row(task, row)
+    return {**fingerprint(config, task, base, seed), "row": str(row), "extension": settings}
 
 
 def load_base_model(config: LengthgenConfig, task: str, seed: int, store: RunStore, needed_for: str) -> TransformerLM:
@@ -263,9 +261,10 @@ def load_base_model(config: LengthgenConfig, task: str, seed: int, store: RunSto
     Raises:
         CheckpointMismatch: the checkpoint is missing, unfinished, corrupt or from other arguments.
     """
-    encoding, train = config.row_run(task, EXTENSION_BASE, seed)
-    return load_trained(store, row_name(task, EXTENSION_BASE), seed, fingerprint(config, task, EXTENSION_BASE, seed),
-                        config.model_config(task, EXTENSION_BASE), train, encoding, device=config.device,
+    base = config.row_of(task, EXTENSION_BASE)
+    encoding, train = config.row_run(task, base, seed)
+    return load_trained(store, row_name(task, base), seed, fingerprint(config, task, base, seed),
+                        config.model_config(task, base), train, encoding, device=config.device,
                         needed_for=needed_for)
 
 
@@ -282,15 +281,16 @@ def evaluate_extension(
         CheckpointMismatch: the ``rope`` run's record or checkpoint is missing or from other arguments.
     """
     task, name = get_task(task_name), row_name(task_name, row)
-    base_name = row_name(task_name, EXTENSION_BASE)
-    base = store.stored(base_name, seed, fingerprint(config, task_name, EXTENSION_BASE, seed))
+    base_row = config.extended_row(task_name, row)
+    base_name = row_name(task_name, base_row)
+    base = store.stored(base_name, seed, fingerprint(config, task_name, base_row, seed))
     if base is None:
         raise CheckpointMismatch(f"--out: {store.record_path(base_name, seed)} is missing; row {row} runs that model")
     if is_diverged(base):  # no trained model to extend: the row says why
         return {"task": task_name, "encoding": row, "seed": seed,
                 "diverged": f"the {EXTENSION_BASE} run it extends diverged: {base['diverged']}"}
     model = base_model() if base_model is not None else load_base_model(config, task_name, seed, store, f"row {row}")
-    method, train_length = extension_method(row), config.train_sequence_length(task_name)
+    method, train_length = config.row(row).extension, config.train_sequence_length(task_name)
     at = encoding_at(model.encoding, method, train_length)
     started = time.perf_counter()
     evals, not_applicable = evaluate_sizes(config, task, model, None, name, seed, reporter,
