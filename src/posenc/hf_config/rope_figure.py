@@ -20,7 +20,7 @@ from posenc.errors import InvalidArgument
 if TYPE_CHECKING:
     from posenc.hf_config.rope import RopeInspection
 
-__all__ = ["figure_path", "plot_rope_inspection", "pyplot", "supported_formats"]
+__all__ = ["figure_path", "plot_rope_inspection", "pyplot", "save_figure", "supported_formats"]
 
 
 def pyplot():
@@ -31,6 +31,14 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig, out: Path, dpi: int = 110) -> Path:
+    """Write ``fig`` at ``out`` (parent folders created) and close it; returns ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    pyplot().close(fig)
+    return out
 
 
 def supported_formats() -> list[str]:

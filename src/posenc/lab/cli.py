@@ -317,8 +317,7 @@ def extrapolate(
     from posenc.lab.experiments.extrapolation_config import check_gpu_preset
     from posenc.lab.experiments.limits import parameter_floor
     from posenc.lab.experiments.extension_report import has_extension_rows
-    from posenc.lab.experiments.extrapolation_report import console_tables
-    from posenc.lab.plots import plot_extension, plot_extrapolation
+    from posenc.lab.experiments.extrapolation_report import console_tables, plot_extension, plot_extrapolation
 
     device = _start_sweep(device, threads, parallel=parallel)
     on_cuda = check_device(device, "--device").type == "cuda"
@@ -454,8 +453,7 @@ def lengthgen(
     """
     from posenc.lab.experiments import distributed
     from posenc.lab.experiments.lengthgen import GPU_PRESETS, check_gpu_preset, gpu_hours, preset_config, run_lengthgen
-    from posenc.lab.experiments.lengthgen_report import console_tables, lengthgen_task_table
-    from posenc.lab.plots import plot_lengthgen
+    from posenc.lab.experiments.lengthgen_report import console_tables, lengthgen_task_table, plot_lengthgen
 
     if list_tasks:
         console.print(lengthgen_task_table())

@@ -33,8 +33,13 @@ from posenc.lab.experiments.lengthgen_extension import (
     encoding_at,
     extension_settings,
 )
-from posenc.lab.experiments.lengthgen_report import reading, summary_markdown
-from posenc.lab.experiments.lengthgen_results import aggregate, rankings, write_csv
+from posenc.lab.experiments.lengthgen_report import summary_markdown
+from posenc.lab.experiments.lengthgen_results import (
+    aggregate,
+    rankings,
+    reading,
+    write_csv,
+)
 from posenc.lab.experiments.lm import load_trained, train_run
 from posenc.lab.experiments.rope_extension import swapped_encoding
 from posenc.lab.experiments.runs import Reporter, RunStore, is_diverged
