@@ -25,26 +25,29 @@ An experiment is one module with a :class:`RunConfig` subclass (its own fields, 
 from __future__ import annotations
 
 import csv
-import io
 import dataclasses
+import io
 import statistics
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from posenc._version import __version__
-from posenc.lab.checkpoint import atomic_write_bytes
-from posenc.lab.fields import only_when_set
 from posenc._validation import check_device, check_positive_int
+from posenc._version import __version__
 from posenc.encodings import create_for_model, encoding_class
 from posenc.encodings.base import Hook
 from posenc.errors import InvalidArgument, InvalidType
 from posenc.hf_config.plan import LayerPlan, PositionPlan
+from posenc.lab.checkpoint import atomic_write_bytes
 from posenc.lab.experiments.limits import SEED_LIMIT, Workload, holds_a_table
 from posenc.lab.experiments.lm import fold_flat_options
+from posenc.lab.fields import only_when_set
 from posenc.lab.model import LMConfig
 from posenc.lab.train import TrainConfig
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11's; annotations are not evaluated here (3.10 runs this)
+    from typing import Self
 
 #: The row of an encoding trained with randomized positions (Ruoss et al. 2023).
 RANDOMIZED_SUFFIX = "+rand"
@@ -235,7 +238,7 @@ class Row(str):
     extension: str | None
 
     def __new__(cls, encoding: str, randomized: bool = False, plan: PlanSpelling | None = None,
-                task_positions: str | None = None, extension: str | None = None) -> Row:
+                task_positions: str | None = None, extension: str | None = None) -> Self:
         if extension is not None:
             spelling = f"{encoding}+{extension}"
         elif task_positions is not None:
