@@ -5,6 +5,7 @@ reports the stored divergence without training; run records of any other shape a
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -77,3 +78,20 @@ def test_records_of_another_shape_are_corrupt(tmp_path, text):
     store.record_path("rope", 0).write_text(text)
     with pytest.raises(CheckpointMismatch, match="corrupt"):
         store.stored("rope", 0, {})
+
+
+@pytest.mark.parametrize("cell, field", [
+    ({"accuracy": "1.0", "token_accuracy": 1.0}, "eval.8.accuracy"),  # a string where the merge averages
+    ({"token_accuracy": 1.0}, "eval.8.accuracy"),  # missing
+    ({"accuracy": True, "token_accuracy": 1.0}, "eval.8.accuracy"),  # a bool is not a score
+    ({"accuracy": 1.0, "token_accuracy": 1.0, "by_depth": {"0.5": float("inf")}}, "eval.8.by_depth.0.5"),
+])
+def test_records_with_a_score_that_is_not_a_finite_number_are_corrupt(tmp_path, cell, field):
+    store = RunStore(tmp_path, scores="eval", numbers=("accuracy", "token_accuracy"))
+    store.record_path("rope", 0).parent.mkdir(parents=True, exist_ok=True)
+    store.record_path("rope", 0).write_text(json.dumps({"fingerprint": {}, "eval": {"8": cell}}))
+    with pytest.raises(CheckpointMismatch, match=f"rope-seed0.json: corrupt run record: {re.escape(field)} is .*(not a number|non-finite)"):
+        store.stored("rope", 0, {})
+    good = {"fingerprint": {}, "eval": {"8": {"accuracy": 1.0, "token_accuracy": 1}}}
+    store.record_path("rope", 0).write_text(json.dumps(good))
+    assert store.stored("rope", 0, {}) == good

@@ -48,8 +48,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 #: Imports against :data:`LAYERS`, tolerated until their owners remove them: (importer,
 #: imported) -> why, and who. The test fails when one is gone, so that the list stays true.
 KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
-    ("posenc.rope", "posenc.lab.plots"): "plot_rope_inspection, the lab's figure, loaded on first use by the rope "
-                                         "face: the figure's entry point belongs in the lab (issue 20's rope face)",
     ("posenc.encodings.rope.rotary", "posenc.hf_config.rope"): "RoPE.to_hf_dict(), a documented method (docs/index.md), "
                                                                "delegates at call time to the config writer",
     ("posenc.encodings.irope", "posenc.hf_config.rope"): "IRoPE.from_hf_config(), a documented constructor "

@@ -126,3 +126,21 @@ def test_bad_run_record_is_an_error(damage, finished_out, tmp_path, corpus_file,
         record_path.write_text(json.dumps(record))
     code, err = run_cli(["extrapolate", *TINY, "--corpus", str(corpus_file), "--out", str(out)], capsys)
     one_line_error(code, err, "nope-seed0.json", "corrupt" if damage == "truncated" else "other arguments or another posenc version")
+
+
+@pytest.mark.parametrize("loss", ["0.5", float("nan"), None])
+def test_a_run_record_whose_loss_is_not_a_number_is_corrupt(loss, finished_out, tmp_path, corpus_file, capsys):
+    """A hand-edited record (loss a string, NaN, or missing) is refused as a corrupt record naming
+    its file and field, exit 2: not an internal TypeError in the merge, not an --out problem."""
+    out = damaged_copy(finished_out, tmp_path)
+    record_path = out / "runs" / "nope-seed0.json"
+    record = json.loads(record_path.read_text())
+    cell = record["eval"]["8"]
+    if loss is None:
+        del cell["loss"]
+    else:
+        cell["loss"] = loss
+    record_path.write_text(json.dumps(record))  # NaN as the bare token json writes
+    code, err = run_cli(["extrapolate", *TINY, "--corpus", str(corpus_file), "--out", str(out)], capsys)
+    one_line_error(code, err, "nope-seed0.json", "corrupt run record", "eval.8.loss")
+    assert not err.startswith("posenc: error: --out")

@@ -220,3 +220,20 @@ def test_import_posenc_rope_loads_neither_the_figures_nor_matplotlib():
 
     code = "import sys, posenc.rope; assert 'posenc.lab.plots' not in sys.modules and 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_rope_figure_is_the_librarys_and_drawing_it_loads_no_lab_module(tmp_path):
+    """posenc.rope.plot_rope_inspection lives in the library (hf_config/rope_figure.py): drawing
+    the figure through posenc.rope imports nothing of posenc.lab (the one call up into the lab,
+    gone)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("matplotlib")
+    code = ("import json, sys, posenc.rope; "
+            f"config = json.load(open({str(FIXTURES / 'llama3_1_8b.json')!r})); "
+            f"posenc.rope.plot_rope_inspection(posenc.rope.inspect_config(config), {str(tmp_path / 'rope.png')!r}); "
+            "bad = [m for m in sys.modules if m.startswith('posenc.lab')]; assert not bad, bad; "
+            "assert posenc.rope.plot_rope_inspection.__module__ == 'posenc.hf_config.rope_figure'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert (tmp_path / "rope.png").read_bytes()[:4] == b"\x89PNG"

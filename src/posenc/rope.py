@@ -15,13 +15,11 @@ longrope), one :class:`~posenc.encodings.rope.scaling.RopeType` record each, in
 extensions (:func:`extension_scaling`, :data:`EXTENSION_METHODS`) in
 :mod:`posenc.hf_config.rope`; :func:`from_hf_config` and :func:`to_hf_dict` in
 :mod:`posenc.hf_config.encoding`; the figure :func:`plot_rope_inspection` in
-:mod:`posenc.lab.plots`, loaded on first use, so ``import posenc.rope`` does not import the
-figures (and matplotlib is imported only when one is drawn).
+:mod:`posenc.hf_config.rope_figure` (matplotlib imported only when one is drawn, so ``import
+posenc.rope`` needs torch and numpy only; nothing here imports the lab).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from posenc.encodings.rope.rotary import RoPE, rope_frequencies
 from posenc.encodings.rope.scaling import (
@@ -41,6 +39,7 @@ from posenc.hf_config.rope import (
     read_hf_config,
     write_hf_config,
 )
+from posenc.hf_config.rope_figure import plot_rope_inspection
 from posenc.kernels.rotary_torch import apply_rotary
 
 __all__ = [
@@ -49,12 +48,3 @@ __all__ = [
     "EXTENSION_METHODS", "extension_scaling", "ROPE_TYPES", "read_hf_config", "write_hf_config",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    # the figure lives with the other figures; fetched on first use so that importing this
-    # module (and posenc) never imports posenc.lab.plots
-    if name == "plot_rope_inspection":
-        from posenc.lab.plots import plot_rope_inspection
-
-        return plot_rope_inspection
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -243,64 +243,6 @@ class RichReporter:
         return "bits/byte at " + " ".join(f"{n}:{c['bits_per_byte']:.3f}" for n, c in record["eval"].items())
 
 
-def results_table(summary: dict, key: str = "bits_per_byte", title: str | None = None, eval_key: str = "eval") -> Table:
-    """Rows: encodings; columns: evaluation lengths; cells: mean bits per byte (± seed spread),
-    from each result's ``eval_key`` (``eval``, or ``eval_sliding``: rows without it are left out)."""
-    config = summary["config"]
-    train_len = config["train_len"]
-    lengths = config["eval_lengths"]
-    table = Table(title=title or f"validation loss, bits per byte (train L={train_len})")
-    table.add_column("encoding", style="bold", no_wrap=True)
-    for n in lengths:
-        table.add_column(f"{n} ({_times_l(n, train_len)})", justify="right")
-    table.add_column(f"{_times_l(lengths[-1], train_len)} / {_times_l(lengths[0], train_len)}", justify="right")
-    for encoding, res in summary["results"].items():
-        if eval_key not in res:
-            continue
-        if not res[eval_key] and res.get("diverged"):  # every seed diverged
-            table.add_row(_diverged_label(encoding, res), *["[red]diverged[/]"] * (len(lengths) + 1))
-            continue
-        row = []
-        for n in lengths:
-            cell = res[eval_key].get(str(n))
-            if cell is None:
-                row.append("[dim]n/a[/]")
-                continue
-            spread = f" ±{cell['loss_std'] / 0.6931471805599453:.2f}" if cell.get("seeds", 1) > 1 else ""
-            row.append(f"{cell[key]:.3f}{spread}")
-        first, last = res[eval_key].get(str(lengths[0])), res[eval_key].get(str(lengths[-1]))
-        row.append(f"{last[key] / first[key]:.2f}x" if first and last else "[dim]n/a[/]")
-        table.add_row(_diverged_label(encoding, res), *row)
-    return table
-
-
-def _times_l(length: int, train_len: int) -> str:
-    """``length`` as a multiple of L: "4L", or "L/2" below L."""
-    return f"{length // train_len}L" if length >= train_len else f"L/{train_len // length}"
-
-
-def passkey_table(summary: dict) -> Table:
-    """Rows: each row with a passkey map; columns: the evaluation lengths; cells: the accuracy
-    at each depth (0, 0.25, ... 1: the key at the start .. at the end), means over seeds."""
-    train_len = summary["config"]["train_len"]
-    lengths = summary["config"]["eval_lengths"]
-    table = Table(title="zero-shot passkey: fraction of keys copied, by depth 0 .. 1 (means over seeds)")
-    table.add_column("encoding", style="bold", no_wrap=True)
-    for n in lengths:
-        table.add_column(f"{n} ({_times_l(n, train_len)})", justify="right")
-    for encoding, res in summary["results"].items():
-        if "passkey" in res:
-            table.add_row(encoding, *(" ".join(f"{a:.2f}" for a in res["passkey"].get(str(n), {}).values()) or "n/a"
-                                      for n in lengths))
-    return table
-
-
-def _diverged_label(name: str, res: dict) -> str:
-    """A results row's name, with how many of its seeds diverged (their scores are left out)."""
-    diverged = res.get("diverged") or {}
-    return f"{name} [red](diverged: seed {', '.join(diverged)})[/]" if diverged else name
-
-
 @app.command()
 def extrapolate(
     encodings: Encodings = None,
@@ -373,10 +315,9 @@ def extrapolate(
         run_extrapolation,
     )
     from posenc.lab.experiments.extrapolation_config import check_gpu_preset
-    from posenc.lab.experiments.frame import Row
     from posenc.lab.experiments.limits import parameter_floor
     from posenc.lab.experiments.extension_report import has_extension_rows
-    from posenc.lab.plots import plot_extension, plot_extrapolation
+    from posenc.lab.experiments.extrapolation_report import console_tables, plot_extension, plot_extrapolation
 
     device = _start_sweep(device, threads, parallel=parallel)
     on_cuda = check_device(device, "--device").type == "cuda"
@@ -405,7 +346,7 @@ def extrapolate(
         + ("; bf16 autocast" if train.autocast else "") + ("; compiled" if train.compile else "")
         + (f"; sliding-window eval, stride {config.eval_stride}" if config.eval_stride else "")
     )
-    if randomized := [row for row in config.rows if Row.parse(row).randomized]:
+    if randomized := [row for row in config.rows if row.randomized]:
         console.print(f"[bold]randomized-position rows[/] {', '.join(randomized)} (positions from [0, {config.randomized_positions}))")
     for provider in ROW_PROVIDERS:
         if rows := provider.rows(config):
@@ -415,13 +356,8 @@ def extrapolate(
     if summary is None:  # not rank 0: rank 0 merges the runs and reports
         return
     figure = plot_extrapolation(summary, out / "extrapolation.png")
-    console.print(results_table(summary))
-    console.print(results_table(summary, "bits_per_byte_last", f"last {config.train_len} tokens of each window, bits per byte"))
-    if config.eval_stride is not None:
-        console.print(results_table(summary, title=f"sliding windows (stride {config.eval_stride}), bits per byte",
-                                    eval_key="eval_sliding"))
-    if config.passkey_instances:
-        console.print(passkey_table(summary))
+    for table in console_tables(summary, eval_stride=config.eval_stride, passkey=bool(config.passkey_instances)):
+        console.print(table)
     written = [out / "results.json", out / "results.csv", figure]
     if has_extension_rows(summary):  # summary.md is run_extrapolation's
         written += [out / "summary.md", plot_extension(summary, out / "extension.png")]
@@ -465,104 +401,6 @@ class TaskReporter(RichReporter):
 
     def scores(self, record: dict) -> str:
         return "exact match at size " + " ".join(f"{n}:{c['accuracy']:.2f}" for n, c in record["eval"].items())
-
-
-def lengthgen_table(summary: dict) -> Table:
-    """Rows: task and encoding; columns: evaluation sizes as multiples of N (the size in
-    each task's unit in the cell's task row), then the generalization length (the largest
-    size with accuracy >= 0.9, the row having reached 0.9 at N; ``not learned`` otherwise);
-    cells: exact-match accuracy (± seed spread)."""
-    from posenc.lab.experiments.lengthgen_report import generalization_text
-
-    config = summary["config"]
-    factors = sorted({f for f in config["eval_factors"]})
-    table = Table(title="exact-match accuracy (greedy decoding; trained on sizes <= N)",
-                  caption="generalization length: the largest size with accuracy >= 0.9, for a row at >= 0.9 at N")
-    table.add_column("task", style="bold", no_wrap=True)
-    table.add_column("encoding", no_wrap=True)
-    for f in factors:
-        table.add_column(f"{f:g}N", justify="right")
-    table.add_column("generalization length", justify="right")
-    generalization = summary["reading"]["generalization"]
-    tasks = list(summary["results"].items())
-    for index, (task, rows) in enumerate(tasks):
-        setting = config["task_settings"][task]
-        n = setting["train_size"]
-        sizes = {size: size / n for size in setting["eval_sizes"]}
-        names = list(rows.items())
-        for position, (row, res) in enumerate(names):
-            cells = []
-            for f in factors:
-                if not res["eval"] and res.get("diverged"):
-                    cells.append("[red]diverged[/]")
-                    continue
-                size = max(sizes, key=lambda s: -abs(sizes[s] - f))  # the size this factor gave
-                cell = res["eval"].get(str(size))
-                if cell is None:
-                    cells.append("[dim]n/a[/]")
-                    continue
-                spread = f" ±{cell['accuracy_std']:.2f}" if cell["seeds"] > 1 else ""
-                colour = "green" if cell["accuracy"] >= 0.9 else "red" if cell["accuracy"] < 0.1 else "yellow"
-                cells.append(f"[{colour}]{cell['accuracy']:.2f}[/]{spread}")
-            label = f"{task} (N={n})" if position == 0 else ""
-            cells.append(generalization_text(generalization[task][row]))
-            table.add_row(label, _diverged_label(row, res), *cells, end_section=position == len(names) - 1 and index < len(tasks) - 1)
-    return table
-
-
-def lengthgen_ranking_table(summary: dict) -> Table:
-    """One row per encoding row: the tasks it learned at N (of those it ran), and its mean
-    reciprocal rank over the tasks that separate the rows at each ranked size, with how many
-    tasks it was ranked on (``summary["reading"]``, best first by the first size); the caption
-    names the all-tie tasks left out."""
-    ranking, reading = summary["ranking"], summary["reading"]
-    mrr = reading["mean_reciprocal_rank"]
-    factors = list(mrr)
-    rows = list(dict.fromkeys(row for rows in summary["results"].values() for row in rows))
-    ran = {row: sum(row in rows for rows in summary["results"].values()) for row in rows}
-    learned = {row: sum(row in names for names in ranking["learned_at_n"].values()) for row in rows}
-    left = ", ".join(reading["all_tie"]) or "none"
-    caption = (f"over the separating tasks ({', '.join(reading['separating']) or 'none'}); all-tie tasks (every row equal "
-               f"at every size past N) are left out of the ranking: {left}")
-    if not reading["separating"]:
-        caption = f"no task separates the rows (all-tie: {left}): no ranking"
-    table = Table(title="mean reciprocal rank over the tasks that separate the rows (1 = first on every one; "
-                  "the NoPE paper's summary)", caption=caption)
-    table.add_column("encoding", style="bold", no_wrap=True)
-    table.add_column("learned at N", justify="right")
-    for factor in factors:
-        table.add_column(f"MRR at {factor}N (tasks)", justify="right")
-    first = mrr[factors[0]] if factors else {}
-    for row in sorted(rows, key=lambda r: -first.get(r, {}).get("mrr", 0.0)):
-        cells = [f"{mrr[f][row]['mrr']:.2f} ({mrr[f][row]['tasks']})" if row in mrr[f] else "n/a" for f in factors]
-        table.add_row(row, f"{learned[row]}/{ran[row]}", *cells)
-    return table
-
-
-def lengthgen_comparison_table(summary: dict) -> Table:
-    """The reproduced papers: claim against this run (summary.md has it as markdown)."""
-    from posenc.lab.experiments.lengthgen_report import paper_comparison
-
-    table = Table(title="against the papers")
-    for column in ("paper", "claim", "ours"):
-        table.add_column(column)
-    for entry in paper_comparison(summary):
-        table.add_row(entry["paper"], entry["claim"], entry["ours"])
-    return table
-
-
-def lengthgen_task_table() -> Table:
-    """Every task of ``posenc lengthgen``: its unit of size, default N and steps, prompt and
-    answer formats, source, and the position suffixes its rows take."""
-    from posenc.lab.experiments.lengthgen import task_catalogue
-
-    table = Table(title="posenc lengthgen tasks (train on sizes <= N; * in the default run; every answer closed by '.')")
-    for column in ("task", "size unit", "N", "steps", "prompt (size n)", "answer", "source", "row suffixes"):
-        table.add_column(column, justify="right" if column in ("N", "steps") else "left")
-    for entry in task_catalogue():
-        table.add_row(entry["task"] + (" *" if entry["in_default"] else ""), entry["size_unit"], str(entry["train_size"]),
-                      str(entry["steps"]), entry["prompt"], entry["answer"], entry["source"], ", ".join(entry["suffixes"]))
-    return table
 
 
 @app.command()
@@ -615,7 +453,7 @@ def lengthgen(
     """
     from posenc.lab.experiments import distributed
     from posenc.lab.experiments.lengthgen import GPU_PRESETS, check_gpu_preset, gpu_hours, preset_config, run_lengthgen
-    from posenc.lab.plots import plot_lengthgen
+    from posenc.lab.experiments.lengthgen_report import console_tables, lengthgen_task_table, plot_lengthgen
 
     if list_tasks:
         console.print(lengthgen_task_table())
@@ -658,9 +496,8 @@ def lengthgen(
     if summary is None:  # not rank 0
         return
     figures = plot_lengthgen(summary, out)
-    console.print(lengthgen_table(summary))
-    console.print(lengthgen_ranking_table(summary))
-    console.print(lengthgen_comparison_table(summary))
+    for table in console_tables(summary):
+        console.print(table)
     console.print("[bold]time per task[/] (train + eval, summed over its runs, which may have run side by side): " + ", ".join(
         f"{task} {train:.0f}s + {evaluation:.0f}s" for task, (train, evaluation) in reporter.seconds.items()))
     console.print(f"wrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'summary.md'}, {', '.join(map(str, figures))} "

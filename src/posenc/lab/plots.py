@@ -1,7 +1,11 @@
 """Figures: what each encoding does (:func:`plot_encoding`, drawn from its hooks, never from
-its name), the extrapolation results (:func:`plot_extrapolation`), the synthetic-task
-accuracies of ``posenc lengthgen`` (:func:`plot_lengthgen`) and a model's RoPE wavelengths
-against its contexts (:func:`plot_rope_inspection`, ``posenc inspect``).
+its name, ``posenc plot``). The other figures live with what they draw and are importable from
+here too: the extrapolation results (:func:`plot_extrapolation`, :func:`plot_extension`:
+:mod:`posenc.lab.experiments.extrapolation_report`), the synthetic-task accuracies of
+``posenc lengthgen`` (:func:`plot_lengthgen`, :func:`plot_depth_heatmap`:
+:mod:`posenc.lab.experiments.lengthgen_report`) and a model's RoPE wavelengths against its
+contexts (:func:`plot_rope_inspection`, ``posenc inspect``: the library's own figure,
+:mod:`posenc.hf_config.rope_figure`, with :func:`figure_path`, the path rule of every figure).
 
 ``plot_encoding(name, out)`` builds the encoding at a small model size and draws one panel
 (or two) per hook it uses:
@@ -35,38 +39,35 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from posenc.encodings import create_for_model
 from posenc.encodings.base import Hook, PositionalEncoding
-from posenc.errors import InvalidArgument
-from posenc.lab.experiments.frame import Row
+from posenc.hf_config.rope_figure import (
+    figure_path,
+    plot_rope_inspection,
+    pyplot,
+    supported_formats,
+)
+from posenc.lab.experiments.extrapolation_report import (
+    plot_extension,
+    plot_extrapolation,
+)
+from posenc.lab.experiments.lengthgen_report import (
+    needle_tasks,
+    plot_depth_heatmap,
+    plot_lengthgen,
+)
 
-if TYPE_CHECKING:
-    from posenc.hf_config.rope import RopeInspection
+__all__ = [
+    "FIGURE_SIZES", "figure_path", "needle_tasks", "plot_depth_heatmap", "plot_encoding", "plot_extension",
+    "plot_extrapolation", "plot_lengthgen", "plot_rope_inspection", "supported_formats",
+]
 
 #: The model size the figures use unless ``plot_encoding`` is given others.
 FIGURE_SIZES = {"d_model": 64, "num_heads": 8, "head_dim": 32, "max_positions": 256}
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _line_style(result: dict) -> str:
-    """Solid for a trained encoding; dashed for a RoPE scaling at inference; dotted after a fine-tune."""
-    extension = result.get("extension")
-    if extension is None:
-        return "-"
-    return ":" if extension.get("finetune") else "--"
 
 
 def _embed_panels(enc: PositionalEncoding, d_model: int, num_positions: int):
@@ -334,34 +335,6 @@ def _no_signal_panel(max_distance: int):
     return [draw]
 
 
-def supported_formats() -> list[str]:
-    """The file extensions matplotlib writes figures in (png, pdf, svg, ...), sorted."""
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    return sorted(FigureCanvasBase.get_supported_filetypes())
-
-
-def figure_path(out: str | Path, default_name: str, argname: str = "out") -> Path:
-    """Where a figure asked for at ``out`` is written: ``out / default_name`` when ``out``
-    is an existing folder, ``out`` with ``.png`` added when it has no extension (what
-    matplotlib writes), else ``out`` itself.
-
-    Raises:
-        InvalidArgument: the extension is not one matplotlib writes; the message names
-            ``argname`` and lists the supported ones.
-    """
-    out = Path(out)
-    if out.is_dir():
-        out = out / default_name
-    if not out.suffix:
-        out = out.with_name(out.name + ".png")
-    formats = supported_formats()
-    if out.suffix[1:].lower() not in formats:
-        raise InvalidArgument(f"{argname}: {out.name}: unknown figure format {out.suffix!r}; matplotlib writes "
-                              f"{', '.join(formats)}")
-    return out
-
-
 def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
     """Draw what the encoding ``name`` does and save it as a PNG at ``out``.
 
@@ -406,7 +379,7 @@ def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
     if not panels:
         panels = _no_signal_panel(max_distance or 128)
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(max(6.5, 5.2 * len(panels)), 4.4), squeeze=False)
     for draw, ax in zip(panels, axes[0]):
         draw(ax, fig)
@@ -416,284 +389,5 @@ def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
-
-
-def plot_extrapolation(summary: dict, out: str | Path) -> Path:
-    """Loss (bits per byte) against evaluation length, one line per encoding, log2 length
-    axis; left panel all tokens of each window, right panel the last L tokens. Error bars
-    show the spread over seeds when there are several. Rows that extend the rope model with
-    a scaling are dashed (at inference) or dotted (fine-tuned)."""
-    plt = _pyplot()
-    out = Path(out)
-    train_len = summary["config"]["train_len"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
-    panels = (("bits_per_byte", "all tokens of each window"), ("bits_per_byte_last", f"last {train_len} tokens of each window"))
-    rows = list(summary["results"].items())
-    # tab10 repeats after ten rows (the full preset has eleven): more colours, and markers too
-    colors = plt.get_cmap("tab10" if len(rows) <= 10 else "tab20")
-    markers = "os^Dv<>PXph"
-    for ax, (key, title) in zip(axes, panels):
-        for index, (encoding, res) in enumerate(rows):
-            lengths = sorted(int(n) for n in res["eval"])
-            if not lengths:
-                continue
-            values = [res["eval"][str(n)][key] for n in lengths]
-            errors = [res["eval"][str(n)].get("loss_std", 0.0) / math.log(2) for n in lengths]
-            style = dict(linestyle=_line_style(res), color=colors(index % colors.N), marker=markers[index % len(markers)])
-            if any(errors):
-                ax.errorbar(lengths, values, yerr=errors, capsize=3, label=encoding, **style)
-            else:
-                ax.plot(lengths, values, label=encoding, **style)
-        ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("evaluation length (tokens = bytes, log scale)")
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("validation loss (bits per byte)")
-    if axes[1].get_legend_handles_labels()[0]:  # none when every row diverged
-        axes[1].legend(loc="best", fontsize="small")
-    corpus = summary.get("corpus", {}).get("name", "")
-    fig.suptitle(f"Train at L={train_len}, evaluate longer (non-overlapping windows) — {corpus}", fontsize="medium")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
-
-
-#: The panels of :func:`plot_extension`: (title, which rows) by the row's ``extension`` record.
-_EXTENSION_PANELS = (
-    ("RoPE scalings at inference", lambda name, ext: ext is not None and not ext.get("finetune")
-     and ext.get("method") not in _BRANCH_MAPS and ext.get("base") == "rope"),
-    ("training-free branch-merge maps", lambda name, ext: ext is not None and ext.get("method") in _BRANCH_MAPS),
-    ("fine-tuned, DroPE, NoPE trained longer", lambda name, ext: ext is not None and bool(ext.get("finetune"))
-     or name == "nope+long"),
-)
-_BRANCH_MAPS = ("self_extend", "rerope", "leaky_rerope", "dca", "string", "lm_infinite", "streaming_llm")
-
-
-def plot_extension(summary: dict, out: str | Path) -> Path:
-    """The context-extension comparison (``posenc extrapolate --preset extension``): bits per
-    byte against evaluation length, plain RoPE (black) in each of three panels (the scalings at
-    inference, the branch-merge maps, the fine-tunes with DroPE and NoPE trained as long), error
-    bars the seeds' spread; a fourth panel the passkey accuracy (mean over depths and seeds) of
-    every row that has one. Log2 length axes, L marked."""
-    plt = _pyplot()
-    out = Path(out)
-    train_len = summary["config"]["train_len"]
-    results = summary["results"]
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9.5))
-    colors = plt.get_cmap("tab10")
-
-    def draw(ax, name, result, color, key="bits_per_byte"):
-        lengths = sorted(int(n) for n in result["eval"])
-        values = [result["eval"][str(n)][key] for n in lengths]
-        errors = [result["eval"][str(n)].get("loss_std", 0.0) / math.log(2) for n in lengths]
-        ax.errorbar(lengths, values, yerr=errors if any(errors) else None, capsize=3, label=name, color=color,
-                    marker="o", markersize=3, linestyle=_line_style(result))
-
-    for ax, (title, member) in zip(axes.flat, _EXTENSION_PANELS):
-        if "rope" in results and results["rope"]["eval"]:
-            draw(ax, "rope", results["rope"], "black")
-        for index, (name, result) in enumerate((n, r) for n, r in results.items() if member(n, r.get("extension"))):
-            if result["eval"]:
-                draw(ax, name, result, colors(index % colors.N))
-        ax.set_title(title)
-    passkey_axis = axes.flat[3]
-    keyed = [(n, r) for n, r in results.items() if r.get("passkey")]
-    cmap = plt.get_cmap("tab20")
-    for index, (name, result) in enumerate(keyed):
-        lengths = sorted(int(n) for n in result["passkey"])
-        means = [sum(result["passkey"][str(n)].values()) / len(result["passkey"][str(n)]) for n in lengths]
-        passkey_axis.plot(lengths, means, marker="o", markersize=3, label=name, color=cmap(index % cmap.N),
-                          linestyle=_line_style(result))
-    passkey_axis.set_title("passkey accuracy (mean over depths)")
-    passkey_axis.set_ylim(-0.05, 1.05)
-    for index, ax in enumerate(axes.flat):
-        ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("evaluation length (bytes, log scale)")
-        ax.set_ylabel("accuracy" if index == 3 else "validation loss (bits per byte)")
-        ax.grid(True, which="both", alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="x-small", ncol=2 if index == 3 else 1)
-    fig.suptitle(f"Context extension of one RoPE model trained at L={train_len} — "
-                 f"{summary.get('corpus', {}).get('name', '')}", fontsize="medium")
-    fig.tight_layout()
-    return _save(fig, plt, out, dpi=120)
-
-
-def _task_axes(plt, count: int, width: float, height: float):
-    """A grid of ``count`` panels, at most three a row, the unused ones hidden; constrained
-    layout keeps titles, tick labels and a shared colour bar apart."""
-    columns = min(3, count)
-    rows = -(-count // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False, layout="constrained")
-    for ax in axes.flat[count:]:
-        ax.set_visible(False)
-    return fig, list(axes.flat[:count])
-
-
-def _save(fig, plt, out: Path, dpi: int = 110) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=dpi)
-    plt.close(fig)
-    return out
-
-
-def _annotate(ax, grid: list[list[float]], fontsize: float) -> None:
-    """Write each accuracy in its cell ("n/a" for NaN), dark on light cells."""
-    for i, line in enumerate(grid):
-        for j, value in enumerate(line):
-            text = "n/a" if value != value else f"{value:.2f}"
-            ax.text(j, i, text, ha="center", va="center", fontsize=fontsize, color="black" if value >= 0.6 else "white")
-
-
-def plot_lengthgen(summary: dict, out_dir: str | Path) -> list[Path]:
-    """The figures of a ``posenc lengthgen`` results dict, written to ``out_dir``:
-
-    - ``accuracy.png``: exact-match accuracy against instance size, one panel per task, one
-      line per row (encoding), the training size N marked (error bars: spread over seeds);
-    - ``heatmap.png``: the same numbers as an (encoding x size) grid per task;
-    - ``<task>_depth.png`` for each needle-style task that ran (passkey, multikey:
-      :func:`plot_depth_heatmap`): accuracy by the needle's depth in the filler against size,
-      one panel per row.
-
-    Returns the paths written.
-    """
-    plt = _pyplot()
-    out_dir = Path(out_dir)
-    tasks = summary["results"]
-    settings = summary["config"]["task_settings"]
-    paths = []
-
-    fig, axes = _task_axes(plt, len(tasks), 5.0, 3.8)
-    for ax, (task, rows) in zip(axes, tasks.items()):
-        colors = plt.get_cmap("tab10" if len(rows) <= 10 else "tab20")
-        for index, (row, res) in enumerate(rows.items()):
-            sizes = sorted(int(n) for n in res["eval"])
-            values = [res["eval"][str(n)]["accuracy"] for n in sizes]
-            errors = [res["eval"][str(n)]["accuracy_std"] for n in sizes]
-            style = dict(color=colors(index % colors.N), marker="os^Dv<>PXph"[index % 11],
-                         linestyle="--" if Row.parse(row).randomized else "-", label=row)
-            # errorbar for every row, so that the legend keeps the rows' order
-            ax.errorbar(sizes, values, yerr=errors if any(errors) else None, capsize=3, **style)
-        n = settings[task]["train_size"]
-        ax.axvline(n, color="grey", linestyle=":", linewidth=1.2)
-        ax.axvspan(0, n, color="grey", alpha=0.08, label="trained sizes (<= N)")
-        ax.set_xlim(0, max(settings[task]["eval_sizes"]) * 1.05)
-        ax.set_ylim(-0.03, 1.03)
-        ax.set_title(f"{task} (N = {n})")
-        ax.set_xlabel(f"instance size ({settings[task]['size_unit']})")
-        ax.set_ylabel("exact-match accuracy")
-        ax.grid(True, alpha=0.3)
-    # one legend for every panel, beside them: inside, it hides the curves at small sizes; a row
-    # of one task only (a task row such as rope+coupled on addition) is in its panel's handles
-    legend: dict[str, object] = {}
-    for ax in axes:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            legend.setdefault(label, handle)
-    fig.legend(list(legend.values()), list(legend), loc="outside right center", fontsize="small")
-    fig.suptitle("Train on sizes <= N, test longer: exact match, greedy decoding", fontsize="medium")
-    paths.append(_save(fig, plt, out_dir / "accuracy.png"))
-
-    fig, axes = _task_axes(plt, len(tasks), 5.2, 0.9 + 0.36 * max(len(rows) for rows in tasks.values()))
-    for ax, (task, rows) in zip(axes, tasks.items()):
-        sizes = settings[task]["eval_sizes"]
-        grid = [[rows[row]["eval"].get(str(n), {}).get("accuracy", float("nan")) for n in sizes] for row in rows]
-        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
-        _annotate(ax, grid, fontsize=7)
-        n = settings[task]["train_size"]
-        ax.set_xticks(range(len(sizes)), [f"{s}\n{s / n:.2g}N" for s in sizes], fontsize=7)
-        ax.set_yticks(range(len(rows)), list(rows), fontsize=8)
-        ax.set_title(f"{task} (N = {n} {settings[task]['size_unit']})", fontsize=9)
-    fig.colorbar(image, ax=axes, label="exact-match accuracy", shrink=0.8)
-    fig.suptitle("Exact-match accuracy, encoding x instance size", fontsize="medium")
-    paths.append(_save(fig, plt, out_dir / "heatmap.png"))
-
-    for task in needle_tasks(summary):
-        paths.append(plot_depth_heatmap(summary, task, out_dir / f"{task}_depth.png"))
-    return paths
-
-
-def needle_tasks(summary: dict) -> list[str]:
-    """The needle-style tasks of a ``posenc lengthgen`` results dict: those whose cells hold
-    accuracies by the needle's depth (``by_depth``: passkey, multikey)."""
-    return [task for task, rows in summary["results"].items()
-            if any("by_depth" in cell for res in rows.values() for cell in res["eval"].values())]
-
-
-def plot_depth_heatmap(summary: dict, task: str, out: str | Path) -> Path:
-    """The depth x length heatmap of a needle-style ``task`` (:func:`needle_tasks`), one
-    panel per row: exact-match accuracy (mean over seeds, in [0, 1]) by the needle's depth in
-    the filler (0 = its start, 1 = its end; rows of the panel) and the instance size (columns,
-    in the task's unit), N marked on the axis; NaN cells (a size not evaluated) read "n/a".
-    After the needle-in-a-haystack figures of RULER (Hsieh et al. 2024).
-
-    Raises:
-        InvalidArgument: ``task`` not needle-style in ``summary``.
-    """
-    if task not in needle_tasks(summary):
-        raise InvalidArgument(f"task: {task!r} has no accuracies by depth in these results; "
-                              f"needle-style tasks here: {needle_tasks(summary)}")
-    plt = _pyplot()
-    rows = summary["results"][task]
-    setting = summary["config"]["task_settings"][task]
-    sizes, n = setting["eval_sizes"], setting["train_size"]
-    fig, axes = _task_axes(plt, len(rows), 3.6, 3.0)
-    image = None
-    for ax, (row, res) in zip(axes, rows.items()):
-        depths = sorted({d for cell in res["eval"].values() for d in cell.get("by_depth", {})}, key=float)
-        grid = [[res["eval"].get(str(s), {}).get("by_depth", {}).get(d, float("nan")) for s in sizes] for d in depths]
-        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
-        _annotate(ax, grid, fontsize=6)
-        ax.set_xticks(range(len(sizes)), [f"{s}\n{s / n:.2g}N" for s in sizes], fontsize=7)
-        ax.set_yticks(range(len(depths)), depths, fontsize=7)
-        ax.set_xlabel(setting["size_unit"])
-        ax.set_ylabel("needle depth")
-        ax.set_title(row, fontsize=9)
-    if image is not None:
-        fig.colorbar(image, ax=axes, label="exact-match accuracy", shrink=0.8)
-    fig.suptitle(f"{task}: accuracy by needle depth (0 = start of the filler) and size (N = {n})", fontsize="medium")
-    return _save(fig, plt, Path(out))
-
-
-def plot_rope_inspection(report: RopeInspection, out_png: str | Path, *, title: str | None = None) -> Path:
-    """Draw wavelength per pair (log scale), original and scaled, against both contexts.
-
-    ``report`` comes from :func:`posenc.rope.inspect_config`. Writes a PNG (matplotlib, Agg
-    backend, imported here) and returns its path: ``out_png`` as :func:`figure_path` reads
-    it (an existing folder gets ``rope.png``).
-
-    Raises:
-        InvalidArgument: an extension matplotlib does not write.
-    """
-    out = figure_path(out_png, "rope.png")
-    plt = _pyplot()
-
-    pairs = torch.arange(report.rotary_dim // 2).numpy()
-    fig, ax = plt.subplots(figsize=(8, 4.8), dpi=120)
-    ax.plot(pairs, report.wavelength_original.numpy(), "o-", ms=3, label="original wavelength")
-    if report.rope_type != "default":
-        ax.plot(pairs, report.wavelength_scaled.numpy(), "s-", ms=3, label=f"scaled ({report.rope_type})")
-    ax.axhline(report.original_context, color="tab:green", ls="--", label=f"original context {report.original_context}")
-    if report.extended_context != report.original_context:
-        ax.axhline(report.extended_context, color="tab:red", ls=":", label=f"extended context {report.extended_context}")
-    if 0 <= report.critical_dim <= pairs[-1]:
-        ax.axvline(report.critical_dim, color="gray", lw=1, label=f"critical dim {report.critical_dim:.1f}")
-    ax.axvspan(-0.5, report.num_full_rotation_pairs - 0.5, color="tab:green", alpha=0.08,
-               label=f"{report.num_full_rotation_pairs} pairs rotate fully within L0")
-    ax.set_yscale("log")
-    ax.set_xlabel("frequency pair i")
-    ax.set_ylabel("wavelength 2π/θ_i (tokens)")
-    name = report.model_type or "config"
-    ax.set_title(title or f"{name}: RoPE θ={report.rope_theta:g}, {report.rope_type}, attention factor {report.attention_factor:.4g}")
-    ax.legend(fontsize=8, loc="upper left")
-    ax.grid(True, which="major", alpha=0.3)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
     plt.close(fig)
     return out

@@ -52,10 +52,11 @@ def fingerprint(config: ExtrapolationConfig, corpus: Corpus, encoding: str, seed
     takes from L (:meth:`ExtrapolationConfig.encoding_options`) are in it as
     ``encoding_options`` when there are any, and the sliding-window stride as ``eval_stride``
     when set, so the other rows' fingerprints are unchanged."""
-    name, train = config.row_run(encoding, seed)
+    row = config.row(encoding)
+    _, train = config.row_run(row, seed)
     return config.run_fingerprint({
-        "encoding": encoding,
-        "encoding_options": config.encoding_options(name),
+        "encoding": row,
+        "encoding_options": config.encoding_options(row),
         "seed": seed,
         "model": config.model_config().to_dict(),
         "train": train.to_dict(),
@@ -73,8 +74,9 @@ def train_and_evaluate(
     """Train and evaluate one (row, seed); the body of its record (``expected`` is its fingerprint).
     ``encoding`` is a trained row: an encoding, or ``<encoding>+rand`` (randomized positions)."""
     torch.manual_seed(seed)
-    name, train = config.row_run(encoding, seed)
-    model = TransformerLM(config.model_config(), config.encoding(name)).to(config.device)
+    row = config.row(encoding)
+    _, train = config.row_run(row, seed)
+    model = TransformerLM(config.model_config(), config.encoding(row)).to(config.device)
     training = train_run(model, corpus.train, train, store, encoding, seed, expected, reporter)
     lengths = [n for n in config.eval_lengths if _applicable(model, n)]
     precision = dict(autocast=train.autocast, compile=train.compile)
@@ -167,6 +169,11 @@ def _mean_over_seeds(config: ExtrapolationConfig, evals: Sequence[dict]) -> dict
     return means
 
 
+#: The fields every evaluation cell of a run record holds as finite numbers (the merge
+#: averages them); a stored record without them is corrupt (:class:`RunStore`).
+SCORE_NUMBERS = ("loss", "loss_last")
+
+
 def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, reporter: Reporter | None = None) -> dict | None:
     """Run (or resume) the sweep; write results.json, results.csv; return the results dict
     ``{"config": ..., "corpus": ..., "results": {encoding: {"train_len", "eval": {length: {"loss", "ppl", ...}}}}}``
@@ -182,7 +189,7 @@ def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, re
         CheckpointMismatch: ``out`` holds runs made with other arguments, or corrupt ones.
     """
     reporter = reporter or Reporter()
-    store = RunStore(out, scores="eval")
+    store = RunStore(out, scores="eval", numbers=SCORE_NUMBERS)
     min_val = max(config.eval_lengths) + 1
     if corpus.val.numel() < min_val:
         raise InvalidArgument(f"corpus: the validation split ({corpus.val.numel()} bytes) is shorter than the longest eval length + 1 ({min_val})")
@@ -208,12 +215,13 @@ def run_extrapolation(config: ExtrapolationConfig, corpus: Corpus, out: Path, re
                 records += [{"encoding": row, "seed": seed, "diverged": f"the {provider.base} run it starts from diverged"}
                             for row in rows]
                 continue
+            base_row = config.trained_row(provider.base)
             base = BaseRun(
-                provider.base, seed, fingerprint(config, corpus, provider.base, seed),
+                provider.base, seed, fingerprint(config, corpus, base_row, seed),
                 record=record,
                 # loaded once, and only if some row of this seed is not stored yet
                 model=functools.cache(functools.partial(
-                    load_trained_base, config, corpus, store, provider.base, seed, provider.options)),
+                    load_trained_base, config, corpus, store, base_row, seed, provider.options)),
             )
             records += provider.run(config, corpus, store, reporter, base)
         names += rows

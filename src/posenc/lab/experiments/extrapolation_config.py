@@ -273,7 +273,7 @@ class ExtrapolationConfig(RunConfig):
             raise InvalidArgument(f"{option}={self.randomized_positions} must be >= train_len={self.train_len}")
         table = self.model.max_positions
         if self.randomized_positions > table and any(
-                _holds_a_table(row.encoding, self.model) for row in map(Row.parse, self.rows)
+                _holds_a_table(row.encoding, self.model) for row in self.rows
                 if row.randomized and row.plan is None):  # a plan holds no table: embed encodings are refused there
             raise InvalidArgument(
                 f"{option}={self.randomized_positions} is past the learned table's {table} positions "
@@ -350,10 +350,14 @@ class ExtrapolationConfig(RunConfig):
         For a plan row: ``{"window": W}`` when a sliding or chunked part takes its window from
         L (:func:`~posenc.lab.experiments.frame.default_window`), and each of its encodings' own
         options from L under its name; empty otherwise (then the fingerprint, which holds these
-        only when set, is the row's name and the run's fields alone)."""
-        plan = Row.parse(name, randomized_rows=False).plan
+        only when set, is the row's name and the run's fields alone).
+
+        ``name``: the row (a :class:`~posenc.lab.experiments.frame.Row`, its suffix not read) or
+        an encoding's spelling."""
+        spec = Row.of(name, randomized_rows=False)
+        plan = spec.plan
         if plan is None:
-            return encoding_class(name).options_for_train_len(self.train_len)
+            return encoding_class(spec.encoding).options_for_train_len(self.train_len)
         options: dict = {"window": default_window(self.train_len)} if plan.uses_default_window() else {}
         for part in plan.encodings:
             if own := encoding_class(part).options_for_train_len(self.train_len):
@@ -364,12 +368,14 @@ class ExtrapolationConfig(RunConfig):
         """What the LM of ``name`` is built from: the name itself, or, when the encoding takes
         options from L (:meth:`encoding_options`), the encoding built with them for the model;
         for a plan row its :class:`~posenc.hf_config.plan.PositionPlan` (each encoding with its
-        options from L)."""
-        if Row.parse(name, randomized_rows=False).plan is not None:
-            return self.row_model(name, self.model, self.train_len,
+        options from L). ``name``: the row (a :class:`~posenc.lab.experiments.frame.Row`, its
+        suffix not read) or an encoding's spelling."""
+        spec = Row.of(name, randomized_rows=False)
+        if spec.plan is not None:
+            return self.row_model(spec, self.model, self.train_len,
                                   lambda part: encoding_class(part).options_for_train_len(self.train_len))
-        options = self.encoding_options(name)
-        return create_for_model(name, **self.model.encoding_sizes(), **options) if options else name
+        options = self.encoding_options(spec)
+        return create_for_model(spec.encoding, **self.model.encoding_sizes(), **options) if options else spec.encoding
 
     def train_config(self, seed: int) -> TrainConfig:
         """The training of the run with ``seed``."""

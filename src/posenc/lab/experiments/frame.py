@@ -25,26 +25,29 @@ An experiment is one module with a :class:`RunConfig` subclass (its own fields, 
 from __future__ import annotations
 
 import csv
-import io
 import dataclasses
+import io
 import statistics
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from posenc._version import __version__
-from posenc.lab.checkpoint import atomic_write_bytes
-from posenc.lab.fields import only_when_set
 from posenc._validation import check_device, check_positive_int
+from posenc._version import __version__
 from posenc.encodings import create_for_model, encoding_class
 from posenc.encodings.base import Hook
 from posenc.errors import InvalidArgument, InvalidType
 from posenc.hf_config.plan import LayerPlan, PositionPlan
+from posenc.lab.checkpoint import atomic_write_bytes
 from posenc.lab.experiments.limits import SEED_LIMIT, Workload, holds_a_table
 from posenc.lab.experiments.lm import fold_flat_options
+from posenc.lab.fields import only_when_set
 from posenc.lab.model import LMConfig
 from posenc.lab.train import TrainConfig
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11's; annotations are not evaluated here (3.10 runs this)
+    from typing import Self
 
 #: The row of an encoding trained with randomized positions (Ruoss et al. 2023).
 RANDOMIZED_SUFFIX = "+rand"
@@ -208,29 +211,83 @@ def _parse_layer(text: str, row: str) -> LayerSpelling:
     return LayerSpelling(name, span, int(window))
 
 
-@dataclass(frozen=True)
-class Row:
-    """A trained row of an experiment's table: an encoding, trained with ordinary positions or,
-    ``randomized``, with randomized ones (named ``<encoding>+rand``), or, ``task_positions``
-    ``"coupled"`` or ``"abacus"``, fed the task's structured positions (named
-    ``<encoding>+coupled``, ``<encoding>+abacus``). ``encoding`` may be a plan's spelling
-    (``rope/nope:4``, :data:`PLAN_SPELLING`), parsed into ``plan``."""
+class Row(str):
+    """A row of an experiment's table, parsed once from its spelling (:meth:`parse`, where a
+    config is built from the command line or from a results file) and passed inward as this
+    object: code further in reads its parts, never splits the string again.
+
+    A row is an encoding (or a plan's spelling, ``rope/nope:4``: :data:`PLAN_SPELLING`, parsed
+    into ``plan``) trained with ordinary positions or, ``randomized``, with randomized ones
+    (``<encoding>+rand``, Ruoss et al. 2023), or, ``task_positions`` ``"coupled"`` or
+    ``"abacus"``, fed the task's structured positions (``<encoding>+coupled``,
+    ``<encoding>+abacus``); or, ``extension`` a method, another row's trained model run with that
+    context extension, no training (``posenc lengthgen``'s ``rope+yarn``:
+    :mod:`posenc.lab.experiments.lengthgen_extension`).
+
+    The row *is* its spelling: a ``str`` equal to it (``Row("rope", randomized=True) ==
+    "rope+rand"``), so it is the key, the stored and the printed form everywhere (results.json,
+    results.csv, run records, fingerprints: unchanged, an old run store resumes; its ``repr`` is
+    the string's, so messages quoting a row read as before), and the parts ride along.
+    Immutable, like the string.
+    """
 
     encoding: str
-    randomized: bool = False
-    plan: PlanSpelling | None = field(default=None, compare=False, repr=False)
-    task_positions: str | None = None
+    randomized: bool
+    plan: PlanSpelling | None
+    task_positions: str | None
+    extension: str | None
+
+    def __new__(cls, encoding: str, randomized: bool = False, plan: PlanSpelling | None = None,
+                task_positions: str | None = None, extension: str | None = None) -> Self:
+        if extension is not None:
+            spelling = f"{encoding}+{extension}"
+        elif task_positions is not None:
+            spelling = f"{encoding}+{task_positions}"
+        else:
+            spelling = encoding + RANDOMIZED_SUFFIX if randomized else encoding
+        encoding = str(encoding)  # a plain str: it reaches the model and its checkpoint
+        row = super().__new__(cls, spelling)
+        if plan is None and extension is None and ("/" in encoding or "@" in encoding):
+            plan = PlanSpelling.parse(encoding, spelling)
+        parts = {"encoding": encoding, "randomized": randomized, "plan": plan, "task_positions": task_positions,
+                 "extension": extension}
+        for key, value in parts.items():
+            object.__setattr__(row, key, value)
+        return row
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError(f"a Row is immutable (its spelling is its identity): cannot set {key!r}")
+
+    def __reduce__(self):
+        # pickled (to a worker process) as its parts, not re-parsed from the spelling
+        return (Row, (self.encoding, self.randomized, self.plan, self.task_positions, self.extension))
 
     @classmethod
-    def parse(cls, name: str, randomized_rows: bool = True) -> Row:
-        """The row named ``name`` (``"rope+rand"`` -> ``Row("rope", randomized=True)``,
+    def parse(cls, name: str, randomized_rows: bool = True,
+              extensions: Mapping[str, Sequence[str]] | None = None) -> Row:
+        """The row spelled ``name`` (``"rope+rand"`` -> ``Row("rope", randomized=True)``,
         ``"rope+coupled"`` -> ``Row("rope", task_positions="coupled")``; a name with ``/`` or
-        ``@`` is a plan). ``randomized_rows`` False: no suffix is read.
+        ``@`` is a plan). ``randomized_rows`` False: no suffix is read. ``extensions``
+        {base row: its methods} (``posenc lengthgen``: ``{"rope": METHODS}``): ``<base>+<method>``
+        is an extension row (``"rope+yarn"`` -> ``Row("rope", extension="yarn")``), and
+        ``<base>+<other>`` that is neither a method nor a position suffix a typo.
 
         Raises:
             InvalidArgument: a plan's spelling that does not parse (the message names the row
-                and the allowed forms); two position suffixes on one row.
+                and the allowed forms); two position suffixes on one row; with ``extensions``,
+                ``<base>+<name>`` whose name is no method (the message lists them).
         """
+        if isinstance(name, Row) and extensions is None and randomized_rows:
+            return name
+        base, plus, method = name.partition("+")
+        if extensions and plus and base in extensions:
+            if method in extensions[base]:
+                return cls(base, extension=method)
+            if "+" + method not in POSITION_SUFFIXES:
+                raise InvalidArgument(
+                    f"encodings: row {name!r}: {base}+<method> runs the trained {base} model with a context "
+                    f"extension; method must be one of {list(extensions[base])} (or a position suffix "
+                    f"{', '.join(POSITION_SUFFIXES)})")
         encoding, suffix = _split_suffix(name) if randomized_rows else (name, None)
         if suffix is not None and _split_suffix(encoding)[1] is not None:
             raise InvalidArgument(f"encodings: row {name!r}: one position suffix per row "
@@ -238,12 +295,16 @@ class Row:
         plan = PlanSpelling.parse(encoding, name) if ("/" in encoding or "@" in encoding) else None
         return cls(encoding, suffix == RANDOMIZED_SUFFIX, plan, TASK_POSITION_SUFFIXES.get(suffix))
 
+    @classmethod
+    def of(cls, name: str, randomized_rows: bool = True) -> Row:
+        """``name`` itself when it is a Row already (parsed where it entered), else
+        :meth:`parse` of it: a spelling handed to a public function from outside."""
+        return name if isinstance(name, Row) else cls.parse(name, randomized_rows)
+
     @property
     def name(self) -> str:
-        """The row's name in tables, run records and fingerprints."""
-        if self.task_positions is not None:
-            return f"{self.encoding}+{self.task_positions}"
-        return self.encoding + RANDOMIZED_SUFFIX if self.randomized else self.encoding
+        """The row's spelling, a plain ``str``: its name in tables, run records and fingerprints."""
+        return str(self)
 
     @property
     def positions(self) -> str | None:
@@ -321,6 +382,9 @@ class RunConfig:
     UNREAD: ClassVar[tuple[str, ...]] = ("train.seed",)
     ADDED_LATER: ClassVar[Mapping[str, object]] = {}
     NAMED_RANDOMIZED_ROWS: ClassVar[bool] = False
+    #: Rows that run another row's trained model with a method, by base row: ``{"rope":
+    #: methods}`` reads ``rope+<method>`` (:meth:`Row.parse`); none here.
+    EXTENSIONS: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     #: Whether rows may end in ``+coupled`` / ``+abacus`` (:data:`TASK_POSITION_SUFFIXES`).
     TASK_POSITION_ROWS: ClassVar[bool] = False
     FULL_PLANS: ClassVar[tuple[str, ...]] = HYBRID_PLANS
@@ -374,17 +438,10 @@ class RunConfig:
         check_names(self.encodings, "encodings", "encoding", "('rope', 'alibi')")
         if not isinstance(self.model, LMConfig):
             raise InvalidType(f"model must be a posenc.lab.model.LMConfig, got {type(self.model).__name__}")
-        for name in self.encodings:
-            if self.derived_row(name):  # no encoding of its own to check: the experiment checks it
-                continue
-            row = Row.parse(name, self.NAMED_RANDOMIZED_ROWS)
-            if row.task_positions is not None and not self.TASK_POSITION_ROWS:
-                raise InvalidArgument(f"encodings: row {name!r}: +{row.task_positions} positions follow a task's "
-                                      "structure; only posenc lengthgen has such rows")
-            if row.plan is not None:
-                row.plan.check(self.model.num_layers, name)
-            else:
-                encoding_class(row.encoding)  # unknown names raise, listing the available ones
+        # parsed once, here; from now on the config holds Row objects (equal to their spellings)
+        object.__setattr__(self, "encodings", tuple(self.parse_row(name) for name in self.encodings))
+        for row in self.encodings:
+            self.check_row(row)
         if not isinstance(self.train, TrainConfig):
             raise InvalidType(f"train must be a posenc.lab.train.TrainConfig, got {type(self.train).__name__}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) \
@@ -393,14 +450,54 @@ class RunConfig:
                                   f"got {self.seeds}")
         check_device(self.device)
 
+    def parse_row(self, name: str) -> Row:
+        """The row spelled ``name`` as this experiment reads rows (:meth:`Row.parse` with its
+        ``NAMED_RANDOMIZED_ROWS`` and ``EXTENSIONS``); a Row is returned as it is."""
+        if isinstance(name, Row):
+            return name
+        if not isinstance(name, str):
+            raise InvalidType(f"encodings: a row is a name (str), got {name!r}")
+        return Row.parse(name, self.NAMED_RANDOMIZED_ROWS, self.EXTENSIONS or None)
+
+    def check_row(self, row: Row) -> None:
+        """Raise unless ``row``'s encoding is registered (or its plan valid for the model) and
+        the experiment takes its positions; an extension row is the experiment's to check."""
+        if row.extension is not None:  # no encoding of its own: the experiment checks it
+            return
+        if row.task_positions is not None and not self.TASK_POSITION_ROWS:
+            raise InvalidArgument(f"encodings: row {row.name!r}: +{row.task_positions} positions follow a task's "
+                                  "structure; only posenc lengthgen has such rows")
+        if row.plan is not None:
+            row.plan.check(self.model.num_layers, row.name)
+        else:
+            encoding_class(row.encoding)  # unknown names raise, listing the available ones
+
+    def row(self, name: str) -> Row:
+        """Row ``name`` of this config: the Row itself when given one (the config's rows are),
+        else the spelling parsed (:meth:`parse_row`): a name handed in from outside."""
+        return self.parse_row(name)
+
+    def trained_row(self, name: str) -> Row:
+        """The row named ``name`` among :attr:`rows`, as the config parsed it (a row provider's
+        base, ``rope``).
+
+        Raises:
+            InvalidArgument: no row of that name.
+        """
+        for row in self.rows:
+            if row == name:
+                return row
+        raise InvalidArgument(f"{name!r} is not a row of this config: its rows are {self.rows}")
+
     def _check_experiment(self) -> None:
         """The experiment's own fields (a subclass's checks; may set derived fields)."""
 
     def derived_row(self, name: str) -> bool:
         """Whether row ``name`` is built from another row's trained model rather than trained
-        (``posenc lengthgen``'s ``rope+yarn``, ...): no encoding of that name exists, and the
-        experiment checks it in :meth:`_check_experiment`. None here."""
-        return False
+        (``posenc lengthgen``'s ``rope+yarn``, ...: an extension row, :attr:`Row.extension`):
+        no encoding of that name exists, and the experiment checks it in
+        :meth:`_check_experiment`."""
+        return self.row(name).extension is not None
 
     def _check_randomized_positions(self) -> None:
         if self.randomized_positions is None:
@@ -421,37 +518,41 @@ class RunConfig:
     # --- rows and runs -----------------------------------------------------------------------
 
     def _named_randomized_rows(self) -> bool:
-        return any(Row.parse(name).randomized for name in self.encodings)
+        return any(row.randomized for row in self.encodings)
 
     @property
-    def rows(self) -> list[str]:
+    def rows(self) -> list[Row]:
         """The trained rows, in table order: ``encodings`` as given, then, when
         ``randomized_positions`` is set and ``encodings`` names no ``+rand`` row, every
         encoding's ``+rand`` row."""
         if not self.randomized_positions or self._named_randomized_rows():
             return list(self.encodings)
-        return [*self.encodings, *(Row(name, randomized=True).name for name in self.encodings)]
+        return [*self.encodings, *(Row(row.name, randomized=True, plan=row.plan) for row in self.encodings)]
 
     def row_training(self, row: str, train: TrainConfig) -> tuple[str, TrainConfig]:
         """(encoding, training) of ``row`` given the run's ``train``: a ``+rand`` row is its
         encoding trained with ``randomized_positions``."""
-        parsed = Row.parse(row)
+        parsed = self.row(row)
         if parsed.randomized:
             return parsed.encoding, dataclasses.replace(train, randomized_positions=self.randomized_positions)
         return parsed.encoding, train
 
     def run_fingerprint(self, fields: dict) -> dict:
         """What a run's result depends on (``fields``, in order, after the posenc version);
-        the ``ADDED_LATER`` fields only when set. A stored run is reused only if it matches."""
-        return only_when_set({"posenc_version": __version__, **fields}, self.ADDED_LATER)
+        the ``ADDED_LATER`` fields only when set. A stored run is reused only if it matches.
+        Rows in it are their plain spellings (a checkpoint holds the fingerprint, and
+        ``torch.load(weights_only=True)`` reads plain types only)."""
+        return plain_strings(only_when_set({"posenc_version": __version__, **fields}, self.ADDED_LATER))
 
-    def row_model(self, encoding: str, model: LMConfig, train_len: int,
+    def row_model(self, encoding: str | Row, model: LMConfig, train_len: int,
                   options: Callable[[str], dict] | None = None) -> str | PositionPlan:
-        """What the LM of a row's ``encoding`` (:meth:`row_training`'s first item) is built
-        from: the name itself, or a plan row's :class:`PositionPlan` for ``model`` at training
-        length ``train_len`` (``options(name)``: the options each encoding is built with)."""
-        plan = Row.parse(encoding, randomized_rows=False).plan
-        return encoding if plan is None else plan.build(model.encoding_sizes(), train_len, options)
+        """What the LM of a row is built from: its encoding's name, or a plan row's
+        :class:`PositionPlan` for ``model`` at training length ``train_len``
+        (``options(name)``: the options each encoding is built with). ``encoding``: the row
+        (a :class:`Row`, its suffix not read), or an encoding's spelling
+        (:meth:`row_training`'s first item)."""
+        spec = Row.of(encoding, randomized_rows=False)
+        return spec.encoding if spec.plan is None else spec.plan.build(model.encoding_sizes(), train_len, options)
 
     # --- what a run needs of the machine ---------------------------------------------------
 
@@ -463,7 +564,7 @@ class RunConfig:
     def holds_a_table(self) -> bool:
         """Whether some row's model keeps a learned table of ``max_positions`` rows (a plan
         holds none: encodings of the embeddings are refused there)."""
-        return holds_a_table(row.encoding for row in map(Row.parse, self.rows) if row.plan is None)
+        return holds_a_table(row.encoding for row in self.rows if row.plan is None)
 
     # --- results.json ----------------------------------------------------------------------
 
@@ -481,6 +582,25 @@ class RunConfig:
     def derived_fields(self) -> dict:
         """What results.json states beside the fields (lengths, sizes the fields imply)."""
         return {}
+
+
+def plain_strings(value: Any) -> Any:
+    """``value`` with every :class:`Row` (a ``str`` subclass) inside it, keys included, turned
+    into its plain spelling: what a checkpoint or any pickle outside posenc may hold."""
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, dict):
+        return {plain_strings(k): plain_strings(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain_strings(v) for v in value)
+    return value
+
+
+def diverged_label(name: str, res: dict) -> str:
+    """A results row's name in a console table (rich markup), with the seeds that diverged
+    (their scores are left out of the row's means)."""
+    diverged = res.get("diverged") or {}
+    return f"{name} [red](diverged: seed {', '.join(diverged)})[/]" if diverged else name
 
 
 def spread(values: Sequence[float]) -> float:

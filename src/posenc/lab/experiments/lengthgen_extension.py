@@ -51,9 +51,10 @@ from posenc.lab.experiments.extension_methods import (
     _extension_encoding,
     branch_defaults,
 )
+from posenc.lab.experiments.frame import Row
 from posenc.rope import EXTENSION_METHODS
 
-__all__ = ["BASE", "METHODS", "check_extension_row", "check_extension_spelling", "encoding_at", "extension_method", "extension_rows",
+__all__ = ["BASE", "EXTENSIONS", "METHODS", "check_extension_row", "check_extension_spelling", "encoding_at", "extension_method", "extension_rows",
            "extension_settings", "inference_factor"]
 
 #: The row whose trained model every extension row runs.
@@ -61,6 +62,9 @@ BASE = "rope"
 
 #: Every method a row ``rope+<method>`` may name: the RoPE scalings, then the branch-merge maps.
 METHODS: tuple[str, ...] = (*EXTENSION_METHODS, *BRANCH_METHODS)
+#: The extension rows as :meth:`Row.parse <posenc.lab.experiments.frame.Row.parse>` reads them:
+#: ``rope+<method>``.
+EXTENSIONS: dict[str, tuple[str, ...]] = {BASE: METHODS}
 
 
 def extension_rows() -> list[str]:
@@ -70,9 +74,15 @@ def extension_rows() -> list[str]:
 
 def extension_method(row: str) -> str | None:
     """The method of an extension row (``"rope+yarn"`` -> ``"yarn"``); None for any other row
-    (``rope``, ``rope+rand``, ``alibi``, ...)."""
-    base, plus, method = row.partition("+")
-    return method if base == BASE and plus and method in METHODS else None
+    (``rope``, ``rope+rand``, ``alibi``, ...) or a spelling no row has (``rope+yaml``). A
+    :class:`~posenc.lab.experiments.frame.Row` states it (``Row.extension``); a spelling is read
+    by the one parser of rows, :meth:`Row.parse <posenc.lab.experiments.frame.Row.parse>`."""
+    if isinstance(row, Row):
+        return row.extension
+    try:
+        return Row.parse(row, extensions=EXTENSIONS).extension
+    except InvalidArgument:
+        return None
 
 
 def inference_factor(length: int, train_length: int) -> float:
@@ -102,7 +112,7 @@ def extension_settings(method: str, train_length: int) -> dict[str, Any]:
     return settings
 
 
-def check_extension_row(row: str, task: str, rows: list[str], head_dim: int, train_length: int) -> None:
+def check_extension_row(row: Row, task: str, rows: list[str], head_dim: int, train_length: int) -> None:
     """Raise unless extension ``row`` can run on ``task``: the ``rope`` row among the task's
     ``rows`` (its trained model is the one extended), and the method buildable for a model of
     ``head_dim`` trained on sequences of ``train_length`` tokens (a branch map's windows,
@@ -112,7 +122,7 @@ def check_extension_row(row: str, task: str, rows: list[str], head_dim: int, tra
         InvalidArgument: the ``rope`` row missing, or the method refused at this L0; the
             message names the row, the task and what to change.
     """
-    method = extension_method(row)
+    method = row.extension
     if BASE not in rows:
         raise InvalidArgument(
             f"encodings/task_rows: row {row!r} on {task} runs the trained {BASE} model of that task at test time, "
@@ -132,8 +142,4 @@ def check_extension_spelling(row: str) -> None:
     Raises:
         InvalidArgument: as said.
     """
-    base, plus, rest = row.partition("+")
-    if base == BASE and plus and rest not in METHODS and rest not in ("rand", "coupled", "abacus"):
-        raise InvalidArgument(f"encodings: row {row!r}: rope+<method> runs the trained rope model with a context "
-                              f"extension; method must be one of {list(METHODS)} (or a position suffix +rand, "
-                              "+coupled, +abacus)")
+    Row.parse(row, extensions=EXTENSIONS)

@@ -1,175 +1,45 @@
-"""Reading the results of ``posenc lengthgen``: how far each row generalizes, which tasks tell
-the rows apart, the ranking over those, and what the papers claimed against what we measured.
+"""What ``posenc lengthgen`` shows of its results: summary.md (:func:`summary_markdown`), the
+console tables the command prints (:func:`console_tables`; :func:`lengthgen_task_table` for
+``--list``), the figures (:func:`plot_lengthgen`) and what the papers claimed against what we
+measured.
 
 Every function here reads a results dict (:func:`posenc.lab.experiments.lengthgen.run_lengthgen`'s
-``results``, ``ranking`` and ``config``) and computes nothing else; accuracies are fractions of
-instances in [0, 1] (means over seeds), sizes are in each task's unit.
+``results``, ``ranking``, ``reading`` and ``config``) and computes nothing new; the reading
+itself (generalization lengths, all-tie tasks, the mean reciprocal rank over the separating
+tasks, the extensions against their base) is :mod:`posenc.lab.experiments.lengthgen_results`,
+whose names are importable from here too.
 
-- **Generalization length** (:func:`generalization_length`): the largest evaluated size whose
-  accuracy is >= :data:`GENERALIZATION_ACCURACY` (0.9), among the sizes >= N, provided the
-  accuracy at N itself is >= 0.9. A row below 0.9 at N did not learn the task: it has no
-  generalization length (None, shown ``not learned``), whatever it scores at smaller or larger
-  sizes; a row whose N was not evaluated has none either. A size the encoding cannot represent
-  (``not_applicable``) counts as accuracy 0. The largest such size is taken literally: a row at
-  0.95 at N, 0.85 at 2N and 0.92 at 3N generalizes to 3N (the curve is read, not smoothed).
-- **All-tie task** (:func:`is_all_tie`): at every evaluated size past N (size > N), every row's
-  accuracy is exactly equal (as stored: a mean over seeds of hit counts), e.g. all 0.00. Such a
-  task gives every row the same rank, so it cannot separate them: it is reported, and left out
-  of the mean reciprocal rank (:func:`separating_mrr`). Rows whose every seed diverged (no
-  scores) take no part in the comparison; a task with fewer than two scored rows, or no size
-  past N, is all-tie (nothing separates). One instance in 200 right is a difference: 0.005
-  against 0.000 separates.
-- **Mean reciprocal rank over the separating tasks** (:func:`separating_mrr`): per ranked size
-  factor (2N, 4N), the mean of 1/rank over the tasks that are not all-tie and, of those, not
-  tied at that very size (:func:`tied_at`: every row's accuracy equal at factor x N, e.g. a
-  task whose rows differ only at 1.5N); each row's ranks are taken from
-  ``ranking[factor]["per_task"]`` (ties share their mean rank). A row ranked on fewer tasks (a
-  task row such as ``rope+coupled`` on addition) states how many (``tasks``).
-- **Context extensions** (:func:`extension_reading`): for the rows that run another row's
-  trained model with a context extension (their results carry ``extension``, e.g. ``rope+yarn``
-  on the ``rope`` model: :mod:`posenc.lab.experiments.lengthgen_extension`), the accuracy at N,
-  2N and 4N and its difference from the model they extend at 2N and 4N: what the extension
-  adds, the trained model held fixed. Read only when such rows ran.
 - **Against the papers** (:func:`paper_comparison`): one row per reproduced paper (Kazemnejad
   et al. 2023, Ruoss et al. 2023, Cho et al. 2024, McLeish et al. 2024): its claim
   (/work/shared/REFERENCE.md; docs/results.md) and what this run measured, as a markdown table
   (:func:`comparison_markdown`) that docs/results.md can hold.
+
+What the command shows is here too: summary.md (:func:`summary_markdown`) and the console
+tables it prints (:func:`console_tables`, :func:`lengthgen_task_table` for ``--list``).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
+from pathlib import Path
 
-#: The accuracy from which a size counts as solved (the issue's bar, as ``LEARNED_ACCURACY``).
-GENERALIZATION_ACCURACY = 0.9
+from rich.table import Table
 
-
-def _accuracies(result: dict) -> dict[int, float]:
-    """A row's accuracy at every size it was evaluated or refused at (not applicable: 0)."""
-    scores = {int(size): 0.0 for size in result.get("not_applicable", {})}
-    scores.update({int(size): cell["accuracy"] for size, cell in result.get("eval", {}).items()})
-    return scores
-
-
-def generalization_length(result: dict, threshold: float = GENERALIZATION_ACCURACY) -> dict:
-    """How far one row of one task generalizes (the module's definition).
-
-    Args:
-        result: a row's results (``train_size`` N, ``eval`` {size: {"accuracy", ...}},
-            ``not_applicable`` {size: why}); ``runs`` (each seed's ``eval``) gives ``per_seed``.
-        threshold: the accuracy a size needs (default 0.9).
-
-    Returns:
-        ``{"size": int | None, "factor": size / N | None, "learned_at_n": bool, "why": str}``
-        (``why`` only when ``size`` is None: ``"not learned at N (0.46 < 0.9)"``, ``"N not
-        evaluated"``, ``"no scores (diverged)"``), and ``"per_seed"`` {seed: size or None} when
-        the result has ``runs``.
-    """
-    n = result["train_size"]
-    scores = _accuracies(result)
-    reading: dict
-    if not scores:
-        reading = {"size": None, "factor": None, "learned_at_n": False, "why": "no scores (diverged)"}
-    elif n not in scores:
-        reading = {"size": None, "factor": None, "learned_at_n": False, "why": "N not evaluated"}
-    elif scores[n] < threshold:
-        reading = {"size": None, "factor": None, "learned_at_n": False,
-                   "why": f"not learned at N ({scores[n]:.2f} < {threshold:g})"}
-    else:
-        size = max(s for s, accuracy in scores.items() if s >= n and accuracy >= threshold)
-        reading = {"size": size, "factor": size / n, "learned_at_n": True}
-    if "runs" in result:
-        reading["per_seed"] = {seed: generalization_length(
-            {"train_size": n, "eval": cells, "not_applicable": result.get("not_applicable", {})}, threshold)["size"]
-            for seed, cells in result["runs"].items()}
-    return reading
-
-
-def is_all_tie(rows: dict) -> bool:
-    """Whether a task's rows (``{row: result}``) are all tied past N (the module's definition):
-    every scored row's accuracy equal at every evaluated size > N."""
-    scored = [_accuracies(result) for result in rows.values() if result.get("eval")]
-    if len(scored) < 2:
-        return True
-    n = next(iter(rows.values()))["train_size"]
-    past = sorted({size for scores in scored for size in scores if size > n})
-    # a size some row lacks (not evaluated for it) cannot be compared: it is left out
-    return all(len({scores[size] for scores in scored}) == 1 for size in past
-               if all(size in scores for scores in scored))
-
-
-def tied_at(ranking: dict) -> dict[str, list[str]]:
-    """Per ranked factor of ``ranking``, the tasks whose rows all score the same at that size
-    (every accuracy equal; one ranked row counts as tied): ``{factor: [tasks]}``."""
-    return {factor: [task for task, entries in ranked["per_task"].items()
-                     if len({entry["accuracy"] for entry in entries}) == 1]
-            for factor, ranked in ranking.items() if factor != "learned_at_n"}
-
-
-def separating_mrr(ranking: dict, separating: list[str]) -> dict:
-    """Per ranked factor of ``ranking`` (:func:`posenc.lab.experiments.lengthgen.rankings`),
-    each row's mean reciprocal rank over the ``separating`` tasks it was ranked on, less those
-    tied at that size (:func:`tied_at`: a task that gives every row the same rank there adds the
-    same term to every row): ``{factor: {row: {"mrr": float, "tasks": int}}}``, best first; a
-    factor with no such task maps to {}."""
-    out: dict = {}
-    tied = tied_at(ranking)
-    for factor, ranked in ranking.items():
-        if factor == "learned_at_n":
-            continue
-        reciprocal: dict[str, list[float]] = {}
-        for task, entries in ranked["per_task"].items():
-            if task in separating and task not in tied[factor]:
-                for entry in entries:
-                    reciprocal.setdefault(entry["row"], []).append(1 / entry["rank"])
-        table = {row: {"mrr": statistics.fmean(values), "tasks": len(values)} for row, values in reciprocal.items()}
-        out[factor] = dict(sorted(table.items(), key=lambda item: -item[1]["mrr"]))
-    return out
-
-
-def reading(results: dict, ranking: dict) -> dict:
-    """results.json's ``reading``: ``{"threshold": 0.9, "generalization": {task: {row:
-    generalization_length}}, "all_tie": [tasks], "separating": [tasks], "tied_at": {factor:
-    [tasks]}, "mean_reciprocal_rank": separating_mrr}`` (the module's definitions), and
-    ``"extension"``: :func:`extension_reading` when some row is a context extension."""
-    all_tie = [task for task, rows in results.items() if is_all_tie(rows)]
-    separating = [task for task in results if task not in all_tie]
-    read = {
-        "threshold": GENERALIZATION_ACCURACY,
-        "generalization": {task: {row: generalization_length(res) for row, res in rows.items()}
-                           for task, rows in results.items()},
-        "all_tie": all_tie,
-        "separating": separating,
-        "tied_at": tied_at(ranking),
-        "mean_reciprocal_rank": separating_mrr(ranking, separating),
-    }
-    if extensions := extension_reading(results):  # only with extension rows: other results read as before
-        read["extension"] = extensions
-    return read
-
-
-#: The sizes, as multiples of N, that :func:`extension_reading` reads.
-EXTENSION_FACTORS = (1, 2, 4)
-
-
-def extension_reading(results: dict) -> dict:
-    """Per task with context-extension rows (a result with ``extension``, whose ``base`` names
-    the row it extends), per such row: ``{"base": row, "accuracy": {"1": a, "2": ..., "4": ...},
-    "vs_base": {"2": a - base's a, "4": ...}}`` at size factor x N (rounded half up, as the
-    evaluation sizes; a factor not evaluated is None, and so is a difference with a side
-    missing). Accuracies as stored (means over seeds; not applicable: 0). {} without such rows."""
-    out: dict = {}
-    for task, rows in results.items():
-        extended = {row: res for row, res in rows.items() if res.get("extension")}
-        for row, res in extended.items():
-            base_row = res["extension"]["base"]
-            n = res["train_size"]
-            mine, base = _accuracies(res), _accuracies(rows.get(base_row, {}))
-            at = {f"{f:g}": mine.get(int(f * n + 0.5)) for f in EXTENSION_FACTORS}
-            vs = {f"{f:g}": None if at[f"{f:g}"] is None or base.get(int(f * n + 0.5)) is None
-                  else at[f"{f:g}"] - base[int(f * n + 0.5)] for f in EXTENSION_FACTORS if f > 1}
-            out.setdefault(task, {})[row] = {"base": base_row, "accuracy": at, "vs_base": vs}
-    return out
+from posenc.errors import InvalidArgument
+from posenc.hf_config.rope_figure import pyplot, save_figure
+from posenc.lab.experiments.frame import Row, diverged_label
+from posenc.lab.experiments.lengthgen_results import (
+    EXTENSION_FACTORS,
+    GENERALIZATION_ACCURACY,
+    accuracies_by_size,
+    extension_reading,
+    generalization_length,
+    is_all_tie,
+    reading,
+    separating_mrr,
+    tied_at,
+)
 
 
 def extension_markdown(extensions: dict) -> list[str]:
@@ -232,7 +102,7 @@ def _mrr_order(summary: dict, factor: str = "2") -> str:
 
 def _past_n(result: dict) -> list[float]:
     n = result["train_size"]
-    return [accuracy for size, accuracy in sorted(_accuracies(result).items()) if size > n]
+    return [accuracy for size, accuracy in sorted(accuracies_by_size(result).items()) if size > n]
 
 
 def _randomized_gain(summary: dict) -> str:
@@ -263,7 +133,7 @@ def _addition_rows(summary: dict, suffix: str) -> str:
     parts = []
     for row in named:
         n = rows[row]["train_size"]
-        at_2n = _accuracies(rows[row]).get(2 * n)
+        at_2n = accuracies_by_size(rows[row]).get(2 * n)
         at = "" if at_2n is None else f", {at_2n:.2f} at 2N"
         reach = readings[row]
         text = f"generalizes to {generalization_text(reach)}" if reach["size"] is not None else reach["why"]
@@ -300,7 +170,7 @@ def summary_markdown(summary: dict) -> str:
     for task, rows in summary["results"].items():
         for row, res in rows.items():
             n = res["train_size"]
-            at_n = _accuracies(res).get(n)
+            at_n = accuracies_by_size(res).get(n)
             at_n_text = "n/a" if at_n is None else f"{at_n:.2f}"
             lines.append(f"| {task} | {n} | {_cell(row)} | {at_n_text} | "
                          f"{generalization_text(reading_['generalization'][task][row])} |")
@@ -329,8 +199,262 @@ def summary_markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
+# --- the tables ``posenc lengthgen`` prints (rich) --------------------------------------------
+
+
+def console_tables(summary: dict) -> list[Table]:
+    """The tables ``posenc lengthgen`` prints after a sweep, in order: the accuracies with each
+    row's generalization length, the mean reciprocal rank over the separating tasks, and the
+    comparison with the papers."""
+    return [lengthgen_table(summary), lengthgen_ranking_table(summary), lengthgen_comparison_table(summary)]
+
+
+def lengthgen_table(summary: dict) -> Table:
+    """Rows: task and encoding; columns: evaluation sizes as multiples of N (the size in
+    each task's unit in the cell's task row), then the generalization length (the largest
+    size with accuracy >= 0.9, the row having reached 0.9 at N; ``not learned`` otherwise);
+    cells: exact-match accuracy (± seed spread)."""
+    config = summary["config"]
+    factors = sorted({f for f in config["eval_factors"]})
+    table = Table(title="exact-match accuracy (greedy decoding; trained on sizes <= N)",
+                  caption="generalization length: the largest size with accuracy >= 0.9, for a row at >= 0.9 at N")
+    table.add_column("task", style="bold", no_wrap=True)
+    table.add_column("encoding", no_wrap=True)
+    for f in factors:
+        table.add_column(f"{f:g}N", justify="right")
+    table.add_column("generalization length", justify="right")
+    generalization = summary["reading"]["generalization"]
+    tasks = list(summary["results"].items())
+    for index, (task, rows) in enumerate(tasks):
+        setting = config["task_settings"][task]
+        n = setting["train_size"]
+        sizes = {size: size / n for size in setting["eval_sizes"]}
+        names = list(rows.items())
+        for position, (row, res) in enumerate(names):
+            cells = []
+            for f in factors:
+                if not res["eval"] and res.get("diverged"):
+                    cells.append("[red]diverged[/]")
+                    continue
+                size = max(sizes, key=lambda s: -abs(sizes[s] - f))  # the size this factor gave
+                cell = res["eval"].get(str(size))
+                if cell is None:
+                    cells.append("[dim]n/a[/]")
+                    continue
+                spread = f" ±{cell['accuracy_std']:.2f}" if cell["seeds"] > 1 else ""
+                colour = "green" if cell["accuracy"] >= 0.9 else "red" if cell["accuracy"] < 0.1 else "yellow"
+                cells.append(f"[{colour}]{cell['accuracy']:.2f}[/]{spread}")
+            label = f"{task} (N={n})" if position == 0 else ""
+            cells.append(generalization_text(generalization[task][row]))
+            table.add_row(label, diverged_label(row, res), *cells, end_section=position == len(names) - 1 and index < len(tasks) - 1)
+    return table
+
+
+def lengthgen_ranking_table(summary: dict) -> Table:
+    """One row per encoding row: the tasks it learned at N (of those it ran), and its mean
+    reciprocal rank over the tasks that separate the rows at each ranked size, with how many
+    tasks it was ranked on (``summary["reading"]``, best first by the first size); the caption
+    names the all-tie tasks left out."""
+    ranking, reading = summary["ranking"], summary["reading"]
+    mrr = reading["mean_reciprocal_rank"]
+    factors = list(mrr)
+    rows = list(dict.fromkeys(row for rows in summary["results"].values() for row in rows))
+    ran = {row: sum(row in rows for rows in summary["results"].values()) for row in rows}
+    learned = {row: sum(row in names for names in ranking["learned_at_n"].values()) for row in rows}
+    left = ", ".join(reading["all_tie"]) or "none"
+    caption = (f"over the separating tasks ({', '.join(reading['separating']) or 'none'}); all-tie tasks (every row equal "
+               f"at every size past N) are left out of the ranking: {left}")
+    if not reading["separating"]:
+        caption = f"no task separates the rows (all-tie: {left}): no ranking"
+    table = Table(title="mean reciprocal rank over the tasks that separate the rows (1 = first on every one; "
+                  "the NoPE paper's summary)", caption=caption)
+    table.add_column("encoding", style="bold", no_wrap=True)
+    table.add_column("learned at N", justify="right")
+    for factor in factors:
+        table.add_column(f"MRR at {factor}N (tasks)", justify="right")
+    first = mrr[factors[0]] if factors else {}
+    for row in sorted(rows, key=lambda r: -first.get(r, {}).get("mrr", 0.0)):
+        cells = [f"{mrr[f][row]['mrr']:.2f} ({mrr[f][row]['tasks']})" if row in mrr[f] else "n/a" for f in factors]
+        table.add_row(row, f"{learned[row]}/{ran[row]}", *cells)
+    return table
+
+
+def lengthgen_comparison_table(summary: dict) -> Table:
+    """The reproduced papers: claim against this run (summary.md has it as markdown)."""
+    table = Table(title="against the papers")
+    for column in ("paper", "claim", "ours"):
+        table.add_column(column)
+    for entry in paper_comparison(summary):
+        table.add_row(entry["paper"], entry["claim"], entry["ours"])
+    return table
+
+
+def lengthgen_task_table() -> Table:
+    """Every task of ``posenc lengthgen``: its unit of size, default N and steps, prompt and
+    answer formats, source, and the position suffixes its rows take."""
+    from posenc.lab.experiments.lengthgen_config import task_catalogue
+
+    table = Table(title="posenc lengthgen tasks (train on sizes <= N; * in the default run; every answer closed by '.')")
+    for column in ("task", "size unit", "N", "steps", "prompt (size n)", "answer", "source", "row suffixes"):
+        table.add_column(column, justify="right" if column in ("N", "steps") else "left")
+    for entry in task_catalogue():
+        table.add_row(entry["task"] + (" *" if entry["in_default"] else ""), entry["size_unit"], str(entry["train_size"]),
+                      str(entry["steps"]), entry["prompt"], entry["answer"], entry["source"], ", ".join(entry["suffixes"]))
+    return table
+
+
+# --- the figures -------------------------------------------------------------------------------
+
+
+def _task_axes(plt, count: int, width: float, height: float):
+    """A grid of ``count`` panels, at most three a row, the unused ones hidden; constrained
+    layout keeps titles, tick labels and a shared colour bar apart."""
+    columns = min(3, count)
+    rows = -(-count // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False, layout="constrained")
+    for ax in axes.flat[count:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:count])
+
+
+def _annotate(ax, grid: list[list[float]], fontsize: float) -> None:
+    """Write each accuracy in its cell ("n/a" for NaN), dark on light cells."""
+    for i, line in enumerate(grid):
+        for j, value in enumerate(line):
+            text = "n/a" if math.isnan(value) else f"{value:.2f}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=fontsize, color="black" if value >= 0.6 else "white")
+
+
+def plot_lengthgen(summary: dict, out_dir: str | Path) -> list[Path]:
+    """The figures of a ``posenc lengthgen`` results dict, written to ``out_dir``:
+
+    - ``accuracy.png``: exact-match accuracy against instance size, one panel per task, one
+      line per row (encoding), the training size N marked (error bars: spread over seeds);
+    - ``heatmap.png``: the same numbers as an (encoding x size) grid per task;
+    - ``<task>_depth.png`` for each needle-style task that ran (passkey, multikey:
+      :func:`plot_depth_heatmap`): accuracy by the needle's depth in the filler against size,
+      one panel per row.
+
+    Returns the paths written.
+    """
+    plt = pyplot()
+    out_dir = Path(out_dir)
+    tasks = summary["results"]
+    settings = summary["config"]["task_settings"]
+    paths = []
+
+    fig, axes = _task_axes(plt, len(tasks), 5.0, 3.8)
+    for ax, (task, rows) in zip(axes, tasks.items()):
+        colors = plt.get_cmap("tab10" if len(rows) <= 10 else "tab20")
+        for index, (row, res) in enumerate(rows.items()):
+            sizes = sorted(int(n) for n in res["eval"])
+            values = [res["eval"][str(n)]["accuracy"] for n in sizes]
+            errors = [res["eval"][str(n)]["accuracy_std"] for n in sizes]
+            style = {"color": colors(index % colors.N), "marker": "os^Dv<>PXph"[index % 11],
+                     "linestyle": "--" if Row.of(row).randomized else "-", "label": row}
+            # errorbar for every row, so that the legend keeps the rows' order
+            ax.errorbar(sizes, values, yerr=errors if any(errors) else None, capsize=3, **style)
+        n = settings[task]["train_size"]
+        ax.axvline(n, color="grey", linestyle=":", linewidth=1.2)
+        ax.axvspan(0, n, color="grey", alpha=0.08, label="trained sizes (<= N)")
+        ax.set_xlim(0, max(settings[task]["eval_sizes"]) * 1.05)
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_title(f"{task} (N = {n})")
+        ax.set_xlabel(f"instance size ({settings[task]['size_unit']})")
+        ax.set_ylabel("exact-match accuracy")
+        ax.grid(True, alpha=0.3)
+    # one legend for every panel, beside them: inside, it hides the curves at small sizes; a row
+    # of one task only (a task row such as rope+coupled on addition) is in its panel's handles
+    legend: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.legend(list(legend.values()), list(legend), loc="outside right center", fontsize="small")
+    fig.suptitle("Train on sizes <= N, test longer: exact match, greedy decoding", fontsize="medium")
+    paths.append(save_figure(fig, out_dir / "accuracy.png"))
+
+    fig, axes = _task_axes(plt, len(tasks), 5.2, 0.9 + 0.36 * max(len(rows) for rows in tasks.values()))
+    for ax, (task, rows) in zip(axes, tasks.items()):
+        sizes = settings[task]["eval_sizes"]
+        grid = [[rows[row]["eval"].get(str(n), {}).get("accuracy", float("nan")) for n in sizes] for row in rows]
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        _annotate(ax, grid, fontsize=7)
+        n = settings[task]["train_size"]
+        ax.set_xticks(range(len(sizes)), [f"{s}\n{s / n:.2g}N" for s in sizes], fontsize=7)
+        ax.set_yticks(range(len(rows)), list(rows), fontsize=8)
+        ax.set_title(f"{task} (N = {n} {settings[task]['size_unit']})", fontsize=9)
+    fig.colorbar(image, ax=axes, label="exact-match accuracy", shrink=0.8)
+    fig.suptitle("Exact-match accuracy, encoding x instance size", fontsize="medium")
+    paths.append(save_figure(fig, out_dir / "heatmap.png"))
+
+    for task in needle_tasks(summary):
+        paths.append(plot_depth_heatmap(summary, task, out_dir / f"{task}_depth.png"))
+    return paths
+
+
+def needle_tasks(summary: dict) -> list[str]:
+    """The needle-style tasks of a ``posenc lengthgen`` results dict: those whose cells hold
+    accuracies by the needle's depth (``by_depth``: passkey, multikey)."""
+    return [task for task, rows in summary["results"].items()
+            if any("by_depth" in cell for res in rows.values() for cell in res["eval"].values())]
+
+
+def plot_depth_heatmap(summary: dict, task: str, out: str | Path) -> Path:
+    """The depth x length heatmap of a needle-style ``task`` (:func:`needle_tasks`), one
+    panel per row: exact-match accuracy (mean over seeds, in [0, 1]) by the needle's depth in
+    the filler (0 = its start, 1 = its end; rows of the panel) and the instance size (columns,
+    in the task's unit), N marked on the axis; NaN cells (a size not evaluated) read "n/a".
+    After the needle-in-a-haystack figures of RULER (Hsieh et al. 2024).
+
+    Raises:
+        InvalidArgument: ``task`` not needle-style in ``summary``.
+    """
+    if task not in needle_tasks(summary):
+        raise InvalidArgument(f"task: {task!r} has no accuracies by depth in these results; "
+                              f"needle-style tasks here: {needle_tasks(summary)}")
+    plt = pyplot()
+    rows = summary["results"][task]
+    setting = summary["config"]["task_settings"][task]
+    sizes, n = setting["eval_sizes"], setting["train_size"]
+    fig, axes = _task_axes(plt, len(rows), 3.6, 3.0)
+    image = None
+    for ax, (row, res) in zip(axes, rows.items()):
+        depths = sorted({d for cell in res["eval"].values() for d in cell.get("by_depth", {})}, key=float)
+        grid = [[res["eval"].get(str(s), {}).get("by_depth", {}).get(d, float("nan")) for s in sizes] for d in depths]
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        _annotate(ax, grid, fontsize=6)
+        ax.set_xticks(range(len(sizes)), [f"{s}\n{s / n:.2g}N" for s in sizes], fontsize=7)
+        ax.set_yticks(range(len(depths)), depths, fontsize=7)
+        ax.set_xlabel(setting["size_unit"])
+        ax.set_ylabel("needle depth")
+        ax.set_title(row, fontsize=9)
+    if image is not None:
+        fig.colorbar(image, ax=axes, label="exact-match accuracy", shrink=0.8)
+    fig.suptitle(f"{task}: accuracy by needle depth (0 = start of the filler) and size (N = {n})", fontsize="medium")
+    return save_figure(fig, Path(out))
+
+
 __all__ = [
-    "EXTENSION_FACTORS", "GENERALIZATION_ACCURACY", "PAPER_CLAIMS", "comparison_markdown", "extension_markdown",
-    "extension_reading", "generalization_length", "generalization_text",
-    "is_all_tie", "paper_comparison", "reading", "separating_mrr", "summary_markdown", "tied_at",
+    "EXTENSION_FACTORS",
+    "GENERALIZATION_ACCURACY",
+    "PAPER_CLAIMS",
+    "comparison_markdown",
+    "console_tables",
+    "extension_markdown",
+    "extension_reading",
+    "generalization_length",
+    "generalization_text",
+    "is_all_tie",
+    "lengthgen_comparison_table",
+    "lengthgen_ranking_table",
+    "lengthgen_table",
+    "lengthgen_task_table",
+    "needle_tasks",
+    "paper_comparison",
+    "plot_depth_heatmap",
+    "plot_lengthgen",
+    "reading",
+    "separating_mrr",
+    "summary_markdown",
+    "tied_at",
 ]

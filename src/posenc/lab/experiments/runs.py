@@ -125,17 +125,6 @@ def _folder_lock(folder: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _has_non_finite(value: Any) -> bool:
-    """A NaN or infinity anywhere in a record's numbers (json reads bare NaN tokens)."""
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(_has_non_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_non_finite(v) for v in value)
-    return False
-
-
 def diverged_record(fingerprint: dict, error: Exception) -> dict:
     """The record of a run whose training diverged (:class:`~posenc.lab.train.TrainingDiverged`):
     its fingerprint, the fingerprint's ``task`` / ``encoding`` (or ``row``) / ``seed`` (what the merge reads)
@@ -166,6 +155,36 @@ def _check_shape(record: Any, path: Path, scores: str | None) -> None:
                                  + (f" and '{scores}'" if scores else "") + "); it is corrupt: delete it to rerun that run")
 
 
+def _non_finite_field(value: Any, field: str = "") -> tuple[str, float] | None:
+    """The dotted name (``eval.16.loss``) and value of the first NaN or infinity in a record,
+    or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (field, value)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if (found := _non_finite_field(item, f"{field}.{key}" if field else str(key))) is not None:
+            return found
+    return None
+
+
+def _check_values(record: dict, path: Path, scores: str | None, numbers: Sequence[str]) -> None:
+    """Each cell of a finished record's scores holds every field of ``numbers`` as a number,
+    and the record holds no NaN or infinity anywhere: the merge computes with them, so a
+    record that breaks this (edited by hand, or written by something else) is refused here,
+    naming its file and field, not met later as a TypeError deep inside the merge."""
+    def corrupt(field: str, what: str) -> CheckpointMismatch:
+        return CheckpointMismatch(f"{path}: corrupt run record: {field} is {what}; delete it to rerun that run")
+
+    if scores is not None and not is_diverged(record):
+        for key, cell in record[scores].items():
+            for name in numbers:
+                value = cell.get(name) if isinstance(cell, dict) else None
+                if not isinstance(value, (int, float)) or isinstance(value, bool):
+                    raise corrupt(f"{scores}.{key}.{name}", f"{value!r}, not a number")
+    if (found := _non_finite_field(record)) is not None:
+        raise corrupt(found[0], f"{found[1]!r}, a non-finite number (NaN or inf: a diverged run)")
+
+
 def _finite_or_null(value: Any) -> Any:
     """``value`` with every non-finite float replaced by None (JSON null)."""
     if isinstance(value, float):
@@ -184,11 +203,15 @@ class RunStore:
         out: the folder (created on the first write); ``runs/`` and ``checkpoints/`` under it.
         scores: the key that holds a finished record's scores, an object (the experiments'
             ``eval``); a stored record without it (and not diverged) is corrupt. None: not checked.
+        numbers: the fields each cell of ``scores`` holds as finite numbers (extrapolation's
+            ``loss``, lengthgen's ``accuracy``); a stored record with one missing, a string
+            or NaN is corrupt.
     """
 
-    def __init__(self, out: str | os.PathLike, scores: str | None = None) -> None:
+    def __init__(self, out: str | os.PathLike, scores: str | None = None, numbers: Sequence[str] = ()) -> None:
         self.out = Path(out)
         self.scores = scores
+        self.numbers = tuple(numbers)
         self.runs = self.out / "runs"
         self.checkpoints = self.out / "checkpoints"
         if self.out.is_dir():  # what a run killed mid-write left behind (15-40 MB a checkpoint)
@@ -223,9 +246,7 @@ class RunStore:
                 f"--out: {path} holds a run with other arguments or another posenc version; "
                 "use another --out folder or delete it"
             )
-        if _has_non_finite(record):
-            raise CheckpointMismatch(f"--out: {path} holds a non-finite number (NaN or inf: a diverged run); delete it "
-                                     "to rerun that run")
+        _check_values(record, path, self.scores, self.numbers)
         return record
 
     def write(self, row: str, seed: int, record: dict) -> None:
@@ -238,7 +259,7 @@ class RunStore:
         """
         if "fingerprint" not in record:
             raise InvalidArgument(f"record of {row}-seed{seed}: a stored record must hold its fingerprint")
-        if _has_non_finite(record):  # it would be refused as corrupt when read: never stored
+        if _non_finite_field(record) is not None:  # it would be refused as corrupt when read: never stored
             raise InvalidArgument(f"{row} seed {seed}: the run's results hold a non-finite number (NaN or inf: the run "
                                   "diverged); nothing of it is stored, lower the learning rate (--lr)")
         atomic_write_bytes(self.record_path(row, seed), json.dumps(record, indent=2, allow_nan=False).encode("utf-8"))
