@@ -1,5 +1,5 @@
 """The family table: how each Hugging Face model family spells its positions, layer by layer,
-and :func:`position_plan`, which reads a config into a :class:`~posenc.hf_config.plan.PositionPlan`.
+and :func:`position_plan`, which reads a config into a :class:`~posenc.plan.PositionPlan`.
 
 One :class:`Family` entry per ``model_type`` (:data:`FAMILIES`), as transformers 5.24 builds
 the model (its ``configuration_<family>.py`` and ``modeling_<family>.py``):
@@ -49,9 +49,9 @@ from posenc.hf_config.families_other import (
     plan_opt,
     plan_t5,
 )
-from posenc.hf_config.plan import LayerPlan, PositionPlan
 from posenc.hf_config.rope import head_dim_of, read_hf_config, rope_dict_spellings
 from posenc.hf_config.values import check_real, config_int
+from posenc.plan import LayerPlan, PositionPlan
 
 __all__ = ["FAMILIES", "LAYOUTS", "TABLE_FORMATS", "Family", "position_plan", "reads_plainly"]
 
@@ -743,7 +743,7 @@ def position_plan(config: Any) -> PositionPlan:
     so in :attr:`PositionPlan.notes` and a ``warnings.warn``.
 
     Returns:
-        A :class:`~posenc.hf_config.plan.PositionPlan`, one layer per decoder layer.
+        A :class:`~posenc.plan.PositionPlan`, one layer per decoder layer.
 
     Every number is read through :mod:`posenc.hf_config.values` (one set of checks for every
     family), bounded before anything is allocated: head widths <= 65536, positions and windows
@@ -789,12 +789,14 @@ def position_plan(config: Any) -> PositionPlan:
     num_layers = r.positive_int("num_hidden_layers")
     head_dim_of(r.cfg)  # the head width must be readable (MissingKey naming the keys)
     types = family.layer_types(r) if family.layer_types is not None else None
+    softcap = softcap_of(r)
     layers = []
     for index in range(num_layers):
         layer_type = types[index] if types is not None else None
         span, window = family.span(r, index, layer_type)
         encoding = family.encoding(r, index, layer_type)
-        layers.append(LayerPlan(encoding, span, window, layer_type=layer_type, sinks=family.sinks is not None))
+        layers.append(LayerPlan(encoding, span, window, layer_type=layer_type, sinks=family.sinks is not None,
+                                softcap=softcap))
     for text in r.warnings:
         warnings.warn(f"position_plan ({model_type}): {text}", stacklevel=2)
     return PositionPlan(tuple(layers), model_type=model_type, notes=tuple(r.notes))

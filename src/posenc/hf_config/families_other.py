@@ -39,7 +39,7 @@ from posenc.encodings.t5 import T5RelativeBias
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
 from posenc.encodings.rope.rotary import RoPE
 from posenc.hf_config.rope import read_hf_config
-from posenc.hf_config.plan import LayerPlan, PositionPlan
+from posenc.plan import LayerPlan, PositionPlan
 from posenc.hf_config.values import check_size, check_table
 
 __all__ = ["plan_falcon", "plan_bloom", "plan_mpt", "plan_gpt2", "plan_opt", "plan_t5", "plan_mt5"]

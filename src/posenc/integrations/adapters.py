@@ -1,4 +1,4 @@
-"""Apply a :class:`~posenc.hf_config.plan.PositionPlan` to the transformers families whose
+"""Apply a :class:`~posenc.plan.PositionPlan` to the transformers families whose
 positions do not go through ``AttentionInterface`` and a ``rotary_emb`` module: one small
 adapter per family whose attention is outside ``AttentionInterface``, kept in :data:`ADAPTERS`
 by name and named by the family's record (:attr:`posenc.hf_config.families.Family.adapter`).
@@ -63,7 +63,7 @@ from posenc.encodings.rope.rotary import RoPE
 from posenc.encodings.t5 import T5RelativeBias
 from posenc.errors import InvalidArgument, InvalidType
 from posenc.hf_config.families import FAMILIES
-from posenc.hf_config.plan import PositionPlan
+from posenc.plan import PositionPlan
 
 __all__ = ["ADAPTERS", "Adapter", "adapter_of", "Stack", "apply_plan", "restore", "PositionTable", "OPTPositionTable",
            "RotaryEmbedding", "ZeroPositions", "EmbeddingPositions"]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc.errors import InvalidArgument, PosencError
-from posenc.hf_config.plan import LayerPlan, PositionPlan, layer_ranges
+from posenc.plan import LayerPlan, PositionPlan, layer_ranges
 
 __all__ = ["AuditRow", "AuditReport", "audit", "read_config", "shrink_config", "TOLERANCE"]
 

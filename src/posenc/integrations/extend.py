@@ -19,7 +19,6 @@ from posenc.hf_config import (
     position_plan,
     reads_model_type,
 )
-from posenc.hf_config.plan import LayerPlan, PositionPlan
 from posenc.integrations import adapters
 from posenc.integrations import branch_attention as branches
 from posenc.integrations.adapter_route import refuse_static_layers
@@ -39,6 +38,7 @@ from posenc.integrations.routes import (
     restore,
     tables_hook,
 )
+from posenc.plan import LayerPlan, PositionPlan
 
 
 def extend_context(model: nn.Module, method: str, factor: float | None = None, *,
@@ -419,6 +419,6 @@ def _extended_plan(plan: PositionPlan | None, new_config: dict, scaled_types: tu
             new = RoPE(old.head_dim, rotary_dim=old.rotary_dim, base=read.base, scaling=read.scaling,
                        interleaved=old.interleaved, max_position_embeddings=new_config.get("max_position_embeddings"),
                        **options)
-            layer = LayerPlan(new, layer.span, layer.window, layer.layer_type, layer.sinks)
+            layer = LayerPlan(new, layer.span, layer.window, layer.layer_type, layer.sinks, layer.softcap)
         layers.append(layer)
     return PositionPlan(tuple(layers), plan.embedding, plan.model_type, plan.encoder, plan.notes)

@@ -19,7 +19,6 @@ from posenc.encodings import Hook, PositionalEncoding, RoPE, create_for_model
 from posenc.encodings.irope import AttentionTemperature
 from posenc.encodings.rope.multiaxis import MultiAxisRoPE
 from posenc.errors import InvalidArgument, InvalidType
-from posenc.hf_config.plan import LayerPlan, PositionPlan
 from posenc.integrations import branch_attention as branches
 from posenc.integrations.adapter_route import chosen_layers, prepare_adapter
 from posenc.integrations.adapters import adapter_of
@@ -34,6 +33,7 @@ from posenc.integrations.attention_function import (
 from posenc.integrations.families import FamilyModules as Family
 from posenc.integrations.families import base_model, family_of, sizes_config
 from posenc.integrations.record import CONFIG_KEY, plan_record
+from posenc.plan import LayerPlan, PositionPlan
 
 
 @dataclass
