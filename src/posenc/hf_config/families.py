@@ -249,30 +249,33 @@ def softcap_of(r: Reading) -> float | None:
 
 # -- readers of one family ------------------------------------------------------------------------
 
-def gemma3_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
-    """Gemma 3 (``Gemma3TextConfig.convert_rope_params_to_dict``): one rope dict per layer type;
-    a v4 ``rope_scaling`` goes into the global (full_attention) dict; the global theta is
-    ``rope_theta`` (default 1e6), the sliding layers' ``rope_local_base_freq`` (default 1e4)."""
+def layer_type_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """The RoPE of a family whose config class builds one rope dict per layer type from the v4
+    keys (Gemma 3's and OLMo 3's ``convert_rope_params_to_dict``): the config's own per-type
+    ``rope_parameters`` first; a v4 ``rope_scaling`` goes into the global (full_attention) dict
+    only; each type's theta is read from its key in :attr:`Family.type_thetas`, else its default."""
+    model_type = r.family.model_type
+
     def dicts() -> dict[str, dict[str, Any]]:
         cfg = r.cfg
         params = cfg.get("rope_parameters")
         if params is not None and not (isinstance(params, Mapping) and nested_rope({"rope_parameters": params})):
-            raise InvalidArgument("config['rope_parameters'] of gemma3 must hold one dict per layer type "
-                                  "(full_attention, sliding_attention), as transformers reads it")
+            raise InvalidArgument(f"config['rope_parameters'] of {model_type} must hold one dict per layer type "
+                                  f"({', '.join(r.family.type_thetas)}), as transformers reads it")
         out = {k: dict(v) for k, v in (params or {}).items() if v is not None}
-        out.setdefault("full_attention", {"rope_type": "default"})
-        out.setdefault("sliding_attention", {"rope_type": "default"})
+        for kind in r.family.type_thetas:
+            out.setdefault(kind, {"rope_type": "default"})
         if cfg.get("rope_scaling"):
             if not isinstance(cfg["rope_scaling"], Mapping):
                 raise InvalidArgument(f"config['rope_scaling'] must be a dict or null, got {type(cfg['rope_scaling']).__name__}")
             out["full_attention"].update(cfg["rope_scaling"])
-        out["full_attention"].setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
-        out["sliding_attention"].setdefault("rope_theta", cfg.get("rope_local_base_freq", 10_000.0))
+        for kind, (key, default) in r.family.type_thetas.items():
+            out[kind].setdefault("rope_theta", default if key is None else cfg.get(key, default))
         return out
     cfg = {k: v for k, v in r.cfg.items() if k not in ("rope_scaling", "rope_theta")}
     cfg["rope_parameters"] = dicts()
     kwargs, layout = read_hf_config(cfg, layer_type=layer_type)
-    key = ("gemma3", layer_type)
+    key = ("per_type", layer_type)
     return r.cached(key, lambda: RoPE(**kwargs, hf_layout=layout, max_position_embeddings=cfg.get("max_position_embeddings")))
 
 
@@ -504,6 +507,10 @@ class Family:
             None: the family has none.
         span: (reading, index, layer_type) -> (span, window).
         encoding: (reading, index, layer_type) -> the layer's encoding or None (NoPE).
+        type_thetas: per layer type, the config key its RoPE theta is read from (None: none,
+            always the default) and the default, for a family whose config class builds one
+            rope dict per layer type from the v4 keys (Gemma 3, OLMo 3: :func:`layer_type_rope`,
+            a v4 ``rope_scaling`` scaling the full_attention layers only); empty: none.
         softcap_key: the config key of the attention logit soft-cap (Gemma 2's
             ``attn_logit_softcapping``), read into :attr:`LayerPlan.softcap`; None: the family has none.
         prepare: checks and rewrites before reading (refusals, notes, spellings).
@@ -553,6 +560,7 @@ class Family:
     layer_types: Callable[[Reading], list[str]] | None = None
     span: Callable[[Reading, int, str | None], tuple[str, int | None]] = span_of_type
     encoding: Callable[[Reading, int, str | None], PositionalEncoding | None] = rope_of_type
+    type_thetas: Mapping[str, tuple[str | None, float]] = field(default_factory=dict)
     softcap_key: str | None = None
     prepare: Callable[[Reading], None] | None = None
     reader: Callable[[Mapping[str, Any]], PositionPlan] | None = None
@@ -607,7 +615,9 @@ _LLAMA4_TEXT = dict(layout="interleaved",
                     layer_types=llama4_layer_types, encoding=llama4_rope,
                     base="model", tables="complex_pairs", temperature=("attn_temperature_tuning", "floor_scale", "attn_scale"))
 _GEMMA3_TEXT = dict(defaults={"head_dim": 256, "sliding_window": 4096},
-                    layer_types=pattern_layer_types("sliding_window_pattern", 6), encoding=gemma3_rope,
+                    layer_types=pattern_layer_types("sliding_window_pattern", 6), encoding=layer_type_rope,
+                    type_thetas={"full_attention": ("rope_theta", 1_000_000.0),
+                                 "sliding_attention": ("rope_local_base_freq", 10_000.0)},
                     prepare=gemma3_check, scaled_layer_types=("full_attention",))
 _QWEN_VL_MODULES = {"base": "model.language_model", "sizes_config": "text_config", "rotary_positions": True}
 _GEMMA4_TEXT = dict(defaults={"head_dim": 256, "sliding_window": 512},
@@ -781,7 +791,7 @@ def position_plan(config: Any) -> PositionPlan:
         family = FAMILIES[family.text_config]
     r = Reading(cfg, family)
     resolved, note = rope_dict_spellings(r.cfg)
-    if note is not None and family.model_type != "gemma3_text":
+    if note is not None and not family.type_thetas:  # there rope_scaling and rope_parameters both hold
         r.note(note, warn=True)
         r.cfg = dict(resolved)
     if family.prepare is not None:
