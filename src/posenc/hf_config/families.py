@@ -662,6 +662,12 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             layer_types=pattern_layer_types("sliding_window_pattern", 4), encoding=cohere2_rope,
             prepare=cohere2_check),
     _family("olmo2", defaults={"rope_theta": 10000.0}),
+    # OLMo 3: 3 sliding layers to 1 full; Olmo3Config pops rope_theta for the full_attention dict
+    # first, so the sliding dict of a v4 config always gets the class's 500000
+    _family("olmo3", defaults={"sliding_window": 4096}, layer_types=pattern_layer_types("", 4),
+            encoding=layer_type_rope, type_thetas={"full_attention": ("rope_theta", 500_000.0),
+                                                   "sliding_attention": (None, 500_000.0)},
+            scaled_layer_types=("full_attention",)),
     _family("smollm3", defaults={"rope_theta": 2_000_000.0, "no_rope_layer_interval": 4,
                                  "use_sliding_window": False, "sliding_window": None},
             layer_types=smollm3_layer_types, span=smollm3_span, encoding=no_rope_schedule_rope),
