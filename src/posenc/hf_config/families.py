@@ -40,6 +40,7 @@ from posenc.encodings.irope import AttentionTemperature
 from posenc.encodings.rope.multiaxis import MRoPE
 from posenc.encodings.rope.rotary import RoPE
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
+from posenc.hf_config import llama4
 from posenc.hf_config.families_other import (
     plan_bloom,
     plan_falcon,
@@ -608,12 +609,8 @@ _QWEN2 = dict(defaults={"rope_theta": 10000.0, "sliding_window": 4096, "max_wind
 _QWEN_VL_TEXT = dict(defaults={"rope_theta": 1_000_000.0, "sliding_window": 4096, "max_window_layers": 80,
                                "use_sliding_window": False},
                      layer_types=qwen2_layer_types, span=qwen2_span, encoding=qwen_vl_rope)
-_LLAMA4_TEXT = dict(layout="interleaved",
-                    defaults={"rope_theta": 500000.0, "head_dim": 128, "no_rope_layer_interval": 4,
-                              "attention_chunk_size": 8192, "attn_temperature_tuning": True, "floor_scale": 8192,
-                              "attn_scale": 0.1},
-                    layer_types=llama4_layer_types, encoding=llama4_rope,
-                    base="model", tables="complex_pairs", temperature=("attn_temperature_tuning", "floor_scale", "attn_scale"))
+_LLAMA4_TEXT = dict(layout="interleaved", defaults=llama4.TEXT_DEFAULTS, temperature=llama4.TEMPERATURE,
+                    layer_types=llama4_layer_types, encoding=llama4_rope, base="model", tables="complex_pairs")
 _GEMMA3_TEXT = dict(defaults={"head_dim": 256, "sliding_window": 4096},
                     layer_types=pattern_layer_types("sliding_window_pattern", 6), encoding=layer_type_rope,
                     type_thetas={"full_attention": ("rope_theta", 1_000_000.0),
