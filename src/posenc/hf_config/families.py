@@ -1,28 +1,29 @@
-"""The family table: how each Hugging Face model family spells its positions, layer by layer,
-and :func:`position_plan`, which reads a config into a :class:`~posenc.plan.PositionPlan`.
+"""The family table: ONE :class:`Family` record per Hugging Face ``model_type``
+(:data:`FAMILIES`), everything posenc knows about the family, and :func:`position_plan`, which
+reads a config into a :class:`~posenc.plan.PositionPlan` through it.
 
-One :class:`Family` entry per ``model_type`` (:data:`FAMILIES`), as transformers 5.24 builds
-the model (its ``configuration_<family>.py`` and ``modeling_<family>.py``):
+Each record states, as transformers 5.24 builds the model (its ``configuration_<family>.py``
+and ``modeling_<family>.py``):
 
-- ``layout``: how the rotary pairs lie, ``"half-split"`` (i, i + r/2: Llama, GPT-NeoX) or
-  ``"interleaved"`` (2i, 2i + 1: Cohere, Cohere2, GPT-J, Llama 4's complex rotation,
-  DeepSeek-V3 with ``rope_interleave``); a config never says it, the family does.
-- ``defaults``: the config class's defaults of the positional keys a config.json may leave out
-  (``rope_theta`` is the class's ``default_theta``; Gemma's ``head_dim`` 256, Phi's
-  ``partial_rotary_factor`` 0.5, Mistral's ``sliding_window`` 4096, ...). The keys a
-  config.json always has (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``) have
-  no default here: a config without them is refused, naming the key.
-- ``aliases``: other spellings of a key (GPT-J's ``n_embd``, ``n_head``, ``n_layer``,
-  ``n_positions``), renamed before anything is read.
-- ``text_config``: for a multimodal wrapper (``llama4``, ``gemma3``, ``gemma4``, ``qwen2_vl``,
-  ``qwen2_5_vl``), the family of its ``text_config``, where the positions are.
-- ``layer_types``: how the family derives ``layer_types`` when the config does not list them
-  (None: the family has none); ``span``: a layer's attention span; ``encoding``: a layer's
-  encoding (a posenc RoPE or :class:`~posenc.MRoPE`, Llama 4's query temperature, or None);
-  ``sinks``: learned attention sinks (gpt-oss); ``notes``: what a user should know.
+- how its config is spelled and read: ``layout``, how the rotary pairs lie, ``"half-split"``
+  (i, i + r/2: Llama, GPT-NeoX) or ``"interleaved"`` (2i, 2i + 1: Cohere, Cohere2, GPT-J,
+  Llama 4's complex rotation, DeepSeek-V3 with ``rope_interleave``; a config never says it, the
+  family does); ``defaults``, the config class's defaults of the positional keys a config.json
+  may leave out (``rope_theta`` is the class's ``default_theta``; Gemma's ``head_dim`` 256,
+  Phi's ``partial_rotary_factor`` 0.5, Mistral's ``sliding_window`` 4096, ...; the keys a
+  config.json always has, ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``, have
+  none: a config without them is refused, naming the key); ``aliases`` (GPT-J's ``n_embd``,
+  ...); ``text_config``, a multimodal wrapper's text family; the readers ``layer_types``,
+  ``span`` and ``encoding`` (most shared by several families), or ``reader``, a whole-plan
+  reader (:mod:`posenc.hf_config.families_other`) where the positions are not rotary;
+- where its modules live, as plain attribute names (``layers``, ``attention``, ``rotary``,
+  ``tables``, ``sinks``, ``softcap``, ...), read by :func:`posenc.integrations.families.family_of`;
+- its adapter's name (:data:`posenc.integrations.adapters.ADAPTERS`) where its attention is
+  outside transformers' ``AttentionInterface``.
 
-Adding a family is one entry: ``FAMILIES["name"] = Family(...)``, with a reader function where
-the family needs one. Plain data in, no transformers import.
+Adding a family is one record, ``_family("name", ...)`` in :data:`FAMILIES` (only what differs
+from Llama's), plus its test; new code only where it spells something no reader reads yet.
+Plain data in, no transformers import.
 
 Sliding windows follow ``masking_utils``: W lets query i see keys j with i - W < j <= i;
 chunks of C: j // C == i // C, j <= i.
