@@ -78,6 +78,11 @@ CASES = [
     ("cohere", "cohere", dict(SMALL, rope_theta=8e6, logit_scale=0.0625)),
     ("cohere2", "cohere2", dict(SMALL, rope_theta=50000.0, sliding_window=16, sliding_window_pattern=4)),
     ("olmo2", "olmo2", dict(SMALL, rope_theta=500000.0)),
+    ("olmo3", "olmo3", dict(SMALL, num_hidden_layers=8, sliding_window=16, rope_theta=500000,
+                            layer_types=(["sliding_attention"] * 3 + ["full_attention"]) * 2,
+                            rope_scaling={"attention_factor": 1.2079441541679836, "beta_fast": 32, "beta_slow": 1,
+                                          "factor": 4.0, "original_max_position_embeddings": 64, "rope_type": "yarn"})),
+    ("olmo3-theta-defaults", "olmo3", dict(SMALL, rope_theta=1e6)),
     ("smollm3", "smollm3", dict(SMALL, num_hidden_layers=8, rope_theta=5e6, no_rope_layer_interval=4)),
     ("smollm3-list", "smollm3", dict(SMALL, no_rope_layers=[1, 0, 1, 1], use_sliding_window=True, sliding_window=8)),
     ("gpt_oss", "gpt_oss", dict(SMALL, head_dim=16, sliding_window=8, num_local_experts=4, num_experts_per_tok=2,
@@ -230,6 +235,7 @@ def test_plan_matches_transformers(case, model_type, config):
             assert layer.layer_type == types[index]
         assert (layer.span, layer.window) == expected_span(hf.model_type, hf, index), index
         assert layer.sinks == (hf.model_type == "gpt_oss")
+        assert layer.softcap == (hf.attn_logit_softcapping if hf.model_type == "gemma2" else None)
         if not hf_uses_rope(hf.model_type, hf, index):
             if hf.model_type == "llama4_text" and hf.attn_temperature_tuning:
                 assert isinstance(layer.encoding, AttentionTemperature)
@@ -240,6 +246,17 @@ def test_plan_matches_transformers(case, model_type, config):
         assert isinstance(layer.encoding, (RoPE, MRoPE))
         worst = max(worst, check_layer(hf.model_type, hf, mod, rotary, layer, positions))
     MEASURED[case] = worst
+
+
+@pytest.mark.parametrize("softcap", [30.0, None, "absent"])
+def test_gemma2_logit_softcap_is_read_as_transformers_reads_it(softcap):
+    config = dict(SMALL, head_dim=16, sliding_window=16)
+    if softcap != "absent":
+        config["attn_logit_softcapping"] = softcap
+    plan = position_plan({"model_type": "gemma2", **config})
+    expected = hf_text_config("gemma2", config).attn_logit_softcapping  # the class's default 50 when absent
+    assert [layer.softcap for layer in plan] == [expected] * len(plan)
+    assert plan[0].describe().endswith(f"softcap {expected:g}") if expected else "softcap" not in plan.describe()
 
 
 def test_a_wrong_base_layout_or_width_fails():
@@ -276,6 +293,8 @@ def test_qwen2_vl_mrope_sections_against_transformers():
 
 def test_every_family_in_the_table_is_tested():
     tested = {mt for _, mt, _ in CASES} | {FAMILIES[mt].text_config for _, mt, _ in CASES}
+    # the families with a reader of their own are tested in tests/test_position_plan_other.py
+    tested |= {mt for mt, family in FAMILIES.items() if family.reader is not None}
     assert set(FAMILIES) - tested <= {"gemma4"}, set(FAMILIES) - tested
 
 

@@ -19,17 +19,17 @@ from posenc.hf_config import (
     position_plan,
     reads_model_type,
 )
-from posenc.hf_config.plan import LayerPlan, PositionPlan
 from posenc.integrations import adapters
 from posenc.integrations import branch_attention as branches
 from posenc.integrations.adapter_route import refuse_static_layers
-from posenc.integrations.adapters import ADAPTERS
+from posenc.integrations.adapters import adapter_of
 from posenc.integrations.attention_function import (
     FALLBACK_ATTR,
     fallback,
     transformers_attention_function,
 )
-from posenc.integrations.families import Family, base_model, family_of, sizes_config
+from posenc.integrations.families import FamilyModules as Family
+from posenc.integrations.families import base_model, family_of, sizes_config
 from posenc.integrations.record import keep_plan, plan_record
 from posenc.integrations.routes import (
     LayerRoute,
@@ -38,6 +38,7 @@ from posenc.integrations.routes import (
     restore,
     tables_hook,
 )
+from posenc.plan import LayerPlan, PositionPlan
 
 
 def extend_context(model: nn.Module, method: str, factor: float | None = None, *,
@@ -156,7 +157,7 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     dynamic_cache = params.pop("dynamic_cache", None)
     if dynamic_cache is not None and method not in ("dynamic", "dynamic_yarn"):
         raise InvalidArgument(f"dynamic_cache: for dynamic and dynamic_yarn only, not {method!r}")
-    adapter = ADAPTERS.get(getattr(getattr(model, "config", None), "model_type", None))
+    adapter = adapter_of(model)
     family = family_of(model) if adapter is None else None
     if dynamic_cache is not None and (adapter is not None or family.text_config is not None):
         raise InvalidArgument(f"dynamic_cache: not taken for {model.config.model_type} (its plan is read from the "
@@ -222,7 +223,7 @@ def _extend_with_branches(model: nn.Module, method: str, params: dict) -> nn.Mod
     check first, then the identity tables, the branch attention and the positions check."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type in ADAPTERS:
+    if adapter_of(model) is not None:
         raise InvalidArgument(f"model: {method} is not available for {model_type}: its positions go through posenc's "
                               f"adapter for the family, not transformers' AttentionInterface with RoPE tables")
     family = family_of(model)
@@ -418,6 +419,6 @@ def _extended_plan(plan: PositionPlan | None, new_config: dict, scaled_types: tu
             new = RoPE(old.head_dim, rotary_dim=old.rotary_dim, base=read.base, scaling=read.scaling,
                        interleaved=old.interleaved, max_position_embeddings=new_config.get("max_position_embeddings"),
                        **options)
-            layer = LayerPlan(new, layer.span, layer.window, layer.layer_type, layer.sinks)
+            layer = LayerPlan(new, layer.span, layer.window, layer.layer_type, layer.sinks, layer.softcap)
         layers.append(layer)
     return PositionPlan(tuple(layers), plan.embedding, plan.model_type, plan.encoder, plan.notes)

@@ -38,8 +38,8 @@ from posenc._version import __version__
 from posenc.encodings import create_for_model, encoding_class
 from posenc.encodings.base import Hook
 from posenc.errors import InvalidArgument, InvalidType
-from posenc.hf_config.plan import LayerPlan, PositionPlan
 from posenc.lab.checkpoint import atomic_write_bytes
+from posenc.plan import LayerPlan, PositionPlan
 from posenc.lab.experiments.limits import SEED_LIMIT, Workload, holds_a_table
 from posenc.lab.experiments.lm import fold_flat_options
 from posenc.lab.fields import only_when_set
