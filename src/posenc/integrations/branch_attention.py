@@ -56,6 +56,7 @@ from posenc.attention.branches import string as _string
 from posenc.encodings import RoPE
 from posenc.encodings.rope.multiaxis import MultiAxisRoPE
 from posenc.errors import InvalidArgument
+from posenc.integrations.hf_masks import boolean_mask
 
 __all__ = ["ATTN_IMPLEMENTATION", "BRANCH_METHODS", "CONFIG_KEY", "BranchLayer", "branch_attention_forward",
            "method_defaults", "resolve_map", "training_length"]
@@ -327,9 +328,7 @@ def _allowed(attention_mask: Tensor | None, q_len: int, k_len: int, device) -> T
     allowed = torch.arange(k_len, device=device) <= rows
     if attention_mask is None:
         return allowed
-    if attention_mask.dtype != torch.bool:
-        attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
-    return allowed & attention_mask[..., :k_len]
+    return allowed & boolean_mask(attention_mask)[..., :k_len]
 
 
 # -- the positions check ------------------------------------------------------------------------
