@@ -8,7 +8,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from posenc.integrations.hf_masks import additive_mask, boolean_mask  # noqa: E402
+from posenc.integrations.hf_masks import additive_mask, boolean_mask
 
 
 def _padding():
