@@ -52,7 +52,7 @@ def test_one_rope_dict_the_plan_is_what_the_written_config_reads(method, factor)
 
 def test_per_layer_type_scales_the_named_types_only():
     own = position_plan(GEMMA3)
-    extension = plan_extension(GEMMA3, own, "linear", 8.0, facts=ModelFacts(scaled_layer_types=("full_attention",)))
+    extension = plan_extension(GEMMA3, own, "linear", 8.0, facts=ModelFacts())  # the record: full_attention
     rope = extension.fields["rope_parameters"]
     assert rope["sliding_attention"] == GEMMA3["rope_parameters"]["sliding_attention"]
     assert rope["full_attention"] == {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}
@@ -65,7 +65,7 @@ def test_per_layer_type_scales_the_named_types_only():
 
 
 def test_nested_text_config_writes_there_and_keeps_mrope_section():
-    extension = plan_extension(QWEN2_VL, None, "yarn", 2.0, facts=ModelFacts(text_config="text_config"))
+    extension = plan_extension(QWEN2_VL, None, "yarn", 2.0, facts=ModelFacts())
     assert extension.target == "text_config"
     assert extension.fields["rope_parameters"]["mrope_section"] == [2, 3, 3]
     written = {**QWEN2_VL, "text_config": {**QWEN2_VL["text_config"], **extension.fields}}
@@ -73,11 +73,11 @@ def test_nested_text_config_writes_there_and_keeps_mrope_section():
 
 
 def test_adapter_family_with_rope_reads_its_plan_from_the_written_config():
-    extension = plan_extension(FALCON, None, "linear", 2.0, facts=ModelFacts(adapter=True))
+    extension = plan_extension(FALCON, None, "linear", 2.0, facts=ModelFacts())
     assert all(isinstance(layer.encoding, RoPE) and layer.encoding.scaling["factor"] == 2.0 for layer in extension.plan)
     assert _descriptions(extension.plan) == _descriptions(position_plan({**FALCON, **extension.fields}))
     with pytest.raises(InvalidArgument, match="not RoPE on every layer"):
-        plan_extension(dict(FALCON, alibi=True), None, "linear", 2.0, facts=ModelFacts(adapter=True))
+        plan_extension(dict(FALCON, alibi=True), None, "linear", 2.0, facts=ModelFacts())
 
 
 def test_a_position_map_gives_the_full_rope_layers_a_branched_rope_and_its_record():
@@ -93,29 +93,30 @@ def test_a_position_map_gives_the_full_rope_layers_a_branched_rope_and_its_recor
     assert full.encoding.map.group_size == 4
 
 
-@pytest.mark.parametrize("args,kwargs,facts,error,match", [
-    (("self_extend", 2.0), {}, FACTS, InvalidArgument, "takes no factor"),
-    (("self_extend",), {"layer_types": ["full_attention"]}, FACTS, InvalidArgument, "applies to every layer"),
-    (("self_extend",), {"window": 4}, FACTS, InvalidArgument, r"unknown parameter\(s\) \['window'\]"),
-    (("selfextend", 2.0), {}, FACTS, InvalidArgument, "method must be one of the scalings"),
-    (("yarn",), {}, FACTS, MissingKey, "factor"),
-    (("yarn", 2.0), {"dynamic_cache": "frozen"}, FACTS, InvalidArgument, "dynamic_cache: for dynamic"),
-    (("yarn", 2.0), {}, ModelFacts(no_scaling="reads none"), InvalidArgument, "does not read a RoPE scaling"),
-    (("yarn", 2.0), {"layer_types": ["full_attention"]}, FACTS, InvalidArgument, "one rope dict for every layer"),
-    (("yarn", 0.5), {}, FACTS, InvalidArgument, "factor"),
-    (("self_extend",), {}, ModelFacts(adapter=True), InvalidArgument, "adapter"),
-    (("self_extend",), {}, ModelFacts(multi_axis=True), InvalidArgument, "multi-axis"),
-    (("self_extend",), {}, ModelFacts(rope_at_end=True), InvalidArgument, "MLA"),
+@pytest.mark.parametrize("config,args,kwargs,error,match", [
+    (LLAMA, ("self_extend", 2.0), {}, InvalidArgument, "takes no factor"),
+    (LLAMA, ("self_extend",), {"layer_types": ["full_attention"]}, InvalidArgument, "applies to every layer"),
+    (LLAMA, ("self_extend",), {"window": 4}, InvalidArgument, r"unknown parameter\(s\) \['window'\]"),
+    (LLAMA, ("selfextend", 2.0), {}, InvalidArgument, "method must be one of the scalings"),
+    (LLAMA, ("yarn",), {}, MissingKey, "factor"),
+    (LLAMA, ("yarn", 2.0), {"dynamic_cache": "frozen"}, InvalidArgument, "dynamic_cache: for dynamic"),
+    (QWEN2_VL, ("dynamic", 2.0), {"dynamic_cache": "frozen"}, InvalidArgument, "dynamic_cache: not taken"),
+    (dict(LLAMA, model_type="gptj"), ("yarn", 2.0), {}, InvalidArgument, "does not read a RoPE scaling"),
+    (LLAMA, ("yarn", 2.0), {"layer_types": ["full_attention"]}, InvalidArgument, "one rope dict for every layer"),
+    (LLAMA, ("yarn", 0.5), {}, InvalidArgument, "factor"),
+    (FALCON, ("self_extend",), {}, InvalidArgument, "adapter"),
+    (QWEN2_VL, ("self_extend",), {}, InvalidArgument, "multi-axis"),
+    (dict(LLAMA, model_type="deepseek_v3"), ("self_extend",), {}, InvalidArgument, "MLA"),
 ])
-def test_refusals_from_the_config_alone(args, kwargs, facts, error, match):
+def test_refusals_from_the_config_alone(config, args, kwargs, error, match):
     with pytest.raises(error, match=match):
-        plan_extension(LLAMA, None, *args, facts=facts, **kwargs)
+        plan_extension(config, None, *args, facts=FACTS, **kwargs)
 
 
 def test_refusals_of_per_layer_type_and_already_scaled_configs():
     own = position_plan(GEMMA3)
-    with pytest.raises(InvalidArgument, match="name the ones to scale"):
-        plan_extension(GEMMA3, own, "yarn", 2.0, facts=ModelFacts())
+    with pytest.raises(InvalidArgument, match="name the ones to scale"):  # a family whose record names none
+        plan_extension(dict(GEMMA3, model_type="my_gemma"), own, "yarn", 2.0, facts=ModelFacts())
     with pytest.raises(InvalidArgument, match="not among"):
         plan_extension(GEMMA3, own, "yarn", 2.0, facts=ModelFacts(), layer_types=["global"])
     with pytest.raises(InvalidArgument, match="already scaled"):

@@ -30,19 +30,22 @@ import posenc
 #: ``x.*`` is the module or package ``x`` and everything under it, a plain name that module
 #: alone; a module belongs to the layer of its longest matching pattern. "May import" names
 #: layers, or single modules of a layer (the attention sees the encodings' protocol only).
-LIBRARY = ("ground", "kernels", "encodings", "attention", "masks", "hf_config", "rope_face", "integrations", "moved",
-           "face")
+LIBRARY = ("ground", "kernels", "encodings", "attention", "masks", "plan", "hf_config", "rope_face", "integrations",
+           "moved", "face")
 LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("ground", ("posenc.errors", "posenc._validation", "posenc.mask_rules", "posenc.position_maps", "posenc._version"), ()),
     ("kernels", ("posenc.kernels.*",), ("ground",)),
     ("encodings", ("posenc.encodings.*",), ("ground", "kernels")),
     ("attention", ("posenc.attention.*",), ("ground", "posenc.encodings.base")),
     ("masks", ("posenc.sequences", "posenc.masks"), ("ground",)),
-    ("hf_config", ("posenc.hf_config.*",), ("ground", "kernels", "encodings")),
+    ("plan", ("posenc.plan",), ("ground", "kernels", "encodings")),
+    ("hf_config", ("posenc.hf_config.*",), ("ground", "kernels", "encodings", "plan")),
     ("rope_face", ("posenc.rope",), ("ground", "kernels", "encodings", "hf_config")),
-    ("integrations", ("posenc.integrations.*",), ("ground", "kernels", "encodings", "attention", "hf_config", "rope_face")),
+    ("integrations", ("posenc.integrations.*",), ("ground", "kernels", "encodings", "attention", "plan", "hf_config",
+                                                  "rope_face")),
     ("moved", ("posenc._moved",), ()),  # names the lab's modules as strings only, imports none
-    ("face", ("posenc",), ("ground", "kernels", "encodings", "attention", "masks", "hf_config", "rope_face", "moved")),
+    ("face", ("posenc",), ("ground", "kernels", "encodings", "attention", "masks", "plan", "hf_config", "rope_face",
+                           "moved")),
     ("lab", ("posenc.lab.*",), LIBRARY),
     ("cli", ("posenc.lab.cli",), LIBRARY + ("lab",)),
 )

@@ -29,6 +29,11 @@ def test_describe_groups_layers_with_the_same_plan():
     (dict(span="chunked", window=True), InvalidArgument),
     (dict(span="full", window=8), InvalidArgument),
     (dict(encoding="rope"), InvalidType),
+    ({"softcap": 0.0}, InvalidArgument),
+    ({"softcap": -50.0}, InvalidArgument),
+    ({"softcap": float("nan")}, InvalidArgument),
+    ({"softcap": True}, InvalidArgument),
+    ({"softcap": "50"}, InvalidArgument),
 ])
 def test_layer_plan_refuses_bad_values(kwargs, error):
     with pytest.raises(error):
@@ -50,3 +55,25 @@ def test_uniform_puts_an_embedding_at_the_embedding_and_a_schedule_per_layer():
     plan = PositionPlan.uniform(irope, 4)
     assert [layer.encoding for layer in plan] == [irope.for_layer(i) for i in range(4)]
     assert len(plan) == 4 and plan[1] is plan.layers[1]
+
+
+def test_softcap_is_described_and_recorded():
+    rope = posenc.create("rope", head_dim=16)
+    plan = PositionPlan((LayerPlan(rope, "sliding", 8, softcap=50.0), LayerPlan(rope)))
+    assert plan.describe().splitlines() == ["0: rope theta 10000, rotary 16/16, half-split; sliding 8; softcap 50",
+                                            "1: rope theta 10000, rotary 16/16, half-split; full"]
+    data = plan.to_dict()
+    assert [layer["softcap"] for layer in data["layers"]] == [50.0, None]
+    back = PositionPlan.from_dict(data)
+    assert [layer.softcap for layer in back] == [50.0, None] and back.describe() == plan.describe()
+    for layer in data["layers"]:  # a plan saved before LayerPlan had a softcap still loads
+        del layer["softcap"]
+    assert [layer.softcap for layer in PositionPlan.from_dict(data)] == [None, None]
+
+
+def test_the_old_import_path_is_the_library_module():
+    import posenc.hf_config.plan as old
+    import posenc.plan as new
+
+    for name in old.__all__:
+        assert getattr(old, name) is getattr(new, name), name

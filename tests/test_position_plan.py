@@ -230,6 +230,7 @@ def test_plan_matches_transformers(case, model_type, config):
             assert layer.layer_type == types[index]
         assert (layer.span, layer.window) == expected_span(hf.model_type, hf, index), index
         assert layer.sinks == (hf.model_type == "gpt_oss")
+        assert layer.softcap == (hf.attn_logit_softcapping if hf.model_type == "gemma2" else None)
         if not hf_uses_rope(hf.model_type, hf, index):
             if hf.model_type == "llama4_text" and hf.attn_temperature_tuning:
                 assert isinstance(layer.encoding, AttentionTemperature)
@@ -240,6 +241,17 @@ def test_plan_matches_transformers(case, model_type, config):
         assert isinstance(layer.encoding, (RoPE, MRoPE))
         worst = max(worst, check_layer(hf.model_type, hf, mod, rotary, layer, positions))
     MEASURED[case] = worst
+
+
+@pytest.mark.parametrize("softcap", [30.0, None, "absent"])
+def test_gemma2_logit_softcap_is_read_as_transformers_reads_it(softcap):
+    config = dict(SMALL, head_dim=16, sliding_window=16)
+    if softcap != "absent":
+        config["attn_logit_softcapping"] = softcap
+    plan = position_plan({"model_type": "gemma2", **config})
+    expected = hf_text_config("gemma2", config).attn_logit_softcapping  # the class's default 50 when absent
+    assert [layer.softcap for layer in plan] == [expected] * len(plan)
+    assert plan[0].describe().endswith(f"softcap {expected:g}") if expected else "softcap" not in plan.describe()
 
 
 def test_a_wrong_base_layout_or_width_fails():
@@ -276,6 +288,8 @@ def test_qwen2_vl_mrope_sections_against_transformers():
 
 def test_every_family_in_the_table_is_tested():
     tested = {mt for _, mt, _ in CASES} | {FAMILIES[mt].text_config for _, mt, _ in CASES}
+    # the families with a reader of their own are tested in tests/test_position_plan_other.py
+    tested |= {mt for mt, family in FAMILIES.items() if family.reader is not None}
     assert set(FAMILIES) - tested <= {"gemma4"}, set(FAMILIES) - tested
 
 

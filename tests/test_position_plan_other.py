@@ -19,10 +19,14 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from posenc.errors import InvalidArgument, MissingKey  # noqa: E402
-from posenc.hf_config.families_other import FAMILY_READERS, plan_falcon, plan_gpt2, plan_mpt, plan_t5  # noqa: E402
+from posenc.hf_config.families import FAMILIES  # noqa: E402
+from posenc.hf_config.families_other import plan_falcon, plan_gpt2, plan_mpt, plan_t5  # noqa: E402
 from transformers.models.bloom.modeling_bloom import _get_alibi_slopes  # noqa: E402
 from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb  # noqa: E402
 from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor  # noqa: E402
+
+#: model_type -> reader, from the family records that name one.
+FAMILY_READERS = {model_type: family.reader for model_type, family in FAMILIES.items() if family.reader is not None}
 
 # Released configs (falcon-rw-1b, falcon-7b, bloom-560m, mpt-7b, gpt2, opt-125m, t5-small), shrunk.
 CONFIGS = {

@@ -5,7 +5,7 @@ transformers import: the model glue is :mod:`posenc.integrations.transformers`.
 - :mod:`posenc.hf_config.rope`: the RoPE fields (v4 ``rope_scaling``, v5 ``rope_parameters``,
   per layer type): read, write, inspect, and the ``rope_scaling`` dict of a context extension.
 - :mod:`posenc.hf_config.families`: the family table and :func:`position_plan`, a config's
-  per-layer :class:`~posenc.hf_config.plan.PositionPlan`.
+  per-layer :class:`~posenc.plan.PositionPlan`.
 - :mod:`posenc.hf_config.encoding`: config <-> posenc encodings: :func:`from_hf_config`,
   :func:`to_hf_dict`, and :func:`extension_config`, the fields that extend a model's context.
 - :mod:`posenc.hf_config.extension`: :func:`plan_extension`, a context extension planned from
@@ -24,7 +24,6 @@ transformers import: the model glue is :mod:`posenc.integrations.transformers`.
 from posenc.hf_config.encoding import extension_config, from_hf_config, to_hf_dict
 from posenc.hf_config.extension import Extension, ModelFacts, plan_extension
 from posenc.hf_config.families import FAMILIES, Family, position_plan, reads_model_type
-from posenc.hf_config.plan import LayerPlan, PositionPlan
 from posenc.hf_config.rope import (
     EXTENSION_METHODS,
     HF_ROPE_FIELDS,
@@ -37,6 +36,7 @@ from posenc.hf_config.rope import (
     write_hf_config,
 )
 from posenc.hf_config.values import load_config_json
+from posenc.plan import LayerPlan, PositionPlan
 
 __all__ = [
     "HF_ROPE_FIELDS", "read_hf_config", "write_hf_config", "head_dim_of", "inspect_config", "RopeInspection",

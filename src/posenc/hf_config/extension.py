@@ -31,9 +31,9 @@ from posenc.encodings import BranchedRoPE, RoPE, branched
 from posenc.encodings.rope.multiaxis import MultiAxisRoPE
 from posenc.errors import InvalidArgument, MissingKey
 from posenc.hf_config.encoding import extension_config, from_hf_config
-from posenc.hf_config.families import position_plan, reads_model_type
-from posenc.hf_config.plan import PositionPlan
+from posenc.hf_config.families import FAMILIES, Family, position_plan, reads_model_type
 from posenc.hf_config.rope import EXTENSION_METHODS
+from posenc.plan import PositionPlan
 from posenc.position_maps import DualChunk, String, position_map
 
 __all__ = ["BRANCH_METHODS", "CONFIG_KEY", "Extension", "ModelFacts", "branch_params", "branched_layer",
@@ -56,21 +56,21 @@ BRANCH_METHODS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What :func:`plan_extension` needs to know beyond the config dict.
+    """What :func:`plan_extension` needs to know of the model beyond its config dict.
 
     Attributes:
-        adapter: the family's positions go through posenc's adapter (GPT-2, OPT, BLOOM, MPT,
-            Falcon, T5), not transformers' AttentionInterface with RoPE tables.
-        interleaved: the family's rotation pairs dimension 2i with 2i + 1.
-        scaled_layer_types: the layer types a scaling takes by default in a per-layer-type
-            config (Gemma 3: the global layers).
-        no_scaling: why transformers' model of the family reads no RoPE scaling (GPT-J), or None.
-        text_config: the config key of the decoder's nested config (Qwen2-VL), or None.
-        multi_axis: the positions have several axes (M-RoPE).
-        rope_at_end: the RoPE is on the last dimensions of each head (MLA), not the leading ones.
-        num_layers: the number of decoder layers.
+        num_layers: the number of decoder layers (for a model whose family posenc has no plan
+            reader: one RoPE read from the config on every layer).
         attention_layers: the decoder layers with softmax attention (None: every one).
     """
+
+    num_layers: int | None = None
+    attention_layers: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class _FamilyFacts:
+    """The family record's facts the planner reads (:func:`_family_facts`)."""
 
     adapter: bool = False
     interleaved: bool = False
@@ -79,8 +79,21 @@ class ModelFacts:
     text_config: str | None = None
     multi_axis: bool = False
     rope_at_end: bool = False
-    num_layers: int | None = None
-    attention_layers: tuple[int, ...] | None = None
+
+
+def _family_facts(config: Mapping[str, Any]) -> _FamilyFacts:
+    """The facts of the config's family record (Llama-shaped defaults for a model type without one)."""
+    record: Family | None = FAMILIES.get(config.get("model_type"))
+    if record is None:
+        return _FamilyFacts()
+    interleaved = record.interleaved
+    if record.interleaved_key is not None:
+        interleaved = bool(config.get(record.interleaved_key, interleaved))
+    return _FamilyFacts(
+        adapter=record.adapter is not None, interleaved=interleaved, scaled_layer_types=record.scaled_layer_types,
+        no_scaling=record.no_scaling, text_config=record.sizes_config,
+        multi_axis=record.sizes_config is not None or record.rotary_positions, rope_at_end=record.head_dim != "head_dim",
+    )
 
 
 @dataclass(frozen=True)
@@ -114,7 +127,7 @@ def plan_extension(config: Mapping[str, Any], plan: PositionPlan | None, method:
         method: a scaling (:data:`~posenc.hf_config.rope.EXTENSION_METHODS`) or a position map
             (:data:`BRANCH_METHODS`).
         factor: s >= 1, for the scalings only.
-        facts: the model's :class:`ModelFacts`.
+        facts: the model's :class:`ModelFacts` (its family's facts are read from its record).
         layer_types: for a per-layer-type config, the layer types to scale (scalings only).
         params: the scaling's extra fields (and ``dynamic_cache``), or the map's parameters.
 
@@ -126,13 +139,14 @@ def plan_extension(config: Mapping[str, Any], plan: PositionPlan | None, method:
         :func:`~posenc.integrations.transformers.extend_context` lists (every refusal that needs
         the config alone).
     """
+    family = _family_facts(config)
     if isinstance(method, str) and method in BRANCH_METHODS:
         if factor is not None:
             raise InvalidArgument(f"factor: {method} is a position map and takes no factor; its parameters are "
                                   f"{list(BRANCH_METHODS[method])}")
         if layer_types is not None:
             raise InvalidArgument(f"layer_types: {method} applies to every layer with RoPE and a full span")
-        return _plan_position_map(config, plan, method, params, facts)
+        return _plan_position_map(config, plan, method, params, family, facts)
     if not isinstance(method, str) or method not in EXTENSION_METHODS:
         raise InvalidArgument(f"method must be one of the scalings {list(EXTENSION_METHODS)} or the position maps "
                               f"{list(BRANCH_METHODS)}, got {method!r}")
@@ -142,24 +156,24 @@ def plan_extension(config: Mapping[str, Any], plan: PositionPlan | None, method:
     dynamic_cache = params.pop("dynamic_cache", None)
     if dynamic_cache is not None and method not in ("dynamic", "dynamic_yarn"):
         raise InvalidArgument(f"dynamic_cache: for dynamic and dynamic_yarn only, not {method!r}")
-    if dynamic_cache is not None and (facts.adapter or facts.text_config is not None):
+    if dynamic_cache is not None and (family.adapter or family.text_config is not None):
         raise InvalidArgument(f"dynamic_cache: not taken for {config.get('model_type')} (its plan is read from the "
                               "config alone)")
-    if facts.adapter:
+    if family.adapter:
         return _plan_adapter_scaling(config, plan, method, factor, layer_types, params)
-    if facts.no_scaling is not None:
+    if family.no_scaling is not None:
         raise InvalidArgument(f"model: {config.get('model_type')} does not read a RoPE scaling from its config "
-                              f"({facts.no_scaling}): nothing to extend")
-    if facts.text_config is not None:
-        return _plan_text_config_scaling(config, plan, method, factor, layer_types, params, facts.text_config)
+                              f"({family.no_scaling}): nothing to extend")
+    if family.text_config is not None:
+        return _plan_text_config_scaling(config, plan, method, factor, layer_types, params, family.text_config)
     options = {} if dynamic_cache is None else {"dynamic_cache": dynamic_cache}
-    return _plan_scaling(config, plan, method, factor, layer_types, params, facts, options)
+    return _plan_scaling(config, plan, method, factor, layer_types, params, family, facts, options)
 
 
 # -- scalings ------------------------------------------------------------------------------------
 
 def _plan_scaling(config: Mapping[str, Any], plan: PositionPlan | None, method: str, factor: float, layer_types: Any,
-                  params: dict, facts: ModelFacts, options: dict) -> Extension:
+                  params: dict, family: _FamilyFacts, facts: ModelFacts, options: dict) -> Extension:
     """A decoder's config with one rope dict, or one per layer type."""
     config = dict(config)
     if plan is None and reads_model_type(config.get("model_type")):
@@ -175,13 +189,14 @@ def _plan_scaling(config: Mapping[str, Any], plan: PositionPlan | None, method: 
         fields = extension_config(config, method, factor, **params)
         scaled_types = None
     else:
-        scaled_types = tuple(layer_types) if layer_types is not None else facts.scaled_layer_types
+        scaled_types = tuple(layer_types) if layer_types is not None else family.scaled_layer_types
         fields = _per_type_fields(config, *per_type, scaled_types, method, factor, params)
     new_config = {**config, **fields}
     if reads_model_type(new_config.get("model_type")) and plan is not None and _plan_quietly(new_config) == plan.describe():
         raise InvalidArgument(f"model: {new_config['model_type']} does not read a RoPE scaling from its config "
                               "(transformers builds the same model from the extended config): nothing to extend")
-    return Extension(fields, _extended_plan(plan, new_config, scaled_types, per_type is not None, facts, options))
+    new_plan = _extended_plan(plan, new_config, scaled_types, per_type is not None, family.interleaved, facts, options)
+    return Extension(fields, new_plan)
 
 
 def _per_type_fields(config: dict, key: str, dicts: dict, scaled_types: tuple[str, ...], method: str, factor: float,
@@ -246,12 +261,12 @@ def _one_dict_fields(config: dict, method: str, factor: float, layer_types: Any,
 
 
 def _extended_plan(plan: PositionPlan | None, new_config: dict, scaled_types: tuple[str, ...] | None,
-                   per_type: bool, facts: ModelFacts, options: dict) -> PositionPlan:
+                   per_type: bool, interleaved: bool, facts: ModelFacts, options: dict) -> PositionPlan:
     if plan is None:
         if per_type:
             raise InvalidArgument("model: a per-layer-type RoPE config needs the model's plan (use_encoding(model, plan) "
                                   "first, or posenc.hf_config.position_plan)")
-        return PositionPlan.uniform(from_hf_config(new_config, interleaved=facts.interleaved, **options),
+        return PositionPlan.uniform(from_hf_config(new_config, interleaved=interleaved, **options),
                                     _num_layers(facts))
     layer_types = new_config.get("layer_types")
     layers = []
@@ -271,24 +286,24 @@ def _extended_plan(plan: PositionPlan | None, new_config: dict, scaled_types: tu
 # -- position maps ---------------------------------------------------------------------------------
 
 def _plan_position_map(config: Mapping[str, Any], plan: PositionPlan | None, method: str, params: dict,
-                       facts: ModelFacts) -> Extension:
+                       family: _FamilyFacts, facts: ModelFacts) -> Extension:
     """The plan with a :class:`~posenc.encodings.BranchedRoPE` of each full-span RoPE layer's
     RoPE; the fields, the :data:`CONFIG_KEY` record."""
     model_type = config.get("model_type")
-    if facts.adapter:
+    if family.adapter:
         raise InvalidArgument(f"model: {method} is not available for {model_type}: its positions go through posenc's "
                               f"adapter for the family, not transformers' AttentionInterface with RoPE tables")
-    if facts.multi_axis:
+    if family.multi_axis:
         raise InvalidArgument(f"model: {model_type} has multi-axis positions (M-RoPE); {method} maps one position "
                               "per token")
-    if facts.rope_at_end:
+    if family.rope_at_end:
         raise InvalidArgument(f"model: {model_type}'s RoPE is on the last dimensions of each head (MLA), not the "
                               f"leading ones posenc's RoPE rotates; {method} is not available for it")
     own = position_plan(config) if reads_model_type(model_type) else None
     if own is not None:
         _refuse_another_plan(plan, own, f"{method} maps the config's RoPE")
     else:
-        own = PositionPlan.uniform(from_hf_config(config, interleaved=facts.interleaved), _num_layers(facts))
+        own = PositionPlan.uniform(from_hf_config(config, interleaved=family.interleaved), _num_layers(facts))
     resolved = branch_params(method, params, config)
     layers, chosen = [], []
     for index, layer_plan in enumerate(own):

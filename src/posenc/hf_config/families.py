@@ -1,5 +1,5 @@
 """The family table: how each Hugging Face model family spells its positions, layer by layer,
-and :func:`position_plan`, which reads a config into a :class:`~posenc.hf_config.plan.PositionPlan`.
+and :func:`position_plan`, which reads a config into a :class:`~posenc.plan.PositionPlan`.
 
 One :class:`Family` entry per ``model_type`` (:data:`FAMILIES`), as transformers 5.24 builds
 the model (its ``configuration_<family>.py`` and ``modeling_<family>.py``):
@@ -35,17 +35,25 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from posenc.hf_config.families_other import FAMILY_READERS
 from posenc.encodings.base import PositionalEncoding
 from posenc.encodings.irope import AttentionTemperature
 from posenc.encodings.rope.multiaxis import MRoPE
 from posenc.encodings.rope.rotary import RoPE
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
-from posenc.hf_config.plan import LayerPlan, PositionPlan
+from posenc.hf_config.families_other import (
+    plan_bloom,
+    plan_falcon,
+    plan_gpt2,
+    plan_mpt,
+    plan_mt5,
+    plan_opt,
+    plan_t5,
+)
 from posenc.hf_config.rope import head_dim_of, read_hf_config, rope_dict_spellings
 from posenc.hf_config.values import check_real, config_int
+from posenc.plan import LayerPlan, PositionPlan
 
-__all__ = ["Family", "FAMILIES", "position_plan", "LAYOUTS", "reads_plainly"]
+__all__ = ["FAMILIES", "LAYOUTS", "TABLE_FORMATS", "Family", "position_plan", "reads_plainly"]
 
 #: Values of :attr:`Family.layout`.
 LAYOUTS = ("half-split", "interleaved")
@@ -231,6 +239,14 @@ def no_rope_layers_of(r: Reading) -> list[int]:
     return list(schedule)
 
 
+def softcap_of(r: Reading) -> float | None:
+    """The attention logit soft-cap the family's config sets (:attr:`Family.softcap_key`; null: none)."""
+    key = r.family.softcap_key
+    if key is None or r.cfg.get(key) is None:
+        return None
+    return r.number(key, gt=0)
+
+
 # -- readers of one family ------------------------------------------------------------------------
 
 def gemma3_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
@@ -345,10 +361,11 @@ def llama4_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEnc
     temperature (``attn_temperature_tuning``; floor_scale, attn_scale)."""
     if no_rope_layers_of(r)[index]:
         return r.rope(None)
-    if not r.cfg.get("attn_temperature_tuning"):
+    switch, floor_scale, attn_scale = r.family.temperature
+    if not r.cfg.get(switch):
         return None
     return r.cached("temperature", lambda: AttentionTemperature(
-        floor_scale=r.positive_int("floor_scale"), attn_scale=r.number("attn_scale", ge=0)))
+        floor_scale=r.positive_int(floor_scale), attn_scale=r.number(attn_scale, ge=0)))
 
 
 def qwen_vl_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
@@ -377,7 +394,7 @@ def deepseek_rope(r: Reading, index: int, layer_type: str | None) -> PositionalE
     """DeepSeek-V3 (``DeepseekV3Attention``): RoPE over the ``qk_rope_head_dim`` part of each
     MLA head only (the last qk_rope_head_dim of q's qk_nope_head_dim + qk_rope_head_dim, and
     the one shared k_rot); interleaved pairs with ``rope_interleave`` (default true)."""
-    return r.rope(None, head_dim=r.positive_int("qk_rope_head_dim"), interleaved=bool(r.cfg.get("rope_interleave")))
+    return r.rope(None, head_dim=r.positive_int("qk_rope_head_dim"), interleaved=bool(r.cfg.get(r.family.interleaved_key)))
 
 
 def deepseek_check(r: Reading) -> None:
@@ -459,25 +476,72 @@ def mistral_note(r: Reading) -> None:
         r.cfg.pop("layer_types")
 
 
+#: The names of the rotary table formats a family's decoder layers take
+#: (:attr:`Family.tables`; the formats themselves, code, are in
+#: :mod:`posenc.integrations.families`).
+TABLE_FORMATS = ("cos_sin", "half_cos_sin", "pair_sin_cos", "deinterleaved_cos_sin", "complex_pairs")
+
+
 @dataclass(frozen=True)
 class Family:
-    """How one model family spells its positions (one entry of :data:`FAMILIES`).
+    """Everything posenc knows about one model family, by ``model_type`` (one record of
+    :data:`FAMILIES`): how its config is spelled and read, where its modules live in the model
+    transformers builds, and its adapter where its attention is outside transformers'
+    ``AttentionInterface``. Plain data (strings, dicts, reader functions): the integrations
+    read the module names with ``getattr``.
 
-    Attributes:
+    How the config is read (:func:`position_plan`):
         model_type: the config's ``model_type``.
-        layout: ``"half-split"`` or ``"interleaved"`` rotary pairs (:data:`LAYOUTS`).
+        layout: ``"half-split"`` or ``"interleaved"`` rotary pairs (:data:`LAYOUTS`); the one
+            statement of the pair layout (the integrations derive ``interleaved`` from it).
         defaults: the config class's defaults of the positional keys a config may lack.
         aliases: other spellings, renamed to the key the readers use (GPT-J's n_embd -> hidden_size).
-        text_config: a wrapper's text family: the plan is read from ``config["text_config"]``.
+        text_config: a wrapper's text family: the plan is read from ``config["text_config"]``
+            as that family (a ``model_type`` of this table).
         flat_text: the wrapper's text keys may sit at the top level when there is no
             ``text_config`` (Qwen2-VL's older config.json); otherwise a missing text_config is refused.
         layer_types: derives the per-layer types (the config's own ``layer_types`` first);
             None: the family has none.
         span: (reading, index, layer_type) -> (span, window).
         encoding: (reading, index, layer_type) -> the layer's encoding or None (NoPE).
-        sinks: the layers have learned attention sinks.
+        softcap_key: the config key of the attention logit soft-cap (Gemma 2's
+            ``attn_logit_softcapping``), read into :attr:`LayerPlan.softcap`; None: the family has none.
         prepare: checks and rewrites before reading (refusals, notes, spellings).
+        reader: ``config dict -> PositionPlan`` for a family whose positions are not (only)
+            rotary (:mod:`posenc.hf_config.families_other`: Falcon, BLOOM, MPT, GPT-2, OPT,
+            T5, mT5); it replaces everything above. None: the rotary reading above.
         source: the transformers files read.
+
+    Where its modules live (plain attribute names; :func:`posenc.integrations.families.family_of`):
+        base: the causal LM's attribute holding the decoder stack where ``model.base_model`` is
+            not it (Llama 4's text model ``"model"``; a dotted path, Qwen2-VL's
+            ``"model.language_model"``, OPT's ``"model.decoder"``), or None.
+        layers: the base model's attribute holding the decoder layers.
+        stacks: the base model's attributes holding each self-attention stack, encoder first,
+            where there are several (T5: ``("encoder", "decoder")``, each with its ``layers``);
+            empty: one stack.
+        attention: a decoder layer's attribute (a dotted path) holding its self-attention module.
+        rotary: the base model's rotary embedding module, or None (no rotary module).
+        tables: the name (:data:`TABLE_FORMATS`) of the format of its ``position_embeddings``.
+        sinks: the attention module's attribute holding learned attention sinks (gpt-oss), or
+            None; the plan's layers have sinks when it is set.
+        softcap: the attention module's attribute holding the logit soft-cap, or None.
+        scaled_layer_types: the layer types ``extend_context`` scales by default in a config
+            with per-layer-type RoPE (Gemma 3: the global layers); empty: the caller names them.
+        temperature: the names (switch, floor_scale, attn_scale) of Llama 4's attention
+            temperature, the same on the config and on the attention module; None: no such scaling.
+        interleaved_key: the config attribute that decides the pair layout where the family
+            lets the config choose (DeepSeek-V3's ``rope_interleave``); None: ``layout``.
+        interleaved_tables: the table format's name when that attribute chooses interleaved pairs.
+        head_dim: the attention module's attribute holding the width of its query and key heads.
+        sizes_config: the model config's attribute holding the decoder's sizes where they are
+            not on the model's config itself (Qwen2-VL: ``"text_config"``), or None.
+        no_scaling: why transformers' model of the family reads no RoPE scaling from its config
+            (GPT-J); None: it reads one.
+        rotary_positions: the decoder layers are not handed the positions their tables are
+            computed at (Qwen2-VL): they are read from the rotary module's input.
+        adapter: the name of its adapter in :data:`posenc.integrations.adapters.ADAPTERS`, where
+            its attention is outside transformers' ``AttentionInterface``; None: none.
     """
 
     model_type: str
@@ -489,13 +553,40 @@ class Family:
     layer_types: Callable[[Reading], list[str]] | None = None
     span: Callable[[Reading, int, str | None], tuple[str, int | None]] = span_of_type
     encoding: Callable[[Reading, int, str | None], PositionalEncoding | None] = rope_of_type
-    sinks: bool = False
+    softcap_key: str | None = None
     prepare: Callable[[Reading], None] | None = None
+    reader: Callable[[Mapping[str, Any]], PositionPlan] | None = None
     source: str = ""
+    base: str | None = None
+    layers: str = "layers"
+    stacks: tuple[str, ...] = ()
+    attention: str = "self_attn"
+    rotary: str | None = "rotary_emb"
+    tables: str = "cos_sin"
+    sinks: str | None = None
+    softcap: str | None = "attn_logit_softcapping"
+    scaled_layer_types: tuple[str, ...] = ()
+    temperature: tuple[str, str, str] | None = None
+    interleaved_key: str | None = None
+    interleaved_tables: str | None = None
+    head_dim: str = "head_dim"
+    sizes_config: str | None = None
+    no_scaling: str | None = None
+    rotary_positions: bool = False
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise InvalidArgument(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        for name in ("tables", "interleaved_tables"):
+            value = getattr(self, name)
+            if value is not None and value not in TABLE_FORMATS:
+                raise InvalidArgument(f"{name} must be one of {TABLE_FORMATS}, got {value!r}")
+
+    @property
+    def interleaved(self) -> bool:
+        """The rotary pairs are (2i, 2i + 1) (``layout == "interleaved"``)."""
+        return self.layout == "interleaved"
 
 
 def _family(model_type: str, **kwargs: Any) -> Family:
@@ -513,10 +604,12 @@ _LLAMA4_TEXT = dict(layout="interleaved",
                     defaults={"rope_theta": 500000.0, "head_dim": 128, "no_rope_layer_interval": 4,
                               "attention_chunk_size": 8192, "attn_temperature_tuning": True, "floor_scale": 8192,
                               "attn_scale": 0.1},
-                    layer_types=llama4_layer_types, encoding=llama4_rope)
+                    layer_types=llama4_layer_types, encoding=llama4_rope,
+                    base="model", tables="complex_pairs", temperature=("attn_temperature_tuning", "floor_scale", "attn_scale"))
 _GEMMA3_TEXT = dict(defaults={"head_dim": 256, "sliding_window": 4096},
                     layer_types=pattern_layer_types("sliding_window_pattern", 6), encoding=gemma3_rope,
-                    prepare=gemma3_check)
+                    prepare=gemma3_check, scaled_layer_types=("full_attention",))
+_QWEN_VL_MODULES = {"base": "model.language_model", "sizes_config": "text_config", "rotary_positions": True}
 _GEMMA4_TEXT = dict(defaults={"head_dim": 256, "sliding_window": 512},
                     layer_types=pattern_layer_types("", 6, last_full=True), encoding=gemma4_rope,
                     prepare=gemma4_check)
@@ -539,11 +632,14 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             encoding=lambda r, i, t: None if t == "linear_attention" else r.rope(t), prepare=qwen3_next_note),
     _family("qwen2_vl_text", **_QWEN_VL_TEXT, source="transformers/models/qwen2_vl/"),
     _family("qwen2_5_vl_text", **_QWEN_VL_TEXT, source="transformers/models/qwen2_5_vl/"),
-    _family("qwen2_vl", text_config="qwen2_vl_text", flat_text=True),
-    _family("qwen2_5_vl", text_config="qwen2_5_vl_text", flat_text=True),
+    # the text tower of the VL models; its rotary embedding recomposes the M-RoPE axes by
+    # mrope_section into Llama-format (cos, sin) (B, T, D) (transformers 5's Qwen2VLRotaryEmbedding)
+    _family("qwen2_vl", text_config="qwen2_vl_text", flat_text=True, **_QWEN_VL_MODULES),
+    _family("qwen2_5_vl", text_config="qwen2_5_vl_text", flat_text=True, **_QWEN_VL_MODULES),
     _family("gemma", defaults={"rope_theta": 10000.0, "head_dim": 256}),
-    _family("gemma2", defaults={"rope_theta": 10000.0, "head_dim": 256, "sliding_window": 4096},
-            layer_types=pattern_layer_types("", 2)),
+    _family("gemma2", defaults={"rope_theta": 10000.0, "head_dim": 256, "sliding_window": 4096,
+                                "attn_logit_softcapping": 50.0},
+            layer_types=pattern_layer_types("", 2), softcap_key="attn_logit_softcapping"),
     _family("gemma3_text", **_GEMMA3_TEXT, source="transformers/models/gemma3/"),
     _family("gemma3", text_config="gemma3_text"),
     _family("gemma4_text", **_GEMMA4_TEXT, source="transformers/models/gemma4/"),
@@ -560,20 +656,33 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                                  "use_sliding_window": False, "sliding_window": None},
             layer_types=smollm3_layer_types, span=smollm3_span, encoding=no_rope_schedule_rope),
     _family("gpt_oss", defaults={"rope_theta": 150000.0, "head_dim": 64, "sliding_window": 128},
-            layer_types=pattern_layer_types("", 2), sinks=True,
-            prepare=gpt_oss_prepare),
+            layer_types=pattern_layer_types("", 2), prepare=gpt_oss_prepare, tables="half_cos_sin", sinks="sinks"),
     _family("deepseek_v3", layout="interleaved",
             defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64, "rope_interleave": True},
-            encoding=deepseek_rope, prepare=deepseek_check),
-    _family("gpt_neox", encoding=gpt_neox_rope),
+            encoding=deepseek_rope, prepare=deepseek_check, interleaved_key="rope_interleave",
+            interleaved_tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
+    _family("gpt_neox", encoding=gpt_neox_rope, attention="attention"),
     _family("gptj", layout="interleaved", defaults={"rotary_dim": 64},
             aliases={"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
                      "n_positions": "max_position_embeddings"},
-            encoding=gptj_rope),
+            encoding=gptj_rope, layers="h", attention="attn", tables="pair_sin_cos",
+            no_scaling="transformers' GPT-J builds its rotary table once, with create_sinusoidal_positions from "
+                       "rotary_dim and base 10000, and reads no rope_theta, rope_scaling or rope_parameters"),
     _family("stablelm", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
     _family("persimmon", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
     _family("llama4_text", **_LLAMA4_TEXT, source="transformers/models/llama4/"),
     _family("llama4", text_config="llama4_text"),
+    # the families whose positions are not (only) rotary: a reader of their own and an adapter
+    _family("falcon", reader=plan_falcon, adapter="falcon", layers="h", attention="self_attention"),
+    _family("bloom", reader=plan_bloom, adapter="bloom", layers="h", attention="self_attention",
+            rotary=None),
+    _family("mpt", reader=plan_mpt, adapter="mpt", layers="blocks", attention="attn", rotary=None),
+    _family("gpt2", reader=plan_gpt2, adapter="gpt2", layers="h", attention="attn", rotary=None),
+    _family("opt", reader=plan_opt, adapter="opt", base="model.decoder", attention="self_attn", rotary=None),
+    _family("t5", reader=plan_t5, adapter="t5", stacks=("encoder", "decoder"), layers="block",
+            attention="layer.0.SelfAttention", rotary=None),
+    _family("mt5", reader=plan_mt5, adapter="t5", stacks=("encoder", "decoder"), layers="block",
+            attention="layer.0.SelfAttention", rotary=None),
 )}
 
 
@@ -582,7 +691,7 @@ def reads_plainly(config: Mapping[str, Any]) -> bool:
     exactly: its family is half-split, without aliases, a text_config or a reader of its own
     (Llama, Mistral, Qwen, Gemma 1/2, Phi, OLMo 2, ...)."""
     family = FAMILIES.get(config.get("model_type"))
-    return (family is not None and family.layout == "half-split" and not family.aliases
+    return (family is not None and family.reader is None and family.layout == "half-split" and not family.aliases
             and family.text_config is None and family.encoding is rope_of_type and family.prepare is None)
 
 
@@ -612,7 +721,7 @@ def _as_dict(config: Any) -> dict[str, Any]:
 
 def reads_model_type(model_type: Any) -> bool:
     """True when :func:`position_plan` knows the family ``model_type``."""
-    return model_type in FAMILIES or model_type in FAMILY_READERS
+    return model_type in FAMILIES
 
 
 def position_plan(config: Any) -> PositionPlan:
@@ -634,7 +743,7 @@ def position_plan(config: Any) -> PositionPlan:
     so in :attr:`PositionPlan.notes` and a ``warnings.warn``.
 
     Returns:
-        A :class:`~posenc.hf_config.plan.PositionPlan`, one layer per decoder layer.
+        A :class:`~posenc.plan.PositionPlan`, one layer per decoder layer.
 
     Every number is read through :mod:`posenc.hf_config.values` (one set of checks for every
     family), bounded before anything is allocated: head widths <= 65536, positions and windows
@@ -654,11 +763,11 @@ def position_plan(config: Any) -> PositionPlan:
     model_type = cfg.get("model_type")
     if model_type is None:
         raise MissingKey("config: needs 'model_type' (the family decides the layout and the defaults)")
-    if model_type in FAMILY_READERS:  # the families whose positions are not (only) rotary
-        return FAMILY_READERS[model_type](cfg)
     family = FAMILIES.get(model_type)
     if family is None:
-        raise InvalidArgument(f"config['model_type'] = {model_type!r}: posenc reads {sorted({*FAMILIES, *FAMILY_READERS})}")
+        raise InvalidArgument(f"config['model_type'] = {model_type!r}: posenc reads {sorted(FAMILIES)}")
+    if family.reader is not None:  # the families whose positions are not (only) rotary
+        return family.reader(cfg)
     if family.text_config is not None:
         text = cfg.get("text_config")
         if isinstance(text, Mapping):
@@ -680,12 +789,14 @@ def position_plan(config: Any) -> PositionPlan:
     num_layers = r.positive_int("num_hidden_layers")
     head_dim_of(r.cfg)  # the head width must be readable (MissingKey naming the keys)
     types = family.layer_types(r) if family.layer_types is not None else None
+    softcap = softcap_of(r)
     layers = []
     for index in range(num_layers):
         layer_type = types[index] if types is not None else None
         span, window = family.span(r, index, layer_type)
         encoding = family.encoding(r, index, layer_type)
-        layers.append(LayerPlan(encoding, span, window, layer_type=layer_type, sinks=family.sinks))
+        layers.append(LayerPlan(encoding, span, window, layer_type=layer_type, sinks=family.sinks is not None,
+                                softcap=softcap))
     for text in r.warnings:
         warnings.warn(f"position_plan ({model_type}): {text}", stacklevel=2)
     return PositionPlan(tuple(layers), model_type=model_type, notes=tuple(r.notes))

@@ -3,9 +3,9 @@ attention does not go through transformers' ``AttentionInterface``: Falcon (RoPE
 with ``alibi: true``), BLOOM and MPT (ALiBi), GPT-2 and OPT (learned absolute tables) and
 T5 / mT5 (relative buckets, one plan per stack).
 
-One reader per family, ``plan_<model_type>(config) -> PositionPlan``, and
-:data:`FAMILY_READERS` mapping ``model_type`` to its reader, for the family table of
-:func:`posenc.hf_config.position_plan`. Each reads exactly what transformers 5.24 builds from
+One reader per family, ``plan_<model_type>(config) -> PositionPlan``, named by the family's
+record (:attr:`posenc.hf_config.families.Family.reader`) in the one family table that
+:func:`posenc.hf_config.position_plan` reads. Each reads exactly what transformers 5.24 builds from
 the config (its ``configuration_<family>.py`` and ``modeling_<family>.py``):
 
 - a key missing from the config takes the default of the family's transformers config class
@@ -30,7 +30,7 @@ Plain dicts, no transformers import.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from posenc.encodings.alibi import ALiBi
@@ -39,10 +39,10 @@ from posenc.encodings.t5 import T5RelativeBias
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
 from posenc.encodings.rope.rotary import RoPE
 from posenc.hf_config.rope import read_hf_config
-from posenc.hf_config.plan import LayerPlan, PositionPlan
+from posenc.plan import LayerPlan, PositionPlan
 from posenc.hf_config.values import check_size, check_table
 
-__all__ = ["FAMILY_READERS", "plan_falcon", "plan_bloom", "plan_mpt", "plan_gpt2", "plan_opt", "plan_t5", "plan_mt5"]
+__all__ = ["plan_falcon", "plan_bloom", "plan_mpt", "plan_gpt2", "plan_opt", "plan_t5", "plan_mt5"]
 
 _NO_DEFAULT = object()
 
@@ -391,14 +391,3 @@ def _plan_t5_family(config: Mapping[str, Any], family: str) -> PositionPlan:
     encoder = PositionPlan(tuple(LayerPlan(encoder_bias) for _ in range(num_layers)), model_type=model_type)
     return r.plan([LayerPlan(decoder_bias) for _ in range(num_decoder_layers)], encoder=encoder)
 
-
-#: model_type -> reader, for the family table of :func:`posenc.hf_config.position_plan`.
-FAMILY_READERS: dict[str, Callable[[Mapping[str, Any]], PositionPlan]] = {
-    "falcon": plan_falcon,
-    "bloom": plan_bloom,
-    "mpt": plan_mpt,
-    "gpt2": plan_gpt2,
-    "opt": plan_opt,
-    "t5": plan_t5,
-    "mt5": plan_mt5,
-}

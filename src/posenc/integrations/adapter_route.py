@@ -18,7 +18,6 @@ from torch import Tensor, nn
 from posenc.encodings import Hook, PositionalEncoding, create_for_model
 from posenc.errors import InvalidArgument, InvalidType
 from posenc.hf_config import position_plan
-from posenc.hf_config.plan import PositionPlan
 from posenc.integrations import adapters
 from posenc.integrations.attention_function import (
     ATTN_IMPLEMENTATION,
@@ -30,6 +29,7 @@ from posenc.integrations.attention_function import (
     transformers_attention_function,
 )
 from posenc.integrations.record import keep_plan, plan_record, with_name
+from posenc.plan import PositionPlan
 
 
 def prepare_adapter(model: nn.Module, adapter: adapters.Adapter, plan_or_encoding: Any, layers: Sequence[int] | None,

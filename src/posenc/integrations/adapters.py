@@ -1,6 +1,7 @@
-"""Apply a :class:`~posenc.hf_config.plan.PositionPlan` to the transformers families whose
+"""Apply a :class:`~posenc.plan.PositionPlan` to the transformers families whose
 positions do not go through ``AttentionInterface`` and a ``rotary_emb`` module: one small
-adapter per family, kept in :data:`ADAPTERS` (adding a family is one entry).
+adapter per family whose attention is outside ``AttentionInterface``, kept in :data:`ADAPTERS`
+by name and named by the family's record (:attr:`posenc.hf_config.families.Family.adapter`).
 
 Each adapter hands the model's position computation to the plan's posenc encodings, the
 model's own learned parameters shared with them (GPT-2's ``wpe``, OPT's ``embed_positions``
@@ -61,10 +62,11 @@ from posenc.encodings.learned import LearnedAbsolute
 from posenc.encodings.rope.rotary import RoPE
 from posenc.encodings.t5 import T5RelativeBias
 from posenc.errors import InvalidArgument, InvalidType
-from posenc.hf_config.plan import PositionPlan
+from posenc.hf_config.families import FAMILIES
 from posenc.integrations.hf_masks import boolean_mask
+from posenc.plan import PositionPlan
 
-__all__ = ["ADAPTERS", "Adapter", "Stack", "apply_plan", "restore", "PositionTable", "OPTPositionTable",
+__all__ = ["ADAPTERS", "Adapter", "adapter_of", "Stack", "apply_plan", "restore", "PositionTable", "OPTPositionTable",
            "RotaryEmbedding", "ZeroPositions", "EmbeddingPositions"]
 
 
@@ -580,9 +582,10 @@ def _gpt2_interface(model: nn.Module) -> list[nn.Module]:
             if module is not None]
 
 
-#: model_type -> :class:`Adapter`: the families whose positions do not go through a
-#: ``rotary_emb`` module, each with its plan adapter and its self-attention stacks (adding a
-#: family is one entry).
+#: adapter name -> :class:`Adapter`: the code that serves the families whose positions do not go
+#: through a ``rotary_emb`` module, each with its plan adapter and its self-attention stacks. A
+#: family names its adapter in its record (:attr:`posenc.hf_config.families.Family.adapter`;
+#: mT5 names T5's); :func:`adapter_of` looks a model's up.
 ADAPTERS: dict[str, Adapter] = {
     "gpt2": Adapter(_adapt_gpt2, _gpt2_stacks, table=lambda model: (_base(model), "wpe"), interface=_gpt2_interface),
     "opt": Adapter(_adapt_opt, _opt_stacks, table=lambda model: (_opt_decoder(model), "embed_positions"),
@@ -590,13 +593,19 @@ ADAPTERS: dict[str, Adapter] = {
     "bloom": Adapter(_adapt_bloom, _bloom_stacks, attention=_bloom_attention),
     "mpt": Adapter(_adapt_mpt, _mpt_stacks, attention=_mpt_attention),
     "t5": Adapter(_adapt_t5, _t5_stacks, interface=_t5_interface),
-    "mt5": Adapter(_adapt_t5, _t5_stacks, interface=_t5_interface),
     "falcon": Adapter(_adapt_falcon, _falcon_stacks, attention=_falcon_attention),
 }
 
 
+def adapter_of(model: nn.Module) -> Adapter | None:
+    """The :class:`Adapter` that the record of ``model``'s family names (its config's
+    ``model_type``), or None: the family's attention goes through ``AttentionInterface``."""
+    family = FAMILIES.get(getattr(getattr(model, "config", None), "model_type", None))
+    return None if family is None or family.adapter is None else ADAPTERS[family.adapter]
+
+
 def apply_plan(model: nn.Module, plan: PositionPlan) -> nn.Module:
-    """Make ``model`` (a transformers model of a family in :data:`ADAPTERS`) compute its
+    """Make ``model`` (a transformers model of a family whose record names an adapter) compute its
     positions with ``plan``'s posenc encodings, in place; returns it.
 
     The plan's encodings take the model's learned position tables as their own parameters
@@ -612,8 +621,10 @@ def apply_plan(model: nn.Module, plan: PositionPlan) -> nn.Module:
     """
     if not isinstance(plan, PositionPlan):
         raise InvalidType(f"plan must be a PositionPlan, got {type(plan).__name__}")
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in ADAPTERS:
-        raise InvalidArgument(f"model: no adapter for model_type {model_type!r}; adapters: {sorted(ADAPTERS)}")
-    ADAPTERS[model_type](model, plan)
+    adapter = adapter_of(model)
+    if adapter is None:
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        raise InvalidArgument(f"model: no adapter for model_type {model_type!r}; adapters: "
+                              f"{sorted(name for name, family in FAMILIES.items() if family.adapter is not None)}")
+    adapter(model, plan)
     return model

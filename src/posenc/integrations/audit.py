@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc.errors import InvalidArgument, PosencError
-from posenc.hf_config.plan import LayerPlan, PositionPlan, layer_ranges
+from posenc.plan import LayerPlan, PositionPlan, layer_ranges
 
 __all__ = ["AuditRow", "AuditReport", "audit", "read_config", "shrink_config", "TOLERANCE"]
 
@@ -43,17 +43,6 @@ TOLERANCE = 1e-5
 HEADS, KV_HEADS, VOCAB, INTERMEDIATE, EXPERTS = 2, 1, 128, 32, 2
 #: The longest input the audit runs by default.
 MAX_LENGTH = 1024
-
-#: model_type -> (path from the model to its decoder layers, a layer's attention attribute) for
-#: the families served by adapters.apply_plan; T5's stacks are read in :func:`_stacks`.
-ADAPTER_LAYERS = {
-    "gpt2": ("transformer.h", "attn"),
-    "opt": ("model.decoder.layers", "self_attn"),
-    "bloom": ("transformer.h", "self_attention"),
-    "mpt": ("transformer.blocks", "attn"),
-    "falcon": ("transformer.h", "self_attention"),
-}
-_SEQ2SEQ = ("t5", "mt5")
 
 # Shrinking: key -> new value (or a function of the original config and the head width).
 _HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
@@ -179,6 +168,14 @@ def _text_config(config: Mapping[str, Any]) -> dict:
     return {**config, "model_type": family.text_config}
 
 
+def _seq2seq(model_type: str) -> bool:
+    """Whether the family's record names an encoder stack (T5): a sequence-to-sequence model."""
+    from posenc.hf_config.families import FAMILIES
+
+    family = FAMILIES.get(model_type)
+    return family is not None and "encoder" in family.stacks
+
+
 def _quiet_plan(config: Mapping[str, Any]) -> PositionPlan:
     from posenc.hf_config import position_plan
 
@@ -268,7 +265,7 @@ def _build(cfg: dict, attn_implementation: str | None = None):
     except Exception as err:  # unknown to transformers, or a value its config class refuses
         raise InvalidArgument(f"config: transformers cannot build a {model_type!r} config from it "
                               f"({type(err).__name__}: {' '.join(str(err).split())[:300]})") from None
-    auto = transformers.AutoModelForSeq2SeqLM if model_type in _SEQ2SEQ else transformers.AutoModelForCausalLM
+    auto = transformers.AutoModelForSeq2SeqLM if _seq2seq(model_type) else transformers.AutoModelForCausalLM
     torch.manual_seed(0)
     try:
         options = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
@@ -282,36 +279,14 @@ def _build(cfg: dict, attn_implementation: str | None = None):
     return model.eval()
 
 
-def _resolve(root: Any, dotted: str) -> Any:
-    for name in dotted.split("."):
-        root = getattr(root, name)
-    return root
-
-
-def _stacks(model) -> list[tuple[str, list]]:
-    """(stack name, the attention module of each of its layers) for the model's self-attention stacks."""
-    model_type = model.config.model_type
-    if model_type in _SEQ2SEQ:
-        return [(name, [block.layer[0].SelfAttention for block in getattr(model, name).block])
-                for name in ("encoder", "decoder")]
-    if model_type in ADAPTER_LAYERS:
-        path, attribute = ADAPTER_LAYERS[model_type]
-        return [("decoder", [getattr(layer, attribute) for layer in _resolve(model, path)])]
-    from posenc.integrations.families import base_model as _base_model
-    from posenc.integrations.families import family_of
-
-    family = family_of(model)
-    base = _base_model(model, family)
-    # a layer without softmax attention (Qwen3-Next's linear attention): the layer's own output
-    return [("decoder", [getattr(layer, family.attention, layer) for layer in getattr(base, family.layers)])]
-
-
 def _attention_outputs(model, inputs: dict) -> dict[tuple[str, int], Any]:
     import torch
 
     captured: dict[tuple[str, int], Any] = {}
     handles = []
-    for stack, modules in _stacks(model):
+    from posenc.integrations.families import decoder_stacks
+
+    for stack, modules in decoder_stacks(model):
         for index, module in enumerate(modules):
             def hook(_module, _args, output, key=(stack, index)):
                 captured[key] = (output[0] if isinstance(output, tuple) else output).detach().clone()
@@ -359,20 +334,21 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
     cfg = shrink_config(decoder_config, plan_layers)
     plan = _quiet_plan(cfg)
     model = _build(cfg)
-    from posenc.integrations.adapters import ADAPTERS, apply_plan
+    from posenc.integrations.adapters import adapter_of, apply_plan
     from posenc.integrations.transformers import use_encoding
 
     model_type = model.config.model_type
     length = length if length is not None else _default_length(plan, cfg)
     tokens = torch.randint(3, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
     inputs = {"input_ids": tokens}
-    if model_type in _SEQ2SEQ:
+    if _seq2seq(model_type):
         inputs["decoder_input_ids"] = tokens
     own = _attention_outputs(model, inputs)
     noise = _noise(cfg, model, inputs, own)
-    method = "adapters.apply_plan" if model_type in ADAPTERS else "use_encoding"
+    adapted = adapter_of(model) is not None
+    method = "adapters.apply_plan" if adapted else "use_encoding"
     try:
-        apply_plan(model, plan) if model_type in ADAPTERS else use_encoding(model, plan)
+        apply_plan(model, plan) if adapted else use_encoding(model, plan)
     except PosencError as err:
         raise InvalidArgument(f"config ({model_type}): posenc cannot apply its plan to the model ({err})") from None
     ours = _attention_outputs(model, inputs)

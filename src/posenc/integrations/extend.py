@@ -13,8 +13,9 @@ from torch import nn
 from posenc.errors import InvalidArgument
 from posenc.hf_config.extension import Extension, ModelFacts, plan_extension
 from posenc.integrations import adapters
-from posenc.integrations.adapters import ADAPTERS
-from posenc.integrations.families import Family, base_model, family_of
+from posenc.integrations.adapters import adapter_of
+from posenc.integrations.families import FamilyModules as Family
+from posenc.integrations.families import base_model, family_of
 from posenc.integrations.record import CONFIG_KEY as PLAN_KEY
 from posenc.integrations.record import keep_plan, plan_record
 from posenc.integrations.routes import prepare_layers
@@ -126,8 +127,7 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
             time, model and config are left unchanged.
     """
     config = model.config
-    model_type = getattr(config, "model_type", None)
-    adapter = ADAPTERS.get(model_type)
+    adapter = adapter_of(model)
     family = None if adapter is not None else family_of(model)
     base = model.base_model if adapter is not None else base_model(model, family)
     current = config.to_dict()
@@ -135,7 +135,7 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
         # an attribute_map alias (GPT-J's n_positions), which to_dict() spells the family's way
         current["max_position_embeddings"] = config.max_position_embeddings
     extension = plan_extension(current, base.__dict__.get("posenc_plan"), method, factor,
-                               facts=_facts(base, adapter, family), layer_types=layer_types, **params)
+                               facts=_facts(base, family), layer_types=layer_types, **params)
     target = config if extension.target is None else getattr(config, extension.target)
     if not extension.position_map:
         _check_transformers_reads(target, extension.fields, method)
@@ -156,17 +156,13 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     return model
 
 
-def _facts(base: nn.Module, adapter: adapters.Adapter | None, family: Family | None) -> ModelFacts:
-    """What the planner needs of the model beyond its config: its family's facts, its layers."""
-    if adapter is not None:
-        return ModelFacts(adapter=True)
+def _facts(base: nn.Module, family: Family | None) -> ModelFacts:
+    """What the planner needs of the model beyond its config: its decoder layers."""
+    if family is None:  # an adapter family: its plan is read from the config alone
+        return ModelFacts()
     layers = list(getattr(base, family.layers))
-    return ModelFacts(
-        interleaved=family.interleaved, scaled_layer_types=family.scaled_layer_types, no_scaling=family.no_scaling,
-        text_config=family.text_config, multi_axis=family.text_config is not None or family.rotary_positions,
-        rope_at_end=family.head_dim != "head_dim", num_layers=len(layers),
-        attention_layers=tuple(i for i, layer in enumerate(layers) if getattr(layer, family.attention, None) is not None),
-    )
+    return ModelFacts(num_layers=len(layers), attention_layers=tuple(
+        i for i, layer in enumerate(layers) if getattr(layer, family.attention, None) is not None))
 
 
 def _apply_adapter_plan(model: nn.Module, adapter: adapters.Adapter, extension: Extension) -> None:

@@ -1,12 +1,13 @@
-"""Where a transformers model family keeps its decoder layers and how they take positions.
+"""Where a transformers model's decoder layers and modules live, and how they take positions.
 
-One :class:`Family` entry per model type whose layers differ from Llama's; its table format
-(:class:`TableFormat`) says how the decoder layers take their rotary tables.
+The facts are the family's record, :class:`posenc.hf_config.families.Family` (plain strings,
+one record per ``model_type`` in :data:`FAMILIES`, the one family table); this module turns a
+record into what the integrations read (:func:`family_of` -> :class:`FamilyModules`) and holds
+the table formats (:class:`TableFormat`), the code that the records name.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,10 @@ import torch
 from torch import Tensor, nn
 
 from posenc.errors import InvalidArgument
+from posenc.hf_config.families import FAMILIES, Family
+
+__all__ = ["FAMILIES", "TABLE_FORMATS", "Family", "FamilyModules", "TableFormat", "base_model", "decoder_stacks",
+           "family_of", "record_of", "sizes_config"]
 
 
 @dataclass(frozen=True)
@@ -54,112 +59,99 @@ COMPLEX_PAIRS = TableFormat(lambda cos, sin, dtype: torch.complex(cos[..., ::2],
                             lambda tables: 2 * tables.shape[-1])
 
 
+#: The table formats by name, the names the family records give (:attr:`Family.tables`).
+TABLE_FORMATS: dict[str, TableFormat] = {
+    "cos_sin": COS_SIN, "half_cos_sin": HALF_COS_SIN, "pair_sin_cos": PAIR_SIN_COS,
+    "deinterleaved_cos_sin": DEINTERLEAVED_COS_SIN, "complex_pairs": COMPLEX_PAIRS,
+}
+
+
 @dataclass(frozen=True)
-class Family:
-    """Where a transformers model family keeps its decoder layers and how they take positions.
+class FamilyModules:
+    """Where one model's decoder layers and modules live and how they take positions: its
+    family's record (:class:`posenc.hf_config.families.Family`, read by :func:`family_of`) with
+    the pair layout read where the config chooses it and the table format as code. The
+    attributes are the record's, except:
 
     Attributes:
-        base: the causal LM's attribute holding the decoder stack where ``model.base_model`` is
-            not it (Llama 4's text model; a dotted path, Qwen2-VL's ``"model.language_model"``,
-            its text tower), or None. The model's own base model (``Qwen2VLModel``) is
-            accepted too: the path's trailing parts are tried from it.
-        layers: the base model's attribute holding the decoder layers.
-        attention: a decoder layer's attribute holding its attention module.
-        rotary: the base model's rotary embedding module (probed once for each layer's width).
-        interleaved: the family's rotation pairs dimension 2i with 2i+1 (RoFormer, GPT-J,
-            Cohere, Llama 4); False: i with i + r/2 (GPT-NeoX, Llama and most others).
-        tables: the :class:`TableFormat` of its ``position_embeddings``.
-        sinks: the attention module's attribute holding learned attention sinks (gpt-oss), or None.
-        softcap: the attention module's attribute holding the logit soft-cap (Gemma 2), or None.
-        scaled_layer_types: the layer types :func:`extend_context` scales by default in a
-            config with per-layer-type RoPE (Gemma 3: the global layers, Google's long-context
-            recipe); empty: the caller names them.
-        temperature: the attention module's attributes (switch, floor_scale, attn_scale) where
-            the model scales its queries by Llama 4's attention temperature itself, on the
-            layers whose ``use_rope`` is false; None: the family has no such scaling. A plan
-            layer with the same :class:`~posenc.encodings.irope.AttentionTemperature` then keeps
-            the model's own attention; any other encoding turns the model's own scaling off on
-            that layer (posenc's encoding replaces it; restored by the next use_encoding).
-        interleaved_key: the config attribute that decides the pair layout where the family
-            lets the config choose (DeepSeek-V3's ``rope_interleave``); None: ``interleaved``.
-        interleaved_tables: the :class:`TableFormat` when that attribute chooses interleaved
-            pairs (``tables`` otherwise).
-        head_dim: the attention module's attribute holding the width of its query and key
-            heads (DeepSeek-V3's MLA: ``qk_head_dim``, the non-rotary and rotary parts together).
-        text_config: the model config's attribute holding the decoder's sizes
-            (hidden_size, num_attention_heads, head_dim, ...) where they are not on the model's
-            config itself (Qwen2-VL: ``"text_config"``), or None. :func:`extend_context` refuses
-            such a model (it writes the top-level config only).
-        no_scaling: why transformers' model of the family reads no RoPE scaling from its
-            config, so that :func:`extend_context` has nothing to write (GPT-J); None: it reads one.
-        rotary_positions: the decoder layers are not handed the positions their tables are
-            computed at (Qwen2-VL's text model hands them ``position_ids=None``, or the packed
-            text positions, and its rotary embedding the M-RoPE positions (3, B, T)): the
-            positions are read from the rotary module's input (a forward pre-hook on it).
+        interleaved: the rotation pairs dimension 2i with 2i+1 (RoFormer, GPT-J, Cohere, Llama
+            4); False: i with i + r/2 (GPT-NeoX, Llama and most others). The record's layout,
+            or its ``interleaved_key`` on the model's config (DeepSeek-V3's ``rope_interleave``).
+        tables: the :class:`TableFormat` of its ``position_embeddings`` (the record's
+            ``interleaved_tables`` where the config chooses interleaved pairs).
+        interleaved_tables: that format, or None.
+        text_config: the record's ``sizes_config``: the model config's attribute holding the
+            decoder's sizes (Qwen2-VL: ``"text_config"``), or None; :func:`extend_context`
+            refuses such a model (it writes the top-level config only).
+        temperature: Llama 4's attention temperature attributes (switch, floor_scale,
+            attn_scale) on the attention module, where the model scales its queries itself on
+            the layers whose ``use_rope`` is false. A plan layer with the same
+            :class:`~posenc.encodings.irope.AttentionTemperature` then keeps the model's own
+            attention; any other encoding turns the model's own scaling off on that layer.
     """
 
-    base: str | None = None
-    layers: str = "layers"
-    attention: str = "self_attn"
-    rotary: str = "rotary_emb"
-    interleaved: bool = False
-    tables: TableFormat = COS_SIN
-    sinks: str | None = None
-    softcap: str | None = "attn_logit_softcapping"
-    scaled_layer_types: tuple[str, ...] = ()
-    temperature: tuple[str, str, str] | None = None
-    interleaved_key: str | None = None
-    interleaved_tables: TableFormat | None = None
-    head_dim: str = "head_dim"
-    text_config: str | None = None
-    no_scaling: str | None = None
-    rotary_positions: bool = False
+    base: str | None
+    layers: str
+    attention: str
+    rotary: str | None
+    interleaved: bool
+    tables: TableFormat
+    sinks: str | None
+    softcap: str | None
+    scaled_layer_types: tuple[str, ...]
+    temperature: tuple[str, str, str] | None
+    interleaved_key: str | None
+    interleaved_tables: TableFormat | None
+    head_dim: str
+    text_config: str | None
+    no_scaling: str | None
+    rotary_positions: bool
+
+    @classmethod
+    def of(cls, family: Family, config: Any = None) -> FamilyModules:
+        """The modules of ``family``'s models; ``config``: the model's config, which decides the
+        pair layout where the record names an ``interleaved_key``."""
+        interleaved = family.interleaved
+        if family.interleaved_key is not None and config is not None:
+            interleaved = bool(getattr(config, family.interleaved_key, interleaved))
+        other = TABLE_FORMATS[family.interleaved_tables] if family.interleaved_tables is not None else None
+        tables = other if interleaved and other is not None else TABLE_FORMATS[family.tables]
+        return cls(base=family.base, layers=family.layers, attention=family.attention, rotary=family.rotary,
+                   interleaved=interleaved, tables=tables, sinks=family.sinks, softcap=family.softcap,
+                   scaled_layer_types=family.scaled_layer_types, temperature=family.temperature,
+                   interleaved_key=family.interleaved_key, interleaved_tables=other, head_dim=family.head_dim,
+                   text_config=family.sizes_config, no_scaling=family.no_scaling,
+                   rotary_positions=family.rotary_positions)
 
 
-#: The families whose layers differ from Llama's, by ``model_type``; any other model_type is
-#: read as Llama-shaped (``layers``, ``self_attn``, half-split (cos, sin)). Adding a family is one entry.
-FAMILIES: dict[str, Family] = {
-    "gpt_neox": Family(attention="attention"),
-    "gptj": Family(layers="h", attention="attn", interleaved=True, tables=PAIR_SIN_COS,
-                   no_scaling="transformers' GPT-J builds its rotary table once, with create_sinusoidal_positions "
-                              "from rotary_dim and base 10000, and reads no rope_theta, rope_scaling or "
-                              "rope_parameters"),
-    "cohere": Family(interleaved=True),
-    "cohere2": Family(interleaved=True),
-    "llama4_text": Family(base="model", interleaved=True, tables=COMPLEX_PAIRS,
-                          temperature=("attn_temperature_tuning", "floor_scale", "attn_scale")),
-    "gpt_oss": Family(tables=HALF_COS_SIN, sinks="sinks"),
-    "gemma3_text": Family(scaled_layer_types=("full_attention",)),
-    "deepseek_v3": Family(interleaved=True, interleaved_key="rope_interleave", interleaved_tables=DEINTERLEAVED_COS_SIN,
-                          head_dim="qk_head_dim"),
-    # the text tower of the VL models; its rotary embedding recomposes the M-RoPE axes by
-    # mrope_section into Llama-format (cos, sin) (B, T, D) (transformers 5's Qwen2VLRotaryEmbedding)
-    "qwen2_vl": Family(base="model.language_model", text_config="text_config", rotary_positions=True),
-    "qwen2_5_vl": Family(base="model.language_model", text_config="text_config", rotary_positions=True),
-}
-_LLAMA_SHAPED = Family()
+#: The record of a model type posenc has no record of: Llama-shaped (``layers``, ``self_attn``,
+#: half-split (cos, sin)).
+LLAMA_SHAPED = Family("llama")
 
 
-def family_of(model: nn.Module) -> Family:
-    """The :class:`Family` entry of a model (its config's ``model_type``; Llama-shaped if none),
-    its pair layout read from the config where the family lets the config choose."""
-    config = getattr(model, "config", None)
-    family = FAMILIES.get(getattr(config, "model_type", None), _LLAMA_SHAPED)
-    if family.interleaved_key is not None:
-        interleaved = bool(getattr(config, family.interleaved_key, family.interleaved))
-        tables = family.interleaved_tables if interleaved and family.interleaved_tables is not None else family.tables
-        family = dataclasses.replace(family, interleaved=interleaved, tables=tables)
-    return family
+def record_of(model: nn.Module) -> Family:
+    """The :class:`Family` record of a model's config's ``model_type`` (Llama-shaped if none)."""
+    return FAMILIES.get(getattr(getattr(model, "config", None), "model_type", None), LLAMA_SHAPED)
 
 
-def sizes_config(config: Any, family: Family) -> Any:
+def family_of(model: nn.Module) -> FamilyModules:
+    """Where a model's decoder layers and modules live (:class:`FamilyModules`), from its
+    family's record (its config's ``model_type``; Llama-shaped if none), its pair layout read
+    from the config where the family lets the config choose."""
+    return FamilyModules.of(record_of(model), getattr(model, "config", None))
+
+
+def sizes_config(config: Any, family: FamilyModules) -> Any:
     """The config holding the decoder's sizes: the model's, or its ``family.text_config``."""
     return config if family.text_config is None else getattr(config, family.text_config)
 
 
-def base_model(model: nn.Module, family: Family) -> nn.Module:
+def _holder(model: nn.Module, family: Family | FamilyModules) -> nn.Module:
+    """The module holding the family's decoder layers (or its stacks): the model's base model,
+    or the record's ``base`` path from the model."""
     base = getattr(model, "base_model", model)
-    if family.base is not None and not hasattr(base, family.layers):
+    first = family.stacks[0] if getattr(family, "stacks", ()) else family.layers
+    if family.base is not None and not hasattr(base, first):
         # the dotted path from the model, or its trailing parts from the model itself (a base
         # model given: Qwen2VLModel holds "language_model" of "model.language_model")
         parts = family.base.split(".")
@@ -167,10 +159,20 @@ def base_model(model: nn.Module, family: Family) -> nn.Module:
             found = model
             for part in parts[start:]:
                 found = getattr(found, part, None)
-            if found is not None and hasattr(found, family.layers):
-                base = found
-                break
-    missing = [name for name in (family.layers, family.rotary) if not hasattr(base, name)]
+            if found is not None and hasattr(found, first):
+                return found
+    return base
+
+
+def base_model(model: nn.Module, family: FamilyModules) -> nn.Module:
+    """The module holding ``model``'s decoder layers and rotary module (``family.layers``,
+    ``family.rotary``).
+
+    Raises:
+        InvalidArgument: it lacks either, or the model has no config.
+    """
+    base = _holder(model, family)
+    missing = [name for name in (family.layers, family.rotary) if name is not None and not hasattr(base, name)]
     if missing or not hasattr(model, "config"):
         raise InvalidArgument(
             f"model: expected a transformers decoder whose base model has '{family.layers}' and '{family.rotary}' "
@@ -178,3 +180,20 @@ def base_model(model: nn.Module, family: Family) -> nn.Module:
             f"{missing or ['config']}"
         )
     return base
+
+
+def _attribute(root: Any, dotted: str) -> Any:
+    for name in dotted.split("."):
+        root = getattr(root, name, None)
+    return root
+
+
+def decoder_stacks(model: nn.Module) -> list[tuple[str, list[nn.Module]]]:
+    """(stack name, each layer's self-attention module) for every self-attention stack of
+    ``model`` (encoder first), where its family's record says they live; a layer without
+    softmax attention (Qwen3-Next's linear attention) gives the layer itself."""
+    family = record_of(model)
+    holder = _holder(model, family)
+    stacks = [(name, getattr(holder, name)) for name in family.stacks] or [("decoder", holder)]
+    return [(name, [_attribute(layer, family.attention) or layer for layer in getattr(stack, family.layers)])
+            for name, stack in stacks]

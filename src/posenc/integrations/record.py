@@ -11,8 +11,8 @@ from torch import nn
 
 from posenc.encodings import PositionalEncoding
 from posenc.errors import InvalidArgument
-from posenc.hf_config.plan import PLAN_FORMAT, PositionPlan, encoding_to_dict
 from posenc.integrations import adapters
+from posenc.plan import PLAN_FORMAT, PositionPlan, encoding_to_dict
 
 #: The record's key for an encoding built by name once per stack (T5's encoder and decoder).
 BUILT_FROM_NAME = "built_from_name"

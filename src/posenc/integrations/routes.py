@@ -19,10 +19,9 @@ from posenc.encodings import Hook, PositionalEncoding, RoPE, create_for_model
 from posenc.encodings.irope import AttentionTemperature
 from posenc.encodings.rope.multiaxis import MultiAxisRoPE
 from posenc.errors import InvalidArgument, InvalidType
-from posenc.hf_config.plan import LayerPlan, PositionPlan
 from posenc.integrations import branch_attention as branches
 from posenc.integrations.adapter_route import chosen_layers, prepare_adapter
-from posenc.integrations.adapters import ADAPTERS
+from posenc.integrations.adapters import adapter_of
 from posenc.integrations.attention_function import (
     ATTN_IMPLEMENTATION,
     ENCODING_ATTR,
@@ -31,8 +30,10 @@ from posenc.integrations.attention_function import (
     register_with_transformers,
     transformers_attention_function,
 )
-from posenc.integrations.families import Family, base_model, family_of, sizes_config
+from posenc.integrations.families import FamilyModules as Family
+from posenc.integrations.families import base_model, family_of, sizes_config
 from posenc.integrations.record import CONFIG_KEY, plan_record
+from posenc.plan import LayerPlan, PositionPlan
 
 
 @dataclass
@@ -107,7 +108,7 @@ def use_encoding(
 
     On an error the model is left as it was.
     """
-    adapter = ADAPTERS.get(getattr(getattr(model, "config", None), "model_type", None))
+    adapter = adapter_of(model)
     if adapter is not None:  # the families whose positions an adapter hands to posenc
         apply = prepare_adapter(model, adapter, plan_or_encoding, layers, kwargs)
     else:

@@ -10,11 +10,11 @@ from typing import Any
 from torch import Tensor, nn
 
 from posenc.errors import InvalidArgument
-from posenc.hf_config.plan import PositionPlan, encoding_from_dict
 from posenc.integrations import branch_attention as branches
 from posenc.integrations.extend import extend_context
 from posenc.integrations.record import BUILT_FROM_NAME, CONFIG_KEY
 from posenc.integrations.routes import use_encoding
+from posenc.plan import PositionPlan, encoding_from_dict
 
 
 def from_pretrained(path: Any, **kwargs: Any) -> nn.Module:

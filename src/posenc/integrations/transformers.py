@@ -55,7 +55,6 @@ This module is the public face; the work is done by job in :mod:`posenc.integrat
 from __future__ import annotations
 
 from posenc.hf_config import position_plan
-from posenc.hf_config.plan import LayerPlan, PositionPlan
 from posenc.integrations.adapters import RotaryEmbedding
 from posenc.integrations.attention_function import (
     ATTN_IMPLEMENTATION,
@@ -66,6 +65,7 @@ from posenc.integrations.families import FAMILIES, Family, family_of
 from posenc.integrations.record import CONFIG_KEY
 from posenc.integrations.routes import use_encoding
 from posenc.integrations.saving import from_pretrained
+from posenc.plan import LayerPlan, PositionPlan
 
 __all__ = [
     "ATTN_IMPLEMENTATION", "CONFIG_KEY", "FAMILIES", "Family", "family_of", "LayerPlan", "PositionPlan", "position_plan", "use_encoding",

@@ -45,7 +45,7 @@ import torch
 from posenc.encodings import REGISTRY, create_for_model
 from posenc.encodings.base import PositionalEncoding
 from posenc.errors import InvalidArgument
-from posenc.hf_config.plan import LayerPlan, PositionPlan, is_plain_data
+from posenc.plan import LayerPlan, PositionPlan, is_plain_data
 
 #: Version of the checkpoint layout above; a reader refuses a newer one. 2: a position plan
 #: may stand in for the single encoding (an older posenc then refuses the file instead of

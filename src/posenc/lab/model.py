@@ -7,7 +7,7 @@ and an untied output head over a byte vocabulary. The encoding enters only throu
 ``encoding.for_layer(i)``: one instance for every layer by default (T5 shares its bias table
 across layers the same way), a per-layer schedule for iRoPE.
 
-A **position plan** (:class:`posenc.hf_config.plan.PositionPlan`, or a list of encodings, one
+A **position plan** (:class:`posenc.plan.PositionPlan`, or a list of encodings, one
 per layer) gives each layer its own encoding (None: NoPE) and attention span (full, a sliding
 window of W keys, or chunks of C positions: :mod:`posenc.mask_rules`), as SmolLM3 (NoPE every
 4th layer) and Cohere2 (RoPE on sliding-window layers, NoPE on full ones) do. The span is a
@@ -39,7 +39,7 @@ from posenc.attention import BACKENDS, attention
 from posenc.attention.masks import check_mask, is_mask_mod
 from posenc.encodings import REGISTRY, create_for_model
 from posenc.encodings.base import Hook, PositionalEncoding
-from posenc.hf_config.plan import LayerPlan, PositionPlan
+from posenc.plan import LayerPlan, PositionPlan
 from posenc.lab.generation import KVCache, generate
 from posenc.mask_rules import in_sliding_window, position_at, same_chunk
 from posenc.sequences import document_mask, key_padding_mask, positions_from_document_ids, positions_from_padding_mask
@@ -168,7 +168,7 @@ class TransformerLM(nn.Module):
         config: sizes (:class:`LMConfig`).
         encoding: a :class:`~posenc.PositionalEncoding` instance, or a registered name built
             with :func:`posenc.create_for_model` for these sizes; or a **position plan**: a
-            :class:`posenc.hf_config.plan.PositionPlan` with one :class:`LayerPlan` per layer,
+            :class:`posenc.plan.PositionPlan` with one :class:`LayerPlan` per layer,
             or a list with one entry per layer, each an encoding, a registered name, None (NoPE)
             or a :class:`LayerPlan`. Layer i of a plan uses its encoding's ``for_layer(i)`` (a
             layer schedule such as iRoPE keeps its own plan), and its span: ``"full"``,

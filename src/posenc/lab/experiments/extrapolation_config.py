@@ -22,7 +22,7 @@ from posenc._validation import check_positive_int
 from posenc.encodings import REGISTRY, create_for_model, encoding_class
 from posenc.encodings.base import PositionalEncoding
 from posenc.errors import InvalidArgument, InvalidType
-from posenc.hf_config.plan import PositionPlan
+from posenc.plan import PositionPlan
 from posenc.lab.experiments.limits import Workload, holds_a_table
 from posenc.lab.experiments.frame import CORE_ENCODINGS, MODEL_TRAIN_OPTIONS, RANDOMIZED_SUFFIX, Row, RunConfig, default_window
 from posenc.lab.model import LMConfig
@@ -363,7 +363,7 @@ class ExtrapolationConfig(RunConfig):
     def encoding(self, name: str) -> PositionalEncoding | PositionPlan | str:
         """What the LM of ``name`` is built from: the name itself, or, when the encoding takes
         options from L (:meth:`encoding_options`), the encoding built with them for the model;
-        for a plan row its :class:`~posenc.hf_config.plan.PositionPlan` (each encoding with its
+        for a plan row its :class:`~posenc.plan.PositionPlan` (each encoding with its
         options from L)."""
         if Row.parse(name, randomized_rows=False).plan is not None:
             return self.row_model(name, self.model, self.train_len,

@@ -40,7 +40,7 @@ from posenc._validation import check_device, check_positive_int
 from posenc.encodings import create_for_model, encoding_class
 from posenc.encodings.base import Hook
 from posenc.errors import InvalidArgument, InvalidType
-from posenc.hf_config.plan import LayerPlan, PositionPlan
+from posenc.plan import LayerPlan, PositionPlan
 from posenc.lab.experiments.limits import SEED_LIMIT, Workload, holds_a_table
 from posenc.lab.experiments.lm import fold_flat_options
 from posenc.lab.model import LMConfig
