@@ -92,6 +92,8 @@ class Situation:
     dropout: bool
     flash_attn: bool
     compiling: bool
+    softcap: bool = False
+    sinks: bool = False
 
 
 #: The legend's conditions, read from the situation: the test's own statement of each line.
@@ -110,6 +112,8 @@ CONDITIONS = {
     "dropout": lambda s: s.dropout,
     "flash_attn": lambda s: s.flash_attn,
     "compiling": lambda s: s.compiling,
+    "softcap": lambda s: s.softcap,
+    "sinks": lambda s: s.sinks,
 }
 
 DEVICES = {
@@ -148,7 +152,7 @@ LEARNING = [(False, False, True), (True, False, True), (True, False, False), (Fa
 def situations(device: str):
     yield from (
         Situation(device, hooks, has_encoding, learned, gates_grad, grad, linear, large, dtype, positions, mask,
-                  dropout, flash, compiling)
+                  dropout, flash, compiling, softcap, sinks)
         for has_encoding, hooks in [(False, frozenset())] + [(True, h) for h in HOOK_SETS]
         for learned, gates_grad, grad in LEARNING
         for linear in (False, True)
@@ -159,6 +163,7 @@ def situations(device: str):
         for dropout in (False, True)
         for flash in (False, True)
         for compiling in (False, True)
+        for softcap, sinks in ((False, False), (True, False), (False, True), (True, True))
         if has_encoding or not (learned or linear)
     )
 
@@ -175,6 +180,7 @@ def resolve(situation: Situation, encodings: dict, monkeypatch) -> str:
         return attention_module._resolve_backend(
             "auto", encoding, elements, torch.device(situation.device), gates, causal=True, dtype=situation.dtype, mask=mask,
             dropout_p=0.1 if situation.dropout else 0.0, default_positions=not situation.positions,
+            softcap=30.0 if situation.softcap else None, sinks=torch.zeros(1) if situation.sinks else None,
         )
 
 

@@ -13,6 +13,9 @@ chunked mask_mods), so that each rule is written once. It imports only torch.
   (document ids, padding flags).
 - :func:`same_chunk`, :func:`in_sliding_window`: the local-attention rules on positions,
   elementwise on broadcastable integer tensors (grids or the 0-d tensors of FlexAttention).
+- :func:`causal_rule`, :func:`causal_mask`: the causal mask, written once: elementwise on row
+  indices (FlexAttention's causal mask_mod) and as the boolean (Tq, Tk) grid every other
+  backend, the branch-merge attention and the position maps use.
 
 Shapes: B batch rows, T tokens.
 """
@@ -81,4 +84,26 @@ def in_sliding_window(q_positions: Tensor, k_positions: Tensor, sliding_window: 
     return q_positions - k_positions < sliding_window
 
 
-__all__ = ["ScoreMod", "MaskMod", "value_at", "position_at", "same_chunk", "in_sliding_window"]
+def causal_rule(q_idx: Tensor, kv_idx: Tensor, offset: Tensor | int) -> Tensor:
+    """The causal mask, elementwise: True where key row ``kv_idx`` is at or before query row
+    ``q_idx``, the queries being the last Tq of the Tk keys: ``kv_idx <= q_idx + offset`` with
+    ``offset = Tk - Tq`` (bottom-right alignment, as a KV cache; Hugging Face's
+    ``causal_mask_function`` with its cache position, flash-attn >= 2.1's ``causal``).
+
+    On broadcastable integer tensors (index grids, or FlexAttention's 0-d tensors, where
+    ``offset`` should be a 0-d tensor too so that a compiled kernel does not specialize on it)
+    -> bool of their broadcast shape. Row indices, not positions: packed or padded rows are the
+    user mask's and the positions' business.
+    """
+    return kv_idx <= q_idx + offset
+
+
+def causal_mask(num_queries: int, num_keys: int, device: torch.device | None = None) -> Tensor:
+    """Boolean (Tq, Tk), True where query i may attend key j: :func:`causal_rule` on the index
+    grid, j <= i + Tk - Tq."""
+    q_idx = torch.arange(num_queries, device=device).unsqueeze(-1)
+    return causal_rule(q_idx, torch.arange(num_keys, device=device), num_keys - num_queries)
+
+
+__all__ = ["MaskMod", "ScoreMod", "causal_mask", "causal_rule", "in_sliding_window", "position_at", "same_chunk",
+           "value_at"]

@@ -24,7 +24,8 @@ The seven maps, each named and parameterized as its reference code spells it:
 :func:`streaming_llm` (Xiao et al. 2023), :func:`self_extend` (Jin et al. 2024), :func:`rerope`
 and :func:`leaky_rerope` (Su 2023, with their log-n query scaling), :func:`lm_infinite` (Han et
 al. 2023), :func:`dca` (An et al. 2024, ChunkLlama) and :func:`string` (An et al. 2024, STRING);
-:data:`METHODS` names their factories.
+:data:`MAP_METHODS` holds one record per method (:class:`MapMethod`: its name, map, parameters
+and reference defaults, the one place they are stated); :data:`METHODS` names their factories.
 """
 
 from __future__ import annotations
@@ -40,13 +41,17 @@ from torch import Tensor
 
 from posenc._validation import check_positive_int
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
+from posenc.mask_rules import causal_mask
 
 __all__ = [
+    "MAP_METHODS",
     "METHODS",
+    "REFERENCE_LENGTH",
     "Branch",
     "DualChunk",
     "LMInfinite",
     "LeakyReRoPE",
+    "MapMethod",
     "ReRoPE",
     "SelfExtend",
     "StreamingLLM",
@@ -70,11 +75,6 @@ class Branch(NamedTuple):
     q_positions: Tensor
     k_positions: Tensor
     key_mask: Tensor
-
-
-def _causal_mask(q_len: int, k_len: int, device) -> Tensor:
-    rows = torch.arange(k_len - q_len, k_len, device=device).unsqueeze(-1)
-    return torch.arange(k_len, device=device) <= rows
 
 
 def _query_and_key_indices(q_len: int, k_len: int, device) -> tuple[Tensor, Tensor]:
@@ -169,7 +169,7 @@ class _PositionMap:
         (0 where none does, ``covered`` False). Causal: keys after the query are not covered."""
         rel = torch.zeros(q_len, k_len, dtype=torch.int64)
         covered = torch.zeros(q_len, k_len, dtype=torch.bool)
-        causal = _causal_mask(q_len, k_len, None)
+        causal = causal_mask(q_len, k_len, None)
         for b in self.branches(q_len, k_len):
             mask = b.key_mask & causal
             rel = torch.where(mask, b.q_positions.unsqueeze(-1) - b.k_positions, rel)
@@ -593,18 +593,106 @@ def string(training_length: int = 4096, shifted_offset: int | None = None, local
 
 
 
+# ---------------------------------------------------------------- the methods, one record each
+
+#: The context the references state their numbers for (Llama 2's 4096 tokens).
+REFERENCE_LENGTH = 4096
+
+
+@dataclass(frozen=True)
+class MapMethod:
+    """Everything said about one branch-merge method, once: its name, its map, the parameters
+    it takes and the reference's defaults.
+
+    Attributes:
+        name: the method's name (``"self_extend"``, ...), the key of :data:`MAP_METHODS`.
+        map_class: the map's class (:class:`SelfExtend`, ...).
+        factory: builds the map from the reference's parameter names
+            (:func:`self_extend`, ...); :attr:`parameters` are its arguments.
+        reference_defaults: the reference's defaults for a model trained at
+            :data:`REFERENCE_LENGTH` (Llama 2, L0 = 4096), by parameter name, in tokens where
+            they are lengths.
+        proportional: the parameters the reference derives from the training length L0 (a
+            fraction of it); the others it fixes.
+        lengths: the parameters that are token counts (windows, chunks, lengths); the rest
+            are ratios or counts that stay as they are at any length.
+        attention_factor: what the reference multiplies cos and sin by (every logit by its
+            square): STRING's 0.1 ln 2 + 1, 1 for the others.
+        source: the reference code the defaults are read from.
+    """
+
+    name: str
+    map_class: type
+    factory: Callable[..., _PositionMap]
+    reference_defaults: dict[str, int]
+    proportional: tuple[str, ...] = ()
+    lengths: tuple[str, ...] = ()
+    attention_factor: float = 1.0
+    source: str = ""
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        """The parameter names :attr:`factory` (and :func:`position_map`) takes."""
+        return tuple(inspect.signature(self.factory).parameters)
+
+    def defaults(self, training_length: int) -> dict[str, int]:
+        """The reference's defaults for a model trained at L0 = ``training_length``: the
+        :attr:`proportional` ones scaled by L0 / 4096 (floor, as the references' integer
+        arithmetic: ChunkLlama's ``3 * L0 // 4``), the others as the reference fixes them.
+
+        Raises:
+            InvalidArgument: training_length not a positive int.
+        """
+        check_positive_int(training_length, "training_length")
+        return {name: value * training_length // REFERENCE_LENGTH if name in self.proportional else value
+                for name, value in self.reference_defaults.items()}
+
+    def scaled_defaults(self, training_length: int) -> dict[str, int]:
+        """Every :attr:`lengths` parameter of the reference's defaults scaled by L0 / 4096,
+        rounded, at least 1 (ratios and counts kept): the methods at the proportions the
+        references chose for Llama 2, for a model trained at another length (the lab's small
+        models; docs/results.md). The derived ones (:attr:`proportional`) agree with
+        :meth:`defaults` up to rounding.
+
+        Raises:
+            InvalidArgument: training_length not a positive int.
+        """
+        check_positive_int(training_length, "training_length")
+        return {name: max(1, round(value * training_length / REFERENCE_LENGTH)) if name in self.lengths else value
+                for name, value in self.reference_defaults.items()}
+
+
+#: The seven methods by name, one record each (:class:`MapMethod`): the one statement of their
+#: names, maps, parameters and reference defaults, which :func:`position_map`,
+#: :class:`posenc.encodings.BranchedRoPE`, the lab's extension rows and the Hugging Face
+#: integration read.
+MAP_METHODS: dict[str, MapMethod] = {m.name: m for m in (
+    MapMethod("self_extend", SelfExtend, self_extend, {"group_size": 8, "neighbor_window": 1024},
+              lengths=("neighbor_window",), source="datamllab/LongLM (group_size_1=8, group_size_2=1024)"),
+    MapMethod("rerope", ReRoPE, rerope, {"window": 512, "training_length": 4096},
+              proportional=("training_length",), lengths=("window", "training_length"),
+              source="bojone/rerope rerope_patch.py (window 512, training_length the model's)"),
+    MapMethod("leaky_rerope", LeakyReRoPE, leaky_rerope, {"window": 512, "scaling_factor": 16, "training_length": 4096},
+              proportional=("training_length",), lengths=("window", "training_length"),
+              source="bojone/rerope leaky_rerope_patch.py"),
+    MapMethod("dca", DualChunk, dca, {"chunk_size": 3072, "local_size": 256},
+              proportional=("chunk_size", "local_size"), lengths=("chunk_size", "local_size"),
+              source="HKUNLP/ChunkLlama replace_with_chunkllama (chunk 3 L0 / 4, local window L0 / 16)"),
+    MapMethod("string", String, string, {"training_length": 4096, "local_value": 128},
+              proportional=("training_length",), lengths=("training_length", "local_value"),
+              attention_factor=_STRING_ATTENTION_FACTOR,
+              source="HKUNLP/STRING (shifted_offset int(0.33 L0), small_local_value 128, factor 0.1 ln 2 + 1)"),
+    MapMethod("lm_infinite", LMInfinite, lm_infinite, {"local_branch": 4096, "global_branch": 100},
+              proportional=("local_branch",), lengths=("local_branch", "global_branch"),
+              source="Glaciohound/LM-Infinite (its Llama 2 scripts: local_branch L0, global_branch 100)"),
+    MapMethod("streaming_llm", StreamingLLM, streaming_llm, {"start_size": 4, "recent_size": 512},
+              lengths=("recent_size",), source="mit-han-lab/streaming-llm StartRecentKVCache(4, 512)"),
+)}
+
 #: The maps by method name -> their factory (each takes the reference's parameter names, with
 #: its published defaults): what :func:`position_map` and :func:`posenc.encodings.branched`
-#: build from a name.
-METHODS: dict[str, Callable[..., _PositionMap]] = {
-    "streaming_llm": streaming_llm,
-    "self_extend": self_extend,
-    "rerope": rerope,
-    "leaky_rerope": leaky_rerope,
-    "lm_infinite": lm_infinite,
-    "dca": dca,
-    "string": string,
-}
+#: build from a name; :data:`MAP_METHODS` read.
+METHODS: dict[str, Callable[..., _PositionMap]] = {name: method.factory for name, method in MAP_METHODS.items()}
 
 
 def position_map(method: str, **params) -> _PositionMap:

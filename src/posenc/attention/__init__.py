@@ -41,14 +41,22 @@ import math
 import torch
 from torch import Tensor
 
-from posenc.encodings.base import Hook, PositionalEncoding
 from posenc._validation import check_number, check_sequence_positions
 from posenc.attention import blocked, eager, flash_attention_2, flex, sdpa
 from posenc.attention.branches import BRANCH_BACKENDS, run_branches
-from posenc.attention.masks import causal_mask, check_mask, combine_masks, encoding_mask, is_mask_mod, mask_from_mod
+from posenc.attention.masks import (
+    causal_mask,
+    check_mask,
+    combine_masks,
+    encoding_mask,
+    is_mask_mod,
+    mask_from_mod,
+)
+from posenc.attention.softcap_sinks import check_sinks, check_softcap
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.errors import InvalidArgument, InvalidType
 
-__all__ = ["attention", "BACKENDS", "causal_mask", "combine_masks"]
+__all__ = ["BACKENDS", "attention", "causal_mask", "combine_masks"]
 
 BACKENDS = ("auto", "eager", "sdpa", "blocked", "flex", "flash_attention_2")
 
@@ -62,12 +70,12 @@ AUTO_BLOCKED_MIN_BIAS_ELEMENTS = 1 << 22
 def _resolve_backend(
     backend: str, encoding: PositionalEncoding | None, bias_elements: int = 0, device: torch.device | None = None,
     gates: Tensor | None = None, *, causal: bool = True, dtype: torch.dtype | None = None, mask=None,
-    dropout_p: float = 0.0, default_positions: bool = False,
+    dropout_p: float = 0.0, default_positions: bool = False, softcap: float | None = None, sinks: Tensor | None = None,
 ) -> str:
     """The backend a call runs on; ``bias_elements`` = B_bias * H * Tq * Tk.
 
     For "auto": the first matching row of the table in docs/fast_attention.md, "The `auto`
-    rule": its rows 1-4 are the returns below, in order, rows 5-9 those of :func:`_auto_on_cuda`.
+    rule": its rows 1-5 are the returns below, in order, rows 6-12 those of :func:`_auto_on_cuda`.
     tests/test_attention_auto_rule.py reads the table and checks this function against it.
 
     Raises:
@@ -82,32 +90,37 @@ def _resolve_backend(
     if device is not None and torch.device(device).type == "cuda":
         return _auto_on_cuda(encoding, bias_elements, causal=causal, dtype=dtype, mask=mask,
                              dropout_p=dropout_p, default_positions=default_positions,
-                             learning=_learns_bias(encoding, gates))
+                             learning=_learns_bias(encoding, gates), softcap=softcap, sinks=sinks)
     if encoding is not None and encoding.hooks & {Hook.SCORE_BIAS, Hook.GATE}:
         if bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS:
             return "blocked"
         if _learns_bias_on_cpu(encoding, device, gates):
             return "eager"
+    if softcap is not None:  # row 4: SDPA cannot cap
+        return "blocked"
     return "sdpa"
 
 
 def _auto_on_cuda(encoding: PositionalEncoding | None, bias_elements: int, *, causal: bool, dtype, mask,
-                  dropout_p: float, default_positions: bool, learning: bool) -> str:
-    """Rows 5-9 of the `auto` table (docs/fast_attention.md), the CUDA rows after row 1, in order:
-    flash_attention_2 (row 5: flash-attn installed and no gate is ``unsupported`` returning
-    None), flex (rows 6 and 7; not while a bias learns: FlexAttention sums a score_mod's
-    parameter gradients by atomic adds into a few addresses, 586x (T5) and 693x (Kerple) the
-    time of bias-free SDPA on an H100, docs/results.md "On a GPU"), blocked or sdpa (rows 8 and 9)."""
+                  dropout_p: float, default_positions: bool, learning: bool, softcap: float | None = None,
+                  sinks: Tensor | None = None) -> str:
+    """Rows 6-12 of the `auto` table (docs/fast_attention.md), the CUDA rows after row 1, in order:
+    flash_attention_2 (row 6: flash-attn installed and no gate is ``unsupported`` returning
+    None; no soft-cap and no sinks), flex (rows 7, 8 and 9; not while a bias learns:
+    FlexAttention sums a score_mod's parameter gradients by atomic adds into a few addresses,
+    586x (T5) and 693x (Kerple) the time of bias-free SDPA on an H100, docs/results.md "On a
+    GPU"), blocked (rows 10 and 11: a large bias, or a soft-cap SDPA cannot apply) or sdpa (row 12)."""
     hooks = encoding.hooks if encoding is not None else frozenset()
     mask_mod = is_mask_mod(mask) or Hook.MASK in hooks
     if Hook.SCORE_BIAS in hooks and default_positions and mask is None and dtype in (torch.float16, torch.bfloat16) \
             and not torch.compiler.is_compiling() and encoding.linear_bias_slopes(causal) is not None \
-            and flash_attention_2.unsupported(encoding, dropout_p=dropout_p) is None:
+            and softcap is None and sinks is None and flash_attention_2.unsupported(encoding, dropout_p=dropout_p) is None:
         return "flash_attention_2"
     large = bool(hooks & {Hook.SCORE_BIAS, Hook.GATE}) and bias_elements >= AUTO_BLOCKED_MIN_BIAS_ELEMENTS
-    if (mask_mod or large) and not dropout_p and Hook.GATE not in hooks and not learning:
+    flex_can = not dropout_p and Hook.GATE not in hooks and not learning
+    if (mask_mod or large or softcap is not None) and flex_can:
         return "flex"
-    return "blocked" if large else "sdpa"
+    return "blocked" if large or softcap is not None else "sdpa"
 
 
 def _learns_bias(encoding: PositionalEncoding | None, gates: Tensor | None = None) -> bool:
@@ -206,13 +219,16 @@ def attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     gates: Tensor | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """Scaled dot-product attention with a positional encoding.
 
-    softmax(scale * (rotate(q) . rotate(k)^T + content) + bias + gate bias + mask) @ v
+    softmax(cap(scale * (rotate(q) . rotate(k)^T + content) + bias + gate bias) + mask) @ v
     (+ content on v), the encoding contributing through its hooks (``rotate``, ``score_bias``,
     ``content``, ``gate``, and ``mask``: its positional mask, and'ed with the causal and user
-    masks on every backend).
+    masks on every backend); ``cap`` the optional soft-cap, and the softmax optionally beside
+    per-head sink logits (``softcap=``, ``sinks=``).
 
     Args:
         q: (B, H, Tq, D). k, v: (B, H_kv, Tk, D) with H_kv dividing H: multi-head (H_kv = H),
@@ -264,6 +280,29 @@ def attention(
             The queries' own tokens are the last Tq keys. The encoding turns them into a
             bias added after the scale (FoX: D_ij = sum of log f over the keys after j up to
             the query). Served by "eager", "sdpa" and "blocked" (tile by tile, O(T) memory).
+        softcap: logit soft-capping (Gemma 2, Team Gemma 2024; Grok-1), a finite float > 0 or
+            None: each logit s, after ``scale`` and after the encoding's score bias, content
+            terms and gate bias, before the masks, becomes ``softcap * tanh(s / softcap)``
+            (transformers ``models/gemma2/modeling_gemma2.py``, ``eager_attention_forward``;
+            Gemma 2 uses 50.0). Masked logits stay masked (a -inf bias too). Served by
+            "eager", "blocked" (per tile, forward and recomputing backward), "flex" (a
+            score_mod composed after the encoding's), "flash_attention_2" without a score
+            bias (flash-attn's ``softcap=``), and every branch backend but "sdpa"; refused by
+            "sdpa" (no function of the scores goes through SDPA); "auto" picks a backend
+            that caps.
+        sinks: per-head sink logits (gpt-oss, OpenAI 2025), a floating tensor (H,) on q's
+            device, H the query heads (with grouped-query heads: per query head), or None: each
+            row's softmax runs over its scores and s_h, and the sink's share is dropped,
+            ``p = softmax([scores_row, s_h])[:-1]`` (transformers
+            ``models/gpt_oss/modeling_gpt_oss.py``, ``eager_attention_forward``), i.e. the
+            output times sigmoid(L - s_h) for the row's log-sum-exp L. Gradients flow to
+            ``sinks`` (a learned parameter in gpt-oss) and to q, k, v. A row with no visible
+            key still gives zeros. Served by "eager", "sdpa" (CPU inference: a merged
+            log-sum-exp from torch's CPU flash kernel; else the sink as one more key, zero k
+            and v, logit s_h in the float mask), "blocked" (in its log-sum-exp, forward and
+            backward), "flex" (from its returned log-sum-exp) and branch-merge attention (once,
+            on the merged log-sum-exp); refused by "flash_attention_2".
+            docs/fast_attention.md, "Soft-capping and sinks".
 
     Returns:
         (B, H, Tq, D) in q's dtype.
@@ -278,7 +317,10 @@ def attention(
             backends that can). TypeError: q/k/v not floating-point tensors, float positions,
             a mask that is not boolean, causal not a bool, scale not a finite number > 0,
             dropout_p not in [0, 1), an encoding that is not a
-            PositionalEncoding, gates that are not a floating-point tensor. Under torch.compile (``torch.compiler.is_compiling()``) the
+            PositionalEncoding, gates that are not a floating-point tensor. ValueError
+            (InvalidArgument) naming ``softcap`` (not a finite number > 0) or ``sinks`` (not
+            (H,), or on another device; TypeError when not a floating-point tensor), and a
+            backend that cannot serve them (the message names the argument and the backend). Under torch.compile (``torch.compiler.is_compiling()``) the
             checks that read values (positions >= 0) and those of scale and dropout_p are
             skipped, so that the call traces as one graph; shapes and types are still checked.
 
@@ -305,7 +347,7 @@ def attention(
         raise InvalidType(
             f"encoding must be a posenc.PositionalEncoding (posenc.create(name, ...)) or None, got {type(encoding).__name__}"
         )
-    batch, num_heads, num_queries, head_dim = q.shape
+    batch, num_heads, num_queries, _ = q.shape
     num_keys = k.shape[2]
     encoding_heads = getattr(encoding, "num_heads", None) if encoding is not None and Hook.SCORE_BIAS in encoding.hooks else None
     if isinstance(encoding_heads, int) and encoding_heads != num_heads:  # a bias per head: ALiBi, T5, Kerple, FIRE
@@ -318,11 +360,14 @@ def attention(
                                      encoding)
     k_positions = _default_positions(k_positions, num_keys, 0, q.device, "k_positions", batch, encoding)
     _check_gates(gates, encoding, q, num_keys, causal)
+    softcap = check_softcap(softcap) if not torch.compiler.is_compiling() else softcap
+    sinks = check_sinks(sinks, num_heads, q.device)
     # (B, T) or, from a multi-axis encoding, (A, B, T): per-row positions (the sequence axis is last)
     bias_rows = batch if q_positions.dim() >= 2 or k_positions.dim() >= 2 or gates is not None else 1
     backend_module = _BACKENDS[_resolve_backend(backend, encoding, bias_rows * num_heads * num_queries * num_keys,
                                                 q.device, gates, causal=causal, dtype=q.dtype, mask=mask,
-                                                dropout_p=dropout_p, default_positions=default_positions)]
+                                                dropout_p=dropout_p, default_positions=default_positions,
+                                                softcap=softcap, sinks=sinks)]
     if is_mask_mod(mask) and backend_module is not flex:
         mask = mask_from_mod(mask, batch, num_heads, num_queries, num_keys, q.device)  # the backends without mask_mods
     if mask is not None and not is_mask_mod(mask):
@@ -330,7 +375,7 @@ def attention(
     reason = None
     if encoding is not None and encoding.branched:
         reason = _branched_unsupported(encoding, backend_module, dropout_p)
-    reason = reason or backend_module.unsupported(encoding, mask=mask, dropout_p=dropout_p)
+    reason = reason or backend_module.unsupported(encoding, mask=mask, dropout_p=dropout_p, softcap=softcap, sinks=sinks)
     if reason is not None:
         raise InvalidArgument(reason)
     if batch == 0 or num_queries == 0 or num_keys == 0:
@@ -353,7 +398,7 @@ def attention(
     if encoding is not None and encoding.branched:
         q, k, v, poisoned = _quarantine(q, k, v, causal=causal, mask=mask, has_key=has_key)
         out = run_branches(backend_module, encoding, q, k, v, q_positions=q_positions, k_positions=k_positions,
-                           causal=causal, mask=mask, scale=scale)
+                           causal=causal, mask=mask, scale=scale, softcap=softcap, sinks=sinks)
         if has_key is not None:
             out = out.masked_fill(~has_key, 0.0)
         return out if poisoned is None else out.masked_fill(poisoned.unsqueeze(-1), float("nan"))
@@ -364,7 +409,8 @@ def attention(
     gate_state = encoding.prepare_gates(gates) if Hook.GATE in hooks else None
     q, k, v, poisoned = _quarantine(q, k, v, causal=causal, mask=mask, has_key=has_key)
     out = backend_module.run(q, k, v, encoding=encoding, q_positions=q_positions, k_positions=k_positions,
-                             causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, gate_state=gate_state)
+                             causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, gate_state=gate_state,
+                             softcap=softcap, sinks=sinks)
     if has_key is not None:
         out = out.masked_fill(~has_key, 0.0)
     return out if poisoned is None else out.masked_fill(poisoned.unsqueeze(-1), float("nan"))

@@ -43,8 +43,9 @@ from torch import Tensor
 
 from posenc.attention import blocked, eager, flex, sdpa
 from posenc.attention.masks import as_4d
+from posenc.attention.softcap_sinks import sink_column
 from posenc.errors import InvalidArgument, InvalidType
-from posenc.mask_rules import position_at
+from posenc.mask_rules import causal_mask, position_at
 from posenc.position_maps import (
     METHODS,
     Branch,
@@ -189,7 +190,7 @@ def branch_attention(q: Tensor, k: Tensor, v: Tensor, *, rotate: Rotate, branche
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if backend != "eager":
         return _on_backend(BRANCH_BACKENDS[backend], q, k, v, rotate, branches, scale, causal)
-    allowed = _causal_mask(q_len, k_len, q.device) if causal else None
+    allowed = causal_mask(q_len, k_len, q.device) if causal else None
     acc = torch.promote_types(q.dtype, torch.float32)
     group = q.shape[1] // k.shape[1]
     values = v.repeat_interleave(group, dim=1).to(acc) if group > 1 else v.to(acc)
@@ -209,7 +210,7 @@ def branch_attention(q: Tensor, k: Tensor, v: Tensor, *, rotate: Rotate, branche
 def _on_backend(module, q: Tensor, k: Tensor, v: Tensor, rotate: Rotate, branches: Sequence[Branch], scale: float,
                 causal: bool) -> Tensor:
     """One attention per branch on ``module`` (its ``run_with_lse``), merged by log-sum-exp."""
-    allowed = _causal_mask(q.shape[2], k.shape[2], q.device) if causal else None
+    allowed = causal_mask(q.shape[2], k.shape[2], q.device) if causal else None
     outputs, lses = [], []
     for branch in branches:
         q_rot, k_rot = rotate(q, k, branch.q_positions, branch.k_positions)
@@ -221,7 +222,7 @@ def _on_backend(module, q: Tensor, k: Tensor, v: Tensor, rotate: Rotate, branche
 
 
 def run_branches(module, encoding, q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor, k_positions: Tensor,
-                 causal: bool, mask, scale: float) -> Tensor:
+                 causal: bool, mask, scale: float, softcap: float | None = None, sinks: Tensor | None = None) -> Tensor:
     """The branch-merge attention of an encoding that states branches, for
     :func:`posenc.attention` (q, k unrotated; positions, mask and scale as it hands a backend).
 
@@ -232,13 +233,16 @@ def run_branches(module, encoding, q: Tensor, k: Tensor, v: Tensor, *, q_positio
     combined them; or, on flex, a mask_mod or None, the causal mask added by flex): on flex a
     mask_mod (nothing (Tq, Tk) made), elsewhere a bool (1 or B, 1, Tq, Tk) tensor. Each
     branch runs on ``module.run_with_lse``; the outputs are merged by :func:`merge_by_lse`.
+    ``softcap`` caps each branch's logits (each logit is in exactly one branch); ``sinks`` (H,)
+    join the merge once, as one more branch whose log-sum-exp is s_h and whose output is zero
+    (:func:`~posenc.attention.softcap_sinks.sink_column`).
     Returns (B, H, Tq, D) in q's dtype.
     """
     batch, heads, num_queries, num_keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     outputs, lses = [], []
     base = mask
     if module is not flex and base is None and causal:
-        base = as_4d(_causal_mask(num_queries, num_keys, q.device))
+        base = as_4d(causal_mask(num_queries, num_keys, q.device))
     for q_rot, k_rot, allowed in encoding.attention_branches(q, k, q_positions, k_positions):
         if module is flex:
             branch_mask = _branch_mask_mod(allowed, q_positions, k_positions, base, batch=batch, heads=heads,
@@ -247,9 +251,13 @@ def run_branches(module, encoding, q: Tensor, k: Tensor, v: Tensor, *, q_positio
             grid = allowed(q_positions.unsqueeze(-1), k_positions.unsqueeze(-2))
             grid = as_4d(grid) if grid.dim() == 2 else grid.unsqueeze(1)  # (1 or B, 1, Tq, Tk)
             branch_mask = grid if base is None else grid & base
-        out, lse = module.run_with_lse(q_rot, k_rot, v, mask=branch_mask, scale=scale, causal=causal)
+        out, lse = module.run_with_lse(q_rot, k_rot, v, mask=branch_mask, scale=scale, causal=causal,
+                                       softcap=softcap)
         outputs.append(out)
         lses.append(lse)
+    if sinks is not None:
+        outputs.append(torch.zeros_like(outputs[0]))
+        lses.append(sink_column(sinks, batch, num_queries).to(lses[0].dtype))
     return merge_by_lse(outputs, lses).to(q.dtype)
 
 
@@ -284,11 +292,6 @@ def _select_then_softmax(scores: list[Tensor], masks: list[Tensor], values: Tens
     covered = torch.stack(masks).any(dim=0).any(dim=-1, keepdim=True)
     probs = torch.where(covered, torch.softmax(logits, dim=-1), torch.zeros_like(logits))
     return torch.matmul(probs, values)
-
-
-def _causal_mask(q_len: int, k_len: int, device) -> Tensor:
-    rows = torch.arange(k_len - q_len, k_len, device=device).unsqueeze(-1)
-    return torch.arange(k_len, device=device) <= rows
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int]:

@@ -6,20 +6,24 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.attention.masks import causal_mask
+from posenc.attention.softcap_sinks import sink_factor, softcap_logits
 from posenc.attention.tiling import dense_bias, dense_gate_bias
+from posenc.encodings.base import Hook, PositionalEncoding
 
 
-def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dropout_p: float = 0.0) -> str | None:
-    """Every encoding and mask: never a reason to refuse."""
+def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dropout_p: float = 0.0,
+                softcap: float | None = None, sinks: Tensor | None = None) -> str | None:
+    """Every encoding, mask, soft-cap and sink: never a reason to refuse."""
     return None
 
 
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
         k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0,
-        gate_state: object = None) -> Tensor:
-    """logits = scale * (q.k^T + content) + bias + gate bias + mask (0 or -inf): the terms that are not
+        gate_state: object = None, softcap: float | None = None, sinks: Tensor | None = None) -> Tensor:
+    """logits = scale * (q.k^T + content) + bias + gate bias + mask (0 or -inf), soft-capped
+    (``softcap``: the masked -inf entries stay -inf) and softmaxed beside the sinks (``sinks``:
+    the probabilities times sigmoid(L - s_h)), :mod:`posenc.attention.softcap_sinks`. The terms that are not
     q.k^T are summed first into one additive tensor, which goes into ``baddbmm`` with q.k^T: at
     small head dimensions every pass over the (B, H, Tq, Tk) scores costs as much as the
     product itself, forward and backward (the timing: docs/results.md, "Measurements behind the
@@ -34,7 +38,8 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     if content and k.shape[1] != heads:
         # content terms are per query head and read k (Transformer-XL's u.k_j): one k per head
         k, v = k.repeat_interleave(heads // k.shape[1], dim=1), v.repeat_interleave(heads // v.shape[1], dim=1)
-    if content and bias is None and gate_bias is None and mask is None and not dropout_p:
+    if content and bias is None and gate_bias is None and mask is None and not dropout_p and softcap is None \
+            and sinks is None:
         # the encoding's fused attention, where it has one for this call (a CPU kernel)
         fused = encoding.content_attention(q, k, v, q_positions, k_positions, causal=causal, scale=scale)
         if fused is not None:
@@ -66,7 +71,10 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         logits = torch.baddbmm(additive.reshape(kv_rows, groups * num_queries, num_keys), q3, k3t, alpha=scale)
     else:  # broadcast over batch or heads: one add after the product
         logits = torch.add(additive, torch.bmm(q3, k3t).view(batch, heads, num_queries, num_keys), alpha=scale)
-    probs = torch.softmax(logits.view(batch, heads, num_queries, num_keys), dim=-1)
+    logits = softcap_logits(logits.view(batch, heads, num_queries, num_keys), softcap)
+    probs = torch.softmax(logits, dim=-1)
+    if sinks is not None:
+        probs = probs * sink_factor(torch.logsumexp(logits, dim=-1), sinks)
     if dropout_p:
         probs = torch.nn.functional.dropout(probs, p=dropout_p)
     out = torch.bmm(probs.reshape(kv_rows, groups * num_queries, num_keys), v.to(wide).reshape(kv_rows, num_keys, -1))
@@ -79,9 +87,10 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
 
 
 def run_with_lse(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, scale: float,
-                 causal: bool = False) -> tuple[Tensor, Tensor]:
+                 causal: bool = False, softcap: float | None = None) -> tuple[Tensor, Tensor]:
     """Plain attention (no bias, content or gate: a branch of branch-merge attention) and its
-    log-sum-exp, for :func:`posenc.attention.branches.merge_by_lse`.
+    log-sum-exp, for :func:`posenc.attention.branches.merge_by_lse`; the scaled scores
+    soft-capped first when ``softcap`` is given (:func:`~posenc.attention.softcap_sinks.softcap_logits`).
 
     q (B, H, Tq, D), k and v (B, H_kv, Tk, D); ``mask`` None or bool broadcastable to
     (B, H, Tq, Tk) (True: may attend), the causal mask (bottom-right) added when ``causal``
@@ -96,7 +105,7 @@ def run_with_lse(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, scale:
     wide = torch.promote_types(q.dtype, torch.float32)
     q3 = q.to(wide).reshape(kv_rows, groups * num_queries, q.shape[-1]) * scale
     k3t = k.to(wide).reshape(kv_rows, num_keys, k.shape[-1]).transpose(-2, -1)
-    logits = torch.bmm(q3, k3t).view(batch, heads, num_queries, num_keys)
+    logits = softcap_logits(torch.bmm(q3, k3t).view(batch, heads, num_queries, num_keys), softcap)
     has_key = None
     if mask is not None:
         # a row with no key is opened to every key (a finite softmax, no NaN in any gradient),

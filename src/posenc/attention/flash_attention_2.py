@@ -13,7 +13,10 @@ key-value head h // (H / H_kv), as posenc). There is no FlashAttention-3 ALiBi.
 
 Serves: encodings without a score bias (their ``rotate`` hook already applied: NoPE, RoPE,
 xPos, ...) and encodings whose ``linear_bias_slopes(causal)`` is not None (ALiBi); fp16 or
-bf16 CUDA tensors; dropout. Not: content terms, gates, other biases (use "flex"), ``mask=``.
+bf16 CUDA tensors; dropout; ``softcap`` without a bias (flash-attn >= 2.6's ``softcap=``:
+c tanh(scale q.k / c), Gemma 2's). Not: content terms, gates, other biases (use "flex"),
+``mask=``, ``sinks`` (``flash_attn_func`` gives no differentiable log-sum-exp), ``softcap``
+with ALiBi (the kernel adds its ALiBi after the cap, posenc's rule caps the biased score).
 """
 
 from __future__ import annotations
@@ -37,8 +40,10 @@ def flash_attn_func():
         return None
 
 
-def unsupported(encoding: PositionalEncoding | None, *, mask=None, dropout_p: float = 0.0) -> str | None:
-    """flash-attn installed; no content terms; a score bias only if it is ALiBi's linear one; no mask."""
+def unsupported(encoding: PositionalEncoding | None, *, mask=None, dropout_p: float = 0.0,
+                softcap: float | None = None, sinks=None) -> str | None:
+    """flash-attn installed; no content terms; a score bias only if it is ALiBi's linear one; no
+    mask; no sinks; softcap only without a bias."""
     if flash_attn_func() is None:
         return f"backend='flash_attention_2' needs the flash-attn package, which is not installed ({_INSTALL}); use backend='flex' or 'auto'"
     hooks = encoding.hooks if encoding is not None else frozenset()
@@ -51,16 +56,23 @@ def unsupported(encoding: PositionalEncoding | None, *, mask=None, dropout_p: fl
                 "use backend='flex' or 'auto'")
     if mask is not None:
         return "backend='flash_attention_2' does not take mask=; use backend='flex', 'blocked', 'sdpa', 'eager' or 'auto'"
+    if sinks is not None:
+        return "backend='flash_attention_2' does not take sinks (no log-sum-exp to merge them with); use backend='flex', 'blocked', 'sdpa', 'eager' or 'auto'"
+    if softcap is not None and Hook.SCORE_BIAS in hooks:
+        return ("backend='flash_attention_2' caps before adding its ALiBi, posenc's softcap caps the biased score: "
+                "softcap with a score bias is refused; use backend='flex', 'blocked', 'eager' or 'auto'")
     return None
 
 
 def flash_attn_arguments(q: Tensor, k: Tensor, v: Tensor, *, slopes: Tensor | None, causal: bool, scale: float,
-                         dropout_p: float = 0.0) -> dict:
+                         dropout_p: float = 0.0, softcap: float | None = None) -> dict:
     """The keyword arguments of ``flash_attn_func`` for posenc's call: q (B, H, Tq, D), k and v
     (B, H_kv, Tk, D) as (B, T, H, D) views, ``alibi_slopes`` the slopes as float32 (H,) on q's
     device (None: no bias), ``softmax_scale``, ``causal`` (bottom-right aligned in
-    FlashAttention-2 >= 2.1, as posenc), ``dropout_p``."""
-    return {
+    FlashAttention-2 >= 2.1, as posenc), ``dropout_p``; ``softcap`` only when given (flash-attn
+    >= 2.6 takes it)."""
+    capped = {} if softcap is None else {"softcap": float(softcap)}
+    return capped | {
         "q": q.transpose(1, 2), "k": k.transpose(1, 2), "v": v.transpose(1, 2),
         "dropout_p": dropout_p, "softmax_scale": scale, "causal": causal,
         "alibi_slopes": None if slopes is None else slopes.to(device=q.device, dtype=torch.float32).contiguous(),
@@ -89,7 +101,7 @@ def check_index_aligned(q_positions: Tensor, k_positions: Tensor) -> None:
 
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
         k_positions: Tensor, causal: bool, mask=None, scale: float, dropout_p: float = 0.0,
-        gate_state: object = None) -> Tensor:
+        gate_state: object = None, softcap: float | None = None, sinks=None) -> Tensor:
     if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
         raise InvalidArgument(f"backend='flash_attention_2' runs fp16 or bf16 CUDA tensors, got {q.dtype} on {q.device.type}")
     slopes = None
@@ -100,5 +112,6 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
                              "causal mask; use causal=True or backend='flex'")
         if not torch.compiler.is_compiling():
             check_index_aligned(q_positions, k_positions)
-    out = flash_attn_func()(**flash_attn_arguments(q, k, v, slopes=slopes, causal=causal, scale=scale, dropout_p=dropout_p))
+    out = flash_attn_func()(**flash_attn_arguments(q, k, v, slopes=slopes, causal=causal, scale=scale, dropout_p=dropout_p,
+                                                   softcap=softcap))
     return out.transpose(1, 2)

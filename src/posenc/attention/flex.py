@@ -18,6 +18,11 @@ Gradients: on CUDA, FlexAttention has a backward for q, k, v and for the score_m
 parameters (T5's table, Kerple's and FIRE's parameters). torch's CPU FlexAttention has no
 backward for q, k and v (a ValueError here says so); learned-bias gradients alone run through
 the uncompiled path on the CPU (torch 2.13's compiled CPU kernel fails on them).
+
+Soft-capping is one more score_mod, composed after the encoding's (the cap of the biased
+score: :func:`~posenc.attention.softcap_sinks.softcap_logits`); sinks scale the output by
+sigmoid(L - s_h) from FlexAttention's own log-sum-exp L (``return_aux``), so the sinks get
+their gradient from autograd whatever FlexAttention's lse backward does.
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.attention.masks import is_mask_mod
+from posenc.attention.softcap_sinks import sink_factor, softcap_logits
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.errors import InvalidArgument
+from posenc.mask_rules import causal_rule
 
 #: Compile FlexAttention only when both the queries and the keys are longer than this (one
 #: 128-token block of FlexAttention): with a single block on a side, dynamo specializes the
@@ -49,9 +56,11 @@ _compiled: dict[str, Callable] = {}
 _last_block_mask: tuple | None = None
 
 
-def unsupported(encoding: PositionalEncoding | None, *, mask=None, dropout_p: float = 0.0) -> str | None:
+def unsupported(encoding: PositionalEncoding | None, *, mask=None, dropout_p: float = 0.0,
+                softcap: float | None = None, sinks: Tensor | None = None) -> str | None:
     """No content terms (no hook for them in a score_mod that sees one score), no dropout.
-    Every mask is served: a mask_mod natively, a boolean tensor through a lookup."""
+    Every mask is served: a mask_mod natively, a boolean tensor through a lookup; soft-capping
+    and sinks too."""
     if encoding is not None and Hook.CONTENT in encoding.hooks:
         return "backend='flex' has no content terms; use backend='eager' or 'auto'"
     if encoding is not None and Hook.GATE in encoding.hooks:
@@ -63,7 +72,11 @@ def unsupported(encoding: PositionalEncoding | None, *, mask=None, dropout_p: fl
 
 def _flex():
     try:
-        from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
+        from torch.nn.attention.flex_attention import (
+            and_masks,
+            create_block_mask,
+            flex_attention,
+        )
     except ImportError as err:  # pragma: no cover - torch < 2.5
         raise InvalidArgument("backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)") from err
     return and_masks, create_block_mask, flex_attention
@@ -111,7 +124,7 @@ def mask_mod_for(mask, *, causal: bool, batch: int, heads: int, num_queries: int
         offset = torch.tensor(num_keys - num_queries, device=device)
 
         def causal_mod(b, h, q_idx, kv_idx):
-            return kv_idx <= q_idx + offset
+            return causal_rule(q_idx, kv_idx, offset)
 
         mods.append(causal_mod)
     if isinstance(mask, Tensor):
@@ -181,7 +194,8 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, *, score_mod, mask, causal: bool, s
     flex_attention = _flex()[2]
     batch, heads, num_queries, _ = q.shape
     num_keys = k.shape[2]
-    shapes = dict(causal=causal, batch=batch, heads=heads, num_queries=num_queries, num_keys=num_keys, device=q.device)
+    shapes = {"causal": causal, "batch": batch, "heads": heads, "num_queries": num_queries, "num_keys": num_keys,
+              "device": q.device}
     gqa = k.shape[1] != heads
     if torch.compiler.is_compiling():
         # inside the caller's torch.compile, flex_attention is traced as one higher-order op
@@ -203,7 +217,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, *, score_mod, mask, causal: bool, s
 
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
         k_positions: Tensor, causal: bool, mask=None, scale: float, dropout_p: float = 0.0,
-        gate_state: object = None) -> Tensor:
+        gate_state: object = None, softcap: float | None = None, sinks: Tensor | None = None) -> Tensor:
     score_mod, learned_bias = None, False
     if encoding is not None and Hook.SCORE_BIAS in encoding.hooks:
         score_mod = encoding.score_mod(q_positions, k_positions)
@@ -211,7 +225,26 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
             raise InvalidArgument(f"backend='flex' needs the encoding's score_mod(); {type(encoding).__name__} has none")
         learned_bias = torch.is_grad_enabled() and any(p.requires_grad for p in encoding.parameters())
     q, k, v = _cpu_inputs(q, k, v)
-    return _attend(q, k, v, score_mod=score_mod, mask=mask, causal=causal, scale=scale, learned_bias=learned_bias)
+    score_mod = capped_score_mod(score_mod, softcap)
+    if sinks is None:
+        return _attend(q, k, v, score_mod=score_mod, mask=mask, causal=causal, scale=scale, learned_bias=learned_bias)
+    out, lse = _attend(q, k, v, score_mod=score_mod, mask=mask, causal=causal, scale=scale, learned_bias=learned_bias,
+                       return_lse=True)
+    return (out * sink_factor(lse, sinks)).to(q.dtype)
+
+
+def capped_score_mod(score_mod, softcap: float | None):
+    """``score_mod`` (or the identity, when None) followed by the soft-cap c tanh(s / c); the
+    score_mod itself without ``softcap``."""
+    if softcap is None:
+        return score_mod
+
+    def capped(score, b, h, q_idx, kv_idx):
+        if score_mod is not None:
+            score = score_mod(score, b, h, q_idx, kv_idx)
+        return softcap_logits(score, softcap)
+
+    return capped
 
 
 def _cpu_inputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -248,16 +281,18 @@ def _with_lse(result, lse_kw: dict):
     return result
 
 
-def run_with_lse(q: Tensor, k: Tensor, v: Tensor, *, mask, scale: float, causal: bool = False) -> tuple[Tensor, Tensor]:
+def run_with_lse(q: Tensor, k: Tensor, v: Tensor, *, mask, scale: float, causal: bool = False,
+                 softcap: float | None = None) -> tuple[Tensor, Tensor]:
     """Plain attention and its log-sum-exp (a branch of branch-merge attention) from
     FlexAttention's ``return_lse=True``: out (B, H, Tq, D) in q's dtype, lse (B, H, Tq) (natural
     log; -inf for a row with no key, whose output is 0). ``mask``: None, a mask_mod or a 4-D
     bool tensor; with ``causal`` the causal mask is and-ed in (for a mask_mod or None). No
     (Tq, Tk) tensor is made for a mask_mod on CUDA; on the CPU FlexAttention runs uncompiled
     (torch 2.13's compiled CPU kernel has no log-sum-exp: "return_lse is not supported yet"),
-    which materializes the scores. As :func:`run`: no q, k, v backward on the CPU."""
+    which materializes the scores. As :func:`run`: no q, k, v backward on the CPU. ``softcap``:
+    the scores capped (:func:`capped_score_mod`)."""
     q, k, v = _cpu_inputs(q, k, v)
-    return _attend(q, k, v, score_mod=None, mask=mask, causal=causal, scale=scale, learned_bias=False, return_lse=True)
+    return _attend(q, k, v, score_mod=capped_score_mod(None, softcap), mask=mask, causal=causal, scale=scale, learned_bias=False, return_lse=True)
 
 
 def tensor_mask_mod(mask: Tensor, batch: int, heads: int, num_queries: int, num_keys: int) -> Callable:

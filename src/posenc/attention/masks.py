@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
 from posenc.encodings.base import Hook
 from posenc.errors import InvalidArgument, InvalidType
-
-
-def causal_mask(num_queries: int, num_keys: int, device: torch.device | None = None) -> Tensor:
-    """Boolean (Tq, Tk), True where query i may attend key j (j <= i + Tk - Tq)."""
-    q_idx = torch.arange(num_queries, device=device).unsqueeze(-1) + (num_keys - num_queries)
-    return torch.arange(num_keys, device=device) <= q_idx
+from posenc.mask_rules import causal_mask  # noqa: F401 (the backends' import path; the rule is written there)
 
 
 def encoding_mask(encoding, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:

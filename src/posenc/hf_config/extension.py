@@ -34,7 +34,7 @@ from posenc.hf_config.encoding import extension_config, from_hf_config
 from posenc.hf_config.families import FAMILIES, Family, position_plan, reads_model_type
 from posenc.hf_config.rope import EXTENSION_METHODS
 from posenc.plan import PositionPlan
-from posenc.position_maps import DualChunk, String, position_map
+from posenc.position_maps import MAP_METHODS, DualChunk, position_map
 
 __all__ = ["BRANCH_METHODS", "CONFIG_KEY", "Extension", "ModelFacts", "branch_params", "branched_layer",
            "method_defaults", "plan_extension", "training_length"]
@@ -42,15 +42,11 @@ __all__ = ["BRANCH_METHODS", "CONFIG_KEY", "Extension", "ModelFacts", "branch_pa
 #: The config attribute recording a position map's extension (plain JSON: method and resolved parameters).
 CONFIG_KEY = "posenc_context_extension"
 
-#: method -> the parameter names it takes, in its reference code's spelling.
+#: method -> the parameter names extend_context takes, in its reference code's spelling: the
+#: fields of the method's map (:data:`posenc.position_maps.MAP_METHODS`), which the model's
+#: training length turns into numbers (:func:`method_defaults`).
 BRANCH_METHODS: dict[str, tuple[str, ...]] = {
-    "streaming_llm": ("start_size", "recent_size"),
-    "self_extend": ("group_size", "neighbor_window"),
-    "rerope": ("window", "training_length"),
-    "leaky_rerope": ("window", "scaling_factor", "training_length"),
-    "lm_infinite": ("local_branch", "global_branch"),
-    "dca": ("chunk_size", "local_size"),
-    "string": ("shifted_offset", "local_value", "attention_factor"),
+    name: tuple(f.name for f in dataclasses.fields(method.map_class)) for name, method in MAP_METHODS.items()
 }
 
 
@@ -341,8 +337,9 @@ def training_length(config: Mapping[str, Any]) -> int:
 
 
 def method_defaults(method: str, config: Mapping[str, Any]) -> dict[str, Any]:
-    """Each method's published defaults, scaled to the model's training length L0
-    (:func:`training_length`) where the reference scales them:
+    """Each method's published defaults (its record in :data:`posenc.position_maps.MAP_METHODS`,
+    ``defaults(L0)``), scaled to the model's training length L0 (:func:`training_length`) where
+    the reference scales them:
 
     - streaming_llm: start_size 4, recent_size 512 (``StartRecentKVCache``);
     - self_extend: group_size 8, neighbor_window 1024 (datamllab/LongLM; not scaled);
@@ -358,25 +355,21 @@ def method_defaults(method: str, config: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         InvalidArgument: an unknown method (the methods named); a config without a training length.
     """
+    if method not in BRANCH_METHODS:
+        raise InvalidArgument(f"method must be one of {list(BRANCH_METHODS)}, got {method!r}")
     length = training_length(config)
-    if method == "streaming_llm":
-        return {"start_size": 4, "recent_size": 512}
-    if method == "self_extend":
-        return {"group_size": 8, "neighbor_window": 1024}
-    if method == "rerope":
-        return {"window": 512, "training_length": length}
-    if method == "leaky_rerope":
-        return {"window": 512, "scaling_factor": 16, "training_length": length}
-    if method == "lm_infinite":
-        return {"local_branch": length, "global_branch": 100}
-    if method == "dca":
-        if isinstance(config.get("dual_chunk_attention_config"), dict):
-            read = DualChunk.from_config(config["dual_chunk_attention_config"])
-            return {"chunk_size": read.chunk_size, "local_size": read.local_size}
-        return {"chunk_size": 3 * length // 4, "local_size": length // 16}
-    if method == "string":
-        return {"shifted_offset": int(0.33 * length), "local_value": 128, "attention_factor": String.attention_factor}
-    raise InvalidArgument(f"method must be one of {list(BRANCH_METHODS)}, got {method!r}")
+    record = MAP_METHODS[method]
+    defaults = record.defaults(length)
+    if method == "dca" and isinstance(config.get("dual_chunk_attention_config"), dict):
+        read = DualChunk.from_config(config["dual_chunk_attention_config"])
+        defaults = {"chunk_size": read.chunk_size, "local_size": read.local_size}
+    if "shifted_offset" in BRANCH_METHODS[method]:
+        # STRING's offset, derived from L0 as its factory derives it (string()); stated as the
+        # map's own parameter, so that the record names it and a user may set it
+        defaults["shifted_offset"] = int(0.33 * defaults.pop("training_length"))
+    if "attention_factor" in BRANCH_METHODS[method]:
+        defaults["attention_factor"] = record.attention_factor
+    return {name: defaults[name] for name in BRANCH_METHODS[method]}
 
 
 def branch_params(method: str, params: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,22 +25,19 @@ from torch import Tensor
 from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.encodings.rope.rotary import RoPE
 from posenc.errors import InvalidArgument, InvalidType
-from posenc.position_maps import METHODS, position_map
+from posenc.position_maps import MAP_METHODS, position_map
 
 __all__ = ["BranchedRoPE", "branched"]
 
 
 class BranchedRoPE(PositionalEncoding):
-    """RoPE with branch-merge attention by one position map (:data:`posenc.position_maps.METHODS`).
+    """RoPE with branch-merge attention by one position map (:data:`posenc.position_maps.MAP_METHODS`).
 
     Args:
         head_dim: D, even.
-        method: a key of :data:`~posenc.position_maps.METHODS`: ``"streaming_llm"``
-            (start_size, recent_size), ``"self_extend"`` (group_size, neighbor_window),
-            ``"rerope"`` (window, training_length), ``"leaky_rerope"`` (window,
-            scaling_factor, training_length), ``"lm_infinite"`` (local_branch,
-            global_branch), ``"dca"`` (chunk_size, local_size), ``"string"``
-            (training_length, shifted_offset, local_value, attention_factor).
+        method: a key of :data:`~posenc.position_maps.MAP_METHODS`, whose record states the
+            method's map, its parameters (``MAP_METHODS[method].parameters``) and the
+            reference's defaults.
         rope: the RoPE whose rotation each branch applies: a RoPE instance (head_dim must be
             ``head_dim``), or a mapping of RoPE's options (``{"base": 500000.0}``), or None
             (``RoPE(head_dim)``).
@@ -158,5 +155,5 @@ def branched(rope: RoPE | None, method: str, **params) -> BranchedRoPE:
     return BranchedRoPE(rope.head_dim, method, rope=rope, **params)
 
 
-#: The method names :func:`branched` takes (those of :data:`posenc.position_maps.METHODS`).
-BRANCHED_METHODS = tuple(METHODS)
+#: The method names :func:`branched` takes (those of :data:`posenc.position_maps.MAP_METHODS`).
+BRANCHED_METHODS = tuple(MAP_METHODS)

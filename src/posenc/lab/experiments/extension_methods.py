@@ -15,51 +15,29 @@ from posenc.encodings.base import PositionalEncoding
 from posenc.encodings.rope.branched import branched
 from posenc.encodings.rope.rotary import RoPE
 from posenc.errors import InvalidArgument, InvalidType
+from posenc.position_maps import MAP_METHODS
 from posenc.rope import EXTENSION_METHODS, extension_scaling
 
 __all__ = ["BRANCH_METHODS", "branch_defaults", "check_extension_method", "rope_like"]
 
 #: The training-free branch-merge maps (:mod:`posenc.attention.branches`), rows ``rope+<name>``:
-#: :func:`posenc.encodings.branched` of the trained RoPE with :func:`branch_defaults`.
-BRANCH_METHODS = ("self_extend", "rerope", "leaky_rerope", "dca", "string", "lm_infinite", "streaming_llm")
-
-#: The context the references' defaults are stated for (Llama 2's 4096 tokens): the lab's
-#: models train at a few hundred bytes, so each window scales by L0 / 4096.
-REFERENCE_LENGTH = 4096
+#: :func:`posenc.encodings.branched` of the trained RoPE with :func:`branch_defaults`. The
+#: names of :data:`posenc.position_maps.MAP_METHODS`, in its order.
+BRANCH_METHODS = tuple(MAP_METHODS)
 
 
 def branch_defaults(method: str, training_length: int) -> dict[str, Any]:
     """A branch map's parameters for a model trained at L0 = ``training_length``: the
     reference's defaults for Llama 2 (L0 = 4096) with every window scaled by L0 / 4096
-    (at least 1), ratios and counts kept:
-
-    - self_extend: group_size 8, neighbor_window 1024 -> L0 / 4 (datamllab/LongLM);
-    - rerope: window 512 -> L0 / 8, training_length L0 (bojone/rerope);
-    - leaky_rerope: window L0 / 8, scaling_factor 16, training_length L0;
-    - dca: chunk_size 3 L0 / 4, local_size L0 / 16 (ChunkLlama's ``replace_with_chunkllama``);
-    - string: training_length L0, shifted_offset int(0.33 L0) (its default), local_value
-      128 -> L0 / 32 (HKUNLP/STRING);
-    - lm_infinite: local_branch L0, global_branch 100 -> L0 / 40 (LM-Infinite's Llama 2 scripts);
-    - streaming_llm: start_size 4, recent_size 512 -> L0 / 8 (mit-han-lab/streaming-llm).
+    (at least 1), ratios and counts kept: :meth:`posenc.position_maps.MapMethod.scaled_defaults`
+    of the method's record (its reference and numbers are stated there).
 
     Raises:
         InvalidArgument: an unknown method.
     """
-    def scaled(value: int) -> int:
-        return max(1, round(value * training_length / REFERENCE_LENGTH))
-
-    defaults = {
-        "self_extend": {"group_size": 8, "neighbor_window": scaled(1024)},
-        "rerope": {"window": scaled(512), "training_length": training_length},
-        "leaky_rerope": {"window": scaled(512), "scaling_factor": 16, "training_length": training_length},
-        "dca": {"chunk_size": scaled(3072), "local_size": scaled(256)},
-        "string": {"training_length": training_length, "local_value": scaled(128)},
-        "lm_infinite": {"local_branch": training_length, "global_branch": scaled(100)},
-        "streaming_llm": {"start_size": 4, "recent_size": scaled(512)},
-    }
-    if method not in defaults:
-        raise InvalidArgument(f"method must be one of {list(defaults)}, got {method!r}")
-    return defaults[method]
+    if method not in MAP_METHODS:
+        raise InvalidArgument(f"method must be one of {list(MAP_METHODS)}, got {method!r}")
+    return MAP_METHODS[method].scaled_defaults(training_length)
 
 
 def rope_like(rope: RoPE, scaling: Mapping[str, Any] | None) -> RoPE:
