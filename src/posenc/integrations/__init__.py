@@ -5,5 +5,6 @@
   GPT-NeoX, GPT-J, Llama 4, ...; one entry of its ``FAMILIES`` table per family that differs
   from Llama): ``use_encoding(model, plan_or_encoding, layers=...)``, ``extend_context(model, ...)``.
 - :mod:`posenc.integrations.branch_attention`: the training-free position maps (Self-Extend,
-  DCA, ReRoPE, STRING, ...) as a transformers attention function, for ``extend_context``.
+  DCA, ReRoPE, STRING, ...) of ``extend_context``, a ``BranchedRoPE`` per layer on posenc's
+  attention route.
 """
