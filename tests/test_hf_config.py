@@ -109,3 +109,14 @@ def test_layering_of_the_config_module():
     for path in sorted((root / "encodings").rglob("*.py")):
         bad = [m for m in _imported_modules(path, top_level_only=True) if m.startswith("posenc.hf_config")]
         assert not bad, f"{path.relative_to(root)} imports {bad} at module level"
+
+
+def test_from_hf_config_reads_a_reader_familys_config_plainly():
+    """The families with a whole-plan reader of their own (GPT-2, Falcon, ...) are records of the
+    one family table too; from_hf_config reads their config plainly, as before they were: a
+    GPT-2 config has no RoPE to read (not 'no RoPE on any layer' of its plan)."""
+    from posenc.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="this model has no RoPE"):
+        from_hf_config({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "hidden_size": 64,
+                        "num_attention_heads": 4})

@@ -54,6 +54,9 @@ def by_flags(make, nope=lambda: None):  # no_rope_layers: 1 = RoPE, 0 = NoPE (Sm
 VISION = dict(depth=1, embed_dim=16, hidden_size=16, num_heads=2, out_hidden_size=64, intermediate_size=16, patch_size=2,
               spatial_merge_size=1, temporal_patch_size=1)
 
+OLMO3_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "attention_factor": 1.2,
+              "beta_fast": 32.0, "beta_slow": 1.0}
+
 GEMMA3_TYPES = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]
 
 #: family -> (config class, model class, config kwargs, the model's own plan, attention implementation)
@@ -116,6 +119,10 @@ FAMILIES = {
     "olmo2": (T.Olmo2Config, T.Olmo2ForCausalLM,
               dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
               uniform(lambda: rope(5e5), 2), "sdpa"),
+    # OLMo 3: YaRN (a v4 rope_scaling, as released) on the full_attention layers only
+    "olmo3": (T.Olmo3Config, T.Olmo3ForCausalLM,
+              dict(SMALL, num_hidden_layers=4, sliding_window=8, rope_theta=500000.0, rope_scaling=OLMO3_YARN),
+              by_type(lambda t: rope(5e5) if t == "sliding_attention" else rope(5e5, scaling=OLMO3_YARN)), "sdpa"),
     "gpt_neox": (T.GPTNeoXConfig, T.GPTNeoXForCausalLM,
                  dict(COMMON, intermediate_size=96, num_hidden_layers=2,
                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
@@ -182,7 +189,7 @@ MEASURED = {
     "qwen3": (4.17e-07, 3.58e-07), "gemma": (3.58e-06, 5.25e-06), "gemma2": (2.86e-06, 0.0),
     "gemma3_text": (3.34e-06, 3.34e-06), "cohere": (2.24e-08, 2.24e-08), "cohere2": (2.61e-08, 2.42e-08),
     "smollm3": (3.58e-07, 3.87e-07), "gpt_oss": (2.38e-07, 0.0), "qwen3_next": (1.43e-06, 1.43e-06),
-    "phi3": (2.38e-07, 4.77e-07), "olmo2": (3.65e-07, 6.85e-07), "gpt_neox": (4.77e-07, 3.58e-07),
+    "phi3": (2.38e-07, 4.77e-07), "olmo2": (3.65e-07, 6.85e-07), "olmo3": (4.77e-07, 5.96e-07), "gpt_neox": (4.77e-07, 3.58e-07),
     "gptj": (2.98e-07, 3.58e-07), "stablelm": (2.98e-07, 5.96e-07), "persimmon": (5.96e-07, 5.96e-07),
     "llama4_text": (2.98e-07, 3.58e-07),
     "mixtral": (3.87e-07, 0.0), "qwen3_moe": (2.68e-07, 0.0), "phi": (3.58e-07, 0.0), "deepseek_v3": (2.98e-07, 0.0),
@@ -477,7 +484,7 @@ def test_llama4_native_temperature_is_kept_for_its_own_plan_and_replaced_otherwi
 
 
 #: extend_context refusals of the test configs, each for its reason (the model and config unchanged).
-EXTEND_REFUSED = {"gemma3_text": "already scaled", "gpt_oss": "already scaled",
+EXTEND_REFUSED = {"gemma3_text": "already scaled", "gpt_oss": "already scaled", "olmo3": "already scaled",
                   "phi3": "Phi3Config refuses the extended config",  # Phi-3 accepts longrope only
                   "gemma4_text": "name the ones to scale",
                   # GPT-J's rotary: rotary_dim and base 10000 (create_sinusoidal_positions), nothing else
@@ -503,6 +510,25 @@ def test_extend_context_round_trips_through_plain_from_pretrained(family, tmp_pa
         extended = model(x).logits
     assert (extended - before).abs().max() > 1e-3  # the extension changed the positions: the check can fail
     reloaded = plain_reload_logits(model, FAMILIES[family][1], tmp_path, x, FAMILIES[family][4])
+    assert (reloaded - extended).abs().max() <= 1e-5
+
+
+def test_extend_context_scales_olmo3s_full_attention_layers_by_default(tmp_path):
+    """OLMo 3's record names the full_attention layers as those extend_context scales by default
+    (its released configs carry YaRN there only): an unscaled OLMo 3 extended with linear x2 gets
+    the scaling on those layers alone, and a plain transformers reload of the saved folder gives
+    the same logits."""
+    model = build("olmo3", rope_scaling=None)
+    x = tokens()
+    with torch.no_grad():
+        before = model(x).logits
+    extend_context(model, "linear", 2.0)
+    params = model.config.rope_parameters
+    assert (params["full_attention"]["rope_type"], params["sliding_attention"]["rope_type"]) == ("linear", "default")
+    with torch.no_grad():
+        extended = model(x).logits
+    assert (extended - before).abs().max() > 1e-3  # the extension changed the positions: the check can fail
+    reloaded = plain_reload_logits(model, T.Olmo3ForCausalLM, tmp_path, x)
     assert (reloaded - extended).abs().max() <= 1e-5
 
 

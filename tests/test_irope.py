@@ -401,3 +401,23 @@ def test_use_encoding_gives_each_transformers_layer_its_schedule_entry():
     prompt = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(0))
     cached = model.generate(prompt, max_new_tokens=8, do_sample=False, use_cache=True)
     assert torch.equal(cached, model.generate(prompt, max_new_tokens=8, do_sample=False, use_cache=False))
+
+
+def test_from_hf_config_reads_absent_keys_at_transformers_defaults():
+    """A config.json leaving out Llama 4's positional keys (theta, head_dim, chunk, schedule,
+    temperature): IRoPE.from_hf_config takes Llama4TextConfig's defaults, the ones the Llama 4
+    family record reads too; the reference is the class's own to_dict() of the same config."""
+    transformers = pytest.importorskip("transformers")
+
+    sparse = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 8}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = transformers.Llama4TextConfig(**sparse).to_dict()
+    got, expected = IRoPE.from_hf_config(sparse), IRoPE.from_hf_config(full)
+    assert got.head_dim == expected.head_dim == full["head_dim"]
+    assert [got.uses_rope(i) for i in range(8)] == [bool(flag) for flag in full["no_rope_layers"]]
+    for layer in (0, 3):  # a RoPE layer (theta, chunk) and a NoPE one (the temperature)
+        mine, theirs = got.for_layer(layer), expected.for_layer(layer)
+        assert type(mine) is type(theirs) and mine.config() == theirs.config(), layer
+    assert got.for_layer(0).base == full["rope_parameters"]["rope_theta"]
+    assert got.for_layer(3).floor_scale == full["floor_scale"] and got.for_layer(3).attn_scale == full["attn_scale"]

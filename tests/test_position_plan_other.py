@@ -500,3 +500,22 @@ def test_falcon_alibi_adapter_reproduces_the_models_logits_past_bfloat16_positio
         apply_plan(model, _falcon_alibi_plan(ALiBi(6, slopes="bloom", slope_dtype="bfloat16", scale=0.5)))
         apply_plan(model, plan_falcon(dict(CONFIGS["falcon_alibi"])))
         assert (model(ids, attention_mask=mask).logits - reference).abs()[real].max() <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "t5"])
+def test_the_records_name_each_layers_self_attention(name):
+    """The layer paths of the adapter families' records (where the adapters and posenc audit
+    find each layer's self-attention): transformers' own self-attention module of the family,
+    one per layer of each stack."""
+    from posenc.integrations.families import layer_stacks
+
+    model = model_of(name)
+    stacks = layer_stacks(model)
+    expected = [("encoder", model.config.num_layers), ("decoder", model.config.num_decoder_layers)] \
+        if name == "t5" else [("decoder", model.config.num_hidden_layers)]
+    assert [(stack.name, len(stack.attentions)) for stack in stacks] == expected
+    for stack in stacks:
+        for attention in stack.attentions:
+            kind = type(attention).__name__  # GPT2Attention, OPTAttention, ..., T5Attention
+            assert kind.endswith("Attention") and "Layer" not in kind and "Cross" not in kind, kind
+            assert not getattr(attention, "is_cross_attention", False)

@@ -293,8 +293,10 @@ class IRoPE(PositionalEncoding):
         ``text_config``, or ``Llama4TextConfig.to_dict()``): rope_theta and the rope scaling
         (v4 ``rope_scaling`` or v5 ``rope_parameters``), head_dim, no_rope_layers (or
         no_rope_layer_interval), attention_chunk_size, attn_temperature_tuning, floor_scale and
-        attn_scale, with transformers' defaults for absent keys. An empty no_rope_layers means
-        the interval's schedule, as transformers reads it.
+        attn_scale; an absent key takes Llama4TextConfig's default, the one the Llama 4 family
+        record reads too (:data:`posenc.hf_config.llama4.TEXT_DEFAULTS`: rope_theta 500000,
+        head_dim 128, ...). An empty no_rope_layers means the interval's schedule, as
+        transformers reads it.
 
         Raises:
             TypeError: config not a dict. KeyError, ValueError: as
@@ -302,21 +304,11 @@ class IRoPE(PositionalEncoding):
                 partial_rotary_factor (Llama 4 rotates the whole head).
         """
         # One of the two calls from an encoding up to the config module (RoPE.to_hf_dict is the
-        # other): how a config spells RoPE is its knowledge; imported here, not at the top, so
+        # other): how a config spells Llama 4 is its knowledge; imported here, not at the top, so
         # that encodings load without it.
-        from posenc.hf_config.rope import read_hf_config
+        from posenc.hf_config.llama4 import irope_arguments
 
-        rope, _ = read_hf_config(config)
-        if rope["partial_rotary_factor"] is not None:
-            raise InvalidArgument(f"config: partial_rotary_factor={rope['partial_rotary_factor']}; iRoPE rotates the whole head")
-        return cls(
-            rope["head_dim"], rope_theta=rope["base"], rope_scaling=rope["scaling"],
-            no_rope_layers=config.get("no_rope_layers") or None,
-            no_rope_layer_interval=config.get("no_rope_layer_interval", 4),
-            attention_chunk_size=config.get("attention_chunk_size", 8192),
-            attn_temperature_tuning=config.get("attn_temperature_tuning", True),
-            floor_scale=config.get("floor_scale", 8192), attn_scale=config.get("attn_scale", 0.1),
-        )
+        return cls(**irope_arguments(config))
 
     def extra_repr(self) -> str:
         schedule = (f"no_rope_layers={self.no_rope_layers}" if self.no_rope_layers is not None

@@ -4,8 +4,10 @@ transformers import: the model glue is :mod:`posenc.integrations.transformers`.
 
 - :mod:`posenc.hf_config.rope`: the RoPE fields (v4 ``rope_scaling``, v5 ``rope_parameters``,
   per layer type): read, write, inspect, and the ``rope_scaling`` dict of a context extension.
-- :mod:`posenc.hf_config.families`: the family table and :func:`position_plan`, a config's
-  per-layer :class:`~posenc.plan.PositionPlan`.
+- :mod:`posenc.hf_config.families`: the family table, one :class:`Family` record per
+  ``model_type`` (how its config is read, where its modules live, its adapter), and
+  :func:`position_plan`, a config's per-layer :class:`~posenc.plan.PositionPlan` (the plan
+  lives in :mod:`posenc.plan`; ``posenc.hf_config.plan`` re-exports it).
 - :mod:`posenc.hf_config.encoding`: config <-> posenc encodings: :func:`from_hf_config`,
   :func:`to_hf_dict`, and :func:`extension_config`, the fields that extend a model's context.
 - :mod:`posenc.hf_config.extension`: :func:`plan_extension`, a context extension planned from

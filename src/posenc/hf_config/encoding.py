@@ -82,8 +82,9 @@ def _family_rope(config: Mapping[str, Any], layer_type: str | None, kwargs: dict
     # imported here: families imports this module's neighbours, and most configs never get here
     from posenc.hf_config.families import FAMILIES, plan_for_one_rope, reads_plainly
 
-    if not isinstance(config, Mapping) or config.get("model_type") not in FAMILIES or reads_plainly(config):
-        return None
+    family = FAMILIES.get(config.get("model_type")) if isinstance(config, Mapping) else None
+    if family is None or family.reader is not None or reads_plainly(config):
+        return None  # (a family with a whole-plan reader of its own: its RoPE, if any, reads plainly)
     plan = plan_for_one_rope(config)
     layers = [layer for layer in plan if layer_type is None or layer.layer_type == layer_type]
     if not layers:

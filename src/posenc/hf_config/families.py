@@ -1,28 +1,29 @@
-"""The family table: how each Hugging Face model family spells its positions, layer by layer,
-and :func:`position_plan`, which reads a config into a :class:`~posenc.plan.PositionPlan`.
+"""The family table: ONE :class:`Family` record per Hugging Face ``model_type``
+(:data:`FAMILIES`), everything posenc knows about the family, and :func:`position_plan`, which
+reads a config into a :class:`~posenc.plan.PositionPlan` through it.
 
-One :class:`Family` entry per ``model_type`` (:data:`FAMILIES`), as transformers 5.24 builds
-the model (its ``configuration_<family>.py`` and ``modeling_<family>.py``):
+Each record states, as transformers 5.24 builds the model (its ``configuration_<family>.py``
+and ``modeling_<family>.py``):
 
-- ``layout``: how the rotary pairs lie, ``"half-split"`` (i, i + r/2: Llama, GPT-NeoX) or
-  ``"interleaved"`` (2i, 2i + 1: Cohere, Cohere2, GPT-J, Llama 4's complex rotation,
-  DeepSeek-V3 with ``rope_interleave``); a config never says it, the family does.
-- ``defaults``: the config class's defaults of the positional keys a config.json may leave out
-  (``rope_theta`` is the class's ``default_theta``; Gemma's ``head_dim`` 256, Phi's
-  ``partial_rotary_factor`` 0.5, Mistral's ``sliding_window`` 4096, ...). The keys a
-  config.json always has (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``) have
-  no default here: a config without them is refused, naming the key.
-- ``aliases``: other spellings of a key (GPT-J's ``n_embd``, ``n_head``, ``n_layer``,
-  ``n_positions``), renamed before anything is read.
-- ``text_config``: for a multimodal wrapper (``llama4``, ``gemma3``, ``gemma4``, ``qwen2_vl``,
-  ``qwen2_5_vl``), the family of its ``text_config``, where the positions are.
-- ``layer_types``: how the family derives ``layer_types`` when the config does not list them
-  (None: the family has none); ``span``: a layer's attention span; ``encoding``: a layer's
-  encoding (a posenc RoPE or :class:`~posenc.MRoPE`, Llama 4's query temperature, or None);
-  ``sinks``: learned attention sinks (gpt-oss); ``notes``: what a user should know.
+- how its config is spelled and read: ``layout``, how the rotary pairs lie, ``"half-split"``
+  (i, i + r/2: Llama, GPT-NeoX) or ``"interleaved"`` (2i, 2i + 1: Cohere, Cohere2, GPT-J,
+  Llama 4's complex rotation, DeepSeek-V3 with ``rope_interleave``; a config never says it, the
+  family does); ``defaults``, the config class's defaults of the positional keys a config.json
+  may leave out (``rope_theta`` is the class's ``default_theta``; Gemma's ``head_dim`` 256,
+  Phi's ``partial_rotary_factor`` 0.5, Mistral's ``sliding_window`` 4096, ...; the keys a
+  config.json always has, ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``, have
+  none: a config without them is refused, naming the key); ``aliases`` (GPT-J's ``n_embd``,
+  ...); ``text_config``, a multimodal wrapper's text family; the readers ``layer_types``,
+  ``span`` and ``encoding`` (most shared by several families), or ``reader``, a whole-plan
+  reader (:mod:`posenc.hf_config.families_other`) where the positions are not rotary;
+- where its modules live, as plain attribute names (``layers``, ``attention``, ``rotary``,
+  ``tables``, ``sinks``, ``softcap``, ...), read by :func:`posenc.integrations.families.family_of`;
+- its adapter's name (:data:`posenc.integrations.adapters.ADAPTERS`) where its attention is
+  outside transformers' ``AttentionInterface``.
 
-Adding a family is one entry: ``FAMILIES["name"] = Family(...)``, with a reader function where
-the family needs one. Plain data in, no transformers import.
+Adding a family is one record, ``_family("name", ...)`` in :data:`FAMILIES` (only what differs
+from Llama's), plus its test; new code only where it spells something no reader reads yet.
+Plain data in, no transformers import.
 
 Sliding windows follow ``masking_utils``: W lets query i see keys j with i - W < j <= i;
 chunks of C: j // C == i // C, j <= i.
@@ -40,6 +41,7 @@ from posenc.encodings.irope import AttentionTemperature
 from posenc.encodings.rope.multiaxis import MRoPE
 from posenc.encodings.rope.rotary import RoPE
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
+from posenc.hf_config import llama4
 from posenc.hf_config.families_other import (
     plan_bloom,
     plan_falcon,
@@ -249,30 +251,33 @@ def softcap_of(r: Reading) -> float | None:
 
 # -- readers of one family ------------------------------------------------------------------------
 
-def gemma3_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
-    """Gemma 3 (``Gemma3TextConfig.convert_rope_params_to_dict``): one rope dict per layer type;
-    a v4 ``rope_scaling`` goes into the global (full_attention) dict; the global theta is
-    ``rope_theta`` (default 1e6), the sliding layers' ``rope_local_base_freq`` (default 1e4)."""
+def layer_type_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """The RoPE of a family whose config class builds one rope dict per layer type from the v4
+    keys (Gemma 3's and OLMo 3's ``convert_rope_params_to_dict``): the config's own per-type
+    ``rope_parameters`` first; a v4 ``rope_scaling`` goes into the global (full_attention) dict
+    only; each type's theta is read from its key in :attr:`Family.type_thetas`, else its default."""
+    model_type = r.family.model_type
+
     def dicts() -> dict[str, dict[str, Any]]:
         cfg = r.cfg
         params = cfg.get("rope_parameters")
         if params is not None and not (isinstance(params, Mapping) and nested_rope({"rope_parameters": params})):
-            raise InvalidArgument("config['rope_parameters'] of gemma3 must hold one dict per layer type "
-                                  "(full_attention, sliding_attention), as transformers reads it")
+            raise InvalidArgument(f"config['rope_parameters'] of {model_type} must hold one dict per layer type "
+                                  f"({', '.join(r.family.type_thetas)}), as transformers reads it")
         out = {k: dict(v) for k, v in (params or {}).items() if v is not None}
-        out.setdefault("full_attention", {"rope_type": "default"})
-        out.setdefault("sliding_attention", {"rope_type": "default"})
+        for kind in r.family.type_thetas:
+            out.setdefault(kind, {"rope_type": "default"})
         if cfg.get("rope_scaling"):
             if not isinstance(cfg["rope_scaling"], Mapping):
                 raise InvalidArgument(f"config['rope_scaling'] must be a dict or null, got {type(cfg['rope_scaling']).__name__}")
             out["full_attention"].update(cfg["rope_scaling"])
-        out["full_attention"].setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
-        out["sliding_attention"].setdefault("rope_theta", cfg.get("rope_local_base_freq", 10_000.0))
+        for kind, (key, default) in r.family.type_thetas.items():
+            out[kind].setdefault("rope_theta", default if key is None else cfg.get(key, default))
         return out
     cfg = {k: v for k, v in r.cfg.items() if k not in ("rope_scaling", "rope_theta")}
     cfg["rope_parameters"] = dicts()
     kwargs, layout = read_hf_config(cfg, layer_type=layer_type)
-    key = ("gemma3", layer_type)
+    key = ("per_type", layer_type)
     return r.cached(key, lambda: RoPE(**kwargs, hf_layout=layout, max_position_embeddings=cfg.get("max_position_embeddings")))
 
 
@@ -504,6 +509,10 @@ class Family:
             None: the family has none.
         span: (reading, index, layer_type) -> (span, window).
         encoding: (reading, index, layer_type) -> the layer's encoding or None (NoPE).
+        type_thetas: per layer type, the config key its RoPE theta is read from (None: none,
+            always the default) and the default, for a family whose config class builds one
+            rope dict per layer type from the v4 keys (Gemma 3, OLMo 3: :func:`layer_type_rope`,
+            a v4 ``rope_scaling`` scaling the full_attention layers only); empty: none.
         softcap_key: the config key of the attention logit soft-cap (Gemma 2's
             ``attn_logit_softcapping``), read into :attr:`LayerPlan.softcap`; None: the family has none.
         prepare: checks and rewrites before reading (refusals, notes, spellings).
@@ -553,6 +562,7 @@ class Family:
     layer_types: Callable[[Reading], list[str]] | None = None
     span: Callable[[Reading, int, str | None], tuple[str, int | None]] = span_of_type
     encoding: Callable[[Reading, int, str | None], PositionalEncoding | None] = rope_of_type
+    type_thetas: Mapping[str, tuple[str | None, float]] = field(default_factory=dict)
     softcap_key: str | None = None
     prepare: Callable[[Reading], None] | None = None
     reader: Callable[[Mapping[str, Any]], PositionPlan] | None = None
@@ -600,14 +610,12 @@ _QWEN2 = dict(defaults={"rope_theta": 10000.0, "sliding_window": 4096, "max_wind
 _QWEN_VL_TEXT = dict(defaults={"rope_theta": 1_000_000.0, "sliding_window": 4096, "max_window_layers": 80,
                                "use_sliding_window": False},
                      layer_types=qwen2_layer_types, span=qwen2_span, encoding=qwen_vl_rope)
-_LLAMA4_TEXT = dict(layout="interleaved",
-                    defaults={"rope_theta": 500000.0, "head_dim": 128, "no_rope_layer_interval": 4,
-                              "attention_chunk_size": 8192, "attn_temperature_tuning": True, "floor_scale": 8192,
-                              "attn_scale": 0.1},
-                    layer_types=llama4_layer_types, encoding=llama4_rope,
-                    base="model", tables="complex_pairs", temperature=("attn_temperature_tuning", "floor_scale", "attn_scale"))
+_LLAMA4_TEXT = dict(layout="interleaved", defaults=llama4.TEXT_DEFAULTS, temperature=llama4.TEMPERATURE,
+                    layer_types=llama4_layer_types, encoding=llama4_rope, base="model", tables="complex_pairs")
 _GEMMA3_TEXT = dict(defaults={"head_dim": 256, "sliding_window": 4096},
-                    layer_types=pattern_layer_types("sliding_window_pattern", 6), encoding=gemma3_rope,
+                    layer_types=pattern_layer_types("sliding_window_pattern", 6), encoding=layer_type_rope,
+                    type_thetas={"full_attention": ("rope_theta", 1_000_000.0),
+                                 "sliding_attention": ("rope_local_base_freq", 10_000.0)},
                     prepare=gemma3_check, scaled_layer_types=("full_attention",))
 _QWEN_VL_MODULES = {"base": "model.language_model", "sizes_config": "text_config", "rotary_positions": True}
 _GEMMA4_TEXT = dict(defaults={"head_dim": 256, "sliding_window": 512},
@@ -652,6 +660,12 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             layer_types=pattern_layer_types("sliding_window_pattern", 4), encoding=cohere2_rope,
             prepare=cohere2_check),
     _family("olmo2", defaults={"rope_theta": 10000.0}),
+    # OLMo 3: 3 sliding layers to 1 full; Olmo3Config pops rope_theta for the full_attention dict
+    # first, so the sliding dict of a v4 config always gets the class's 500000
+    _family("olmo3", defaults={"sliding_window": 4096}, layer_types=pattern_layer_types("", 4),
+            encoding=layer_type_rope, type_thetas={"full_attention": ("rope_theta", 500_000.0),
+                                                   "sliding_attention": (None, 500_000.0)},
+            scaled_layer_types=("full_attention",)),
     _family("smollm3", defaults={"rope_theta": 2_000_000.0, "no_rope_layer_interval": 4,
                                  "use_sliding_window": False, "sliding_window": None},
             layer_types=smollm3_layer_types, span=smollm3_span, encoding=no_rope_schedule_rope),
@@ -781,7 +795,7 @@ def position_plan(config: Any) -> PositionPlan:
         family = FAMILIES[family.text_config]
     r = Reading(cfg, family)
     resolved, note = rope_dict_spellings(r.cfg)
-    if note is not None and family.model_type != "gemma3_text":
+    if note is not None and not family.type_thetas:  # there rope_scaling and rope_parameters both hold
         r.note(note, warn=True)
         r.cfg = dict(resolved)
     if family.prepare is not None:

@@ -63,6 +63,7 @@ from posenc.encodings.rope.rotary import RoPE
 from posenc.encodings.t5 import T5RelativeBias
 from posenc.errors import InvalidArgument, InvalidType
 from posenc.hf_config.families import FAMILIES
+from posenc.integrations.families import layer_stacks
 from posenc.integrations.hf_masks import boolean_mask
 from posenc.plan import PositionPlan
 
@@ -523,10 +524,16 @@ def _sizes(config: Any, num_heads: int, max_positions: int) -> dict:
             "max_positions": max_positions}
 
 
+def _stacks(model: nn.Module, sizes: dict) -> tuple[Stack, ...]:
+    """The model's self-attention stacks where its family's record says its layers and their
+    attention live (:func:`~posenc.integrations.families.layer_stacks`); the decoder's causal."""
+    return tuple(Stack(stack.name, stack.module, stack.layers[0], stack.attentions, stack.name == "decoder", **sizes)
+                 for stack in layer_stacks(model))
+
+
 def _gpt2_stacks(model: nn.Module) -> tuple[Stack, ...]:
-    base, config = _base(model), model.config
-    return (Stack("decoder", base, base.h[0], tuple(block.attn for block in base.h), True,
-                  **_sizes(config, config.num_attention_heads, config.max_position_embeddings)),)
+    config = model.config
+    return _stacks(model, _sizes(config, config.num_attention_heads, config.max_position_embeddings))
 
 
 def _opt_decoder(model: nn.Module) -> nn.Module:
@@ -534,38 +541,31 @@ def _opt_decoder(model: nn.Module) -> nn.Module:
 
 
 def _opt_stacks(model: nn.Module) -> tuple[Stack, ...]:
-    decoder, config = _opt_decoder(model), model.config
-    return (Stack("decoder", decoder, decoder.layers[0], tuple(layer.self_attn for layer in decoder.layers), True,
-                  **_sizes(config, config.num_attention_heads, config.max_position_embeddings)),)
+    config = model.config
+    return _stacks(model, _sizes(config, config.num_attention_heads, config.max_position_embeddings))
 
 
 def _bloom_stacks(model: nn.Module) -> tuple[Stack, ...]:
-    base, config = _base(model), model.config
+    config = model.config
     # BLOOM has no length limit of its own (ALiBi): a learned or FIRE table gets 2048 positions
     max_positions = getattr(config, "seq_length", None) or 2048
-    return (Stack("decoder", base, base.h[0], tuple(block.self_attention for block in base.h), True,
-                  **_sizes(config, base.num_heads, max_positions)),)
+    return _stacks(model, _sizes(config, _base(model).num_heads, max_positions))
 
 
 def _mpt_stacks(model: nn.Module) -> tuple[Stack, ...]:
-    base, config = _base(model), model.config
-    return (Stack("decoder", base, base.blocks[0], tuple(block.attn for block in base.blocks), True,
-                  **_sizes(config, config.n_heads, config.max_seq_len)),)
+    config = model.config
+    return _stacks(model, _sizes(config, config.n_heads, config.max_seq_len))
 
 
 def _falcon_stacks(model: nn.Module) -> tuple[Stack, ...]:
-    base, config = _base(model), model.config
-    return (Stack("decoder", base, base.h[0], tuple(block.self_attention for block in base.h), True,
-                  **_sizes(config, config.num_attention_heads, config.max_position_embeddings)),)
+    config = model.config
+    return _stacks(model, _sizes(config, config.num_attention_heads, config.max_position_embeddings))
 
 
 def _t5_stacks(model: nn.Module) -> tuple[Stack, ...]:
     config = model.config
-    sizes = {"num_heads": config.num_heads, "head_dim": config.d_kv, "d_model": config.d_model,
-             "max_positions": getattr(config, "n_positions", None) or 512}
-    return tuple(Stack(name, stack, stack.block[0], tuple(block.layer[0].SelfAttention for block in stack.block),
-                       causal, **sizes)
-                 for name, stack, causal in (("encoder", model.encoder, False), ("decoder", model.decoder, True)))
+    return _stacks(model, {"num_heads": config.num_heads, "head_dim": config.d_kv, "d_model": config.d_model,
+                           "max_positions": getattr(config, "n_positions", None) or 512})
 
 
 def _t5_interface(model: nn.Module) -> list[nn.Module]:

@@ -18,8 +18,8 @@ from torch import Tensor, nn
 from posenc.errors import InvalidArgument
 from posenc.hf_config.families import FAMILIES, Family
 
-__all__ = ["FAMILIES", "TABLE_FORMATS", "Family", "FamilyModules", "TableFormat", "base_model", "decoder_stacks",
-           "family_of", "record_of", "sizes_config"]
+__all__ = ["FAMILIES", "TABLE_FORMATS", "Family", "FamilyModules", "LayerStack", "TableFormat", "base_model", "decoder_stacks",
+           "family_of", "layer_stacks", "record_of", "sizes_config"]
 
 
 @dataclass(frozen=True)
@@ -188,12 +188,38 @@ def _attribute(root: Any, dotted: str) -> Any:
     return root
 
 
-def decoder_stacks(model: nn.Module) -> list[tuple[str, list[nn.Module]]]:
-    """(stack name, each layer's self-attention module) for every self-attention stack of
-    ``model`` (encoder first), where its family's record says they live; a layer without
-    softmax attention (Qwen3-Next's linear attention) gives the layer itself."""
+@dataclass(frozen=True)
+class LayerStack:
+    """One self-attention stack of a model, where its family's record says it lives.
+
+    Attributes:
+        name: ``"decoder"``, or the record's stack attribute (T5: ``"encoder"``, ``"decoder"``).
+        module: the module holding the stack's layers (the base model, or its stack attribute).
+        layers: the stack's layers (the record's ``layers``), in order.
+        attentions: each layer's self-attention module (the record's ``attention`` path), or
+            the layer itself where it has none (Qwen3-Next's linear-attention layers).
+    """
+
+    name: str
+    module: nn.Module
+    layers: tuple[nn.Module, ...]
+    attentions: tuple[nn.Module, ...]
+
+
+def layer_stacks(model: nn.Module) -> list[LayerStack]:
+    """Every self-attention stack of ``model`` (encoder first), read through its family's record."""
     family = record_of(model)
     holder = _holder(model, family)
     stacks = [(name, getattr(holder, name)) for name in family.stacks] or [("decoder", holder)]
-    return [(name, [_attribute(layer, family.attention) or layer for layer in getattr(stack, family.layers)])
-            for name, stack in stacks]
+    out = []
+    for name, module in stacks:
+        layers = tuple(getattr(module, family.layers))
+        out.append(LayerStack(name, module, layers,
+                              tuple(_attribute(layer, family.attention) or layer for layer in layers)))
+    return out
+
+
+def decoder_stacks(model: nn.Module) -> list[tuple[str, list[nn.Module]]]:
+    """(stack name, each layer's self-attention module) for every self-attention stack of
+    ``model`` (encoder first), where its family's record says they live (:func:`layer_stacks`)."""
+    return [(stack.name, list(stack.attentions)) for stack in layer_stacks(model)]
