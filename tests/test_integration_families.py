@@ -376,19 +376,6 @@ def test_layers_change_only_the_layers_named():
     assert (expected - got).abs().max() > 1e-3  # layer 1 is ALiBi now
 
 
-def test_sinks_and_softcap_layers_refuse_posenc_attention_and_leave_the_model_unchanged():
-    model = build("gpt_oss")
-    before = model.config.to_dict()
-    with pytest.raises(InvalidArgument, match="attention sinks"):
-        use_encoding(model, "alibi")
-    assert model.config.to_dict() == before and not hasattr(model.model, "posenc_encoding")
-    use_encoding(model, "rope")  # a half-split RoPE of the model's width keeps the model's attention (and sinks)
-    assert model.config._attn_implementation == "eager"
-    use_encoding(model, "nope", layers=[0])
-    with pytest.raises(InvalidArgument, match="soft-capping"):
-        use_encoding(build("gemma2"), "t5")
-
-
 def test_static_cache_is_refused_with_posenc_attention_and_works_with_tables():
     model = use_encoding(build("llama"), "alibi")
     prompt = tokens()[:, :6]

@@ -542,6 +542,8 @@ class String(_PositionMap):
 
     shifted_offset: int = int(0.33 * 4096)
     local_value: int = 128
+    #: the reference's cos/sin multiplier, 0.1 ln 2 + 1 (not applied by the map); 1.0: none
+    attention_factor: float = _STRING_ATTENTION_FACTOR
 
     def __post_init__(self):
         _check_size(self.shifted_offset, "shifted_offset", minimum=1)
@@ -549,16 +551,14 @@ class String(_PositionMap):
         if self.local_value >= self.shifted_offset:
             raise InvalidArgument(f"local_value must be < shifted_offset, got local_value={self.local_value}, "
                                   f"shifted_offset={self.shifted_offset}")
-
-    @property
-    def attention_factor(self) -> float:
-        """0.1 ln 2 + 1, the reference's cos/sin multiplier (not applied by the map)."""
-        return _STRING_ATTENTION_FACTOR
+        factor = self.attention_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < math.inf:
+            raise InvalidArgument(f"attention_factor must be a positive finite number, got {factor!r}")
 
     @property
     def logit_factor(self) -> float:
         """attention_factor ** 2: the reference's cos and sin both carry the factor."""
-        return _STRING_ATTENTION_FACTOR ** 2
+        return float(self.attention_factor) ** 2
 
     def rules(self, i: Tensor, j: Tensor) -> list[Branch]:
         s, w = self.shifted_offset, self.local_value
@@ -570,15 +570,18 @@ class String(_PositionMap):
         return [Branch(i, j, diagonal), Branch(shifted_q, j, distance >= s)]
 
 
-def string(training_length: int = 4096, shifted_offset: int | None = None, local_value: int = 128) -> String:
+def string(training_length: int = 4096, shifted_offset: int | None = None, local_value: int = 128,
+           attention_factor: float = _STRING_ATTENTION_FACTOR) -> String:
     """The STRING position map (:class:`String`). Defaults are the reference's:
     ``shifted_offset = int(0.33 * L)`` for the training length L
-    (``config.max_position_embeddings``; 4096 here, 131072 for Llama 3.1) and
-    ``small_local_value = 128``. An explicit ``shifted_offset`` overrides the derived one.
+    (``config.max_position_embeddings``; 4096 here, 131072 for Llama 3.1),
+    ``small_local_value = 128`` and the cos/sin factor 0.1 ln 2 + 1. An explicit
+    ``shifted_offset`` overrides the derived one.
 
     Raises:
         InvalidArgument: training_length not a positive int, a shifted_offset < 1 (given or
-            derived), local_value < 0, or local_value >= shifted_offset.
+            derived), local_value < 0, local_value >= shifted_offset, or attention_factor
+            not a positive finite number.
     """
     check_positive_int(training_length, "training_length")
     if shifted_offset is None:
@@ -586,7 +589,7 @@ def string(training_length: int = 4096, shifted_offset: int | None = None, local
         if shifted_offset < 1:
             raise InvalidArgument(f"training_length must be >= 4 (shifted_offset = int(0.33 * training_length) "
                                   f"must be >= 1), got {training_length!r}")
-    return String(shifted_offset, local_value)
+    return String(shifted_offset, local_value, attention_factor)
 
 
 

@@ -10,6 +10,8 @@ transformers import: the model glue is :mod:`posenc.integrations.transformers`.
   lives in :mod:`posenc.plan`; ``posenc.hf_config.plan`` re-exports it).
 - :mod:`posenc.hf_config.encoding`: config <-> posenc encodings: :func:`from_hf_config`,
   :func:`to_hf_dict`, and :func:`extension_config`, the fields that extend a model's context.
+- :mod:`posenc.hf_config.extension`: :func:`plan_extension`, a context extension planned from
+  a config dict (the fields to write and the new plan; the position maps' record and defaults).
 - :mod:`posenc.hf_config.values`: the one reader of a config's numbers (types, ranges and the
   bounds checked before any allocation) and :func:`load_config_json`, a config.json file parsed
   or refused with one error naming it.
@@ -22,6 +24,7 @@ transformers import: the model glue is :mod:`posenc.integrations.transformers`.
 """
 
 from posenc.hf_config.encoding import extension_config, from_hf_config, to_hf_dict
+from posenc.hf_config.extension import Extension, ModelFacts, plan_extension
 from posenc.hf_config.families import FAMILIES, Family, position_plan, reads_model_type
 from posenc.hf_config.rope import (
     EXTENSION_METHODS,
@@ -40,6 +43,6 @@ from posenc.plan import LayerPlan, PositionPlan
 __all__ = [
     "HF_ROPE_FIELDS", "read_hf_config", "write_hf_config", "head_dim_of", "inspect_config", "RopeInspection",
     "EXTENSION_METHODS", "extension_scaling", "rope_parameters_of",
-    "from_hf_config", "to_hf_dict", "extension_config",
+    "from_hf_config", "to_hf_dict", "extension_config", "plan_extension", "Extension", "ModelFacts",
     "position_plan", "reads_model_type", "FAMILIES", "Family", "PositionPlan", "LayerPlan", "load_config_json",
 ]

@@ -6,5 +6,6 @@
   of :mod:`posenc.hf_config.families`, which says where its modules live and names its adapter
   where it has one): ``use_encoding(model, plan_or_encoding, layers=...)``, ``extend_context(model, ...)``.
 - :mod:`posenc.integrations.branch_attention`: the training-free position maps (Self-Extend,
-  DCA, ReRoPE, STRING, ...) as a transformers attention function, for ``extend_context``.
+  DCA, ReRoPE, STRING, ...) of ``extend_context``, a ``BranchedRoPE`` per layer on posenc's
+  attention route.
 """

@@ -64,6 +64,7 @@ from posenc.encodings.t5 import T5RelativeBias
 from posenc.errors import InvalidArgument, InvalidType
 from posenc.hf_config.families import FAMILIES
 from posenc.integrations.families import layer_stacks
+from posenc.integrations.hf_masks import boolean_mask
 from posenc.plan import PositionPlan
 
 __all__ = ["ADAPTERS", "Adapter", "adapter_of", "Stack", "apply_plan", "restore", "PositionTable", "OPTPositionTable",
@@ -459,17 +460,6 @@ def _heads_out(context: Tensor) -> Tensor:
     return context.transpose(1, 2).reshape(context.shape[0], context.shape[2], -1)
 
 
-def _allowed(mask: Tensor | None, true_masks: bool = False) -> Tensor | None:
-    """A family's 4-d attention mask as posenc's (True = may attend): a boolean one as is (MPT's,
-    True = masked, inverted), an additive float one (0 or a bias where allowed, the dtype's
-    minimum where not: Falcon folds its ALiBi in) compared against half the minimum."""
-    if mask is None:
-        return None
-    if mask.dtype == torch.bool:
-        return ~mask if true_masks else mask
-    return mask > torch.finfo(mask.dtype).min / 2
-
-
 def _attend(module: nn.Module, encoding: PositionalEncoding, positions: dict, q: Tensor, k: Tensor, v: Tensor,
             mask: Tensor | None, scale: float, dropout: float) -> Tensor:
     """posenc's attention of one layer: q (B, H, Tq, D), k and v (B, H_kv, Tk, D) with the
@@ -492,7 +482,7 @@ def _bloom_attention(module, encoding, positions, hidden_states, residual, alibi
     if layer_past is not None:
         k, v = layer_past.update(k, v, module.layer_idx)
     dropout = module.attention_dropout.p if module.training else 0.0
-    out = _attend(module, encoding, positions, q, k, v, _allowed(attention_mask), module.inv_norm_factor, dropout)
+    out = _attend(module, encoding, positions, q, k, v, boolean_mask(attention_mask), module.inv_norm_factor, dropout)
     out = module.dense(_heads_out(out))
     return residual + nn.functional.dropout(out, p=module.hidden_dropout, training=module.training), None
 
@@ -508,7 +498,7 @@ def _mpt_attention(module, encoding, positions, hidden_states, position_bias=Non
     if cache is not None:
         k, v = cache.update(k, v, module.layer_idx)
     dropout = module.attn_dropout_p if module.training else 0.0
-    out = _attend(module, encoding, positions, q, k, v, _allowed(attention_mask, true_masks=True),
+    out = _attend(module, encoding, positions, q, k, v, boolean_mask(attention_mask, true_masks=True),
                   module.softmax_scale, dropout)
     return module.out_proj(_heads_out(out)), None
 
@@ -525,7 +515,7 @@ def _falcon_attention(module, encoding, positions, hidden_states, alibi=None, at
     if layer_past is not None:
         k, v = layer_past.update(k, v, module.layer_idx)
     dropout = module.attention_dropout.p if module.training else 0.0
-    out = _attend(module, encoding, positions, q, k, v, _allowed(attention_mask), module.inv_norm_factor, dropout)
+    out = _attend(module, encoding, positions, q, k, v, boolean_mask(attention_mask), module.inv_norm_factor, dropout)
     return module.dense(_heads_out(out)), None
 
 

@@ -4,8 +4,8 @@
 :func:`posenc.attention`, for the layers whose encoding the model's own attention cannot apply
 (the routes: :mod:`posenc.integrations.routes`); the other layers of the same model run the
 model's original attention function through the same entry (:func:`fallback`). Also here: the
-module attributes the routes leave for it, and the conversions between transformers' masks and
-posenc's (True = may attend).
+module attributes the routes leave for it. transformers' masks are read and written by
+:mod:`posenc.integrations.hf_masks`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from posenc.attention import attention
 from posenc.errors import InvalidArgument
+from posenc.integrations.hf_masks import additive_mask, boolean_mask
 
 #: The name posenc's attention function is registered under with transformers.
 ATTN_IMPLEMENTATION = "posenc"
@@ -43,19 +44,18 @@ def posenc_attention_forward(
 ) -> tuple[Tensor, Tensor | None]:
     """transformers' attention-function signature over :func:`posenc.attention`.
 
-    query (B, H, Tq, D), key and value (B, H_kv, Tk, D) -> (output (B, Tq, H, D), None). A
-    module without a posenc encoding (a table-route layer) runs the model's original attention
-    function (eager gets the boolean mask as an additive one).
+    query (B, H, Tq, D), key and value (B, H_kv, Tk, D) -> (output (B, Tq, H, D), None). The
+    layer's logit soft-cap (``softcap=``, Gemma 2's ``attn_logit_softcapping``) and attention
+    sinks (``s_aux=``, gpt-oss's ``module.sinks``, (H,)) as transformers passes them go to
+    :func:`posenc.attention`'s ``softcap=`` and ``sinks=`` (the same math as those models'
+    ``eager_attention_forward``). A module without a posenc encoding (a table-route layer) runs
+    the model's original attention function (eager gets the boolean mask as an additive one).
 
     Raises:
-        InvalidArgument: soft-capping or attention sinks asked of posenc's attention.
+        InvalidArgument: as :func:`posenc.attention`.
     """
     if ENCODING_ATTR not in module.__dict__:
         return fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    if kwargs.get("softcap") is not None:
-        raise InvalidArgument("posenc attention does not apply logit soft-capping (softcap); use the model's own attention")
-    if kwargs.get("s_aux") is not None:
-        raise InvalidArgument("posenc attention has no attention sinks (s_aux); use the model's own attention")
     encoding = module.__dict__[ENCODING_ATTR]
     # the positions the layer's or the stack's pre-hook kept for this call (an adapter family's:
     # OPT's padding -1 read at 0), else the ones transformers hands the attention
@@ -66,17 +66,24 @@ def posenc_attention_forward(
     k_positions = key_positions(q_positions, key.shape[2])
     out = attention(
         query, key, value, encoding, causal=bool(getattr(module, "is_causal", True)),
-        q_positions=q_positions, k_positions=k_positions, mask=_boolean_mask(attention_mask),
-        scale=scaling, dropout_p=dropout,
+        q_positions=q_positions, k_positions=k_positions, mask=boolean_mask(attention_mask),
+        scale=scaling, dropout_p=dropout, **_softcap_and_sinks(kwargs),
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def _softcap_and_sinks(kwargs: dict) -> dict:
+    """posenc.attention's ``softcap=`` and ``sinks=`` from what transformers passes an
+    attention function (``softcap``: Gemma 2; ``s_aux``: gpt-oss), those that are set."""
+    given = {"softcap": kwargs.get("softcap"), "sinks": kwargs.get("s_aux")}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def fallback(module, query, key, value, attention_mask, **kwargs):
     name = module.__dict__.get(FALLBACK_ATTR, "sdpa")
     function = transformers_attention_function(name, module)
     if name == "eager":
-        attention_mask = _additive_mask(attention_mask, query, key, bool(getattr(module, "is_causal", True)))
+        attention_mask = additive_mask(attention_mask, query, key, bool(getattr(module, "is_causal", True)))
     return function(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -98,21 +105,6 @@ def transformers_attention_function(name: str, module: nn.Module | None = None):
                           "own attention next to posenc's; load the model with attn_implementation='sdpa' or 'eager'")
 
 
-def _additive_mask(mask: Tensor | None, query: Tensor, key: Tensor, causal: bool) -> Tensor | None:
-    """The boolean SDPA mask (True = may attend; None = plain causal, queries the last keys) as
-    eager attention's additive float mask of query's dtype."""
-    if mask is not None and mask.dtype != torch.bool:
-        return mask
-    if mask is None:
-        if not causal:
-            return None
-        num_queries, num_keys = query.shape[2], key.shape[2]
-        rows = torch.arange(num_queries, device=query.device).unsqueeze(-1) + (num_keys - num_queries)
-        mask = (torch.arange(num_keys, device=query.device) <= rows)[None, None]
-    zero = torch.zeros((), dtype=query.dtype, device=query.device)
-    return torch.where(mask, zero, torch.finfo(query.dtype).min)
-
-
 def _query_positions(position_ids: Tensor | None, query: Tensor) -> Tensor:
     batch, num_queries = query.shape[0], query.shape[2]
     if position_ids is None:
@@ -128,15 +120,6 @@ def key_positions(q_positions: Tensor, num_keys: int) -> Tensor:
         return q_positions
     start = q_positions[..., :1] - (num_keys - num_queries)
     return (start + torch.arange(num_keys, device=q_positions.device)).clamp(min=0)
-
-
-def _boolean_mask(attention_mask: Tensor | None) -> Tensor | None:
-    """transformers' mask as posenc's (True = may attend): boolean as is; an additive float
-    mask (0 where allowed, a large negative number where not) compared against half its
-    dtype's minimum."""
-    if attention_mask is None or attention_mask.dtype == torch.bool:
-        return attention_mask
-    return attention_mask > torch.finfo(attention_mask.dtype).min / 2
 
 
 def register_with_transformers() -> None:

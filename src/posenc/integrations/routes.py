@@ -96,9 +96,9 @@ def use_encoding(
             Qwen3-Next's linear-attention layers keep theirs); ``layers`` out of range or with
             an embedding encoding; an encoding whose head_dim differs from the model's, or
             with per-head values (``num_heads``) for another head count than the model's query
-            heads (both named); one with the ``gate`` hook (FoX); a non-rotary encoding on a
-            layer with attention sinks (gpt-oss) or logit soft-capping (Gemma 2), which
-            posenc's attention does not compute. For an adapter family (the message names the
+            heads (both named); one with the ``gate`` hook (FoX). (A layer with attention sinks,
+            gpt-oss, or logit soft-capping, Gemma 2, keeps them on either route: posenc's
+            attention takes ``sinks=`` and ``softcap=``.) For an adapter family (the message names the
             family and the encoding): a plan with ``layers`` or one the adapter cannot apply
             (it says what it takes); an encoding with the gate hook (FoX), with several
             position axes (M-RoPE), with another head count or head_dim than the model's, an
@@ -188,14 +188,6 @@ def prepare_layers(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int
         tables = _takes_tables(encoding, family, width)
         # the tables cover the rotary width (checked above); posenc's attention sees whole heads
         _check_encoding(encoding, sizes, None if tables else getattr(module, family.head_dim, head_dim), where)
-        if not tables:
-            for attr, what in ((family.sinks, "attention sinks"), (family.softcap, "logit soft-capping")):
-                if attr is not None and getattr(module, attr, None) is not None:
-                    raise InvalidArgument(
-                        f"{where}: {type(encoding).__name__} needs posenc's attention, which has no {what} "
-                        f"('{attr}' of {type(module).__name__}); only a half-split RoPE of the model's own rotary "
-                        f"width (or NoPE) keeps the model's attention on this layer"
-                    )
         decisions.append(LayerRoute(index, layer_plan, module, width, posenc_route=not tables,
                                 native_temperature_off=native is not None))
     needs_posenc = any(d.posenc_route for d in decisions)
@@ -419,7 +411,7 @@ def restore(model: nn.Module, base: nn.Module, family: Family) -> None:
     for layer in getattr(base, family.layers):
         module = getattr(layer, family.attention, None)
         if module is not None:
-            for attr in (ENCODING_ATTR, POSITIONS_ATTR, FALLBACK_ATTR, branches.BRANCH_ATTR):
+            for attr in (ENCODING_ATTR, POSITIONS_ATTR, FALLBACK_ATTR):
                 module.__dict__.pop(attr, None)
     attn_implementation = base.__dict__.pop("_posenc_original_attn", None)
     if attn_implementation is not None and model.config._attn_implementation != attn_implementation:

@@ -8,8 +8,10 @@
 >>> model = extend_context(LlamaForCausalLM.from_pretrained(path), "yarn", 4.0)  # doctest: +SKIP
 >>> model = extend_context(model, "self_extend", group_size=8, neighbor_window=1024)  # doctest: +SKIP
 
-The position maps of :func:`extend_context` (self_extend, dca, ...) run through their own
-attention function, :mod:`posenc.integrations.branch_attention`.
+The position maps of :func:`extend_context` (self_extend, dca, ...) are a
+:class:`~posenc.encodings.BranchedRoPE` per layer on posenc's attention route
+(:mod:`posenc.integrations.branch_attention`); every extension is planned from the config by
+:func:`posenc.hf_config.extension.plan_extension`.
 
 Every layer of the plan takes one of two routes, chosen from what its encoding does, never
 from its name:
@@ -30,7 +32,8 @@ from its name:
   the layers on the table route then run the model's original attention function through the
   same entry. The cache holds unrotated keys and posenc rotates every key at its position on
   each call (exact for xPos and the length-dependent scalings). Grouped-query layouts, the
-  softmax ``scaling`` and the attention dropout transformers passes are honoured.
+  softmax ``scaling``, the attention dropout, the logit soft-cap (Gemma 2) and the attention
+  sinks (gpt-oss) transformers passes are honoured.
 - An ``embed`` hook (sinusoidal, learned absolute; a plan's ``embedding``) adds to the hidden
   states entering the first decoder layer, at that call's ``position_ids``.
 
@@ -43,7 +46,8 @@ mask hides). A ``StaticCache`` (keys in fixed slots, unfilled ones past the quer
 on the layers that run posenc's attention, at the first call; table-route layers work with it.
 
 The mask is transformers' boolean SDPA mask (True = may attend; padding, sliding window, chunks
-and packed documents folded in), or None when plain causal attention is meant.
+and packed documents folded in), or None when plain causal attention is meant
+(:mod:`posenc.integrations.hf_masks` reads and writes transformers' masks).
 
 This module is the public face; the work is done by job in :mod:`posenc.integrations.routes`
 (which layer goes where), :mod:`posenc.integrations.adapter_route` (the adapter families),

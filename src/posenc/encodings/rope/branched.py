@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from posenc.encodings.base import Hook, PositionalEncoding
@@ -47,8 +48,8 @@ class BranchedRoPE(PositionalEncoding):
     so :func:`posenc.attention` calls :meth:`attention_branches` instead of :meth:`rotate`.
     Each branch rotates q and k by the RoPE at the branch's positions; the queries are first
     multiplied by the map's query scale (ReRoPE's and Leaky ReRoPE's log-n scaling, 1 up to
-    the training length) and by its logit factor (STRING's attention factor squared, 1.1386;
-    the reference multiplies cos and sin by 0.1 ln 2 + 1). Leaky ReRoPE's positions are in
+    the training length) and their rotary dimensions by its logit factor (STRING's attention
+    factor squared, 1.1386 by default; the reference multiplies cos and sin by 0.1 ln 2 + 1). Leaky ReRoPE's positions are in
     units of 1 / scaling_factor: its branches use the RoPE linearly scaled by scaling_factor
     (a ``rope`` with its own ``scaling`` is refused for it).
 
@@ -103,17 +104,22 @@ class BranchedRoPE(PositionalEncoding):
         return self.rope.rotate(q, k, q_positions, k_positions)
 
     def scale_queries(self, q: Tensor, q_positions: Tensor) -> Tensor:
-        """q times the map's query scale at q_positions and its logit factor (cast to q's dtype
-        first, as the reference casts ReRoPE's scale); q itself when both are 1 (no scale)."""
+        """q times the map's query scale at q_positions (cast to q's dtype first, as the
+        reference casts ReRoPE's scale), and its rotary part (the first ``rotary_dim``
+        dimensions) times the map's logit factor: STRING's reference multiplies the cos and sin
+        tables, which reach the rotary dimensions only (a partial RoPE: Phi-3, GPT-NeoX); q
+        itself when both are 1 (no scale)."""
         scale = self.map.query_scale_at(q_positions)
+        if scale is not None:
+            scale = scale.to(q.dtype)
+            q = q * (scale.unsqueeze(-1) if scale.dim() == 1 else scale.unsqueeze(1).unsqueeze(-1))  # (Tq, 1) / (B, 1, Tq, 1)
         factor = self.map.logit_factor
-        if scale is None and factor == 1.0:
+        if factor == 1.0:
             return q
-        if scale is None:
+        width = self.rope.rotary_dim
+        if width == q.shape[-1]:
             return q * factor
-        scale = (scale * factor).to(q.dtype)
-        scale = scale.unsqueeze(-1) if scale.dim() == 1 else scale.unsqueeze(1).unsqueeze(-1)  # (Tq, 1) or (B, 1, Tq, 1)
-        return q * scale
+        return torch.cat((q[..., :width] * factor, q[..., width:]), dim=-1)
 
     def attention_branches(self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor):
         """Per branch: (q, k) rotated at the branch's positions (q scaled first:
