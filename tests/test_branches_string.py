@@ -93,7 +93,7 @@ def test_string_matches_the_reference(offset, local):
 def test_defaults_are_the_references():
     pmap = string()
     assert pmap == String(int(0.33 * 4096), 128) == String()
-    assert string(training_length=131072) == String(43253, 128)  # the README's Llama 3.1 value
+    assert string(training_length=131072) == String(43253, 128)  # Llama 3.1's L0 = 131072: int(0.33 L0)
     assert string(shifted_offset=10, local_value=3) == String(10, 3)
     assert pmap.attention_factor == pytest.approx(1 + 0.1 * math.log(2), rel=1e-15)
 

@@ -7,7 +7,7 @@ them, and spell a context extension.
   the identity on :data:`HF_ROPE_FIELDS`. The ``layout`` the reader returns (kept by
   ``RoPE(hf_layout=...)``) records the spelling.
 - :func:`inspect_config` -> :class:`RopeInspection`: per frequency pair, the wavelengths
-  against the original and extended contexts (drawn by :func:`posenc.lab.plots.plot_rope_inspection`).
+  against the original and extended contexts (drawn by :func:`posenc.hf_config.rope_figure.plot_rope_inspection`).
 - :func:`extension_scaling` (:data:`EXTENSION_METHODS`): the ``rope_scaling`` dict of a
   context extension; :func:`rope_parameters_of` the v5 dict a config's RoPE is written over
   (:func:`posenc.hf_config.encoding.extension_config` spells a whole extension).

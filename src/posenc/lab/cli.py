@@ -407,7 +407,7 @@ class TaskReporter(RichReporter):
 def lengthgen(
     tasks: Optional[str] = typer.Option(None, help="Comma-separated tasks: copy, reverse, sort, addition, flipflop, "
                                         "selective_copy, passkey, mqar, parity, modular, cycle, bucket_sort, duplicate, "
-                                        "missing, multikey, vartrack; --list describes them (default: the preset's)."),
+                                        "missing, multikey, vartrack, counting; --list describes them (default: the preset's)."),
     encodings: Encodings = None,
     preset: str = typer.Option("default", help=(
         "quick (nope, rope, alibi on copy and flipflop; ~1 min) | default (the six core encodings, rope+rand and the "
