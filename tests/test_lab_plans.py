@@ -195,6 +195,8 @@ def test_plans_that_the_lm_cannot_run_are_refused():
         TransformerLM(CONFIG, ["rope"] * 3)
     with pytest.raises(InvalidArgument, match="attention sinks"):
         TransformerLM(CONFIG, [LayerPlan(build("rope"), sinks=True)] * 4)
+    with pytest.raises(InvalidArgument, match="soft-cap"):
+        TransformerLM(CONFIG, ["rope"] * 3 + [LayerPlan(build("rope"), softcap=50.0)])
     with pytest.raises(InvalidArgument, match="embed hook"):
         TransformerLM(CONFIG, ["rope", "sinusoidal", "rope", "rope"])
     with pytest.raises(TypeError, match="LayerPlan"):

@@ -188,8 +188,8 @@ class TransformerLM(nn.Module):
     Raises:
         TypeError: config not an LMConfig, or encoding neither an encoding, a name nor a plan.
         ValueError: an unknown encoding name (the message lists the available ones); a plan
-            whose length is not ``config.num_layers``, a layer with attention sinks (this LM
-            has none), an ``embed`` encoding on a layer (it belongs in ``plan.embedding``).
+            whose length is not ``config.num_layers``, a layer with attention sinks or a logit
+            soft-cap (this LM has neither), an ``embed`` encoding on a layer (it belongs in ``plan.embedding``).
     """
 
     def __init__(self, config: LMConfig, encoding: PositionalEncoding | str | PositionPlan | Sequence) -> None:
@@ -472,6 +472,9 @@ def _as_plan(plan: PositionPlan | Sequence, config: LMConfig) -> PositionPlan:
     for index, layer in enumerate(plan):
         if layer.sinks:
             raise InvalidArgument(f"plan: layer {index} has attention sinks, which this LM does not have")
+        if layer.softcap is not None:  # not applied, not checkpointed: refused rather than dropped
+            raise InvalidArgument(f"plan: layer {index} has a logit soft-cap ({layer.softcap}), which this LM does not "
+                                  "apply")
         if layer.encoding is not None and Hook.EMBED in layer.encoding.hooks:
             raise InvalidArgument(
                 f"plan: layer {index}'s {type(layer.encoding).__name__} adds positions to the embeddings (embed hook), "
