@@ -180,6 +180,91 @@ FAMILIES = {
         text_config=dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6,
                                                                       "mrope_section": [4, 2, 2]}),
         vision_config=VISION), uniform(lambda: posenc.MRoPE(16, mrope_section=[4, 2, 2], base=1e6), 2), "sdpa"),
+    # issue 34's families (tiny, shaped like their released configs)
+    "arcee": (T.ArceeConfig, T.ArceeForCausalLM,
+              dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                                                "original_max_position_embeddings": 16}),
+              uniform(lambda: rope(scaling={"rope_type": "yarn", "factor": 4.0,
+                                            "original_max_position_embeddings": 16}), 2), "sdpa"),
+    "apertus": (T.ApertusConfig, T.ApertusForCausalLM, dict(SMALL, num_hidden_layers=2),  # the class's llama3 x8
+                uniform(lambda: rope(12_000_000.0, scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                            "high_freq_factor": 4.0,
+                                                            "original_max_position_embeddings": 8192}), 2), "sdpa"),
+    "seed_oss": (T.SeedOssConfig, T.SeedOssForCausalLM,
+                 dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e7}),
+                 uniform(lambda: rope(1e7), 2), "sdpa"),
+    # interleaved pairs, handed Llama-format tables that apply_rotary_pos_emb de-interleaves
+    "helium": (T.HeliumConfig, T.HeliumForCausalLM,
+               dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e5}),
+               uniform(lambda: rope(1e5, interleaved=True), 2), "sdpa"),
+    "ernie4_5": (T.Ernie4_5Config, T.Ernie4_5ForCausalLM,
+                 dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+                 uniform(lambda: rope(5e5, interleaved=True), 2), "sdpa"),
+    "ernie4_5_moe": (T.Ernie4_5_MoeConfig, T.Ernie4_5_MoeForCausalLM,
+                     dict(SMALL, num_hidden_layers=2, moe_num_experts=2, moe_k=1, moe_intermediate_size=32,
+                          moe_layer_start_index=1, rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+                     uniform(lambda: rope(5e5, interleaved=True), 2), "sdpa"),
+    "glm": (T.GlmConfig, T.GlmForCausalLM,
+            dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                           "partial_rotary_factor": 0.5}),
+            uniform(lambda: rope(rotary_dim=8, interleaved=True), 2), "sdpa"),
+    "glm4": (T.Glm4Config, T.Glm4ForCausalLM,
+             dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                            "partial_rotary_factor": 0.5}),
+             uniform(lambda: rope(rotary_dim=8, interleaved=True), 2), "sdpa"),
+    "glm4_moe": (T.Glm4MoeConfig, T.Glm4MoeForCausalLM,
+                 dict(SMALL, num_hidden_layers=2, head_dim=16, n_routed_experts=2, num_experts_per_tok=1, n_group=1,
+                      topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}),
+                 uniform(lambda: rope(1e6, rotary_dim=8), 2), "sdpa"),
+    "granite": (T.GraniteConfig, T.GraniteForCausalLM,
+                dict(SMALL, num_hidden_layers=2, attention_multiplier=0.125,
+                     rope_parameters={"rope_type": "default", "rope_theta": 1e7}),
+                uniform(lambda: rope(1e7), 2), "sdpa"),
+    "granitemoe": (T.GraniteMoeConfig, T.GraniteMoeForCausalLM,
+                   dict(SMALL, num_hidden_layers=2, num_local_experts=2, num_experts_per_tok=1, attention_multiplier=0.125),
+                   uniform(rope, 2), "sdpa"),
+    "granitemoeshared": (T.GraniteMoeSharedConfig, T.GraniteMoeSharedForCausalLM,
+                         dict(SMALL, num_hidden_layers=2, num_local_experts=2, num_experts_per_tok=1,
+                              shared_intermediate_size=32, attention_multiplier=0.125),
+                         uniform(rope, 2), "sdpa"),
+    # HunYuan's released spelling: "dynamic" with an alpha, a static NTK-alpha base
+    "hunyuan_v1_dense": (T.HunYuanDenseV1Config, T.HunYuanDenseV1ForCausalLM,
+                         dict(SMALL, num_hidden_layers=2, head_dim=16,
+                              rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
+                                               "rope_theta": 10000.0}),
+                         uniform(lambda: rope(10000.0 * 1000.0 ** (16 / 14)), 2), "sdpa"),
+    "hunyuan_v1_moe": (T.HunYuanMoEV1Config, T.HunYuanMoEV1ForCausalLM,
+                       dict(SMALL, num_hidden_layers=2, head_dim=16, num_experts=2, moe_topk=1,
+                            rope_parameters={"rope_type": "default", "rope_theta": 1e5}),
+                       uniform(lambda: rope(1e5), 2), "sdpa"),
+    "starcoder2": (T.Starcoder2Config, T.Starcoder2ForCausalLM,
+                   dict(COMMON, intermediate_size=96, num_hidden_layers=2, num_key_value_heads=2, sliding_window=8,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e5}),
+                   uniform(lambda: rope(1e5), 2), "sdpa"),
+    "phimoe": (T.PhimoeConfig, T.PhimoeForCausalLM,
+               dict(SMALL, num_hidden_layers=2, num_local_experts=2, num_experts_per_tok=1,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+               uniform(lambda: rope(1e6), 2), "sdpa"),
+    # EXAONE 4: RoPE on the sliding layers, the full layers NoPE
+    "exaone4": (T.Exaone4Config, T.Exaone4ForCausalLM,
+                dict(SMALL, num_hidden_layers=4, head_dim=16, sliding_window=8, sliding_window_pattern=4,
+                     rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                by_type(lambda t: rope(1e6) if t == "sliding_attention" else None), "sdpa"),
+    "dots1": (T.Dots1Config, T.Dots1ForCausalLM,
+              dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8, max_window_layers=1, n_routed_experts=2, n_shared_experts=1,
+                   num_experts_per_tok=1, n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1,
+                   rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+              uniform(lambda: rope(1e6), 2), "sdpa"),
+    "vaultgemma": (T.VaultGemmaConfig, T.VaultGemmaForCausalLM,
+                   dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8, query_pre_attn_scalar=16),
+                   lambda config: PositionPlan(tuple(LayerPlan(rope(), layer_type=t, softcap=50.0)
+                                                     for t in config.layer_types)), "eager"),
+    # MiniMax-M2's absolute rotary_dim: 8 of 16
+    "minimax_m2": (T.MiniMaxM2Config, T.MiniMaxM2ForCausalLM,
+                   dict(SMALL, num_hidden_layers=2, head_dim=16, rotary_dim=8, num_local_experts=2, num_experts_per_tok=1,
+                        rope_theta=5e6),
+                   uniform(lambda: rope(5e6, rotary_dim=8), 2), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -194,6 +279,13 @@ MEASURED = {
     "llama4_text": (2.98e-07, 3.58e-07),
     "mixtral": (3.87e-07, 0.0), "qwen3_moe": (2.68e-07, 0.0), "phi": (3.58e-07, 0.0), "deepseek_v3": (2.98e-07, 0.0),
     "gemma4_text": (3.58e-07, 0.0), "qwen2_vl": (3.58e-07, 4.77e-07), "qwen2_5_vl": (3.58e-07, 3.58e-07),
+    "arcee": (5.96e-07, 5.66e-07), "apertus": (2.98e-07, 4.77e-07), "seed_oss": (3.28e-07, 3.58e-07),
+    "helium": (3.28e-07, 3.58e-07), "ernie4_5": (2.98e-07, 2.76e-07), "ernie4_5_moe": (3.28e-07, 2.98e-07),
+    "glm": (3.58e-07, 4.17e-07), "glm4": (3.87e-07, 6.26e-07), "glm4_moe": (3.58e-07, 4.77e-07),
+    "granite": (2.38e-07, 4.17e-07), "granitemoe": (3.43e-07, 4.17e-07), "granitemoeshared": (3.58e-07, 3.58e-07),
+    "hunyuan_v1_dense": (3.58e-07, 4.17e-07), "hunyuan_v1_moe": (2.98e-07, 3.87e-07),
+    "starcoder2": (4.17e-07, 3.58e-07), "phimoe": (4.77e-07, 4.17e-07), "exaone4": (4.77e-07, 5.59e-07),
+    "dots1": (4.17e-07, 4.17e-07), "vaultgemma": (4.71e-06, 0.0), "minimax_m2": (2.38e-07, 4.77e-07),
 }
 
 
@@ -488,7 +580,11 @@ EXTEND_REFUSED = {"gemma3_text": "already scaled", "gpt_oss": "already scaled", 
                   "phi3": "Phi3Config refuses the extended config",  # Phi-3 accepts longrope only
                   "gemma4_text": "name the ones to scale",
                   # GPT-J's rotary: rotary_dim and base 10000 (create_sinusoidal_positions), nothing else
-                  "gptj": "does not read a RoPE scaling.*create_sinusoidal_positions"}
+                  "gptj": "does not read a RoPE scaling.*create_sinusoidal_positions",
+                  "arcee": "already scaled", "apertus": "already scaled",
+                  "hunyuan_v1_dense": r"already scaled \(ntk\)",  # HunYuan's NTK-alpha, read as posenc's ntk
+                  # PhiMoE scales cos / sin by short_mscale / long_mscale, which no posenc encoding computes
+                  "phimoe": "short_mscale"}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -95,6 +95,36 @@ CASES = [
                                                                     "original_max_position_embeddings": 64})),
     ("gpt_neox", "gpt_neox", dict(SMALL, rotary_pct=0.5, rotary_emb_base=20000)),
     ("gpt_neox-defaults", "gpt_neox", dict(SMALL)),
+    # issue 34's families (shapes of their released config.json, shrunk)
+    ("arcee", "arcee", dict(SMALL, rope_theta=10000.0, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                                     "original_max_position_embeddings": 64})),
+    ("apertus", "apertus", dict(SMALL, rope_theta=12_000_000.0, rope_scaling=LLAMA3)),
+    ("apertus-defaults", "apertus", dict(SMALL)),
+    ("seed_oss", "seed_oss", dict(SMALL, head_dim=16, rope_theta=1e7)),
+    ("helium", "helium", dict(SMALL, head_dim=16, rope_theta=100000.0)),
+    ("ernie4_5", "ernie4_5", dict(SMALL, head_dim=16, rope_theta=500000.0)),
+    ("ernie4_5_moe", "ernie4_5_moe", dict(SMALL, rope_theta=500000.0, moe_num_experts=4, moe_k=2)),
+    ("glm", "glm", dict(SMALL, head_dim=16, partial_rotary_factor=0.5, rope_theta=10000.0)),
+    ("glm4", "glm4", dict(SMALL, head_dim=32, partial_rotary_factor=0.5, rope_theta=10000.0)),
+    ("glm4_moe", "glm4_moe", dict(SMALL, head_dim=32, partial_rotary_factor=0.5, rope_theta=1e6, n_routed_experts=4)),
+    ("granite", "granite", dict(SMALL, rope_theta=1e7, attention_multiplier=0.015625)),
+    ("granitemoe", "granitemoe", dict(SMALL, rope_theta=10000.0, num_local_experts=4)),
+    ("granitemoeshared", "granitemoeshared", dict(SMALL, rope_theta=10000.0, num_local_experts=4)),
+    ("hunyuan_v1_dense-alpha", "hunyuan_v1_dense", dict(SMALL, head_dim=16, rope_theta=10000.0, rope_scaling={
+        "alpha": 1000.0, "beta_fast": 32, "beta_slow": 1, "factor": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "type": "dynamic"})),
+    ("hunyuan_v1_moe", "hunyuan_v1_moe", dict(SMALL, head_dim=16, rope_theta=10000.0, num_experts=4)),
+    ("starcoder2", "starcoder2", dict(SMALL, rope_theta=100000.0, sliding_window=32)),
+    ("phimoe", "phimoe", dict(SMALL, rope_theta=1e6, sliding_window=None, num_local_experts=4)),
+    ("exaone4", "exaone4", dict(SMALL, num_hidden_layers=8, head_dim=16, sliding_window=16, sliding_window_pattern="LLLG",
+                                layer_types=(["sliding_attention"] * 3 + ["full_attention"]) * 2, rope_theta=1e6,
+                                rope_scaling=dict(LLAMA3, factor=16.0))),
+    ("exaone4-pattern", "exaone4", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=8,
+                                        sliding_window_pattern=3)),
+    ("dots1", "dots1", dict(SMALL, rope_theta=1e6, sliding_window=None, max_window_layers=4)),
+    ("dots1-window", "dots1", dict(SMALL, rope_theta=1e6, sliding_window=16, max_window_layers=2)),
+    ("vaultgemma", "vaultgemma", dict(SMALL, head_dim=16, sliding_window=16)),
+    ("minimax_m2", "minimax_m2", dict(SMALL, head_dim=32, rotary_dim=16, rope_theta=5e6)),
     ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
     ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
     ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
@@ -107,7 +137,7 @@ CASES = [
 ]
 
 #: families whose attention passes config.sliding_window on every layer (no layer_types)
-ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe"}
+ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe"}
 #: families whose rotary tables lie interleaved (repeat_interleave) in transformers
 HF_INTERLEAVED_TABLES = {"cohere", "cohere2"}
 
@@ -149,6 +179,8 @@ def hf_uses_rope(model_type, hf, index):
         return hf.layer_types[index] == "sliding_attention" and hf.sliding_window is not None
     if model_type == "qwen3_next":
         return hf.layer_types[index] != "linear_attention"
+    if model_type == "exaone4":  # "global NoPE" (Exaone4Attention.forward)
+        return hf.sliding_window is None or hf.layer_types[index] == "sliding_attention"
     return True
 
 
@@ -235,7 +267,7 @@ def test_plan_matches_transformers(case, model_type, config):
             assert layer.layer_type == types[index]
         assert (layer.span, layer.window) == expected_span(hf.model_type, hf, index), index
         assert layer.sinks == (hf.model_type == "gpt_oss")
-        assert layer.softcap == (hf.attn_logit_softcapping if hf.model_type == "gemma2" else None)
+        assert layer.softcap == (hf.attn_logit_softcapping if hf.model_type in ("gemma2", "vaultgemma") else None)
         if not hf_uses_rope(hf.model_type, hf, index):
             if hf.model_type == "llama4_text" and hf.attn_temperature_tuning:
                 assert isinstance(layer.encoding, AttentionTemperature)
@@ -354,6 +386,14 @@ def test_mrope_type_accepted_and_written_back():
     (dict(model_type="gemma3", vision_config={}), "text_config"),
     (dict(SMALL), "model_type"),
     (dict(SMALL, model_type="mistral", sliding_window=0), "sliding_window"),
+    # Phi-3.5-MoE's longrope: cos / sin times short_mscale or long_mscale, which no posenc encoding computes
+    (dict(SMALL, model_type="phimoe", rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
+                                                    "long_factor": [2.0] * 8, "short_mscale": 1.2, "long_mscale": 1.2,
+                                                    "original_max_position_embeddings": 64}), "short_mscale"),
+    # EXAONE 4's released "LLLG" pattern spelling, without layer_types (transformers' % fails on it)
+    (dict(SMALL, model_type="exaone4", sliding_window=16, sliding_window_pattern="LLLG"), "sliding_window_pattern"),
+    (dict(SMALL, model_type="hunyuan_v1_dense", head_dim=16, partial_rotary_factor=0.5,
+          rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0}), "partial_rotary_factor"),
 ])
 def test_refusals_name_the_key(config, key):
     with pytest.raises((MissingKey, InvalidArgument), match=key):

@@ -481,6 +481,112 @@ def mistral_note(r: Reading) -> None:
         r.cfg.pop("layer_types")
 
 
+# -- the 2025-26 families (issue 34) ----------------------------------------------------------
+
+def rope_dict_of(r: Reading) -> tuple[str | None, Mapping[str, Any]]:
+    """The config's one rope dict and its key (``rope_parameters`` or ``rope_scaling``), or
+    (None, {}) where it has none."""
+    for key in ("rope_parameters", "rope_scaling"):
+        value = r.cfg.get(key)
+        if isinstance(value, Mapping) and value:
+            return key, value
+    return None, {}
+
+
+def apertus_prepare(r: Reading) -> None:
+    """Apertus (``ApertusConfig.__post_init__``): without a rope dict, llama3 x8 over 8192, theta 1.2e7."""
+    if rope_dict_of(r)[0] is None:
+        r.cfg["rope_parameters"] = {"rope_type": "llama3", "rope_theta": r.cfg.get("rope_theta", 12_000_000.0),
+                                    "factor": 8.0, "original_max_position_embeddings": 8192,
+                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+def hunyuan_prepare(r: Reading) -> None:
+    """HunYuan V1 (``HunYuanDenseV1RotaryEmbedding``): a ``dynamic`` rope dict with an ``alpha``
+    (the released configs' spelling) is ``ntk_alpha``, static NTK-aware scaling by alpha: base
+    theta * alpha^(D / (D - 2)) over the whole head D, whatever the length; posenc's ``ntk``
+    with factor alpha is that formula (the plan says so, and ``extend_context`` sees a scaled RoPE)."""
+    key, params = rope_dict_of(r)
+    if key is None or params.get("rope_type", params.get("type")) != "dynamic" or not params.get("alpha"):
+        return
+    for where in (params, r.cfg):
+        if where.get("partial_rotary_factor") not in (None, 1, 1.0):
+            raise InvalidArgument(f"config (hunyuan): partial_rotary_factor {where['partial_rotary_factor']!r} with "
+                                  "an ntk_alpha rope dict: transformers' HunYuan builds its table over the whole "
+                                  "head_dim and rotates the whole head; posenc does not read that pairing")
+    alpha = check_real(params["alpha"], f"config[{key!r}]['alpha']", gt=0)
+    theta = params.get("rope_theta", r.cfg.get("rope_theta", 10000.0))
+    r.note(f"{key} dynamic with alpha={alpha:g} is HunYuan's static NTK-alpha: ntk x{alpha:g} "
+           "(base theta * alpha^(D/(D-2)), independent of the length)")
+    for other in ("rope_parameters", "rope_scaling"):
+        r.cfg.pop(other, None)
+    r.cfg["rope_parameters"] = {"rope_type": "ntk", "factor": alpha, "rope_theta": theta}
+
+
+def phimoe_check(r: Reading) -> None:
+    """PhiMoE (``PhimoeRotaryEmbedding.forward``): a scaled rope dict's cos/sin are multiplied by
+    ``short_mscale`` or ``long_mscale`` chosen by the sequence length, not by the scaling's own
+    attention factor: refused, naming the keys."""
+    key, params = rope_dict_of(r)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if key is not None and kind != "default":
+        raise InvalidArgument(f"config[{key!r}] rope_type {kind!r}: transformers' PhiMoE multiplies cos and sin by "
+                              "rope_parameters['short_mscale'] or ['long_mscale'] (picked by the sequence length "
+                              "against original_max_position_embeddings) in place of the scaling's attention factor; "
+                              "no posenc encoding computes that, so posenc does not read it")
+
+
+def exaone4_layer_types(r: Reading) -> list[str]:
+    """EXAONE 4 (``Exaone4Config.__post_init__``): the config's layer_types, else layer i slides
+    unless (i + 1) is a multiple of ``sliding_window_pattern`` (an int; default 4)."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    if r.cfg.get("sliding_window") is None:
+        raise InvalidArgument("config (exaone4): sliding_window is null and there are no layer_types; transformers' "
+                              "Exaone4Config then divides by sliding_window_pattern 0")
+    pattern = config_int(r.cfg, "sliding_window_pattern", where="config (exaone4)")
+    return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
+def exaone4_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
+    if r.cfg.get("sliding_window") is None:
+        return "full", None
+    return span_of_type(r, index, layer_type)
+
+
+def exaone4_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """EXAONE 4 (``Exaone4Attention.forward``): RoPE on the sliding layers, the full layers NoPE
+    ("global NoPE"), unless there is no sliding_window: then RoPE everywhere."""
+    if r.cfg.get("sliding_window") is not None and layer_type != "sliding_attention":
+        return None
+    return r.rope(None)
+
+
+def dots1_layer_types(r: Reading) -> list[str]:
+    """dots.llm1 (``Dots1Config.__post_init__``): the layers from ``max_window_layers`` on slide
+    when there is a sliding_window (no ``use_sliding_window`` switch, unlike Qwen2)."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    window = r.cfg.get("sliding_window")
+    first = config_int(r.cfg, "max_window_layers", minimum=0, where="config") if window is not None else 0
+    return ["sliding_attention" if window is not None and i >= first else "full_attention"
+            for i in range(r.positive_int("num_hidden_layers"))]
+
+
+def minimax_m2_prepare(r: Reading) -> None:
+    """MiniMax-M2 (``MiniMaxM2Config.convert_rope_params_to_dict``): the released checkpoints give
+    the rotated width as an absolute ``rotary_dim``; it is partial_rotary_factor rotary_dim /
+    head_dim unless the config gives the factor."""
+    if r.cfg.get("rotary_dim") is None:
+        return
+    rotary, head = config_int(r.cfg, "rotary_dim", where="config (minimax_m2)"), r.positive_int("head_dim")
+    if r.cfg.get("partial_rotary_factor") is None:
+        r.cfg["partial_rotary_factor"] = rotary / head
+        r.note(f"rotary_dim {rotary} of head_dim {head}: partial_rotary_factor {rotary / head:g}")
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -684,6 +790,36 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                        "rotary_dim and base 10000, and reads no rope_theta, rope_scaling or rope_parameters"),
     _family("stablelm", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
     _family("persimmon", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    # issue 34's families, as transformers 5.24 builds them
+    _family("arcee", defaults={"rope_theta": 10000.0}),
+    _family("apertus", defaults={"rope_theta": 12_000_000.0}, prepare=apertus_prepare),
+    _family("seed_oss", defaults={"rope_theta": 10000.0, "head_dim": 128}),
+    _family("helium", layout="interleaved", defaults={"rope_theta": 100000.0, "head_dim": 128},
+            tables="deinterleaved_cos_sin"),
+    _family("ernie4_5", layout="interleaved", defaults={"rope_theta": 500000.0, "head_dim": 128},
+            tables="deinterleaved_cos_sin"),
+    _family("ernie4_5_moe", layout="interleaved", defaults={"rope_theta": 500000.0}, tables="deinterleaved_cos_sin"),
+    _family("glm", layout="interleaved", defaults={"rope_theta": 10000.0, "head_dim": 128, "partial_rotary_factor": 0.5},
+            tables="deinterleaved_cos_sin"),
+    _family("glm4", layout="interleaved", defaults={"rope_theta": 10000.0, "head_dim": 128, "partial_rotary_factor": 0.5},
+            tables="deinterleaved_cos_sin"),
+    _family("glm4_moe", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    _family("granite", defaults={"rope_theta": 10000.0}),
+    _family("granitemoe", defaults={"rope_theta": 10000.0}),
+    _family("granitemoeshared", defaults={"rope_theta": 10000.0}),
+    _family("hunyuan_v1_dense", defaults={"rope_theta": 10000.0}, prepare=hunyuan_prepare),
+    _family("hunyuan_v1_moe", defaults={"rope_theta": 10000.0}, prepare=hunyuan_prepare),
+    _family("starcoder2", defaults={"rope_theta": 10000.0, "sliding_window": None}, span=span_all_sliding),
+    _family("phimoe", defaults={"rope_theta": 1_000_000.0, "sliding_window": None}, span=span_all_sliding,
+            prepare=phimoe_check),
+    _family("exaone4", defaults={"rope_theta": 10000.0, "sliding_window": 4096, "sliding_window_pattern": 4},
+            layer_types=exaone4_layer_types, span=exaone4_span, encoding=exaone4_rope),
+    _family("dots1", defaults={"rope_theta": 10000.0, "sliding_window": 4096, "max_window_layers": 62},
+            layer_types=dots1_layer_types),
+    _family("vaultgemma", defaults={"rope_theta": 10000.0, "head_dim": 256, "sliding_window": 4096,
+                                    "attn_logit_softcapping": 50.0},
+            layer_types=pattern_layer_types("", 2), softcap_key="attn_logit_softcapping"),
+    _family("minimax_m2", defaults={"rope_theta": 5_000_000.0, "head_dim": 128}, prepare=minimax_m2_prepare),
     _family("llama4_text", **_LLAMA4_TEXT, source="transformers/models/llama4/"),
     _family("llama4", text_config="llama4_text"),
     # the families whose positions are not (only) rotary: a reader of their own and an adapter
