@@ -57,6 +57,9 @@ VISION = dict(depth=1, embed_dim=16, hidden_size=16, num_heads=2, out_hidden_siz
 OLMO3_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "attention_factor": 1.2,
               "beta_fast": 32.0, "beta_slow": 1.0}
 
+MINISTRAL3_YARN = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 16,
+                   "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.0}
+
 GEMMA3_TYPES = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]
 
 #: family -> (config class, model class, config kwargs, the model's own plan, attention implementation)
@@ -265,6 +268,16 @@ FAMILIES = {
                    dict(SMALL, num_hidden_layers=2, head_dim=16, rotary_dim=8, num_local_experts=2, num_experts_per_tok=1,
                         rope_theta=5e6),
                    uniform(lambda: rope(5e6, rotary_dim=8), 2), "sdpa"),
+    "ministral": (T.MinistralConfig, T.MinistralForCausalLM,
+                  dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8,
+                       layer_types=["sliding_attention", "full_attention"],
+                       rope_parameters={"rope_type": "default", "rope_theta": 1e8}),
+                  by_type(lambda t: rope(1e8)), "sdpa"),
+    # Ministral 3 with llama_4_scaling_beta 0 (its query temperature 1): YaRN, every layer
+    "ministral3": (T.Ministral3Config, T.Ministral3ForCausalLM,
+                   dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters=MINISTRAL3_YARN), uniform(
+                       lambda: rope(1e6, scaling={k: v for k, v in MINISTRAL3_YARN.items()
+                                                  if k not in ("rope_theta", "llama_4_scaling_beta")}), 2), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -286,6 +299,7 @@ MEASURED = {
     "hunyuan_v1_dense": (3.58e-07, 4.17e-07), "hunyuan_v1_moe": (2.98e-07, 3.87e-07),
     "starcoder2": (4.17e-07, 3.58e-07), "phimoe": (4.77e-07, 4.17e-07), "exaone4": (4.77e-07, 5.59e-07),
     "dots1": (4.17e-07, 4.17e-07), "vaultgemma": (4.71e-06, 0.0), "minimax_m2": (2.38e-07, 4.77e-07),
+    "ministral": (3.58e-07, 5.96e-07), "ministral3": (2.42e-07, 4.17e-07),
 }
 
 
@@ -584,7 +598,7 @@ EXTEND_REFUSED = {"gemma3_text": "already scaled", "gpt_oss": "already scaled", 
                   "arcee": "already scaled", "apertus": "already scaled",
                   "hunyuan_v1_dense": r"already scaled \(ntk\)",  # HunYuan's NTK-alpha, read as posenc's ntk
                   # PhiMoE scales cos / sin by short_mscale / long_mscale, which no posenc encoding computes
-                  "phimoe": "short_mscale"}
+                  "phimoe": "short_mscale", "ministral3": "already scaled"}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -125,6 +125,12 @@ CASES = [
     ("dots1-window", "dots1", dict(SMALL, rope_theta=1e6, sliding_window=16, max_window_layers=2)),
     ("vaultgemma", "vaultgemma", dict(SMALL, head_dim=16, sliding_window=16)),
     ("minimax_m2", "minimax_m2", dict(SMALL, head_dim=32, rotary_dim=16, rope_theta=5e6)),
+    ("ministral", "ministral", dict(SMALL, head_dim=16, rope_theta=1e8, sliding_window=32,
+                                    layer_types=["sliding_attention", "full_attention"] * 2)),
+    ("ministral-default-types", "ministral", dict(SMALL, rope_theta=1e6, sliding_window=16)),
+    ("ministral3-beta0", "ministral3", dict(SMALL, head_dim=16, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32.0,
+        "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.0, "max_position_embeddings": 256})),
     ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
     ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
     ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
@@ -137,7 +143,7 @@ CASES = [
 ]
 
 #: families whose attention passes config.sliding_window on every layer (no layer_types)
-ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe"}
+ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe", "ministral3"}
 #: families whose rotary tables lie interleaved (repeat_interleave) in transformers
 HF_INTERLEAVED_TABLES = {"cohere", "cohere2"}
 
@@ -392,6 +398,11 @@ def test_mrope_type_accepted_and_written_back():
                                                     "original_max_position_embeddings": 64}), "short_mscale"),
     # EXAONE 4's released "LLLG" pattern spelling, without layer_types (transformers' % fails on it)
     (dict(SMALL, model_type="exaone4", sliding_window=16, sliding_window_pattern="LLLG"), "sliding_window_pattern"),
+    # Ministral 3 / Devstral 2's query temperature (llama_4_scaling_beta 0.1 as released, and the class's default)
+    (dict(SMALL, model_type="ministral3", head_dim=16, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64,
+        "llama_4_scaling_beta": 0.1}), "llama_4_scaling_beta"),
+    (dict(SMALL, model_type="ministral3", head_dim=16), "llama_4_scaling_beta"),
     (dict(SMALL, model_type="hunyuan_v1_dense", head_dim=16, partial_rotary_factor=0.5,
           rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0}), "partial_rotary_factor"),
 ])

@@ -587,6 +587,44 @@ def minimax_m2_prepare(r: Reading) -> None:
         r.note(f"rotary_dim {rotary} of head_dim {head}: partial_rotary_factor {rotary / head:g}")
 
 
+def ministral_layer_types(r: Reading) -> list[str]:
+    """Ministral (``MinistralConfig.__post_init__``): the config's layer_types, else every layer
+    slides when there is a sliding_window."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    kind = "sliding_attention" if r.cfg.get("sliding_window") is not None else "full_attention"
+    return [kind] * r.positive_int("num_hidden_layers")
+
+
+#: Ministral3Config's rope dict when the config has none (``__post_init__``).
+MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0,
+                   "original_max_position_embeddings": 16384, "beta_fast": 32.0, "beta_slow": 1.0,
+                   "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}
+
+
+def ministral3_prepare(r: Reading) -> None:
+    """Ministral 3 / Mistral 3 text (``Ministral3Attention.forward``): after RoPE, the queries are
+    multiplied by 1 + beta * log(1 + floor(position / original_max_position_embeddings)), beta the
+    rope dict's ``llama_4_scaling_beta`` (default 0.1). No posenc encoding computes that on a RoPE
+    layer (Llama 4's temperature is on its NoPE layers, with floor((position + 1) / floor_scale)),
+    so a nonzero beta is refused; with beta 0 the factor is 1 and the RoPE is read exactly."""
+    key, params = rope_dict_of(r)
+    if key is None:
+        key, params = "rope_parameters", {**MINISTRAL3_ROPE, "max_position_embeddings": r.cfg.get("max_position_embeddings")}
+    beta = params.get("llama_4_scaling_beta")
+    if beta is None:
+        raise MissingKey(f"config[{key!r}] (ministral3): needs 'llama_4_scaling_beta' (transformers' Ministral3Attention "
+                         "multiplies the queries by a factor of it)")
+    if check_real(beta, f"config[{key!r}]['llama_4_scaling_beta']") != 0:
+        raise InvalidArgument(f"config[{key!r}]['llama_4_scaling_beta'] = {beta!r}: transformers' Ministral 3 multiplies "
+                              "the queries of every RoPE layer by 1 + beta * log(1 + floor(position / "
+                              "original_max_position_embeddings)); no posenc encoding computes that query temperature on "
+                              "a RoPE layer, so posenc does not read it (0 would be plain RoPE)")
+    r.note(f"{key} llama_4_scaling_beta 0: Ministral 3's query temperature is 1")
+    r.cfg[key] = {k: v for k, v in params.items() if k not in ("llama_4_scaling_beta", "max_position_embeddings")}
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -820,6 +858,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                                     "attn_logit_softcapping": 50.0},
             layer_types=pattern_layer_types("", 2), softcap_key="attn_logit_softcapping"),
     _family("minimax_m2", defaults={"rope_theta": 5_000_000.0, "head_dim": 128}, prepare=minimax_m2_prepare),
+    _family("ministral", defaults={"rope_theta": 10000.0, "sliding_window": 4096}, layer_types=ministral_layer_types),
+    _family("ministral3", defaults={"head_dim": 128, "sliding_window": None}, span=span_all_sliding,
+            prepare=ministral3_prepare),
     _family("llama4_text", **_LLAMA4_TEXT, source="transformers/models/llama4/"),
     _family("llama4", text_config="llama4_text"),
     # the families whose positions are not (only) rotary: a reader of their own and an adapter
