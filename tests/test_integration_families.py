@@ -278,6 +278,12 @@ FAMILIES = {
                    dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters=MINISTRAL3_YARN), uniform(
                        lambda: rope(1e6, scaling={k: v for k, v in MINISTRAL3_YARN.items()
                                                   if k not in ("rope_theta", "llama_4_scaling_beta")}), 2), "sdpa"),
+    # DeepSeek-V2's MLA: complex-pair RoPE on the qk_rope_head_dim part of each head
+    "deepseek_v2": (T.DeepseekV2Config, T.DeepseekV2ForCausalLM,
+                    dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1,
+                         n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32,
+                         kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_shared_experts=1),
+                    uniform(lambda: posenc.RoPE(8, interleaved=True), 2), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -300,6 +306,7 @@ MEASURED = {
     "starcoder2": (4.17e-07, 3.58e-07), "phimoe": (4.77e-07, 4.17e-07), "exaone4": (4.77e-07, 5.59e-07),
     "dots1": (4.17e-07, 4.17e-07), "vaultgemma": (4.71e-06, 0.0), "minimax_m2": (2.38e-07, 4.77e-07),
     "ministral": (3.58e-07, 5.96e-07), "ministral3": (2.42e-07, 4.17e-07),
+    "deepseek_v2": (2.98e-07, 2.98e-07),
 }
 
 

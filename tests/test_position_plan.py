@@ -131,6 +131,12 @@ CASES = [
     ("ministral3-beta0", "ministral3", dict(SMALL, head_dim=16, rope_parameters={
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32.0,
         "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.0, "max_position_embeddings": 256})),
+    ("deepseek_v2", "deepseek_v2", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                        q_lora_rank=None, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+                                        topk_group=1, rope_scaling={"type": "yarn", "factor": 4.0, "mscale": 0.707,
+                                                                    "mscale_all_dim": 0.707, "beta_fast": 32,
+                                                                    "beta_slow": 1,
+                                                                    "original_max_position_embeddings": 64})),
     ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
     ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
     ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
@@ -201,6 +207,9 @@ def hf_tables_and_rotate(model_type, hf, mod, rotary, layer_type, q, k, position
         bthd = [t.transpose(1, 2) for t in (q, k)]
         out = [torch.cat([mod.apply_rotary_pos_emb(t[..., :r], sin, cos), t[..., r:]], -1).transpose(1, 2) for t in bthd]
         return cos[0], sin[0], out
+    if model_type == "deepseek_v2":  # complex pairs over the qk_rope_head_dim part
+        freqs = rotary(x, pos)
+        return freqs.real[0], freqs.imag[0], list(mod.apply_rotary_emb(q, k, freqs))
     if model_type == "llama4_text":
         freqs = rotary(x, pos)
         qo, ko = mod.apply_rotary_emb(q.transpose(1, 2), k.transpose(1, 2), freqs)

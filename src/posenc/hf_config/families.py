@@ -625,6 +625,13 @@ def ministral3_prepare(r: Reading) -> None:
     r.cfg[key] = {k: v for k, v in params.items() if k not in ("llama_4_scaling_beta", "max_position_embeddings")}
 
 
+def deepseek_v2_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """DeepSeek-V2 (``DeepseekV2Attention``, ``apply_rotary_emb``): RoPE over the
+    ``qk_rope_head_dim`` part of each MLA head, as complex pairs (2i, 2i + 1) (``view_as_complex``),
+    always: the config has no rope_interleave switch (unlike DeepSeek-V3)."""
+    return r.rope(None, head_dim=r.positive_int("qk_rope_head_dim"))
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -861,6 +868,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("ministral", defaults={"rope_theta": 10000.0, "sliding_window": 4096}, layer_types=ministral_layer_types),
     _family("ministral3", defaults={"head_dim": 128, "sliding_window": None}, span=span_all_sliding,
             prepare=ministral3_prepare),
+    _family("deepseek_v2", layout="interleaved", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64},
+            encoding=deepseek_v2_rope, prepare=deepseek_check, tables="complex_pairs", head_dim="qk_head_dim"),
     _family("llama4_text", **_LLAMA4_TEXT, source="transformers/models/llama4/"),
     _family("llama4", text_config="llama4_text"),
     # the families whose positions are not (only) rotary: a reader of their own and an adapter
