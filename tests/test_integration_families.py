@@ -54,6 +54,9 @@ def by_flags(make, nope=lambda: None):  # no_rope_layers: 1 = RoPE, 0 = NoPE (Sm
 VISION = dict(depth=1, embed_dim=16, hidden_size=16, num_heads=2, out_hidden_size=64, intermediate_size=16, patch_size=2,
               spatial_merge_size=1, temporal_patch_size=1)
 
+QWEN3_VISION = dict(depth=1, hidden_size=16, num_heads=2, out_hidden_size=64, intermediate_size=16, patch_size=2,
+                    spatial_merge_size=1, temporal_patch_size=1, num_position_embeddings=16, deepstack_visual_indexes=[])
+
 OLMO3_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "attention_factor": 1.2,
               "beta_fast": 32.0, "beta_slow": 1.0}
 
@@ -284,6 +287,12 @@ FAMILIES = {
                          n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32,
                          kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_shared_experts=1),
                     uniform(lambda: posenc.RoPE(8, interleaved=True), 2), "sdpa"),
+    # Qwen3-VL: interleaved M-RoPE (T H W T H W T T over 8 pairs), text tower at model.language_model
+    "qwen3_vl": (T.Qwen3VLConfig, T.Qwen3VLForConditionalGeneration, dict(
+        text_config=dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={
+            "rope_type": "default", "rope_theta": 1e6, "mrope_section": [3, 3, 2], "mrope_interleaved": True}),
+        vision_config=QWEN3_VISION),
+        uniform(lambda: posenc.MRoPE(16, mrope_section=[3, 3, 2], base=1e6, mrope_interleaved=True), 2), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -306,7 +315,7 @@ MEASURED = {
     "starcoder2": (4.17e-07, 3.58e-07), "phimoe": (4.77e-07, 4.17e-07), "exaone4": (4.77e-07, 5.59e-07),
     "dots1": (4.17e-07, 4.17e-07), "vaultgemma": (4.71e-06, 0.0), "minimax_m2": (2.38e-07, 4.77e-07),
     "ministral": (3.58e-07, 5.96e-07), "ministral3": (2.42e-07, 4.17e-07),
-    "deepseek_v2": (2.98e-07, 2.98e-07),
+    "deepseek_v2": (2.98e-07, 2.98e-07), "qwen3_vl": (2.98e-07, 3.28e-07),
 }
 
 
@@ -416,7 +425,7 @@ def test_the_read_plan_reproduces_the_model(family):
     assert difference <= max(1e-5, 2 * noise), (family, difference, noise)
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_qwen_vl_read_plan_reproduces_image_like_mrope_positions(family):
     """M-RoPE positions (3, B, T) whose axes differ (text, a 1 x 4 x 6 image grid, text, as
     get_rope_index lays them out) given to the VL model: posenc's M-RoPE tables, read from the
@@ -649,7 +658,7 @@ def test_extend_context_scales_olmo3s_full_attention_layers_by_default(tmp_path)
     assert (reloaded - extended).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_extend_context_writes_the_qwen_vl_text_config_and_round_trips_on_mrope_positions(family, tmp_path):
     """Qwen2-VL / Qwen2.5-VL: the scaling goes to config.text_config's rope dict (where their
     text model's rotary embedding reads it), mrope_section kept; the top-level config's fields

@@ -137,6 +137,12 @@ CASES = [
                                                                     "mscale_all_dim": 0.707, "beta_fast": 32,
                                                                     "beta_slow": 1,
                                                                     "original_max_position_embeddings": 64})),
+    ("qwen3_vl-nested", "qwen3_vl", dict(text_config=dict(
+        SMALL, model_type="qwen3_vl_text", head_dim=16, rope_theta=5e6,
+        rope_scaling={"rope_type": "default", "mrope_section": [3, 3, 2], "mrope_interleaved": True}))),
+    ("qwen3_vl_moe-nested", "qwen3_vl_moe", dict(text_config=dict(
+        SMALL, model_type="qwen3_vl_moe_text", head_dim=16, rope_theta=5e6, num_experts=4,
+        rope_scaling={"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True}))),
     ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
     ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
     ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
@@ -338,6 +344,26 @@ def test_qwen2_vl_mrope_sections_against_transformers():
     assert written["rope_scaling"]["mrope_section"] == [2, 3, 3]
 
 
+@pytest.mark.parametrize("section", [[3, 3, 2], [4, 2, 2]])
+def test_qwen3_vl_interleaved_mrope_against_transformers(section):
+    """Distinct (t, h, w) positions: posenc's interleaved M-RoPE takes each pair's axis as
+    Qwen3-VL's recomposition_frequencies does (T H W T H W ..., the rest T); Qwen2-VL's chunked
+    sections on the same pairs do not."""
+    config = dict(text_config=dict(SMALL, model_type="qwen3_vl_text", head_dim=16, rope_theta=100.0,
+                                   rope_scaling={"rope_type": "default", "mrope_section": section,
+                                                 "mrope_interleaved": True}))
+    encoding = position_plan({"model_type": "qwen3_vl", **config})[0].encoding
+    assert encoding.mrope_section == section and encoding.mrope_interleaved
+    hf = hf_text_config("qwen3_vl", config)
+    _, cls = rotary_class(hf)
+    positions = torch.stack([torch.arange(12), torch.arange(12) // 3 + 20, torch.arange(12) % 5 + 40])[:, None]
+    cos, sin = cls(hf)(torch.zeros(1), positions)
+    cos_pe, sin_pe = encoding.cos_sin(positions, torch.float32)
+    assert float((cos_pe[0] - cos[0]).abs().max()) <= TOL and float((sin_pe[0] - sin[0]).abs().max()) <= TOL
+    chunked = MRoPE(16, mrope_section=section, base=100.0).cos_sin(positions, torch.float32)[0]
+    assert float((chunked[0] - cos[0]).abs().max()) > 1e-2  # the check can fail
+
+
 def test_every_family_in_the_table_is_tested():
     tested = {mt for _, mt, _ in CASES} | {FAMILIES[mt].text_config for _, mt, _ in CASES}
     # the families with a reader of their own are tested in tests/test_position_plan_other.py
@@ -407,6 +433,9 @@ def test_mrope_type_accepted_and_written_back():
                                                     "original_max_position_embeddings": 64}), "short_mscale"),
     # EXAONE 4's released "LLLG" pattern spelling, without layer_types (transformers' % fails on it)
     (dict(SMALL, model_type="exaone4", sliding_window=16, sliding_window_pattern="LLLG"), "sliding_window_pattern"),
+    # an interleaved section whose width axis runs past the last pair (transformers' slice drops it)
+    (dict(model_type="qwen3_vl", text_config=dict(SMALL, head_dim=16, rope_scaling={
+        "rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True})), "mrope_section"),
     # Ministral 3 / Devstral 2's query temperature (llama_4_scaling_beta 0.1 as released, and the class's default)
     (dict(SMALL, model_type="ministral3", head_dim=16, rope_parameters={
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64,

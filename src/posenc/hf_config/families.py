@@ -376,9 +376,22 @@ def llama4_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEnc
 def qwen_vl_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
     """Qwen2-VL / Qwen2.5-VL text tower (``Qwen2VLRotaryEmbedding``): M-RoPE, half-split pairs,
     ``mrope_section`` from the rope dict (default [16, 24, 24]); on text positions it is RoPE."""
+    return multiaxis_rope(r, [16, 24, 24], mrope_interleaved=False)
+
+
+def qwen3_vl_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Qwen3-VL text tower (``Qwen3VLTextRotaryEmbedding.recomposition_frequencies``): interleaved
+    M-RoPE, pair i on axis (T, H, W)[i % 3] while H and W last (3 * s_h, 3 * s_w), the rest T;
+    always (the rope dict's ``mrope_interleaved`` is not read); ``mrope_section`` default [24, 20, 20]."""
+    return multiaxis_rope(r, [24, 20, 20], mrope_interleaved=True)
+
+
+def multiaxis_rope(r: Reading, default_section: list[int], *, mrope_interleaved: bool) -> MRoPE:
+    """The family's M-RoPE: ``mrope_section`` from the rope dict (else ``default_section``), base,
+    scaling and rotated share from :func:`~posenc.hf_config.rope.read_hf_config`."""
     def build() -> MRoPE:
         kwargs, layout = read_hf_config(r.cfg)
-        section = (layout.get("passthrough") or {}).get("mrope_section", [16, 24, 24])
+        section = (layout.get("passthrough") or {}).get("mrope_section", default_section)
         if not isinstance(section, (list, tuple)):
             raise InvalidType(f"config: mrope_section must be a list of 3 ints, got {section!r:.60}")
         if kwargs["scaling"] is not None:
@@ -387,7 +400,7 @@ def qwen_vl_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEn
                   if kwargs["partial_rotary_factor"] else None)
         try:
             enc = MRoPE(kwargs["head_dim"], mrope_section=list(section), base=kwargs["base"],
-                        scaling=kwargs["scaling"], rotary_dim=rotary)
+                        scaling=kwargs["scaling"], rotary_dim=rotary, mrope_interleaved=mrope_interleaved)
         except InvalidArgument as error:
             raise InvalidArgument(f"config: mrope_section {list(section)}: {error}") from None
         enc.hf_layout = layout
@@ -870,6 +883,15 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             prepare=ministral3_prepare),
     _family("deepseek_v2", layout="interleaved", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64},
             encoding=deepseek_v2_rope, prepare=deepseek_check, tables="complex_pairs", head_dim="qk_head_dim"),
+    # Qwen3-VL: interleaved M-RoPE in the text tower (no sliding window)
+    _family("qwen3_vl_text", defaults={"rope_theta": 500_000.0, "head_dim": 128}, encoding=qwen3_vl_rope,
+            source="transformers/models/qwen3_vl/"),
+    _family("qwen3_vl", text_config="qwen3_vl_text", base="model.language_model", sizes_config="text_config",
+            rotary_positions=True),
+    _family("qwen3_vl_moe_text", defaults={"rope_theta": 500_000.0}, encoding=qwen3_vl_rope,
+            source="transformers/models/qwen3_vl_moe/"),
+    _family("qwen3_vl_moe", text_config="qwen3_vl_moe_text", base="model.language_model", sizes_config="text_config",
+            rotary_positions=True),
     _family("llama4_text", **_LLAMA4_TEXT, source="transformers/models/llama4/"),
     _family("llama4", text_config="llama4_text"),
     # the families whose positions are not (only) rotary: a reader of their own and an adapter
