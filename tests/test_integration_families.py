@@ -293,6 +293,16 @@ FAMILIES = {
             "rope_type": "default", "rope_theta": 1e6, "mrope_section": [3, 3, 2], "mrope_interleaved": True}),
         vision_config=QWEN3_VISION),
         uniform(lambda: posenc.MRoPE(16, mrope_section=[3, 3, 2], base=1e6, mrope_interleaved=True), 2), "sdpa"),
+    # Qwen3.5: Gated DeltaNet layers (no positions) and full-attention layers with interleaved M-RoPE
+    # over a quarter of the head (8 of 32: 4 pairs, T H W T)
+    "qwen3_5_text": (T.Qwen3_5TextConfig, T.Qwen3_5ForCausalLM,
+                     dict(SMALL, num_hidden_layers=4, head_dim=32, linear_num_value_heads=4, linear_num_key_heads=2,
+                          linear_key_head_dim=16, linear_value_head_dim=16,
+                          layer_types=["linear_attention"] * 3 + ["full_attention"],
+                          rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                           "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
+                     by_type(lambda t: posenc.MRoPE(32, mrope_section=[2, 1, 1], base=1e7, rotary_dim=8,
+                                                    mrope_interleaved=True) if t == "full_attention" else None), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -316,6 +326,7 @@ MEASURED = {
     "dots1": (4.17e-07, 4.17e-07), "vaultgemma": (4.71e-06, 0.0), "minimax_m2": (2.38e-07, 4.77e-07),
     "ministral": (3.58e-07, 5.96e-07), "ministral3": (2.42e-07, 4.17e-07),
     "deepseek_v2": (2.98e-07, 2.98e-07), "qwen3_vl": (2.98e-07, 3.28e-07),
+    "qwen3_5_text": (1.91e-06, 1.91e-06),
 }
 
 
@@ -614,7 +625,9 @@ EXTEND_REFUSED = {"gemma3_text": "already scaled", "gpt_oss": "already scaled", 
                   "arcee": "already scaled", "apertus": "already scaled",
                   "hunyuan_v1_dense": r"already scaled \(ntk\)",  # HunYuan's NTK-alpha, read as posenc's ntk
                   # PhiMoE scales cos / sin by short_mscale / long_mscale, which no posenc encoding computes
-                  "phimoe": "short_mscale", "ministral3": "already scaled"}
+                  "phimoe": "short_mscale", "ministral3": "already scaled",
+                  # Qwen3.5's text model alone: M-RoPE, which from_hf_config's one-RoPE reading does not extend
+                  "qwen3_5_text": "no RoPE on any layer"}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -143,6 +143,18 @@ CASES = [
     ("qwen3_vl_moe-nested", "qwen3_vl_moe", dict(text_config=dict(
         SMALL, model_type="qwen3_vl_moe_text", head_dim=16, rope_theta=5e6, num_experts=4,
         rope_scaling={"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True}))),
+    ("qwen3_5_text", "qwen3_5_text", dict(SMALL, head_dim=32, rope_parameters={
+        "rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
+        "mrope_interleaved": True}, full_attention_interval=2)),
+    ("qwen3_5-nested", "qwen3_5", dict(text_config=dict(
+        SMALL, model_type="qwen3_5_text", head_dim=64, num_hidden_layers=8,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                         "mrope_section": [3, 3, 2], "mrope_interleaved": True}))),
+    ("qwen3_5_moe-nested", "qwen3_5_moe", dict(text_config=dict(
+        SMALL, model_type="qwen3_5_moe_text", head_dim=64, num_experts=4,
+        layer_types=["linear_attention", "full_attention"] * 2,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                         "mrope_section": [3, 3, 2], "mrope_interleaved": True}))),
     ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
     ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
     ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
@@ -195,7 +207,7 @@ def hf_uses_rope(model_type, hf, index):
         return bool(hf.no_rope_layers[index])
     if model_type == "cohere2":
         return hf.layer_types[index] == "sliding_attention" and hf.sliding_window is not None
-    if model_type == "qwen3_next":
+    if model_type in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):
         return hf.layer_types[index] != "linear_attention"
     if model_type == "exaone4":  # "global NoPE" (Exaone4Attention.forward)
         return hf.sliding_window is None or hf.layer_types[index] == "sliding_attention"
@@ -344,24 +356,28 @@ def test_qwen2_vl_mrope_sections_against_transformers():
     assert written["rope_scaling"]["mrope_section"] == [2, 3, 3]
 
 
+@pytest.mark.parametrize("wrapper, text, head_dim, share", [("qwen3_vl", "qwen3_vl_text", 16, 1.0),
+                                                            ("qwen3_5", "qwen3_5_text", 64, 0.25)])
 @pytest.mark.parametrize("section", [[3, 3, 2], [4, 2, 2]])
-def test_qwen3_vl_interleaved_mrope_against_transformers(section):
+def test_qwen3_vl_interleaved_mrope_against_transformers(wrapper, text, head_dim, share, section):
     """Distinct (t, h, w) positions: posenc's interleaved M-RoPE takes each pair's axis as
-    Qwen3-VL's recomposition_frequencies does (T H W T H W ..., the rest T); Qwen2-VL's chunked
-    sections on the same pairs do not."""
-    config = dict(text_config=dict(SMALL, model_type="qwen3_vl_text", head_dim=16, rope_theta=100.0,
-                                   rope_scaling={"rope_type": "default", "mrope_section": section,
-                                                 "mrope_interleaved": True}))
-    encoding = position_plan({"model_type": "qwen3_vl", **config})[0].encoding
+    Qwen3-VL's and Qwen3.5's recomposition_frequencies do (T H W T H W ..., the rest T; Qwen3.5
+    over its partial_rotary_factor share); Qwen2-VL's chunked sections on the same pairs do not."""
+    config = dict(text_config=dict(SMALL, model_type=text, head_dim=head_dim, num_hidden_layers=4,
+                                   layer_types=["full_attention"] * 4,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 100.0, "mrope_section": section,
+                                                    "mrope_interleaved": True, "partial_rotary_factor": share}))
+    encoding = position_plan({"model_type": wrapper, **config})[0].encoding
     assert encoding.mrope_section == section and encoding.mrope_interleaved
-    hf = hf_text_config("qwen3_vl", config)
+    hf = hf_text_config(wrapper, config)
     _, cls = rotary_class(hf)
     positions = torch.stack([torch.arange(12), torch.arange(12) // 3 + 20, torch.arange(12) % 5 + 40])[:, None]
     cos, sin = cls(hf)(torch.zeros(1), positions)
     cos_pe, sin_pe = encoding.cos_sin(positions, torch.float32)
-    assert float((cos_pe[0] - cos[0]).abs().max()) <= TOL and float((sin_pe[0] - sin[0]).abs().max()) <= TOL
-    chunked = MRoPE(16, mrope_section=section, base=100.0).cos_sin(positions, torch.float32)[0]
-    assert float((chunked[0] - cos[0]).abs().max()) > 1e-2  # the check can fail
+    r = cos.shape[-1]  # the rotated width (the rest passes through)
+    assert float((cos_pe[0, :, :r] - cos[0]).abs().max()) <= TOL and float((sin_pe[0, :, :r] - sin[0]).abs().max()) <= TOL
+    chunked = MRoPE(head_dim, mrope_section=section, base=100.0, rotary_dim=r).cos_sin(positions, torch.float32)[0]
+    assert float((chunked[0, :, :r] - cos[0]).abs().max()) > 1e-2  # the check can fail
 
 
 def test_every_family_in_the_table_is_tested():

@@ -645,6 +645,25 @@ def deepseek_v2_rope(r: Reading, index: int, layer_type: str | None) -> Position
     return r.rope(None, head_dim=r.positive_int("qk_rope_head_dim"))
 
 
+def interval_layer_types(r: Reading) -> list[str]:
+    """Qwen3-Next / Qwen3.5 (``__post_init__``): the config's layer_types, else every
+    ``full_attention_interval``-th layer full attention, the others linear attention (Gated DeltaNet)."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    interval = r.positive_int("full_attention_interval")
+    return ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
+def qwen3_5_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Qwen3.5 (``Qwen3_5TextRotaryEmbedding``): on the full-attention layers Qwen3-VL's
+    interleaved M-RoPE (mrope_section default [11, 11, 10]) over the partial_rotary_factor share
+    (default 0.25) of head_dim; the linear-attention layers have no positions (None)."""
+    if layer_type == "linear_attention":
+        return None
+    return multiaxis_rope(r, [11, 11, 10], mrope_interleaved=True)
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -891,6 +910,19 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("qwen3_vl_moe_text", defaults={"rope_theta": 500_000.0}, encoding=qwen3_vl_rope,
             source="transformers/models/qwen3_vl_moe/"),
     _family("qwen3_vl_moe", text_config="qwen3_vl_moe_text", base="model.language_model", sizes_config="text_config",
+            rotary_positions=True),
+    # Qwen3.5: Qwen3-Next's hybrid (Gated DeltaNet layers, no positions) with interleaved M-RoPE
+    _family("qwen3_5_text", defaults={"rope_theta": 10000.0, "head_dim": 256, "partial_rotary_factor": 0.25,
+                                      "full_attention_interval": 4},
+            layer_types=interval_layer_types, encoding=qwen3_5_rope, prepare=qwen3_next_note,
+            source="transformers/models/qwen3_5/"),
+    _family("qwen3_5", text_config="qwen3_5_text", base="model.language_model", sizes_config="text_config",
+            rotary_positions=True),
+    _family("qwen3_5_moe_text", defaults={"rope_theta": 10000.0, "head_dim": 256, "partial_rotary_factor": 0.25,
+                                          "full_attention_interval": 4},
+            layer_types=interval_layer_types, encoding=qwen3_5_rope, prepare=qwen3_next_note,
+            source="transformers/models/qwen3_5_moe/"),
+    _family("qwen3_5_moe", text_config="qwen3_5_moe_text", base="model.language_model", sizes_config="text_config",
             rotary_positions=True),
     _family("llama4_text", **_LLAMA4_TEXT, source="transformers/models/llama4/"),
     _family("llama4", text_config="llama4_text"),
