@@ -303,6 +303,29 @@ FAMILIES = {
                                            "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
                      by_type(lambda t: posenc.MRoPE(32, mrope_section=[2, 1, 1], base=1e7, rotary_dim=8,
                                                     mrope_interleaved=True) if t == "full_attention" else None), "sdpa"),
+    # the hybrids: RoPE on the softmax-attention layers, None on the convolution / Mamba layers
+    "lfm2": (T.Lfm2Config, T.Lfm2ForCausalLM,
+             dict(SMALL, num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"],
+                  rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+             by_type(lambda t: rope(1e6) if t == "full_attention" else None), "sdpa"),
+    "bamba": (T.BambaConfig, T.BambaForCausalLM,
+              dict(SMALL, num_hidden_layers=3, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_state=8, mamba_chunk_size=8,
+                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+              lambda config: PositionPlan(tuple(LayerPlan(rope(rotary_dim=8) if i == 1 else None) for i in range(3))),
+              "sdpa"),
+    # Granite 4.0 hybrid: position_embedding_type "rope" here (the released models: NoPE)
+    "granitemoehybrid": (T.GraniteMoeHybridConfig, T.GraniteMoeHybridForCausalLM,
+                         dict(SMALL, num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], num_local_experts=2,
+                              num_experts_per_tok=1, shared_intermediate_size=32, mamba_n_heads=8, mamba_d_state=8,
+                              mamba_chunk_size=8, position_embedding_type="rope", attention_multiplier=0.125,
+                              rope_parameters={"rope_type": "default", "rope_theta": 1e7}),
+                         lambda config: PositionPlan(tuple(LayerPlan(rope(1e7) if i == 1 else None) for i in range(3))),
+                         "sdpa"),
+    # Falcon-H1: attention and a Mamba mixer side by side in every layer
+    "falcon_h1": (T.FalconH1Config, T.FalconH1ForCausalLM,
+                  dict(SMALL, num_hidden_layers=2, head_dim=16, mamba_n_heads=8, mamba_d_state=8, mamba_chunk_size=8,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1e11}),
+                  uniform(lambda: rope(1e11), 2), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -327,6 +350,8 @@ MEASURED = {
     "ministral": (3.58e-07, 5.96e-07), "ministral3": (2.42e-07, 4.17e-07),
     "deepseek_v2": (2.98e-07, 2.98e-07), "qwen3_vl": (2.98e-07, 3.28e-07),
     "qwen3_5_text": (1.91e-06, 1.91e-06),
+    "lfm2": (3.87e-07, 4.17e-07), "bamba": (4.47e-07, 3.58e-07), "granitemoehybrid": (3.58e-07, 5.96e-07),
+    "falcon_h1": (2.38e-07, 3.58e-07),
 }
 
 

@@ -155,6 +155,16 @@ CASES = [
         layer_types=["linear_attention", "full_attention"] * 2,
         rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
                          "mrope_section": [3, 3, 2], "mrope_interleaved": True}))),
+    ("lfm2", "lfm2", dict(SMALL, num_hidden_layers=6, rope_theta=1e6, full_attn_idxs=[2, 5])),
+    ("lfm2-types", "lfm2", dict(SMALL, rope_theta=1e6, layer_types=["conv", "full_attention", "conv", "full_attention"])),
+    ("bamba", "bamba", dict(SMALL, num_hidden_layers=6, rope_theta=10000.0, attn_layer_indices=[1, 4],
+                            mamba_n_heads=8)),
+    ("granitemoehybrid-nope", "granitemoehybrid", dict(SMALL, position_embedding_type="nope", num_local_experts=4,
+                                                       layer_types=["mamba", "mamba", "attention", "mamba"])),
+    ("granitemoehybrid-rope", "granitemoehybrid", dict(SMALL, position_embedding_type="rope", rope_theta=1e7,
+                                                       num_local_experts=4,
+                                                       layer_types=["mamba", "attention", "mamba", "attention"])),
+    ("falcon_h1", "falcon_h1", dict(SMALL, head_dim=16, rope_theta=1e11, mamba_n_heads=8)),
     ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
     ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
     ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
@@ -209,6 +219,10 @@ def hf_uses_rope(model_type, hf, index):
         return hf.layer_types[index] == "sliding_attention" and hf.sliding_window is not None
     if model_type in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):
         return hf.layer_types[index] != "linear_attention"
+    if model_type in ("lfm2", "bamba"):  # their attention layers only
+        return hf.layer_types[index] == "full_attention"
+    if model_type == "granitemoehybrid":
+        return hf.layer_types[index] == "full_attention" and hf.position_embedding_type == "rope"
     if model_type == "exaone4":  # "global NoPE" (Exaone4Attention.forward)
         return hf.sliding_window is None or hf.layer_types[index] == "sliding_attention"
     return True

@@ -61,6 +61,11 @@ __all__ = ["FAMILIES", "LAYOUTS", "TABLE_FORMATS", "Family", "position_plan", "r
 LAYOUTS = ("half-split", "interleaved")
 
 
+#: The legacy layer-type names transformers renames when it reads a config
+#: (``configuration_utils._LEGACY_LAYER_TYPE_REMAP``: Granite 4.0's and Nemotron-H's "mamba", "attention").
+LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
+
+
 class Reading:
     """One config being read: the config dict (aliases renamed, the family's defaults under the
     keys it lacks), the family, the notes gathered and the encodings built so far (layers of
@@ -144,7 +149,7 @@ class Reading:
         n = self.positive_int("num_hidden_layers")
         if not isinstance(types, (list, tuple)) or len(types) != n or not all(isinstance(t, str) for t in types):
             raise InvalidArgument(f"config['layer_types'] must be {n} strings (num_hidden_layers), got {types!r}")
-        return list(types)
+        return [LEGACY_LAYER_TYPES.get(t, t) for t in types]
 
 
 def nested_rope(cfg: Mapping[str, Any]) -> bool:
@@ -664,6 +669,77 @@ def qwen3_5_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEn
     return multiaxis_rope(r, [11, 11, 10], mrope_interleaved=True)
 
 
+#: Layer types of the hybrids' layers without softmax attention (no positions: their plan layer is None).
+NO_ATTENTION_TYPES = ("linear_attention", "conv", "mamba")
+
+
+def hybrid_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
+    """A hybrid's layer: full attention, or a layer without softmax attention (a convolution, a
+    Mamba mixer, linear attention: ``full``, nothing to mask by position)."""
+    if layer_type in NO_ATTENTION_TYPES or layer_type == "hybrid":  # (Falcon-H1's attention is full)
+        return "full", None
+    return span_of_type(r, index, layer_type)
+
+
+def attention_layers_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """A hybrid's RoPE on its softmax-attention layers, None on the others."""
+    return None if layer_type in NO_ATTENTION_TYPES else r.rope(None)
+
+
+def lfm2_layer_types(r: Reading) -> list[str]:
+    """LFM2 (``Lfm2Config.__post_init__``): the config's layer_types, else ``full_attention`` at
+    ``full_attn_idxs`` (default: every layer) and ``conv`` (short convolutions) elsewhere."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    n = r.positive_int("num_hidden_layers")
+    indices = r.cfg.get("full_attn_idxs")
+    indices = range(n) if indices is None else indices
+    if not isinstance(indices, (list, tuple, range)) or not all(isinstance(i, int) for i in indices):
+        raise InvalidType(f"config['full_attn_idxs'] must be a list of layer indices, got {indices!r:.60}")
+    return ["full_attention" if i in indices else "conv" for i in range(n)]
+
+
+def bamba_layer_types(r: Reading) -> list[str]:
+    """Bamba (``BambaConfig.layers_block_type``): ``full_attention`` at ``attn_layer_indices``,
+    Mamba (``linear_attention``) elsewhere."""
+    indices = r.cfg.get("attn_layer_indices") or ()
+    if not isinstance(indices, (list, tuple)) or not all(isinstance(i, int) for i in indices):
+        raise InvalidType(f"config['attn_layer_indices'] must be a list of layer indices, got {indices!r:.60}")
+    return ["full_attention" if i in indices else "linear_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
+def bamba_prepare(r: Reading) -> None:
+    """Bamba (``BambaConfig.__post_init__``): partial_rotary_factor is 0.5 whatever the config says."""
+    for key in ("rope_parameters", "rope_scaling"):
+        params = r.cfg.get(key)
+        if isinstance(params, Mapping) and params.get("partial_rotary_factor") not in (None, 0.5):
+            r.note(f"{key} partial_rotary_factor {params['partial_rotary_factor']!r} is replaced by 0.5 "
+                   "(BambaConfig hardcodes it)", warn=True)
+            r.cfg[key] = {k: v for k, v in params.items() if k != "partial_rotary_factor"}
+    if r.cfg.get("partial_rotary_factor") not in (None, 0.5):
+        r.note(f"partial_rotary_factor {r.cfg['partial_rotary_factor']!r} is replaced by 0.5 (BambaConfig hardcodes it)",
+               warn=True)
+    r.cfg["partial_rotary_factor"] = 0.5
+
+
+def granitemoehybrid_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Granite 4.0 hybrid (``GraniteMoeHybridModel``): RoPE on the attention layers only with
+    ``position_embedding_type`` "rope"; otherwise (the default, null) the attention layers are NoPE."""
+    if layer_type in NO_ATTENTION_TYPES or r.cfg.get("position_embedding_type") != "rope":
+        return None
+    return r.rope(None)
+
+
+def granitemoehybrid_check(r: Reading) -> None:
+    kind = r.cfg.get("position_embedding_type")
+    if kind not in (None, "rope", "nope"):
+        raise InvalidArgument(f"config['position_embedding_type'] = {kind!r}: transformers' GraniteMoeHybrid builds "
+                              "RoPE for 'rope' and none otherwise; posenc reads 'rope', 'nope' or null")
+    if kind != "rope":
+        r.note("position_embedding_type is not 'rope': the attention layers have no positions (NoPE)")
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -924,6 +1000,17 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             source="transformers/models/qwen3_5_moe/"),
     _family("qwen3_5_moe", text_config="qwen3_5_moe_text", base="model.language_model", sizes_config="text_config",
             rotary_positions=True),
+    # the hybrids: their softmax-attention layers get their positions, the other layers None
+    _family("lfm2", defaults={"rope_theta": 1_000_000.0}, layer_types=lfm2_layer_types, span=hybrid_span,
+            encoding=attention_layers_rope),
+    _family("bamba", defaults={"rope_theta": 10000.0}, layer_types=bamba_layer_types, span=hybrid_span,
+            encoding=attention_layers_rope, prepare=bamba_prepare),
+    _family("granitemoehybrid", defaults={"rope_theta": 10000.0},
+            layer_types=lambda r: r.explicit_layer_types() or ["linear_attention"] * r.positive_int("num_hidden_layers"),
+            span=hybrid_span, encoding=granitemoehybrid_rope, prepare=granitemoehybrid_check, rotary_positions=True),
+    # Falcon-H1: every layer runs attention and a Mamba mixer side by side; the attention has RoPE
+    _family("falcon_h1", defaults={"rope_theta": 10000.0},
+            layer_types=lambda r: ["hybrid"] * r.positive_int("num_hidden_layers"), span=hybrid_span),
     _family("llama4_text", **_LLAMA4_TEXT, source="transformers/models/llama4/"),
     _family("llama4", text_config="llama4_text"),
     # the families whose positions are not (only) rotary: a reader of their own and an adapter
