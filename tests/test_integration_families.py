@@ -57,6 +57,9 @@ VISION = dict(depth=1, embed_dim=16, hidden_size=16, num_heads=2, out_hidden_siz
 QWEN3_VISION = dict(depth=1, hidden_size=16, num_heads=2, out_hidden_size=64, intermediate_size=16, patch_size=2,
                     spatial_merge_size=1, temporal_patch_size=1, num_position_embeddings=16, deepstack_visual_indexes=[])
 
+PIXTRAL = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, head_dim=8, image_size=16,
+               patch_size=4)
+
 OLMO3_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "attention_factor": 1.2,
               "beta_fast": 32.0, "beta_slow": 1.0}
 
@@ -326,6 +329,11 @@ FAMILIES = {
                   dict(SMALL, num_hidden_layers=2, head_dim=16, mamba_n_heads=8, mamba_d_state=8, mamba_chunk_size=8,
                        rope_parameters={"rope_type": "default", "rope_theta": 1e11}),
                   uniform(lambda: rope(1e11), 2), "sdpa"),
+    # Mistral 3: a Pixtral tower and a Mistral decoder at model.language_model (image token V, outside the prompts)
+    "mistral3": (T.Mistral3Config, T.Mistral3ForConditionalGeneration, dict(
+        text_config=dict(SMALL, vocab_size=V + 1, model_type="mistral", num_hidden_layers=2, head_dim=16, sliding_window=8,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e9}),
+        vision_config=PIXTRAL, image_token_index=V, spatial_merge_size=1), uniform(lambda: rope(1e9), 2), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -351,7 +359,7 @@ MEASURED = {
     "deepseek_v2": (2.98e-07, 2.98e-07), "qwen3_vl": (2.98e-07, 3.28e-07),
     "qwen3_5_text": (1.91e-06, 1.91e-06),
     "lfm2": (3.87e-07, 4.17e-07), "bamba": (4.47e-07, 3.58e-07), "granitemoehybrid": (3.58e-07, 5.96e-07),
-    "falcon_h1": (2.38e-07, 3.58e-07),
+    "falcon_h1": (2.38e-07, 3.58e-07), "mistral3": (4.23e-07, 4.17e-07),
 }
 
 

@@ -165,6 +165,11 @@ CASES = [
                                                        num_local_experts=4,
                                                        layer_types=["mamba", "attention", "mamba", "attention"])),
     ("falcon_h1", "falcon_h1", dict(SMALL, head_dim=16, rope_theta=1e11, mamba_n_heads=8)),
+    ("mistral3-mistral", "mistral3", dict(text_config=dict(SMALL, model_type="mistral", head_dim=16, rope_theta=1e9,
+                                                        sliding_window=None))),
+    ("mistral3-ministral3", "mistral3", dict(text_config=dict(SMALL, model_type="ministral3", head_dim=16, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64,
+        "llama_4_scaling_beta": 0.0}))),
     ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
     ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
     ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
@@ -177,7 +182,7 @@ CASES = [
 ]
 
 #: families whose attention passes config.sliding_window on every layer (no layer_types)
-ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe", "ministral3"}
+ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe", "ministral3", "mistral3"}
 #: families whose rotary tables lie interleaved (repeat_interleave) in transformers
 HF_INTERLEAVED_TABLES = {"cohere", "cohere2"}
 
@@ -471,6 +476,10 @@ def test_mrope_type_accepted_and_written_back():
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64,
         "llama_4_scaling_beta": 0.1}), "llama_4_scaling_beta"),
     (dict(SMALL, model_type="ministral3", head_dim=16), "llama_4_scaling_beta"),
+    (dict(model_type="mistral3", text_config=dict(SMALL, model_type="ministral3", head_dim=16, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64,
+        "llama_4_scaling_beta": 0.1})), "llama_4_scaling_beta"),
+    (dict(model_type="mistral3", text_config=dict(SMALL, model_type="llama")), "text_config"),
     (dict(SMALL, model_type="hunyuan_v1_dense", head_dim=16, partial_rotary_factor=0.5,
           rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0}), "partial_rotary_factor"),
 ])

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from posenc.encodings.base import PositionalEncoding
@@ -740,6 +740,28 @@ def granitemoehybrid_check(r: Reading) -> None:
         r.note("position_embedding_type is not 'rope': the attention layers have no positions (NoPE)")
 
 
+#: The decoders a Mistral 3 wrapper's text_config may hold (transformers' Mistral3Config: Mistral
+#: Small 3.x and Devstral Small hold "mistral", Ministral 3 / Mistral Large 3 / Devstral 2 "ministral3").
+MISTRAL3_TEXT_TYPES = ("mistral", "ministral3")
+
+
+def plan_mistral3(config: Mapping[str, Any]) -> PositionPlan:
+    """Mistral 3 (``Mistral3Config``): the plan of its ``text_config``, read as the family its own
+    ``model_type`` names (default "mistral"), since the two decoders differ (Ministral 3's
+    llama_4_scaling_beta query temperature, refused unless 0)."""
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, Mapping) and hasattr(text, "to_dict"):
+        text = text.to_dict()
+    if not isinstance(text, Mapping):
+        raise MissingKey("config (mistral3): needs 'text_config', where the decoder's positions are")
+    inner = text.get("model_type", "mistral")
+    if inner not in MISTRAL3_TEXT_TYPES:
+        raise InvalidArgument(f"config['text_config']['model_type'] = {inner!r}: a Mistral 3 decoder is one of "
+                              f"{list(MISTRAL3_TEXT_TYPES)}")
+    plan = position_plan({**dict(text), "model_type": inner})
+    return replace(plan, model_type="mistral3")
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -1011,6 +1033,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # Falcon-H1: every layer runs attention and a Mamba mixer side by side; the attention has RoPE
     _family("falcon_h1", defaults={"rope_theta": 10000.0},
             layer_types=lambda r: ["hybrid"] * r.positive_int("num_hidden_layers"), span=hybrid_span),
+    # Mistral 3: a Pixtral vision tower and a Mistral or Ministral 3 decoder, read as its text_config names it
+    _family("mistral3", reader=plan_mistral3, base="model.language_model", sizes_config="text_config"),
     _family("llama4_text", **_LLAMA4_TEXT, source="transformers/models/llama4/"),
     _family("llama4", text_config="llama4_text"),
     # the families whose positions are not (only) rotary: a reader of their own and an adapter
