@@ -334,6 +334,12 @@ FAMILIES = {
         text_config=dict(SMALL, vocab_size=V + 1, model_type="mistral", num_hidden_layers=2, head_dim=16, sliding_window=8,
                          rope_parameters={"rope_type": "default", "rope_theta": 1e9}),
         vision_config=PIXTRAL, image_token_index=V, spatial_merge_size=1), uniform(lambda: rope(1e9), 2), "sdpa"),
+    # Llama 3.2 Vision's text model: layer 1 cross-attends (to no image here), the others are Llama's
+    "mllama_text_model": (T.MllamaTextConfig, T.MllamaForCausalLM,
+                          dict(SMALL, num_hidden_layers=3, cross_attention_layers=[1],
+                               rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+                          lambda config: PositionPlan(tuple(LayerPlan(None if i == 1 else rope(5e5)) for i in range(3))),
+                          "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -360,6 +366,7 @@ MEASURED = {
     "qwen3_5_text": (1.91e-06, 1.91e-06),
     "lfm2": (3.87e-07, 4.17e-07), "bamba": (4.47e-07, 3.58e-07), "granitemoehybrid": (3.58e-07, 5.96e-07),
     "falcon_h1": (2.38e-07, 3.58e-07), "mistral3": (4.23e-07, 4.17e-07),
+    "mllama_text_model": (2.98e-07, 3.58e-07),
 }
 
 

@@ -170,6 +170,10 @@ CASES = [
     ("mistral3-ministral3", "mistral3", dict(text_config=dict(SMALL, model_type="ministral3", head_dim=16, rope_parameters={
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64,
         "llama_4_scaling_beta": 0.0}))),
+    ("mllama_text_model", "mllama_text_model", dict(SMALL, num_hidden_layers=5, cross_attention_layers=[1, 3],
+                                                    rope_theta=500000.0, rope_scaling=LLAMA3)),
+    ("mllama-nested", "mllama", dict(text_config=dict(SMALL, model_type="mllama_text_model", num_hidden_layers=4,
+                                                      cross_attention_layers=[2], rope_theta=500000.0))),
     ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
     ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
     ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
@@ -224,6 +228,8 @@ def hf_uses_rope(model_type, hf, index):
         return hf.layer_types[index] == "sliding_attention" and hf.sliding_window is not None
     if model_type in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):
         return hf.layer_types[index] != "linear_attention"
+    if model_type == "mllama_text_model":  # the cross-attention layers attend to the image
+        return index not in hf.cross_attention_layers
     if model_type in ("lfm2", "bamba"):  # their attention layers only
         return hf.layer_types[index] == "full_attention"
     if model_type == "granitemoehybrid":

@@ -669,8 +669,9 @@ def qwen3_5_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEn
     return multiaxis_rope(r, [11, 11, 10], mrope_interleaved=True)
 
 
-#: Layer types of the hybrids' layers without softmax attention (no positions: their plan layer is None).
-NO_ATTENTION_TYPES = ("linear_attention", "conv", "mamba")
+#: Layer types of the layers without positions (their plan layer is None): the hybrids' layers
+#: without softmax attention, and mllama's cross-attention layers (queries from text, keys from images).
+NO_ATTENTION_TYPES = ("linear_attention", "conv", "mamba", "cross_attention")
 
 
 def hybrid_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
@@ -760,6 +761,18 @@ def plan_mistral3(config: Mapping[str, Any]) -> PositionPlan:
                               f"{list(MISTRAL3_TEXT_TYPES)}")
     plan = position_plan({**dict(text), "model_type": inner})
     return replace(plan, model_type="mistral3")
+
+
+def mllama_layer_types(r: Reading) -> list[str]:
+    """Llama 3.2 Vision's text model (``MllamaTextModel``): the layers at ``cross_attention_layers``
+    attend to the image instead of the text (``cross_attention``, no positions), the others are
+    Llama's self-attention."""
+    indices = r.cfg.get("cross_attention_layers")
+    if indices is None:
+        indices = [3, 8, 13, 18, 23, 28, 33, 38]  # MllamaTextConfig's default
+    if not isinstance(indices, (list, tuple)) or not all(isinstance(i, int) for i in indices):
+        raise InvalidType(f"config['cross_attention_layers'] must be a list of layer indices, got {indices!r:.60}")
+    return ["cross_attention" if i in indices else "full_attention" for i in range(r.positive_int("num_hidden_layers"))]
 
 
 #: The names of the rotary table formats a family's decoder layers take
@@ -1035,6 +1048,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             layer_types=lambda r: ["hybrid"] * r.positive_int("num_hidden_layers"), span=hybrid_span),
     # Mistral 3: a Pixtral vision tower and a Mistral or Ministral 3 decoder, read as its text_config names it
     _family("mistral3", reader=plan_mistral3, base="model.language_model", sizes_config="text_config"),
+    # Llama 3.2 Vision: Llama's RoPE on the self-attention layers, none on the cross-attention layers
+    _family("mllama_text_model", defaults={"rope_theta": 500_000.0}, layer_types=mllama_layer_types, span=hybrid_span,
+            encoding=attention_layers_rope, base="model", source="transformers/models/mllama/"),
+    _family("mllama", text_config="mllama_text_model", base="model.language_model", sizes_config="text_config"),
     _family("llama4_text", **_LLAMA4_TEXT, source="transformers/models/llama4/"),
     _family("llama4", text_config="llama4_text"),
     # the families whose positions are not (only) rotary: a reader of their own and an adapter
