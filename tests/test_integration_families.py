@@ -340,6 +340,18 @@ FAMILIES = {
                                rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
                           lambda config: PositionPlan(tuple(LayerPlan(None if i == 1 else rope(5e5)) for i in range(3))),
                           "sdpa"),
+    "lfm2_moe": (T.Lfm2MoeConfig, T.Lfm2MoeForCausalLM,
+                 dict(SMALL, num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"], num_experts=2,
+                      num_experts_per_tok=1, moe_intermediate_size=32, num_dense_layers=1,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                 by_type(lambda t: rope(1e6) if t == "full_attention" else None), "sdpa"),
+    # GLM-4.7-Flash's MLA: RoPE on the qk_rope_head_dim part, pairs interleaved (rope_interleave)
+    "glm4_moe_lite": (T.Glm4MoeLiteConfig, T.Glm4MoeLiteForCausalLM,
+                      dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1,
+                           n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32,
+                           kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                           rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                      uniform(lambda: posenc.RoPE(8, base=1e6, interleaved=True), 2), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -366,7 +378,7 @@ MEASURED = {
     "qwen3_5_text": (1.91e-06, 1.91e-06),
     "lfm2": (3.87e-07, 4.17e-07), "bamba": (4.47e-07, 3.58e-07), "granitemoehybrid": (3.58e-07, 5.96e-07),
     "falcon_h1": (2.38e-07, 3.58e-07), "mistral3": (4.23e-07, 4.17e-07),
-    "mllama_text_model": (2.98e-07, 3.58e-07),
+    "mllama_text_model": (2.98e-07, 3.58e-07), "lfm2_moe": (2.38e-07, 4.17e-07), "glm4_moe_lite": (2.98e-07, 2.38e-07),
 }
 
 

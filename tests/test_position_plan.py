@@ -174,6 +174,14 @@ CASES = [
                                                     rope_theta=500000.0, rope_scaling=LLAMA3)),
     ("mllama-nested", "mllama", dict(text_config=dict(SMALL, model_type="mllama_text_model", num_hidden_layers=4,
                                                       cross_attention_layers=[2], rope_theta=500000.0))),
+    ("lfm2_moe", "lfm2_moe", dict(SMALL, rope_theta=1e6, num_experts=4,
+                                  layer_types=["conv", "conv", "full_attention", "conv"])),
+    ("glm4_moe_lite", "glm4_moe_lite", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                                            kv_lora_rank=16, q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2,
+                                            rope_theta=1e6)),
+    ("glm4_moe_lite-half-split", "glm4_moe_lite", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                                                       kv_lora_rank=16, q_lora_rank=32, n_routed_experts=4,
+                                                       num_experts_per_tok=2, rope_interleave=False)),
     ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
     ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
     ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
@@ -230,7 +238,7 @@ def hf_uses_rope(model_type, hf, index):
         return hf.layer_types[index] != "linear_attention"
     if model_type == "mllama_text_model":  # the cross-attention layers attend to the image
         return index not in hf.cross_attention_layers
-    if model_type in ("lfm2", "bamba"):  # their attention layers only
+    if model_type in ("lfm2", "lfm2_moe", "bamba"):  # their attention layers only
         return hf.layer_types[index] == "full_attention"
     if model_type == "granitemoehybrid":
         return hf.layer_types[index] == "full_attention" and hf.position_embedding_type == "rope"
@@ -260,7 +268,7 @@ def hf_tables_and_rotate(model_type, hf, mod, rotary, layer_type, q, k, position
     cos, sin = rotary(x, pos, **kwargs)
     if model_type == "gpt_oss":  # tables of r/2, _apply_rotary_emb halves the head
         return cos[0], sin[0], list(mod.apply_rotary_pos_emb(q, k, cos, sin))
-    if model_type == "deepseek_v3":
+    if model_type in ("deepseek_v3", "glm4_moe_lite"):
         apply = mod.apply_rotary_pos_emb_interleave if hf.rope_interleave else mod.apply_rotary_pos_emb
         half = cos.shape[-1] // 2
         return cos[0, :, :half], sin[0, :, :half], list(apply(q, k, cos, sin))

@@ -1052,6 +1052,13 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("mllama_text_model", defaults={"rope_theta": 500_000.0}, layer_types=mllama_layer_types, span=hybrid_span,
             encoding=attention_layers_rope, base="model", source="transformers/models/mllama/"),
     _family("mllama", text_config="mllama_text_model", base="model.language_model", sizes_config="text_config"),
+    _family("lfm2_moe", defaults={"rope_theta": 1_000_000.0}, layer_types=lfm2_layer_types, span=hybrid_span,
+            encoding=attention_layers_rope, rotary="pos_emb"),
+    # GLM-4.7-Flash: DeepSeek-V3's MLA, RoPE on qk_rope_head_dim, interleaved with rope_interleave (default true)
+    _family("glm4_moe_lite", layout="interleaved",
+            defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64, "rope_interleave": True},
+            encoding=deepseek_rope, prepare=deepseek_check, interleaved_key="rope_interleave",
+            interleaved_tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
     _family("llama4_text", **_LLAMA4_TEXT, source="transformers/models/llama4/"),
     _family("llama4", text_config="llama4_text"),
     # the families whose positions are not (only) rotary: a reader of their own and an adapter
