@@ -352,6 +352,23 @@ FAMILIES = {
                            kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
                            rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
                       uniform(lambda: posenc.RoPE(8, base=1e6, interleaved=True), 2), "sdpa"),
+    "qwen3_vl_moe": (T.Qwen3VLMoeConfig, T.Qwen3VLMoeForConditionalGeneration, dict(
+        text_config=dict(SMALL, num_hidden_layers=2, head_dim=16, num_experts=2, num_experts_per_tok=1,
+                         moe_intermediate_size=32, rope_parameters={
+                             "rope_type": "default", "rope_theta": 1e6, "mrope_section": [3, 3, 2], "mrope_interleaved": True}),
+        vision_config=QWEN3_VISION),
+        uniform(lambda: posenc.MRoPE(16, mrope_section=[3, 3, 2], base=1e6, mrope_interleaved=True), 2), "sdpa"),
+    # Qwen3.5 with its vision tower: the hybrid text tower at model.language_model
+    "qwen3_5": (T.Qwen3_5Config, T.Qwen3_5ForConditionalGeneration, dict(
+        text_config=dict(SMALL, num_hidden_layers=4, head_dim=32, linear_num_value_heads=4, linear_num_key_heads=2,
+                         linear_key_head_dim=16, linear_value_head_dim=16,
+                         layer_types=["linear_attention"] * 3 + ["full_attention"],
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                          "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
+        vision_config=QWEN3_VISION),
+        lambda config: PositionPlan(tuple(
+            LayerPlan(posenc.MRoPE(32, mrope_section=[2, 1, 1], base=1e7, rotary_dim=8, mrope_interleaved=True)
+                      if t == "full_attention" else None) for t in config.text_config.layer_types)), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -379,6 +396,7 @@ MEASURED = {
     "lfm2": (3.87e-07, 4.17e-07), "bamba": (4.47e-07, 3.58e-07), "granitemoehybrid": (3.58e-07, 5.96e-07),
     "falcon_h1": (2.38e-07, 3.58e-07), "mistral3": (4.23e-07, 4.17e-07),
     "mllama_text_model": (2.98e-07, 3.58e-07), "lfm2_moe": (2.38e-07, 4.17e-07), "glm4_moe_lite": (2.98e-07, 2.38e-07),
+    "qwen3_vl_moe": (3.58e-07, 2.98e-07), "qwen3_5": (1.43e-06, 1.43e-06),
 }
 
 
