@@ -369,6 +369,13 @@ FAMILIES = {
         lambda config: PositionPlan(tuple(
             LayerPlan(posenc.MRoPE(32, mrope_section=[2, 1, 1], base=1e7, rotary_dim=8, mrope_interleaved=True)
                       if t == "full_attention" else None) for t in config.text_config.layer_types)), "sdpa"),
+    # Gemma 3n's text model: 4 sliding layers (θ 1e4) to 1 full (θ 1e6); the last 5 layers reuse the
+    # keys and values of the last earlier layer of their type (num_kv_shared_layers)
+    "gemma3n_text": (T.Gemma3nTextConfig, T.Gemma3nForCausalLM,
+                     dict(SMALL, num_hidden_layers=10, head_dim=16, sliding_window=8, num_kv_shared_layers=5,
+                          hidden_size_per_layer_input=16, vocab_size_per_layer_input=V, laurel_rank=8,
+                          activation_sparsity_pattern=[0.0] * 10, rope_theta=1e6, rope_local_base_freq=1e4),
+                     by_type(lambda t: rope(1e4) if t == "sliding_attention" else rope(1e6)), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -397,6 +404,7 @@ MEASURED = {
     "falcon_h1": (2.38e-07, 3.58e-07), "mistral3": (4.23e-07, 4.17e-07),
     "mllama_text_model": (2.98e-07, 3.58e-07), "lfm2_moe": (2.38e-07, 4.17e-07), "glm4_moe_lite": (2.98e-07, 2.38e-07),
     "qwen3_vl_moe": (3.58e-07, 2.98e-07), "qwen3_5": (1.43e-06, 1.43e-06),
+    "gemma3n_text": (9.54e-07, 6.3e-07),
 }
 
 

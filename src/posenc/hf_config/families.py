@@ -1059,6 +1059,13 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64, "rope_interleave": True},
             encoding=deepseek_rope, prepare=deepseek_check, interleaved_key="rope_interleave",
             interleaved_tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
+    # Gemma 3n: Gemma 3's two thetas (rope_theta global, rope_local_base_freq local), 4 sliding layers to 1 full
+    _family("gemma3n_text", defaults={"head_dim": 256, "sliding_window": 512},
+            layer_types=pattern_layer_types("", 5), encoding=layer_type_rope,
+            type_thetas={"full_attention": ("rope_theta", 1_000_000.0),
+                         "sliding_attention": ("rope_local_base_freq", 10_000.0)},
+            prepare=gemma3_check, scaled_layer_types=("full_attention",), source="transformers/models/gemma3n/"),
+    _family("gemma3n", text_config="gemma3n_text", base="model.language_model", sizes_config="text_config"),
     _family("llama4_text", **_LLAMA4_TEXT, source="transformers/models/llama4/"),
     _family("llama4", text_config="llama4_text"),
     # the families whose positions are not (only) rotary: a reader of their own and an adapter

@@ -348,6 +348,8 @@ def tables_hook(decision: LayerRoute, family: Family, memo: dict):
                 cos, sin = rope.cos_sin(positions, table_dtype)
                 tables = family.tables.build(cos, sin, hidden.dtype)
                 memo[key] = (positions, hidden.dtype, tables)
+        if len(args) > 1:  # handed positionally after the hidden states (Gemma 3n's decoder layers)
+            return (args[0], tables, *args[2:]), kwargs
         return args, {**kwargs, "position_embeddings": tables}
 
     return set_tables
