@@ -526,6 +526,12 @@ def test_describe_groups_layers():
     ("gemma3_text", dict(SMALL, num_hidden_layers=6, head_dim=16, rope_theta=1e6, rope_local_base_freq=1e4, sliding_window=16,
                          rope_scaling={"rope_type": "linear", "factor": 8.0}), "full_attention"),
     ("llama4_text", dict(SMALL, head_dim=16, attention_chunk_size=16), None),
+    # a class default of the RoPE's own keys that the config lacks (Seed-OSS's head_dim 128, PhiMoE's
+    # theta 1e6, GLM-4.5's and Phi's partial_rotary_factor 0.5): applied, as transformers does
+    ("seed_oss", dict(SMALL), None),
+    ("phimoe", dict(SMALL), None),
+    ("glm4_moe", dict(SMALL), None),
+    ("phi", dict(SMALL), None),
 ])
 def test_from_hf_config_reads_these_families_as_transformers(model_type, config, layer_type):
     """The issue's silent misreadings through from_hf_config: Cohere's interleaved pairs, GPT-J's

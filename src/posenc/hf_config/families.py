@@ -1088,7 +1088,31 @@ def reads_plainly(config: Mapping[str, Any]) -> bool:
     (Llama, Mistral, Qwen, Gemma 1/2, Phi, OLMo 2, ...)."""
     family = FAMILIES.get(config.get("model_type"))
     return (family is not None and family.reader is None and family.layout == "half-split" and not family.aliases
-            and family.text_config is None and family.encoding is rope_of_type and family.prepare is None)
+            and family.text_config is None and family.encoding is rope_of_type and family.prepare is None
+            and not _rope_defaults_needed(config, family))
+
+
+#: The config keys whose class default changes the RoPE itself (a family default of one of them
+#: that the config lacks must be applied: Seed-OSS's head_dim 128, PhiMoE's theta 1e6, ...).
+_ROPE_DEFAULT_KEYS = ("rope_theta", "head_dim", "partial_rotary_factor")
+
+
+def _rope_defaults_needed(config: Mapping[str, Any], family: Family) -> bool:
+    """Whether the family's defaults change this config's RoPE: a default (other than theta 10000,
+    read_hf_config's own) of a key in :data:`_ROPE_DEFAULT_KEYS` that neither the config nor its
+    rope dict gives."""
+    resolved, _ = rope_dict_spellings(config)
+    params = resolved.get("rope_parameters") or resolved.get("rope_scaling")
+    params = params if isinstance(params, Mapping) else {}
+    for key in _ROPE_DEFAULT_KEYS:
+        if key not in family.defaults or config.get(key) is not None or params.get(key) is not None:
+            continue
+        if key == "rope_theta" and family.defaults[key] == 10000.0:
+            continue
+        if key == "head_dim" and config.get("hidden_size") is None:
+            continue
+        return True
+    return False
 
 
 def plan_for_one_rope(config: Mapping[str, Any]) -> PositionPlan:
