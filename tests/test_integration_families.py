@@ -54,8 +54,17 @@ def by_flags(make, nope=lambda: None):  # no_rope_layers: 1 = RoPE, 0 = NoPE (Sm
 VISION = dict(depth=1, embed_dim=16, hidden_size=16, num_heads=2, out_hidden_size=64, intermediate_size=16, patch_size=2,
               spatial_merge_size=1, temporal_patch_size=1)
 
+QWEN3_VISION = dict(depth=1, hidden_size=16, num_heads=2, out_hidden_size=64, intermediate_size=16, patch_size=2,
+                    spatial_merge_size=1, temporal_patch_size=1, num_position_embeddings=16, deepstack_visual_indexes=[])
+
+PIXTRAL = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, head_dim=8, image_size=16,
+               patch_size=4)
+
 OLMO3_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "attention_factor": 1.2,
               "beta_fast": 32.0, "beta_slow": 1.0}
+
+MINISTRAL3_YARN = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 16,
+                   "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.0}
 
 GEMMA3_TYPES = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]
 
@@ -180,6 +189,193 @@ FAMILIES = {
         text_config=dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6,
                                                                       "mrope_section": [4, 2, 2]}),
         vision_config=VISION), uniform(lambda: posenc.MRoPE(16, mrope_section=[4, 2, 2], base=1e6), 2), "sdpa"),
+    # issue 34's families (tiny, shaped like their released configs)
+    "arcee": (T.ArceeConfig, T.ArceeForCausalLM,
+              dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                                                "original_max_position_embeddings": 16}),
+              uniform(lambda: rope(scaling={"rope_type": "yarn", "factor": 4.0,
+                                            "original_max_position_embeddings": 16}), 2), "sdpa"),
+    "apertus": (T.ApertusConfig, T.ApertusForCausalLM, dict(SMALL, num_hidden_layers=2),  # the class's llama3 x8
+                uniform(lambda: rope(12_000_000.0, scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                            "high_freq_factor": 4.0,
+                                                            "original_max_position_embeddings": 8192}), 2), "sdpa"),
+    "seed_oss": (T.SeedOssConfig, T.SeedOssForCausalLM,
+                 dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e7}),
+                 uniform(lambda: rope(1e7), 2), "sdpa"),
+    # interleaved pairs, handed Llama-format tables that apply_rotary_pos_emb de-interleaves
+    "helium": (T.HeliumConfig, T.HeliumForCausalLM,
+               dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e5}),
+               uniform(lambda: rope(1e5, interleaved=True), 2), "sdpa"),
+    "ernie4_5": (T.Ernie4_5Config, T.Ernie4_5ForCausalLM,
+                 dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+                 uniform(lambda: rope(5e5, interleaved=True), 2), "sdpa"),
+    "ernie4_5_moe": (T.Ernie4_5_MoeConfig, T.Ernie4_5_MoeForCausalLM,
+                     dict(SMALL, num_hidden_layers=2, moe_num_experts=2, moe_k=1, moe_intermediate_size=32,
+                          moe_layer_start_index=1, rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+                     uniform(lambda: rope(5e5, interleaved=True), 2), "sdpa"),
+    "glm": (T.GlmConfig, T.GlmForCausalLM,
+            dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                           "partial_rotary_factor": 0.5}),
+            uniform(lambda: rope(rotary_dim=8, interleaved=True), 2), "sdpa"),
+    "glm4": (T.Glm4Config, T.Glm4ForCausalLM,
+             dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                            "partial_rotary_factor": 0.5}),
+             uniform(lambda: rope(rotary_dim=8, interleaved=True), 2), "sdpa"),
+    "glm4_moe": (T.Glm4MoeConfig, T.Glm4MoeForCausalLM,
+                 dict(SMALL, num_hidden_layers=2, head_dim=16, n_routed_experts=2, num_experts_per_tok=1, n_group=1,
+                      topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}),
+                 uniform(lambda: rope(1e6, rotary_dim=8), 2), "sdpa"),
+    "granite": (T.GraniteConfig, T.GraniteForCausalLM,
+                dict(SMALL, num_hidden_layers=2, attention_multiplier=0.125,
+                     rope_parameters={"rope_type": "default", "rope_theta": 1e7}),
+                uniform(lambda: rope(1e7), 2), "sdpa"),
+    "granitemoe": (T.GraniteMoeConfig, T.GraniteMoeForCausalLM,
+                   dict(SMALL, num_hidden_layers=2, num_local_experts=2, num_experts_per_tok=1, attention_multiplier=0.125),
+                   uniform(rope, 2), "sdpa"),
+    "granitemoeshared": (T.GraniteMoeSharedConfig, T.GraniteMoeSharedForCausalLM,
+                         dict(SMALL, num_hidden_layers=2, num_local_experts=2, num_experts_per_tok=1,
+                              shared_intermediate_size=32, attention_multiplier=0.125),
+                         uniform(rope, 2), "sdpa"),
+    # HunYuan's released spelling: "dynamic" with an alpha, a static NTK-alpha base
+    "hunyuan_v1_dense": (T.HunYuanDenseV1Config, T.HunYuanDenseV1ForCausalLM,
+                         dict(SMALL, num_hidden_layers=2, head_dim=16,
+                              rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
+                                               "rope_theta": 10000.0}),
+                         uniform(lambda: rope(10000.0 * 1000.0 ** (16 / 14)), 2), "sdpa"),
+    "hunyuan_v1_moe": (T.HunYuanMoEV1Config, T.HunYuanMoEV1ForCausalLM,
+                       dict(SMALL, num_hidden_layers=2, head_dim=16, num_experts=2, moe_topk=1,
+                            rope_parameters={"rope_type": "default", "rope_theta": 1e5}),
+                       uniform(lambda: rope(1e5), 2), "sdpa"),
+    "starcoder2": (T.Starcoder2Config, T.Starcoder2ForCausalLM,
+                   dict(COMMON, intermediate_size=96, num_hidden_layers=2, num_key_value_heads=2, sliding_window=8,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e5}),
+                   uniform(lambda: rope(1e5), 2), "sdpa"),
+    "phimoe": (T.PhimoeConfig, T.PhimoeForCausalLM,
+               dict(SMALL, num_hidden_layers=2, num_local_experts=2, num_experts_per_tok=1,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+               uniform(lambda: rope(1e6), 2), "sdpa"),
+    # EXAONE 4: RoPE on the sliding layers, the full layers NoPE
+    "exaone4": (T.Exaone4Config, T.Exaone4ForCausalLM,
+                dict(SMALL, num_hidden_layers=4, head_dim=16, sliding_window=8, sliding_window_pattern=4,
+                     rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                by_type(lambda t: rope(1e6) if t == "sliding_attention" else None), "sdpa"),
+    "dots1": (T.Dots1Config, T.Dots1ForCausalLM,
+              dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8, max_window_layers=1, n_routed_experts=2, n_shared_experts=1,
+                   num_experts_per_tok=1, n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1,
+                   rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+              uniform(lambda: rope(1e6), 2), "sdpa"),
+    "vaultgemma": (T.VaultGemmaConfig, T.VaultGemmaForCausalLM,
+                   dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8, query_pre_attn_scalar=16),
+                   lambda config: PositionPlan(tuple(LayerPlan(rope(), layer_type=t, softcap=50.0)
+                                                     for t in config.layer_types)), "eager"),
+    # MiniMax-M2's absolute rotary_dim: 8 of 16
+    "minimax_m2": (T.MiniMaxM2Config, T.MiniMaxM2ForCausalLM,
+                   dict(SMALL, num_hidden_layers=2, head_dim=16, rotary_dim=8, num_local_experts=2, num_experts_per_tok=1,
+                        rope_theta=5e6),
+                   uniform(lambda: rope(5e6, rotary_dim=8), 2), "sdpa"),
+    "ministral": (T.MinistralConfig, T.MinistralForCausalLM,
+                  dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8,
+                       layer_types=["sliding_attention", "full_attention"],
+                       rope_parameters={"rope_type": "default", "rope_theta": 1e8}),
+                  by_type(lambda t: rope(1e8)), "sdpa"),
+    # Ministral 3 with llama_4_scaling_beta 0 (its query temperature 1): YaRN, every layer
+    "ministral3": (T.Ministral3Config, T.Ministral3ForCausalLM,
+                   dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters=MINISTRAL3_YARN), uniform(
+                       lambda: rope(1e6, scaling={k: v for k, v in MINISTRAL3_YARN.items()
+                                                  if k not in ("rope_theta", "llama_4_scaling_beta")}), 2), "sdpa"),
+    # DeepSeek-V2's MLA: complex-pair RoPE on the qk_rope_head_dim part of each head
+    "deepseek_v2": (T.DeepseekV2Config, T.DeepseekV2ForCausalLM,
+                    dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1,
+                         n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32,
+                         kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_shared_experts=1),
+                    uniform(lambda: posenc.RoPE(8, interleaved=True), 2), "sdpa"),
+    # Qwen3-VL: interleaved M-RoPE (T H W T H W T T over 8 pairs), text tower at model.language_model
+    "qwen3_vl": (T.Qwen3VLConfig, T.Qwen3VLForConditionalGeneration, dict(
+        text_config=dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={
+            "rope_type": "default", "rope_theta": 1e6, "mrope_section": [3, 3, 2], "mrope_interleaved": True}),
+        vision_config=QWEN3_VISION),
+        uniform(lambda: posenc.MRoPE(16, mrope_section=[3, 3, 2], base=1e6, mrope_interleaved=True), 2), "sdpa"),
+    # Qwen3.5: Gated DeltaNet layers (no positions) and full-attention layers with interleaved M-RoPE
+    # over a quarter of the head (8 of 32: 4 pairs, T H W T)
+    "qwen3_5_text": (T.Qwen3_5TextConfig, T.Qwen3_5ForCausalLM,
+                     dict(SMALL, num_hidden_layers=4, head_dim=32, linear_num_value_heads=4, linear_num_key_heads=2,
+                          linear_key_head_dim=16, linear_value_head_dim=16,
+                          layer_types=["linear_attention"] * 3 + ["full_attention"],
+                          rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                           "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
+                     by_type(lambda t: posenc.MRoPE(32, mrope_section=[2, 1, 1], base=1e7, rotary_dim=8,
+                                                    mrope_interleaved=True) if t == "full_attention" else None), "sdpa"),
+    # the hybrids: RoPE on the softmax-attention layers, None on the convolution / Mamba layers
+    "lfm2": (T.Lfm2Config, T.Lfm2ForCausalLM,
+             dict(SMALL, num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"],
+                  rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+             by_type(lambda t: rope(1e6) if t == "full_attention" else None), "sdpa"),
+    "bamba": (T.BambaConfig, T.BambaForCausalLM,
+              dict(SMALL, num_hidden_layers=3, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_state=8, mamba_chunk_size=8,
+                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+              lambda config: PositionPlan(tuple(LayerPlan(rope(rotary_dim=8) if i == 1 else None) for i in range(3))),
+              "sdpa"),
+    # Granite 4.0 hybrid: position_embedding_type "rope" here (the released models: NoPE)
+    "granitemoehybrid": (T.GraniteMoeHybridConfig, T.GraniteMoeHybridForCausalLM,
+                         dict(SMALL, num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], num_local_experts=2,
+                              num_experts_per_tok=1, shared_intermediate_size=32, mamba_n_heads=8, mamba_d_state=8,
+                              mamba_chunk_size=8, position_embedding_type="rope", attention_multiplier=0.125,
+                              rope_parameters={"rope_type": "default", "rope_theta": 1e7}),
+                         lambda config: PositionPlan(tuple(LayerPlan(rope(1e7) if i == 1 else None) for i in range(3))),
+                         "sdpa"),
+    # Falcon-H1: attention and a Mamba mixer side by side in every layer
+    "falcon_h1": (T.FalconH1Config, T.FalconH1ForCausalLM,
+                  dict(SMALL, num_hidden_layers=2, head_dim=16, mamba_n_heads=8, mamba_d_state=8, mamba_chunk_size=8,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1e11}),
+                  uniform(lambda: rope(1e11), 2), "sdpa"),
+    # Mistral 3: a Pixtral tower and a Mistral decoder at model.language_model (image token V, outside the prompts)
+    "mistral3": (T.Mistral3Config, T.Mistral3ForConditionalGeneration, dict(
+        text_config=dict(SMALL, vocab_size=V + 1, model_type="mistral", num_hidden_layers=2, head_dim=16, sliding_window=8,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e9}),
+        vision_config=PIXTRAL, image_token_index=V, spatial_merge_size=1), uniform(lambda: rope(1e9), 2), "sdpa"),
+    # Llama 3.2 Vision's text model: layer 1 cross-attends (to no image here), the others are Llama's
+    "mllama_text_model": (T.MllamaTextConfig, T.MllamaForCausalLM,
+                          dict(SMALL, num_hidden_layers=3, cross_attention_layers=[1],
+                               rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+                          lambda config: PositionPlan(tuple(LayerPlan(None if i == 1 else rope(5e5)) for i in range(3))),
+                          "sdpa"),
+    "lfm2_moe": (T.Lfm2MoeConfig, T.Lfm2MoeForCausalLM,
+                 dict(SMALL, num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"], num_experts=2,
+                      num_experts_per_tok=1, moe_intermediate_size=32, num_dense_layers=1,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                 by_type(lambda t: rope(1e6) if t == "full_attention" else None), "sdpa"),
+    # GLM-4.7-Flash's MLA: RoPE on the qk_rope_head_dim part, pairs interleaved (rope_interleave)
+    "glm4_moe_lite": (T.Glm4MoeLiteConfig, T.Glm4MoeLiteForCausalLM,
+                      dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1,
+                           n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32,
+                           kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                           rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                      uniform(lambda: posenc.RoPE(8, base=1e6, interleaved=True), 2), "sdpa"),
+    "qwen3_vl_moe": (T.Qwen3VLMoeConfig, T.Qwen3VLMoeForConditionalGeneration, dict(
+        text_config=dict(SMALL, num_hidden_layers=2, head_dim=16, num_experts=2, num_experts_per_tok=1,
+                         moe_intermediate_size=32, rope_parameters={
+                             "rope_type": "default", "rope_theta": 1e6, "mrope_section": [3, 3, 2], "mrope_interleaved": True}),
+        vision_config=QWEN3_VISION),
+        uniform(lambda: posenc.MRoPE(16, mrope_section=[3, 3, 2], base=1e6, mrope_interleaved=True), 2), "sdpa"),
+    # Qwen3.5 with its vision tower: the hybrid text tower at model.language_model
+    "qwen3_5": (T.Qwen3_5Config, T.Qwen3_5ForConditionalGeneration, dict(
+        text_config=dict(SMALL, num_hidden_layers=4, head_dim=32, linear_num_value_heads=4, linear_num_key_heads=2,
+                         linear_key_head_dim=16, linear_value_head_dim=16,
+                         layer_types=["linear_attention"] * 3 + ["full_attention"],
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                          "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
+        vision_config=QWEN3_VISION),
+        lambda config: PositionPlan(tuple(
+            LayerPlan(posenc.MRoPE(32, mrope_section=[2, 1, 1], base=1e7, rotary_dim=8, mrope_interleaved=True)
+                      if t == "full_attention" else None) for t in config.text_config.layer_types)), "sdpa"),
+    # Gemma 3n's text model: 4 sliding layers (θ 1e4) to 1 full (θ 1e6); the last 5 layers reuse the
+    # keys and values of the last earlier layer of their type (num_kv_shared_layers)
+    "gemma3n_text": (T.Gemma3nTextConfig, T.Gemma3nForCausalLM,
+                     dict(SMALL, num_hidden_layers=10, head_dim=16, sliding_window=8, num_kv_shared_layers=5,
+                          hidden_size_per_layer_input=16, vocab_size_per_layer_input=V, laurel_rank=8,
+                          activation_sparsity_pattern=[0.0] * 10, rope_theta=1e6, rope_local_base_freq=1e4),
+                     by_type(lambda t: rope(1e4) if t == "sliding_attention" else rope(1e6)), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -194,6 +390,21 @@ MEASURED = {
     "llama4_text": (2.98e-07, 3.58e-07),
     "mixtral": (3.87e-07, 0.0), "qwen3_moe": (2.68e-07, 0.0), "phi": (3.58e-07, 0.0), "deepseek_v3": (2.98e-07, 0.0),
     "gemma4_text": (3.58e-07, 0.0), "qwen2_vl": (3.58e-07, 4.77e-07), "qwen2_5_vl": (3.58e-07, 3.58e-07),
+    "arcee": (5.96e-07, 5.66e-07), "apertus": (2.98e-07, 4.77e-07), "seed_oss": (3.28e-07, 3.58e-07),
+    "helium": (3.28e-07, 3.58e-07), "ernie4_5": (2.98e-07, 2.76e-07), "ernie4_5_moe": (3.28e-07, 2.98e-07),
+    "glm": (3.58e-07, 4.17e-07), "glm4": (3.87e-07, 6.26e-07), "glm4_moe": (3.58e-07, 4.77e-07),
+    "granite": (2.38e-07, 4.17e-07), "granitemoe": (3.43e-07, 4.17e-07), "granitemoeshared": (3.58e-07, 3.58e-07),
+    "hunyuan_v1_dense": (3.58e-07, 4.17e-07), "hunyuan_v1_moe": (2.98e-07, 3.87e-07),
+    "starcoder2": (4.17e-07, 3.58e-07), "phimoe": (4.77e-07, 4.17e-07), "exaone4": (4.77e-07, 5.59e-07),
+    "dots1": (4.17e-07, 4.17e-07), "vaultgemma": (4.71e-06, 0.0), "minimax_m2": (2.38e-07, 4.77e-07),
+    "ministral": (3.58e-07, 5.96e-07), "ministral3": (2.42e-07, 4.17e-07),
+    "deepseek_v2": (2.98e-07, 2.98e-07), "qwen3_vl": (2.98e-07, 3.28e-07),
+    "qwen3_5_text": (1.91e-06, 1.91e-06),
+    "lfm2": (3.87e-07, 4.17e-07), "bamba": (4.47e-07, 3.58e-07), "granitemoehybrid": (3.58e-07, 5.96e-07),
+    "falcon_h1": (2.38e-07, 3.58e-07), "mistral3": (4.23e-07, 4.17e-07),
+    "mllama_text_model": (2.98e-07, 3.58e-07), "lfm2_moe": (2.38e-07, 4.17e-07), "glm4_moe_lite": (2.98e-07, 2.38e-07),
+    "qwen3_vl_moe": (3.58e-07, 2.98e-07), "qwen3_5": (1.43e-06, 1.43e-06),
+    "gemma3n_text": (9.54e-07, 6.3e-07),
 }
 
 
@@ -303,7 +514,7 @@ def test_the_read_plan_reproduces_the_model(family):
     assert difference <= max(1e-5, 2 * noise), (family, difference, noise)
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_qwen_vl_read_plan_reproduces_image_like_mrope_positions(family):
     """M-RoPE positions (3, B, T) whose axes differ (text, a 1 x 4 x 6 image grid, text, as
     get_rope_index lays them out) given to the VL model: posenc's M-RoPE tables, read from the
@@ -488,7 +699,13 @@ EXTEND_REFUSED = {"gemma3_text": "already scaled", "gpt_oss": "already scaled", 
                   "phi3": "Phi3Config refuses the extended config",  # Phi-3 accepts longrope only
                   "gemma4_text": "name the ones to scale",
                   # GPT-J's rotary: rotary_dim and base 10000 (create_sinusoidal_positions), nothing else
-                  "gptj": "does not read a RoPE scaling.*create_sinusoidal_positions"}
+                  "gptj": "does not read a RoPE scaling.*create_sinusoidal_positions",
+                  "arcee": "already scaled", "apertus": "already scaled",
+                  "hunyuan_v1_dense": r"already scaled \(ntk\)",  # HunYuan's NTK-alpha, read as posenc's ntk
+                  # PhiMoE scales cos / sin by short_mscale / long_mscale, which no posenc encoding computes
+                  "phimoe": "short_mscale", "ministral3": "already scaled",
+                  # Qwen3.5's text model alone: M-RoPE, which from_hf_config's one-RoPE reading does not extend
+                  "qwen3_5_text": "no RoPE on any layer"}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -532,7 +749,7 @@ def test_extend_context_scales_olmo3s_full_attention_layers_by_default(tmp_path)
     assert (reloaded - extended).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_extend_context_writes_the_qwen_vl_text_config_and_round_trips_on_mrope_positions(family, tmp_path):
     """Qwen2-VL / Qwen2.5-VL: the scaling goes to config.text_config's rope dict (where their
     text model's rotary embedding reads it), mrope_section kept; the top-level config's fields

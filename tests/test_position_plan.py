@@ -95,6 +95,101 @@ CASES = [
                                                                     "original_max_position_embeddings": 64})),
     ("gpt_neox", "gpt_neox", dict(SMALL, rotary_pct=0.5, rotary_emb_base=20000)),
     ("gpt_neox-defaults", "gpt_neox", dict(SMALL)),
+    # issue 34's families (shapes of their released config.json, shrunk)
+    ("arcee", "arcee", dict(SMALL, rope_theta=10000.0, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                                     "original_max_position_embeddings": 64})),
+    ("apertus", "apertus", dict(SMALL, rope_theta=12_000_000.0, rope_scaling=LLAMA3)),
+    ("apertus-defaults", "apertus", dict(SMALL)),
+    ("seed_oss", "seed_oss", dict(SMALL, head_dim=16, rope_theta=1e7)),
+    ("helium", "helium", dict(SMALL, head_dim=16, rope_theta=100000.0)),
+    ("ernie4_5", "ernie4_5", dict(SMALL, head_dim=16, rope_theta=500000.0)),
+    ("ernie4_5_moe", "ernie4_5_moe", dict(SMALL, rope_theta=500000.0, moe_num_experts=4, moe_k=2)),
+    ("glm", "glm", dict(SMALL, head_dim=16, partial_rotary_factor=0.5, rope_theta=10000.0)),
+    ("glm4", "glm4", dict(SMALL, head_dim=32, partial_rotary_factor=0.5, rope_theta=10000.0)),
+    ("glm4_moe", "glm4_moe", dict(SMALL, head_dim=32, partial_rotary_factor=0.5, rope_theta=1e6, n_routed_experts=4)),
+    ("granite", "granite", dict(SMALL, rope_theta=1e7, attention_multiplier=0.015625)),
+    ("granitemoe", "granitemoe", dict(SMALL, rope_theta=10000.0, num_local_experts=4)),
+    ("granitemoeshared", "granitemoeshared", dict(SMALL, rope_theta=10000.0, num_local_experts=4)),
+    ("hunyuan_v1_dense-alpha", "hunyuan_v1_dense", dict(SMALL, head_dim=16, rope_theta=10000.0, rope_scaling={
+        "alpha": 1000.0, "beta_fast": 32, "beta_slow": 1, "factor": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "type": "dynamic"})),
+    ("hunyuan_v1_moe", "hunyuan_v1_moe", dict(SMALL, head_dim=16, rope_theta=10000.0, num_experts=4)),
+    ("starcoder2", "starcoder2", dict(SMALL, rope_theta=100000.0, sliding_window=32)),
+    ("phimoe", "phimoe", dict(SMALL, rope_theta=1e6, sliding_window=None, num_local_experts=4)),
+    ("exaone4", "exaone4", dict(SMALL, num_hidden_layers=8, head_dim=16, sliding_window=16, sliding_window_pattern="LLLG",
+                                layer_types=(["sliding_attention"] * 3 + ["full_attention"]) * 2, rope_theta=1e6,
+                                rope_scaling=dict(LLAMA3, factor=16.0))),
+    ("exaone4-pattern", "exaone4", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=8,
+                                        sliding_window_pattern=3)),
+    ("dots1", "dots1", dict(SMALL, rope_theta=1e6, sliding_window=None, max_window_layers=4)),
+    ("dots1-window", "dots1", dict(SMALL, rope_theta=1e6, sliding_window=16, max_window_layers=2)),
+    ("vaultgemma", "vaultgemma", dict(SMALL, head_dim=16, sliding_window=16)),
+    ("minimax_m2", "minimax_m2", dict(SMALL, head_dim=32, rotary_dim=16, rope_theta=5e6)),
+    ("ministral", "ministral", dict(SMALL, head_dim=16, rope_theta=1e8, sliding_window=32,
+                                    layer_types=["sliding_attention", "full_attention"] * 2)),
+    ("ministral-default-types", "ministral", dict(SMALL, rope_theta=1e6, sliding_window=16)),
+    ("ministral3-beta0", "ministral3", dict(SMALL, head_dim=16, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32.0,
+        "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.0, "max_position_embeddings": 256})),
+    ("deepseek_v2", "deepseek_v2", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                        q_lora_rank=None, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+                                        topk_group=1, rope_scaling={"type": "yarn", "factor": 4.0, "mscale": 0.707,
+                                                                    "mscale_all_dim": 0.707, "beta_fast": 32,
+                                                                    "beta_slow": 1,
+                                                                    "original_max_position_embeddings": 64})),
+    ("qwen3_vl-nested", "qwen3_vl", dict(text_config=dict(
+        SMALL, model_type="qwen3_vl_text", head_dim=16, rope_theta=5e6,
+        rope_scaling={"rope_type": "default", "mrope_section": [3, 3, 2], "mrope_interleaved": True}))),
+    ("qwen3_vl_moe-nested", "qwen3_vl_moe", dict(text_config=dict(
+        SMALL, model_type="qwen3_vl_moe_text", head_dim=16, rope_theta=5e6, num_experts=4,
+        rope_scaling={"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True}))),
+    ("qwen3_5_text", "qwen3_5_text", dict(SMALL, head_dim=32, rope_parameters={
+        "rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
+        "mrope_interleaved": True}, full_attention_interval=2)),
+    ("qwen3_5-nested", "qwen3_5", dict(text_config=dict(
+        SMALL, model_type="qwen3_5_text", head_dim=64, num_hidden_layers=8,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                         "mrope_section": [3, 3, 2], "mrope_interleaved": True}))),
+    ("qwen3_5_moe-nested", "qwen3_5_moe", dict(text_config=dict(
+        SMALL, model_type="qwen3_5_moe_text", head_dim=64, num_experts=4,
+        layer_types=["linear_attention", "full_attention"] * 2,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                         "mrope_section": [3, 3, 2], "mrope_interleaved": True}))),
+    ("lfm2", "lfm2", dict(SMALL, num_hidden_layers=6, rope_theta=1e6, full_attn_idxs=[2, 5])),
+    ("lfm2-types", "lfm2", dict(SMALL, rope_theta=1e6, layer_types=["conv", "full_attention", "conv", "full_attention"])),
+    ("bamba", "bamba", dict(SMALL, num_hidden_layers=6, rope_theta=10000.0, attn_layer_indices=[1, 4],
+                            mamba_n_heads=8)),
+    ("granitemoehybrid-nope", "granitemoehybrid", dict(SMALL, position_embedding_type="nope", num_local_experts=4,
+                                                       layer_types=["mamba", "mamba", "attention", "mamba"])),
+    ("granitemoehybrid-rope", "granitemoehybrid", dict(SMALL, position_embedding_type="rope", rope_theta=1e7,
+                                                       num_local_experts=4,
+                                                       layer_types=["mamba", "attention", "mamba", "attention"])),
+    ("falcon_h1", "falcon_h1", dict(SMALL, head_dim=16, rope_theta=1e11, mamba_n_heads=8)),
+    ("mistral3-mistral", "mistral3", dict(text_config=dict(SMALL, model_type="mistral", head_dim=16, rope_theta=1e9,
+                                                        sliding_window=None))),
+    ("mistral3-ministral3", "mistral3", dict(text_config=dict(SMALL, model_type="ministral3", head_dim=16, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64,
+        "llama_4_scaling_beta": 0.0}))),
+    ("mllama_text_model", "mllama_text_model", dict(SMALL, num_hidden_layers=5, cross_attention_layers=[1, 3],
+                                                    rope_theta=500000.0, rope_scaling=LLAMA3)),
+    ("mllama-nested", "mllama", dict(text_config=dict(SMALL, model_type="mllama_text_model", num_hidden_layers=4,
+                                                      cross_attention_layers=[2], rope_theta=500000.0))),
+    ("lfm2_moe", "lfm2_moe", dict(SMALL, rope_theta=1e6, num_experts=4,
+                                  layer_types=["conv", "conv", "full_attention", "conv"])),
+    ("glm4_moe_lite", "glm4_moe_lite", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                                            kv_lora_rank=16, q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2,
+                                            rope_theta=1e6)),
+    ("glm4_moe_lite-half-split", "glm4_moe_lite", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                                                       kv_lora_rank=16, q_lora_rank=32, n_routed_experts=4,
+                                                       num_experts_per_tok=2, rope_interleave=False)),
+    ("gemma3n_text", "gemma3n_text", dict(SMALL, num_hidden_layers=10, head_dim=16, sliding_window=16, rope_theta=1e6,
+                                          rope_local_base_freq=1e4, num_kv_shared_layers=0, altup_num_inputs=2,
+                                          hidden_size_per_layer_input=16, vocab_size_per_layer_input=128,
+                                          activation_sparsity_pattern=[0.0] * 10)),
+    ("gemma3n-nested", "gemma3n", dict(text_config=dict(
+        SMALL, model_type="gemma3n_text", num_hidden_layers=5, head_dim=16, sliding_window=8, num_kv_shared_layers=0,
+        hidden_size_per_layer_input=16, vocab_size_per_layer_input=128, activation_sparsity_pattern=[0.0] * 5,
+        rope_scaling={"rope_type": "linear", "factor": 4.0}))),
     ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
     ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
     ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
@@ -107,7 +202,7 @@ CASES = [
 ]
 
 #: families whose attention passes config.sliding_window on every layer (no layer_types)
-ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe"}
+ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe", "ministral3", "mistral3"}
 #: families whose rotary tables lie interleaved (repeat_interleave) in transformers
 HF_INTERLEAVED_TABLES = {"cohere", "cohere2"}
 
@@ -147,8 +242,16 @@ def hf_uses_rope(model_type, hf, index):
         return bool(hf.no_rope_layers[index])
     if model_type == "cohere2":
         return hf.layer_types[index] == "sliding_attention" and hf.sliding_window is not None
-    if model_type == "qwen3_next":
+    if model_type in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):
         return hf.layer_types[index] != "linear_attention"
+    if model_type == "mllama_text_model":  # the cross-attention layers attend to the image
+        return index not in hf.cross_attention_layers
+    if model_type in ("lfm2", "lfm2_moe", "bamba"):  # their attention layers only
+        return hf.layer_types[index] == "full_attention"
+    if model_type == "granitemoehybrid":
+        return hf.layer_types[index] == "full_attention" and hf.position_embedding_type == "rope"
+    if model_type == "exaone4":  # "global NoPE" (Exaone4Attention.forward)
+        return hf.sliding_window is None or hf.layer_types[index] == "sliding_attention"
     return True
 
 
@@ -163,6 +266,9 @@ def hf_tables_and_rotate(model_type, hf, mod, rotary, layer_type, q, k, position
         bthd = [t.transpose(1, 2) for t in (q, k)]
         out = [torch.cat([mod.apply_rotary_pos_emb(t[..., :r], sin, cos), t[..., r:]], -1).transpose(1, 2) for t in bthd]
         return cos[0], sin[0], out
+    if model_type == "deepseek_v2":  # complex pairs over the qk_rope_head_dim part
+        freqs = rotary(x, pos)
+        return freqs.real[0], freqs.imag[0], list(mod.apply_rotary_emb(q, k, freqs))
     if model_type == "llama4_text":
         freqs = rotary(x, pos)
         qo, ko = mod.apply_rotary_emb(q.transpose(1, 2), k.transpose(1, 2), freqs)
@@ -170,7 +276,7 @@ def hf_tables_and_rotate(model_type, hf, mod, rotary, layer_type, q, k, position
     cos, sin = rotary(x, pos, **kwargs)
     if model_type == "gpt_oss":  # tables of r/2, _apply_rotary_emb halves the head
         return cos[0], sin[0], list(mod.apply_rotary_pos_emb(q, k, cos, sin))
-    if model_type == "deepseek_v3":
+    if model_type in ("deepseek_v3", "glm4_moe_lite"):
         apply = mod.apply_rotary_pos_emb_interleave if hf.rope_interleave else mod.apply_rotary_pos_emb
         half = cos.shape[-1] // 2
         return cos[0, :, :half], sin[0, :, :half], list(apply(q, k, cos, sin))
@@ -235,7 +341,7 @@ def test_plan_matches_transformers(case, model_type, config):
             assert layer.layer_type == types[index]
         assert (layer.span, layer.window) == expected_span(hf.model_type, hf, index), index
         assert layer.sinks == (hf.model_type == "gpt_oss")
-        assert layer.softcap == (hf.attn_logit_softcapping if hf.model_type == "gemma2" else None)
+        assert layer.softcap == (hf.attn_logit_softcapping if hf.model_type in ("gemma2", "vaultgemma") else None)
         if not hf_uses_rope(hf.model_type, hf, index):
             if hf.model_type == "llama4_text" and hf.attn_temperature_tuning:
                 assert isinstance(layer.encoding, AttentionTemperature)
@@ -289,6 +395,30 @@ def test_qwen2_vl_mrope_sections_against_transformers():
     assert float((cos_pe[0] - cos[0]).abs().max()) <= TOL and float((sin_pe[0] - sin[0]).abs().max()) <= TOL
     written = __import__("posenc.hf_config", fromlist=["to_hf_dict"]).to_hf_dict(encoding)
     assert written["rope_scaling"]["mrope_section"] == [2, 3, 3]
+
+
+@pytest.mark.parametrize("wrapper, text, head_dim, share", [("qwen3_vl", "qwen3_vl_text", 16, 1.0),
+                                                            ("qwen3_5", "qwen3_5_text", 64, 0.25)])
+@pytest.mark.parametrize("section", [[3, 3, 2], [4, 2, 2]])
+def test_qwen3_vl_interleaved_mrope_against_transformers(wrapper, text, head_dim, share, section):
+    """Distinct (t, h, w) positions: posenc's interleaved M-RoPE takes each pair's axis as
+    Qwen3-VL's and Qwen3.5's recomposition_frequencies do (T H W T H W ..., the rest T; Qwen3.5
+    over its partial_rotary_factor share); Qwen2-VL's chunked sections on the same pairs do not."""
+    config = dict(text_config=dict(SMALL, model_type=text, head_dim=head_dim, num_hidden_layers=4,
+                                   layer_types=["full_attention"] * 4,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 100.0, "mrope_section": section,
+                                                    "mrope_interleaved": True, "partial_rotary_factor": share}))
+    encoding = position_plan({"model_type": wrapper, **config})[0].encoding
+    assert encoding.mrope_section == section and encoding.mrope_interleaved
+    hf = hf_text_config(wrapper, config)
+    _, cls = rotary_class(hf)
+    positions = torch.stack([torch.arange(12), torch.arange(12) // 3 + 20, torch.arange(12) % 5 + 40])[:, None]
+    cos, sin = cls(hf)(torch.zeros(1), positions)
+    cos_pe, sin_pe = encoding.cos_sin(positions, torch.float32)
+    r = cos.shape[-1]  # the rotated width (the rest passes through)
+    assert float((cos_pe[0, :, :r] - cos[0]).abs().max()) <= TOL and float((sin_pe[0, :, :r] - sin[0]).abs().max()) <= TOL
+    chunked = MRoPE(head_dim, mrope_section=section, base=100.0, rotary_dim=r).cos_sin(positions, torch.float32)[0]
+    assert float((chunked[0, :, :r] - cos[0]).abs().max()) > 1e-2  # the check can fail
 
 
 def test_every_family_in_the_table_is_tested():
@@ -354,6 +484,26 @@ def test_mrope_type_accepted_and_written_back():
     (dict(model_type="gemma3", vision_config={}), "text_config"),
     (dict(SMALL), "model_type"),
     (dict(SMALL, model_type="mistral", sliding_window=0), "sliding_window"),
+    # Phi-3.5-MoE's longrope: cos / sin times short_mscale or long_mscale, which no posenc encoding computes
+    (dict(SMALL, model_type="phimoe", rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
+                                                    "long_factor": [2.0] * 8, "short_mscale": 1.2, "long_mscale": 1.2,
+                                                    "original_max_position_embeddings": 64}), "short_mscale"),
+    # EXAONE 4's released "LLLG" pattern spelling, without layer_types (transformers' % fails on it)
+    (dict(SMALL, model_type="exaone4", sliding_window=16, sliding_window_pattern="LLLG"), "sliding_window_pattern"),
+    # an interleaved section whose width axis runs past the last pair (transformers' slice drops it)
+    (dict(model_type="qwen3_vl", text_config=dict(SMALL, head_dim=16, rope_scaling={
+        "rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True})), "mrope_section"),
+    # Ministral 3 / Devstral 2's query temperature (llama_4_scaling_beta 0.1 as released, and the class's default)
+    (dict(SMALL, model_type="ministral3", head_dim=16, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64,
+        "llama_4_scaling_beta": 0.1}), "llama_4_scaling_beta"),
+    (dict(SMALL, model_type="ministral3", head_dim=16), "llama_4_scaling_beta"),
+    (dict(model_type="mistral3", text_config=dict(SMALL, model_type="ministral3", head_dim=16, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64,
+        "llama_4_scaling_beta": 0.1})), "llama_4_scaling_beta"),
+    (dict(model_type="mistral3", text_config=dict(SMALL, model_type="llama")), "text_config"),
+    (dict(SMALL, model_type="hunyuan_v1_dense", head_dim=16, partial_rotary_factor=0.5,
+          rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0}), "partial_rotary_factor"),
 ])
 def test_refusals_name_the_key(config, key):
     with pytest.raises((MissingKey, InvalidArgument), match=key):
@@ -376,6 +526,12 @@ def test_describe_groups_layers():
     ("gemma3_text", dict(SMALL, num_hidden_layers=6, head_dim=16, rope_theta=1e6, rope_local_base_freq=1e4, sliding_window=16,
                          rope_scaling={"rope_type": "linear", "factor": 8.0}), "full_attention"),
     ("llama4_text", dict(SMALL, head_dim=16, attention_chunk_size=16), None),
+    # a class default of the RoPE's own keys that the config lacks (Seed-OSS's head_dim 128, PhiMoE's
+    # theta 1e6, GLM-4.5's and Phi's partial_rotary_factor 0.5): applied, as transformers does
+    ("seed_oss", dict(SMALL), None),
+    ("phimoe", dict(SMALL), None),
+    ("glm4_moe", dict(SMALL), None),
+    ("phi", dict(SMALL), None),
 ])
 def test_from_hf_config_reads_these_families_as_transformers(model_type, config, layer_type):
     """The issue's silent misreadings through from_hf_config: Cohere's interleaved pairs, GPT-J's

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from posenc.encodings.base import PositionalEncoding
@@ -59,6 +59,11 @@ __all__ = ["FAMILIES", "LAYOUTS", "TABLE_FORMATS", "Family", "position_plan", "r
 
 #: Values of :attr:`Family.layout`.
 LAYOUTS = ("half-split", "interleaved")
+
+
+#: The legacy layer-type names transformers renames when it reads a config
+#: (``configuration_utils._LEGACY_LAYER_TYPE_REMAP``: Granite 4.0's and Nemotron-H's "mamba", "attention").
+LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
 
 
 class Reading:
@@ -144,7 +149,7 @@ class Reading:
         n = self.positive_int("num_hidden_layers")
         if not isinstance(types, (list, tuple)) or len(types) != n or not all(isinstance(t, str) for t in types):
             raise InvalidArgument(f"config['layer_types'] must be {n} strings (num_hidden_layers), got {types!r}")
-        return list(types)
+        return [LEGACY_LAYER_TYPES.get(t, t) for t in types]
 
 
 def nested_rope(cfg: Mapping[str, Any]) -> bool:
@@ -376,9 +381,22 @@ def llama4_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEnc
 def qwen_vl_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
     """Qwen2-VL / Qwen2.5-VL text tower (``Qwen2VLRotaryEmbedding``): M-RoPE, half-split pairs,
     ``mrope_section`` from the rope dict (default [16, 24, 24]); on text positions it is RoPE."""
+    return multiaxis_rope(r, [16, 24, 24], mrope_interleaved=False)
+
+
+def qwen3_vl_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Qwen3-VL text tower (``Qwen3VLTextRotaryEmbedding.recomposition_frequencies``): interleaved
+    M-RoPE, pair i on axis (T, H, W)[i % 3] while H and W last (3 * s_h, 3 * s_w), the rest T;
+    always (the rope dict's ``mrope_interleaved`` is not read); ``mrope_section`` default [24, 20, 20]."""
+    return multiaxis_rope(r, [24, 20, 20], mrope_interleaved=True)
+
+
+def multiaxis_rope(r: Reading, default_section: list[int], *, mrope_interleaved: bool) -> MRoPE:
+    """The family's M-RoPE: ``mrope_section`` from the rope dict (else ``default_section``), base,
+    scaling and rotated share from :func:`~posenc.hf_config.rope.read_hf_config`."""
     def build() -> MRoPE:
         kwargs, layout = read_hf_config(r.cfg)
-        section = (layout.get("passthrough") or {}).get("mrope_section", [16, 24, 24])
+        section = (layout.get("passthrough") or {}).get("mrope_section", default_section)
         if not isinstance(section, (list, tuple)):
             raise InvalidType(f"config: mrope_section must be a list of 3 ints, got {section!r:.60}")
         if kwargs["scaling"] is not None:
@@ -387,7 +405,7 @@ def qwen_vl_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEn
                   if kwargs["partial_rotary_factor"] else None)
         try:
             enc = MRoPE(kwargs["head_dim"], mrope_section=list(section), base=kwargs["base"],
-                        scaling=kwargs["scaling"], rotary_dim=rotary)
+                        scaling=kwargs["scaling"], rotary_dim=rotary, mrope_interleaved=mrope_interleaved)
         except InvalidArgument as error:
             raise InvalidArgument(f"config: mrope_section {list(section)}: {error}") from None
         enc.hf_layout = layout
@@ -479,6 +497,282 @@ def mistral_note(r: Reading) -> None:
     if "layer_types" in r.cfg:
         r.note("Mistral ignores layer_types (transformers warns; Ministral reads them): sliding_window on every layer")
         r.cfg.pop("layer_types")
+
+
+# -- the 2025-26 families (issue 34) ----------------------------------------------------------
+
+def rope_dict_of(r: Reading) -> tuple[str | None, Mapping[str, Any]]:
+    """The config's one rope dict and its key (``rope_parameters`` or ``rope_scaling``), or
+    (None, {}) where it has none."""
+    for key in ("rope_parameters", "rope_scaling"):
+        value = r.cfg.get(key)
+        if isinstance(value, Mapping) and value:
+            return key, value
+    return None, {}
+
+
+def apertus_prepare(r: Reading) -> None:
+    """Apertus (``ApertusConfig.__post_init__``): without a rope dict, llama3 x8 over 8192, theta 1.2e7."""
+    if rope_dict_of(r)[0] is None:
+        r.cfg["rope_parameters"] = {"rope_type": "llama3", "rope_theta": r.cfg.get("rope_theta", 12_000_000.0),
+                                    "factor": 8.0, "original_max_position_embeddings": 8192,
+                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+def hunyuan_prepare(r: Reading) -> None:
+    """HunYuan V1 (``HunYuanDenseV1RotaryEmbedding``): a ``dynamic`` rope dict with an ``alpha``
+    (the released configs' spelling) is ``ntk_alpha``, static NTK-aware scaling by alpha: base
+    theta * alpha^(D / (D - 2)) over the whole head D, whatever the length; posenc's ``ntk``
+    with factor alpha is that formula (the plan says so, and ``extend_context`` sees a scaled RoPE)."""
+    key, params = rope_dict_of(r)
+    if key is None or params.get("rope_type", params.get("type")) != "dynamic" or not params.get("alpha"):
+        return
+    for where in (params, r.cfg):
+        if where.get("partial_rotary_factor") not in (None, 1, 1.0):
+            raise InvalidArgument(f"config (hunyuan): partial_rotary_factor {where['partial_rotary_factor']!r} with "
+                                  "an ntk_alpha rope dict: transformers' HunYuan builds its table over the whole "
+                                  "head_dim and rotates the whole head; posenc does not read that pairing")
+    alpha = check_real(params["alpha"], f"config[{key!r}]['alpha']", gt=0)
+    theta = params.get("rope_theta", r.cfg.get("rope_theta", 10000.0))
+    r.note(f"{key} dynamic with alpha={alpha:g} is HunYuan's static NTK-alpha: ntk x{alpha:g} "
+           "(base theta * alpha^(D/(D-2)), independent of the length)")
+    for other in ("rope_parameters", "rope_scaling"):
+        r.cfg.pop(other, None)
+    r.cfg["rope_parameters"] = {"rope_type": "ntk", "factor": alpha, "rope_theta": theta}
+
+
+def phimoe_check(r: Reading) -> None:
+    """PhiMoE (``PhimoeRotaryEmbedding.forward``): a scaled rope dict's cos/sin are multiplied by
+    ``short_mscale`` or ``long_mscale`` chosen by the sequence length, not by the scaling's own
+    attention factor: refused, naming the keys."""
+    key, params = rope_dict_of(r)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if key is not None and kind != "default":
+        raise InvalidArgument(f"config[{key!r}] rope_type {kind!r}: transformers' PhiMoE multiplies cos and sin by "
+                              "rope_parameters['short_mscale'] or ['long_mscale'] (picked by the sequence length "
+                              "against original_max_position_embeddings) in place of the scaling's attention factor; "
+                              "no posenc encoding computes that, so posenc does not read it")
+
+
+def exaone4_layer_types(r: Reading) -> list[str]:
+    """EXAONE 4 (``Exaone4Config.__post_init__``): the config's layer_types, else layer i slides
+    unless (i + 1) is a multiple of ``sliding_window_pattern`` (an int; default 4)."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    if r.cfg.get("sliding_window") is None:
+        raise InvalidArgument("config (exaone4): sliding_window is null and there are no layer_types; transformers' "
+                              "Exaone4Config then divides by sliding_window_pattern 0")
+    pattern = config_int(r.cfg, "sliding_window_pattern", where="config (exaone4)")
+    return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
+def exaone4_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
+    if r.cfg.get("sliding_window") is None:
+        return "full", None
+    return span_of_type(r, index, layer_type)
+
+
+def exaone4_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """EXAONE 4 (``Exaone4Attention.forward``): RoPE on the sliding layers, the full layers NoPE
+    ("global NoPE"), unless there is no sliding_window: then RoPE everywhere."""
+    if r.cfg.get("sliding_window") is not None and layer_type != "sliding_attention":
+        return None
+    return r.rope(None)
+
+
+def dots1_layer_types(r: Reading) -> list[str]:
+    """dots.llm1 (``Dots1Config.__post_init__``): the layers from ``max_window_layers`` on slide
+    when there is a sliding_window (no ``use_sliding_window`` switch, unlike Qwen2)."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    window = r.cfg.get("sliding_window")
+    first = config_int(r.cfg, "max_window_layers", minimum=0, where="config") if window is not None else 0
+    return ["sliding_attention" if window is not None and i >= first else "full_attention"
+            for i in range(r.positive_int("num_hidden_layers"))]
+
+
+def minimax_m2_prepare(r: Reading) -> None:
+    """MiniMax-M2 (``MiniMaxM2Config.convert_rope_params_to_dict``): the released checkpoints give
+    the rotated width as an absolute ``rotary_dim``; it is partial_rotary_factor rotary_dim /
+    head_dim unless the config gives the factor."""
+    if r.cfg.get("rotary_dim") is None:
+        return
+    rotary, head = config_int(r.cfg, "rotary_dim", where="config (minimax_m2)"), r.positive_int("head_dim")
+    if r.cfg.get("partial_rotary_factor") is None:
+        r.cfg["partial_rotary_factor"] = rotary / head
+        r.note(f"rotary_dim {rotary} of head_dim {head}: partial_rotary_factor {rotary / head:g}")
+
+
+def ministral_layer_types(r: Reading) -> list[str]:
+    """Ministral (``MinistralConfig.__post_init__``): the config's layer_types, else every layer
+    slides when there is a sliding_window."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    kind = "sliding_attention" if r.cfg.get("sliding_window") is not None else "full_attention"
+    return [kind] * r.positive_int("num_hidden_layers")
+
+
+#: Ministral3Config's rope dict when the config has none (``__post_init__``).
+MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0,
+                   "original_max_position_embeddings": 16384, "beta_fast": 32.0, "beta_slow": 1.0,
+                   "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}
+
+
+def ministral3_prepare(r: Reading) -> None:
+    """Ministral 3 / Mistral 3 text (``Ministral3Attention.forward``): after RoPE, the queries are
+    multiplied by 1 + beta * log(1 + floor(position / original_max_position_embeddings)), beta the
+    rope dict's ``llama_4_scaling_beta`` (default 0.1). No posenc encoding computes that on a RoPE
+    layer (Llama 4's temperature is on its NoPE layers, with floor((position + 1) / floor_scale)),
+    so a nonzero beta is refused; with beta 0 the factor is 1 and the RoPE is read exactly."""
+    key, params = rope_dict_of(r)
+    if key is None:
+        key, params = "rope_parameters", {**MINISTRAL3_ROPE, "max_position_embeddings": r.cfg.get("max_position_embeddings")}
+    beta = params.get("llama_4_scaling_beta")
+    if beta is None:
+        raise MissingKey(f"config[{key!r}] (ministral3): needs 'llama_4_scaling_beta' (transformers' Ministral3Attention "
+                         "multiplies the queries by a factor of it)")
+    if check_real(beta, f"config[{key!r}]['llama_4_scaling_beta']") != 0:
+        raise InvalidArgument(f"config[{key!r}]['llama_4_scaling_beta'] = {beta!r}: transformers' Ministral 3 multiplies "
+                              "the queries of every RoPE layer by 1 + beta * log(1 + floor(position / "
+                              "original_max_position_embeddings)); no posenc encoding computes that query temperature on "
+                              "a RoPE layer, so posenc does not read it (0 would be plain RoPE)")
+    r.note(f"{key} llama_4_scaling_beta 0: Ministral 3's query temperature is 1")
+    r.cfg[key] = {k: v for k, v in params.items() if k not in ("llama_4_scaling_beta", "max_position_embeddings")}
+
+
+def deepseek_v2_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """DeepSeek-V2 (``DeepseekV2Attention``, ``apply_rotary_emb``): RoPE over the
+    ``qk_rope_head_dim`` part of each MLA head, as complex pairs (2i, 2i + 1) (``view_as_complex``),
+    always: the config has no rope_interleave switch (unlike DeepSeek-V3)."""
+    return r.rope(None, head_dim=r.positive_int("qk_rope_head_dim"))
+
+
+def interval_layer_types(r: Reading) -> list[str]:
+    """Qwen3-Next / Qwen3.5 (``__post_init__``): the config's layer_types, else every
+    ``full_attention_interval``-th layer full attention, the others linear attention (Gated DeltaNet)."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    interval = r.positive_int("full_attention_interval")
+    return ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
+def qwen3_5_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Qwen3.5 (``Qwen3_5TextRotaryEmbedding``): on the full-attention layers Qwen3-VL's
+    interleaved M-RoPE (mrope_section default [11, 11, 10]) over the partial_rotary_factor share
+    (default 0.25) of head_dim; the linear-attention layers have no positions (None)."""
+    if layer_type == "linear_attention":
+        return None
+    return multiaxis_rope(r, [11, 11, 10], mrope_interleaved=True)
+
+
+#: Layer types of the layers without positions (their plan layer is None): the hybrids' layers
+#: without softmax attention, and mllama's cross-attention layers (queries from text, keys from images).
+NO_ATTENTION_TYPES = ("linear_attention", "conv", "mamba", "cross_attention")
+
+
+def hybrid_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
+    """A hybrid's layer: full attention, or a layer without softmax attention (a convolution, a
+    Mamba mixer, linear attention: ``full``, nothing to mask by position)."""
+    if layer_type in NO_ATTENTION_TYPES or layer_type == "hybrid":  # (Falcon-H1's attention is full)
+        return "full", None
+    return span_of_type(r, index, layer_type)
+
+
+def attention_layers_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """A hybrid's RoPE on its softmax-attention layers, None on the others."""
+    return None if layer_type in NO_ATTENTION_TYPES else r.rope(None)
+
+
+def lfm2_layer_types(r: Reading) -> list[str]:
+    """LFM2 (``Lfm2Config.__post_init__``): the config's layer_types, else ``full_attention`` at
+    ``full_attn_idxs`` (default: every layer) and ``conv`` (short convolutions) elsewhere."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    n = r.positive_int("num_hidden_layers")
+    indices = r.cfg.get("full_attn_idxs")
+    indices = range(n) if indices is None else indices
+    if not isinstance(indices, (list, tuple, range)) or not all(isinstance(i, int) for i in indices):
+        raise InvalidType(f"config['full_attn_idxs'] must be a list of layer indices, got {indices!r:.60}")
+    return ["full_attention" if i in indices else "conv" for i in range(n)]
+
+
+def bamba_layer_types(r: Reading) -> list[str]:
+    """Bamba (``BambaConfig.layers_block_type``): ``full_attention`` at ``attn_layer_indices``,
+    Mamba (``linear_attention``) elsewhere."""
+    indices = r.cfg.get("attn_layer_indices") or ()
+    if not isinstance(indices, (list, tuple)) or not all(isinstance(i, int) for i in indices):
+        raise InvalidType(f"config['attn_layer_indices'] must be a list of layer indices, got {indices!r:.60}")
+    return ["full_attention" if i in indices else "linear_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
+def bamba_prepare(r: Reading) -> None:
+    """Bamba (``BambaConfig.__post_init__``): partial_rotary_factor is 0.5 whatever the config says."""
+    for key in ("rope_parameters", "rope_scaling"):
+        params = r.cfg.get(key)
+        if isinstance(params, Mapping) and params.get("partial_rotary_factor") not in (None, 0.5):
+            r.note(f"{key} partial_rotary_factor {params['partial_rotary_factor']!r} is replaced by 0.5 "
+                   "(BambaConfig hardcodes it)", warn=True)
+            r.cfg[key] = {k: v for k, v in params.items() if k != "partial_rotary_factor"}
+    if r.cfg.get("partial_rotary_factor") not in (None, 0.5):
+        r.note(f"partial_rotary_factor {r.cfg['partial_rotary_factor']!r} is replaced by 0.5 (BambaConfig hardcodes it)",
+               warn=True)
+    r.cfg["partial_rotary_factor"] = 0.5
+
+
+def granitemoehybrid_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Granite 4.0 hybrid (``GraniteMoeHybridModel``): RoPE on the attention layers only with
+    ``position_embedding_type`` "rope"; otherwise (the default, null) the attention layers are NoPE."""
+    if layer_type in NO_ATTENTION_TYPES or r.cfg.get("position_embedding_type") != "rope":
+        return None
+    return r.rope(None)
+
+
+def granitemoehybrid_check(r: Reading) -> None:
+    kind = r.cfg.get("position_embedding_type")
+    if kind not in (None, "rope", "nope"):
+        raise InvalidArgument(f"config['position_embedding_type'] = {kind!r}: transformers' GraniteMoeHybrid builds "
+                              "RoPE for 'rope' and none otherwise; posenc reads 'rope', 'nope' or null")
+    if kind != "rope":
+        r.note("position_embedding_type is not 'rope': the attention layers have no positions (NoPE)")
+
+
+#: The decoders a Mistral 3 wrapper's text_config may hold (transformers' Mistral3Config: Mistral
+#: Small 3.x and Devstral Small hold "mistral", Ministral 3 / Mistral Large 3 / Devstral 2 "ministral3").
+MISTRAL3_TEXT_TYPES = ("mistral", "ministral3")
+
+
+def plan_mistral3(config: Mapping[str, Any]) -> PositionPlan:
+    """Mistral 3 (``Mistral3Config``): the plan of its ``text_config``, read as the family its own
+    ``model_type`` names (default "mistral"), since the two decoders differ (Ministral 3's
+    llama_4_scaling_beta query temperature, refused unless 0)."""
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, Mapping) and hasattr(text, "to_dict"):
+        text = text.to_dict()
+    if not isinstance(text, Mapping):
+        raise MissingKey("config (mistral3): needs 'text_config', where the decoder's positions are")
+    inner = text.get("model_type", "mistral")
+    if inner not in MISTRAL3_TEXT_TYPES:
+        raise InvalidArgument(f"config['text_config']['model_type'] = {inner!r}: a Mistral 3 decoder is one of "
+                              f"{list(MISTRAL3_TEXT_TYPES)}")
+    plan = position_plan({**dict(text), "model_type": inner})
+    return replace(plan, model_type="mistral3")
+
+
+def mllama_layer_types(r: Reading) -> list[str]:
+    """Llama 3.2 Vision's text model (``MllamaTextModel``): the layers at ``cross_attention_layers``
+    attend to the image instead of the text (``cross_attention``, no positions), the others are
+    Llama's self-attention."""
+    indices = r.cfg.get("cross_attention_layers")
+    if indices is None:
+        indices = [3, 8, 13, 18, 23, 28, 33, 38]  # MllamaTextConfig's default
+    if not isinstance(indices, (list, tuple)) or not all(isinstance(i, int) for i in indices):
+        raise InvalidType(f"config['cross_attention_layers'] must be a list of layer indices, got {indices!r:.60}")
+    return ["cross_attention" if i in indices else "full_attention" for i in range(r.positive_int("num_hidden_layers"))]
 
 
 #: The names of the rotary table formats a family's decoder layers take
@@ -684,6 +978,94 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                        "rotary_dim and base 10000, and reads no rope_theta, rope_scaling or rope_parameters"),
     _family("stablelm", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
     _family("persimmon", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    # issue 34's families, as transformers 5.24 builds them
+    _family("arcee", defaults={"rope_theta": 10000.0}),
+    _family("apertus", defaults={"rope_theta": 12_000_000.0}, prepare=apertus_prepare),
+    _family("seed_oss", defaults={"rope_theta": 10000.0, "head_dim": 128}),
+    _family("helium", layout="interleaved", defaults={"rope_theta": 100000.0, "head_dim": 128},
+            tables="deinterleaved_cos_sin"),
+    _family("ernie4_5", layout="interleaved", defaults={"rope_theta": 500000.0, "head_dim": 128},
+            tables="deinterleaved_cos_sin"),
+    _family("ernie4_5_moe", layout="interleaved", defaults={"rope_theta": 500000.0}, tables="deinterleaved_cos_sin"),
+    _family("glm", layout="interleaved", defaults={"rope_theta": 10000.0, "head_dim": 128, "partial_rotary_factor": 0.5},
+            tables="deinterleaved_cos_sin"),
+    _family("glm4", layout="interleaved", defaults={"rope_theta": 10000.0, "head_dim": 128, "partial_rotary_factor": 0.5},
+            tables="deinterleaved_cos_sin"),
+    _family("glm4_moe", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    _family("granite", defaults={"rope_theta": 10000.0}),
+    _family("granitemoe", defaults={"rope_theta": 10000.0}),
+    _family("granitemoeshared", defaults={"rope_theta": 10000.0}),
+    _family("hunyuan_v1_dense", defaults={"rope_theta": 10000.0}, prepare=hunyuan_prepare),
+    _family("hunyuan_v1_moe", defaults={"rope_theta": 10000.0}, prepare=hunyuan_prepare),
+    _family("starcoder2", defaults={"rope_theta": 10000.0, "sliding_window": None}, span=span_all_sliding),
+    _family("phimoe", defaults={"rope_theta": 1_000_000.0, "sliding_window": None}, span=span_all_sliding,
+            prepare=phimoe_check),
+    _family("exaone4", defaults={"rope_theta": 10000.0, "sliding_window": 4096, "sliding_window_pattern": 4},
+            layer_types=exaone4_layer_types, span=exaone4_span, encoding=exaone4_rope),
+    _family("dots1", defaults={"rope_theta": 10000.0, "sliding_window": 4096, "max_window_layers": 62},
+            layer_types=dots1_layer_types),
+    _family("vaultgemma", defaults={"rope_theta": 10000.0, "head_dim": 256, "sliding_window": 4096,
+                                    "attn_logit_softcapping": 50.0},
+            layer_types=pattern_layer_types("", 2), softcap_key="attn_logit_softcapping"),
+    _family("minimax_m2", defaults={"rope_theta": 5_000_000.0, "head_dim": 128}, prepare=minimax_m2_prepare),
+    _family("ministral", defaults={"rope_theta": 10000.0, "sliding_window": 4096}, layer_types=ministral_layer_types),
+    _family("ministral3", defaults={"head_dim": 128, "sliding_window": None}, span=span_all_sliding,
+            prepare=ministral3_prepare),
+    _family("deepseek_v2", layout="interleaved", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64},
+            encoding=deepseek_v2_rope, prepare=deepseek_check, tables="complex_pairs", head_dim="qk_head_dim"),
+    # Qwen3-VL: interleaved M-RoPE in the text tower (no sliding window)
+    _family("qwen3_vl_text", defaults={"rope_theta": 500_000.0, "head_dim": 128}, encoding=qwen3_vl_rope,
+            source="transformers/models/qwen3_vl/"),
+    _family("qwen3_vl", text_config="qwen3_vl_text", base="model.language_model", sizes_config="text_config",
+            rotary_positions=True),
+    _family("qwen3_vl_moe_text", defaults={"rope_theta": 500_000.0}, encoding=qwen3_vl_rope,
+            source="transformers/models/qwen3_vl_moe/"),
+    _family("qwen3_vl_moe", text_config="qwen3_vl_moe_text", base="model.language_model", sizes_config="text_config",
+            rotary_positions=True),
+    # Qwen3.5: Qwen3-Next's hybrid (Gated DeltaNet layers, no positions) with interleaved M-RoPE
+    _family("qwen3_5_text", defaults={"rope_theta": 10000.0, "head_dim": 256, "partial_rotary_factor": 0.25,
+                                      "full_attention_interval": 4},
+            layer_types=interval_layer_types, encoding=qwen3_5_rope, prepare=qwen3_next_note,
+            source="transformers/models/qwen3_5/"),
+    _family("qwen3_5", text_config="qwen3_5_text", base="model.language_model", sizes_config="text_config",
+            rotary_positions=True),
+    _family("qwen3_5_moe_text", defaults={"rope_theta": 10000.0, "head_dim": 256, "partial_rotary_factor": 0.25,
+                                          "full_attention_interval": 4},
+            layer_types=interval_layer_types, encoding=qwen3_5_rope, prepare=qwen3_next_note,
+            source="transformers/models/qwen3_5_moe/"),
+    _family("qwen3_5_moe", text_config="qwen3_5_moe_text", base="model.language_model", sizes_config="text_config",
+            rotary_positions=True),
+    # the hybrids: their softmax-attention layers get their positions, the other layers None
+    _family("lfm2", defaults={"rope_theta": 1_000_000.0}, layer_types=lfm2_layer_types, span=hybrid_span,
+            encoding=attention_layers_rope),
+    _family("bamba", defaults={"rope_theta": 10000.0}, layer_types=bamba_layer_types, span=hybrid_span,
+            encoding=attention_layers_rope, prepare=bamba_prepare),
+    _family("granitemoehybrid", defaults={"rope_theta": 10000.0},
+            layer_types=lambda r: r.explicit_layer_types() or ["linear_attention"] * r.positive_int("num_hidden_layers"),
+            span=hybrid_span, encoding=granitemoehybrid_rope, prepare=granitemoehybrid_check, rotary_positions=True),
+    # Falcon-H1: every layer runs attention and a Mamba mixer side by side; the attention has RoPE
+    _family("falcon_h1", defaults={"rope_theta": 10000.0},
+            layer_types=lambda r: ["hybrid"] * r.positive_int("num_hidden_layers"), span=hybrid_span),
+    # Mistral 3: a Pixtral vision tower and a Mistral or Ministral 3 decoder, read as its text_config names it
+    _family("mistral3", reader=plan_mistral3, base="model.language_model", sizes_config="text_config"),
+    # Llama 3.2 Vision: Llama's RoPE on the self-attention layers, none on the cross-attention layers
+    _family("mllama_text_model", defaults={"rope_theta": 500_000.0}, layer_types=mllama_layer_types, span=hybrid_span,
+            encoding=attention_layers_rope, base="model", source="transformers/models/mllama/"),
+    _family("mllama", text_config="mllama_text_model", base="model.language_model", sizes_config="text_config"),
+    _family("lfm2_moe", defaults={"rope_theta": 1_000_000.0}, layer_types=lfm2_layer_types, span=hybrid_span,
+            encoding=attention_layers_rope, rotary="pos_emb"),
+    # GLM-4.7-Flash: DeepSeek-V3's MLA, RoPE on qk_rope_head_dim, interleaved with rope_interleave (default true)
+    _family("glm4_moe_lite", layout="interleaved",
+            defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64, "rope_interleave": True},
+            encoding=deepseek_rope, prepare=deepseek_check, interleaved_key="rope_interleave",
+            interleaved_tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
+    # Gemma 3n: Gemma 3's two thetas (rope_theta global, rope_local_base_freq local), 4 sliding layers to 1 full
+    _family("gemma3n_text", defaults={"head_dim": 256, "sliding_window": 512},
+            layer_types=pattern_layer_types("", 5), encoding=layer_type_rope,
+            type_thetas={"full_attention": ("rope_theta", 1_000_000.0),
+                         "sliding_attention": ("rope_local_base_freq", 10_000.0)},
+            prepare=gemma3_check, scaled_layer_types=("full_attention",), source="transformers/models/gemma3n/"),
+    _family("gemma3n", text_config="gemma3n_text", base="model.language_model", sizes_config="text_config"),
     _family("llama4_text", **_LLAMA4_TEXT, source="transformers/models/llama4/"),
     _family("llama4", text_config="llama4_text"),
     # the families whose positions are not (only) rotary: a reader of their own and an adapter
@@ -706,7 +1088,31 @@ def reads_plainly(config: Mapping[str, Any]) -> bool:
     (Llama, Mistral, Qwen, Gemma 1/2, Phi, OLMo 2, ...)."""
     family = FAMILIES.get(config.get("model_type"))
     return (family is not None and family.reader is None and family.layout == "half-split" and not family.aliases
-            and family.text_config is None and family.encoding is rope_of_type and family.prepare is None)
+            and family.text_config is None and family.encoding is rope_of_type and family.prepare is None
+            and not _rope_defaults_needed(config, family))
+
+
+#: The config keys whose class default changes the RoPE itself (a family default of one of them
+#: that the config lacks must be applied: Seed-OSS's head_dim 128, PhiMoE's theta 1e6, ...).
+_ROPE_DEFAULT_KEYS = ("rope_theta", "head_dim", "partial_rotary_factor")
+
+
+def _rope_defaults_needed(config: Mapping[str, Any], family: Family) -> bool:
+    """Whether the family's defaults change this config's RoPE: a default (other than theta 10000,
+    read_hf_config's own) of a key in :data:`_ROPE_DEFAULT_KEYS` that neither the config nor its
+    rope dict gives."""
+    resolved, _ = rope_dict_spellings(config)
+    params = resolved.get("rope_parameters") or resolved.get("rope_scaling")
+    params = params if isinstance(params, Mapping) else {}
+    for key in _ROPE_DEFAULT_KEYS:
+        if key not in family.defaults or config.get(key) is not None or params.get(key) is not None:
+            continue
+        if key == "rope_theta" and family.defaults[key] == 10000.0:
+            continue
+        if key == "head_dim" and config.get("hidden_size") is None:
+            continue
+        return True
+    return False
 
 
 def plan_for_one_rope(config: Mapping[str, Any]) -> PositionPlan:

@@ -307,6 +307,12 @@ class RotaryProbe:
         return self.cache[layer_type]
 
 
+def _second_parameter(layer: nn.Module) -> str | None:
+    """The name of the decoder layer's forward parameter after the hidden states."""
+    names = list(inspect.signature(layer.forward).parameters)
+    return names[1] if len(names) > 1 else None
+
+
 def tables_hook(decision: LayerRoute, family: Family, memo: dict):
     """The decoder layer's forward pre-hook: its position_embeddings from posenc (the layer's
     RoPE, or the identity), the call's position_ids kept for its attention module, and the
@@ -348,6 +354,8 @@ def tables_hook(decision: LayerRoute, family: Family, memo: dict):
                 cos, sin = rope.cos_sin(positions, table_dtype)
                 tables = family.tables.build(cos, sin, hidden.dtype)
                 memo[key] = (positions, hidden.dtype, tables)
+        if len(args) > 1 and "position_embeddings" not in kwargs and _second_parameter(module) == "position_embeddings":
+            return (args[0], tables, *args[2:]), kwargs  # handed positionally (Gemma 3n's decoder layers)
         return args, {**kwargs, "position_embeddings": tables}
 
     return set_tables
