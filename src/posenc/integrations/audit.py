@@ -43,11 +43,16 @@ TOLERANCE = 1e-5
 HEADS, KV_HEADS, VOCAB, INTERMEDIATE, EXPERTS = 2, 1, 128, 32, 2
 #: The longest input the audit runs by default.
 MAX_LENGTH = 1024
+#: The relative change of the model's own rotary frequencies that measures its float32 angle
+#: noise: transformers rounds inv_freq to float32 (half an ulp, 2^-24 relative) and computes
+#: ``position * inv_freq`` in float32 (another 2^-24 of the angle); posenc computes the angles in
+#: float64. Moving every inv_freq by 2^-23 moves every angle by the most those two roundings can.
+ANGLE_ROUNDING = 2.0 ** -23
 
 # Shrinking: key -> new value (or a function of the original config and the head width).
 _HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 _KV_KEYS = ("num_key_value_heads", "num_kv_heads")
-_HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
+_HIDDEN_KEYS = ("hidden_size", "n_embd", "n_embed", "d_model")
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_decoder_layers")
 _SMALL = {
     **dict.fromkeys(("intermediate_size", "intermediate_size_mlp", "moe_intermediate_size",
@@ -204,13 +209,18 @@ def _head_dim(cfg: Mapping[str, Any]) -> int:
     return hidden // heads
 
 
-def shrink_config(config: Mapping[str, Any], num_layers: int) -> dict:
+def shrink_config(config: Mapping[str, Any], num_layers: int, *, head_dim: int | None = None) -> dict:
     """``config`` (a decoder's config.json dict) made tiny with its positional keys kept: 2
     query heads and 1 key/value head of the same head width, hidden size 2 x head_dim (T5:
     ``d_kv`` kept, ``d_model`` 64), intermediate sizes 32, vocabulary 128, 2 experts with 1 per
     token, ``num_layers`` layers (per-layer lists cut to that length, lists of layer indices
-    kept below it); dtype and quantization keys dropped."""
+    kept below it); dtype and quantization keys dropped. ``head_dim``: the head width as
+    :func:`~posenc.hf_config.position_plan` read it (the family's default where the config
+    has none: Gemma 3's 256), written into the config; default: the config's ``head_dim``, or
+    hidden size // heads."""
     cfg = {k: v for k, v in config.items() if k not in _DROPPED}
+    if head_dim is not None and "d_kv" not in cfg and not _mla(cfg):
+        cfg["head_dim"] = head_dim
     head_dim = _head_dim(cfg)
     layers = next((cfg[k] for k in _LAYER_KEYS if isinstance(cfg.get(k), int)), None)
     for key, value in _SMALL.items():
@@ -239,6 +249,11 @@ def shrink_config(config: Mapping[str, Any], num_layers: int) -> dict:
         elif key in _INDEX_LISTS and isinstance(value, list):
             cfg[key] = [i for i in value if isinstance(i, int) and i < num_layers]
     return cfg
+
+
+def _mla(cfg: Mapping[str, Any]) -> bool:
+    """Multi-head latent attention (DeepSeek): the rotary width is ``qk_rope_head_dim``, not the head width."""
+    return "qk_rope_head_dim" in cfg or "kv_lora_rank" in cfg
 
 
 def _default_length(plan: PositionPlan, cfg: Mapping[str, Any]) -> int:
@@ -305,19 +320,24 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
 
     Args:
         config: a config.json dict, or what :func:`read_config` takes (a file, a folder, a
-            cached model id).
+            cached model id). Read as :func:`~posenc.hf_config.position_plan` reads it: an alias
+            or an unknown ``model_type`` through its ``architectures`` class, a wrapper through
+            its ``text_config`` (the audit model is then the text model alone).
         length: tokens per input (default: see the module docstring).
         seed: the seed of the random tokens.
 
     Returns:
         An :class:`AuditReport`; ``report.ok`` when every layer's attention output matches
         within its row's tolerance: the larger of :data:`TOLERANCE` relative to the outputs'
-        scale (absolute for outputs up to 1) and twice the model's own float32 noise
-        (|eager - sdpa| on the same weights and input).
+        scale (absolute for outputs up to 1) and twice the model's own float32 noise: |eager -
+        sdpa| on the same weights and input, and |own - own with every rotary frequency moved
+        by :data:`ANGLE_ROUNDING`| (transformers computes the angles in float32, posenc in
+        float64: a difference that grows with the position, and is no error of the plan).
 
     Raises:
-        InvalidArgument: a config it cannot read, a family posenc does not read or that
-            transformers (or use_encoding / apply_plan) cannot build, a bad length.
+        InvalidArgument: a config it cannot read, a family posenc does not read, a model that
+            transformers (or use_encoding / apply_plan) cannot build or run (its message
+            quoted), a bad length.
         ImportError: transformers is not installed.
     """
     import torch
@@ -326,12 +346,12 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
         config, _ = read_config(config)
     if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
         raise InvalidArgument(f"length must be a positive int, got {length!r}")
-    decoder_config = _text_config(config)
     full_plan = _quiet_plan(config)
+    decoder_config = _text_config(_resolved(config))
     plan_layers = _layers_needed(full_plan)
     if full_plan.encoder is not None:
         plan_layers = max(plan_layers, _layers_needed(full_plan.encoder))
-    cfg = shrink_config(decoder_config, plan_layers)
+    cfg = shrink_config(decoder_config, plan_layers, head_dim=_plan_head_dim(full_plan))
     plan = _quiet_plan(cfg)
     model = _build(cfg)
     from posenc.integrations.adapters import adapter_of, apply_plan
@@ -343,7 +363,7 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
     inputs = {"input_ids": tokens}
     if _seq2seq(model_type):
         inputs["decoder_input_ids"] = tokens
-    own = _attention_outputs(model, inputs)
+    own = _run(model, inputs, "the model transformers builds")
     noise = _noise(cfg, model, inputs, own)
     adapted = adapter_of(model) is not None
     method = "adapters.apply_plan" if adapted else "use_encoding"
@@ -351,7 +371,7 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
         apply_plan(model, plan) if adapted else use_encoding(model, plan)
     except PosencError as err:
         raise InvalidArgument(f"config ({model_type}): posenc cannot apply its plan to the model ({err})") from None
-    ours = _attention_outputs(model, inputs)
+    ours = _run(model, inputs, f"the model with posenc's plan ({method})")
     rows = []
     for stack, stack_plan in (("encoder", plan.encoder), ("decoder", plan)):
         if stack_plan is None:
@@ -370,13 +390,72 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
                        tuple(rows), method)
 
 
+def _resolved(config: Mapping[str, Any]) -> dict:
+    """The config as position_plan reads it: an alias or an architectures class resolved, a
+    wrapper's text_config taken (no warning here: the plan's notes say it)."""
+    from posenc.hf_config.families import resolve_family
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return resolve_family(dict(config))[0]
+
+
+def _plan_head_dim(plan: PositionPlan) -> int | None:
+    """The head width the plan's rotary encodings were read with (the family's defaults and
+    aliases applied, as position_plan reads them), or None for a plan without one."""
+    for layer in plan:
+        head_dim = getattr(layer.encoding, "head_dim", None)
+        if isinstance(head_dim, int):
+            return head_dim
+    return None
+
+
+def _run(model, inputs: dict, what: str) -> dict:
+    """:func:`_attention_outputs`, where whatever the forward pass raises becomes an
+    InvalidArgument quoting it (exit 2 in the CLI, never an internal error)."""
+    try:
+        return _attention_outputs(model, inputs)
+    except PosencError:
+        raise
+    except Exception as err:  # noqa: BLE001 - whatever transformers raises is quoted, never an internal error
+        raise InvalidArgument(f"config ({model.config.model_type}): {what} fails on {inputs['input_ids'].shape[1]} "
+                              f"tokens ({type(err).__name__}: {' '.join(str(err).split())[:300]})") from None
+
+
 def _noise(cfg: dict, model, inputs: dict, own: dict) -> dict:
-    """Per layer, |own - the same model with its other attention implementation| (eager for
-    sdpa and back); empty where the family has only one."""
+    """Per layer, the model's own float32 noise: the larger of |own - the same model with its
+    other attention implementation (eager for sdpa and back)| (where the family has two) and
+    :func:`_angle_noise`."""
+    noise = _angle_noise(cfg, inputs, own)
     other = "eager" if model.config._attn_implementation != "eager" else "sdpa"
     try:
         outputs = _attention_outputs(_build(cfg, other), inputs)
     except Exception:  # the family refuses the other implementation (Gemma 2, gpt-oss, BLOOM)
+        return noise
+    for key, value in outputs.items():
+        if key in own:
+            noise[key] = max(noise.get(key, 0.0), (own[key] - value).abs().max().item())
+    return noise
+
+
+def _angle_noise(cfg: dict, inputs: dict, own: dict) -> dict:
+    """Per layer, |own - the same model with every rotary ``inv_freq`` buffer x (1 +
+    :data:`ANGLE_ROUNDING`)|: how far the float32 angles transformers computes can move its
+    outputs at these positions (empty for a model without rotary buffers)."""
+    import torch
+
+    model = _build(cfg)
+    moved: set[int] = set()
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.rsplit(".", 1)[-1].endswith("inv_freq") and buffer.is_floating_point() and id(buffer) not in moved:
+                buffer.mul_(1 + ANGLE_ROUNDING)
+                moved.add(id(buffer))
+    if not moved:
+        return {}
+    try:
+        outputs = _attention_outputs(model, inputs)
+    except Exception:  # noqa: BLE001 - already run once on these inputs; nothing to measure
         return {}
     return {key: (own[key] - value).abs().max().item() for key, value in outputs.items() if key in own}
 
