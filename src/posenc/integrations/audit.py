@@ -14,7 +14,8 @@ runs it again on the same tokens, capturing each decoder layer's attention modul
 forward hooks both times. The report holds, per group of layers (grouped as
 :meth:`PositionPlan.describe` groups them), the plan and the max absolute difference.
 
-The length exercises the spans where cheap: T = min(max(sliding window, chunk) + 8, 1024), 32
+The length exercises the spans where cheap: T = min(2 x the widest sliding window or chunk (at
+least the span + 8), 1024), 32
 for a model without spans, never past the model's position limit (``max_position_embeddings``,
 GPT-2's ``n_positions``, MPT's ``max_seq_len``).
 
@@ -43,6 +44,10 @@ TOLERANCE = 1e-5
 HEADS, KV_HEADS, VOCAB, INTERMEDIATE, EXPERTS = 2, 1, 128, 32, 2
 #: The longest input the audit runs by default.
 MAX_LENGTH = 1024
+#: The fewest layers of the audit model (where the config has as many): every layer pattern of
+#: the families posenc reads repeats within 6 layers (Gemma 3's 5 sliding : 1 full, the 3:1 of
+#: SmolLM3's NoPE layers, OLMo 3, Cohere 2, Llama 4).
+MIN_LAYERS = 6
 #: The relative change of the model's own rotary frequencies that measures its float32 angle
 #: noise: transformers rounds inv_freq to float32 (half an ulp, 2^-24 relative) and computes
 #: ``position * inv_freq`` in float32 (another 2^-24 of the angle); posenc computes the angles in
@@ -79,7 +84,10 @@ class AuditRow:
     the largest |own - the model's other attention implementation (eager / sdpa)| on the same
     weights and input (0 where the family has one implementation); ``scale``, the largest
     |own| (std-0.2 weights make outputs of tens with wide heads); ``tolerance``, the larger of
-    :data:`TOLERANCE` x max(1, scale) and twice the noise."""
+    :data:`TOLERANCE` x max(1, scale) and twice the noise; ``disagreement``: what the model's
+    own layers do that the plan says otherwise (empty when they agree): a span (the model's
+    attention mask) or whether the layer rotates at all (NoPE), which posenc's tables route
+    leaves to the model, so that the outputs alone could not show it."""
 
     stack: str
     layers: tuple[int, ...]
@@ -87,6 +95,7 @@ class AuditRow:
     max_diff: float
     noise: float = 0.0
     scale: float = 1.0
+    disagreement: str = ""
 
     @property
     def tolerance(self) -> float:
@@ -94,7 +103,7 @@ class AuditRow:
 
     @property
     def ok(self) -> bool:
-        return self.max_diff <= self.tolerance
+        return self.max_diff <= self.tolerance and not self.disagreement
 
 
 @dataclass(frozen=True)
@@ -190,11 +199,13 @@ def _quiet_plan(config: Mapping[str, Any]) -> PositionPlan:
 
 
 def _layers_needed(plan: PositionPlan) -> int:
-    """The fewest leading layers that hold every kind of layer of the plan (at least 2)."""
+    """The fewest leading layers that hold every kind of layer of the plan, and at least
+    :data:`MIN_LAYERS`: a plan that misreads a layer's kind (a NoPE layer read as RoPE) would
+    otherwise shrink the model to the layers it reads and never meet the layer it misreads."""
     first: dict[tuple, int] = {}
     for index, layer in enumerate(plan):
         first.setdefault((layer.describe(), layer.layer_type), index)
-    return min(len(plan), max(2, max(first.values()) + 1))
+    return min(len(plan), max(MIN_LAYERS, max(first.values()) + 1))
 
 
 def _head_dim(cfg: Mapping[str, Any]) -> int:
@@ -258,7 +269,8 @@ def _mla(cfg: Mapping[str, Any]) -> bool:
 
 def _default_length(plan: PositionPlan, cfg: Mapping[str, Any]) -> int:
     windows = [layer.window for stack in (plan, plan.encoder) if stack is not None for layer in stack if layer.window]
-    length = min(max(windows) + 8, MAX_LENGTH) if windows else 32
+    # twice the span: half the queries lose keys to it, so a window read wrong moves them visibly
+    length = min(max(2 * max(windows), max(windows) + 8), MAX_LENGTH) if windows else 32
     for key in ("n_positions", "max_seq_len"):  # absolute tables / ALiBi tables with a fixed size
         if isinstance(cfg.get(key), int):
             length = min(length, cfg[key])
@@ -365,6 +377,7 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
         inputs["decoder_input_ids"] = tokens
     own = _run(model, inputs, "the model transformers builds")
     noise = _noise(cfg, model, inputs, own)
+    structure = _layer_structure(model, inputs)
     adapted = adapter_of(model) is not None
     method = "adapters.apply_plan" if adapted else "use_encoding"
     try:
@@ -381,8 +394,10 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
             groups.setdefault(_row_text(layer), []).append(index)
         for text, indices in groups.items():
             diff = max((own[(stack, i)] - ours[(stack, i)]).abs().max().item() for i in indices)
+            disagreement = "; ".join(dict.fromkeys(
+                found for i in indices if (found := _disagreement(stack_plan[i], structure.get((stack, i)), i))))
             rows.append(AuditRow(stack, tuple(indices), text, diff, max(noise.get((stack, i), 0.0) for i in indices),
-                                 max(own[(stack, i)].abs().max().item() for i in indices)))
+                                 max(own[(stack, i)].abs().max().item() for i in indices), disagreement))
     hidden = next((cfg[k] for k in _HIDDEN_KEYS if isinstance(cfg.get(k), int)), None)
     kv = KV_HEADS if any(isinstance(cfg.get(k), int) for k in _KV_KEYS) else HEADS
     sizes = f"hidden {hidden}, heads {HEADS}/{kv}, head_dim {_head_dim(cfg)}"
@@ -458,6 +473,112 @@ def _angle_noise(cfg: dict, inputs: dict, own: dict) -> dict:
     except Exception:  # noqa: BLE001 - already run once on these inputs; nothing to measure
         return {}
     return {key: (own[key] - value).abs().max().item() for key, value in outputs.items() if key in own}
+
+
+def _layer_structure(model, inputs: dict) -> dict[tuple[str, int], tuple[Any, bool | None]]:
+    """Per attention layer of the model as built, what it does with positions, measured: the
+    attention mask transformers hands it (a boolean (Tq, Tk) tensor, True = may attend; None:
+    plain causal, or a mask object this does not read) and whether it rotates at all (its
+    output with identity rotary tables, cos 1 and sin 0, differs from its own; None where the
+    layer takes no ``position_embeddings``: positions inside the module, ALiBi, tables)."""
+    import torch
+
+    from posenc.integrations.families import decoder_stacks
+
+    found: dict[tuple[str, int], tuple[Any, bool | None]] = {}
+    handles, probing = [], []
+
+    def pre_hook(module, args, kwargs, key):
+        if probing:
+            return
+        mask = _bool_mask(kwargs.get("attention_mask"))
+        tables = kwargs.get("position_embeddings")
+        rotates = None
+        if _identity_tables(tables) is not None:
+            # the probes must not write to the model's cache
+            uncached = {k: (None if k in _CACHE_KEYS else v) for k, v in kwargs.items()}
+            probing.append(key)
+            try:
+                plain = module(*args, **{**uncached, "position_embeddings": _identity_tables(tables)})
+                own = module(*args, **uncached)
+            finally:
+                probing.pop()
+            plain, own = (out[0] if isinstance(out, tuple) else out for out in (plain, own))
+            rotates = not torch.equal(plain, own)
+        found[key] = (mask, rotates)
+
+    for stack, modules in decoder_stacks(model):
+        for index, module in enumerate(modules):
+            handles.append(module.register_forward_pre_hook(
+                lambda m, a, k, key=(stack, index): pre_hook(m, a, k, key), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    except Exception:  # noqa: BLE001 - the outputs' comparison stands alone where this probe cannot run
+        return {}
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+
+
+_CACHE_KEYS = ("cache", "past_key_values", "past_key_value")
+
+
+def _identity_tables(tables: Any) -> Any:
+    """Rotary tables that rotate nothing, in the format of ``tables`` ((cos, sin), or one
+    complex tensor); None for anything else."""
+    import torch
+
+    if isinstance(tables, tuple) and len(tables) == 2 and all(isinstance(t, torch.Tensor) for t in tables):
+        return torch.ones_like(tables[0]), torch.zeros_like(tables[1])
+    if isinstance(tables, torch.Tensor) and tables.is_complex():
+        return torch.ones_like(tables)
+    return None
+
+
+def _bool_mask(mask: Any) -> Any:
+    """transformers' attention mask as a boolean (Tq, Tk) tensor of the first row and head
+    (True = may attend), or None (no mask: plain causal attention; a mask object)."""
+    import torch
+
+    if not isinstance(mask, torch.Tensor) or mask.dim() < 2:
+        return None
+    mask = mask.reshape(-1, *mask.shape[-2:])[0]
+    if mask.dtype == torch.bool:
+        return mask
+    return mask > torch.finfo(mask.dtype).min / 2 if mask.is_floating_point() else None
+
+
+def _planned_mask(layer: LayerPlan, queries: int, keys: int) -> Any:
+    """The boolean (Tq, Tk) mask of the plan's span: causal; within ``window`` keys of the
+    query (itself included) for "sliding"; the query's own chunk of ``window`` for "chunked"."""
+    import torch
+
+    q = torch.arange(keys - queries, keys).unsqueeze(1)
+    k = torch.arange(keys).unsqueeze(0)
+    mask = k <= q
+    if layer.span == "sliding":
+        mask &= q - k < layer.window
+    elif layer.span == "chunked":
+        mask &= q // layer.window == k // layer.window
+    return mask
+
+
+def _disagreement(layer: LayerPlan, measured: tuple[Any, bool | None] | None, index: int) -> str:
+    """What the model's layer ``index`` does that ``layer`` says otherwise, or ""."""
+    if measured is None:
+        return ""
+    mask, rotates = measured
+    found = []
+    if mask is not None and not bool((_planned_mask(layer, *mask.shape) == mask).all()):
+        found.append(f"layer {index}: the model's attention mask is not the plan's {layer.span} span"
+                     + (f" of {layer.window}" if layer.window else ""))
+    planned = layer.encoding is not None and hasattr(layer.encoding, "inv_freq")
+    if rotates is not None and rotates != planned:
+        found.append(f"layer {index}: the model's layer " + ("rotates q and k" if rotates else "uses no rotary tables")
+                     + (", the plan's does not" if rotates else f", the plan's {layer.describe()} does"))
+    return "; ".join(found)
 
 
 def _row_text(layer: LayerPlan) -> str:

@@ -38,6 +38,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
+#: The width of a table written to a file or a pipe: rich's 80 columns would wrap its rows.
+PIPED_WIDTH = 1000
 #: Progress lines for log files (stderr: stdout keeps the results).
 log_console = Console(stderr=True)
 
@@ -583,6 +585,13 @@ def inspect(
     console.print(f"wrote {figure}")
 
 
+def _full_width_when_piped() -> None:
+    """Print at full width when stdout is not a terminal (a file, a pipe): tables whole, one
+    row a line, as on a wide terminal."""
+    if not console.is_terminal:
+        console.width = PIPED_WIDTH
+
+
 def _print_position_plan(config: dict) -> None:
     """The per-layer plan of a config (posenc.hf_config.position_plan), layers grouped, and its
     notes; one line saying why when the family is not in the table or the plan needs a key the
@@ -623,6 +632,7 @@ def audit(
 
     if length is not None and length < 1:
         raise UsageError(f"--length must be a positive integer, got {length}")
+    _full_width_when_piped()
     report = run_audit(config, length=length)
     console.print(f"[bold]{report.model_type}[/]: {report.num_layers} layers in the config; audited on {report.audit_layers} "
                   f"({report.sizes}, std-0.2 random weights, float32), {report.length} tokens, {report.method}",
@@ -640,6 +650,10 @@ def audit(
         table.add_row(format_layers(row, report.plan.encoder is not None), escape(row.plan), f"{row.max_diff:.2e}", f"{row.tolerance:.1e}",
                       "[green]ok[/]" if row.ok else "[red]MISMATCH[/]")
     console.print(table)
+    for row in report.rows:
+        if row.disagreement:
+            console.print(f"MISMATCH {format_layers(row, report.plan.encoder is not None)}: {row.disagreement}",
+                          markup=False, highlight=False)
     console.print("[bold]plan of the config[/] (all layers):", highlight=False)
     for line in report.plan.describe().splitlines():
         console.print(f"  {line}", markup=False, highlight=False)
