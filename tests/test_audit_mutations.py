@@ -31,9 +31,9 @@ def released(name: str) -> dict:
 
 
 #: SmolLM3-3B's layout (every 4th layer NoPE), shrunk: the one family here with NoPE layers.
-SMOLLM3 = dict(model_type="smollm3", hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
-               num_hidden_layers=8, intermediate_size=256, vocab_size=128256, rope_theta=5_000_000.0,
-               no_rope_layer_interval=4, max_position_embeddings=65536)
+SMOLLM3 = {"model_type": "smollm3", "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "num_hidden_layers": 8, "intermediate_size": 256, "vocab_size": 128256, "rope_theta": 5_000_000.0,
+           "no_rope_layer_interval": 4, "max_position_embeddings": 65536}
 
 
 def _rope(encoding: posenc.RoPE, **changes) -> posenc.RoPE:
