@@ -37,9 +37,9 @@ SMOLLM3 = {"model_type": "smollm3", "hidden_size": 128, "num_attention_heads": 4
 
 
 def _rope(encoding: posenc.RoPE, **changes) -> posenc.RoPE:
-    kwargs = dict(rotary_dim=encoding.rotary_dim, base=encoding.base, interleaved=encoding.interleaved,
-                  scaling=encoding.scaling, hf_layout=encoding.hf_layout,
-                  max_position_embeddings=encoding.max_position_embeddings)
+    kwargs = {"rotary_dim": encoding.rotary_dim, "base": encoding.base, "interleaved": encoding.interleaved,
+              "scaling": encoding.scaling, "hf_layout": encoding.hf_layout,
+              "max_position_embeddings": encoding.max_position_embeddings}
     kwargs.update(changes)
     return posenc.RoPE(encoding.head_dim, **kwargs)
 

@@ -8,7 +8,6 @@ three times each); every file at the default length behind ``slow``.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
@@ -63,7 +62,7 @@ DEFAULT = {"gemma-2-9b", "gemma-3-1b-it", "gpt-j-6b", "gpt2", "llama-3.1-8b", "m
 
 
 def _cases(length):
-    marks = lambda name: () if EXPECTED[name] is not None or name in DEFAULT else (pytest.mark.slow,)  # noqa: E731
+    marks = lambda name: () if EXPECTED[name] is not None or name in DEFAULT else (pytest.mark.slow,)
     return [pytest.param(name, length, marks=marks(name) if length is not None else (pytest.mark.slow,),
                          id=f"{name}-{length or 'default'}")
             for name in sorted(EXPECTED)]
