@@ -563,26 +563,58 @@ def inspect(
     for value, name in ((original_context, "--original-context"), (extended_context, "--extended-context")):
         if value is not None and value < 1:
             raise UsageError(f"{name} must be a positive integer, got {value}")
-    figure_out = figure_path(out if out is not None else Path("."), f"{config.stem}.rope.png", "--out")
+    _full_width_when_piped()
     config_dict = _read_config_json(config)
-    # the library's own reading, so that inspect accepts exactly what from_hf_config accepts
-    report = inspect_config(
-        config_dict, layer_type=layer_type, rope=from_hf_config(config_dict, layer_type=layer_type),
-        original_context=original_context, extended_context=extended_context,
-    )
-    name = report.model_type or config.stem
-    console.print(rope_inspection_table(report, (
-        f"{name}: RoPE θ = {report.rope_theta:g}, head_dim {report.head_dim}, rotary_dim {report.rotary_dim}, "
-        f"rope_type {report.rope_type}"
-    )))
-    console.print(
-        f"[bold]attention factor[/] {report.attention_factor:.6g} (cos and sin multiplied by it: logits x "
-        f"{report.attention_factor ** 2:.6g}); [bold]contexts[/] L0 = {report.original_context}, "
-        f"extended L = {report.extended_context}"
-    )
+    # a config whose layer types hold different RoPEs (Gemma 3's local and global layers): each
+    layer_types = [layer_type] if layer_type is not None else _rope_layer_types(config_dict)
+    for each in layer_types:
+        stem = config.stem if each is None else f"{config.stem}.{each}"
+        figure_out = figure_path(out if out is not None else Path("."), f"{stem}.rope.png", "--out")
+        if each is not None and out is not None and out.suffix and len(layer_types) > 1:
+            figure_out = out.with_name(f"{out.stem}.{each}{out.suffix}")
+        # the library's own reading, so that inspect accepts exactly what from_hf_config accepts
+        report = inspect_config(
+            config_dict, layer_type=each, rope=from_hf_config(config_dict, layer_type=each),
+            original_context=original_context, extended_context=extended_context,
+        )
+        name = (report.model_type or config.stem) + ("" if each is None else f" ({each} layers)")
+        console.print(rope_inspection_table(report, (
+            f"{name}: RoPE θ = {report.rope_theta:g}, head_dim {report.head_dim}, rotary_dim {report.rotary_dim}, "
+            f"rope_type {report.rope_type}"
+        )))
+        console.print(
+            f"[bold]attention factor[/] {report.attention_factor:.6g} (cos and sin multiplied by it: logits x "
+            f"{report.attention_factor ** 2:.6g}); [bold]contexts[/] L0 = {report.original_context}, "
+            f"extended L = {report.extended_context}"
+        )
+        figure = plot_rope_inspection(report, figure_out)
+        console.print(f"wrote {figure}")
     _print_position_plan(config_dict)
-    figure = plot_rope_inspection(report, figure_out)
-    console.print(f"wrote {figure}")
+
+
+def _rope_layer_types(config: dict) -> list[str | None]:
+    """The layer types whose RoPEs differ (Gemma 3: sliding_attention's theta 10^4,
+    full_attention's 10^6 and scaling), in the order of the plan; [None] where one RoPE (or no
+    plan) serves every layer."""
+    import warnings
+
+    from posenc.errors import PosencError
+    from posenc.hf_config import position_plan
+    from posenc.encodings.rope.rotary import RoPE
+    from posenc.plan import describe_encoding
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan = position_plan(config)
+    except PosencError:
+        return [None]  # from_hf_config says why, or reads the RoPE plainly
+    kinds: dict[str, str | None] = {}
+    for layer in plan:
+        if isinstance(layer.encoding, RoPE):
+            kinds.setdefault(describe_encoding(layer.encoding), layer.layer_type)
+    types = list(dict.fromkeys(kinds.values()))
+    return types if len(kinds) > 1 and None not in types and len(types) == len(kinds) else [None]
 
 
 def _full_width_when_piped() -> None:
