@@ -564,6 +564,7 @@ def inspect(
         if value is not None and value < 1:
             raise UsageError(f"{name} must be a positive integer, got {value}")
     _full_width_when_piped()
+    figure_path(out if out is not None else Path("."), f"{config.stem}.rope.png", "--out")  # checked first
     config_dict = _read_config_json(config)
     # a config whose layer types hold different RoPEs (Gemma 3's local and global layers): each
     layer_types = [layer_type] if layer_type is not None else _rope_layer_types(config_dict)
