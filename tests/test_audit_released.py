@@ -91,6 +91,37 @@ def test_a_released_file_exits_0_or_2_with_a_named_reason(name, length):
             _audit(name, length)
 
 
+#: DeepSeek-V3's released config.json (deepseek-ai/DeepSeek-V3), its positional and MLA / MoE keys:
+#: the audit died inside transformers on it ("The size of tensor a (2) must match the size of
+#: tensor b (4)": MLA expands its latent to one key/value head per query head).
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
+    "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_attention_heads": 128, "num_key_value_heads": 128,
+    "num_hidden_layers": 61, "first_k_dense_replace": 3, "moe_layer_freq": 1, "n_group": 8, "topk_group": 4,
+    "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "q_lora_rank": 1536, "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid", "norm_topk_prob": True, "routed_scaling_factor": 2.5, "max_position_embeddings": 163840,
+    "rope_theta": 10000, "vocab_size": 129280, "num_nextn_predict_layers": 1, "torch_dtype": "bfloat16",
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]},
+}
+#: Kimi K2 (moonshotai/Kimi-K2-Instruct): DeepSeek-V3's class under model_type kimi_k2.
+KIMI_K2 = {**DEEPSEEK_V3, "model_type": "kimi_k2", "n_routed_experts": 384, "num_attention_heads": 64,
+           "rope_theta": 50000.0, "rope_scaling": {**DEEPSEEK_V3["rope_scaling"], "factor": 32.0, "beta_fast": 1.0,
+                                                   "beta_slow": 1.0}}
+
+
+@pytest.mark.parametrize("config", [DEEPSEEK_V3, KIMI_K2], ids=["deepseek-v3", "kimi-k2"])
+def test_mla_models_are_built_and_audited(config):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = audit_module.audit(config, length=32)
+    assert report.ok and report.num_layers == 61 and "yarn" in report.rows[0].plan
+    assert "heads 2/2" in report.sizes  # MLA: as many key/value heads as query heads
+
+
 def test_the_cli_exit_codes_on_released_files(capsys):
     assert main(["audit", str(CONFIGS / "gpt2.json"), "--length", "16"]) == 0
     assert main(["audit", str(CONFIGS / "starcoder2.json")]) == 2

@@ -243,7 +243,8 @@ def shrink_config(config: Mapping[str, Any], num_layers: int, *, head_dim: int |
             cfg[key] = HEADS
     for key in _KV_KEYS:
         if isinstance(cfg.get(key), int):
-            cfg[key] = KV_HEADS
+            # multi-head latent attention expands its latent to one key/value head per query head
+            cfg[key] = HEADS if _mla(cfg) else KV_HEADS
     for key in _HIDDEN_KEYS:
         if isinstance(cfg.get(key), int):
             cfg[key] = 64 if "d_kv" in cfg else HEADS * head_dim
@@ -399,7 +400,7 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
             rows.append(AuditRow(stack, tuple(indices), text, diff, max(noise.get((stack, i), 0.0) for i in indices),
                                  max(own[(stack, i)].abs().max().item() for i in indices), disagreement))
     hidden = next((cfg[k] for k in _HIDDEN_KEYS if isinstance(cfg.get(k), int)), None)
-    kv = KV_HEADS if any(isinstance(cfg.get(k), int) for k in _KV_KEYS) else HEADS
+    kv = next((cfg[k] for k in _KV_KEYS if isinstance(cfg.get(k), int)), HEADS)
     sizes = f"hidden {hidden}, heads {HEADS}/{kv}, head_dim {_head_dim(cfg)}"
     return AuditReport(str(config.get("model_type")), full_plan, len(full_plan), len(plan), sizes, length,
                        tuple(rows), method)
