@@ -127,3 +127,83 @@ def test_the_cli_exit_codes_on_released_files(capsys):
     assert main(["audit", str(CONFIGS / "starcoder2.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("posenc: error:") and "starcoder2" in err
+
+
+#: Gemma 3 4B-it's released config.json (google/gemma-3-4b-it): a wrapper whose text_config
+#: names neither head_dim nor head counts (the class's defaults: 256, 8 / 4). The audit said
+#: "cannot read its head width" although position_plan reads it.
+GEMMA3_4B_IT = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "boi_token_index": 255999,
+    "eoi_token_index": 256000, "image_token_index": 262144, "mm_tokens_per_image": 256,
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                    "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                      "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                      "patch_size": 14, "vision_use_head": False},
+}
+#: BLOOM-176B's released config.json (bigscience/bloom): its width is spelled n_embed.
+BLOOM_176B = {
+    "architectures": ["BloomForCausalLM"], "model_type": "bloom", "n_embed": 14336, "n_layer": 70,
+    "num_attention_heads": 112, "pretraining_tp": 4, "slow_but_exact": False, "vocab_size": 250880,
+    "apply_residual_connection_post_layernorm": False, "attention_softmax_in_fp32": True, "layer_norm_epsilon": 1e-05,
+}
+
+
+@pytest.mark.parametrize("config, head_dim", [(GEMMA3_4B_IT, 256), (BLOOM_176B, 128)], ids=["gemma-3-4b-it", "bloom-176b"])
+def test_the_head_width_is_read_as_position_plan_reads_it(config, head_dim):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = audit_module.audit(config, length=48)
+    assert report.ok and report.sizes.endswith(f"head_dim {head_dim}")
+
+
+def _gemma4(**keys):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model("gemma4_text", num_hidden_layers=35, **keys).to_dict()
+    config["per_layer_config"] = {}  # its wider full-attention heads: see the next test
+    return config
+
+
+@pytest.mark.parametrize("keys", [
+    {"num_kv_shared_layers": 20},  # Gemma 4 E2B: "The set of layer types producing a cache is different ..."
+    {"enable_moe_block": True, "num_experts": 128, "top_k_experts": 8, "moe_intermediate_size": 704},  # 26B-A4B
+], ids=["kv-shared", "moe"])
+def test_gemma4_shapes_are_built(keys):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = audit_module.audit(_gemma4(**keys), length=48)
+    assert report.ok
+
+
+def test_a_plan_the_model_cannot_take_is_exit_2_named():
+    """Gemma 4's per_layer_config gives its full-attention layers wider heads (512) than the
+    plan's RoPE (256): the audit says so (exit 2), no internal error."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model("gemma4_text").to_dict()
+    with warnings.catch_warnings(), pytest.raises(InvalidArgument, match="head_dim=256 differs from the model.s head_dim=512"):
+        warnings.simplefilter("ignore")
+        audit_module.audit(config, length=32)
+
+
+def _default_configs():
+    from posenc.hf_config.families import FAMILIES
+
+    return sorted(FAMILIES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", _default_configs())
+def test_each_family_s_default_config_exits_0_or_2(model_type):
+    """AutoConfig.for_model(model_type) of every family posenc reads: read and matching, or
+    refused with a reason; never a mismatch, never an internal error."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model(model_type).to_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            report = audit_module.audit(config, length=48)
+        except InvalidArgument as err:
+            assert str(err)
+            return
+    assert report.ok, [(row.plan, row.max_diff, row.tolerance, row.disagreement) for row in report.rows]

@@ -63,9 +63,14 @@ _SMALL = {
     **dict.fromkeys(("intermediate_size", "intermediate_size_mlp", "moe_intermediate_size",
                      "shared_expert_intermediate_size", "ffn_dim", "d_ff", "ffn_hidden_size", "n_inner"), INTERMEDIATE),
     **dict.fromkeys(("num_local_experts", "num_experts", "n_routed_experts"), EXPERTS),
-    **dict.fromkeys(("num_experts_per_tok", "n_shared_experts", "n_group", "topk_group"), 1),
+    **dict.fromkeys(("num_experts_per_tok", "top_k_experts", "n_shared_experts", "n_group", "topk_group"), 1),
+    # Gemma 3n / 4's layers that reuse an earlier layer's keys and values: none in the audit model
+    # (a shared layer reads keys rotated with the same tables, and the shrunk model may not hold
+    # the layer it would share from)
+    "num_kv_shared_layers": 0,
     "linear_num_key_heads": 1, "linear_num_value_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
     "q_lora_rank": 16, "kv_lora_rank": 16, "vocab_size": VOCAB,
+    "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16,  # Gemma 3n / 4's per-layer inputs
     "decoder_start_token_id": 0, "sep_token_id": 2,
 }
 #: token ids inside the small vocabulary (set even where the config leaves them to the class's defaults).
@@ -230,8 +235,8 @@ def shrink_config(config: Mapping[str, Any], num_layers: int, *, head_dim: int |
     has none: Gemma 3's 256), written into the config; default: the config's ``head_dim``, or
     hidden size // heads."""
     cfg = {k: v for k, v in config.items() if k not in _DROPPED}
-    if head_dim is not None and "d_kv" not in cfg and not _mla(cfg):
-        cfg["head_dim"] = head_dim
+    if head_dim is not None and "d_kv" not in cfg and not _mla(cfg) and _head_dim_or_none(cfg) != head_dim:
+        cfg["head_dim"] = head_dim  # the family's default (Gemma 3's 256), which hidden // heads is not
     head_dim = _head_dim(cfg)
     layers = next((cfg[k] for k in _LAYER_KEYS if isinstance(cfg.get(k), int)), None)
     for key, value in _SMALL.items():
@@ -260,7 +265,24 @@ def shrink_config(config: Mapping[str, Any], num_layers: int, *, head_dim: int |
             cfg[key] = value[:num_layers]
         elif key in _INDEX_LISTS and isinstance(value, list):
             cfg[key] = [i for i in value if isinstance(i, int) and i < num_layers]
+        elif isinstance(value, dict) and value and all(_layer_index(k) is not None for k in value):
+            # a dict by layer index (Gemma 4's per_layer_config: {"05": {...}}): the layers kept
+            cfg[key] = {k: v for k, v in value.items() if _layer_index(k) < num_layers}
     return cfg
+
+
+def _head_dim_or_none(cfg: Mapping[str, Any]) -> int | None:
+    try:
+        return _head_dim(cfg)
+    except InvalidArgument:
+        return None
+
+
+def _layer_index(key: Any) -> int | None:
+    """``key`` as a layer index (an int, or a string of digits), else None."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    return int(key) if isinstance(key, str) and key.isdigit() else None
 
 
 def _mla(cfg: Mapping[str, Any]) -> bool:
@@ -399,11 +421,18 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
                 found for i in indices if (found := _disagreement(stack_plan[i], structure.get((stack, i)), i))))
             rows.append(AuditRow(stack, tuple(indices), text, diff, max(noise.get((stack, i), 0.0) for i in indices),
                                  max(own[(stack, i)].abs().max().item() for i in indices), disagreement))
-    hidden = next((cfg[k] for k in _HIDDEN_KEYS if isinstance(cfg.get(k), int)), None)
-    kv = next((cfg[k] for k in _KV_KEYS if isinstance(cfg.get(k), int)), HEADS)
-    sizes = f"hidden {hidden}, heads {HEADS}/{kv}, head_dim {_head_dim(cfg)}"
+    sizes = _sizes(model.config, cfg)
     return AuditReport(str(config.get("model_type")), full_plan, len(full_plan), len(plan), sizes, length,
                        tuple(rows), method)
+
+
+def _sizes(built: Any, cfg: Mapping[str, Any]) -> str:
+    """The audit model's sizes as transformers built them (a key the config lacks takes its
+    class's default: Gemma 3 4B's text_config names no head counts)."""
+    hidden = next((v for k in _HIDDEN_KEYS if isinstance(v := getattr(built, k, None), int)), None)
+    heads = next((v for k in _HEAD_KEYS if isinstance(v := getattr(built, k, None), int)), HEADS)
+    kv = next((v for k in _KV_KEYS if isinstance(v := getattr(built, k, None), int)), heads)
+    return f"hidden {hidden}, heads {heads}/{kv}, head_dim {_head_dim_or_none(cfg) or getattr(built, 'head_dim', None)}"
 
 
 def _resolved(config: Mapping[str, Any]) -> dict:
@@ -492,8 +521,10 @@ def _layer_structure(model, inputs: dict) -> dict[tuple[str, int], tuple[Any, bo
     def pre_hook(module, args, kwargs, key):
         if probing:
             return
-        mask = _bool_mask(kwargs.get("attention_mask"))
         tables = kwargs.get("position_embeddings")
+        # transformers' attention interface (True / 0 = may attend); the adapter families' own
+        # attention modules (MPT: True = masked) keep masks of their own
+        mask = _bool_mask(kwargs.get("attention_mask")) if "position_embeddings" in kwargs else None
         rotates = None
         if _identity_tables(tables) is not None:
             # the probes must not write to the model's cache
