@@ -551,7 +551,7 @@ def inspect(
                                        "in the current folder; a folder: that name in it)."),
     original_context: Optional[int] = typer.Option(None, help="L0, the pre-training context (default: from the config)."),
     extended_context: Optional[int] = typer.Option(None, help="The extended context (default: max(max_position_embeddings, L0 x factor))."),
-    layer_type: Optional[str] = typer.Option(None, help="For a per-layer-type rope_parameters dict: which layer type."),
+    layer_type: Optional[str] = typer.Option(None, help="Which layer type's RoPE (default: each layer type whose RoPE differs)."),
 ) -> None:
     """The RoPE of a model config at a glance: per frequency pair, its wavelength in tokens against
     the original and the extended context, which pairs turn fully within the training context
