@@ -1,23 +1,33 @@
 """``posenc audit``: check the position plan posenc reads from a Hugging Face config against the
 model transformers builds from that config, layer by layer.
 
-:func:`audit` builds the config's family as a tiny random model with the same positional keys
-(head_dim, rotary keys, rope dicts, layer pattern keys, sliding windows, chunk sizes, position
-limits kept; hidden size, heads (2 query, 1 key/value), intermediate sizes, vocabulary and
-experts shrunk; as many layers as it takes to hold every kind of layer of the plan, per-layer
-lists such as ``layer_types`` / ``no_rope_layers`` trimmed to that count), every parameter drawn
-with std 0.2 (so that a wrong position moves the outputs visibly), float32. It runs the model as
-built (its own attention and positions) on random tokens, then applies
-``position_plan(config)`` to the same model (:func:`posenc.integrations.transformers.use_encoding`,
-or :func:`posenc.integrations.adapters.apply_plan` for GPT-2, OPT, BLOOM, MPT, Falcon and T5) and
+:func:`audit` reads the config as :func:`~posenc.hf_config.position_plan` does (an alias or an
+unknown ``model_type`` through its ``architectures`` class, a wrapper through its text model)
+and builds the family as a tiny random model with the same positional keys (head width as the
+plan read it, rotary keys, rope dicts, layer pattern keys, sliding windows, chunk sizes,
+position limits kept; hidden size, heads (2 query, 1 key/value; as many key/value heads as
+query heads for multi-head latent attention), intermediate sizes, vocabulary, experts, LoRA
+ranks and Gemma 4's shared-cache layers shrunk; as many layers as it takes to hold every kind
+of layer of the plan and at least :data:`MIN_LAYERS`, per-layer lists and dicts such as
+``layer_types`` / ``per_layer_config`` trimmed to that count), every parameter drawn with std
+0.2 (so that a wrong position moves the outputs visibly), float32. It runs the model as built
+(its own attention and positions) on random tokens, then applies the plan to the same model
+(:func:`posenc.integrations.transformers.use_encoding`, or
+:func:`posenc.integrations.adapters.apply_plan` for GPT-2, OPT, BLOOM, MPT, Falcon and T5) and
 runs it again on the same tokens, capturing each decoder layer's attention module output with
 forward hooks both times. The report holds, per group of layers (grouped as
-:meth:`PositionPlan.describe` groups them), the plan and the max absolute difference.
+:meth:`PositionPlan.describe` groups them), the plan, the max absolute difference and its
+tolerance, which holds the model's own float32 noise (its two attention implementations, and
+its float32 angles: :data:`ANGLE_ROUNDING`). What the table route leaves to the model, each
+layer's span and whether it rotates at all, is measured on the model as built (the mask
+transformers hands each layer; its output with identity rotary tables) and compared with the
+plan: a row whose layers disagree is a mismatch whatever the outputs say. Whatever
+transformers raises on the config (building the config or the model, a forward pass) becomes
+an :class:`~posenc.errors.InvalidArgument` quoting it.
 
 The length exercises the spans where cheap: T = min(2 x the widest sliding window or chunk (at
-least the span + 8), 1024), 32
-for a model without spans, never past the model's position limit (``max_position_embeddings``,
-GPT-2's ``n_positions``, MPT's ``max_seq_len``).
+least the span + 8), 1024), 32 for a model without spans, never past the model's position
+limit (``max_position_embeddings``, GPT-2's ``n_positions``, MPT's ``max_seq_len``).
 
 transformers is imported inside the functions (posenc does not need it otherwise).
 """
@@ -35,7 +45,7 @@ from typing import Any
 from posenc.errors import InvalidArgument, PosencError
 from posenc.plan import LayerPlan, PositionPlan, layer_ranges
 
-__all__ = ["AuditRow", "AuditReport", "audit", "read_config", "shrink_config", "TOLERANCE"]
+__all__ = ["ANGLE_ROUNDING", "MIN_LAYERS", "TOLERANCE", "AuditReport", "AuditRow", "audit", "read_config", "shrink_config"]
 
 #: A layer matches when its attention outputs differ by at most this times max(1, max |output|)
 #: (float32), or by at most twice the model's own eager / sdpa difference.

@@ -673,7 +673,8 @@ def audit(
     from rich.markup import escape
 
     table = Table(caption="max |diff|: attention outputs, the model's own vs posenc's\n"
-                          "tolerance: max(1e-5 x max(1, |output|), 2 x |eager - sdpa|)")
+                          "tolerance: max(1e-5 x max(1, |output|), 2 x the model's own float32 noise)\n"
+                          "own noise: |eager - sdpa|; its float32 angles (every inv_freq x (1 + 2^-23))")
     for header, justify in (("layers", "left"), ("plan", "left"), ("max |diff|", "right"), ("tolerance", "right"),
                             ("", "center")):
         table.add_column(header, justify=justify)
