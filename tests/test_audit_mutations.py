@@ -142,3 +142,25 @@ def test_the_read_plan_passes_at_a_long_length(name, length):
         warnings.simplefilter("ignore")
         report = audit_module.audit(released(name), length=length)
     assert report.ok, [(row.plan, row.max_diff, row.tolerance) for row in report.rows]
+
+
+def test_a_vision_language_wrapper_is_audited_on_its_text_model(monkeypatch):
+    """Qwen2-VL: transformers builds its text tower only inside the wrapper; the audit builds the
+    wrapper with a one-block vision tower (text-only input) and checks the M-RoPE layers; a
+    wrong frequency there is caught."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model("qwen2_vl").to_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = audit_module.audit(config, length=32)
+        assert report.ok and "mrope" in report.rows[0].plan.lower()
+
+        def wrong(plan):
+            def layer(item):
+                wrong_rope = copy.deepcopy(item.encoding)
+                wrong_rope._inv_freq_f64 = item.encoding._inv_freq_f64 * 100  # every frequency x 100
+                return dataclasses.replace(item, encoding=wrong_rope)
+            return dataclasses.replace(plan, layers=tuple(layer(item) for item in plan))
+
+        _mutated(monkeypatch, wrong)
+        assert not audit_module.audit(config, length=32).ok

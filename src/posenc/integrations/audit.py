@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -312,9 +312,10 @@ def _default_length(plan: PositionPlan, cfg: Mapping[str, Any]) -> int:
     return length
 
 
-def _build(cfg: dict, attn_implementation: str | None = None):
+def _build(cfg: dict, attn_implementation: str | None = None, auto: str | None = None):
     """The family's transformers model for ``cfg``, float32, every parameter drawn with std 0.2
-    (the same weights on every call); ``attn_implementation`` None: transformers' default."""
+    (the same weights on every call); ``attn_implementation`` None: transformers' default;
+    ``auto``: the Auto class (default: the causal LM, or the sequence-to-sequence LM for T5)."""
     import torch
 
     import transformers
@@ -325,7 +326,10 @@ def _build(cfg: dict, attn_implementation: str | None = None):
     except Exception as err:  # unknown to transformers, or a value its config class refuses
         raise InvalidArgument(f"config: transformers cannot build a {model_type!r} config from it "
                               f"({type(err).__name__}: {' '.join(str(err).split())[:300]})") from None
-    auto = transformers.AutoModelForSeq2SeqLM if _seq2seq(model_type) else transformers.AutoModelForCausalLM
+    if auto is not None:
+        auto = getattr(transformers, auto)
+    else:
+        auto = transformers.AutoModelForSeq2SeqLM if _seq2seq(model_type) else transformers.AutoModelForCausalLM
     torch.manual_seed(0)
     try:
         options = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
@@ -398,7 +402,8 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
         plan_layers = max(plan_layers, _layers_needed(full_plan.encoder))
     cfg = shrink_config(decoder_config, plan_layers, head_dim=_plan_head_dim(full_plan))
     plan = _quiet_plan(cfg)
-    model = _build(cfg)
+    build = _builder(_resolved(config), cfg)
+    model = build()
     from posenc.integrations.adapters import adapter_of, apply_plan
     from posenc.integrations.transformers import use_encoding
 
@@ -409,7 +414,7 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
     if _seq2seq(model_type):
         inputs["decoder_input_ids"] = tokens
     own = _run(model, inputs, "the model transformers builds")
-    noise = _noise(cfg, model, inputs, own)
+    noise = _noise(build, model, inputs, own)
     structure = _layer_structure(model, inputs)
     adapted = adapter_of(model) is not None
     method = "adapters.apply_plan" if adapted else "use_encoding"
@@ -445,6 +450,51 @@ def _sizes(built: Any, cfg: Mapping[str, Any]) -> str:
     return f"hidden {hidden}, heads {heads}/{kv}, head_dim {_head_dim_or_none(cfg) or getattr(built, 'head_dim', None)}"
 
 
+#: A vision tower's sizes in the audit model (only the text model runs: the input holds no image).
+_VISION_SMALL = {"depth": 1, "num_hidden_layers": 1, "embed_dim": 32, "num_heads": 2, "num_attention_heads": 2,
+                 "intermediate_size": 32, "mlp_ratio": 1, "fullatt_block_indexes": [0]}
+#: A multimodal wrapper's placeholder tokens: past the audit vocabulary, so never in its input.
+_WRAPPER_TOKENS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
+                   "image_token_index", "boi_token_index", "eoi_token_index")
+
+
+def _builder(config: Mapping[str, Any], cfg: dict) -> Callable[..., Any]:
+    """How to build the audit model of ``cfg`` (the shrunk text config), with an attention
+    implementation or transformers' default: its causal LM, or, for a text tower transformers
+    builds only inside its wrapper (Qwen2-VL, Qwen2.5-VL), the wrapper of ``config`` around it
+    with a one-block vision tower that the text-only input never runs."""
+    from posenc.hf_config.families import FAMILIES
+
+    family = FAMILIES.get(config.get("model_type"))
+    wrapped = family is not None and family.text_config is not None and isinstance(config.get("vision_config"), Mapping)
+    if wrapped and not _causal_lm_builds(cfg["model_type"]):
+        wrapper = _wrapper_config(config, cfg)
+        return lambda attn_implementation=None: _build(wrapper, attn_implementation, "AutoModelForImageTextToText")
+    return lambda attn_implementation=None: _build(cfg, attn_implementation)
+
+
+def _causal_lm_builds(model_type: str) -> bool:
+    """Whether transformers has a causal LM class for ``model_type`` (its auto mapping's names)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def _wrapper_config(config: Mapping[str, Any], text: dict) -> dict:
+    vision = {k: v for k, v in dict(config["vision_config"]).items() if k not in _DROPPED}
+    vision.update({k: v for k, v in _VISION_SMALL.items() if k in vision})
+    hidden = next(text[k] for k in _HIDDEN_KEYS if isinstance(text.get(k), int))
+    # the merger's output enters the text model: its width (out_hidden_size where the tower has one)
+    if "out_hidden_size" in vision:
+        vision.update(hidden_size=32, out_hidden_size=hidden)  # Qwen2.5-VL: its own width, then the text's
+    else:
+        vision["hidden_size"] = hidden
+    wrapper = {k: v for k, v in config.items() if k not in _DROPPED and k not in ("text_config", "vision_config")}
+    wrapper.update({key: VOCAB + i for i, key in enumerate(_WRAPPER_TOKENS) if key in wrapper})
+    return {**wrapper, "text_config": {k: v for k, v in text.items() if k != "model_type"}, "vision_config": vision,
+            "vocab_size": VOCAB}
+
+
 def _resolved(config: Mapping[str, Any]) -> dict:
     """The config as position_plan reads it: an alias or an architectures class resolved, a
     wrapper's text_config taken (no warning here: the plan's notes say it)."""
@@ -477,14 +527,14 @@ def _run(model, inputs: dict, what: str) -> dict:
                               f"tokens ({type(err).__name__}: {' '.join(str(err).split())[:300]})") from None
 
 
-def _noise(cfg: dict, model, inputs: dict, own: dict) -> dict:
+def _noise(build: Callable[..., Any], model, inputs: dict, own: dict) -> dict:
     """Per layer, the model's own float32 noise: the larger of |own - the same model with its
     other attention implementation (eager for sdpa and back)| (where the family has two) and
     :func:`_angle_noise`."""
-    noise = _angle_noise(cfg, inputs, own)
+    noise = _angle_noise(build, inputs, own)
     other = "eager" if model.config._attn_implementation != "eager" else "sdpa"
     try:
-        outputs = _attention_outputs(_build(cfg, other), inputs)
+        outputs = _attention_outputs(build(other), inputs)
     except Exception:  # the family refuses the other implementation (Gemma 2, gpt-oss, BLOOM)
         return noise
     for key, value in outputs.items():
@@ -493,13 +543,13 @@ def _noise(cfg: dict, model, inputs: dict, own: dict) -> dict:
     return noise
 
 
-def _angle_noise(cfg: dict, inputs: dict, own: dict) -> dict:
+def _angle_noise(build: Callable[..., Any], inputs: dict, own: dict) -> dict:
     """Per layer, |own - the same model with every rotary ``inv_freq`` buffer x (1 +
     :data:`ANGLE_ROUNDING`)|: how far the float32 angles transformers computes can move its
     outputs at these positions (empty for a model without rotary buffers)."""
     import torch
 
-    model = _build(cfg)
+    model = build()
     moved: set[int] = set()
     with torch.no_grad():
         for name, buffer in model.named_buffers():
