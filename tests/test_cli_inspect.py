@@ -139,3 +139,21 @@ def test_inspect_prints_the_per_layer_plan(capsys, tmp_path):
     code, stdout, stderr = run(capsys, unknown, "--out", tmp_path / "o.png")
     assert code == 0, stderr
     assert "per-layer plan: not read (config['model_type'] = 'nonesuch'" in stdout
+
+
+def test_inspect_a_config_with_a_rope_per_layer_type_prints_each(capsys, tmp_path):
+    """Gemma 3 (issue 34): its sliding layers rotate with theta 10^4, its full layers with 10^6;
+    inspect prints one table and one figure per layer type (it asked for layer_type= before),
+    at full width when written to a file (the capture is not a terminal)."""
+    pytest.importorskip("matplotlib")
+    config = Path(__file__).parent / "data" / "configs" / "gemma-3-1b-it.json"
+    code, stdout, stderr = run(capsys, config, "--out", tmp_path)
+    assert code == 0, stderr
+    assert "gemma3_text (sliding_attention layers): RoPE θ = 10000," in stdout
+    assert "gemma3_text (full_attention layers): RoPE θ = 1e+06," in stdout
+    for kind in ("sliding_attention", "full_attention"):
+        assert (tmp_path / f"gemma-3-1b-it.{kind}.rope.png").read_bytes().startswith(PNG_MAGIC)
+    assert "per-layer plan (26 layers, gemma3_text)" in stdout
+    assert max(len(line) for line in stdout.splitlines()) > 80  # not wrapped at rich's 80 columns
+    code, stdout, _ = run(capsys, config, "--out", tmp_path, "--layer-type", "full_attention")
+    assert code == 0 and "RoPE θ = 1e+06" in stdout and "θ = 10000," not in stdout

@@ -113,7 +113,9 @@ def describe_encoding(encoding: PositionalEncoding | None) -> str:
     scaling = getattr(encoding, "scaling", None)
     if scaling:
         factor = scaling.get("factor")
-        text += f", {scaling.get('rope_type')}" + (f" x{factor:g}" if isinstance(factor, (int, float)) else "")
+        # v4 configs spell the type "type" (Phi-3's longrope, DeepSeek-V3's yarn)
+        kind = scaling.get("rope_type") or scaling.get("type")
+        text += f", {kind}" + (f" x{factor:g}" if isinstance(factor, (int, float)) else "")
     return text
 
 

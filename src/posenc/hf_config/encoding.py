@@ -94,6 +94,10 @@ def _family_rope(config: Mapping[str, Any], layer_type: str | None, kwargs: dict
     for layer in layers:  # layers of different types may hold equal RoPEs (gpt-oss): one then
         if isinstance(layer.encoding, RoPE) and all(not _same_rope(layer.encoding, other) for other in ropes):
             ropes.append(layer.encoding)
+    if not ropes and any(isinstance(layer.encoding, MRoPE) for layer in layers):
+        raise InvalidArgument(f"config ({config['model_type']}): its layers are M-RoPE (multimodal RoPE: "
+                              "temporal, height and width positions per mrope_section), not one RoPE; read them "
+                              "with posenc.hf_config.position_plan (a posenc.MRoPE per layer)")
     if not ropes:
         raise InvalidArgument(f"config ({config['model_type']}): no RoPE on " +
                               ("any layer" if layer_type is None else f"the {layer_type} layers"))

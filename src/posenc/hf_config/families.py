@@ -31,6 +31,8 @@ chunks of C: j // C == i // C, j <= i.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -1139,6 +1141,60 @@ def _as_dict(config: Any) -> dict[str, Any]:
     raise InvalidType(f"config must be a config.json dict or a transformers config, got {type(config).__name__}")
 
 
+#: The ``model_type`` spellings transformers maps to another family (``CONFIG_MAPPING``'s
+#: special cases in transformers/models/auto/configuration_auto.py: Falcon's first releases).
+MODEL_TYPE_ALIASES: dict[str, str] = {"RefinedWeb": "falcon", "RefinedWebModel": "falcon"}
+#: The class-name suffixes of a model's heads, stripped to find its family in ``architectures``.
+_HEAD_SUFFIX = re.compile(r"(For[A-Z][A-Za-z]*|LMHeadModel|RewardModel|Model)$")
+
+
+def family_of_class(class_name: Any) -> str | None:
+    """The family (a ``model_type`` of :data:`FAMILIES`) whose transformers class is
+    ``class_name`` (an ``architectures`` entry: ``"DeepseekV3ForCausalLM"`` -> ``deepseek_v3``,
+    ``"GPTNeoXRewardModel"`` -> ``gpt_neox``): the name without its head suffix
+    (``For...``, ``LMHeadModel``, ``Model``), compared with the model types without
+    underscores, case ignored; None when no family has that name."""
+    if not isinstance(class_name, str):
+        return None
+    stem = _HEAD_SUFFIX.sub("", class_name).lower()
+    matches = [model_type for model_type in FAMILIES if model_type.replace("_", "").lower() == stem]
+    return matches[0] if len(matches) == 1 else None
+
+
+def resolve_family(cfg: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The config to read and, when it is read as another ``model_type`` than it says, why.
+
+    A known ``model_type`` is read as it is. Otherwise, in this order: an alias transformers
+    maps (``RefinedWeb`` / ``RefinedWebModel`` -> ``falcon``); the family of the class its
+    ``architectures`` names (Kimi K2's ``kimi_k2`` with ``DeepseekV3ForCausalLM``, a
+    ``gpt_neox_reward_model`` with ``GPTNeoXRewardModel``); a wrapper whose ``text_config``
+    has a known ``model_type`` (LLaVA's ``llava`` around a Llama): its text model, whose
+    positions are the decoder's. The second item names both types (position_plan warns it
+    and keeps it in the plan's notes); a config none of these resolves is returned as it is.
+    """
+    model_type = cfg.get("model_type")
+    if model_type in FAMILIES:
+        return cfg, None
+    if model_type in MODEL_TYPE_ALIASES:
+        target = MODEL_TYPE_ALIASES[model_type]
+        return {**cfg, "model_type": target}, (f"model_type {model_type!r} read as {target!r} (transformers maps "
+                                               f"{model_type!r} to {target!r})")
+    architectures = cfg.get("architectures")
+    if isinstance(architectures, list):
+        for class_name in architectures:
+            target = family_of_class(class_name)
+            if target is not None:
+                return {**cfg, "model_type": target}, (
+                    f"model_type {model_type!r} is not a family posenc reads; read as {target!r}, the family of "
+                    f"its architectures class {class_name!r}")
+    text = cfg.get("text_config")
+    if isinstance(text, Mapping) and text.get("model_type") in FAMILIES:
+        target = text["model_type"]
+        return dict(text), (f"model_type {model_type!r} is not a family posenc reads; read as its text model, "
+                            f"text_config's {target!r} (the positions of its decoder)")
+    return cfg, None
+
+
 def reads_model_type(model_type: Any) -> bool:
     """True when :func:`position_plan` knows the family ``model_type``."""
     return model_type in FAMILIES
@@ -1179,13 +1235,26 @@ def position_plan(config: Any) -> PositionPlan:
         InvalidArgument: an unknown ``model_type`` (the message lists the known ones), a bad
             value (named), or a config posenc cannot read exactly.
     """
-    cfg = _as_dict(config)
+    cfg, resolution = resolve_family(_as_dict(config))
     model_type = cfg.get("model_type")
     if model_type is None:
         raise MissingKey("config: needs 'model_type' (the family decides the layout and the defaults)")
     family = FAMILIES.get(model_type)
     if family is None:
         raise InvalidArgument(f"config['model_type'] = {model_type!r}: posenc reads {sorted(FAMILIES)}")
+    if resolution is not None:
+        warnings.warn(f"position_plan: {resolution}", stacklevel=2)
+        return _with_note(_plan_of_family(cfg, family), resolution)
+    return _plan_of_family(cfg, family)
+
+
+def _with_note(plan: PositionPlan, note: str) -> PositionPlan:
+    return dataclasses.replace(plan, notes=(note, *plan.notes))
+
+
+def _plan_of_family(cfg: dict[str, Any], family: Family) -> PositionPlan:
+    """position_plan of a config whose ``model_type`` is ``family``'s."""
+    model_type = family.model_type
     if family.reader is not None:  # the families whose positions are not (only) rotary
         return family.reader(cfg)
     if family.text_config is not None:

@@ -1,22 +1,33 @@
 """``posenc audit``: check the position plan posenc reads from a Hugging Face config against the
 model transformers builds from that config, layer by layer.
 
-:func:`audit` builds the config's family as a tiny random model with the same positional keys
-(head_dim, rotary keys, rope dicts, layer pattern keys, sliding windows, chunk sizes, position
-limits kept; hidden size, heads (2 query, 1 key/value), intermediate sizes, vocabulary and
-experts shrunk; as many layers as it takes to hold every kind of layer of the plan, per-layer
-lists such as ``layer_types`` / ``no_rope_layers`` trimmed to that count), every parameter drawn
-with std 0.2 (so that a wrong position moves the outputs visibly), float32. It runs the model as
-built (its own attention and positions) on random tokens, then applies
-``position_plan(config)`` to the same model (:func:`posenc.integrations.transformers.use_encoding`,
-or :func:`posenc.integrations.adapters.apply_plan` for GPT-2, OPT, BLOOM, MPT, Falcon and T5) and
+:func:`audit` reads the config as :func:`~posenc.hf_config.position_plan` does (an alias or an
+unknown ``model_type`` through its ``architectures`` class, a wrapper through its text model)
+and builds the family as a tiny random model with the same positional keys (head width as the
+plan read it, rotary keys, rope dicts, layer pattern keys, sliding windows, chunk sizes,
+position limits kept; hidden size, heads (2 query, 1 key/value; as many key/value heads as
+query heads for multi-head latent attention), intermediate sizes, vocabulary, experts, LoRA
+ranks and Gemma 4's shared-cache layers shrunk; as many layers as it takes to hold every kind
+of layer of the plan and at least :data:`MIN_LAYERS`, per-layer lists and dicts such as
+``layer_types`` / ``per_layer_config`` trimmed to that count), every parameter drawn with std
+0.2 (so that a wrong position moves the outputs visibly), float32. It runs the model as built
+(its own attention and positions) on random tokens, then applies the plan to the same model
+(:func:`posenc.integrations.transformers.use_encoding`, or
+:func:`posenc.integrations.adapters.apply_plan` for GPT-2, OPT, BLOOM, MPT, Falcon and T5) and
 runs it again on the same tokens, capturing each decoder layer's attention module output with
 forward hooks both times. The report holds, per group of layers (grouped as
-:meth:`PositionPlan.describe` groups them), the plan and the max absolute difference.
+:meth:`PositionPlan.describe` groups them), the plan, the max absolute difference and its
+tolerance, which holds the model's own float32 noise (its two attention implementations, and
+its float32 angles: :data:`ANGLE_ROUNDING`). What the table route leaves to the model, each
+layer's span and whether it rotates at all, is measured on the model as built (the mask
+transformers hands each layer; its output with identity rotary tables) and compared with the
+plan: a row whose layers disagree is a mismatch whatever the outputs say. Whatever
+transformers raises on the config (building the config or the model, a forward pass) becomes
+an :class:`~posenc.errors.InvalidArgument` quoting it.
 
-The length exercises the spans where cheap: T = min(max(sliding window, chunk) + 8, 1024), 32
-for a model without spans, never past the model's position limit (``max_position_embeddings``,
-GPT-2's ``n_positions``, MPT's ``max_seq_len``).
+The length exercises the spans where cheap: T = min(2 x the widest sliding window or chunk (at
+least the span + 8), 1024), 32 for a model without spans, never past the model's position
+limit (``max_position_embeddings``, GPT-2's ``n_positions``, MPT's ``max_seq_len``).
 
 transformers is imported inside the functions (posenc does not need it otherwise).
 """
@@ -26,7 +37,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +45,7 @@ from typing import Any
 from posenc.errors import InvalidArgument, PosencError
 from posenc.plan import LayerPlan, PositionPlan, layer_ranges
 
-__all__ = ["AuditRow", "AuditReport", "audit", "read_config", "shrink_config", "TOLERANCE"]
+__all__ = ["ANGLE_ROUNDING", "MIN_LAYERS", "TOLERANCE", "AuditReport", "AuditRow", "audit", "read_config", "shrink_config"]
 
 #: A layer matches when its attention outputs differ by at most this times max(1, max |output|)
 #: (float32), or by at most twice the model's own eager / sdpa difference.
@@ -43,19 +54,33 @@ TOLERANCE = 1e-5
 HEADS, KV_HEADS, VOCAB, INTERMEDIATE, EXPERTS = 2, 1, 128, 32, 2
 #: The longest input the audit runs by default.
 MAX_LENGTH = 1024
+#: The fewest layers of the audit model (where the config has as many): every layer pattern of
+#: the families posenc reads repeats within 6 layers (Gemma 3's 5 sliding : 1 full, the 3:1 of
+#: SmolLM3's NoPE layers, OLMo 3, Cohere 2, Llama 4).
+MIN_LAYERS = 6
+#: The relative change of the model's own rotary frequencies that measures its float32 angle
+#: noise: transformers rounds inv_freq to float32 (half an ulp, 2^-24 relative) and computes
+#: ``position * inv_freq`` in float32 (another 2^-24 of the angle); posenc computes the angles in
+#: float64. Moving every inv_freq by 2^-23 moves every angle by the most those two roundings can.
+ANGLE_ROUNDING = 2.0 ** -23
 
 # Shrinking: key -> new value (or a function of the original config and the head width).
 _HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 _KV_KEYS = ("num_key_value_heads", "num_kv_heads")
-_HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
+_HIDDEN_KEYS = ("hidden_size", "n_embd", "n_embed", "d_model")
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_decoder_layers")
 _SMALL = {
     **dict.fromkeys(("intermediate_size", "intermediate_size_mlp", "moe_intermediate_size",
                      "shared_expert_intermediate_size", "ffn_dim", "d_ff", "ffn_hidden_size", "n_inner"), INTERMEDIATE),
     **dict.fromkeys(("num_local_experts", "num_experts", "n_routed_experts"), EXPERTS),
-    **dict.fromkeys(("num_experts_per_tok", "n_shared_experts", "n_group", "topk_group"), 1),
+    **dict.fromkeys(("num_experts_per_tok", "top_k_experts", "n_shared_experts", "n_group", "topk_group"), 1),
+    # Gemma 3n / 4's layers that reuse an earlier layer's keys and values: none in the audit model
+    # (a shared layer reads keys rotated with the same tables, and the shrunk model may not hold
+    # the layer it would share from)
+    "num_kv_shared_layers": 0,
     "linear_num_key_heads": 1, "linear_num_value_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
     "q_lora_rank": 16, "kv_lora_rank": 16, "vocab_size": VOCAB,
+    "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16,  # Gemma 3n / 4's per-layer inputs
     "decoder_start_token_id": 0, "sep_token_id": 2,
 }
 #: token ids inside the small vocabulary (set even where the config leaves them to the class's defaults).
@@ -74,7 +99,10 @@ class AuditRow:
     the largest |own - the model's other attention implementation (eager / sdpa)| on the same
     weights and input (0 where the family has one implementation); ``scale``, the largest
     |own| (std-0.2 weights make outputs of tens with wide heads); ``tolerance``, the larger of
-    :data:`TOLERANCE` x max(1, scale) and twice the noise."""
+    :data:`TOLERANCE` x max(1, scale) and twice the noise; ``disagreement``: what the model's
+    own layers do that the plan says otherwise (empty when they agree): a span (the model's
+    attention mask) or whether the layer rotates at all (NoPE), which posenc's tables route
+    leaves to the model, so that the outputs alone could not show it."""
 
     stack: str
     layers: tuple[int, ...]
@@ -82,6 +110,7 @@ class AuditRow:
     max_diff: float
     noise: float = 0.0
     scale: float = 1.0
+    disagreement: str = ""
 
     @property
     def tolerance(self) -> float:
@@ -89,7 +118,7 @@ class AuditRow:
 
     @property
     def ok(self) -> bool:
-        return self.max_diff <= self.tolerance
+        return self.max_diff <= self.tolerance and not self.disagreement
 
 
 @dataclass(frozen=True)
@@ -185,11 +214,13 @@ def _quiet_plan(config: Mapping[str, Any]) -> PositionPlan:
 
 
 def _layers_needed(plan: PositionPlan) -> int:
-    """The fewest leading layers that hold every kind of layer of the plan (at least 2)."""
+    """The fewest leading layers that hold every kind of layer of the plan, and at least
+    :data:`MIN_LAYERS`: a plan that misreads a layer's kind (a NoPE layer read as RoPE) would
+    otherwise shrink the model to the layers it reads and never meet the layer it misreads."""
     first: dict[tuple, int] = {}
     for index, layer in enumerate(plan):
         first.setdefault((layer.describe(), layer.layer_type), index)
-    return min(len(plan), max(2, max(first.values()) + 1))
+    return min(len(plan), max(MIN_LAYERS, max(first.values()) + 1))
 
 
 def _head_dim(cfg: Mapping[str, Any]) -> int:
@@ -204,13 +235,18 @@ def _head_dim(cfg: Mapping[str, Any]) -> int:
     return hidden // heads
 
 
-def shrink_config(config: Mapping[str, Any], num_layers: int) -> dict:
+def shrink_config(config: Mapping[str, Any], num_layers: int, *, head_dim: int | None = None) -> dict:
     """``config`` (a decoder's config.json dict) made tiny with its positional keys kept: 2
     query heads and 1 key/value head of the same head width, hidden size 2 x head_dim (T5:
     ``d_kv`` kept, ``d_model`` 64), intermediate sizes 32, vocabulary 128, 2 experts with 1 per
     token, ``num_layers`` layers (per-layer lists cut to that length, lists of layer indices
-    kept below it); dtype and quantization keys dropped."""
+    kept below it); dtype and quantization keys dropped. ``head_dim``: the head width as
+    :func:`~posenc.hf_config.position_plan` read it (the family's default where the config
+    has none: Gemma 3's 256), written into the config; default: the config's ``head_dim``, or
+    hidden size // heads."""
     cfg = {k: v for k, v in config.items() if k not in _DROPPED}
+    if head_dim is not None and "d_kv" not in cfg and not _mla(cfg) and _head_dim_or_none(cfg) != head_dim:
+        cfg["head_dim"] = head_dim  # the family's default (Gemma 3's 256), which hidden // heads is not
     head_dim = _head_dim(cfg)
     layers = next((cfg[k] for k in _LAYER_KEYS if isinstance(cfg.get(k), int)), None)
     for key, value in _SMALL.items():
@@ -222,7 +258,8 @@ def shrink_config(config: Mapping[str, Any], num_layers: int) -> dict:
             cfg[key] = HEADS
     for key in _KV_KEYS:
         if isinstance(cfg.get(key), int):
-            cfg[key] = KV_HEADS
+            # multi-head latent attention expands its latent to one key/value head per query head
+            cfg[key] = HEADS if _mla(cfg) else KV_HEADS
     for key in _HIDDEN_KEYS:
         if isinstance(cfg.get(key), int):
             cfg[key] = 64 if "d_kv" in cfg else HEADS * head_dim
@@ -238,12 +275,35 @@ def shrink_config(config: Mapping[str, Any], num_layers: int) -> dict:
             cfg[key] = value[:num_layers]
         elif key in _INDEX_LISTS and isinstance(value, list):
             cfg[key] = [i for i in value if isinstance(i, int) and i < num_layers]
+        elif isinstance(value, dict) and value and all(_layer_index(k) is not None for k in value):
+            # a dict by layer index (Gemma 4's per_layer_config: {"05": {...}}): the layers kept
+            cfg[key] = {k: v for k, v in value.items() if _layer_index(k) < num_layers}
     return cfg
+
+
+def _head_dim_or_none(cfg: Mapping[str, Any]) -> int | None:
+    try:
+        return _head_dim(cfg)
+    except InvalidArgument:
+        return None
+
+
+def _layer_index(key: Any) -> int | None:
+    """``key`` as a layer index (an int, or a string of digits), else None."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    return int(key) if isinstance(key, str) and key.isdigit() else None
+
+
+def _mla(cfg: Mapping[str, Any]) -> bool:
+    """Multi-head latent attention (DeepSeek): the rotary width is ``qk_rope_head_dim``, not the head width."""
+    return "qk_rope_head_dim" in cfg or "kv_lora_rank" in cfg
 
 
 def _default_length(plan: PositionPlan, cfg: Mapping[str, Any]) -> int:
     windows = [layer.window for stack in (plan, plan.encoder) if stack is not None for layer in stack if layer.window]
-    length = min(max(windows) + 8, MAX_LENGTH) if windows else 32
+    # twice the span: half the queries lose keys to it, so a window read wrong moves them visibly
+    length = min(max(2 * max(windows), max(windows) + 8), MAX_LENGTH) if windows else 32
     for key in ("n_positions", "max_seq_len"):  # absolute tables / ALiBi tables with a fixed size
         if isinstance(cfg.get(key), int):
             length = min(length, cfg[key])
@@ -252,9 +312,10 @@ def _default_length(plan: PositionPlan, cfg: Mapping[str, Any]) -> int:
     return length
 
 
-def _build(cfg: dict, attn_implementation: str | None = None):
+def _build(cfg: dict, attn_implementation: str | None = None, auto: str | None = None):
     """The family's transformers model for ``cfg``, float32, every parameter drawn with std 0.2
-    (the same weights on every call); ``attn_implementation`` None: transformers' default."""
+    (the same weights on every call); ``attn_implementation`` None: transformers' default;
+    ``auto``: the Auto class (default: the causal LM, or the sequence-to-sequence LM for T5)."""
     import torch
 
     import transformers
@@ -265,7 +326,10 @@ def _build(cfg: dict, attn_implementation: str | None = None):
     except Exception as err:  # unknown to transformers, or a value its config class refuses
         raise InvalidArgument(f"config: transformers cannot build a {model_type!r} config from it "
                               f"({type(err).__name__}: {' '.join(str(err).split())[:300]})") from None
-    auto = transformers.AutoModelForSeq2SeqLM if _seq2seq(model_type) else transformers.AutoModelForCausalLM
+    if auto is not None:
+        auto = getattr(transformers, auto)
+    else:
+        auto = transformers.AutoModelForSeq2SeqLM if _seq2seq(model_type) else transformers.AutoModelForCausalLM
     torch.manual_seed(0)
     try:
         options = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
@@ -305,19 +369,24 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
 
     Args:
         config: a config.json dict, or what :func:`read_config` takes (a file, a folder, a
-            cached model id).
+            cached model id). Read as :func:`~posenc.hf_config.position_plan` reads it: an alias
+            or an unknown ``model_type`` through its ``architectures`` class, a wrapper through
+            its ``text_config`` (the audit model is then the text model alone).
         length: tokens per input (default: see the module docstring).
         seed: the seed of the random tokens.
 
     Returns:
         An :class:`AuditReport`; ``report.ok`` when every layer's attention output matches
         within its row's tolerance: the larger of :data:`TOLERANCE` relative to the outputs'
-        scale (absolute for outputs up to 1) and twice the model's own float32 noise
-        (|eager - sdpa| on the same weights and input).
+        scale (absolute for outputs up to 1) and twice the model's own float32 noise: |eager -
+        sdpa| on the same weights and input, and |own - own with every rotary frequency moved
+        by :data:`ANGLE_ROUNDING`| (transformers computes the angles in float32, posenc in
+        float64: a difference that grows with the position, and is no error of the plan).
 
     Raises:
-        InvalidArgument: a config it cannot read, a family posenc does not read or that
-            transformers (or use_encoding / apply_plan) cannot build, a bad length.
+        InvalidArgument: a config it cannot read, a family posenc does not read, a model that
+            transformers (or use_encoding / apply_plan) cannot build or run (its message
+            quoted), a bad length.
         ImportError: transformers is not installed.
     """
     import torch
@@ -326,14 +395,15 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
         config, _ = read_config(config)
     if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
         raise InvalidArgument(f"length must be a positive int, got {length!r}")
-    decoder_config = _text_config(config)
     full_plan = _quiet_plan(config)
+    decoder_config = _text_config(_resolved(config))
     plan_layers = _layers_needed(full_plan)
     if full_plan.encoder is not None:
         plan_layers = max(plan_layers, _layers_needed(full_plan.encoder))
-    cfg = shrink_config(decoder_config, plan_layers)
+    cfg = shrink_config(decoder_config, plan_layers, head_dim=_plan_head_dim(full_plan))
     plan = _quiet_plan(cfg)
-    model = _build(cfg)
+    build = _builder(_resolved(config), cfg)
+    model = build()
     from posenc.integrations.adapters import adapter_of, apply_plan
     from posenc.integrations.transformers import use_encoding
 
@@ -343,15 +413,16 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
     inputs = {"input_ids": tokens}
     if _seq2seq(model_type):
         inputs["decoder_input_ids"] = tokens
-    own = _attention_outputs(model, inputs)
-    noise = _noise(cfg, model, inputs, own)
+    own = _run(model, inputs, "the model transformers builds")
+    noise = _noise(build, model, inputs, own)
+    structure = _layer_structure(model, inputs)
     adapted = adapter_of(model) is not None
     method = "adapters.apply_plan" if adapted else "use_encoding"
     try:
         apply_plan(model, plan) if adapted else use_encoding(model, plan)
     except PosencError as err:
         raise InvalidArgument(f"config ({model_type}): posenc cannot apply its plan to the model ({err})") from None
-    ours = _attention_outputs(model, inputs)
+    ours = _run(model, inputs, f"the model with posenc's plan ({method})")
     rows = []
     for stack, stack_plan in (("encoder", plan.encoder), ("decoder", plan)):
         if stack_plan is None:
@@ -361,24 +432,245 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
             groups.setdefault(_row_text(layer), []).append(index)
         for text, indices in groups.items():
             diff = max((own[(stack, i)] - ours[(stack, i)]).abs().max().item() for i in indices)
+            disagreement = "; ".join(dict.fromkeys(
+                found for i in indices if (found := _disagreement(stack_plan[i], structure.get((stack, i)), i))))
             rows.append(AuditRow(stack, tuple(indices), text, diff, max(noise.get((stack, i), 0.0) for i in indices),
-                                 max(own[(stack, i)].abs().max().item() for i in indices)))
-    hidden = next((cfg[k] for k in _HIDDEN_KEYS if isinstance(cfg.get(k), int)), None)
-    kv = KV_HEADS if any(isinstance(cfg.get(k), int) for k in _KV_KEYS) else HEADS
-    sizes = f"hidden {hidden}, heads {HEADS}/{kv}, head_dim {_head_dim(cfg)}"
+                                 max(own[(stack, i)].abs().max().item() for i in indices), disagreement))
+    sizes = _sizes(model.config, cfg)
     return AuditReport(str(config.get("model_type")), full_plan, len(full_plan), len(plan), sizes, length,
                        tuple(rows), method)
 
 
-def _noise(cfg: dict, model, inputs: dict, own: dict) -> dict:
-    """Per layer, |own - the same model with its other attention implementation| (eager for
-    sdpa and back); empty where the family has only one."""
+def _sizes(built: Any, cfg: Mapping[str, Any]) -> str:
+    """The audit model's sizes as transformers built them (a key the config lacks takes its
+    class's default: Gemma 3 4B's text_config names no head counts)."""
+    hidden = next((v for k in _HIDDEN_KEYS if isinstance(v := getattr(built, k, None), int)), None)
+    heads = next((v for k in _HEAD_KEYS if isinstance(v := getattr(built, k, None), int)), HEADS)
+    kv = next((v for k in _KV_KEYS if isinstance(v := getattr(built, k, None), int)), heads)
+    return f"hidden {hidden}, heads {heads}/{kv}, head_dim {_head_dim_or_none(cfg) or getattr(built, 'head_dim', None)}"
+
+
+#: A vision tower's sizes in the audit model (only the text model runs: the input holds no image).
+_VISION_SMALL = {"depth": 1, "num_hidden_layers": 1, "embed_dim": 32, "num_heads": 2, "num_attention_heads": 2,
+                 "intermediate_size": 32, "mlp_ratio": 1, "fullatt_block_indexes": [0]}
+#: A multimodal wrapper's placeholder tokens: past the audit vocabulary, so never in its input.
+_WRAPPER_TOKENS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
+                   "image_token_index", "boi_token_index", "eoi_token_index")
+
+
+def _builder(config: Mapping[str, Any], cfg: dict) -> Callable[..., Any]:
+    """How to build the audit model of ``cfg`` (the shrunk text config), with an attention
+    implementation or transformers' default: its causal LM, or, for a text tower transformers
+    builds only inside its wrapper (Qwen2-VL, Qwen2.5-VL), the wrapper of ``config`` around it
+    with a one-block vision tower that the text-only input never runs."""
+    from posenc.hf_config.families import FAMILIES
+
+    family = FAMILIES.get(config.get("model_type"))
+    wrapped = family is not None and family.text_config is not None and isinstance(config.get("vision_config"), Mapping)
+    if wrapped and not _causal_lm_builds(cfg["model_type"]):
+        wrapper = _wrapper_config(config, cfg)
+        return lambda attn_implementation=None: _build(wrapper, attn_implementation, "AutoModelForImageTextToText")
+    return lambda attn_implementation=None: _build(cfg, attn_implementation)
+
+
+def _causal_lm_builds(model_type: str) -> bool:
+    """Whether transformers has a causal LM class for ``model_type`` (its auto mapping's names)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def _wrapper_config(config: Mapping[str, Any], text: dict) -> dict:
+    vision = {k: v for k, v in dict(config["vision_config"]).items() if k not in _DROPPED}
+    vision.update({k: v for k, v in _VISION_SMALL.items() if k in vision})
+    hidden = next(text[k] for k in _HIDDEN_KEYS if isinstance(text.get(k), int))
+    # the merger's output enters the text model: its width (out_hidden_size where the tower has one)
+    if "out_hidden_size" in vision:
+        vision.update(hidden_size=32, out_hidden_size=hidden)  # Qwen2.5-VL: its own width, then the text's
+    else:
+        vision["hidden_size"] = hidden
+    wrapper = {k: v for k, v in config.items() if k not in _DROPPED and k not in ("text_config", "vision_config")}
+    wrapper.update({key: VOCAB + i for i, key in enumerate(_WRAPPER_TOKENS) if key in wrapper})
+    return {**wrapper, "text_config": {k: v for k, v in text.items() if k != "model_type"}, "vision_config": vision,
+            "vocab_size": VOCAB}
+
+
+def _resolved(config: Mapping[str, Any]) -> dict:
+    """The config as position_plan reads it: an alias or an architectures class resolved, a
+    wrapper's text_config taken (no warning here: the plan's notes say it)."""
+    from posenc.hf_config.families import resolve_family
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return resolve_family(dict(config))[0]
+
+
+def _plan_head_dim(plan: PositionPlan) -> int | None:
+    """The head width the plan's rotary encodings were read with (the family's defaults and
+    aliases applied, as position_plan reads them), or None for a plan without one."""
+    for layer in plan:
+        head_dim = getattr(layer.encoding, "head_dim", None)
+        if isinstance(head_dim, int):
+            return head_dim
+    return None
+
+
+def _run(model, inputs: dict, what: str) -> dict:
+    """:func:`_attention_outputs`, where whatever the forward pass raises becomes an
+    InvalidArgument quoting it (exit 2 in the CLI, never an internal error)."""
+    try:
+        return _attention_outputs(model, inputs)
+    except PosencError:
+        raise
+    except Exception as err:  # noqa: BLE001 - whatever transformers raises is quoted, never an internal error
+        raise InvalidArgument(f"config ({model.config.model_type}): {what} fails on {inputs['input_ids'].shape[1]} "
+                              f"tokens ({type(err).__name__}: {' '.join(str(err).split())[:300]})") from None
+
+
+def _noise(build: Callable[..., Any], model, inputs: dict, own: dict) -> dict:
+    """Per layer, the model's own float32 noise: the larger of |own - the same model with its
+    other attention implementation (eager for sdpa and back)| (where the family has two) and
+    :func:`_angle_noise`."""
+    noise = _angle_noise(build, inputs, own)
     other = "eager" if model.config._attn_implementation != "eager" else "sdpa"
     try:
-        outputs = _attention_outputs(_build(cfg, other), inputs)
+        outputs = _attention_outputs(build(other), inputs)
     except Exception:  # the family refuses the other implementation (Gemma 2, gpt-oss, BLOOM)
+        return noise
+    for key, value in outputs.items():
+        if key in own:
+            noise[key] = max(noise.get(key, 0.0), (own[key] - value).abs().max().item())
+    return noise
+
+
+def _angle_noise(build: Callable[..., Any], inputs: dict, own: dict) -> dict:
+    """Per layer, |own - the same model with every rotary ``inv_freq`` buffer x (1 +
+    :data:`ANGLE_ROUNDING`)|: how far the float32 angles transformers computes can move its
+    outputs at these positions (empty for a model without rotary buffers)."""
+    import torch
+
+    model = build()
+    moved: set[int] = set()
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.rsplit(".", 1)[-1].endswith("inv_freq") and buffer.is_floating_point() and id(buffer) not in moved:
+                buffer.mul_(1 + ANGLE_ROUNDING)
+                moved.add(id(buffer))
+    if not moved:
+        return {}
+    try:
+        outputs = _attention_outputs(model, inputs)
+    except Exception:  # noqa: BLE001 - already run once on these inputs; nothing to measure
         return {}
     return {key: (own[key] - value).abs().max().item() for key, value in outputs.items() if key in own}
+
+
+def _layer_structure(model, inputs: dict) -> dict[tuple[str, int], tuple[Any, bool | None]]:
+    """Per attention layer of the model as built, what it does with positions, measured: the
+    attention mask transformers hands it (a boolean (Tq, Tk) tensor, True = may attend; None:
+    plain causal, or a mask object this does not read) and whether it rotates at all (its
+    output with identity rotary tables, cos 1 and sin 0, differs from its own; None where the
+    layer takes no ``position_embeddings``: positions inside the module, ALiBi, tables)."""
+    import torch
+
+    from posenc.integrations.families import decoder_stacks
+
+    found: dict[tuple[str, int], tuple[Any, bool | None]] = {}
+    handles, probing = [], []
+
+    def pre_hook(module, args, kwargs, key):
+        if probing:
+            return
+        tables = kwargs.get("position_embeddings")
+        # transformers' attention interface (True / 0 = may attend); the adapter families' own
+        # attention modules (MPT: True = masked) keep masks of their own
+        mask = _bool_mask(kwargs.get("attention_mask")) if "position_embeddings" in kwargs else None
+        rotates = None
+        if _identity_tables(tables) is not None:
+            # the probes must not write to the model's cache
+            uncached = {k: (None if k in _CACHE_KEYS else v) for k, v in kwargs.items()}
+            probing.append(key)
+            try:
+                plain = module(*args, **{**uncached, "position_embeddings": _identity_tables(tables)})
+                own = module(*args, **uncached)
+            finally:
+                probing.pop()
+            plain, own = (out[0] if isinstance(out, tuple) else out for out in (plain, own))
+            rotates = not torch.equal(plain, own)
+        found[key] = (mask, rotates)
+
+    for stack, modules in decoder_stacks(model):
+        for index, module in enumerate(modules):
+            handles.append(module.register_forward_pre_hook(
+                lambda m, a, k, key=(stack, index): pre_hook(m, a, k, key), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    except Exception:  # noqa: BLE001 - the outputs' comparison stands alone where this probe cannot run
+        return {}
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+
+
+_CACHE_KEYS = ("cache", "past_key_values", "past_key_value")
+
+
+def _identity_tables(tables: Any) -> Any:
+    """Rotary tables that rotate nothing, in the format of ``tables`` ((cos, sin), or one
+    complex tensor); None for anything else."""
+    import torch
+
+    if isinstance(tables, tuple) and len(tables) == 2 and all(isinstance(t, torch.Tensor) for t in tables):
+        return torch.ones_like(tables[0]), torch.zeros_like(tables[1])
+    if isinstance(tables, torch.Tensor) and tables.is_complex():
+        return torch.ones_like(tables)
+    return None
+
+
+def _bool_mask(mask: Any) -> Any:
+    """transformers' attention mask as a boolean (Tq, Tk) tensor of the first row and head
+    (True = may attend), or None (no mask: plain causal attention; a mask object)."""
+    import torch
+
+    if not isinstance(mask, torch.Tensor) or mask.dim() < 2:
+        return None
+    mask = mask.reshape(-1, *mask.shape[-2:])[0]
+    if mask.dtype == torch.bool:
+        return mask
+    return mask > torch.finfo(mask.dtype).min / 2 if mask.is_floating_point() else None
+
+
+def _planned_mask(layer: LayerPlan, queries: int, keys: int) -> Any:
+    """The boolean (Tq, Tk) mask of the plan's span: causal; within ``window`` keys of the
+    query (itself included) for "sliding"; the query's own chunk of ``window`` for "chunked"."""
+    import torch
+
+    q = torch.arange(keys - queries, keys).unsqueeze(1)
+    k = torch.arange(keys).unsqueeze(0)
+    mask = k <= q
+    if layer.span == "sliding":
+        mask &= q - k < layer.window
+    elif layer.span == "chunked":
+        mask &= q // layer.window == k // layer.window
+    return mask
+
+
+def _disagreement(layer: LayerPlan, measured: tuple[Any, bool | None] | None, index: int) -> str:
+    """What the model's layer ``index`` does that ``layer`` says otherwise, or ""."""
+    if measured is None:
+        return ""
+    mask, rotates = measured
+    found = []
+    if mask is not None and not bool((_planned_mask(layer, *mask.shape) == mask).all()):
+        found.append(f"layer {index}: the model's attention mask is not the plan's {layer.span} span"
+                     + (f" of {layer.window}" if layer.window else ""))
+    planned = layer.encoding is not None and hasattr(layer.encoding, "inv_freq")
+    if rotates is not None and rotates != planned:
+        found.append(f"layer {index}: the model's layer " + ("rotates q and k" if rotates else "uses no rotary tables")
+                     + (", the plan's does not" if rotates else f", the plan's {layer.describe()} does"))
+    return "; ".join(found)
 
 
 def _row_text(layer: LayerPlan) -> str:

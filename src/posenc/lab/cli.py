@@ -38,6 +38,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
+#: The width of a table written to a file or a pipe: rich's 80 columns would wrap its rows.
+PIPED_WIDTH = 1000
 #: Progress lines for log files (stderr: stdout keeps the results).
 log_console = Console(stderr=True)
 
@@ -549,7 +551,7 @@ def inspect(
                                        "in the current folder; a folder: that name in it)."),
     original_context: Optional[int] = typer.Option(None, help="L0, the pre-training context (default: from the config)."),
     extended_context: Optional[int] = typer.Option(None, help="The extended context (default: max(max_position_embeddings, L0 x factor))."),
-    layer_type: Optional[str] = typer.Option(None, help="For a per-layer-type rope_parameters dict: which layer type."),
+    layer_type: Optional[str] = typer.Option(None, help="Which layer type's RoPE (default: each layer type whose RoPE differs)."),
 ) -> None:
     """The RoPE of a model config at a glance: per frequency pair, its wavelength in tokens against
     the original and the extended context, which pairs turn fully within the training context
@@ -561,26 +563,66 @@ def inspect(
     for value, name in ((original_context, "--original-context"), (extended_context, "--extended-context")):
         if value is not None and value < 1:
             raise UsageError(f"{name} must be a positive integer, got {value}")
-    figure_out = figure_path(out if out is not None else Path("."), f"{config.stem}.rope.png", "--out")
+    _full_width_when_piped()
+    figure_path(out if out is not None else Path("."), f"{config.stem}.rope.png", "--out")  # checked first
     config_dict = _read_config_json(config)
-    # the library's own reading, so that inspect accepts exactly what from_hf_config accepts
-    report = inspect_config(
-        config_dict, layer_type=layer_type, rope=from_hf_config(config_dict, layer_type=layer_type),
-        original_context=original_context, extended_context=extended_context,
-    )
-    name = report.model_type or config.stem
-    console.print(rope_inspection_table(report, (
-        f"{name}: RoPE θ = {report.rope_theta:g}, head_dim {report.head_dim}, rotary_dim {report.rotary_dim}, "
-        f"rope_type {report.rope_type}"
-    )))
-    console.print(
-        f"[bold]attention factor[/] {report.attention_factor:.6g} (cos and sin multiplied by it: logits x "
-        f"{report.attention_factor ** 2:.6g}); [bold]contexts[/] L0 = {report.original_context}, "
-        f"extended L = {report.extended_context}"
-    )
+    # a config whose layer types hold different RoPEs (Gemma 3's local and global layers): each
+    layer_types = [layer_type] if layer_type is not None else _rope_layer_types(config_dict)
+    for each in layer_types:
+        stem = config.stem if each is None else f"{config.stem}.{each}"
+        figure_out = figure_path(out if out is not None else Path("."), f"{stem}.rope.png", "--out")
+        if each is not None and out is not None and out.suffix and len(layer_types) > 1:
+            figure_out = out.with_name(f"{out.stem}.{each}{out.suffix}")
+        # the library's own reading, so that inspect accepts exactly what from_hf_config accepts
+        report = inspect_config(
+            config_dict, layer_type=each, rope=from_hf_config(config_dict, layer_type=each),
+            original_context=original_context, extended_context=extended_context,
+        )
+        name = (report.model_type or config.stem) + ("" if each is None else f" ({each} layers)")
+        console.print(rope_inspection_table(report, (
+            f"{name}: RoPE θ = {report.rope_theta:g}, head_dim {report.head_dim}, rotary_dim {report.rotary_dim}, "
+            f"rope_type {report.rope_type}"
+        )))
+        console.print(
+            f"[bold]attention factor[/] {report.attention_factor:.6g} (cos and sin multiplied by it: logits x "
+            f"{report.attention_factor ** 2:.6g}); [bold]contexts[/] L0 = {report.original_context}, "
+            f"extended L = {report.extended_context}"
+        )
+        figure = plot_rope_inspection(report, figure_out)
+        console.print(f"wrote {figure}")
     _print_position_plan(config_dict)
-    figure = plot_rope_inspection(report, figure_out)
-    console.print(f"wrote {figure}")
+
+
+def _rope_layer_types(config: dict) -> list[str | None]:
+    """The layer types whose RoPEs differ (Gemma 3: sliding_attention's theta 10^4,
+    full_attention's 10^6 and scaling), in the order of the plan; [None] where one RoPE (or no
+    plan) serves every layer."""
+    import warnings
+
+    from posenc.errors import PosencError
+    from posenc.hf_config import position_plan
+    from posenc.encodings.rope.rotary import RoPE
+    from posenc.plan import describe_encoding
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan = position_plan(config)
+    except PosencError:
+        return [None]  # from_hf_config says why, or reads the RoPE plainly
+    kinds: dict[str, str | None] = {}
+    for layer in plan:
+        if isinstance(layer.encoding, RoPE):
+            kinds.setdefault(describe_encoding(layer.encoding), layer.layer_type)
+    types = list(dict.fromkeys(kinds.values()))
+    return types if len(kinds) > 1 and None not in types and len(types) == len(kinds) else [None]
+
+
+def _full_width_when_piped() -> None:
+    """Print at full width when stdout is not a terminal (a file, a pipe): tables whole, one
+    row a line, as on a wide terminal."""
+    if not console.is_terminal:
+        console.width = PIPED_WIDTH
 
 
 def _print_position_plan(config: dict) -> None:
@@ -623,6 +665,7 @@ def audit(
 
     if length is not None and length < 1:
         raise UsageError(f"--length must be a positive integer, got {length}")
+    _full_width_when_piped()
     report = run_audit(config, length=length)
     console.print(f"[bold]{report.model_type}[/]: {report.num_layers} layers in the config; audited on {report.audit_layers} "
                   f"({report.sizes}, std-0.2 random weights, float32), {report.length} tokens, {report.method}",
@@ -630,7 +673,8 @@ def audit(
     from rich.markup import escape
 
     table = Table(caption="max |diff|: attention outputs, the model's own vs posenc's\n"
-                          "tolerance: max(1e-5 x max(1, |output|), 2 x |eager - sdpa|)")
+                          "tolerance: max(1e-5 x max(1, |output|), 2 x the model's own float32 noise)\n"
+                          "own noise: |eager - sdpa|; its float32 angles (every inv_freq x (1 + 2^-23))")
     for header, justify in (("layers", "left"), ("plan", "left"), ("max |diff|", "right"), ("tolerance", "right"),
                             ("", "center")):
         table.add_column(header, justify=justify)
@@ -640,6 +684,10 @@ def audit(
         table.add_row(format_layers(row, report.plan.encoder is not None), escape(row.plan), f"{row.max_diff:.2e}", f"{row.tolerance:.1e}",
                       "[green]ok[/]" if row.ok else "[red]MISMATCH[/]")
     console.print(table)
+    for row in report.rows:
+        if row.disagreement:
+            console.print(f"MISMATCH {format_layers(row, report.plan.encoder is not None)}: {row.disagreement}",
+                          markup=False, highlight=False)
     console.print("[bold]plan of the config[/] (all layers):", highlight=False)
     for line in report.plan.describe().splitlines():
         console.print(f"  {line}", markup=False, highlight=False)

@@ -1,0 +1,209 @@
+"""``posenc audit`` on released config.json files (tests/data/configs, sources in SOURCES.md).
+
+Every file ends in exit 0 (posenc reads it and the audit model agrees layer by layer) or exit 2
+with the reason named (a family posenc does not read, a key the family needs); never 1 (a
+false alarm) and never an internal error. Short inputs by default (the shrunk models are built
+three times each); every file at the default length behind ``slow``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from posenc.errors import InvalidArgument
+from posenc.integrations import audit as audit_module
+from posenc.lab.cli import main
+
+CONFIGS = Path(__file__).parent / "data" / "configs"
+
+#: file -> the reason of a refusal (a substring of the error), or None: read, exit 0.
+EXPECTED = {
+    "aya-23-8b": None,
+    "chatglm3-6b": "'chatglm'",
+    "codellama-7b": None,
+    "deepseek-v2-lite": "'deepseek_v2'",
+    "falcon-7b-refinedwebmodel": "'n_head'",
+    "gemma-2-2b": None,
+    "gemma-2-9b": None,
+    "gemma-2b": None,
+    "gemma-3-1b-it": None,
+    "gpt-j-6b": None,
+    "gpt2": None,
+    "llama-2-7b": None,
+    "llama-3.1-8b": None,
+    "llama-3.2-1b": None,
+    "llava-1.5-7b": "'num_hidden_layers'",
+    "ministral-3-3b-2512": "'ministral3'",
+    "mistral-7b-v0.1": None,
+    "mistral-7b-v0.3": None,
+    "mixtral-8x7b-v0.1": None,
+    "olmo-2-7b": None,
+    "phi-2-msft": "'num_hidden_layers'",
+    "phi-3.5-mini": None,
+    "phi-3.5-vision": "'phi3_v'",
+    "phi-4-mini-instruct": None,
+    "qwen1.5-1.8b-chat": None,
+    "qwen1.5-moe-a2.7b": "'qwen2_moe'",
+    "qwen2.5-3b": None,
+    "qwen3-0.6b": None,
+    "redpajama-incite-3b-v1": None,
+    "stablelm-2-zephyr-1.6b": None,
+    "starcoder2": "'starcoder2'",
+    "tinyllama-1.1b-chat-v1.0": None,
+}
+#: one file per family read, run by default (the rest behind ``slow``)
+DEFAULT = {"gemma-2-9b", "gemma-3-1b-it", "gpt-j-6b", "gpt2", "llama-3.1-8b", "mistral-7b-v0.1", "phi-3.5-mini",
+           "qwen2.5-3b", "redpajama-incite-3b-v1", "stablelm-2-zephyr-1.6b", "aya-23-8b"}
+
+
+def _cases(length):
+    marks = lambda name: () if EXPECTED[name] is not None or name in DEFAULT else (pytest.mark.slow,)
+    return [pytest.param(name, length, marks=marks(name) if length is not None else (pytest.mark.slow,),
+                         id=f"{name}-{length or 'default'}")
+            for name in sorted(EXPECTED)]
+
+
+def _audit(name, length):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return audit_module.audit(CONFIGS / f"{name}.json", length=length)
+
+
+def test_every_gathered_file_is_listed():
+    assert sorted(path.stem for path in CONFIGS.glob("*.json")) == sorted(EXPECTED)
+    sources = (CONFIGS / "SOURCES.md").read_text("utf-8")
+    assert all(f"`{name}.json`" in sources for name in EXPECTED)
+
+
+@pytest.mark.parametrize("name, length", _cases(64) + _cases(None))
+def test_a_released_file_exits_0_or_2_with_a_named_reason(name, length):
+    reason = EXPECTED[name]
+    if reason is None:
+        report = _audit(name, length)
+        assert report.ok, [(row.plan, row.max_diff, row.tolerance, row.disagreement) for row in report.rows]
+    else:
+        with pytest.raises(InvalidArgument, match=reason.replace(".", r"\.")):
+            _audit(name, length)
+
+
+#: DeepSeek-V3's released config.json (deepseek-ai/DeepSeek-V3), its positional and MLA / MoE keys:
+#: the audit died inside transformers on it ("The size of tensor a (2) must match the size of
+#: tensor b (4)": MLA expands its latent to one key/value head per query head).
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
+    "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_attention_heads": 128, "num_key_value_heads": 128,
+    "num_hidden_layers": 61, "first_k_dense_replace": 3, "moe_layer_freq": 1, "n_group": 8, "topk_group": 4,
+    "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "q_lora_rank": 1536, "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid", "norm_topk_prob": True, "routed_scaling_factor": 2.5, "max_position_embeddings": 163840,
+    "rope_theta": 10000, "vocab_size": 129280, "num_nextn_predict_layers": 1, "torch_dtype": "bfloat16",
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]},
+}
+#: Kimi K2 (moonshotai/Kimi-K2-Instruct): DeepSeek-V3's class under model_type kimi_k2.
+KIMI_K2 = {**DEEPSEEK_V3, "model_type": "kimi_k2", "n_routed_experts": 384, "num_attention_heads": 64,
+           "rope_theta": 50000.0, "rope_scaling": {**DEEPSEEK_V3["rope_scaling"], "factor": 32.0, "beta_fast": 1.0,
+                                                   "beta_slow": 1.0}}
+
+
+@pytest.mark.parametrize("config", [DEEPSEEK_V3, KIMI_K2], ids=["deepseek-v3", "kimi-k2"])
+def test_mla_models_are_built_and_audited(config):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = audit_module.audit(config, length=32)
+    assert report.ok and report.num_layers == 61 and "yarn" in report.rows[0].plan
+    assert "heads 2/2" in report.sizes  # MLA: as many key/value heads as query heads
+
+
+def test_the_cli_exit_codes_on_released_files(capsys):
+    assert main(["audit", str(CONFIGS / "gpt2.json"), "--length", "16"]) == 0
+    assert main(["audit", str(CONFIGS / "starcoder2.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("posenc: error:") and "starcoder2" in err
+
+
+#: Gemma 3 4B-it's released config.json (google/gemma-3-4b-it): a wrapper whose text_config
+#: names neither head_dim nor head counts (the class's defaults: 256, 8 / 4). The audit said
+#: "cannot read its head width" although position_plan reads it.
+GEMMA3_4B_IT = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "boi_token_index": 255999,
+    "eoi_token_index": 256000, "image_token_index": 262144, "mm_tokens_per_image": 256,
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                    "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                      "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                      "patch_size": 14, "vision_use_head": False},
+}
+#: BLOOM-176B's released config.json (bigscience/bloom): its width is spelled n_embed.
+BLOOM_176B = {
+    "architectures": ["BloomForCausalLM"], "model_type": "bloom", "n_embed": 14336, "n_layer": 70,
+    "num_attention_heads": 112, "pretraining_tp": 4, "slow_but_exact": False, "vocab_size": 250880,
+    "apply_residual_connection_post_layernorm": False, "attention_softmax_in_fp32": True, "layer_norm_epsilon": 1e-05,
+}
+
+
+@pytest.mark.parametrize("config, head_dim", [(GEMMA3_4B_IT, 256), (BLOOM_176B, 128)], ids=["gemma-3-4b-it", "bloom-176b"])
+def test_the_head_width_is_read_as_position_plan_reads_it(config, head_dim):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = audit_module.audit(config, length=48)
+    assert report.ok and report.sizes.endswith(f"head_dim {head_dim}")
+
+
+def _gemma4(**keys):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model("gemma4_text", num_hidden_layers=35, **keys).to_dict()
+    config["per_layer_config"] = {}  # its wider full-attention heads: see the next test
+    return config
+
+
+@pytest.mark.parametrize("keys", [
+    {"num_kv_shared_layers": 20},  # Gemma 4 E2B: "The set of layer types producing a cache is different ..."
+    {"enable_moe_block": True, "num_experts": 128, "top_k_experts": 8, "moe_intermediate_size": 704},  # 26B-A4B
+], ids=["kv-shared", "moe"])
+def test_gemma4_shapes_are_built(keys):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = audit_module.audit(_gemma4(**keys), length=48)
+    assert report.ok
+
+
+def test_a_plan_the_model_cannot_take_is_exit_2_named():
+    """Gemma 4's per_layer_config gives its full-attention layers wider heads (512) than the
+    plan's RoPE (256): the audit says so (exit 2), no internal error."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model("gemma4_text").to_dict()
+    with warnings.catch_warnings(), pytest.raises(InvalidArgument, match="head_dim=256 differs from the model.s head_dim=512"):
+        warnings.simplefilter("ignore")
+        audit_module.audit(config, length=32)
+
+
+def _default_configs():
+    from posenc.hf_config.families import FAMILIES
+
+    return sorted(FAMILIES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", _default_configs())
+def test_each_family_s_default_config_exits_0_or_2(model_type):
+    """AutoConfig.for_model(model_type) of every family posenc reads: read and matching, or
+    refused with a reason; never a mismatch, never an internal error."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model(model_type).to_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            report = audit_module.audit(config, length=48)
+        except InvalidArgument as err:
+            assert str(err)
+            return
+    assert report.ok, [(row.plan, row.max_diff, row.tolerance, row.disagreement) for row in report.rows]
