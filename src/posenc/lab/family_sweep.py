@@ -71,8 +71,10 @@ BEGIN = "<!-- family sweep: begin -->"
 END = "<!-- family sweep: end -->"
 #: The verdicts, in the order the section lists them.
 VERDICTS = ("read exactly", "refused", "cannot build", "failed")
-#: Tokens of the logits check and of the generate() prompt.
+#: The fewest tokens of the logits check, and the generate() prompt and new tokens.
 LENGTH, PROMPT, NEW_TOKENS = 24, 8, 6
+#: The longest logits check, for a family whose default window is short (gpt-oss: 128).
+MAX_SPAN_LENGTH = 256
 #: The extension (b) tries.
 EXTENSION = ("yarn", 2.0)
 
@@ -161,8 +163,14 @@ def families() -> list[Family]:
     return sorted(found.values(), key=lambda family: family.model_type)
 
 
+def _short(text: str, limit: int) -> str:
+    """``text`` on one line, cut at a word before ``limit`` characters (then "...")."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
 def _message(err: BaseException) -> str:
-    return " ".join(f"{type(err).__name__}: {err}".split())[:240]
+    return _short(f"{type(err).__name__}: {err}", 240)
 
 
 def _default_config(model_type: str) -> dict:
@@ -228,6 +236,18 @@ def _apply(model, plan):
     return apply_plan(model, plan) if adapter_of(model) is not None else use_encoding(model, plan)
 
 
+def _length(plan, cfg: dict) -> int:
+    """Tokens of the logits check: ``posenc audit``'s default length (8 past the longest
+    sliding window or chunk) where that is at most :data:`MAX_SPAN_LENGTH`, so that a short
+    span is exercised; else :data:`LENGTH`. Longer inputs would measure transformers' float32
+    angles against posenc's float64 ones (a difference growing with the position, issue 34
+    item 4), not the plan."""
+    from posenc.integrations.audit import _default_length
+
+    length = _default_length(plan, cfg.get("text_config") or cfg)
+    return length if LENGTH < length <= MAX_SPAN_LENGTH else LENGTH
+
+
 def _one_line(described: str) -> str:
     """:meth:`PositionPlan.describe` on one line: groups joined by " / ", a stack's heading
     ("encoder:") kept with its first group."""
@@ -250,7 +270,7 @@ def _check_extension(cfg: dict, tokens, limit: float) -> tuple[bool, str]:
         extend_context(model, *EXTENSION)
     except InvalidArgument as err:
         unchanged = model.config.to_dict() == config and (_logits(model, tokens) - before).abs().max().item() == 0
-        text = f"refused: {' '.join(str(err).split())[:160]}"
+        text = f"refused: {_short(str(err), 160)}"
         return unchanged, text if unchanged else f"refused but changed the model or its config ({text})"
     extended = _logits(model, tokens)
     auto = (transformers.AutoModelForImageTextToText if "text_config" in cfg else
@@ -361,7 +381,7 @@ def sweep_family(family: Family | str, *, seed: int = 0) -> Verdict:
         cfg = _tiny_config(config, layers)
         plan = _plan(cfg)
         model = _build_tiny(cfg)
-        tokens = torch.randint(3, VOCAB, (1, LENGTH), generator=torch.Generator().manual_seed(seed))
+        tokens = torch.randint(3, VOCAB, (1, _length(plan, cfg)), generator=torch.Generator().manual_seed(seed))
         own, own_tokens = _logits(model, tokens), _generate(model, tokens)
     except InvalidArgument as err:
         return verdict("cannot build", " ".join(str(err).split())[:300])
