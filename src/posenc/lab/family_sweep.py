@@ -23,7 +23,8 @@ A built family is **read exactly** when both hold:
 (a) ``use_encoding(model, position_plan(model.config))`` (or ``apply_plan`` for the adapter
     families) gives the model's own logits within :func:`tolerance` (the model's own float32
     noise: twice |eager - sdpa| on the same weights, at least 1e-5 relative to the logits'
-    scale, as ``posenc audit`` judges) and the same greedy ``generate()`` tokens with the cache;
+    scale, as ``posenc audit`` judges; on :func:`_length` random tokens) and the same greedy
+    ``generate()`` tokens with the cache (an 8-token prompt, 6 new tokens);
 (b) ``extend_context(model, "yarn", 2.0)`` on a fresh copy either round-trips through
     ``save_pretrained`` and a plain transformers ``from_pretrained`` (the same logits within the
     tolerance), or is refused with InvalidArgument and leaves ``config.to_dict()`` and the
