@@ -109,6 +109,24 @@ def test_a_refusal_that_changes_the_config_fails_the_sweep(monkeypatch):
     assert found.verdict == "failed" and "changed the model or its config" in found.reason, found
 
 
+def test_a_tiny_model_the_shrinking_breaks_fails_the_sweep(monkeypatch):
+    """Cannot build is transformers' verdict on the default config, not the shrinking's: a tiny
+    config that does not build (no head count) fails while Llama's default builds."""
+    shrink = family_sweep._tiny_config
+
+    def broken(config, layers):
+        return {k: v for k, v in shrink(config, layers).items() if k != "num_attention_heads"} | {"hidden_size": 3}
+
+    monkeypatch.setattr(family_sweep, "_tiny_config", broken)
+    found = sweep_family(family_sweep.Family("llama", "causal-lm", "LlamaForCausalLM"))
+    assert found.verdict == "failed" and found.reason.startswith("shrinking"), found
+
+
+def test_a_default_config_transformers_refuses_cannot_build():
+    found = sweep_family(family_sweep.Family("gemma4_assistant", "causal-lm", "Gemma4AssistantForCausalLM"))
+    assert found.verdict == "cannot build" and "its config class" in found.reason, found
+
+
 def test_families_are_enumerated_from_transformers():
     """Every folder of transformers/models whose modeling file defines a ...ForCausalLM class
     gives a causal-lm family (checked by reading the folders here), and the conditional-generation

@@ -15,9 +15,11 @@ posenc, refused by name, or not buildable, each with its reason (issue 34, item 
 the message as the reason). A family read is built tiny by :mod:`posenc.integrations.audit`'s
 own shrinking and building (:func:`~posenc.integrations.audit.shrink_config`: 2 query heads, 1
 key/value head of the default head width, vocabulary 128, as many layers as the plan has kinds
-of layers, every positional key kept; every parameter drawn with std 0.2, float32); where
-transformers cannot build that (its default config refused by its own model class, an extra
-not installed, a multimodal tower), the family **cannot build**, with transformers' message.
+of layers, every positional key kept; every parameter drawn with std 0.2, float32). Where that
+tiny model does not build or run, the family **cannot build** when transformers cannot build
+its class from the default config either (tried on the meta device: its config class refuses
+its own defaults, an extra not installed), with transformers' message; otherwise the
+shrinking is at fault, a **failure**.
 A built family is **read exactly** when both hold:
 
 (a) ``use_encoding(model, position_plan(model.config))`` (or ``apply_plan`` for the adapter
@@ -354,6 +356,24 @@ def _build_tiny(cfg: dict, attn_implementation: str | None = None):
     return model.eval()
 
 
+def _default_build_refusal(family: Family, config: dict) -> str | None:
+    """Why transformers cannot build ``family``'s class from its default config (built on the
+    meta device: no memory, no weights), or None when it can."""
+    import torch
+    import transformers
+
+    model_class = getattr(transformers, family.model_class, None) if family.model_class else None
+    if model_class is None:
+        return f"transformers names no class for {family.model_type!r}"
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            model_class(transformers.AutoConfig.for_model(**config))
+    except Exception as err:  # noqa: BLE001 - whatever transformers raises is the reason
+        return f"transformers' {family.model_class} from its default config: {_message(err)}"
+    return None
+
+
 def sweep_family(family: Family | str, *, seed: int = 0) -> Verdict:
     """Classify one family (see the module docstring); never raises for the family's sake."""
     import torch
@@ -384,10 +404,12 @@ def sweep_family(family: Family | str, *, seed: int = 0) -> Verdict:
         model = _build_tiny(cfg)
         tokens = torch.randint(3, VOCAB, (1, _length(plan, cfg)), generator=torch.Generator().manual_seed(seed))
         own, own_tokens = _logits(model, tokens), _generate(model, tokens)
-    except InvalidArgument as err:
-        return verdict("cannot build", " ".join(str(err).split())[:300])
     except Exception as err:  # noqa: BLE001 - transformers' own model, as shrunk, does not build or run
-        return verdict("cannot build", f"the tiny model: {_message(err)}")
+        tiny = _short(str(err), 300) if isinstance(err, InvalidArgument) else f"the tiny model: {_message(err)}"
+        refusal = _default_build_refusal(family, config)
+        if refusal is None:  # transformers builds the default config: the shrinking is at fault
+            return verdict("failed", f"shrinking (posenc audit's shrink_config): {tiny}")
+        return verdict("cannot build", refusal)
     plan_text = _one_line(plan.describe())
     text_type = (cfg.get("text_config") or cfg)["model_type"]
     if text_type != family.model_type:
