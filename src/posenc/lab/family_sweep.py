@@ -76,6 +76,8 @@ END = "<!-- family sweep: end -->"
 VERDICTS = ("read exactly", "refused", "cannot build", "failed")
 #: The fewest tokens of the logits check, and the generate() prompt and new tokens.
 LENGTH, PROMPT, NEW_TOKENS = 24, 8, 6
+#: The most parameters a tiny model may hold (the largest read family's holds a few million).
+MAX_PARAMETERS = 50_000_000
 #: The longest logits check, for a family whose default window is short (gpt-oss: 128).
 MAX_SPAN_LENGTH = 256
 #: The extension (b) tries.
@@ -304,10 +306,13 @@ def _tiny_config(config: dict, layers: int) -> dict:
     :data:`_VISION`)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from posenc.integrations.audit import _text_config, shrink_config
+    from posenc.integrations.audit import shrink_config
 
-    text = _fit(shrink_config(_text_config(config), layers), layers)
-    if text["model_type"] == config["model_type"] or text["model_type"] in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    text = _fit(_audit_shrink(config, layers), layers)
+    inner = text.get("text_config")
+    if isinstance(inner, dict):  # the audit's shrinking left a wrapper whole: its text model shrunk here
+        text = _fit(shrink_config(inner, layers), layers)
+    elif text["model_type"] == config["model_type"] or text["model_type"] in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return text
     wrapper = {key: value for key, value in config.items() if key not in ("architectures", "dtype", "_name_or_path")}
     hidden = next(text[key] for key in ("hidden_size", "n_embd", "d_model") if isinstance(text.get(key), int))
@@ -316,6 +321,22 @@ def _tiny_config(config: dict, layers: int) -> dict:
         wrapper["vision_config"] = {**{k: v for k, v in vision.items() if k != "architectures"},
                                     **{k: v for k, v in _VISION.items() if k in vision}, "out_hidden_size": hidden}
     return {**wrapper, "text_config": text}
+
+
+def _audit_shrink(config: dict, layers: int) -> dict:
+    """The decoder's config shrunk as :func:`posenc.integrations.audit.audit` shrinks it: read
+    as position_plan reads it (an alias or an ``architectures`` class resolved, a wrapper's
+    ``text_config`` taken, where the audit module resolves them: ``_resolved``), the head width
+    the plan was read with where the audit passes it (``_plan_head_dim``)."""
+    from posenc.integrations import audit
+
+    # issue 34 item 3 (branch audit-real) adds _resolved and shrink_config's head_dim; until it is
+    # merged the audit reads the config as given. Once merged these become plain calls.
+    resolved = audit._resolved(config) if hasattr(audit, "_resolved") else dict(config)
+    options = {}
+    if hasattr(audit, "_plan_head_dim"):
+        options["head_dim"] = audit._plan_head_dim(_plan(config))
+    return audit.shrink_config(audit._text_config(resolved), layers, **options)
 
 
 def _fit(cfg: dict, layers: int) -> dict:
@@ -336,15 +357,33 @@ def _fit(cfg: dict, layers: int) -> dict:
     return cfg
 
 
+def _check_size(auto, cfg: dict) -> None:
+    """Refuse a "tiny" model past :data:`MAX_PARAMETERS` (counted on the meta device), so that
+    a size key the shrinking misses cannot take a shared machine's memory."""
+    import torch
+    import transformers
+
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.simplefilter("ignore")
+        count = sum(p.numel() for p in auto.from_config(transformers.AutoConfig.for_model(**cfg)).parameters())
+    if count > MAX_PARAMETERS:
+        raise InvalidArgument(f"config: the tiny model would hold {count / 1e6:.0f}M parameters (more than "
+                              f"{MAX_PARAMETERS / 1e6:.0f}M): a size key the shrinking keeps")
+
+
 def _build_tiny(cfg: dict, attn_implementation: str | None = None):
     """``posenc audit``'s model builder (std 0.2, float32), or for a wrapper
     (``text_config`` kept whole) transformers' image-text-to-text class, drawn the same way."""
     import torch
     import transformers
 
-    from posenc.integrations.audit import _build
+    from posenc.integrations.audit import _build, _seq2seq
 
-    if "text_config" not in cfg:
+    wrapper = "text_config" in cfg
+    auto = (transformers.AutoModelForImageTextToText if wrapper else
+            transformers.AutoModelForSeq2SeqLM if _seq2seq(cfg["model_type"]) else transformers.AutoModelForCausalLM)
+    _check_size(auto, cfg)
+    if not wrapper:
         return _build(cfg, attn_implementation)
     config = transformers.AutoConfig.for_model(**cfg)
     options = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
