@@ -1,0 +1,576 @@
+"""The family sweep: every causal-LM family of the installed transformers, read exactly by
+posenc, refused by name, or not buildable, each with its reason (issue 34, item 1).
+
+:func:`families` enumerates the families from transformers itself, never from a list kept here:
+
+- ``causal-lm``: the model type of every ``...ForCausalLM`` class defined in a
+  ``transformers/models/<name>/modeling_<name>.py`` (its ``config_class.model_type``), plus
+  every other model type transformers' ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` maps to one of
+  those classes (``exaone`` -> LlamaForCausalLM, ``llama4`` -> Llama4ForCausalLM, ...);
+- ``conditional-generation``: the text-generating model types of ``MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES``
+  and ``MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`` not already listed (T5, Qwen2-VL, LLaVA, ...).
+
+:func:`sweep_family` classifies one model type. Its config is the config class's defaults
+(``AutoConfig.for_model(model_type)``); ``position_plan`` reads it or refuses it (**refused**,
+the message as the reason). A family read is built tiny by :mod:`posenc.integrations.audit`'s
+own shrinking and building (:func:`~posenc.integrations.audit.shrink_config`: 2 query heads, 1
+key/value head of the default head width, vocabulary 128, as many layers as the plan has kinds
+of layers, every positional key kept; every parameter drawn with std 0.2, float32). Where that
+tiny model does not build or run, the family **cannot build** when transformers cannot build
+its class from the default config either (tried on the meta device: its config class refuses
+its own defaults, an extra not installed), with transformers' message; otherwise the
+shrinking is at fault, a **failure**.
+A built family is **read exactly** when both hold:
+
+(a) ``use_encoding(model, position_plan(model.config))`` (or ``apply_plan`` for the adapter
+    families) gives the model's own logits within :func:`tolerance` (the model's own float32
+    noise: twice |eager - sdpa| on the same weights, at least 1e-5 relative to the logits'
+    scale, as ``posenc audit`` judges; on :func:`_length` random tokens) and the same greedy
+    ``generate()`` tokens with the cache (an 8-token prompt, 6 new tokens);
+(b) ``extend_context(model, "yarn", 2.0)`` on a fresh copy either round-trips through
+    ``save_pretrained`` and a plain transformers ``from_pretrained`` (the same logits within the
+    tolerance), or is refused with InvalidArgument and leaves ``config.to_dict()`` and the
+    logits unchanged.
+
+Anything else is a **failure** (a mismatch, or an error that is not a refusal), which the
+tests report. :func:`write_section` writes the verdicts into docs/integration.md between
+:data:`BEGIN` and :data:`END`::
+
+    python -m posenc.lab.family_sweep --write docs/integration.md
+
+transformers is imported inside the functions (posenc does not need it otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from posenc.errors import InvalidArgument
+
+__all__ = [
+    "BEGIN",
+    "END",
+    "Family",
+    "Verdict",
+    "families",
+    "refusal_group",
+    "render_section",
+    "section_names",
+    "sweep",
+    "sweep_family",
+    "tolerance",
+    "write_section",
+]
+
+BEGIN = "<!-- family sweep: begin -->"
+END = "<!-- family sweep: end -->"
+#: The verdicts, in the order the section lists them.
+VERDICTS = ("read exactly", "refused", "cannot build", "failed")
+#: The fewest tokens of the logits check, and the generate() prompt and new tokens.
+LENGTH, PROMPT, NEW_TOKENS = 24, 8, 6
+#: The most parameters a tiny model may hold (the largest read family's holds a few million).
+MAX_PARAMETERS = 50_000_000
+#: The longest logits check, for a family whose default window is short (gpt-oss: 128).
+MAX_SPAN_LENGTH = 256
+#: The extension (b) tries.
+EXTENSION = ("yarn", 2.0)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One family of the installed transformers: its ``model_type``, ``kind`` (``"causal-lm"``
+    or ``"conditional-generation"``) and the transformers class that names it."""
+
+    model_type: str
+    kind: str
+    model_class: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What :func:`sweep_family` found for one family: ``verdict`` (one of :data:`VERDICTS`),
+    ``reason`` (why refused / not buildable / failed; empty when read exactly), ``plan``
+    (:meth:`PositionPlan.describe` of the tiny model's plan, "; "-joined), ``max_diff``
+    (max |logits(model) - logits(use_encoding)|), ``tolerance`` and ``extension`` (what (b)
+    found: ``"round-trips (diff ...)"`` or ``"refused: ..."``)."""
+
+    model_type: str
+    kind: str
+    verdict: str
+    reason: str = ""
+    plan: str = ""
+    max_diff: float | None = None
+    tolerance: float | None = None
+    extension: str = ""
+    seconds: float = 0.0
+
+
+def _models_dir() -> Path:
+    import transformers
+
+    return Path(transformers.__file__).parent / "models"
+
+
+def _causal_classes() -> dict[str, str]:
+    """folder -> the ``...ForCausalLM`` class its modeling file defines."""
+    found = {}
+    for folder in sorted(_models_dir().iterdir()):
+        modeling = folder / f"modeling_{folder.name}.py"
+        if folder.name == "auto" or not modeling.is_file():
+            continue
+        names = re.findall(r"^class (\w+ForCausalLM)\b", modeling.read_text("utf-8"), re.MULTILINE)
+        for name in names:
+            found[f"{folder.name}.{name}"] = name
+    return found
+
+
+def _own_model_type(folder: str, class_name: str) -> str | None:
+    """The model type of ``class_name``'s ``config_class`` (imports its modeling module)."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"transformers.models.{folder}.modeling_{folder}")
+        return getattr(module, class_name).config_class.model_type
+    except Exception:  # noqa: BLE001 - an extra not installed: the mapping names it, or the folder's name does
+        return None
+
+
+def families() -> list[Family]:
+    """Every causal-LM and text conditional-generation family of the installed transformers,
+    sorted by model type (see the module docstring for the rule)."""
+    from transformers.models.auto import modeling_auto
+
+    causal = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    by_class: dict[str, list[str]] = {}
+    for model_type, names in causal.items():
+        for name in names if isinstance(names, (tuple, list)) else (names,):
+            by_class.setdefault(name, []).append(model_type)
+    found: dict[str, Family] = {}
+    for key, class_name in _causal_classes().items():
+        folder = key.split(".")[0]
+        types = list(by_class.get(class_name, ()))
+        own = _own_model_type(folder, class_name) if not types or len(types) > 1 else types[0]
+        for model_type in ([own] if own else [folder]) + types:
+            found.setdefault(model_type, Family(model_type, "causal-lm", class_name))
+    for mapping in (modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+                    modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES):
+        for model_type, names in mapping.items():
+            name = names[0] if isinstance(names, (tuple, list)) else names
+            found.setdefault(model_type, Family(model_type, "conditional-generation", name))
+    return sorted(found.values(), key=lambda family: family.model_type)
+
+
+def _short(text: str, limit: int) -> str:
+    """``text`` on one line, cut at a word before ``limit`` characters (then "...")."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def _message(err: BaseException) -> str:
+    return _short(f"{type(err).__name__}: {err}", 240)
+
+
+def _default_config(model_type: str) -> dict:
+    import transformers
+
+    config = transformers.AutoConfig.for_model(model_type)
+    return config.to_dict()
+
+
+def _plan(config: dict):
+    from posenc.hf_config import position_plan
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return position_plan(config)
+
+
+def tolerance(scale: float, noise: float) -> float:
+    """The largest |logits difference| that is float32 noise: ``posenc audit``'s rule,
+    max(TOLERANCE x max(1, scale), 2 x noise), with ``scale`` the largest |logit| and ``noise``
+    the model's own |eager - sdpa| on the same weights and tokens (0 where it has one)."""
+    from posenc.integrations.audit import TOLERANCE
+
+    return max(TOLERANCE * max(1.0, scale), 2.0 * noise)
+
+
+def _inputs(model, tokens) -> dict:
+    from posenc.integrations.audit import _seq2seq
+
+    inputs = {"input_ids": tokens}
+    if _seq2seq(model.config.model_type):
+        inputs["decoder_input_ids"] = tokens
+    return inputs
+
+
+def _logits(model, tokens):
+    import torch
+
+    with torch.no_grad():
+        return model(**_inputs(model, tokens)).logits.detach().clone()
+
+
+def _generate(model, tokens):
+    import torch
+
+    with torch.no_grad():
+        return model.generate(tokens[:, :PROMPT], max_new_tokens=NEW_TOKENS, do_sample=False, use_cache=True,
+                              min_new_tokens=NEW_TOKENS, pad_token_id=0)
+
+
+def _noise(cfg: dict, model, tokens, own) -> float:
+    other = "eager" if model.config._attn_implementation != "eager" else "sdpa"
+    try:
+        return (_logits(_build_tiny(cfg, other), tokens) - own).abs().max().item()
+    except Exception:  # noqa: BLE001 - the family has one attention implementation (Gemma 2, gpt-oss, BLOOM)
+        return 0.0
+
+
+def _apply(model, plan):
+    from posenc.integrations.adapters import adapter_of, apply_plan
+    from posenc.integrations.transformers import use_encoding
+
+    return apply_plan(model, plan) if adapter_of(model) is not None else use_encoding(model, plan)
+
+
+def _length(plan, cfg: dict) -> int:
+    """Tokens of the logits check: ``posenc audit``'s default length (8 past the longest
+    sliding window or chunk) where that is at most :data:`MAX_SPAN_LENGTH`, so that a short
+    span is exercised; else :data:`LENGTH`. Longer inputs would measure transformers' float32
+    angles against posenc's float64 ones (a difference growing with the position, issue 34
+    item 4), not the plan."""
+    from posenc.integrations.audit import _default_length
+
+    length = _default_length(plan, cfg.get("text_config") or cfg)
+    return length if LENGTH < length <= MAX_SPAN_LENGTH else LENGTH
+
+
+def _one_line(described: str) -> str:
+    """:meth:`PositionPlan.describe` on one line: groups joined by " / ", a stack's heading
+    ("encoder:") kept with its first group."""
+    text = ""
+    for line in (line.strip() for line in described.splitlines()):
+        text += (" " if text.endswith(":") else " / " if text else "") + line
+    return text
+
+
+def _check_extension(cfg: dict, tokens, limit: float) -> tuple[bool, str]:
+    """(b): (ok, what happened) for ``extend_context(model, *EXTENSION)`` on a fresh model."""
+    import transformers
+
+    from posenc.integrations.audit import _seq2seq
+    from posenc.integrations.transformers import extend_context
+
+    model = _build_tiny(cfg)
+    before, config = _logits(model, tokens), model.config.to_dict()
+    try:
+        extend_context(model, *EXTENSION)
+    except InvalidArgument as err:
+        unchanged = model.config.to_dict() == config and (_logits(model, tokens) - before).abs().max().item() == 0
+        text = f"refused: {_short(str(err), 160)}"
+        return unchanged, text if unchanged else f"refused but changed the model or its config ({text})"
+    extended = _logits(model, tokens)
+    auto = (transformers.AutoModelForImageTextToText if "text_config" in cfg else
+            transformers.AutoModelForSeq2SeqLM if _seq2seq(model.config.model_type) else transformers.AutoModelForCausalLM)
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                plain = auto.from_pretrained(folder, attn_implementation=model.config._attn_implementation).eval()
+        except Exception as err:  # noqa: BLE001 - whatever transformers raises is the finding
+            return False, f"the extended checkpoint does not load with a plain from_pretrained ({_message(err)})"
+    diff = (_logits(plain, tokens) - extended).abs().max().item()
+    return diff <= limit, f"round-trips ({diff:.1e})" if diff <= limit else f"plain from_pretrained differs by {diff:.2e}"
+
+
+#: The smallest vision tower of a multimodal wrapper (Qwen2-VL's keys; 1 block, width 16).
+_VISION = {**dict.fromkeys(("depth", "num_hidden_layers", "num_layers"), 1),
+           **dict.fromkeys(("embed_dim", "hidden_size", "intermediate_size"), 16),
+           **dict.fromkeys(("num_heads", "num_attention_heads"), 2),
+           "patch_size": 2, "spatial_merge_size": 1, "temporal_patch_size": 1}
+
+
+def _tiny_config(config: dict, layers: int) -> dict:
+    """``config`` shrunk by ``posenc audit``'s :func:`~posenc.integrations.audit.shrink_config`
+    (its text model's config for a wrapper whose text model transformers builds on its own as
+    a causal LM; else the wrapper with its text config shrunk and its vision tower at
+    :data:`_VISION`)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from posenc.integrations.audit import shrink_config
+
+    text = _fit(_audit_shrink(config, layers), layers)
+    inner = text.get("text_config")
+    if isinstance(inner, dict):  # the audit's shrinking left a wrapper whole: its text model shrunk here
+        text = _fit(shrink_config(inner, layers), layers)
+    elif text["model_type"] == config["model_type"] or text["model_type"] in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return text
+    wrapper = {key: value for key, value in config.items() if key not in ("architectures", "dtype", "_name_or_path")}
+    hidden = next(text[key] for key in ("hidden_size", "n_embd", "d_model") if isinstance(text.get(key), int))
+    vision = config.get("vision_config")
+    if isinstance(vision, dict):
+        wrapper["vision_config"] = {**{k: v for k, v in vision.items() if k != "architectures"},
+                                    **{k: v for k, v in _VISION.items() if k in vision}, "out_hidden_size": hidden}
+    return {**wrapper, "text_config": text}
+
+
+def _audit_shrink(config: dict, layers: int) -> dict:
+    """The decoder's config shrunk as :func:`posenc.integrations.audit.audit` shrinks it: read
+    as position_plan reads it (an alias or an ``architectures`` class resolved, a wrapper's
+    ``text_config`` taken, where the audit module resolves them: ``_resolved``), the head width
+    the plan was read with where the audit passes it (``_plan_head_dim``)."""
+    from posenc.integrations import audit
+
+    # issue 34 item 3 (branch audit-real) adds _resolved and shrink_config's head_dim; until it is
+    # merged the audit reads the config as given. Once merged these become plain calls.
+    resolved = audit._resolved(config) if hasattr(audit, "_resolved") else dict(config)
+    options = {}
+    if hasattr(audit, "_plan_head_dim"):
+        options["head_dim"] = audit._plan_head_dim(_plan(config))
+    return audit.shrink_config(audit._text_config(resolved), layers, **options)
+
+
+def _fit(cfg: dict, layers: int) -> dict:
+    """What ``shrink_config`` still leaves unbuildable (issue 34 item 3, ``posenc audit``'s
+    shrinking, closes these; then this goes): MLA attention has as many key/value heads as
+    query heads; ``per_layer_config`` (Gemma 4) names only layers that exist; Gemma 3n / 4's
+    per-layer-input embeddings are small."""
+    from posenc.integrations.audit import HEADS, VOCAB
+
+    for key, value in (("vocab_size_per_layer_input", VOCAB), ("hidden_size_per_layer_input", 16)):
+        if isinstance(cfg.get(key), int) and cfg[key] > 0:
+            cfg[key] = value
+    if "kv_lora_rank" in cfg and isinstance(cfg.get("num_key_value_heads"), int):
+        cfg["num_key_value_heads"] = HEADS
+    per_layer = cfg.get("per_layer_config")
+    if isinstance(per_layer, dict):
+        cfg["per_layer_config"] = {k: v for k, v in per_layer.items() if str(k).isdigit() and int(k) < layers}
+    return cfg
+
+
+def _check_size(auto, cfg: dict) -> None:
+    """Refuse a "tiny" model past :data:`MAX_PARAMETERS` (counted on the meta device), so that
+    a size key the shrinking misses cannot take a shared machine's memory."""
+    import torch
+    import transformers
+
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.simplefilter("ignore")
+        count = sum(p.numel() for p in auto.from_config(transformers.AutoConfig.for_model(**cfg)).parameters())
+    if count > MAX_PARAMETERS:
+        raise InvalidArgument(f"config: the tiny model would hold {count / 1e6:.0f}M parameters (more than "
+                              f"{MAX_PARAMETERS / 1e6:.0f}M): a size key the shrinking keeps")
+
+
+def _build_tiny(cfg: dict, attn_implementation: str | None = None):
+    """``posenc audit``'s model builder (std 0.2, float32), or for a wrapper
+    (``text_config`` kept whole) transformers' image-text-to-text class, drawn the same way."""
+    import torch
+    import transformers
+
+    from posenc.integrations.audit import _build, _seq2seq
+
+    wrapper = "text_config" in cfg
+    auto = (transformers.AutoModelForImageTextToText if wrapper else
+            transformers.AutoModelForSeq2SeqLM if _seq2seq(cfg["model_type"]) else transformers.AutoModelForCausalLM)
+    _check_size(auto, cfg)
+    if not wrapper:
+        return _build(cfg, attn_implementation)
+    config = transformers.AutoConfig.for_model(**cfg)
+    options = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    torch.manual_seed(0)
+    model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32, **options)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            torch.nn.init.normal_(parameter, std=0.2)
+    return model.eval()
+
+
+def _default_build_refusal(family: Family, config: dict) -> str | None:
+    """Why transformers cannot build ``family``'s class from its default config (built on the
+    meta device: no memory, no weights), or None when it can."""
+    import torch
+    import transformers
+
+    model_class = getattr(transformers, family.model_class, None) if family.model_class else None
+    if model_class is None:
+        return f"transformers names no class for {family.model_type!r}"
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            model_class(transformers.AutoConfig.for_model(**config))
+    except Exception as err:  # noqa: BLE001 - whatever transformers raises is the reason
+        return f"transformers' {family.model_class} from its default config: {_message(err)}"
+    return None
+
+
+def sweep_family(family: Family | str, *, seed: int = 0) -> Verdict:
+    """Classify one family (see the module docstring); never raises for the family's sake."""
+    import torch
+
+    from posenc.integrations.audit import VOCAB, _layers_needed
+
+    if isinstance(family, str):
+        family = Family(family, "causal-lm", "")
+    start = time.perf_counter()
+
+    def verdict(kind: str, reason: str = "", **found: Any) -> Verdict:
+        return Verdict(family.model_type, family.kind, kind, reason, seconds=time.perf_counter() - start, **found)
+
+    try:
+        config = _default_config(family.model_type)
+    except Exception as err:  # noqa: BLE001 - the config class refuses its own defaults
+        return verdict("cannot build", f"its config class: {_message(err)}")
+    try:
+        full_plan = _plan(config)
+    except InvalidArgument as err:
+        return verdict("refused", " ".join(str(err).split()))
+    except Exception as err:  # noqa: BLE001 - position_plan must refuse with InvalidArgument, nothing else
+        return verdict("failed", f"position_plan raised {_message(err)}")
+    try:
+        layers = max(_layers_needed(full_plan), _layers_needed(full_plan.encoder) if full_plan.encoder else 0)
+        cfg = _tiny_config(config, layers)
+        plan = _plan(cfg)
+        model = _build_tiny(cfg)
+        tokens = torch.randint(3, VOCAB, (1, _length(plan, cfg)), generator=torch.Generator().manual_seed(seed))
+        own, own_tokens = _logits(model, tokens), _generate(model, tokens)
+    except Exception as err:  # noqa: BLE001 - transformers' own model, as shrunk, does not build or run
+        tiny = _short(str(err), 300) if isinstance(err, InvalidArgument) else f"the tiny model: {_message(err)}"
+        refusal = _default_build_refusal(family, config)
+        if refusal is None:  # transformers builds the default config: the shrinking is at fault
+            return verdict("failed", f"shrinking (posenc audit's shrink_config): {tiny}")
+        return verdict("cannot build", refusal)
+    plan_text = _one_line(plan.describe())
+    text_type = (cfg.get("text_config") or cfg)["model_type"]
+    if text_type != family.model_type:
+        plan_text = f"(text model `{text_type}`) {plan_text}"
+    try:
+        limit = tolerance(own.abs().max().item(), _noise(cfg, model, tokens, own))
+        _apply(model, plan)
+        diff = (_logits(model, tokens) - own).abs().max().item()
+        same_tokens = torch.equal(_generate(model, tokens), own_tokens)
+    except Exception as err:  # noqa: BLE001 - an internal error is a failure, reported
+        return verdict("failed", f"use_encoding: {_message(err)}", plan=plan_text)
+    found = {"plan": plan_text, "max_diff": diff, "tolerance": limit}
+    if diff > limit or not same_tokens:
+        why = f"logits differ by {diff:.2e} (tolerance {limit:.2e})" if diff > limit else "generate() tokens differ"
+        return verdict("failed", why, **found)
+    try:
+        ok, extension = _check_extension(cfg, tokens, limit)
+    except Exception as err:  # noqa: BLE001 - an internal error is a failure, reported
+        return verdict("failed", f"extend_context: {_message(err)}", **found)
+    return verdict("read exactly" if ok else "failed", "" if ok else extension, extension=extension, **found)
+
+
+def sweep(names: Iterable[Family | str] | None = None, *, progress: bool = False) -> list[Verdict]:
+    """:func:`sweep_family` on each of ``names`` (default: every one of :func:`families`)."""
+    results = []
+    for family in families() if names is None else names:
+        results.append(sweep_family(family))
+        if progress:
+            found = results[-1]
+            print(f"{found.model_type:32s} {found.verdict:13s} {found.seconds:5.1f}s {found.reason[:90]}", flush=True)
+    return results
+
+
+def refusal_group(reason: str) -> str:
+    """A refusal's group: ``"no family record"`` (position_plan lists the model types it
+    reads instead) or ``"a named positional feature"`` (anything else it names)."""
+    return "no family record" if re.search(r"model_type'?\]? = .*posenc reads \[", reason) else "a named positional feature"
+
+
+def _reason_cell(verdict: Verdict) -> str:
+    if verdict.verdict == "refused" and refusal_group(verdict.reason) == "no family record":
+        return "no family record"
+    return _cell(verdict.reason)
+
+
+def render_section(verdicts: list[Verdict]) -> str:
+    """The docs section (between :data:`BEGIN` and :data:`END`): a table per verdict."""
+    import transformers
+
+    by = {kind: [v for v in verdicts if v.verdict == kind] for kind in VERDICTS}
+    lines = [BEGIN, "", f"Generated by `python -m posenc.lab.family_sweep --write docs/integration.md` from transformers "
+             f"{transformers.__version__}: {len(verdicts)} families, {len(by['read exactly'])} read exactly, "
+             f"{len(by['refused'])} refused ("
+             + ", ".join(f"{group} {sum(refusal_group(v.reason) == group for v in by['refused'])}"
+                         for group in ("no family record", "a named positional feature"))
+             + f"), {len(by['cannot build'])} cannot build"
+             + (f", {len(by['failed'])} failing" if by["failed"] else "") + ".", ""]
+    read_title = ("**Read exactly** (logits within the model's own float32 noise, the same cached greedy tokens; "
+                  f"`extend_context(model, \"{EXTENSION[0]}\", {EXTENSION[1]})` round-trips or is refused unchanged):")
+    lines += [read_title, "",
+              "| model type | plan of the tiny model | max diff (tolerance) | extend_context |", "|---|---|---|---|"]
+    lines += [f"| `{v.model_type}` | {_cell(v.plan)} | {v.max_diff:.1e} ({v.tolerance:.1e}) | {_cell(v.extension)} |" for v in by["read exactly"]]
+    for kind, title in (("refused", "**Refused** by `position_plan`, with its reason"),
+                        ("cannot build", "**Cannot build** (no tiny model of the family's default config)"),
+                        ("failed", "**Failing**")):
+        if not by[kind]:
+            continue
+        lines += ["", f"{title}:", "", "| model type | kind | reason |", "|---|---|---|"]
+        lines += [f"| `{v.model_type}` | {v.kind} | {_reason_cell(v)} |" for v in by[kind]]
+    return "\n".join(lines + ["", END])
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def section_names(text: str) -> dict[str, str]:
+    """model type -> verdict, as the generated section of ``text`` (docs/integration.md) lists them."""
+    start, end = text.index(BEGIN), text.index(END)
+    names, verdict = {}, None
+    for line in text[start:end].splitlines():
+        for kind, marker in (("read exactly", "**Read exactly**"), ("refused", "**Refused**"),
+                             ("cannot build", "**Cannot build**"), ("failed", "**Failing**")):
+            if line.startswith(marker):
+                verdict = kind
+        match = re.match(r"\| `([^`]+)` \|", line)
+        if match and verdict:
+            names[match.group(1)] = verdict
+    return names
+
+
+def write_section(path: str | Path, verdicts: list[Verdict]) -> None:
+    """Replace the generated section of ``path`` (or append one) with :func:`render_section`."""
+    path = Path(path)
+    text = path.read_text("utf-8")
+    section = render_section(verdicts)
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text, "utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m posenc.lab.family_sweep", description=__doc__.splitlines()[0])
+    parser.add_argument("model_types", nargs="*", help="model types to sweep (default: every family)")
+    parser.add_argument("--write", metavar="DOC", help="write the generated section into DOC (docs/integration.md)")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    known = {family.model_type: family for family in families()}
+    chosen = [known.get(name, Family(name, "causal-lm", "")) for name in args.model_types] or None
+    import transformers
+
+    transformers.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_error()
+    verdicts = sweep(chosen, progress=True)
+    print(f"{len(verdicts)} families in {time.perf_counter() - start:.0f}s: "
+          + ", ".join(f"{kind} {sum(v.verdict == kind for v in verdicts)}" for kind in VERDICTS))
+    if args.write:
+        write_section(args.write, verdicts)
+    return 1 if any(v.verdict == "failed" for v in verdicts) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
