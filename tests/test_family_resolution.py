@@ -64,11 +64,12 @@ def test_a_wrapper_reads_its_text_model():
 
 
 def test_what_resolves_nothing_is_still_refused_by_name():
-    assert family_of_class("Starcoder2ForCausalLM") is None and family_of_class(3) is None
+    # XGLM: a family transformers ships that no record reads (sinusoidal positions offset by 2)
+    assert family_of_class("XGLMForCausalLM") is None and family_of_class(3) is None
     assert family_of_class("LlamaForCausalLM") == "llama" and family_of_class("GPT2LMHeadModel") == "gpt2"
-    config = {"model_type": "starcoder2", "architectures": ["Starcoder2ForCausalLM"], "num_hidden_layers": 2}
+    config = {"model_type": "xglm", "architectures": ["XGLMForCausalLM"], "num_layers": 2}
     assert resolve_family(config) == (config, None)
-    with pytest.raises(InvalidArgument, match="'starcoder2'"):
+    with pytest.raises(InvalidArgument, match="'xglm'"):
         position_plan(config)
     wrapper = {"model_type": "llava", "text_config": {"model_type": "mistral3_text"}}
     with pytest.raises(InvalidArgument, match="'llava'"):
