@@ -64,7 +64,14 @@ def _train_step(model, tokens):
     return loss.detach(), grads
 
 
-@pytest.mark.parametrize("name", [(n) for n in posenc.available()])
+#: one encoding per hook the LM compiles through (rotate, multi-axis rotate, score bias, a learned
+#: bias network, content, gate, mask schedule, embed); the others behind ``slow`` (the suite's
+#: time budget), run by ``pytest -m slow``
+COMPILED_BY_DEFAULT = ("rope", "mrope", "alibi", "fire", "shaw", "fox", "irope", "learned")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in COMPILED_BY_DEFAULT else (pytest.mark.slow,))
+                                  for n in posenc.available()])
 def test_lm_trains_compiled_without_breaks_or_recompiles(name):
     torch.manual_seed(0)
     model = TransformerLM(LMConfig(vocab_size=32, d_model=16, num_layers=1, num_heads=2, max_positions=64), name)

@@ -86,7 +86,7 @@ def test_two_ranks_give_one_process_loss_curve(tmp_path, mode):
     assert one[-1] < one[0]
 
 
-@pytest.mark.parametrize("mode", ["data", "fsdp"])
+@pytest.mark.parametrize("mode", ["data", pytest.param("fsdp", marks=pytest.mark.slow)])  # fsdp: -m slow (time budget)
 def test_a_run_stopped_on_two_ranks_resumes_on_one(tmp_path, mode):
     whole = run(tmp_path, "whole", 1)
     ckpt = tmp_path / "run.pt"
@@ -96,7 +96,7 @@ def test_a_run_stopped_on_two_ranks_resumes_on_one(tmp_path, mode):
     assert max(abs(a - b) for a, b in zip(whole, resumed)) < 1e-5, (whole, resumed)
 
 
-@pytest.mark.parametrize("mode", ["data", "fsdp"])
+@pytest.mark.parametrize("mode", ["data", pytest.param("fsdp", marks=pytest.mark.slow)])  # fsdp: -m slow (time budget)
 def test_extrapolate_on_every_rank_equals_one_process(tmp_path, mode):
     corpus = tmp_path / "text.txt"
     corpus.write_text("".join(f"row {i}: x{i % 11} = {i * 3 % 97}\n" for i in range(300)))
