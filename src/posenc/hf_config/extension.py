@@ -187,6 +187,7 @@ def _plan_scaling(config: Mapping[str, Any], plan: PositionPlan | None, method: 
     else:
         scaled_types = tuple(layer_types) if layer_types is not None else family.scaled_layer_types
         fields = _per_type_fields(config, *per_type, scaled_types, method, factor, params)
+    fields = _with_head_width(config, fields)
     new_config = {**config, **fields}
     if reads_model_type(new_config.get("model_type")) and plan is not None and _plan_quietly(new_config) == plan.describe():
         raise InvalidArgument(f"model: {new_config['model_type']} does not read a RoPE scaling from its config "
@@ -225,7 +226,8 @@ def _plan_text_config_scaling(config: Mapping[str, Any], plan: PositionPlan | No
     own = position_plan(config)
     _refuse_another_plan(plan, own, "extend_context scales the config's RoPE")
     text = dict(config[key])
-    fields = _one_dict_fields(text, method, factor, layer_types, params, config.get("model_type"))
+    fields = _with_head_width(text, _one_dict_fields(text, method, factor, layer_types, params,
+                                                     config.get("model_type")))
     new_plan = position_plan({**config, key: {**text, **fields}})
     _refuse_unchanged(config.get("model_type"), own, new_plan)
     return Extension(fields, new_plan, target=key)
@@ -242,7 +244,7 @@ def _plan_adapter_scaling(config: Mapping[str, Any], plan: PositionPlan | None, 
                               "layer: extend_context scales a RoPE (ALiBi, learned tables and T5 buckets have no "
                               "scaling to write)")
     _refuse_another_plan(plan, own, "extend_context scales the config's RoPE")
-    fields = _one_dict_fields(dict(config), method, factor, layer_types, params, model_type)
+    fields = _with_head_width(config, _one_dict_fields(dict(config), method, factor, layer_types, params, model_type))
     new_plan = position_plan({**config, **fields})
     _refuse_unchanged(model_type, own, new_plan)
     return Extension(fields, new_plan)
@@ -254,6 +256,28 @@ def _one_dict_fields(config: dict, method: str, factor: float, layer_types: Any,
     if layer_types is not None:
         raise InvalidArgument(f"layer_types: {model_type} has one rope dict for every layer, not one per layer type")
     return extension_config(_without_model_type(config), method, factor, **params)
+
+
+def _with_head_width(config: Mapping[str, Any], fields: dict) -> dict:
+    """The fields with ``head_dim`` written where the config spells it None (Mixtral's config
+    class: ``head_dim: int | None = None``) and the fields write a rope dict.
+
+    Its model reads ``getattr(config, "head_dim", None) or hidden_size // num_attention_heads``,
+    but transformers 5.24's dynamic, yarn and longrope (modeling_rope_utils.py) read
+    ``getattr(config, "head_dim", hidden_size // num_attention_heads)``: None there, and a plain
+    ``from_pretrained`` of the extended config raises TypeError. Writing the width the model
+    computes changes nothing else it builds.
+
+    Raises:
+        MissingKey: ``head_dim`` None without ``hidden_size`` and ``num_attention_heads``.
+    """
+    if not fields or "head_dim" not in config or config["head_dim"] is not None:
+        return fields
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    if not isinstance(hidden, int) or not isinstance(heads, int) or heads <= 0:
+        raise MissingKey("head_dim: the config spells it None and has no int hidden_size / num_attention_heads "
+                         "to write it from (transformers' scaled RoPE reads head_dim)")
+    return {"head_dim": hidden // heads, **fields}
 
 
 def _extended_plan(plan: PositionPlan | None, new_config: dict, scaled_types: tuple[str, ...] | None,
