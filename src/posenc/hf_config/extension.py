@@ -32,7 +32,7 @@ from posenc.encodings.rope.multiaxis import MultiAxisRoPE
 from posenc.errors import InvalidArgument, MissingKey
 from posenc.hf_config.encoding import extension_config, from_hf_config
 from posenc.hf_config.families import FAMILIES, Family, position_plan, reads_model_type
-from posenc.hf_config.rope import EXTENSION_METHODS
+from posenc.hf_config.rope import EXTENSION_METHODS, head_dim_of
 from posenc.plan import PositionPlan
 from posenc.position_maps import MAP_METHODS, DualChunk, position_map
 
@@ -269,15 +269,12 @@ def _with_head_width(config: Mapping[str, Any], fields: dict) -> dict:
     computes changes nothing else it builds.
 
     Raises:
-        MissingKey: ``head_dim`` None without ``hidden_size`` and ``num_attention_heads``.
+        as :func:`~posenc.hf_config.rope.head_dim_of` (MissingKey: no ``hidden_size`` /
+        ``num_attention_heads`` to write it from; InvalidArgument: not divisible), named.
     """
     if not fields or "head_dim" not in config or config["head_dim"] is not None:
         return fields
-    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
-    if not isinstance(hidden, int) or not isinstance(heads, int) or heads <= 0:
-        raise MissingKey("head_dim: the config spells it None and has no int hidden_size / num_attention_heads "
-                         "to write it from (transformers' scaled RoPE reads head_dim)")
-    return {"head_dim": hidden // heads, **fields}
+    return {"head_dim": head_dim_of(config), **fields}
 
 
 def _extended_plan(plan: PositionPlan | None, new_config: dict, scaled_types: tuple[str, ...] | None,
