@@ -12,7 +12,9 @@ fields to write, and the position plan the model then runs) covers every case
   :data:`CONFIG_KEY` record (method, resolved parameters, layers), the plan the layers'
   :class:`~posenc.encodings.BranchedRoPE`;
 
-and every refusal, each stated once. The factor is read once (by
+and every refusal, each stated once. A scaling of a config whose ``head_dim`` is null (Mixtral's)
+also writes ``head_dim`` as the model computes it (transformers' dynamic, yarn and longrope read
+it without the model's fallback). The factor is read once (by
 :func:`~posenc.hf_config.extension_config`, which spells it). What the planner needs of the model
 beyond its config (its family's facts, its layer count) comes as :class:`ModelFacts`; the
 integration checks the fields with transformers' config class, applies the plan and writes the
