@@ -170,10 +170,6 @@ KNOWN_FAILURES = {
     # position_plan reads the global layers' head width from head_dim (256), while transformers
     # 5.24 spells Gemma 4's global_head_dim as per_layer_config {"05": {"head_dim": 512}, ...}
     "gemma4": "head_dim", "gemma4_text": "head_dim",
-    # extend_context writes YaRN on a config whose head_dim is None; transformers' own YaRN
-    # (modeling_rope_utils._compute_yarn_parameters) then multiplies None, so a plain
-    # from_pretrained of the checkpoint raises TypeError
-    "mixtral": "from_pretrained",
 }
 
 

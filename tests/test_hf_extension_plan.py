@@ -72,6 +72,19 @@ def test_nested_text_config_writes_there_and_keeps_mrope_section():
     assert _descriptions(extension.plan) == _descriptions(position_plan(written))
 
 
+@pytest.mark.parametrize("config", [dict(LLAMA, model_type="mixtral", head_dim=None),
+                                    dict(QWEN2_VL, text_config=dict(QWEN2_VL["text_config"], head_dim=None))])
+def test_a_head_dim_of_none_is_written_as_the_width_the_model_computes(config):
+    # transformers 5.24's yarn / dynamic / longrope read getattr(config, "head_dim", default): a
+    # None there fails a plain from_pretrained (Mixtral); the model itself computes 64 // 4
+    extension = plan_extension(config, None, "yarn", 2.0, facts=FACTS)
+    assert extension.fields["head_dim"] == SMALL["hidden_size"] // SMALL["num_attention_heads"] == 16
+    assert "head_dim" not in plan_extension(LLAMA, None, "yarn", 2.0, facts=FACTS).fields  # absent: not written
+    assert "head_dim" not in plan_extension(dict(LLAMA, head_dim=16), None, "yarn", 2.0, facts=FACTS).fields
+    with pytest.raises(MissingKey, match="head_dim"):
+        plan_extension(dict(LLAMA, head_dim=None, hidden_size=None), None, "yarn", 2.0, facts=FACTS)
+
+
 def test_adapter_family_with_rope_reads_its_plan_from_the_written_config():
     extension = plan_extension(FALCON, None, "linear", 2.0, facts=ModelFacts())
     assert all(isinstance(layer.encoding, RoPE) and layer.encoding.scaling["factor"] == 2.0 for layer in extension.plan)

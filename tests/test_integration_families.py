@@ -296,6 +296,12 @@ FAMILIES = {
             "rope_type": "default", "rope_theta": 1e6, "mrope_section": [3, 3, 2], "mrope_interleaved": True}),
         vision_config=QWEN3_VISION),
         uniform(lambda: posenc.MRoPE(16, mrope_section=[3, 3, 2], base=1e6, mrope_interleaved=True), 2), "sdpa"),
+    # Cosmos 3 Omni: Qwen3-VL's text tower (interleaved M-RoPE) inside NVIDIA's wrapper, at model.language_model
+    "cosmos3_omni": (T.Cosmos3OmniConfig, T.Cosmos3OmniForConditionalGeneration, dict(
+        text_config=dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={
+            "rope_type": "default", "rope_theta": 1e6, "mrope_section": [3, 3, 2], "mrope_interleaved": True}),
+        vision_config=QWEN3_VISION),
+        uniform(lambda: posenc.MRoPE(16, mrope_section=[3, 3, 2], base=1e6, mrope_interleaved=True), 2), "sdpa"),
     # Qwen3.5: Gated DeltaNet layers (no positions) and full-attention layers with interleaved M-RoPE
     # over a quarter of the head (8 of 32: 4 pairs, T H W T)
     "qwen3_5_text": (T.Qwen3_5TextConfig, T.Qwen3_5ForCausalLM,
@@ -403,7 +409,7 @@ MEASURED = {
     "lfm2": (3.87e-07, 4.17e-07), "bamba": (4.47e-07, 3.58e-07), "granitemoehybrid": (3.58e-07, 5.96e-07),
     "falcon_h1": (2.38e-07, 3.58e-07), "mistral3": (4.23e-07, 4.17e-07),
     "mllama_text_model": (2.98e-07, 3.58e-07), "lfm2_moe": (2.38e-07, 4.17e-07), "glm4_moe_lite": (2.98e-07, 2.38e-07),
-    "qwen3_vl_moe": (3.58e-07, 2.98e-07), "qwen3_5": (1.43e-06, 1.43e-06),
+    "qwen3_vl_moe": (3.58e-07, 2.98e-07), "qwen3_5": (1.43e-06, 1.43e-06), "cosmos3_omni": (2.98e-07, 3.28e-07),
     "gemma3n_text": (9.54e-07, 6.3e-07),
 }
 
@@ -514,7 +520,7 @@ def test_the_read_plan_reproduces_the_model(family):
     assert difference <= max(1e-5, 2 * noise), (family, difference, noise)
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "cosmos3_omni"])
 def test_qwen_vl_read_plan_reproduces_image_like_mrope_positions(family):
     """M-RoPE positions (3, B, T) whose axes differ (text, a 1 x 4 x 6 image grid, text, as
     get_rope_index lays them out) given to the VL model: posenc's M-RoPE tables, read from the
@@ -749,7 +755,7 @@ def test_extend_context_scales_olmo3s_full_attention_layers_by_default(tmp_path)
     assert (reloaded - extended).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "cosmos3_omni"])
 def test_extend_context_writes_the_qwen_vl_text_config_and_round_trips_on_mrope_positions(family, tmp_path):
     """Qwen2-VL / Qwen2.5-VL: the scaling goes to config.text_config's rope dict (where their
     text model's rotary embedding reads it), mrope_section kept; the top-level config's fields

@@ -173,6 +173,26 @@ def test_extend_context_survives_a_plain_save_and_load(rope_type, tmp_path):
     assert (unscaled - extended).abs().max() > 1e-3  # the scaling changed something
 
 
+@pytest.mark.parametrize("rope_type", ["dynamic", "yarn"])
+def test_extend_context_of_a_config_whose_head_dim_is_none_loads_plainly(rope_type, tmp_path):
+    # Mixtral's config class keeps head_dim None; transformers' dynamic and yarn read
+    # getattr(config, "head_dim", ...) without the model's `or` fallback, so the width is written
+    config = transformers.MixtralConfig(**SIZES, num_local_experts=2, num_experts_per_tok=1,
+                                        attn_implementation="sdpa")
+    assert config.head_dim is None
+    torch.manual_seed(0)
+    model = extend_context(transformers.MixtralForCausalLM(config).eval(), rope_type, 4.0)
+    assert model.config.head_dim == SIZES["hidden_size"] // SIZES["num_attention_heads"]
+    x = tokens(length=80)
+    with torch.no_grad():
+        extended = model(x).logits
+    model.save_pretrained(tmp_path)
+    plain = transformers.MixtralForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    assert plain.config.rope_parameters["rope_type"] == rope_type
+    with torch.no_grad():
+        assert (plain(x).logits - extended).abs().max() < 1e-5
+
+
 def test_bad_models_and_encodings_are_refused():
     with pytest.raises(ValueError, match="rotary_emb"):
         use_encoding(torch.nn.Linear(2, 2), "alibi")

@@ -140,6 +140,9 @@ CASES = [
     ("qwen3_vl-nested", "qwen3_vl", dict(text_config=dict(
         SMALL, model_type="qwen3_vl_text", head_dim=16, rope_theta=5e6,
         rope_scaling={"rope_type": "default", "mrope_section": [3, 3, 2], "mrope_interleaved": True}))),
+    ("cosmos3_omni-nested", "cosmos3_omni", dict(text_config=dict(
+        SMALL, model_type="qwen3_vl_text", head_dim=16, rope_theta=5e6,
+        rope_scaling={"rope_type": "default", "mrope_section": [3, 3, 2], "mrope_interleaved": True}))),
     ("qwen3_vl_moe-nested", "qwen3_vl_moe", dict(text_config=dict(
         SMALL, model_type="qwen3_vl_moe_text", head_dim=16, rope_theta=5e6, num_experts=4,
         rope_scaling={"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True}))),

@@ -12,7 +12,9 @@ fields to write, and the position plan the model then runs) covers every case
   :data:`CONFIG_KEY` record (method, resolved parameters, layers), the plan the layers'
   :class:`~posenc.encodings.BranchedRoPE`;
 
-and every refusal, each stated once. The factor is read once (by
+and every refusal, each stated once. A scaling of a config whose ``head_dim`` is null (Mixtral's)
+also writes ``head_dim`` as the model computes it (transformers' dynamic, yarn and longrope read
+it without the model's fallback). The factor is read once (by
 :func:`~posenc.hf_config.extension_config`, which spells it). What the planner needs of the model
 beyond its config (its family's facts, its layer count) comes as :class:`ModelFacts`; the
 integration checks the fields with transformers' config class, applies the plan and writes the
@@ -32,7 +34,7 @@ from posenc.encodings.rope.multiaxis import MultiAxisRoPE
 from posenc.errors import InvalidArgument, MissingKey
 from posenc.hf_config.encoding import extension_config, from_hf_config
 from posenc.hf_config.families import FAMILIES, Family, position_plan, reads_model_type
-from posenc.hf_config.rope import EXTENSION_METHODS
+from posenc.hf_config.rope import EXTENSION_METHODS, head_dim_of
 from posenc.plan import PositionPlan
 from posenc.position_maps import MAP_METHODS, DualChunk, position_map
 
@@ -187,6 +189,7 @@ def _plan_scaling(config: Mapping[str, Any], plan: PositionPlan | None, method: 
     else:
         scaled_types = tuple(layer_types) if layer_types is not None else family.scaled_layer_types
         fields = _per_type_fields(config, *per_type, scaled_types, method, factor, params)
+    fields = _with_head_width(config, fields)
     new_config = {**config, **fields}
     if reads_model_type(new_config.get("model_type")) and plan is not None and _plan_quietly(new_config) == plan.describe():
         raise InvalidArgument(f"model: {new_config['model_type']} does not read a RoPE scaling from its config "
@@ -225,7 +228,8 @@ def _plan_text_config_scaling(config: Mapping[str, Any], plan: PositionPlan | No
     own = position_plan(config)
     _refuse_another_plan(plan, own, "extend_context scales the config's RoPE")
     text = dict(config[key])
-    fields = _one_dict_fields(text, method, factor, layer_types, params, config.get("model_type"))
+    fields = _with_head_width(text, _one_dict_fields(text, method, factor, layer_types, params,
+                                                     config.get("model_type")))
     new_plan = position_plan({**config, key: {**text, **fields}})
     _refuse_unchanged(config.get("model_type"), own, new_plan)
     return Extension(fields, new_plan, target=key)
@@ -242,7 +246,7 @@ def _plan_adapter_scaling(config: Mapping[str, Any], plan: PositionPlan | None, 
                               "layer: extend_context scales a RoPE (ALiBi, learned tables and T5 buckets have no "
                               "scaling to write)")
     _refuse_another_plan(plan, own, "extend_context scales the config's RoPE")
-    fields = _one_dict_fields(dict(config), method, factor, layer_types, params, model_type)
+    fields = _with_head_width(config, _one_dict_fields(dict(config), method, factor, layer_types, params, model_type))
     new_plan = position_plan({**config, **fields})
     _refuse_unchanged(model_type, own, new_plan)
     return Extension(fields, new_plan)
@@ -254,6 +258,25 @@ def _one_dict_fields(config: dict, method: str, factor: float, layer_types: Any,
     if layer_types is not None:
         raise InvalidArgument(f"layer_types: {model_type} has one rope dict for every layer, not one per layer type")
     return extension_config(_without_model_type(config), method, factor, **params)
+
+
+def _with_head_width(config: Mapping[str, Any], fields: dict) -> dict:
+    """The fields with ``head_dim`` written where the config spells it None (Mixtral's config
+    class: ``head_dim: int | None = None``) and the fields write a rope dict.
+
+    Its model reads ``getattr(config, "head_dim", None) or hidden_size // num_attention_heads``,
+    but transformers 5.24's dynamic, yarn and longrope (modeling_rope_utils.py) read
+    ``getattr(config, "head_dim", hidden_size // num_attention_heads)``: None there, and a plain
+    ``from_pretrained`` of the extended config raises TypeError. Writing the width the model
+    computes changes nothing else it builds.
+
+    Raises:
+        as :func:`~posenc.hf_config.rope.head_dim_of` (MissingKey: no ``hidden_size`` /
+        ``num_attention_heads`` to write it from; InvalidArgument: not divisible), named.
+    """
+    if not fields or "head_dim" not in config or config["head_dim"] is not None:
+        return fields
+    return {"head_dim": head_dim_of(config), **fields}
 
 
 def _extended_plan(plan: PositionPlan | None, new_config: dict, scaled_types: tuple[str, ...] | None,

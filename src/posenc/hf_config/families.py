@@ -1020,6 +1020,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             source="transformers/models/qwen3_vl/"),
     _family("qwen3_vl", text_config="qwen3_vl_text", base="model.language_model", sizes_config="text_config",
             rotary_positions=True),
+    # NVIDIA's Cosmos 3 Omni: Qwen3-VL's text tower (AutoModel of its qwen3_vl_text text_config) at
+    # model.language_model, fed the wrapper's 3-axis position ids as Qwen3-VL feeds them
+    _family("cosmos3_omni", text_config="qwen3_vl_text", base="model.language_model", sizes_config="text_config",
+            rotary_positions=True, source="transformers/models/cosmos3_omni/"),
     _family("qwen3_vl_moe_text", defaults={"rope_theta": 500_000.0}, encoding=qwen3_vl_rope,
             source="transformers/models/qwen3_vl_moe/"),
     _family("qwen3_vl_moe", text_config="qwen3_vl_moe_text", base="model.language_model", sizes_config="text_config",
