@@ -45,7 +45,7 @@ REPRESENTATIVE = {
     "gpt2": "read exactly",  # learned absolute table
     "t5": "read exactly",  # T5 buckets, encoder-decoder
     "deepseek_v3": "read exactly",  # MLA: RoPE on part of each head, interleaved
-    "glm": "refused",  # no family record
+    "xglm": "refused",  # no family record (sinusoidal positions offset by 2)
 }
 
 
