@@ -167,9 +167,6 @@ def test_the_section_round_trips_through_its_reader():
 #: Families the sweep finds failing today, each a bug reported to its owner (issue 34); the
 #: slow test wants exactly these to fail, so a fix (or a new failure) shows here at once.
 KNOWN_FAILURES = {
-    # position_plan reads the global layers' head width from head_dim (256), while transformers
-    # 5.24 spells Gemma 4's global_head_dim as per_layer_config {"05": {"head_dim": 512}, ...}
-    "gemma4": "head_dim", "gemma4_text": "head_dim",
     # extend_context writes YaRN on a config whose head_dim is None; transformers' own YaRN
     # (modeling_rope_utils._compute_yarn_parameters) then multiplies None, so a plain
     # from_pretrained of the checkpoint raises TypeError
