@@ -597,6 +597,14 @@ def test_gemma4_refuses_a_positional_per_layer_override_by_name(override, named)
         position_plan(config)
 
 
+def test_gemma4_refuses_a_per_layer_override_past_the_last_layer():
+    config = dict(GEMMA4, per_layer_config={"12": {"head_dim": 32}})
+    with pytest.raises(ValueError):  # transformers' own verdict on the same dict
+        AutoConfig.for_model(**config)
+    with pytest.raises(InvalidArgument, match="per_layer_config.*num_hidden_layers"):
+        position_plan(config)
+
+
 def test_gemma4_refuses_layers_of_one_type_with_two_head_widths():
     """transformers builds one rotary table per layer type (from its first layer's config)."""
     config = dict(GEMMA4, per_layer_config={"05": {"head_dim": 32}, "11": {"head_dim": 48}})

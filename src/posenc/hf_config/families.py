@@ -322,6 +322,9 @@ def gemma4_layer_overrides(r: Reading) -> dict[int, Mapping[str, Any]]:
             index = int(key)
         except (TypeError, ValueError):
             raise InvalidArgument(f"config['per_layer_config'] keys must be layer indices, got {key!r}") from None
+        if not 0 <= index < r.positive_int("num_hidden_layers"):
+            raise InvalidArgument(f"config['per_layer_config'] key {key!r}: layer {index} is not in "
+                                  f"[0, {r.positive_int('num_hidden_layers')}) (num_hidden_layers), as transformers requires")
         if not isinstance(value, Mapping):
             raise InvalidArgument(f"config['per_layer_config'][{key!r}] must be a dict, got {type(value).__name__}")
         positional = sorted(set(value) & set(GEMMA4_POSITIONAL_OVERRIDES))
