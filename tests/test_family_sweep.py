@@ -8,7 +8,7 @@ verdict equal to the one the docs list, no family failing.
 
 The reference is transformers' own model on the same weights (its logits and its cached greedy
 tokens; a plain ``from_pretrained`` of the extended checkpoint), within the model's own float32
-noise (|eager - sdpa|).
+noise (|eager - sdpa|, and its float32 angles': every inv_freq x (1 +- 2^-23)).
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ REPRESENTATIVE = {
     "t5": "read exactly",  # T5 buckets, encoder-decoder
     "deepseek_v3": "read exactly",  # MLA: RoPE on part of each head, interleaved
     "xglm": "refused",  # no family record (sinusoidal positions offset by 2)
+    # one attention implementation: the float32 angles are the only noise measure (issue 34)
+    "vaultgemma": "read exactly",
+    "gemma": "read exactly",  # its YaRN extension reloaded plainly, within the float32 angles' noise
 }
 
 
@@ -80,6 +83,52 @@ def test_a_wrong_plan_fails_the_sweep(monkeypatch):
     monkeypatch.setattr(family_sweep, "_plan", wrong)
     found = sweep_family("llama")
     assert found.verdict == "failed" and "logits differ" in found.reason, found
+
+
+@pytest.mark.parametrize("model_type, wrong", [
+    ("vaultgemma", {"rope_theta": 10100.0}),  # the base 1% off
+    ("gemma", {"rope_type": "linear", "factor": 1.02}),  # positions 2% off
+])
+def test_the_float32_angle_noise_hides_no_wrong_plan(monkeypatch, model_type, wrong):
+    """The tolerance of a family with one attention implementation is its float32 angles'
+    noise (inv_freq x (1 +- 2^-23)), which a plan off by 1-2% still exceeds."""
+    read = family_sweep._plan
+
+    def off(config):
+        return read({**config, "rope_parameters": {**config["rope_parameters"], **wrong}})
+
+    monkeypatch.setattr(family_sweep, "_plan", off)
+    found = sweep_family(model_type)
+    assert found.verdict == "failed" and "logits differ" in found.reason, found
+
+
+def test_the_angle_noise_probe_restores_the_model():
+    """_angle_noise moves the rotary buffers both ways, then puts them back exactly."""
+    import torch
+
+    model = family_sweep._build_tiny(family_sweep._tiny_config(family_sweep._default_config("gemma"), 2))
+    tokens = torch.randint(3, 100, (1, 12), generator=torch.Generator().manual_seed(0))
+    own = family_sweep._logits(model, tokens)
+    before = {name: b.clone() for name, b in model.named_buffers()}
+    assert family_sweep._angle_noise(model, tokens, own) > 0
+    assert all(torch.equal(before[name], b) for name, b in model.named_buffers())
+    assert torch.equal(family_sweep._logits(model, tokens), own)
+
+
+def test_a_yarn_extension_written_slightly_wrong_fails_the_sweep(monkeypatch):
+    """(b) within the reloaded model's angle noise still sees a written factor 2% off."""
+    import posenc.integrations.transformers as face
+
+    extend = face.extend_context
+
+    def written_off(model, method, factor):
+        extend(model, method, factor)
+        model.config.rope_parameters = {**model.config.rope_parameters, "factor": factor * 1.02}
+        return model
+
+    monkeypatch.setattr(face, "extend_context", written_off)
+    found = sweep_family("gemma")
+    assert found.verdict == "failed" and "differs" in found.reason, found
 
 
 def test_an_extension_that_does_not_round_trip_fails_the_sweep(monkeypatch):
@@ -167,9 +216,6 @@ def test_the_section_round_trips_through_its_reader():
 #: Families the sweep finds failing today, each a bug reported to its owner (issue 34); the
 #: slow test wants exactly these to fail, so a fix (or a new failure) shows here at once.
 KNOWN_FAILURES = {
-    # position_plan reads the global layers' head width from head_dim (256), while transformers
-    # 5.24 spells Gemma 4's global_head_dim as per_layer_config {"05": {"head_dim": 512}, ...}
-    "gemma4": "head_dim", "gemma4_text": "head_dim",
 }
 
 

@@ -787,3 +787,24 @@ def test_extend_context_writes_the_qwen_vl_text_config_and_round_trips_on_mrope_
     with pytest.raises(InvalidArgument, match="already scaled"):
         extend_context(model, "linear", 2.0)
     assert model.config.to_dict() == config
+
+
+def test_gemma4_read_plan_reproduces_a_model_of_ten_layers_or_more():
+    """From ten layers on, transformers writes Gemma 4's global width zero-padded
+    (``per_layer_config {"05": {"head_dim": 32}, "11": ...}``): the plan read from the model's
+    config (and from its saved dict) gives each layer that width and the model's own logits."""
+    from posenc.integrations.transformers import position_plan
+
+    reference = build("gemma4_text", num_hidden_layers=12)
+    assert "05" in reference.config.to_dict()["per_layer_config"]
+    x = tokens()
+    with torch.no_grad():
+        expected = reference(x).logits
+        noise = (build("gemma4_text", "eager", num_hidden_layers=12)(x).logits - expected).abs().max().item()
+    for config in (reference.config, reference.config.to_dict()):
+        plan = position_plan(config)
+        assert [layer.encoding.head_dim for layer in plan] == [32 if i % 6 == 5 else 16 for i in range(12)]
+        model = use_encoding(build("gemma4_text", num_hidden_layers=12), plan)
+        with torch.no_grad():
+            difference = (model(x).logits - expected).abs().max().item()
+        assert difference <= max(1e-5, 2 * noise), (difference, noise)

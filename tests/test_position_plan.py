@@ -553,3 +553,63 @@ def test_from_hf_config_gemma3_needs_layer_type():
     from posenc.rope import from_hf_config
     with pytest.raises(InvalidArgument, match="layer_type"):
         from_hf_config(dict(SMALL, model_type="gemma3_text", num_hidden_layers=6, head_dim=16, sliding_window=16))
+
+
+GEMMA4 = dict(SMALL, model_type="gemma4_text", num_hidden_layers=12, head_dim=16, sliding_window=8,
+              hidden_size_per_layer_input=16, vocab_size_per_layer_input=128)
+
+
+def gemma4_to_dict(**config):
+    """The dict transformers writes for a Gemma 4 config (``per_layer_config`` keys zero-padded: "05")."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoConfig.for_model("gemma4_text", **config).to_dict()
+
+
+@pytest.mark.parametrize("spelling", ["to_dict", "global_head_dim", "per_layer_config", "null"])
+def test_gemma4_reads_each_layers_head_width_as_transformers_does(spelling):
+    """Each layer's head width against transformers' own per-layer config (the one its
+    attention and its per-layer-type rotary table are built from), and each RoPE layer against
+    that rotary module: to_dict()'s ``per_layer_config {"05": {"head_dim": 32}, "11": ...}``,
+    a released file's ``global_head_dim``, unpadded keys, and ``per_layer_config: null`` (no
+    override: transformers' global layers keep head_dim)."""
+    config = {"to_dict": gemma4_to_dict(**{k: v for k, v in GEMMA4.items() if k != "model_type"}, global_head_dim=32),
+              "global_head_dim": dict(GEMMA4, global_head_dim=32),
+              "per_layer_config": dict(GEMMA4, per_layer_config={"5": {"head_dim": 48}, "11": {"head_dim": 48}}),
+              "null": dict(GEMMA4, per_layer_config=None)}[spelling]
+    if spelling == "to_dict":
+        assert set(config["per_layer_config"]) == {"05", "11"}  # the spelling this test is about
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = position_plan(config)
+        hf = AutoConfig.for_model(**config)
+    mod, rotary_cls = rotary_class(hf)
+    rotary = rotary_cls(hf)
+    widths = [hf.per_layer_config[i].head_dim for i in range(hf.num_hidden_layers)]
+    assert [layer.encoding.head_dim for layer in plan] == widths
+    assert len(set(widths)) == (1 if spelling == "null" else 2)
+    for layer in plan:
+        check_layer("gemma4_text", hf, mod, rotary, layer, torch.arange(40) + 3)
+
+
+@pytest.mark.parametrize("override, named", [({"rope_parameters": {"rope_type": "default"}}, "rope_parameters"),
+                                             ({"sliding_window": 4}, "sliding_window")])
+def test_gemma4_refuses_a_positional_per_layer_override_by_name(override, named):
+    config = dict(GEMMA4, per_layer_config={"5": {"head_dim": 32, **override}})
+    with pytest.raises(InvalidArgument, match=named):
+        position_plan(config)
+
+
+def test_gemma4_refuses_a_per_layer_override_past_the_last_layer():
+    config = dict(GEMMA4, per_layer_config={"12": {"head_dim": 32}})
+    with pytest.raises(ValueError):  # transformers' own verdict on the same dict
+        AutoConfig.for_model(**config)
+    with pytest.raises(InvalidArgument, match="per_layer_config.*num_hidden_layers"):
+        position_plan(config)
+
+
+def test_gemma4_refuses_layers_of_one_type_with_two_head_widths():
+    """transformers builds one rotary table per layer type (from its first layer's config)."""
+    config = dict(GEMMA4, per_layer_config={"05": {"head_dim": 32}, "11": {"head_dim": 48}})
+    with pytest.raises(InvalidArgument, match="per_layer_config"):
+        position_plan(config)

@@ -294,18 +294,69 @@ def gemma3_check(r: Reading) -> None:
                               "has no causal plan; posenc reads decoders")
 
 
+#: Keys a Gemma 4 ``per_layer_config`` entry may not override: transformers would build that
+#: layer's positions from them (its rotary module reads the per-layer-type config), which posenc
+#: does not read per layer.
+GEMMA4_POSITIONAL_OVERRIDES = ("rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor",
+                               "sliding_window", "layer_types", "max_position_embeddings",
+                               "use_bidirectional_attention", "attention_chunk_size")
+
+
+def gemma4_layer_overrides(r: Reading) -> dict[int, Mapping[str, Any]]:
+    """Gemma 4's per-layer overrides by layer index, as ``Gemma4TextConfig.__post_init__`` and
+    transformers' heterogeneous config read them (``integrations/heterogeneity``: a key is
+    ``int(key)``, so ``to_dict()``'s zero-padded ``"05"`` is layer 5). Without a
+    ``per_layer_config`` key, every full-attention layer gets ``head_dim = global_head_dim``
+    (default 512); a ``per_layer_config`` of null overrides nothing. A positional key in an
+    override is refused by name."""
+    if "per_layer_config" not in r.given:
+        width = r.cfg.get("global_head_dim", 512)
+        return {i: {"head_dim": width} for i, kind in enumerate(gemma4_layer_types(r)) if kind == "full_attention"}
+    given = r.cfg.get("per_layer_config") or {}
+    if not isinstance(given, Mapping):
+        raise InvalidArgument(f"config['per_layer_config'] must be a dict of layer index -> overrides, "
+                              f"got {type(given).__name__}")
+    out: dict[int, Mapping[str, Any]] = {}
+    for key, value in given.items():
+        try:
+            index = int(key)
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"config['per_layer_config'] keys must be layer indices, got {key!r}") from None
+        if not 0 <= index < r.positive_int("num_hidden_layers"):
+            raise InvalidArgument(f"config['per_layer_config'] key {key!r}: layer {index} is not in "
+                                  f"[0, {r.positive_int('num_hidden_layers')}) (num_hidden_layers), as transformers requires")
+        if not isinstance(value, Mapping):
+            raise InvalidArgument(f"config['per_layer_config'][{key!r}] must be a dict, got {type(value).__name__}")
+        positional = sorted(set(value) & set(GEMMA4_POSITIONAL_OVERRIDES))
+        if positional:
+            raise InvalidArgument(f"config['per_layer_config'][{key!r}] overrides {positional}: posenc reads "
+                                  "Gemma 4's positions from the global config only (per-layer head_dim is read)")
+        out[index] = value
+    return out
+
+
+def gemma4_layer_types(r: Reading) -> list[str]:
+    return pattern_layer_types("", 6, last_full=True)(r)
+
+
 def gemma4_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
     """Gemma 4 (``Gemma4TextConfig``): one rope dict per layer type (default: sliding theta 1e4;
-    global ``proportional`` with partial_rotary_factor 0.25, theta 1e6), the global layers with
-    head_dim ``global_head_dim`` (default 512; a transformers config's ``per_layer_config``)."""
+    global ``proportional`` with partial_rotary_factor 0.25, theta 1e6), each layer with its own
+    head width (:func:`gemma4_layer_overrides`: ``per_layer_config``, else ``global_head_dim``
+    on the full-attention layers). transformers builds one rotary table per layer type from the
+    first such layer's config (``Gemma4TextRotaryEmbedding``), so the layers of one type must
+    share a head width (transformers refuses otherwise; so does posenc, naming the layers)."""
     overrides: dict[str, Any] = {}
-    per_layer = r.cfg.get("per_layer_config")
-    if isinstance(per_layer, Mapping):
-        for key, value in per_layer.items():
-            if str(key) == str(index) and isinstance(value, Mapping) and "head_dim" in value:
-                overrides["head_dim"] = value["head_dim"]
-    elif layer_type == "full_attention":
-        overrides["head_dim"] = r.cfg.get("global_head_dim", 512)
+    by_layer = gemma4_layer_overrides(r)
+    width = by_layer.get(index, {}).get("head_dim")
+    if width is not None:
+        overrides["head_dim"] = width
+    kinds = gemma4_layer_types(r)
+    first = kinds.index(layer_type) if layer_type in kinds else index
+    if by_layer.get(first, {}).get("head_dim") != width:
+        raise InvalidArgument(f"config['per_layer_config']: layer {index} ({layer_type}) has head_dim {width} and "
+                              f"layer {first} of the same type {by_layer.get(first, {}).get('head_dim')}; "
+                              "transformers builds one rotary table per layer type")
     if r.cfg.get("rope_parameters") is None:
         overrides["rope_parameters"] = {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
@@ -915,7 +966,7 @@ _GEMMA3_TEXT = dict(defaults={"head_dim": 256, "sliding_window": 4096},
                     prepare=gemma3_check, scaled_layer_types=("full_attention",))
 _QWEN_VL_MODULES = {"base": "model.language_model", "sizes_config": "text_config", "rotary_positions": True}
 _GEMMA4_TEXT = dict(defaults={"head_dim": 256, "sliding_window": 512},
-                    layer_types=pattern_layer_types("", 6, last_full=True), encoding=gemma4_rope,
+                    layer_types=gemma4_layer_types, encoding=gemma4_rope,
                     prepare=gemma4_check)
 
 #: model_type -> :class:`Family`, as transformers 5.24 builds each family. One entry per family.
