@@ -308,10 +308,10 @@ def _tiny_config(config: dict, layers: int) -> dict:
 
     from posenc.integrations.audit import shrink_config
 
-    text = _fit(_audit_shrink(config, layers), layers)
+    text = _audit_shrink(config, layers)
     inner = text.get("text_config")
     if isinstance(inner, dict):  # the audit's shrinking left a wrapper whole: its text model shrunk here
-        text = _fit(shrink_config(inner, layers), layers)
+        text = shrink_config(inner, layers)
     elif text["model_type"] == config["model_type"] or text["model_type"] in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return text
     wrapper = {key: value for key, value in config.items() if key not in ("architectures", "dtype", "_name_or_path")}
@@ -326,35 +326,12 @@ def _tiny_config(config: dict, layers: int) -> dict:
 def _audit_shrink(config: dict, layers: int) -> dict:
     """The decoder's config shrunk as :func:`posenc.integrations.audit.audit` shrinks it: read
     as position_plan reads it (an alias or an ``architectures`` class resolved, a wrapper's
-    ``text_config`` taken, where the audit module resolves them: ``_resolved``), the head width
-    the plan was read with where the audit passes it (``_plan_head_dim``)."""
+    ``text_config`` taken: ``_resolved``), the head width the plan was read with
+    (``_plan_head_dim``)."""
     from posenc.integrations import audit
 
-    # issue 34 item 3 (branch audit-real) adds _resolved and shrink_config's head_dim; until it is
-    # merged the audit reads the config as given. Once merged these become plain calls.
-    resolved = audit._resolved(config) if hasattr(audit, "_resolved") else dict(config)
-    options = {}
-    if hasattr(audit, "_plan_head_dim"):
-        options["head_dim"] = audit._plan_head_dim(_plan(config))
-    return audit.shrink_config(audit._text_config(resolved), layers, **options)
-
-
-def _fit(cfg: dict, layers: int) -> dict:
-    """What ``shrink_config`` still leaves unbuildable (issue 34 item 3, ``posenc audit``'s
-    shrinking, closes these; then this goes): MLA attention has as many key/value heads as
-    query heads; ``per_layer_config`` (Gemma 4) names only layers that exist; Gemma 3n / 4's
-    per-layer-input embeddings are small."""
-    from posenc.integrations.audit import HEADS, VOCAB
-
-    for key, value in (("vocab_size_per_layer_input", VOCAB), ("hidden_size_per_layer_input", 16)):
-        if isinstance(cfg.get(key), int) and cfg[key] > 0:
-            cfg[key] = value
-    if "kv_lora_rank" in cfg and isinstance(cfg.get("num_key_value_heads"), int):
-        cfg["num_key_value_heads"] = HEADS
-    per_layer = cfg.get("per_layer_config")
-    if isinstance(per_layer, dict):
-        cfg["per_layer_config"] = {k: v for k, v in per_layer.items() if str(k).isdigit() and int(k) < layers}
-    return cfg
+    head_dim = audit._plan_head_dim(_plan(config))
+    return audit.shrink_config(audit._text_config(audit._resolved(config)), layers, head_dim=head_dim)
 
 
 def _check_size(auto, cfg: dict) -> None:
