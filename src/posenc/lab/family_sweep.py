@@ -18,8 +18,10 @@ key/value head of the default head width, vocabulary 128, as many layers as the 
 of layers, every positional key kept; every parameter drawn with std 0.2, float32). Where that
 tiny model does not build or run, the family **cannot build** when transformers cannot build
 its class from the default config either (tried on the meta device: its config class refuses
-its own defaults, an extra not installed), with transformers' message; otherwise the
-shrinking is at fault, a **failure**.
+its own defaults, an extra not installed) or its forward pass (8 tokens on the meta device)
+raises the tiny model's very error (Bamba's and GraniteMoeHybrid's defaults: every layer Mamba,
+and transformers 5.24's hybrid cache asks an attention layer for the sequence length), with
+transformers' message; otherwise the shrinking is at fault, a **failure**.
 A built family is **read exactly** when both hold:
 
 (a) ``use_encoding(model, position_plan(model.config))`` (or ``apply_plan`` for the adapter
@@ -372,9 +374,11 @@ def _build_tiny(cfg: dict, attn_implementation: str | None = None):
     return model.eval()
 
 
-def _default_build_refusal(family: Family, config: dict) -> str | None:
+def _default_build_refusal(family: Family, config: dict, tiny_error: BaseException | None = None) -> str | None:
     """Why transformers cannot build ``family``'s class from its default config (built on the
-    meta device: no memory, no weights), or None when it can."""
+    meta device: no memory, no weights), or cannot run it the way the tiny model failed
+    (``tiny_error``: a forward pass of 8 tokens on the meta device raising the same error), or
+    None when it can."""
     import torch
     import transformers
 
@@ -384,9 +388,18 @@ def _default_build_refusal(family: Family, config: dict) -> str | None:
     try:
         with warnings.catch_warnings(), torch.device("meta"):
             warnings.simplefilter("ignore")
-            model_class(transformers.AutoConfig.for_model(**config))
+            model = model_class(transformers.AutoConfig.for_model(**config))
     except Exception as err:  # noqa: BLE001 - whatever transformers raises is the reason
         return f"transformers' {family.model_class} from its default config: {_message(err)}"
+    if tiny_error is None:
+        return None
+    try:
+        with warnings.catch_warnings(), torch.device("meta"), torch.no_grad():
+            warnings.simplefilter("ignore")
+            model(**_inputs(model, torch.zeros(1, PROMPT, dtype=torch.long)))
+    except Exception as err:  # noqa: BLE001 - the default config's own failure, compared with the tiny model's
+        if type(err) is type(tiny_error) and str(err) == str(tiny_error):
+            return f"transformers' {family.model_class} from its default config runs no forward pass: {_message(err)}"
     return None
 
 
@@ -422,8 +435,8 @@ def sweep_family(family: Family | str, *, seed: int = 0) -> Verdict:
         own, own_tokens = _logits(model, tokens), _generate(model, tokens)
     except Exception as err:  # noqa: BLE001 - transformers' own model, as shrunk, does not build or run
         tiny = _short(str(err), 300) if isinstance(err, InvalidArgument) else f"the tiny model: {_message(err)}"
-        refusal = _default_build_refusal(family, config)
-        if refusal is None:  # transformers builds the default config: the shrinking is at fault
+        refusal = _default_build_refusal(family, config, err)
+        if refusal is None:  # transformers builds and runs the default config: the shrinking is at fault
             return verdict("failed", f"shrinking (posenc audit's shrink_config): {tiny}")
         return verdict("cannot build", refusal)
     plan_text = _one_line(plan.describe())
