@@ -239,8 +239,18 @@ DEEPSEEK_V2_DEFAULT_TOPK = {
 }
 
 
-@pytest.mark.parametrize("config, rope_layers", [(BAMBA_9B, (9,)), (GRANITE_4_H, (5,)), (DEEPSEEK_V2_DEFAULT_TOPK, None)],
-                         ids=["bamba-9b", "granite-4.0-h", "deepseek-v2-default-topk"])
+#: dots.llm1 with Dots1Config's default expert counts (None: transformers builds no experts of None).
+DOTS1_DEFAULT_EXPERTS = {
+    "model_type": "dots1", "hidden_size": 4096, "num_hidden_layers": 62, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "head_dim": 128, "intermediate_size": 10944, "moe_intermediate_size": 1408,
+    "n_routed_experts": None, "n_shared_experts": None, "num_experts_per_tok": None, "first_k_dense_replace": 0,
+    "vocab_size": 152064, "rope_theta": 10000000.0,
+}
+
+
+@pytest.mark.parametrize("config, rope_layers", [(BAMBA_9B, (9,)), (GRANITE_4_H, (5,)), (DEEPSEEK_V2_DEFAULT_TOPK, None),
+                                                 (DOTS1_DEFAULT_EXPERTS, None)],
+                         ids=["bamba-9b", "granite-4.0-h", "deepseek-v2-default-topk", "dots1-default-experts"])
 def test_mamba_hybrids_and_unset_moe_sizes_are_built_and_audited(config, rope_layers):
     """The shrunk Mamba-2 sizes pass the config class's validator (it refused them: issue 34's
     sweep), the router gets an int top-k, and the attention layers' RoPE is checked."""

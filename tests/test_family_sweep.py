@@ -129,6 +129,8 @@ SHRUNK = {
     "granitemoehybrid": ("GraniteMoeHybridForCausalLM", "cannot build"),
     # DeepseekV2Config's num_experts_per_tok None: the audit model routes 1 expert per token
     "deepseek_v2": ("DeepseekV2ForCausalLM", "read exactly"),
+    # Dots1Config's expert counts None (its own default does not build): the audit model's 2 + 1 shared
+    "dots1": ("Dots1ForCausalLM", "read exactly"),
 }
 
 

@@ -69,10 +69,11 @@ _HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 _KV_KEYS = ("num_key_value_heads", "num_kv_heads")
 _HIDDEN_KEYS = ("hidden_size", "n_embd", "n_embed", "d_model")
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_decoder_layers")
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 _SMALL = {
     **dict.fromkeys(("intermediate_size", "intermediate_size_mlp", "moe_intermediate_size",
                      "shared_expert_intermediate_size", "ffn_dim", "d_ff", "ffn_hidden_size", "n_inner"), INTERMEDIATE),
-    **dict.fromkeys(("num_local_experts", "num_experts", "n_routed_experts"), EXPERTS),
+    **dict.fromkeys(_EXPERT_KEYS, EXPERTS),
     **dict.fromkeys(("num_experts_per_tok", "top_k_experts", "n_shared_experts", "n_group", "topk_group"), 1),
     # Gemma 3n / 4's layers that reuse an earlier layer's keys and values: none in the audit model
     # (a shared layer reads keys rotated with the same tables, and the shrunk model may not hold
@@ -245,7 +246,8 @@ def shrink_config(config: Mapping[str, Any], num_layers: int, *, head_dim: int |
     """``config`` (a decoder's config.json dict) made tiny with its positional keys kept: 2
     query heads and 1 key/value head of the same head width, hidden size 2 x head_dim (T5:
     ``d_kv`` kept, ``d_model`` 64), intermediate sizes 32, vocabulary 128, 2 experts with 1 per
-    token, ``num_layers`` layers (per-layer lists cut to that length, lists of layer indices
+    token (also where a routing config leaves them None), a Mamba-2 mixer of 2 heads and state
+    16 (its widths kept consistent as its config class validates them), ``num_layers`` layers (per-layer lists cut to that length, lists of layer indices
     kept below it); dtype and quantization keys dropped. ``head_dim``: the head width as
     :func:`~posenc.hf_config.position_plan` read it (the family's default where the config
     has none: Gemma 3's 256), written into the config; default: the config's ``head_dim``, or
@@ -294,9 +296,16 @@ def shrink_config(config: Mapping[str, Any], num_layers: int, *, head_dim: int |
 
 def _route_one_expert(cfg: dict) -> None:
     """1 expert per token wherever the shrunk config routes to experts, also where the config
-    leaves the count to None (DeepSeek-V2's default: its router's ``topk(k=None)`` fails)."""
+    leaves the count to None (DeepSeek-V2's default: its router's ``topk(k=None)`` fails); a
+    routing config (one naming ``num_experts_per_tok``) whose expert counts are None gets
+    :data:`EXPERTS` routed and 1 shared (dots.llm1's default: transformers builds no experts
+    of None)."""
+    if "num_experts_per_tok" in cfg:
+        for key, value in (*((key, EXPERTS) for key in _EXPERT_KEYS), ("n_shared_experts", 1)):
+            if key in cfg and cfg[key] is None:
+                cfg[key] = value
     routed = any(isinstance(cfg.get(key), int) and cfg[key] > 0
-                 for key in ("num_local_experts", "num_experts", "n_routed_experts"))
+                 for key in _EXPERT_KEYS)
     if routed and "num_experts_per_tok" in cfg:
         cfg["num_experts_per_tok"] = 1
 
