@@ -207,3 +207,87 @@ def test_each_family_s_default_config_exits_0_or_2(model_type):
             assert str(err)
             return
     assert report.ok, [(row.plan, row.max_diff, row.tolerance, row.disagreement) for row in report.rows]
+
+
+#: Bamba-9B-shaped (ibm-ai-platform/Bamba-9B's sizes): a Mamba-2 mixer whose config class
+#: validates mamba_n_heads x mamba_d_head == mamba_expand x hidden_size; attention (RoPE on half
+#: of each head) at layers 9, 18 and 27.
+BAMBA_9B = {
+    "architectures": ["BambaForCausalLM"], "model_type": "bamba", "hidden_size": 4096, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+    "attn_layer_indices": [9, 18, 27], "mamba_n_heads": 128, "mamba_d_head": 64, "mamba_d_state": 128,
+    "mamba_expand": 2, "mamba_n_groups": 1, "mamba_d_conv": 4, "mamba_chunk_size": 256, "rope_theta": 10000.0,
+    "max_position_embeddings": 262144,
+}
+#: Granite-4.0-H-Tiny-shaped (GraniteMoeHybrid; 8 of its 40 layers, one of them attention, with
+#: RoPE switched on): Mamba-2 heads validated as Bamba's, 64 experts, 6 per token.
+GRANITE_4_H = {
+    "model_type": "granitemoehybrid", "hidden_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 12,
+    "num_key_value_heads": 4, "intermediate_size": 512, "shared_intermediate_size": 1024, "vocab_size": 100352,
+    "num_local_experts": 64, "num_experts_per_tok": 6, "position_embedding_type": "rope", "rope_theta": 10000.0,
+    "layer_types": ["mamba"] * 5 + ["attention"] + ["mamba"] * 2, "mamba_n_heads": 48, "mamba_d_head": 64,
+    "mamba_d_state": 128, "mamba_expand": 2, "mamba_n_groups": 1,
+}
+#: DeepSeek-V2-Lite-shaped, with num_experts_per_tok left to DeepseekV2Config's default (None):
+#: its router calls topk(k=None) unless the audit model routes one expert per token.
+DEEPSEEK_V2_DEFAULT_TOPK = {
+    "model_type": "deepseek_v2", "hidden_size": 2048, "num_hidden_layers": 27, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 64, "n_shared_experts": 2,
+    "num_experts_per_tok": None, "moe_intermediate_size": 1408, "first_k_dense_replace": 1, "topk_method": "greedy",
+    "vocab_size": 102400, "intermediate_size": 10944,
+}
+
+
+#: dots.llm1 with Dots1Config's default expert counts (None: transformers builds no experts of None).
+DOTS1_DEFAULT_EXPERTS = {
+    "model_type": "dots1", "hidden_size": 4096, "num_hidden_layers": 62, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "head_dim": 128, "intermediate_size": 10944, "moe_intermediate_size": 1408,
+    "n_routed_experts": None, "n_shared_experts": None, "num_experts_per_tok": None, "first_k_dense_replace": 0,
+    "vocab_size": 152064, "rope_theta": 10000000.0,
+}
+
+
+@pytest.mark.parametrize("config, rope_layers", [(BAMBA_9B, (9,)), (GRANITE_4_H, (5,)), (DEEPSEEK_V2_DEFAULT_TOPK, None),
+                                                 (DOTS1_DEFAULT_EXPERTS, None)],
+                         ids=["bamba-9b", "granite-4.0-h", "deepseek-v2-default-topk", "dots1-default-experts"])
+def test_mamba_hybrids_and_unset_moe_sizes_are_built_and_audited(config, rope_layers):
+    """The shrunk Mamba-2 sizes pass the config class's validator (it refused them: issue 34's
+    sweep), the router gets an int top-k, and the attention layers' RoPE is checked."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = audit_module.audit(config, length=32)
+    assert report.ok, [(row.plan, row.max_diff, row.tolerance, row.disagreement) for row in report.rows]
+    rope_rows = [row for row in report.rows if "rope" in row.plan]
+    assert rope_rows and (rope_layers is None or rope_rows[0].layers == rope_layers)
+
+
+def test_a_wrong_plan_on_a_mamba_hybrid_is_caught(monkeypatch):
+    """The check above can fail: RoPE base / 100 on Bamba's attention layer is a mismatch there."""
+    import posenc
+    from posenc.hf_config import position_plan
+    from posenc.hf_config.plan import LayerPlan, PositionPlan
+
+    def wrong(config):
+        plan = position_plan(config)
+        layers = tuple(LayerPlan(posenc.RoPE(layer.encoding.head_dim, rotary_dim=layer.encoding.rotary_dim,
+                                             base=layer.encoding.base / 100), layer.span, layer.window, layer.layer_type)
+                       if isinstance(layer.encoding, posenc.RoPE) else layer for layer in plan)
+        return PositionPlan(layers, model_type=plan.model_type)
+
+    monkeypatch.setattr("posenc.hf_config.position_plan", wrong)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = audit_module.audit(BAMBA_9B, length=32)
+    assert [row.layers for row in report.rows if not row.ok] == [(9,)]
+
+
+def test_a_per_layer_input_switched_off_stays_off():
+    """Gemma 4's hidden_size_per_layer_input 0 (26B / 31B) turns its per-layer inputs off: the
+    audit model must not switch them on (a positive size is shrunk to 16)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model("gemma4_text", hidden_size_per_layer_input=0).to_dict()
+    shrunk = audit_module.shrink_config(config, 6)
+    assert transformers.AutoConfig.for_model(**shrunk).hidden_size_per_layer_input == 0
+    on = audit_module.shrink_config({**config, "hidden_size_per_layer_input": 256}, 6)
+    assert (on["hidden_size_per_layer_input"], on["vocab_size_per_layer_input"]) == (16, audit_module.VOCAB)

@@ -171,6 +171,44 @@ def test_a_tiny_model_the_shrinking_breaks_fails_the_sweep(monkeypatch):
     assert found.verdict == "failed" and found.reason.startswith("shrinking"), found
 
 
+#: Families the shrinking failed (issue 34): the family, its class and the verdict it must get.
+SHRUNK = {
+    # all-Mamba defaults: transformers 5.24's own forward pass fails at the default sizes too
+    "bamba": ("BambaForCausalLM", "cannot build"),
+    "granitemoehybrid": ("GraniteMoeHybridForCausalLM", "cannot build"),
+    # DeepseekV2Config's num_experts_per_tok None: the audit model routes 1 expert per token
+    "deepseek_v2": ("DeepseekV2ForCausalLM", "read exactly"),
+    # Dots1Config's expert counts None (its own default does not build): the audit model's 2 + 1 shared
+    "dots1": ("Dots1ForCausalLM", "read exactly"),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(SHRUNK))
+def test_a_family_the_shrinking_broke_gets_its_verdict(model_type):
+    """Bamba / GraniteMoeHybrid's shrunk Mamba-2 sizes passed no validator and DeepSeek-V2's
+    router got top-k None ("failed: shrinking"); now the shrunk model builds, and a default whose
+    own forward pass fails (every layer Mamba: the hybrid cache has no attention layer to ask
+    the sequence length) is transformers' failure, with its message."""
+    model_class, expected = SHRUNK[model_type]
+    found = sweep_family(family_sweep.Family(model_type, "causal-lm", model_class))
+    assert found.verdict == expected, found
+    if expected == "cannot build":
+        assert "runs no forward pass" in found.reason and "get_seq_length" in found.reason, found
+
+
+def test_a_tiny_model_failing_otherwise_than_the_default_fails_the_sweep(monkeypatch):
+    """"runs no forward pass" needs the default's very error: Bamba's tiny model broken by the
+    shrinking (a hidden size no head count divides) is still the shrinking's failure."""
+    shrink = family_sweep._tiny_config
+
+    def broken(config, layers):
+        return shrink(config, layers) | {"hidden_size": 3}
+
+    monkeypatch.setattr(family_sweep, "_tiny_config", broken)
+    found = sweep_family(family_sweep.Family("bamba", "causal-lm", "BambaForCausalLM"))
+    assert found.verdict == "failed" and found.reason.startswith("shrinking"), found
+
+
 def test_a_default_config_transformers_refuses_cannot_build():
     found = sweep_family(family_sweep.Family("gemma4_assistant", "causal-lm", "Gemma4AssistantForCausalLM"))
     assert found.verdict == "cannot build" and "its config class" in found.reason, found

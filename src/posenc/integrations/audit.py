@@ -69,10 +69,11 @@ _HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 _KV_KEYS = ("num_key_value_heads", "num_kv_heads")
 _HIDDEN_KEYS = ("hidden_size", "n_embd", "n_embed", "d_model")
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_decoder_layers")
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 _SMALL = {
     **dict.fromkeys(("intermediate_size", "intermediate_size_mlp", "moe_intermediate_size",
                      "shared_expert_intermediate_size", "ffn_dim", "d_ff", "ffn_hidden_size", "n_inner"), INTERMEDIATE),
-    **dict.fromkeys(("num_local_experts", "num_experts", "n_routed_experts"), EXPERTS),
+    **dict.fromkeys(_EXPERT_KEYS, EXPERTS),
     **dict.fromkeys(("num_experts_per_tok", "top_k_experts", "n_shared_experts", "n_group", "topk_group"), 1),
     # Gemma 3n / 4's layers that reuse an earlier layer's keys and values: none in the audit model
     # (a shared layer reads keys rotated with the same tables, and the shrunk model may not hold
@@ -80,9 +81,15 @@ _SMALL = {
     "num_kv_shared_layers": 0,
     "linear_num_key_heads": 1, "linear_num_value_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
     "q_lora_rank": 16, "kv_lora_rank": 16, "vocab_size": VOCAB,
-    "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16,  # Gemma 3n / 4's per-layer inputs
     "decoder_start_token_id": 0, "sep_token_id": 2,
 }
+#: Sizes shrunk only where positive: 0 turns the feature off (Gemma 4's per-layer inputs; its
+#: released 26B / 31B configs say 0), and a shrunk 16 would build a model the config has not.
+_SMALL_WHERE_ON = {"vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16}
+#: The Mamba-2 mixer of the hybrid families (Bamba, Granite 4.0 / GraniteMoeHybrid, Falcon-H1):
+#: its heads and state, shrunk together; their config classes require mamba_n_heads x mamba_d_head
+#: == the mixer's width (mamba_d_ssm, else mamba_expand x hidden_size) and mamba_n_groups | heads.
+MAMBA_HEADS, MAMBA_STATE = 2, 16
 #: token ids inside the small vocabulary (set even where the config leaves them to the class's defaults).
 _TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 _DROPPED = ("torch_dtype", "dtype", "quantization_config", "auto_map", "_name_or_path", "transformers_version",
@@ -239,7 +246,8 @@ def shrink_config(config: Mapping[str, Any], num_layers: int, *, head_dim: int |
     """``config`` (a decoder's config.json dict) made tiny with its positional keys kept: 2
     query heads and 1 key/value head of the same head width, hidden size 2 x head_dim (T5:
     ``d_kv`` kept, ``d_model`` 64), intermediate sizes 32, vocabulary 128, 2 experts with 1 per
-    token, ``num_layers`` layers (per-layer lists cut to that length, lists of layer indices
+    token (also where a routing config leaves them None), a Mamba-2 mixer of 2 heads and state
+    16 (its widths kept consistent as its config class validates them), ``num_layers`` layers (per-layer lists cut to that length, lists of layer indices
     kept below it); dtype and quantization keys dropped. ``head_dim``: the head width as
     :func:`~posenc.hf_config.position_plan` read it (the family's default where the config
     has none: Gemma 3's 256), written into the config; default: the config's ``head_dim``, or
@@ -252,6 +260,10 @@ def shrink_config(config: Mapping[str, Any], num_layers: int, *, head_dim: int |
     for key, value in _SMALL.items():
         if key in cfg and cfg[key] is not None:
             cfg[key] = value
+    for key, value in _SMALL_WHERE_ON.items():
+        if isinstance(cfg.get(key), int) and cfg[key] > 0:
+            cfg[key] = value
+    _route_one_expert(cfg)
     cfg.update(_TOKENS)
     for key in _HEAD_KEYS:
         if isinstance(cfg.get(key), int):
@@ -267,6 +279,7 @@ def shrink_config(config: Mapping[str, Any], num_layers: int, *, head_dim: int |
         cfg["word_embed_proj_dim"] = cfg.get("hidden_size", HEADS * head_dim)
     if "head_dim" in cfg and cfg["head_dim"] is None:
         cfg.pop("head_dim")
+    _shrink_mamba(cfg)
     for key in _LAYER_KEYS:
         if isinstance(cfg.get(key), int):
             cfg[key] = num_layers
@@ -279,6 +292,44 @@ def shrink_config(config: Mapping[str, Any], num_layers: int, *, head_dim: int |
             # a dict by layer index (Gemma 4's per_layer_config: {"05": {...}}): the layers kept
             cfg[key] = {k: v for k, v in value.items() if _layer_index(k) < num_layers}
     return cfg
+
+
+def _route_one_expert(cfg: dict) -> None:
+    """1 expert per token wherever the shrunk config routes to experts, also where the config
+    leaves the count to None (DeepSeek-V2's default: its router's ``topk(k=None)`` fails); a
+    routing config (one naming ``num_experts_per_tok``) whose expert counts are None gets
+    :data:`EXPERTS` routed and 1 shared (dots.llm1's default: transformers builds no experts
+    of None)."""
+    if "num_experts_per_tok" in cfg:
+        for key, value in (*((key, EXPERTS) for key in _EXPERT_KEYS), ("n_shared_experts", 1)):
+            if key in cfg and cfg[key] is None:
+                cfg[key] = value
+    routed = any(isinstance(cfg.get(key), int) and cfg[key] > 0
+                 for key in _EXPERT_KEYS)
+    if routed and "num_experts_per_tok" in cfg:
+        cfg["num_experts_per_tok"] = 1
+
+
+def _shrink_mamba(cfg: dict) -> None:
+    """The Mamba-2 mixer's sizes (:data:`MAMBA_HEADS` heads, state :data:`MAMBA_STATE`, one
+    group) made consistent with the shrunk hidden size, as its config class validates them:
+    heads x head width == mamba_d_ssm (shrunk to 2 x 16 where set), else mamba_expand x hidden
+    size. Nothing positional: the mixer takes no positions."""
+    if not isinstance(cfg.get("mamba_n_heads"), int):
+        return
+    cfg["mamba_n_heads"] = MAMBA_HEADS
+    if isinstance(cfg.get("mamba_n_groups"), int):
+        cfg["mamba_n_groups"] = 1
+    if isinstance(cfg.get("mamba_d_state"), int):
+        cfg["mamba_d_state"] = MAMBA_STATE
+    if isinstance(cfg.get("mamba_d_ssm"), int):
+        cfg["mamba_d_ssm"] = MAMBA_HEADS * 16
+        width = cfg["mamba_d_ssm"]
+    else:
+        hidden = next((cfg[k] for k in _HIDDEN_KEYS if isinstance(cfg.get(k), int)), None)
+        width = cfg.get("mamba_expand", 2) * hidden if hidden else None
+    if width is not None and isinstance(cfg.get("mamba_d_head"), int):
+        cfg["mamba_d_head"] = width // MAMBA_HEADS
 
 
 def _head_dim_or_none(cfg: Mapping[str, Any]) -> int | None:

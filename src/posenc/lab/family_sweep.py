@@ -18,8 +18,10 @@ key/value head of the default head width, vocabulary 128, as many layers as the 
 of layers, every positional key kept; every parameter drawn with std 0.2, float32). Where that
 tiny model does not build or run, the family **cannot build** when transformers cannot build
 its class from the default config either (tried on the meta device: its config class refuses
-its own defaults, an extra not installed), with transformers' message; otherwise the
-shrinking is at fault, a **failure**.
+its own defaults, an extra not installed) or its forward pass (8 tokens on the meta device)
+raises the tiny model's very error (Bamba's and GraniteMoeHybrid's defaults: every layer Mamba,
+and transformers 5.24's hybrid cache asks an attention layer for the sequence length), with
+transformers' message; otherwise the shrinking is at fault, a **failure**.
 A built family is **read exactly** when both hold:
 
 (a) ``use_encoding(model, position_plan(model.config))`` (or ``apply_plan`` for the adapter
@@ -344,10 +346,10 @@ def _tiny_config(config: dict, layers: int) -> dict:
 
     from posenc.integrations.audit import shrink_config
 
-    text = _fit(_audit_shrink(config, layers), layers)
+    text = _audit_shrink(config, layers)
     inner = text.get("text_config")
     if isinstance(inner, dict):  # the audit's shrinking left a wrapper whole: its text model shrunk here
-        text = _fit(shrink_config(inner, layers), layers)
+        text = shrink_config(inner, layers)
     elif text["model_type"] == config["model_type"] or text["model_type"] in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return text
     wrapper = {key: value for key, value in config.items() if key not in ("architectures", "dtype", "_name_or_path")}
@@ -362,35 +364,12 @@ def _tiny_config(config: dict, layers: int) -> dict:
 def _audit_shrink(config: dict, layers: int) -> dict:
     """The decoder's config shrunk as :func:`posenc.integrations.audit.audit` shrinks it: read
     as position_plan reads it (an alias or an ``architectures`` class resolved, a wrapper's
-    ``text_config`` taken, where the audit module resolves them: ``_resolved``), the head width
-    the plan was read with where the audit passes it (``_plan_head_dim``)."""
+    ``text_config`` taken: ``_resolved``), the head width the plan was read with
+    (``_plan_head_dim``)."""
     from posenc.integrations import audit
 
-    # issue 34 item 3 (branch audit-real) adds _resolved and shrink_config's head_dim; until it is
-    # merged the audit reads the config as given. Once merged these become plain calls.
-    resolved = audit._resolved(config) if hasattr(audit, "_resolved") else dict(config)
-    options = {}
-    if hasattr(audit, "_plan_head_dim"):
-        options["head_dim"] = audit._plan_head_dim(_plan(config))
-    return audit.shrink_config(audit._text_config(resolved), layers, **options)
-
-
-def _fit(cfg: dict, layers: int) -> dict:
-    """What ``shrink_config`` still leaves unbuildable (issue 34 item 3, ``posenc audit``'s
-    shrinking, closes these; then this goes): MLA attention has as many key/value heads as
-    query heads; ``per_layer_config`` (Gemma 4) names only layers that exist; Gemma 3n / 4's
-    per-layer-input embeddings are small."""
-    from posenc.integrations.audit import HEADS, VOCAB
-
-    for key, value in (("vocab_size_per_layer_input", VOCAB), ("hidden_size_per_layer_input", 16)):
-        if isinstance(cfg.get(key), int) and cfg[key] > 0:
-            cfg[key] = value
-    if "kv_lora_rank" in cfg and isinstance(cfg.get("num_key_value_heads"), int):
-        cfg["num_key_value_heads"] = HEADS
-    per_layer = cfg.get("per_layer_config")
-    if isinstance(per_layer, dict):
-        cfg["per_layer_config"] = {k: v for k, v in per_layer.items() if str(k).isdigit() and int(k) < layers}
-    return cfg
+    head_dim = audit._plan_head_dim(_plan(config))
+    return audit.shrink_config(audit._text_config(audit._resolved(config)), layers, head_dim=head_dim)
 
 
 def _check_size(auto, cfg: dict) -> None:
@@ -431,9 +410,11 @@ def _build_tiny(cfg: dict, attn_implementation: str | None = None):
     return model.eval()
 
 
-def _default_build_refusal(family: Family, config: dict) -> str | None:
+def _default_build_refusal(family: Family, config: dict, tiny_error: BaseException | None = None) -> str | None:
     """Why transformers cannot build ``family``'s class from its default config (built on the
-    meta device: no memory, no weights), or None when it can."""
+    meta device: no memory, no weights), or cannot run it the way the tiny model failed
+    (``tiny_error``: a forward pass of 8 tokens on the meta device raising the same error), or
+    None when it can."""
     import torch
     import transformers
 
@@ -443,9 +424,18 @@ def _default_build_refusal(family: Family, config: dict) -> str | None:
     try:
         with warnings.catch_warnings(), torch.device("meta"):
             warnings.simplefilter("ignore")
-            model_class(transformers.AutoConfig.for_model(**config))
+            model = model_class(transformers.AutoConfig.for_model(**config))
     except Exception as err:  # noqa: BLE001 - whatever transformers raises is the reason
         return f"transformers' {family.model_class} from its default config: {_message(err)}"
+    if tiny_error is None:
+        return None
+    try:
+        with warnings.catch_warnings(), torch.device("meta"), torch.no_grad():
+            warnings.simplefilter("ignore")
+            model(**_inputs(model, torch.zeros(1, PROMPT, dtype=torch.long)))
+    except Exception as err:  # noqa: BLE001 - the default config's own failure, compared with the tiny model's
+        if type(err) is type(tiny_error) and str(err) == str(tiny_error):
+            return f"transformers' {family.model_class} from its default config runs no forward pass: {_message(err)}"
     return None
 
 
@@ -481,8 +471,8 @@ def sweep_family(family: Family | str, *, seed: int = 0) -> Verdict:
         own, own_tokens = _logits(model, tokens), _generate(model, tokens)
     except Exception as err:  # noqa: BLE001 - transformers' own model, as shrunk, does not build or run
         tiny = _short(str(err), 300) if isinstance(err, InvalidArgument) else f"the tiny model: {_message(err)}"
-        refusal = _default_build_refusal(family, config)
-        if refusal is None:  # transformers builds the default config: the shrinking is at fault
+        refusal = _default_build_refusal(family, config, err)
+        if refusal is None:  # transformers builds and runs the default config: the shrinking is at fault
             return verdict("failed", f"shrinking (posenc audit's shrink_config): {tiny}")
         return verdict("cannot build", refusal)
     plan_text = _one_line(plan.describe())
