@@ -507,6 +507,8 @@ def test_mrope_type_accepted_and_written_back():
     (dict(model_type="mistral3", text_config=dict(SMALL, model_type="llama")), "text_config"),
     (dict(SMALL, model_type="hunyuan_v1_dense", head_dim=16, partial_rotary_factor=0.5,
           rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0}), "partial_rotary_factor"),
+    # LFM2-MoE has no default schedule (LFM2's full_attn_idxs fallback is not its class's)
+    (dict(SMALL, model_type="lfm2_moe", num_experts=4), "layer_types"),
 ])
 def test_refusals_name_the_key(config, key):
     with pytest.raises((MissingKey, InvalidArgument), match=key):

@@ -754,6 +754,17 @@ def lfm2_layer_types(r: Reading) -> list[str]:
     return ["full_attention" if i in indices else "conv" for i in range(n)]
 
 
+def lfm2_moe_layer_types(r: Reading) -> list[str]:
+    """LFM2-MoE (``Lfm2MoeConfig``): the config's layer_types only; unlike LFM2 it has no
+    ``full_attn_idxs`` fallback (its model indexes ``layer_types``), so a config without them
+    names no attention layer and is refused rather than read as all-attention."""
+    explicit = r.explicit_layer_types()
+    if explicit is None:
+        raise InvalidArgument("config['layer_types'] is missing: Lfm2MoeConfig has no default schedule of "
+                              "attention and convolution layers (transformers cannot build the model without it)")
+    return explicit
+
+
 def bamba_layer_types(r: Reading) -> list[str]:
     """Bamba (``BambaConfig.layers_block_type``): ``full_attention`` at ``attn_layer_indices``,
     Mamba (``linear_attention``) elsewhere."""
@@ -1109,7 +1120,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("mllama_text_model", defaults={"rope_theta": 500_000.0}, layer_types=mllama_layer_types, span=hybrid_span,
             encoding=attention_layers_rope, base="model", source="transformers/models/mllama/"),
     _family("mllama", text_config="mllama_text_model", base="model.language_model", sizes_config="text_config"),
-    _family("lfm2_moe", defaults={"rope_theta": 1_000_000.0}, layer_types=lfm2_layer_types, span=hybrid_span,
+    _family("lfm2_moe", defaults={"rope_theta": 1_000_000.0}, layer_types=lfm2_moe_layer_types, span=hybrid_span,
             encoding=attention_layers_rope, rotary="pos_emb"),
     # GLM-4.7-Flash: DeepSeek-V3's MLA, RoPE on qk_rope_head_dim, interleaved with rope_interleave (default true)
     _family("glm4_moe_lite", layout="interleaved",
