@@ -710,8 +710,8 @@ EXTEND_REFUSED = {"gemma3_text": "already scaled", "gpt_oss": "already scaled", 
                   "hunyuan_v1_dense": r"already scaled \(ntk\)",  # HunYuan's NTK-alpha, read as posenc's ntk
                   # PhiMoE scales cos / sin by short_mscale / long_mscale, which no posenc encoding computes
                   "phimoe": "short_mscale", "ministral3": "already scaled",
-                  # Qwen3.5's text model alone: M-RoPE, which from_hf_config's one-RoPE reading does not extend
-                  "qwen3_5_text": "no RoPE on any layer"}
+                  # Qwen3.5's text model alone: M-RoPE, which from_hf_config's one-RoPE reading refuses by name
+                  "qwen3_5_text": "its layers are M-RoPE"}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

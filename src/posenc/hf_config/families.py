@@ -980,6 +980,11 @@ _GEMMA4_TEXT = dict(defaults={"head_dim": 256, "sliding_window": 512},
                     layer_types=gemma4_layer_types, encoding=gemma4_rope,
                     prepare=gemma4_check)
 
+#: Qwen3.5 and Qwen3.5-MoE's text models: one spelling (their configuration files' defaults agree)
+_QWEN3_5_TEXT = dict(defaults={"rope_theta": 10000.0, "head_dim": 256, "partial_rotary_factor": 0.25,
+                               "full_attention_interval": 4},
+                     layer_types=interval_layer_types, encoding=qwen3_5_rope, prepare=qwen3_next_note)
+
 #: model_type -> :class:`Family`, as transformers 5.24 builds each family. One entry per family.
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("llama", defaults={"rope_theta": 10000.0}),
@@ -1091,16 +1096,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("qwen3_vl_moe", text_config="qwen3_vl_moe_text", base="model.language_model", sizes_config="text_config",
             rotary_positions=True),
     # Qwen3.5: Qwen3-Next's hybrid (Gated DeltaNet layers, no positions) with interleaved M-RoPE
-    _family("qwen3_5_text", defaults={"rope_theta": 10000.0, "head_dim": 256, "partial_rotary_factor": 0.25,
-                                      "full_attention_interval": 4},
-            layer_types=interval_layer_types, encoding=qwen3_5_rope, prepare=qwen3_next_note,
-            source="transformers/models/qwen3_5/"),
+    _family("qwen3_5_text", **_QWEN3_5_TEXT, source="transformers/models/qwen3_5/"),
     _family("qwen3_5", text_config="qwen3_5_text", base="model.language_model", sizes_config="text_config",
             rotary_positions=True),
-    _family("qwen3_5_moe_text", defaults={"rope_theta": 10000.0, "head_dim": 256, "partial_rotary_factor": 0.25,
-                                          "full_attention_interval": 4},
-            layer_types=interval_layer_types, encoding=qwen3_5_rope, prepare=qwen3_next_note,
-            source="transformers/models/qwen3_5_moe/"),
+    _family("qwen3_5_moe_text", **_QWEN3_5_TEXT, source="transformers/models/qwen3_5_moe/"),
     _family("qwen3_5_moe", text_config="qwen3_5_moe_text", base="model.language_model", sizes_config="text_config",
             rotary_positions=True),
     # the hybrids: their softmax-attention layers get their positions, the other layers None
