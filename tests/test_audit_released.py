@@ -8,6 +8,7 @@ three times each); every file at the default length behind ``slow``.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from posenc.encodings import RoPE
 from posenc.errors import InvalidArgument
 from posenc.integrations import audit as audit_module
 from posenc.lab.cli import main
@@ -176,11 +178,26 @@ def test_gemma4_shapes_are_built(keys):
     assert report.ok
 
 
-def test_a_plan_the_model_cannot_take_is_exit_2_named():
-    """Gemma 4's per_layer_config gives its full-attention layers wider heads (512) than the
-    plan's RoPE (256): the audit says so (exit 2), no internal error."""
+def test_a_plan_the_model_cannot_take_is_exit_2_named(monkeypatch):
+    """Gemma 4's per_layer_config gives its full-attention layers wider heads (512) than its
+    sliding ones (256). position_plan reads each layer's width (the default config audits
+    clean); a plan that reads 256 everywhere, as posenc's reader once did, is one the model
+    cannot take: the audit says so (exit 2), no internal error."""
     transformers = pytest.importorskip("transformers")
     config = transformers.AutoConfig.for_model("gemma4_text").to_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert audit_module.audit(config, length=32).ok
+    read = audit_module._quiet_plan
+
+    def narrow_plan(cfg):  # every RoPE layer 256 wide: the old misreading of the global layers
+        plan = read(cfg)
+        narrow = next(layer.encoding for layer in plan if isinstance(layer.encoding, RoPE) and layer.encoding.head_dim == 256)
+        layers = tuple(dataclasses.replace(layer, encoding=narrow) if isinstance(layer.encoding, RoPE) else layer
+                       for layer in plan)
+        return dataclasses.replace(plan, layers=layers)
+
+    monkeypatch.setattr(audit_module, "_quiet_plan", narrow_plan)
     with warnings.catch_warnings(), pytest.raises(InvalidArgument, match="head_dim=256 differs from the model.s head_dim=512"):
         warnings.simplefilter("ignore")
         audit_module.audit(config, length=32)

@@ -549,7 +549,8 @@ def render_section(verdicts: list[Verdict]) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    # brackets escaped: a reason quoting config['a']['b'] is otherwise a Markdown reference link
+    return text.replace("|", "\\|").replace("\n", " ").replace("[", "\\[").replace("]", "\\]")
 
 
 def section_names(text: str) -> dict[str, str]:
