@@ -152,7 +152,8 @@ BLOOM_176B = {
 }
 
 
-@pytest.mark.parametrize("config, head_dim", [(GEMMA3_4B_IT, 256), (BLOOM_176B, 128)], ids=["gemma-3-4b-it", "bloom-176b"])
+@pytest.mark.parametrize("config, head_dim", [pytest.param(GEMMA3_4B_IT, 256, marks=pytest.mark.slow),  # 10 s
+                                             (BLOOM_176B, 128)], ids=["gemma-3-4b-it", "bloom-176b"])
 def test_the_head_width_is_read_as_position_plan_reads_it(config, head_dim):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

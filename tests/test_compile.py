@@ -64,10 +64,10 @@ def _train_step(model, tokens):
     return loss.detach(), grads
 
 
-#: one encoding per hook the LM compiles through (rotate, multi-axis rotate, score bias, a learned
-#: bias network, content, gate, mask schedule, embed); the others behind ``slow`` (the suite's
-#: time budget), run by ``pytest -m slow``
-COMPILED_BY_DEFAULT = ("rope", "mrope", "alibi", "fire", "shaw", "fox", "irope", "learned")
+#: one encoding per kind of hook the LM compiles through (rotate, score bias, a learned bias
+#: network, content, gate); the others behind ``slow`` (the suite's time budget), run by
+#: ``pytest -m slow``
+COMPILED_BY_DEFAULT = ("rope", "alibi", "fire", "shaw", "fox")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in COMPILED_BY_DEFAULT else (pytest.mark.slow,))

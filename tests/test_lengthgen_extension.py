@@ -41,6 +41,7 @@ def run_cli(args, capsys):
     return code, captured.out, captured.err
 
 
+@pytest.mark.slow  # an end-to-end CLI run with resume (the suite's time budget; pytest -m slow)
 def test_cli_runs_the_extension_rows_and_resumes(tmp_path, capsys):
     out = tmp_path / "out"
     args = ["lengthgen", "--tasks", "copy,passkey", "--encodings", "rope,nope,rope+yarn,rope+lm_infinite",
