@@ -6,6 +6,10 @@
 #   OUT=/some/folder bash benchmarks/gpu.sh          # on a machine with CUDA
 #   OUT=/tmp/gpu TINY=1 bash benchmarks/gpu.sh       # the same steps on the CPU at toy sizes
 #
+# A rerun of some steps only (the rest skipped and marked so): STEPS="tests attention branches"
+# (a step's first word), TESTS_K="fire" (pytest -k for the tests step), ATTENTION_LENGTHS="2048 8192",
+# DEADLINE=300 (seconds).
+#
 # Uses the python3 on PATH (torch with CUDA, triton, pytest, hypothesis, transformers
 # installed) and this checkout's src/ on PYTHONPATH; liger-kernel, if its wheel is in .whl/,
 # is installed to /tmp/site first. What comes back: $OUT/log.txt (everything printed),
@@ -49,6 +53,8 @@ else
                 --passkey-depths 0,0.5)
 fi
 
+[ -n "${ATTENTION_LENGTHS:-}" ] && read -r -a LENGTHS <<<"$ATTENTION_LENGTHS"
+
 say() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$LOG"; }
 
 # The whole script ends within DEADLINE seconds: a step's limit is cut to what is left, and a
@@ -56,8 +62,13 @@ say() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$LOG"; }
 DEADLINE=${DEADLINE:-500}
 
 # step NAME SECONDS COMMAND...: run it under a time limit, log it, record how it ended.
+STEPS=${STEPS:-}
 step() {
     local name=$1 limit=$2; shift 2
+    if [ -n "$STEPS" ] && [[ " $STEPS " != *" ${name%% *} "* ]]; then
+        printf '\n<!-- %s: not among STEPS -->\n' "$name" >>"$TABLES"
+        return
+    fi
     local left=$((DEADLINE - SECONDS))
     [ "$limit" -gt "$left" ] && limit=$left
     if [ "$limit" -lt 10 ]; then
@@ -87,7 +98,7 @@ say "posenc $(git rev-parse --short HEAD 2>/dev/null) $(git status --porcelain 2
 
 # 1. The CUDA tests: Triton RoPE against float64, Flex score_mods against eager (values and
 #    gradients), FlashAttention-2's ALiBi where installed, KV-cache decoding.
-step tests 140 $PY -m pytest -q -rs -p no:cacheprovider --junitxml="$WORK/tests.xml" \
+step tests 140 $PY -m pytest -q -rs -p no:cacheprovider --junitxml="$WORK/tests.xml" ${TESTS_K:+-k "$TESTS_K"} \
     tests/test_rotary_triton_cuda.py tests/test_flex_cuda.py tests/test_flash_attention_2.py tests/test_cuda_decoding.py
 { echo; echo "### tests $TEST_DEVICE_NOTE"; echo; grep -E "passed|failed|skipped|error" "$LOG" | tail -3 | sed 's/^/    /'; } >>"$TABLES"
 

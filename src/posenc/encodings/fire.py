@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc._validation import check_number, check_positive_int
+from posenc.mask_rules import position_at
 from posenc.encodings.score_bias import ScoreBias, _wide
 
 #: Entries of a FIRE tile whose features are made at once (:func:`_hinge_product`): the
@@ -149,28 +150,56 @@ class FIRE(ScoreBias):
             per_head = per_head.unsqueeze(0)
         return torch.take_along_dim(per_head, index, dim=-1).squeeze(-1)
 
-    def _one_score(self, q_position: Tensor, k_position: Tensor, head: Tensor) -> Tensor:
+    def _score_units(self) -> tuple[Tensor, ...]:
+        """The parameters a score reads, each a tensor of its own: c, L_multiplier, b2 (H,), and
+        per hidden unit u its w1_u (1,), b1_u (1,) and w2[:, u] (H,), as differentiable views.
+
+        FlexAttention's compiled backward (Inductor, torch 2.11-2.13, CUDA) refuses a tensor
+        requiring grad that a score_mod indexes more than once ("Using multiple indexing
+        operations on the same tensor that requires gradients"); read through these views, each
+        is indexed once per score, and autograd sums their gradients back into the parameters."""
+        first, second = self.mlp[0], self.mlp[2]
+        w1, b1 = first.weight[:, 0], first.bias
+        units = []
+        for unit in range(self.mlp_width):
+            units += [w1[unit:unit + 1], b1[unit:unit + 1], second.weight[:, unit]]
+        return (self.c.view(1), self.L_multiplier.view(1), second.bias, *units)
+
+    def _one_score(self, q_position: Tensor, k_position: Tensor, head: Tensor,
+                   units: tuple[Tensor, ...] | None = None) -> Tensor:
         """The same f_theta(normalized distance)_h for one (0-d) score, every parameter read by a
         gather whose index goes through the score's head (``zero = head * 0``): FlexAttention
         (torch 2.13, ``sdpa_dense_backward`` and the compiled kernels) differentiates a
         score_mod's captured parameters only when they are read that way, summing their
         gradients over the scores by scatter-adds; a plain product with a parameter there has no
-        gradient (vmap refuses it).
+        gradient (vmap refuses it). ``units``: :meth:`_score_units`, built once outside the
+        score_mod (:meth:`score_mod` does), so that each captured tensor is read once.
 
         The hidden layer is summed unit by unit (a loop over ``mlp_width``, not over the
         sequence): a score_mod must lower to a pointwise kernel, and Inductor refuses a
         (width,) intermediate there ("Buffers cannot be created while lowering a pointwise
         subgraph", torch 2.11-2.13, CPU and CUDA)."""
+        c, l_multiplier, b2, *per_unit = self._score_units() if units is None else units
         zero = head * 0
-        first, second = self.mlp[0], self.mlp[2]
-        threshold = (self.L_multiplier.view(1)[zero] * self.init_L).abs()
-        x = self._normalized(q_position, k_position, self.c.view(1)[zero], threshold).to(first.weight.dtype)
-        w1, w2 = first.weight.reshape(-1), second.weight.reshape(-1)  # flat: one index per gather
-        row = head * self.mlp_width
-        total = second.bias[head]
-        for unit in range(self.mlp_width):
-            total = total + w2[row + unit] * torch.relu(w1[zero + unit] * x + first.bias[zero + unit])
+        threshold = (l_multiplier[zero] * self.init_L).abs()
+        x = self._normalized(q_position, k_position, c[zero], threshold).to(b2.dtype)
+        total = b2[head]
+        for w1, b1, w2 in zip(per_unit[0::3], per_unit[1::3], per_unit[2::3]):
+            total = total + w2[head] * torch.relu(w1[zero] * x + b1[zero])
         return total.to(_wide(self.c))
+
+    def score_mod(self, q_positions: Tensor | None = None, k_positions: Tensor | None = None):
+        """The bias as a FlexAttention ``score_mod`` (:meth:`PositionalEncoding.score_mod`'s
+        contract), each parameter captured as its own view (:meth:`_score_units`) so that the
+        compiled backward differentiates them."""
+        self.prepare_bias()
+        units = self._score_units()
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + self._one_score(position_at(q_positions, b, q_idx), position_at(k_positions, b, kv_idx),
+                                           h.long(), units)
+
+        return score_mod
 
     def bias_into(self, q_positions: Tensor, k_positions: Tensor, head: Tensor, out: Tensor) -> Tensor | None:
         """:meth:`bias` written into ``out``, for how the attention layer asks for tiles: a

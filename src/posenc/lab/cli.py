@@ -8,6 +8,7 @@ traceback of either).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -748,6 +749,7 @@ def bench(
                                       lengths=_split_list(lengths, "--lengths", int),
                                       backends=_split_list(backends, "--backends"), dtype=dtype)
     meta = {**environment(), "device": device, "dtype": settings.attention_dtype}
+    settings = dataclasses.replace(settings, out=str(out), meta=meta)
     written = []
     for table in run_suite(what, settings):
         table.print()

@@ -169,6 +169,7 @@ def device_attention_benchmark(
     dtype: str = DEVICE_ATTENTION["dtype"],
     repeats: int = 10,
     backward: bool = True,
+    progress: Callable[[list[dict]], None] | None = None,
 ) -> tuple[list[dict], list[str]]:
     """Causal attention per score-bias encoding and backend against bias-free SDPA (torch's
     flash kernel on CUDA) and FlashAttention-2's own ALiBi, on one device, in this process:
@@ -181,6 +182,8 @@ def device_attention_benchmark(
     Returns rows ``{"length", "batch", "encoding", "backend", "fwd_ms", "fwd_bwd_ms",
     "peak_mb", "fwd_ratio", "fwd_bwd_ratio", "memory_ratio"}`` (and ``error`` / ``bwd_error``
     where a configuration cannot run: out of memory, a backend without a backward here) and notes.
+    ``progress``, if given, is called with every row measured so far after each row (ratios
+    filled in once a length's baseline is known), so that a run cut short keeps its rows.
     """
     from posenc.attention import attention
 
@@ -199,12 +202,17 @@ def device_attention_benchmark(
                    for _ in range(3))
 
         def base_row(encoding: str, backend: str, forward, leaves) -> dict:
-            return {"length": length, "batch": batch, "encoding": encoding, "backend": backend,
-                    **_measure(forward, leaves, dev, repeats, backward)}
+            row = {"length": length, "batch": batch, "encoding": encoding, "backend": backend,
+                   **_measure(forward, leaves, dev, repeats, backward)}
+            if progress is not None:
+                _add_ratios([row], baseline if length_rows else row)
+                progress(rows + length_rows + [row])
+            return row
 
         sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+        length_rows: list[dict] = []
         baseline = base_row("none (bias-free SDPA)", "sdpa", sdpa, [q, k, v])
-        length_rows = [baseline]
+        length_rows.append(baseline)
         alibi = create_for_model("alibi", d_model=heads * head_dim, num_heads=heads, head_dim=head_dim,
                                  max_positions=length).to(dev.device)
         fa2 = _fa2_alibi(q, k, v, alibi.slopes)
@@ -223,14 +231,19 @@ def device_attention_benchmark(
             for backend in backends:
                 forward = (lambda enc=encoding, b=backend: attention(q, k, v, enc, causal=True, backend=b))
                 length_rows.append(base_row(name, backend, forward, [q, k, v, *encoding.parameters()]))
-        for row in length_rows:
-            for key, ratio in (("fwd_ms", "fwd_ratio"), ("fwd_bwd_ms", "fwd_bwd_ratio"), ("peak_mb", "memory_ratio")):
-                if key in row and baseline.get(key):
-                    row[ratio] = row[key] / baseline[key]
+        _add_ratios(length_rows, baseline)
         rows += length_rows
         del q, k, v
         dev.empty()
     return rows, notes
+
+
+def _add_ratios(rows: list[dict], baseline: dict) -> None:
+    """Each row's time and memory as a ratio to the baseline row's (bias-free SDPA), in place."""
+    for row in rows:
+        for key, ratio in (("fwd_ms", "fwd_ratio"), ("fwd_bwd_ms", "fwd_bwd_ratio"), ("peak_mb", "memory_ratio")):
+            if key in row and baseline.get(key):
+                row[ratio] = row[key] / baseline[key]
 
 
 DEVICE_ATTENTION_COLUMNS = [

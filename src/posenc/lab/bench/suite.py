@@ -45,7 +45,9 @@ SIZES: dict[str, dict[bool, dict[bool, dict]]] = {
 class Settings:
     """One run of the suite: ``device`` None is the CPU default; ``dtype`` the attention dtype
     on a device (None: bfloat16 on CUDA, float32 elsewhere); ``lengths`` / ``backends`` the
-    device attention's; ``compile``: torch.compile the throughput models on a device."""
+    device attention's; ``compile``: torch.compile the throughput models on a device; ``out``
+    (with ``meta``): where a device table is rewritten after each row it measures, so that a
+    run cut short keeps its rows (the caller writes the whole table there at the end)."""
 
     device: str | None = None
     quick: bool = False
@@ -54,6 +56,8 @@ class Settings:
     lengths: tuple[int, ...] | None = None
     backends: tuple[str, ...] = ("flex", "auto")
     dtype: str | None = None
+    out: str | None = None
+    meta: dict | None = None
 
     @property
     def cuda(self) -> bool:
@@ -69,6 +73,18 @@ class Settings:
     def table_name(self, benchmark: str) -> str:
         """The file stem of a device table: ``<benchmark>-<device type>``."""
         return f"{benchmark}-{torch.device(self.device).type}"
+
+    def partial_writer(self, title: str, name: str, columns, notes: list[str]) -> Callable[[list[dict]], None] | None:
+        """A ``progress`` callback writing the rows so far as the table ``name`` under ``out``
+        (None without ``out``), marked partial until the whole table replaces it."""
+        if self.out is None:
+            return None
+
+        def write(rows: list[dict]) -> None:
+            partial = [*notes, f"partial: {len(rows)} rows so far (the run had not finished when this was written)"]
+            BenchTable(title, name, rows, columns, partial).write(self.out, self.meta)
+
+        return write
 
 
 def _rope(s: Settings) -> BenchTable:
@@ -87,9 +103,11 @@ def _attention(s: Settings) -> BenchTable:
         return BenchTable("causal attention, H=8, D=64, fp32", "attention", rows, ATTENTION_COLUMNS, notes)
     if s.lengths:
         sizes["lengths"] = s.lengths
-    rows, notes = device_attention_benchmark(s.device, backends=s.backends, dtype=s.attention_dtype, **sizes)
-    return BenchTable(f"causal attention on {s.device}, {s.attention_dtype}", s.table_name("attention"), rows,
-                      DEVICE_ATTENTION_COLUMNS, notes)
+    title = f"causal attention on {s.device}, {s.attention_dtype}"
+    progress = s.partial_writer(title, s.table_name("attention"), DEVICE_ATTENTION_COLUMNS, [])
+    rows, notes = device_attention_benchmark(s.device, backends=s.backends, dtype=s.attention_dtype,
+                                             progress=progress, **sizes)
+    return BenchTable(title, s.table_name("attention"), rows, DEVICE_ATTENTION_COLUMNS, notes)
 
 
 def _throughput(s: Settings) -> BenchTable:
