@@ -152,18 +152,21 @@ class FIRE(ScoreBias):
 
     def _score_units(self) -> tuple[Tensor, ...]:
         """The parameters a score reads, each a tensor of its own: c, L_multiplier, b2 (H,), and
-        per hidden unit u its w1_u (1,), b1_u (1,) and w2[:, u] (H,), as differentiable views.
+        per hidden unit u its w1_u (1,), b1_u (1,) and w2[:, u] (H,), as differentiable copies.
 
         FlexAttention's compiled backward (Inductor, torch 2.11-2.13, CUDA) refuses a tensor
         requiring grad that a score_mod indexes more than once ("Using multiple indexing
         operations on the same tensor that requires gradients"); read through these views, each
-        is indexed once per score, and autograd sums their gradients back into the parameters."""
+        is indexed once per score, and autograd sums their gradients back into the parameters
+        (the copies: 3 x mlp_width + 3 small tensors per score_mod, about (2 + H) x mlp_width floats)."""
         first, second = self.mlp[0], self.mlp[2]
         w1, b1 = first.weight[:, 0], first.bias
         units = []
         for unit in range(self.mlp_width):
             units += [w1[unit:unit + 1], b1[unit:unit + 1], second.weight[:, unit]]
-        return (self.c.view(1), self.L_multiplier.view(1), second.bias, *units)
+        # clones, not views: Dynamo traces a captured view back to its base, and Inductor's CPU
+        # flex kernel then refuses the slice computed inside the score_mod's subgraph
+        return tuple(t.clone() for t in (self.c.view(1), self.L_multiplier.view(1), second.bias, *units))
 
     def _one_score(self, q_position: Tensor, k_position: Tensor, head: Tensor,
                    units: tuple[Tensor, ...] | None = None) -> Tensor:
