@@ -46,6 +46,18 @@ def test_device_attention_rows_are_ratios_to_bias_free_sdpa():
     assert any("flash-attn not installed" in note for note in notes) or ("alibi (FlashAttention-2 native)", "flash_attn") in by_key
 
 
+def test_device_attention_reports_every_row_as_it_is_measured():
+    """A run cut at its time limit keeps what it measured: ``progress`` sees the rows so far
+    after each row, each with its ratios, and its last call holds the whole table."""
+    seen = []
+    rows, _ = bench.device_attention_benchmark("cpu", (32,), encodings=("alibi",), backends=("auto",), heads=2,
+                                               head_dim=16, tokens=64, repeats=1, dtype="float32",
+                                               progress=lambda so_far: seen.append([dict(r) for r in so_far]))
+    assert [len(so_far) for so_far in seen] == list(range(1, len(rows) + 1))
+    assert seen[-1] == rows
+    assert seen[1][-1]["fwd_ratio"] == seen[1][-1]["fwd_ms"] / seen[0][0]["fwd_ms"]
+
+
 def test_flex_reference_alibi_is_alibi():
     """The GPU table's reference row (FlexAttention's own index-based ALiBi) computes causal
     ALiBi: equal to posenc's eager backend (here on the CPU, forward only)."""

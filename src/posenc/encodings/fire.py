@@ -12,8 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from posenc._validation import check_number, check_positive_int
-from posenc.mask_rules import position_at
 from posenc.encodings.score_bias import ScoreBias, _wide
+from posenc.mask_rules import position_at
 
 #: Entries of a FIRE tile whose features are made at once (:func:`_hinge_product`): the
 #: (K + 2, entries) features stay in the L2 cache.
