@@ -12,6 +12,7 @@ the context hides no key there, so it is a full span (Phi-3's 262,144-token wind
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -124,6 +125,8 @@ def _settings(a: PositionalEncoding, b: PositionalEncoding) -> list[tuple[str, A
     rows.append(("rope_type", sa.get("rope_type"), sb.get("rope_type")))
     if sa.get("rope_type") == sb.get("rope_type"):
         for name in ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate"):
+            if name == "factor" and sa.get("rope_type") == "longrope":
+                continue  # LongRoPE's factor only sets the attention factor, compared above
             default = _YARN_DEFAULTS.get(name) if sa.get("rope_type") == "yarn" else None
             rows.append((name, sa.get(name, default), sb.get(name, default)))
     return rows
@@ -143,29 +146,35 @@ def _equal(x: Any, y: Any) -> bool:
     return x == y
 
 
-def _probe_positions(context_length: int | None) -> list[list[int]]:
-    """Two sets of positions: short (a few tokens) and long (to the end of the context), so that a
-    length-dependent scaling (LongRoPE's short and long factors) is compared in both regimes."""
-    end = max(64, context_length or 8192)
-    short = list(range(16))
-    long = sorted({0, 1, 2, 3, 100, 1000, 4095, 4096, 8191, end // 2, end - 1})
-    return [short, long]
+def _rotary_profile(encoding: PositionalEncoding, seq_len: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per rotated pair, the angle per position theta_i and the magnitude m_i (the attention
+    factor) at length ``seq_len``, from the encoding's own cos and sin at position 1, float64;
+    None for an encoding without ``cos_sin``."""
+    cos_sin = getattr(encoding, "cos_sin", None)
+    rotary = getattr(encoding, "rotary_dim", None)
+    if cos_sin is None or rotary is None:
+        return None
+    extra = {"seq_len": seq_len} if "seq_len" in inspect.signature(cos_sin).parameters else {}
+    cos, sin = cos_sin(torch.tensor([1]), torch.float64, **extra)
+    cos, sin = cos.reshape(-1)[:rotary], sin.reshape(-1)[:rotary]
+    cos, sin = (cos[0::2], sin[0::2]) if encoding.interleaved else (cos[: rotary // 2], sin[: rotary // 2])
+    # every angle per position is below pi (theta_i <= 1 rad), so atan2 recovers it to float64 precision
+    return torch.atan2(sin, cos), torch.hypot(sin, cos)
 
 
 def _same_rotation(a: PositionalEncoding, b: PositionalEncoding, context_length: int | None) -> bool:
-    generator = torch.Generator().manual_seed(0)
-    head_dim = a.head_dim
-    for positions in _probe_positions(context_length):
-        n = len(positions)
-        q = torch.randn(1, 1, n, head_dim, dtype=torch.float64, generator=generator)
-        k = torch.randn(1, 1, n, head_dim, dtype=torch.float64, generator=generator)
-        outputs = []
-        for encoding in (a, b):
-            pos = torch.tensor(positions)
-            if getattr(encoding, "position_axes", 1) == 3:  # M-RoPE: unequal axes, so the sections matter
-                pos = torch.stack([pos, pos // 2, pos // 3]).unsqueeze(1)
-            outputs.append(encoding.rotate(q, k, pos, pos))
-        for x, y in zip(*outputs):
-            if not torch.allclose(x, y, rtol=TOLERANCE, atol=TOLERANCE):
-                return False
+    """The same rotation: the same pairing and widths, and per pair the same angle per position and
+    magnitude (relative :data:`TOLERANCE`: GGUF stores float32) at a short and at the full length
+    (LongRoPE's two regimes); encodings without ``cos_sin`` by their recorded constructor config."""
+    for name in ("head_dim", "rotary_dim", "interleaved", "mrope_section", "mrope_interleaved"):
+        if getattr(a, name, None) != getattr(b, name, None):
+            return False
+    if type(a).__name__ != type(b).__name__ and "mrope" in (a.name, b.name):
+        return False
+    for seq_len in (1, max(2, context_length or 8192)):
+        pa, pb = _rotary_profile(a, seq_len), _rotary_profile(b, seq_len)
+        if pa is None or pb is None:
+            return type(a) is type(b) and a.config() == b.config()
+        if not all(torch.allclose(x, y, rtol=TOLERANCE, atol=1e-300) for x, y in zip(pa, pb)):
+            return False
     return True

@@ -225,8 +225,9 @@ class _Reading:
                      "encoding": "general.architecture",
                      "span": self.key("attention.sliding_window"), "window": self.key("attention.sliding_window"),
                      "mrope_section": self.key("rope.dimension_sections")}
-        keys_swa = {**keys_full, "base": self.key("rope.freq_base_swa"),
-                    "span": self.key("attention.sliding_window_pattern")}
+        if self.key("attention.sliding_window_pattern") in self.gguf.types:
+            keys_full["span"] = self.key("attention.sliding_window_pattern")
+        keys_swa = {**keys_full, "base": self.key("rope.freq_base_swa")}
         scale = self.scaling_settings(context, n_rot)
         keys_full.update(scale.keys)
         keys_swa.update(scale.keys)
@@ -285,7 +286,7 @@ class _Reading:
             raise self.gguf.error(f"key {self.key('rope.scaling.type')!r} = {kind!r}; llama.cpp reads {list(SCALING_TYPES)}")
         factor_key = self.key("rope.scaling.factor")
         factor = self.real("rope.scaling.factor", None, gt=0.0, le=1e6)
-        if factor is None:
+        if factor is None and self.key("rope.scale_linear") in self.gguf.types:  # the old name
             factor_key = self.key("rope.scale_linear")
             factor = self.real("rope.scale_linear", None, gt=0.0, le=1e6)
         factor = 1.0 if factor is None or kind == "none" else factor
@@ -311,6 +312,9 @@ class _Reading:
         factors = self.factor_tensors(n_rot)
         if factors:
             keys["frequencies"] = " / ".join(f"{name}.weight" for name in factors)
+        elif arch.factor_tensors:
+            names = [n for n in arch.factor_tensors if n != "rope_freqs"] if arch.name != "llama" else ["rope_freqs"]
+            keys["frequencies"] = " / ".join(f"{name}.weight" for name in names) + " (absent)"
         return _Scale(kind, factor, attn, ext, original, factors, keys)
 
     def factor_tensors(self, n_rot: int) -> dict[str, list[float]] | None:
@@ -374,9 +378,7 @@ class _Reading:
             return {"rope_type": "longrope", "short_factor": [v * factor for v in short],
                     "long_factor": [v * factor for v in long], "original_max_position_embeddings": scale.original,
                     "attention_factor": attn}
-        if scale.ext:
-            if factor == 1.0 and attn == 1.0:
-                return None
+        if scale.ext:  # factor 1 too (no rope.scaling.factor): the dict names what the file lacks
             return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": scale.original,
                     "beta_fast": BETA_FAST, "beta_slow": BETA_SLOW, "truncate": True, "attention_factor": attn}
         if attn != 1.0:  # a magnitude without YaRN: per-pair factors all equal to the linear factor
