@@ -418,6 +418,7 @@ def test_gemma3_without_freq_base_swa(tmp_path):
     is another loses it, and the difference names the key."""
     assert differences(tmp_path, "gemma3", convert(CONFIGS["gemma3"]).drop("rope.freq_base_swa")) == []
     config = dict(CONFIGS["gemma3"], rope_local_base_freq=50000.0)
+    assert differences(tmp_path, "gemma3", convert(config), config) == []
     found = differences(tmp_path, "gemma3", convert(config).drop("rope.freq_base_swa"), config)
     assert _fields(found)["base"] == "gemma3.rope.freq_base_swa"
     assert {i for d in found for i in d.layers} == {0, 1, 2, 3, 4, 6, 7, 8, 9, 10}
