@@ -286,6 +286,11 @@ def test_the_comparison_fails_on_a_wrong_plan(tmp_path):
         found = differences(tmp_path, name, convert(CONFIGS[name]), dict(CONFIGS[name], **change))
         fields = {d.field for d in found}
         assert field_name in fields or (field_name == "encoding" and fields), (name, found)
+    fewer = dict(CONFIGS["qwen3"], num_hidden_layers=3)
+    assert [d.field for d in differences(tmp_path, "qwen3", convert(CONFIGS["qwen3"]), fewer)] == ["layers"]
+    mrope_as_rope = {key: value for key, value in CONFIGS["qwen2vl"].items() if key != "rope_scaling"}
+    assert "encoding" in {d.field for d in differences(tmp_path, "qwen2vl", convert(CONFIGS["qwen2vl"]),
+                                                       dict(mrope_as_rope, model_type="qwen2"))}
 
 
 def test_llama_layout_note_and_deepseek_layout(tmp_path):

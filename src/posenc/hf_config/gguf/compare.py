@@ -169,7 +169,7 @@ def _same_rotation(a: PositionalEncoding, b: PositionalEncoding, context_length:
     for name in ("head_dim", "rotary_dim", "interleaved", "mrope_section", "mrope_interleaved"):
         if getattr(a, name, None) != getattr(b, name, None):
             return False
-    if type(a).__name__ != type(b).__name__ and "mrope" in (a.name, b.name):
+    if getattr(a, "position_axes", 1) != getattr(b, "position_axes", 1):  # M-RoPE against RoPE
         return False
     for seq_len in (1, max(2, context_length or 8192)):
         pa, pb = _rotary_profile(a, seq_len), _rotary_profile(b, seq_len)
