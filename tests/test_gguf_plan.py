@@ -547,6 +547,18 @@ def test_wrong_value_types_name_the_key(tmp_path, suffix, value, kind, words):
     assert f"llama.{suffix}" in text and words in text
 
 
+@pytest.mark.parametrize(("suffix", "value", "words"), [
+    ("rope.scaling.factor", 1e-5, "a factor >= 1"),
+    ("rope.scaling.yarn_log_multiplier", -5.0, "mscale_all_dim, >= 0"),
+    ("block_count", 513, "out of range [1, 512]"),
+])
+def test_values_llama_cpp_cannot_use(tmp_path, suffix, value, words):
+    c = convert(CONFIGS["deepseek-v3"])
+    c.put(suffix, value, V.UINT32 if isinstance(value, int) else V.FLOAT32)
+    text = _one_line_error(write(tmp_path / "d.gguf", c))
+    assert f"deepseek2.{suffix}" in text and words in text
+
+
 def test_unknown_architecture(tmp_path):
     c = convert(CONFIGS["qwen3"])
     c.kv = {key.replace("qwen3.", "mamba9."): value for key, value in c.kv.items()}

@@ -45,7 +45,6 @@ from posenc.hf_config.gguf.arches import ARCHES, ROPE_TYPES, Arch
 from posenc.hf_config.gguf.file import GGUFFile, read_gguf
 from posenc.hf_config.values import (
     MAX_HEAD_DIM,
-    MAX_LAYERS,
     MAX_POSITIONS,
     MAX_ROPE_THETA,
 )
@@ -58,6 +57,8 @@ SCALING_TYPES = ("none", "linear", "yarn", "longrope")
 #: Keys llama.cpp reads for YaRN only in a few architectures (grok, mistral3), none of posenc's.
 UNREAD_YARN_KEYS = ("rope.scaling.yarn_ext_factor", "rope.scaling.yarn_attn_factor", "rope.scaling.yarn_beta_fast",
                     "rope.scaling.yarn_beta_slow")
+#: The most layers llama.cpp loads (``LLAMA_MAX_LAYERS``, src/llama-hparams.h; load_hparams asserts it).
+LLAMA_MAX_LAYERS = 512
 #: llama.cpp's YaRN betas (llama_hparams' yarn_beta_fast, yarn_beta_slow).
 BETA_FAST, BETA_SLOW = 32.0, 1.0
 
@@ -205,7 +206,7 @@ class _Reading:
 
     def positions(self) -> GGUFPositions:
         arch = self.arch
-        n_layer = self.count("block_count", None, MAX_LAYERS, required=True)
+        n_layer = self.count("block_count", None, LLAMA_MAX_LAYERS, required=True)
         context = self.count("context_length", None, MAX_POSITIONS, required=True)
         n_embd = self.count("embedding_length", None, 2**31, required=True)
         heads = self.value(self.key("attention.head_count"), ("UINT32", "ARRAY[UINT32]", "ARRAY[INT32]"),
@@ -268,8 +269,9 @@ class _Reading:
         pattern_key = self.key("attention.sliding_window_pattern")
         pattern = self.value(pattern_key, ("UINT32", "ARRAY[BOOL]", "ARRAY[INT32]", "ARRAY[UINT32]"))
         if isinstance(pattern, list):
-            if len(pattern) > 512:  # LLAMA_MAX_LAYERS, the size of llama_hparams' array
-                raise self.gguf.error(f"key {pattern_key!r} has {len(pattern)} entries, more than llama.cpp's 512 layers")
+            if len(pattern) > LLAMA_MAX_LAYERS:  # the size of llama_hparams' array
+                raise self.gguf.error(f"key {pattern_key!r} has {len(pattern)} entries, more than llama.cpp's "
+                                      f"{LLAMA_MAX_LAYERS} layers")
             flags = [bool(pattern[il]) if il < len(pattern) else False for il in range(n_layer)]
         else:
             n = arch.swa_pattern if pattern is None else pattern
@@ -298,7 +300,12 @@ class _Reading:
         ext = kind == "yarn"
         attn = 1.0
         if ext:
+            if factor < 1.0:
+                raise self.gguf.error(f"key {factor_key!r} = {factor!r}: YaRN extends the context, a factor >= 1")
             log_mul = self.real("rope.scaling.yarn_log_multiplier", None, le=1e3) if arch.reads_log_mul else None
+            if log_mul is not None and log_mul < 0:  # 0.1 x mscale_all_dim; 0 means none to llama.cpp
+                raise self.gguf.error(f"key {self.key('rope.scaling.yarn_log_multiplier')!r} = {log_mul!r}: "
+                                      "0.1 x mscale_all_dim, >= 0")
             if log_mul:
                 mscale_all = log_mul / 0.1  # [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]: the converter wrote 0.1 x mscale_all_dim
                 mscale = mscale_all if arch.name == "deepseek2" and mscale_all != 1.0 else 1.0
