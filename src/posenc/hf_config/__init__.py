@@ -12,6 +12,9 @@ transformers import: the model glue is :mod:`posenc.integrations.transformers`.
   :func:`to_hf_dict`, and :func:`extension_config`, the fields that extend a model's context.
 - :mod:`posenc.hf_config.extension`: :func:`plan_extension`, a context extension planned from
   a config dict (the fields to write and the new plan; the position maps' record and defaults).
+- :mod:`posenc.hf_config.gguf`: GGUF files read as llama.cpp reads them:
+  :func:`position_plan_from_gguf` (the plan of a ``.gguf`` file for the checkpoint's weights),
+  :func:`gguf_rope_metadata` (its position keys by their GGUF names), ``plan_differences``.
 - :mod:`posenc.hf_config.values`: the one reader of a config's numbers (types, ranges and the
   bounds checked before any allocation) and :func:`load_config_json`, a config.json file parsed
   or refused with one error naming it.
@@ -26,6 +29,7 @@ transformers import: the model glue is :mod:`posenc.integrations.transformers`.
 from posenc.hf_config.encoding import extension_config, from_hf_config, to_hf_dict
 from posenc.hf_config.extension import Extension, ModelFacts, plan_extension
 from posenc.hf_config.families import FAMILIES, Family, position_plan, reads_model_type
+from posenc.hf_config.gguf import gguf_rope_metadata, position_plan_from_gguf
 from posenc.hf_config.rope import (
     EXTENSION_METHODS,
     HF_ROPE_FIELDS,
@@ -45,4 +49,5 @@ __all__ = [
     "EXTENSION_METHODS", "extension_scaling", "rope_parameters_of",
     "from_hf_config", "to_hf_dict", "extension_config", "plan_extension", "Extension", "ModelFacts",
     "position_plan", "reads_model_type", "FAMILIES", "Family", "PositionPlan", "LayerPlan", "load_config_json",
+    "position_plan_from_gguf", "gguf_rope_metadata",
 ]
