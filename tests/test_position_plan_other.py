@@ -20,7 +20,13 @@ transformers = pytest.importorskip("transformers")
 
 from posenc.errors import InvalidArgument, MissingKey  # noqa: E402
 from posenc.hf_config.families import FAMILIES  # noqa: E402
-from posenc.hf_config.families_other import plan_falcon, plan_gpt2, plan_mpt, plan_t5  # noqa: E402
+from posenc.hf_config.families_other import (  # noqa: E402
+    plan_falcon,
+    plan_gpt2,
+    plan_mpt,
+    plan_switch_transformers,
+    plan_t5,
+)
 from transformers.models.bloom.modeling_bloom import _get_alibi_slopes  # noqa: E402
 from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb  # noqa: E402
 from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor  # noqa: E402
@@ -51,7 +57,15 @@ CONFIGS = {
     "t5": {"model_type": "t5", "d_model": 64, "d_kv": 16, "d_ff": 128, "num_heads": 4, "num_layers": 2,
            "num_decoder_layers": 3, "relative_attention_num_buckets": 32, "vocab_size": 128,
            "feed_forward_proj": "relu", "is_encoder_decoder": True, "decoder_start_token_id": 0},
+    # google/switch-base-8's shape, shrunk: every other layer sparse (2 experts)
+    "switch_transformers": {"model_type": "switch_transformers", "d_model": 64, "d_kv": 16, "d_ff": 128, "num_heads": 4,
+                            "num_layers": 2, "num_decoder_layers": 2, "num_sparse_encoder_layers": 1,
+                            "num_sparse_decoder_layers": 1, "num_experts": 2, "expert_capacity": 64,
+                            "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
+                            "vocab_size": 128, "is_encoder_decoder": True, "decoder_start_token_id": 0},
 }
+#: The families of T5's reader and adapter (encoder-decoders, built as sequence-to-sequence models).
+T5_KIN = ("t5", "switch_transformers")
 
 
 def config_of(name: str, **overrides):
@@ -63,8 +77,8 @@ def model_of(name: str, **overrides):
     config = config_of(name, **overrides)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
-    if config.model_type == "t5":
-        model = transformers.T5ForConditionalGeneration(config)
+    if config.model_type in T5_KIN:
+        model = transformers.AutoModelForSeq2SeqLM.from_config(config)
     else:
         model = transformers.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
@@ -108,7 +122,7 @@ def test_every_reader_is_in_the_table_and_reads_the_released_shapes():
         config = config_of(name)
         via_object = FAMILY_READERS[spec["model_type"]](config.to_dict())
         assert raw.describe() == via_object.describe()
-        assert len(raw) == (config.num_decoder_layers if name == "t5" else config.num_hidden_layers)
+        assert len(raw) == (config.num_decoder_layers if name in T5_KIN else config.num_hidden_layers)
 
 
 def test_position_plan_reads_these_families_through_their_readers():
@@ -353,6 +367,43 @@ def test_t5_layer_counts_follow_t5config():
     assert (len(plan.encoder), len(plan)) == (config.num_layers, config.num_decoder_layers) == (2, 6)
 
 
+def test_switch_transformers_bias_is_compute_bias_of_each_stacks_first_layer():
+    """SwitchTransformersAttention's own compute_bias (transformers' copy of T5's): one table per
+    stack in its first layer, bidirectional buckets in the encoder, causal in the decoder; the
+    plan's buckets give the same bias past max_distance and at a cached decoding step."""
+    model = model_of("switch_transformers")
+    plan = plan_switch_transformers(dict(CONFIGS["switch_transformers"]))
+    assert (len(plan.encoder), len(plan)) == (2, 2)
+    assert plan.encoder[0].encoding.bidirectional and not plan[0].encoding.bidirectional
+    for stack, stack_plan in ((model.encoder, plan.encoder), (model.decoder, plan)):
+        first = stack.block[0].layer[0].SelfAttention
+        assert type(first).__name__ == "SwitchTransformersAttention" and first.has_relative_attention_bias
+        assert all(not block.layer[0].SelfAttention.has_relative_attention_bias for block in stack.block[1:])
+        encoding = stack_plan[0].encoding
+        assert all(layer.encoding is encoding for layer in stack_plan)
+        with torch.no_grad():
+            encoding.relative_attention_bias.weight.copy_(first.relative_attention_bias.weight)
+        t = 300
+        positions = torch.arange(t)
+        assert torch.equal(encoding.score_bias(positions, positions), first.compute_bias(t, t)[0])
+        step = encoding.score_bias(torch.tensor([t - 1]), positions)
+        assert torch.equal(step, first.compute_bias(1, t, past_seen_tokens=t - 1)[0])
+
+
+@pytest.mark.parametrize("spec, layers", [
+    ({"num_layers": 4}, (4, 12)),  # no num_decoder_layers: the field's default 12, not num_layers
+    ({"num_layers": 4, "num_decoder_layers": None}, (4, 4)),  # an explicit null: num_layers (__post_init__)
+    ({"num_hidden_layers": 3}, (3, 12)),  # the alias sets num_layers only
+    ({"num_layers": 3, "num_decoder_layers": 5}, (3, 5)),
+])
+def test_switch_transformers_layer_counts_follow_its_config_class(spec, layers):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = plan_switch_transformers({"model_type": "switch_transformers", **spec})
+    config = transformers.SwitchTransformersConfig(**spec)
+    assert (len(plan.encoder), len(plan)) == (config.num_layers, config.num_decoder_layers) == layers
+
+
 # --------------------------------------------------------------------------------------------- adapters
 
 
@@ -435,6 +486,34 @@ def test_t5_adapter_reproduces_the_models_logits():
         assert torch.equal(generated, reference_model.generate(ids, max_new_tokens=12, do_sample=False))
 
 
+def test_switch_transformers_through_t5_s_adapter_reproduces_the_models_logits():
+    """The plan read from the config, applied by T5's adapter (the record names it): the model's
+    logits and its cached greedy tokens; a plan with other bucket settings moves the logits."""
+    from posenc.integrations.transformers import position_plan
+
+    model, reference_model = model_of("switch_transformers"), model_of("switch_transformers")
+    ids = torch.randint(0, 128, (2, 20), generator=torch.Generator().manual_seed(1))
+    decoder_ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(2))
+    plan = position_plan(model.config)
+    with torch.no_grad():
+        reference = reference_model(input_ids=ids, decoder_input_ids=decoder_ids).logits
+        apply_plan(model, plan)
+        assert plan.encoder[0].encoding.relative_attention_bias is \
+            model.encoder.block[0].layer[0].SelfAttention.relative_attention_bias
+        ours = model(input_ids=ids, decoder_input_ids=decoder_ids).logits
+        assert (ours - reference).abs().max() <= 1e-5
+        generated = model.generate(ids, max_new_tokens=12, do_sample=False)
+        assert torch.equal(generated, reference_model.generate(ids, max_new_tokens=12, do_sample=False))
+        # the logits are posenc's buckets': other buckets (max_distance 24) move them
+        for stack_plan in (plan.encoder, plan):
+            stack_plan[0].encoding.max_distance = 24
+        assert (model(input_ids=ids, decoder_input_ids=decoder_ids).logits - reference).abs().max() > 100 * 1e-5
+    wrong = position_plan(model.config)
+    wrong.encoder[0].encoding.bidirectional = False  # the encoder's buckets read as causal: refused
+    with pytest.raises(InvalidArgument, match="not the buckets"):
+        apply_plan(model, wrong)
+
+
 def test_adapters_refuse_what_does_not_fit():
     with pytest.raises(InvalidArgument, match="heads"):
         apply_plan(model_of("bloom"), FAMILY_READERS["bloom"]({**CONFIGS["bloom"], "n_head": 4}))
@@ -502,7 +581,7 @@ def test_falcon_alibi_adapter_reproduces_the_models_logits_past_bfloat16_positio
         assert (model(ids, attention_mask=mask).logits - reference).abs()[real].max() <= 1e-5
 
 
-@pytest.mark.parametrize("name", ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "t5"])
+@pytest.mark.parametrize("name", ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "t5", "switch_transformers"])
 def test_the_records_name_each_layers_self_attention(name):
     """The layer paths of the adapter families' records (where the adapters and posenc audit
     find each layer's self-attention): transformers' own self-attention module of the family,
@@ -512,7 +591,7 @@ def test_the_records_name_each_layers_self_attention(name):
     model = model_of(name)
     stacks = layer_stacks(model)
     expected = [("encoder", model.config.num_layers), ("decoder", model.config.num_decoder_layers)] \
-        if name == "t5" else [("decoder", model.config.num_hidden_layers)]
+        if name in T5_KIN else [("decoder", model.config.num_hidden_layers)]
     assert [(stack.name, len(stack.attentions)) for stack in stacks] == expected
     for stack in stacks:
         for attention in stack.attentions:

@@ -53,6 +53,7 @@ from posenc.hf_config.families_other import (
     plan_mpt,
     plan_mt5,
     plan_opt,
+    plan_switch_transformers,
     plan_t5,
 )
 from posenc.hf_config.rope import head_dim_of, read_hf_config, rope_dict_spellings
@@ -1186,6 +1187,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             attention="layer.0.SelfAttention", rotary=None),
     _family("mt5", reader=plan_mt5, adapter="t5", stacks=("encoder", "decoder"), layers="block",
             attention="layer.0.SelfAttention", rotary=None),    # -- issue 34, non-rotary families
+    # T5's buckets in a mixture-of-experts T5 (the experts are feed-forward layers): T5's reader and adapter
+    _family("switch_transformers", reader=plan_switch_transformers, adapter="t5", stacks=("encoder", "decoder"),
+            layers="block", attention="layer.0.SelfAttention", rotary=None),
     # recurrent: no attention layer at all
     _refused("mamba", _RECURRENT.format(mixer="Mamba's selective state-space mixers")),
     _refused("mamba2", _RECURRENT.format(mixer="Mamba-2's state-space duality mixers")),

@@ -1,7 +1,7 @@
 """Position plans of the Hugging Face families whose positions are not (only) rotary, or whose
 attention does not go through transformers' ``AttentionInterface``: Falcon (RoPE, or ALiBi
 with ``alibi: true``), BLOOM and MPT (ALiBi), GPT-2 and OPT (learned absolute tables) and
-T5 / mT5 (relative buckets, one plan per stack).
+T5 / mT5 / Switch Transformers (relative buckets, one plan per stack).
 
 One reader per family, ``plan_<model_type>(config) -> PositionPlan``, named by the family's
 record (:attr:`posenc.hf_config.families.Family.reader`) in the one family table that
@@ -42,7 +42,8 @@ from posenc.hf_config.rope import read_hf_config
 from posenc.plan import LayerPlan, PositionPlan
 from posenc.hf_config.values import check_size, check_table
 
-__all__ = ["plan_falcon", "plan_bloom", "plan_mpt", "plan_gpt2", "plan_opt", "plan_t5", "plan_mt5"]
+__all__ = ["plan_falcon", "plan_bloom", "plan_mpt", "plan_gpt2", "plan_opt", "plan_t5", "plan_mt5",
+           "plan_switch_transformers"]
 
 _NO_DEFAULT = object()
 
@@ -336,8 +337,11 @@ def plan_opt(config: Mapping[str, Any]) -> PositionPlan:
 # T5 (transformers/models/t5)
 
 
-#: The defaults of T5Config and MT5Config (transformers 5.24) that a T5 plan reads.
-_T5_DEFAULTS = {"t5": {"num_layers": 6, "num_heads": 8}, "mt5": {"num_layers": 8, "num_heads": 6}}
+#: The defaults of T5Config, MT5Config and SwitchTransformersConfig (transformers 5.24) that a T5
+#: plan reads; ``num_decoder_layers`` is the field's default (None: num_layers, in ``__post_init__``).
+_T5_DEFAULTS = {"t5": {"num_layers": 6, "num_heads": 8, "num_decoder_layers": None},
+                "mt5": {"num_layers": 8, "num_heads": 6, "num_decoder_layers": None},
+                "switch_transformers": {"num_layers": 12, "num_heads": 12, "num_decoder_layers": 12}}
 
 
 def plan_t5(config: Mapping[str, Any]) -> PositionPlan:
@@ -368,14 +372,31 @@ def plan_mt5(config: Mapping[str, Any]) -> PositionPlan:
     return _plan_t5_family(config, "mt5")
 
 
+def plan_switch_transformers(config: Mapping[str, Any]) -> PositionPlan:
+    """Switch Transformers' plans: T5's (``SwitchTransformersAttention``'s ``compute_bias`` and
+    ``_relative_position_bucket`` are T5's, copied; the first layer of each stack holds the
+    table, ``has_relative_attention_bias=bool(i == 0)``; the experts replace feed-forward layers
+    only), with SwitchTransformersConfig's defaults: 12 layers, 12 heads, and
+    ``num_decoder_layers`` 12 where the config has no such key (the field's default; an explicit
+    null is num_layers, as ``__post_init__`` sets it). See :func:`plan_t5`."""
+    return _plan_t5_family(config, "switch_transformers")
+
+
 def _plan_t5_family(config: Mapping[str, Any], family: str) -> PositionPlan:
     r = _Reader(config, family, (family,))
     defaults = _T5_DEFAULTS[family]
     num_layers = r.positive_int("num_hidden_layers", "num_layers", default=defaults["num_layers"])
-    # T5Config sets num_decoder_layers from num_layers before its alias num_hidden_layers is set
+    # the config class sets num_decoder_layers from num_layers (when the field is None) before its
+    # alias num_hidden_layers is set
     decoder_default = config.get("num_layers") if config.get("num_layers") is not None else defaults["num_layers"]
+    field_default = "num_decoder_layers" not in config and defaults["num_decoder_layers"] is not None
+    if field_default:
+        decoder_default = defaults["num_decoder_layers"]  # the field's own default, not None
     num_decoder_layers = r.positive_int("num_decoder_layers", default=decoder_default)
-    if config.get("num_decoder_layers") is None and num_decoder_layers != num_layers:
+    if field_default and num_decoder_layers != num_layers:
+        r.note(f"config has no num_decoder_layers; transformers' {family} config gives the decoder its field's "
+               f"default {num_decoder_layers} layers, not num_layers ({num_layers}) (the plan follows it)", warn=True)
+    elif config.get("num_decoder_layers") is None and num_decoder_layers != num_layers:
         r.note(f"config has num_hidden_layers={num_layers} and no num_decoder_layers; transformers' {family} config "
                f"sets num_decoder_layers from num_layers ({num_decoder_layers}) before the alias: the decoder has "
                f"{num_decoder_layers} layers (the plan follows it)", warn=True)
