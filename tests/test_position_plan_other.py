@@ -57,6 +57,9 @@ CONFIGS = {
     "t5": {"model_type": "t5", "d_model": 64, "d_kv": 16, "d_ff": 128, "num_heads": 4, "num_layers": 2,
            "num_decoder_layers": 3, "relative_attention_num_buckets": 32, "vocab_size": 128,
            "feed_forward_proj": "relu", "is_encoder_decoder": True, "decoder_start_token_id": 0},
+    # bigcode/starcoderbase-1b's shape, shrunk: multi-query attention
+    "gpt_bigcode": {"model_type": "gpt_bigcode", "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 64,
+                    "multi_query": True, "vocab_size": 128, "activation_function": "gelu_pytorch_tanh"},
     # google/switch-base-8's shape, shrunk: every other layer sparse (2 experts)
     "switch_transformers": {"model_type": "switch_transformers", "d_model": 64, "d_kv": 16, "d_ff": 128, "num_heads": 4,
                             "num_layers": 2, "num_decoder_layers": 2, "num_sparse_encoder_layers": 1,
@@ -282,9 +285,14 @@ def test_mpt_follows_transformers_where_the_config_says_otherwise():
 # --------------------------------------------------------------------------------------------- GPT-2, OPT
 
 
-def test_gpt2_table_is_wpe_at_the_same_positions():
-    model = model_of("gpt2")
-    plan = plan_gpt2(dict(CONFIGS["gpt2"]))
+#: The GPT-2-shaped families: a learned table wpe, read by GPT-2's reader and applied by its adapter.
+WPE = ("gpt2", "gpt_bigcode")
+
+
+@pytest.mark.parametrize("name", WPE)
+def test_gpt2_table_is_wpe_at_the_same_positions(name):
+    model = model_of(name)
+    plan = FAMILY_READERS[name](dict(CONFIGS[name]))
     table = plan.embedding
     assert all(layer.encoding is None for layer in plan)
     assert tuple(table.weight.shape) == tuple(model.transformer.wpe.weight.shape)
@@ -297,12 +305,13 @@ def test_gpt2_table_is_wpe_at_the_same_positions():
         table.embed(x, positions + 1)
 
 
-def test_gpt2_spellings_follow_gpt2config():
-    spec = {**CONFIGS["gpt2"], "max_position_embeddings": 32}
+@pytest.mark.parametrize("name", WPE)
+def test_gpt2_spellings_follow_gpt2config(name):
+    spec = {**CONFIGS[name], "max_position_embeddings": 32}
     with pytest.warns(UserWarning, match="n_positions"):
-        plan = plan_gpt2(spec)
-    config = transformers.GPT2Config(**{k: v for k, v in spec.items() if k != "model_type"})
-    assert plan.embedding.max_positions == transformers.GPT2Model(config).wpe.num_embeddings == 32
+        plan = FAMILY_READERS[name](spec)
+    config = transformers.AutoConfig.for_model(**spec)
+    assert plan.embedding.max_positions == transformers.AutoModel.from_config(config).wpe.num_embeddings == 32
 
 
 def test_opt_table_has_the_offset_and_reads_positions_from_the_mask():
@@ -409,7 +418,7 @@ def test_switch_transformers_layer_counts_follow_its_config_class(spec, layers):
 
 from posenc.integrations.adapters import apply_plan  # noqa: E402
 
-ADAPTED = ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "falcon_alibi"]
+ADAPTED = ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "falcon_alibi", "gpt_bigcode"]
 
 
 def noise_floor(name: str, ids, mask) -> float:
@@ -437,7 +446,7 @@ def test_adapter_reproduces_the_models_logits(name):
     ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(1))
     # MPT's positions are key indices (no padding support of its own): unpadded there
     mask = torch.ones(2, 24, dtype=torch.long) if name == "mpt" else left_padded_mask([24, 17], 24)
-    extra = {"position_ids": gpt2_position_ids(mask)} if name == "gpt2" else {}
+    extra = {"position_ids": gpt2_position_ids(mask)} if name in WPE else {}
     model = model_of(name)
     with torch.no_grad():
         reference = model(ids, attention_mask=mask, **extra).logits
@@ -450,15 +459,15 @@ def test_adapter_reproduces_the_models_logits(name):
         # a cached decoding step: the next token's logits with and without the cache
         step_ids = torch.cat([ids, ids[:, :1]], dim=1)
         step_mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
-        step_extra = {"position_ids": gpt2_position_ids(step_mask)} if name == "gpt2" else {}
+        step_extra = {"position_ids": gpt2_position_ids(step_mask)} if name in WPE else {}
         full = model(step_ids, attention_mask=step_mask, **step_extra).logits[:, -1]
         prefix = model(ids, attention_mask=mask, use_cache=True, **extra)
-        last_extra = {"position_ids": step_extra["position_ids"][:, -1:]} if name == "gpt2" else {}
+        last_extra = {"position_ids": step_extra["position_ids"][:, -1:]} if name in WPE else {}
         cached = model(step_ids[:, -1:], attention_mask=step_mask, cache=prefix.past_key_values, use_cache=True,
                        **last_extra).logits[:, -1]
         assert (cached - full).abs().max() < 1e-4
     # the adapter computes the positions: shifting the plan's positions moves the logits
-    if name in ("gpt2", "opt"):
+    if name in (*WPE, "opt"):
         with torch.no_grad():
             plan.embedding.weight.data = plan.embedding.weight.data.roll(1, dims=0)
             assert (model(ids, attention_mask=mask, **extra).logits - reference).abs().max() > 5e-2
@@ -581,7 +590,8 @@ def test_falcon_alibi_adapter_reproduces_the_models_logits_past_bfloat16_positio
         assert (model(ids, attention_mask=mask).logits - reference).abs()[real].max() <= 1e-5
 
 
-@pytest.mark.parametrize("name", ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "t5", "switch_transformers"])
+@pytest.mark.parametrize("name", ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "t5", "switch_transformers",
+                                  "gpt_bigcode"])
 def test_the_records_name_each_layers_self_attention(name):
     """The layer paths of the adapter families' records (where the adapters and posenc audit
     find each layer's self-attention): transformers' own self-attention module of the family,

@@ -50,6 +50,7 @@ from posenc.hf_config.families_other import (
     plan_bloom,
     plan_falcon,
     plan_gpt2,
+    plan_gpt_bigcode,
     plan_mpt,
     plan_mt5,
     plan_opt,
@@ -1187,6 +1188,12 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             attention="layer.0.SelfAttention", rotary=None),
     _family("mt5", reader=plan_mt5, adapter="t5", stacks=("encoder", "decoder"), layers="block",
             attention="layer.0.SelfAttention", rotary=None),    # -- issue 34, non-rotary families
+    # GPT-2's learned table wpe (StarCoder's multi-query attention goes through AttentionInterface): GPT-2's adapter
+    _family("gpt_bigcode", reader=plan_gpt_bigcode, adapter="gpt2", layers="h", attention="attn", rotary=None),
+    _refused("gpt_neo", "a learned table (transformer.wpe) under attention computed outside transformers' "
+                        "AttentionInterface (GPTNeoSelfAttention._attn: q.k unscaled, its own causal mask and, on the "
+                        "'local' layers of attention_types, a window of window_size keys); posenc has no adapter "
+                        "for GPT-Neo's attention"),
     # T5's buckets in a mixture-of-experts T5 (the experts are feed-forward layers): T5's reader and adapter
     _family("switch_transformers", reader=plan_switch_transformers, adapter="t5", stacks=("encoder", "decoder"),
             layers="block", attention="layer.0.SelfAttention", rotary=None),

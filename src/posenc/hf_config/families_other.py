@@ -1,6 +1,6 @@
 """Position plans of the Hugging Face families whose positions are not (only) rotary, or whose
 attention does not go through transformers' ``AttentionInterface``: Falcon (RoPE, or ALiBi
-with ``alibi: true``), BLOOM and MPT (ALiBi), GPT-2 and OPT (learned absolute tables) and
+with ``alibi: true``), BLOOM and MPT (ALiBi), GPT-2, GPTBigCode and OPT (learned absolute tables) and
 T5 / mT5 / Switch Transformers (relative buckets, one plan per stack).
 
 One reader per family, ``plan_<model_type>(config) -> PositionPlan``, named by the family's
@@ -43,7 +43,7 @@ from posenc.plan import LayerPlan, PositionPlan
 from posenc.hf_config.values import check_size, check_table
 
 __all__ = ["plan_falcon", "plan_bloom", "plan_mpt", "plan_gpt2", "plan_opt", "plan_t5", "plan_mt5",
-           "plan_switch_transformers"]
+           "plan_switch_transformers", "plan_gpt_bigcode"]
 
 _NO_DEFAULT = object()
 
@@ -299,12 +299,32 @@ def plan_gpt2(config: Mapping[str, Any]) -> PositionPlan:
         InvalidType: config not a dict. InvalidArgument: another model_type, a size that is not
         a positive int.
     """
-    r = _Reader(config, "gpt2", ("gpt2",))
+    return _plan_wpe(config, "gpt2")
+
+
+def plan_gpt_bigcode(config: Mapping[str, Any]) -> PositionPlan:
+    """GPTBigCode's plan (``GPTBigCodeConfig``, ``GPTBigCodeModel``; StarCoder, SantaCoder): GPT-2's
+    (:func:`plan_gpt2`): the learned table ``wpe`` (``max_position_embeddings`` x ``hidden_size``,
+    aliases of ``n_positions`` and ``n_embd``, defaults 1024 and 768; ``n_layer`` 12) added to the
+    token embeddings at ``position_ids``, else arange plus the cached length (the attention mask
+    plays no part); no positions in the attention layers, whose multi-query keys and values
+    (``multi_query``) go through ``AttentionInterface``.
+
+    Raises:
+        InvalidType: config not a dict. InvalidArgument: another model_type, a size that is not
+        a positive int.
+    """
+    return _plan_wpe(config, "gpt_bigcode")
+
+
+def _plan_wpe(config: Mapping[str, Any], family: str) -> PositionPlan:
+    """The plan of a GPT-2-shaped family: a learned table ``wpe``, NoPE attention layers."""
+    r = _Reader(config, family, (family,))
     num_positions = r.positive_int("max_position_embeddings", "n_positions", default=1024)
     hidden = r.positive_int("hidden_size", "n_embd", default=768)
     num_layers = r.positive_int("num_hidden_layers", "n_layer", default=12)
-    check_table(num_positions, hidden, "config (gpt2): max_position_embeddings x hidden_size")
-    r.note("gpt2: learned table wpe added to the token embeddings; positions arange + cache length "
+    check_table(num_positions, hidden, f"config ({family}): max_position_embeddings x hidden_size")
+    r.note(f"{family}: learned table wpe added to the token embeddings; positions arange + cache length "
            "unless position_ids are given")
     return r.plan([LayerPlan() for _ in range(num_layers)], embedding=LearnedAbsolute(num_positions, hidden))
 
