@@ -642,6 +642,7 @@ REFUSED = {
     "megatron-bert": r"MegatronBertEmbeddings\.position_embeddings",
     "big_bird": r"block-sparse.*BigBirdEmbeddings", "roformer": "RoFormerSinusoidalPositionalEmbedding",
     "git": r"image tokens prefixed.*GitEmbeddings", "blip": "BlipTextEmbeddings",
+    "csm_depth_decoder_model": r"position-indexed weights.*CsmCodebooksHead",
     "gpt_neo": r"transformer\.wpe.*GPTNeoSelfAttention\._attn.*window_size",
     "biogpt": r"offset of 2 rows \(BioGptLearnedPositionalEmbedding", "xglm": r"XGLMSinusoidalPositionalEmbedding.*offset of 2",
     "trocr": r"TrOCRLearnedPositionalEmbedding.*TrOCRSinusoidalPositionalEmbedding",

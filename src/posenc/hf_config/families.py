@@ -1194,6 +1194,11 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                         "AttentionInterface (GPTNeoSelfAttention._attn: q.k unscaled, its own causal mask and, on the "
                         "'local' layers of attention_types, a window of window_size keys); posenc has no adapter "
                         "for GPT-Neo's attention"),
+    _refused("csm_depth_decoder_model",
+             "position-indexed weights: the depth decoder picks each token's input embedding rows (input_ids + "
+             "vocab_size * (position - 1)) and its output head (CsmCodebooksHead, one weight per codebook position) by "
+             "its position, which it computes itself (arange over the cache, ignoring position_ids); posenc's plan "
+             "positions attention only", folder="csm"),
     # T5's buckets in a mixture-of-experts T5 (the experts are feed-forward layers): T5's reader and adapter
     _family("switch_transformers", reader=plan_switch_transformers, adapter="t5", stacks=("encoder", "decoder"),
             layers="block", attention="layer.0.SelfAttention", rotary=None),
