@@ -27,7 +27,7 @@ from test_position_plan_other import gpt2_position_ids, left_padded_mask, model_
 #: The adapter families as test_position_plan_other builds them (Falcon twice: rotary and ALiBi).
 NAMES = ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "falcon_alibi", "t5"]
 #: The families issue 34 gave an existing adapter (GPT-2's, T5's).
-ADOPTED = ["gpt_bigcode", "switch_transformers"]
+ADOPTED = ["gpt_bigcode", "switch_transformers", "biogpt"]
 #: The encoder-decoders of T5's adapter.
 T5_KIN = ("t5", "switch_transformers")
 #: transformers 5.24's generate() sizes T5's cache by num_layers: as many decoder as encoder layers.
@@ -118,13 +118,13 @@ def _own_encoding(name, model):
         table = posenc.LearnedAbsolute(plan.embedding.weight.shape[0] - plan.embedding.offset,
                                        plan.embedding.weight.shape[1], offset=plan.embedding.offset)
         with torch.no_grad():
-            table.weight.copy_(model.base_model.get_decoder().embed_positions.weight if name == "opt"
-                               else model.transformer.wpe.weight)
+            owner, attribute = adapter_of(model).table(model)  # the family's own table, where its adapter finds it
+            table.weight.copy_(getattr(owner, attribute).weight)
         return table
     return plan[0].encoding
 
 
-@pytest.mark.parametrize("name", ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "falcon_alibi", "gpt_bigcode"])
+@pytest.mark.parametrize("name", ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "falcon_alibi", "gpt_bigcode", "biogpt"])
 def test_the_encoding_route_with_the_familys_own_encoding_reproduces_the_model(name):
     """The family's own positions given as an encoding (not a plan) run through posenc's
     attention (BLOOM, MPT, Falcon: the replaced attention forward; GPT-2, OPT: transformers'

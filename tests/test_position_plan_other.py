@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 from posenc.errors import InvalidArgument, MissingKey  # noqa: E402
 from posenc.hf_config.families import FAMILIES  # noqa: E402
 from posenc.hf_config.families_other import (  # noqa: E402
+    plan_biogpt,
     plan_falcon,
     plan_gpt2,
     plan_mpt,
@@ -60,6 +61,10 @@ CONFIGS = {
     # bigcode/starcoderbase-1b's shape, shrunk: multi-query attention
     "gpt_bigcode": {"model_type": "gpt_bigcode", "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 64,
                     "multi_query": True, "vocab_size": 128, "activation_function": "gelu_pytorch_tanh"},
+    # microsoft/biogpt's shape, shrunk
+    "biogpt": {"model_type": "biogpt", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+               "intermediate_size": 128, "max_position_embeddings": 64, "scale_embedding": True, "vocab_size": 128,
+               "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2},
     # google/switch-base-8's shape, shrunk: every other layer sparse (2 experts)
     "switch_transformers": {"model_type": "switch_transformers", "d_model": 64, "d_kv": 16, "d_ff": 128, "num_heads": 4,
                             "num_layers": 2, "num_decoder_layers": 2, "num_sparse_encoder_layers": 1,
@@ -413,12 +418,39 @@ def test_switch_transformers_layer_counts_follow_its_config_class(spec, layers):
     assert (len(plan.encoder), len(plan)) == (config.num_layers, config.num_decoder_layers) == layers
 
 
+def test_biogpt_table_has_the_offset_and_reads_position_ids():
+    """BioGptLearnedPositionalEmbedding: row p + 2 for position p; BioGptModel hands it position_ids
+    (arange plus the cached length by default), not the mask's positions: a left-padded row keeps
+    its arange positions."""
+    model = model_of("biogpt")
+    plan = plan_biogpt(dict(CONFIGS["biogpt"]))
+    table, model_table = plan.embedding, model.biogpt.embed_positions
+    assert all(layer.encoding is None for layer in plan)
+    assert tuple(table.weight.shape) == tuple(model_table.weight.shape) == (64 + 2, 64)
+    assert table.max_positions == 64 and table.offset == 2
+    with torch.no_grad():
+        table.weight.copy_(model_table.weight)
+    mask = left_padded_mask([64, 40], 64)
+    positions = torch.arange(64).expand(2, -1)
+    x = torch.zeros(2, 64, 64)
+    assert torch.equal(table.embed(x, positions), model_table(mask, 0, position_ids=positions))
+    # what BioGptModel itself adds: its hidden state before the first layer, with the token embeddings taken out
+    seen = {}
+    hook = model.biogpt.layers[0].register_forward_pre_hook(lambda module, args: seen.setdefault("h", args[0]))
+    ids = torch.randint(3, 128, (2, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model(ids, attention_mask=mask)
+        added = seen["h"] - model.biogpt.embed_tokens(ids)
+    hook.remove()
+    assert (added - table.embed(x, positions)).abs().max() <= 1e-6
+
+
 # --------------------------------------------------------------------------------------------- adapters
 
 
 from posenc.integrations.adapters import apply_plan  # noqa: E402
 
-ADAPTED = ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "falcon_alibi", "gpt_bigcode"]
+ADAPTED = ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "falcon_alibi", "gpt_bigcode", "biogpt"]
 
 
 def noise_floor(name: str, ids, mask) -> float:
@@ -446,7 +478,7 @@ def test_adapter_reproduces_the_models_logits(name):
     ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(1))
     # MPT's positions are key indices (no padding support of its own): unpadded there
     mask = torch.ones(2, 24, dtype=torch.long) if name == "mpt" else left_padded_mask([24, 17], 24)
-    extra = {"position_ids": gpt2_position_ids(mask)} if name in WPE else {}
+    extra = {"position_ids": gpt2_position_ids(mask)} if name in (*WPE, "biogpt") else {}
     model = model_of(name)
     with torch.no_grad():
         reference = model(ids, attention_mask=mask, **extra).logits
@@ -459,15 +491,15 @@ def test_adapter_reproduces_the_models_logits(name):
         # a cached decoding step: the next token's logits with and without the cache
         step_ids = torch.cat([ids, ids[:, :1]], dim=1)
         step_mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
-        step_extra = {"position_ids": gpt2_position_ids(step_mask)} if name in WPE else {}
+        step_extra = {"position_ids": gpt2_position_ids(step_mask)} if name in (*WPE, "biogpt") else {}
         full = model(step_ids, attention_mask=step_mask, **step_extra).logits[:, -1]
         prefix = model(ids, attention_mask=mask, use_cache=True, **extra)
-        last_extra = {"position_ids": step_extra["position_ids"][:, -1:]} if name in WPE else {}
+        last_extra = {"position_ids": step_extra["position_ids"][:, -1:]} if name in (*WPE, "biogpt") else {}
         cached = model(step_ids[:, -1:], attention_mask=step_mask, cache=prefix.past_key_values, use_cache=True,
                        **last_extra).logits[:, -1]
         assert (cached - full).abs().max() < 1e-4
     # the adapter computes the positions: shifting the plan's positions moves the logits
-    if name in (*WPE, "opt"):
+    if name in (*WPE, "opt", "biogpt"):
         with torch.no_grad():
             plan.embedding.weight.data = plan.embedding.weight.data.roll(1, dims=0)
             assert (model(ids, attention_mask=mask, **extra).logits - reference).abs().max() > 5e-2
@@ -591,7 +623,7 @@ def test_falcon_alibi_adapter_reproduces_the_models_logits_past_bfloat16_positio
 
 
 @pytest.mark.parametrize("name", ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "t5", "switch_transformers",
-                                  "gpt_bigcode"])
+                                  "gpt_bigcode", "biogpt"])
 def test_the_records_name_each_layers_self_attention(name):
     """The layer paths of the adapter families' records (where the adapters and posenc audit
     find each layer's self-attention): transformers' own self-attention module of the family,

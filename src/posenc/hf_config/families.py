@@ -47,6 +47,7 @@ from posenc.encodings.rope.rotary import RoPE
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
 from posenc.hf_config import llama4
 from posenc.hf_config.families_other import (
+    plan_biogpt,
     plan_bloom,
     plan_falcon,
     plan_gpt2,
@@ -1199,6 +1200,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
              "vocab_size * (position - 1)) and its output head (CsmCodebooksHead, one weight per codebook position) by "
              "its position, which it computes itself (arange over the cache, ignoring position_ids); posenc's plan "
              "positions attention only", folder="csm"),
+    # OPT's learned table (offset 2, OPT's call) at position_ids = arange + the cache length: OPT's adapter
+    _family("biogpt", reader=plan_biogpt, adapter="opt", base="biogpt", rotary=None),
     # T5's buckets in a mixture-of-experts T5 (the experts are feed-forward layers): T5's reader and adapter
     _family("switch_transformers", reader=plan_switch_transformers, adapter="t5", stacks=("encoder", "decoder"),
             layers="block", attention="layer.0.SelfAttention", rotary=None),
@@ -1256,10 +1259,6 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _refused("blip", "a BERT-style text decoder with cross-attention to the image (BlipTextModel) and "
                      + _BERT_TABLE.format(module="BlipTextEmbeddings", extra="")),
     # learned or sinusoidal tables in decoders, in modules posenc's adapters do not reach
-    _refused("biogpt", "a learned table with an offset of 2 rows (BioGptLearnedPositionalEmbedding, rows at "
-                       "position_ids + 2, position_ids = arange + the cache length) added to token embeddings scaled "
-                       "by sqrt(hidden_size) with scale_embedding; posenc's learned-table adapters serve GPT-2's wpe "
-                       "and OPT's embed_positions only"),
     _refused("xglm", _FAIRSEQ_SINUSOIDS.format(module="XGLMSinusoidalPositionalEmbedding") +
              " with an offset of 2 rows, at position_ids = arange + the cache length"),
     _refused("trocr", "a learned table with an offset of 2 rows (TrOCRLearnedPositionalEmbedding), or with "

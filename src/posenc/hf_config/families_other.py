@@ -1,6 +1,6 @@
 """Position plans of the Hugging Face families whose positions are not (only) rotary, or whose
 attention does not go through transformers' ``AttentionInterface``: Falcon (RoPE, or ALiBi
-with ``alibi: true``), BLOOM and MPT (ALiBi), GPT-2, GPTBigCode and OPT (learned absolute tables) and
+with ``alibi: true``), BLOOM and MPT (ALiBi), GPT-2, GPTBigCode, OPT and BioGPT (learned absolute tables) and
 T5 / mT5 / Switch Transformers (relative buckets, one plan per stack).
 
 One reader per family, ``plan_<model_type>(config) -> PositionPlan``, named by the family's
@@ -43,7 +43,7 @@ from posenc.plan import LayerPlan, PositionPlan
 from posenc.hf_config.values import check_size, check_table
 
 __all__ = ["plan_falcon", "plan_bloom", "plan_mpt", "plan_gpt2", "plan_opt", "plan_t5", "plan_mt5",
-           "plan_switch_transformers", "plan_gpt_bigcode"]
+           "plan_switch_transformers", "plan_gpt_bigcode", "plan_biogpt"]
 
 _NO_DEFAULT = object()
 
@@ -350,6 +350,30 @@ def plan_opt(config: Mapping[str, Any]) -> PositionPlan:
     check_table(num_positions + 2, hidden, "config (opt): (max_position_embeddings + 2) x hidden_size")
     r.note("opt: learned table with an offset of 2 rows (OPTLearnedPositionalEmbedding); positions from the "
            "attention mask (cumsum * mask - 1: padding -1)")
+    return r.plan([LayerPlan() for _ in range(num_layers)], embedding=LearnedAbsolute(num_positions, hidden, offset=2))
+
+
+def plan_biogpt(config: Mapping[str, Any]) -> PositionPlan:
+    """BioGPT's plan (``BioGptConfig``, ``BioGptModel``): ``BioGptLearnedPositionalEmbedding``, OPT's
+    table (``max_position_embeddings + 2`` rows of ``hidden_size``, position p reading row p + 2):
+    ``LearnedAbsolute(max_position_embeddings, hidden_size, offset=2)`` as the plan's
+    :attr:`~PositionPlan.embedding`, added to the token embeddings (scaled by sqrt(hidden_size)
+    with ``scale_embedding``, the model's own business). Unlike OPT, BioGptModel hands the table
+    ``position_ids``, else arange plus the cached length (the attention mask plays no part).
+    No positions in the attention layers. Defaults (BioGptConfig): 1024 positions, hidden 1024,
+    24 layers.
+
+    Raises:
+        InvalidType: config not a dict. InvalidArgument: another model_type, a size that is not
+        a positive int.
+    """
+    r = _Reader(config, "biogpt", ("biogpt",))
+    num_positions = r.positive_int("max_position_embeddings", default=1024)
+    hidden = r.positive_int("hidden_size", default=1024)
+    num_layers = r.positive_int("num_hidden_layers", default=24)
+    check_table(num_positions + 2, hidden, "config (biogpt): (max_position_embeddings + 2) x hidden_size")
+    r.note("biogpt: learned table with an offset of 2 rows (BioGptLearnedPositionalEmbedding); positions arange + "
+           "cache length unless position_ids are given")
     return r.plan([LayerPlan() for _ in range(num_layers)], embedding=LearnedAbsolute(num_positions, hidden, offset=2))
 
 

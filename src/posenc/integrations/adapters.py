@@ -11,7 +11,8 @@ and saved as before), and leaves everything else to the model:
 - ``gpt2``: ``wpe`` is replaced by a module that returns the plan's
   :class:`~posenc.LearnedAbsolute` rows at the model's ``position_ids``.
 - ``opt``: ``embed_positions`` likewise, positions from the attention mask as OPT computes
-  them (``cumsum(mask) * mask - 1``, padding -1), read through the table's offset of 2.
+  them (``cumsum(mask) * mask - 1``, padding -1), read through the table's offset of 2; BioGPT's
+  table takes OPT's call and offset, and BioGptModel always passes its ``position_ids``.
 - ``bloom``: ``build_alibi_tensor`` returns posenc's ALiBi bias of each key as seen from
   position 0 (m * j, BLOOM's key-only form; the softmax ignores the per-query constant), at
   the positions of the attention mask; a model called without a mask is given one of ones
@@ -217,7 +218,7 @@ def _adapt_gpt2(model: nn.Module, plan: PositionPlan) -> Callable[[], None]:
 
 
 def _adapt_opt(model: nn.Module, plan: PositionPlan) -> Callable[[], None]:
-    decoder = model.model.decoder if hasattr(model, "model") else model.decoder
+    decoder = _opt_decoder(model)
     table = _own_table(decoder.embed_positions)
     if not isinstance(plan.embedding, LearnedAbsolute) or plan.embedding.offset != table.offset:
         raise InvalidArgument("plan: the opt adapter needs a learned table with OPT's offset 2 as the plan's embedding")
@@ -537,7 +538,9 @@ def _gpt2_stacks(model: nn.Module) -> tuple[Stack, ...]:
 
 
 def _opt_decoder(model: nn.Module) -> nn.Module:
-    return model.model.decoder if hasattr(model, "model") else model.decoder
+    """The module holding ``embed_positions`` and the layers, where the family's record says the
+    layers live (OPT's ``model.decoder``, BioGPT's ``biogpt``)."""
+    return layer_stacks(model)[0].module
 
 
 def _opt_stacks(model: nn.Module) -> tuple[Stack, ...]:
