@@ -8,7 +8,7 @@ model's own learned parameters shared with them (GPT-2's ``wpe``, OPT's ``embed_
 and T5's ``relative_attention_bias`` become the encodings' tables: one set of weights, trained
 and saved as before), and leaves everything else to the model:
 
-- ``gpt2``: ``wpe`` is replaced by a module that returns the plan's
+- ``gpt2`` (GPT-2, GPTBigCode): ``wpe`` is replaced by a module that returns the plan's
   :class:`~posenc.LearnedAbsolute` rows at the model's ``position_ids``.
 - ``opt``: ``embed_positions`` likewise, positions from the attention mask as OPT computes
   them (``cumsum(mask) * mask - 1``, padding -1), read through the table's offset of 2; BioGPT's
@@ -19,8 +19,8 @@ and saved as before), and leaves everything else to the model:
   (BLOOM otherwise builds its slopes itself).
 - ``mpt``: ``build_mpt_alibi_tensor`` returns posenc's bias of every key as seen from the last
   position of the ``max_seq_len`` table, MPT's form.
-- ``t5`` / ``mt5``: the first self-attention layer of each stack computes its bias with the
-  stack's :class:`~posenc.T5RelativeBias` (encoder: the plan's :attr:`encoder`).
+- ``t5`` (T5, mT5, Switch Transformers): the first self-attention layer of each stack computes
+  its bias with the stack's :class:`~posenc.T5RelativeBias` (encoder: the plan's :attr:`encoder`).
 - ``falcon`` with RoPE: ``rotary_emb`` becomes posenc's
   :class:`~posenc.integrations.transformers.RotaryEmbedding`.
 - ``falcon`` with ALiBi: transformers builds the bias in a module-level function, so a
