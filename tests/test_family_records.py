@@ -30,7 +30,7 @@ def test_every_record_names_what_exists():
         assert family.adapter is None or family.adapter in ADAPTERS, model_type
         assert family.tables in TABLE_FORMATS and family.interleaved_tables in (None, *TABLE_FORMATS), model_type
     assert {name for name, family in FAMILIES.items() if family.adapter} == {
-        "falcon", "bloom", "mpt", "gpt2", "opt", "t5", "mt5", "switch_transformers", "gpt_bigcode", "biogpt"}
+        "falcon", "bloom", "mpt", "gpt2", "opt", "t5", "mt5", "switch_transformers", "gpt_bigcode", "biogpt", "umt5"}
 
 
 @pytest.mark.parametrize("field, value", [("tables", "cos"), ("interleaved_tables", "complex"), ("layout", "split")])

@@ -27,9 +27,9 @@ from test_position_plan_other import gpt2_position_ids, left_padded_mask, model_
 #: The adapter families as test_position_plan_other builds them (Falcon twice: rotary and ALiBi).
 NAMES = ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "falcon_alibi", "t5"]
 #: The families issue 34 gave an existing adapter (GPT-2's, T5's).
-ADOPTED = ["gpt_bigcode", "switch_transformers", "biogpt"]
+ADOPTED = ["gpt_bigcode", "switch_transformers", "biogpt", "umt5"]
 #: The encoder-decoders of T5's adapter.
-T5_KIN = ("t5", "switch_transformers")
+T5_KIN = ("t5", "switch_transformers", "umt5")
 #: transformers 5.24's generate() sizes T5's cache by num_layers: as many decoder as encoder layers.
 T5_GENERATE = {"num_decoder_layers": 2}
 
@@ -146,7 +146,7 @@ def test_the_encoding_route_with_the_familys_own_encoding_reproduces_the_model(n
         assert (model(ids, attention_mask=mask, **extra).logits - expected).abs()[real].max() > 1e-2
 
 
-@pytest.mark.parametrize("name", ["bloom", "mpt", "falcon_alibi", "t5", "switch_transformers"])
+@pytest.mark.parametrize("name", ["bloom", "mpt", "falcon_alibi", "t5", "switch_transformers", "umt5"])
 def test_nope_by_name_equals_the_models_own_attention_with_a_zero_bias(name):
     """NoPE by name through posenc's attention equals transformers' own attention given a zero
     position bias (ALiBi slopes 0 through the family's own bias code; T5: its bucket table
@@ -155,8 +155,10 @@ def test_nope_by_name_equals_the_models_own_attention_with_a_zero_bias(name):
     ids = torch.randint(3, 128, (2, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         if name in T5_KIN:
-            for stack in (reference.encoder, reference.decoder):
-                stack.block[0].layer[0].SelfAttention.relative_attention_bias.weight.zero_()
+            for stack in (reference.encoder, reference.decoder):  # every table (UMT5: one per layer)
+                for block in stack.block:
+                    if block.layer[0].SelfAttention.has_relative_attention_bias:
+                        block.layer[0].SelfAttention.relative_attention_bias.weight.zero_()
             x = dict(input_ids=ids, decoder_input_ids=ids[:, :7])
         else:
             own = position_plan(reference.config)[0].encoding

@@ -629,7 +629,7 @@ REFUSED = {
     "falcon_mamba": "recurrent state: no attention positions", "rwkv": "recurrent state: no attention positions",
     "xlstm": "recurrent state: no attention positions",
     "recurrent_gemma": r"RG-LRU.*RecurrentGemmaAttention\.rotary_emb",
-    "umt5": "every self-attention layer", "longt5": "local_radius", "pix2struct": "Pix2StructVisionEmbeddings",
+    "longt5": "local_radius", "pix2struct": "Pix2StructVisionEmbeddings",
     "udop": "RelativePositionBiasAggregated", "t5gemma": "RoPE in both stacks", "t5gemma2": "T5Gemma2MergedAttention",
     "roberta": r"create_position_ids_from_input_ids.*RobertaEmbeddings",
     "roberta-prelayernorm": r"create_position_ids_from_input_ids.*RobertaPreLayerNormEmbeddings",

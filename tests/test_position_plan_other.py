@@ -27,6 +27,7 @@ from posenc.hf_config.families_other import (  # noqa: E402
     plan_mpt,
     plan_switch_transformers,
     plan_t5,
+    plan_umt5,
 )
 from transformers.models.bloom.modeling_bloom import _get_alibi_slopes  # noqa: E402
 from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb  # noqa: E402
@@ -71,9 +72,14 @@ CONFIGS = {
                             "num_sparse_decoder_layers": 1, "num_experts": 2, "expert_capacity": 64,
                             "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
                             "vocab_size": 128, "is_encoder_decoder": True, "decoder_start_token_id": 0},
+    # google/umt5-small's shape, shrunk: a bucket table in every self-attention layer
+    "umt5": {"model_type": "umt5", "d_model": 64, "d_kv": 16, "d_ff": 128, "num_heads": 4, "num_layers": 2,
+             "num_decoder_layers": 3, "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
+             "vocab_size": 128, "feed_forward_proj": "gated-gelu", "is_encoder_decoder": True,
+             "decoder_start_token_id": 0},
 }
 #: The families of T5's reader and adapter (encoder-decoders, built as sequence-to-sequence models).
-T5_KIN = ("t5", "switch_transformers")
+T5_KIN = ("t5", "switch_transformers", "umt5")
 
 
 def config_of(name: str, **overrides):
@@ -404,6 +410,36 @@ def test_switch_transformers_bias_is_compute_bias_of_each_stacks_first_layer():
         assert torch.equal(step, first.compute_bias(1, t, past_seen_tokens=t - 1)[0])
 
 
+def test_umt5_bias_is_compute_bias_of_every_layer():
+    """UMT5Attention: every self-attention layer holds a table and computes its own bias (T5's
+    buckets, bidirectional in the encoder, causal in the decoder); the plan gives each layer an
+    encoding of its own, whose buckets give that layer's bias past max_distance and at a cached
+    decoding step."""
+    model = model_of("umt5")
+    plan = plan_umt5(dict(CONFIGS["umt5"]))
+    assert (len(plan.encoder), len(plan)) == (2, 3)
+    for stack, stack_plan in ((model.encoder, plan.encoder), (model.decoder, plan)):
+        assert len({id(layer.encoding) for layer in stack_plan}) == len(stack.block) == len(stack_plan)
+        for block, layer in zip(stack.block, stack_plan):
+            attention, encoding = block.layer[0].SelfAttention, layer.encoding
+            assert type(attention).__name__ == "UMT5Attention" and attention.has_relative_attention_bias
+            assert encoding.bidirectional == (not attention.is_decoder)
+            with torch.no_grad():
+                encoding.relative_attention_bias.weight.copy_(attention.relative_attention_bias.weight)
+            t = 300
+            positions = torch.arange(t)
+            assert torch.equal(encoding.score_bias(positions, positions), attention.compute_bias(t, t)[0])
+            step = encoding.score_bias(torch.tensor([t - 1]), positions)
+            assert torch.equal(step, attention.compute_bias(1, t, past_seen_tokens=t - 1)[0])
+
+
+def test_umt5_layer_counts_follow_its_config_class():
+    for spec in ({"num_layers": 3}, {"num_layers": 3, "num_decoder_layers": 5}, {}):
+        plan = plan_umt5({"model_type": "umt5", **spec})
+        config = transformers.UMT5Config(**spec)
+        assert (len(plan.encoder), len(plan)) == (config.num_layers, config.num_decoder_layers)
+
+
 @pytest.mark.parametrize("spec, layers", [
     ({"num_layers": 4}, (4, 12)),  # no num_decoder_layers: the field's default 12, not num_layers
     ({"num_layers": 4, "num_decoder_layers": None}, (4, 4)),  # an explicit null: num_layers (__post_init__)
@@ -555,6 +591,32 @@ def test_switch_transformers_through_t5_s_adapter_reproduces_the_models_logits()
         apply_plan(model, wrong)
 
 
+def test_umt5_through_t5_s_adapter_reproduces_the_models_logits():
+    """UMT5's plan read from the config, applied by T5's adapter with a table per layer: the
+    model's logits and its cached greedy tokens; one layer's buckets changed move the logits; a
+    T5-shaped plan (one table per stack) is refused, naming the per-layer tables."""
+    from posenc.integrations.transformers import position_plan
+
+    symmetric = {"num_decoder_layers": 2}  # generate() sizes the cache by num_layers
+    model, reference_model = model_of("umt5", **symmetric), model_of("umt5", **symmetric)
+    ids = torch.randint(0, 128, (2, 20), generator=torch.Generator().manual_seed(1))
+    decoder_ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(2))
+    plan = position_plan(model.config)
+    with torch.no_grad():
+        reference = reference_model(input_ids=ids, decoder_input_ids=decoder_ids).logits
+        apply_plan(model, plan)
+        assert plan[1].encoding.relative_attention_bias is \
+            model.decoder.block[1].layer[0].SelfAttention.relative_attention_bias
+        assert (model(input_ids=ids, decoder_input_ids=decoder_ids).logits - reference).abs().max() <= 1e-5
+        generated = model.generate(ids, max_new_tokens=12, do_sample=False)
+        assert torch.equal(generated, reference_model.generate(ids, max_new_tokens=12, do_sample=False))
+        plan.encoder[1].encoding.max_distance = 24  # the encoder's second layer only (20 tokens: past the exact buckets)
+        assert (model(input_ids=ids, decoder_input_ids=decoder_ids).logits - reference).abs().max() > 100 * 1e-5
+    shared = plan_t5({**CONFIGS["t5"], **symmetric, "num_layers": 2})
+    with pytest.raises(InvalidArgument, match="bucket table in each of its 2 layers"):
+        apply_plan(model, shared)
+
+
 def test_adapters_refuse_what_does_not_fit():
     with pytest.raises(InvalidArgument, match="heads"):
         apply_plan(model_of("bloom"), FAMILY_READERS["bloom"]({**CONFIGS["bloom"], "n_head": 4}))
@@ -623,7 +685,7 @@ def test_falcon_alibi_adapter_reproduces_the_models_logits_past_bfloat16_positio
 
 
 @pytest.mark.parametrize("name", ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "t5", "switch_transformers",
-                                  "gpt_bigcode", "biogpt"])
+                                  "gpt_bigcode", "biogpt", "umt5"])
 def test_the_records_name_each_layers_self_attention(name):
     """The layer paths of the adapter families' records (where the adapters and posenc audit
     find each layer's self-attention): transformers' own self-attention module of the family,

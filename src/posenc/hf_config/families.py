@@ -57,6 +57,7 @@ from posenc.hf_config.families_other import (
     plan_opt,
     plan_switch_transformers,
     plan_t5,
+    plan_umt5,
 )
 from posenc.hf_config.rope import head_dim_of, read_hf_config, rope_dict_spellings
 from posenc.hf_config.values import check_real, config_int
@@ -1217,9 +1218,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
              "(RecurrentGemmaAttention.rotary_emb) with a fixed attention_window_size cache; posenc's records place "
              "one rotary module on the base model"),
     # T5's buckets, changed
-    _refused("umt5", "T5 relative buckets with a table of their own in every self-attention layer (UMT5Attention, "
-                     "has_relative_attention_bias on every layer, where T5 shares its first layer's); posenc's t5 "
-                     "adapter serves one bucket table per stack"),
+    # T5's buckets with a table in every self-attention layer (UMT5Attention): T5's adapter, a table per layer
+    _family("umt5", reader=plan_umt5, adapter="t5", stacks=("encoder", "decoder"), layers="block",
+            attention="layer.0.SelfAttention", rotary=None),
     _refused("longt5", "an encoder of block-local attention (encoder_attention_type 'local': blocks of local_radius "
                        "tokens each way; 'transient-global': plus global_block_size summary tokens with their own "
                        "buckets), which posenc's spans (full, causal sliding, chunked) do not model"),

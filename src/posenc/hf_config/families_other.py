@@ -1,7 +1,7 @@
 """Position plans of the Hugging Face families whose positions are not (only) rotary, or whose
 attention does not go through transformers' ``AttentionInterface``: Falcon (RoPE, or ALiBi
 with ``alibi: true``), BLOOM and MPT (ALiBi), GPT-2, GPTBigCode, OPT and BioGPT (learned absolute tables) and
-T5 / mT5 / Switch Transformers (relative buckets, one plan per stack).
+T5 / mT5 / Switch Transformers / UMT5 (relative buckets, one plan per stack).
 
 One reader per family, ``plan_<model_type>(config) -> PositionPlan``, named by the family's
 record (:attr:`posenc.hf_config.families.Family.reader`) in the one family table that
@@ -43,7 +43,7 @@ from posenc.plan import LayerPlan, PositionPlan
 from posenc.hf_config.values import check_size, check_table
 
 __all__ = ["plan_falcon", "plan_bloom", "plan_mpt", "plan_gpt2", "plan_opt", "plan_t5", "plan_mt5",
-           "plan_switch_transformers", "plan_gpt_bigcode", "plan_biogpt"]
+           "plan_switch_transformers", "plan_gpt_bigcode", "plan_biogpt", "plan_umt5"]
 
 _NO_DEFAULT = object()
 
@@ -385,7 +385,8 @@ def plan_biogpt(config: Mapping[str, Any]) -> PositionPlan:
 #: plan reads; ``num_decoder_layers`` is the field's default (None: num_layers, in ``__post_init__``).
 _T5_DEFAULTS = {"t5": {"num_layers": 6, "num_heads": 8, "num_decoder_layers": None},
                 "mt5": {"num_layers": 8, "num_heads": 6, "num_decoder_layers": None},
-                "switch_transformers": {"num_layers": 12, "num_heads": 12, "num_decoder_layers": 12}}
+                "switch_transformers": {"num_layers": 12, "num_heads": 12, "num_decoder_layers": 12},
+                "umt5": {"num_layers": 8, "num_heads": 6, "num_decoder_layers": None}}
 
 
 def plan_t5(config: Mapping[str, Any]) -> PositionPlan:
@@ -426,7 +427,16 @@ def plan_switch_transformers(config: Mapping[str, Any]) -> PositionPlan:
     return _plan_t5_family(config, "switch_transformers")
 
 
-def _plan_t5_family(config: Mapping[str, Any], family: str) -> PositionPlan:
+def plan_umt5(config: Mapping[str, Any]) -> PositionPlan:
+    """UMT5's plans: T5's buckets (``UMT5Attention._relative_position_bucket``, T5's formula with
+    the settings of the config), but with a table of its own in every self-attention layer
+    (``has_relative_attention_bias=True`` on every ``UMT5Block``, each layer computing its own
+    bias), so each layer of each stack holds its own :class:`~posenc.T5RelativeBias`; UMT5Config's
+    defaults: 8 layers, 6 heads, ``num_decoder_layers`` num_layers. See :func:`plan_t5`."""
+    return _plan_t5_family(config, "umt5", per_layer=True)
+
+
+def _plan_t5_family(config: Mapping[str, Any], family: str, per_layer: bool = False) -> PositionPlan:
     r = _Reader(config, family, (family,))
     defaults = _T5_DEFAULTS[family]
     num_layers = r.positive_int("num_hidden_layers", "num_layers", default=defaults["num_layers"])
@@ -448,11 +458,19 @@ def _plan_t5_family(config: Mapping[str, Any], family: str) -> PositionPlan:
     buckets = r.positive_int("relative_attention_num_buckets", default=32)
     max_distance = r.positive_int("relative_attention_max_distance", default=128)
     check_table(buckets, heads, f"config ({family}): relative_attention_num_buckets x num_heads")
-    r.note(f"{family}: one bucket table per stack, computed in its first layer and shared; the tables are learned "
-           "(the integration copies the model's)")
-    encoder_bias = T5RelativeBias(heads, num_buckets=buckets, max_distance=max_distance, bidirectional=True)
-    decoder_bias = T5RelativeBias(heads, num_buckets=buckets, max_distance=max_distance, bidirectional=False)
+    r.note(f"{family}: " + ("a bucket table in every self-attention layer" if per_layer else
+                            "one bucket table per stack, computed in its first layer and shared")
+           + "; the tables are learned (the integration copies the model's)")
+
+    def stack(count: int, bidirectional: bool) -> list[LayerPlan]:
+        def bias() -> T5RelativeBias:
+            return T5RelativeBias(heads, num_buckets=buckets, max_distance=max_distance, bidirectional=bidirectional)
+        if per_layer:
+            return [LayerPlan(bias()) for _ in range(count)]
+        shared = bias()
+        return [LayerPlan(shared) for _ in range(count)]
+
     model_type = config.get("model_type") or family
-    encoder = PositionPlan(tuple(LayerPlan(encoder_bias) for _ in range(num_layers)), model_type=model_type)
-    return r.plan([LayerPlan(decoder_bias) for _ in range(num_decoder_layers)], encoder=encoder)
+    encoder = PositionPlan(tuple(stack(num_layers, True)), model_type=model_type)
+    return r.plan(stack(num_decoder_layers, False), encoder=encoder)
 
