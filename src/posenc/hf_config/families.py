@@ -1189,7 +1189,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("t5", reader=plan_t5, adapter="t5", stacks=("encoder", "decoder"), layers="block",
             attention="layer.0.SelfAttention", rotary=None),
     _family("mt5", reader=plan_mt5, adapter="t5", stacks=("encoder", "decoder"), layers="block",
-            attention="layer.0.SelfAttention", rotary=None),    # -- issue 34, non-rotary families
+            attention="layer.0.SelfAttention", rotary=None),
+    # -- issue 34, non-rotary families
     # GPT-2's learned table wpe (StarCoder's multi-query attention goes through AttentionInterface): GPT-2's adapter
     _family("gpt_bigcode", reader=plan_gpt_bigcode, adapter="gpt2", layers="h", attention="attn", rotary=None),
     _refused("gpt_neo", "a learned table (transformer.wpe) under attention computed outside transformers' "
@@ -1217,10 +1218,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
              "half of each head (partial_rotary_factor 0.5) is computed inside each attention module "
              "(RecurrentGemmaAttention.rotary_emb) with a fixed attention_window_size cache; posenc's records place "
              "one rotary module on the base model"),
-    # T5's buckets, changed
     # T5's buckets with a table in every self-attention layer (UMT5Attention): T5's adapter, a table per layer
     _family("umt5", reader=plan_umt5, adapter="t5", stacks=("encoder", "decoder"), layers="block",
             attention="layer.0.SelfAttention", rotary=None),
+    # T5's buckets, changed
     _refused("longt5", "an encoder of block-local attention (encoder_attention_type 'local': blocks of local_radius "
                        "tokens each way; 'transient-global': plus global_block_size summary tokens with their own "
                        "buckets), which posenc's spans (full, causal sliding, chunked) do not model"),
