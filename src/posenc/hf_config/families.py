@@ -881,8 +881,9 @@ class Family:
             ``attn_logit_softcapping``), read into :attr:`LayerPlan.softcap`; None: the family has none.
         prepare: checks and rewrites before reading (refusals, notes, spellings).
         reader: ``config dict -> PositionPlan`` for a family whose positions are not (only)
-            rotary (:mod:`posenc.hf_config.families_other`: Falcon, BLOOM, MPT, GPT-2, OPT,
-            T5, mT5); it replaces everything above. None: the rotary reading above.
+            rotary (:mod:`posenc.hf_config.families_other`: Falcon, BLOOM, MPT, GPT-2, GPTBigCode,
+            OPT, BioGPT, T5, mT5, Switch Transformers, UMT5); it replaces everything above. None:
+            the rotary reading above.
         refused: why posenc does not read the family, naming the positional feature transformers
             builds that posenc's plan or its integrations do not model (RoBERTa's position ids
             derived from the padding in the input ids, a recurrent state without attention
