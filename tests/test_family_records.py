@@ -30,7 +30,7 @@ def test_every_record_names_what_exists():
         assert family.adapter is None or family.adapter in ADAPTERS, model_type
         assert family.tables in TABLE_FORMATS and family.interleaved_tables in (None, *TABLE_FORMATS), model_type
     assert {name for name, family in FAMILIES.items() if family.adapter} == {
-        "falcon", "bloom", "mpt", "gpt2", "opt", "t5", "mt5"}
+        "falcon", "bloom", "mpt", "gpt2", "opt", "t5", "mt5", "switch_transformers", "gpt_bigcode", "biogpt", "umt5"}
 
 
 @pytest.mark.parametrize("field, value", [("tables", "cos"), ("interleaved_tables", "complex"), ("layout", "split")])
@@ -60,3 +60,19 @@ def test_adapter_of_follows_the_record():
     assert adapter_of(model_of("mt5")) is ADAPTERS["t5"]
     assert adapter_of(model_of("gpt2")) is ADAPTERS["gpt2"]
     assert adapter_of(model_of("llama")) is None and adapter_of(model_of("nonesuch")) is None
+
+
+def test_a_refused_family_s_model_is_refused_with_its_reason():
+    """use_encoding and extend_context on a model of a family its record refuses (RoBERTa: no
+    decoder layers where a Llama-shaped model has them) say why posenc does not read it, naming
+    the positional feature, rather than which attribute is missing."""
+    transformers = pytest.importorskip("transformers")
+    from posenc.integrations.transformers import extend_context, use_encoding
+
+    config = transformers.RobertaConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=1,
+                                        intermediate_size=32, vocab_size=64, is_decoder=True)
+    model = transformers.RobertaForCausalLM(config)
+    for call in (lambda: use_encoding(model, "alibi"), lambda: extend_context(model, "yarn", 2.0)):
+        with pytest.raises(InvalidArgument, match=r"model \(roberta\): position ids derived from the input ids' padding"):
+            call()
+    assert "posenc_encoding" not in dict(model.named_modules())

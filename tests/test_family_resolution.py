@@ -64,13 +64,19 @@ def test_a_wrapper_reads_its_text_model():
 
 
 def test_what_resolves_nothing_is_still_refused_by_name():
-    # XGLM: a family transformers ships that no record reads (sinusoidal positions offset by 2)
-    assert family_of_class("XGLMForCausalLM") is None and family_of_class(3) is None
+    # a model type and class no record names (XGLM was one until its record refused it by name)
+    assert family_of_class("NonesuchForCausalLM") is None and family_of_class(3) is None
     assert family_of_class("LlamaForCausalLM") == "llama" and family_of_class("GPT2LMHeadModel") == "gpt2"
-    config = {"model_type": "xglm", "architectures": ["XGLMForCausalLM"], "num_layers": 2}
+    config = {"model_type": "nonesuch", "architectures": ["NonesuchForCausalLM"], "num_layers": 2}
     assert resolve_family(config) == (config, None)
-    with pytest.raises(InvalidArgument, match="'xglm'"):
+    with pytest.raises(InvalidArgument, match="'nonesuch'"):
         position_plan(config)
+    # a record that refuses its family is found by its class too, and refuses by its reason
+    assert family_of_class("XGLMForCausalLM") == "xglm"
+    xglm = {"model_type": "xglm", "architectures": ["XGLMForCausalLM"], "num_layers": 2}
+    assert resolve_family(xglm) == (xglm, None)
+    with pytest.raises(InvalidArgument, match=r"\(xglm\): a fixed sinusoidal table"):
+        position_plan(xglm)
     wrapper = {"model_type": "llava", "text_config": {"model_type": "mistral3_text"}}
     with pytest.raises(InvalidArgument, match="'llava'"):
         position_plan(wrapper)

@@ -45,7 +45,7 @@ REPRESENTATIVE = {
     "gpt2": "read exactly",  # learned absolute table
     "t5": "read exactly",  # T5 buckets, encoder-decoder
     "deepseek_v3": "read exactly",  # MLA: RoPE on part of each head, interleaved
-    "xglm": "refused",  # no family record (sinusoidal positions offset by 2)
+    "xglm": "refused",  # refused by its record: fairseq's sinusoids offset by 2, named
     # one attention implementation: the float32 angles are the only noise measure (issue 34)
     "vaultgemma": "read exactly",
     "gemma": "read exactly",  # its YaRN extension reloaded plainly, within the float32 angles' noise
@@ -69,7 +69,21 @@ def test_a_representative_family_gets_its_verdict(model_type):
     if found.verdict == "read exactly":
         assert found.max_diff <= found.tolerance and found.plan and found.extension
     else:
-        assert model_type in found.reason and refusal_group(found.reason) == "no family record"
+        assert model_type in found.reason and refusal_group(found.reason) == "a named positional feature"
+        assert "sinusoidal" in found.reason
+
+
+def test_a_model_type_without_a_record_is_grouped_as_such():
+    """position_plan's refusal of a model type with no record (it lists those it reads) is the
+    group "no family record"; a refusal by a record names its feature instead."""
+    from posenc.hf_config import position_plan
+
+    with pytest.raises(InvalidArgument) as unknown:
+        position_plan({"model_type": "nonesuch", "num_hidden_layers": 2})
+    with pytest.raises(InvalidArgument) as refused:
+        position_plan({"model_type": "xglm"})
+    assert refusal_group(" ".join(str(unknown.value).split())) == "no family record"
+    assert refusal_group(" ".join(str(refused.value).split())) == "a named positional feature"
 
 
 def test_a_wrong_plan_fails_the_sweep(monkeypatch):

@@ -19,13 +19,17 @@ import posenc  # noqa: E402
 from posenc.errors import InvalidArgument, InvalidType  # noqa: E402
 from posenc.hf_config import position_plan  # noqa: E402
 from posenc.hf_config.plan import LayerPlan, PositionPlan  # noqa: E402
-from posenc.integrations.adapters import ADAPTERS, RotaryEmbedding, ZeroPositions  # noqa: E402
+from posenc.integrations.adapters import ADAPTERS, RotaryEmbedding, ZeroPositions, adapter_of  # noqa: E402
 from posenc.integrations.transformers import extend_context, use_encoding  # noqa: E402
 from test_integration_families import plain_reload_logits  # noqa: E402
 from test_position_plan_other import gpt2_position_ids, left_padded_mask, model_of  # noqa: E402
 
 #: The adapter families as test_position_plan_other builds them (Falcon twice: rotary and ALiBi).
 NAMES = ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "falcon_alibi", "t5"]
+#: The families issue 34 gave an existing adapter (GPT-2's, T5's).
+ADOPTED = ["gpt_bigcode", "switch_transformers", "biogpt", "umt5"]
+#: The encoder-decoders of T5's adapter.
+T5_KIN = ("t5", "switch_transformers", "umt5")
 #: transformers 5.24's generate() sizes T5's cache by num_layers: as many decoder as encoder layers.
 T5_GENERATE = {"num_decoder_layers": 2}
 
@@ -35,16 +39,16 @@ B_CASES = [("rope", None), ("alibi", None), ("t5", "last"), ("nope", "last"), ("
 
 
 def _model(name, **overrides):
-    return model_of(name, **({**T5_GENERATE, **overrides} if name == "t5" else overrides))
+    return model_of(name, **({**T5_GENERATE, **overrides} if name in T5_KIN else overrides))
 
 
 def _layer_count(model):
-    return sum(len(stack.attentions) for stack in ADAPTERS[model.config.model_type].stacks(model))
+    return sum(len(stack.attentions) for stack in adapter_of(model).stacks(model))
 
 
 def _batch(name, seed=3):
     ids = torch.randint(3, 128, (4, 12), generator=torch.Generator().manual_seed(seed))
-    if name == "t5":
+    if name in T5_KIN:
         return dict(input_ids=ids, labels=ids.flip(-1)[:, :8].contiguous())
     return dict(input_ids=ids, labels=ids)
 
@@ -62,7 +66,7 @@ def _train(model, batch, steps=4):
     return losses
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + ADOPTED)
 @pytest.mark.parametrize("encoding,layers", B_CASES)
 def test_encodings_by_name_on_adapter_families_train_and_generate_with_the_cache(name, encoding, layers):
     """Item 2(b) for the adapter families: the encoding replaces the family's positions on every
@@ -114,13 +118,13 @@ def _own_encoding(name, model):
         table = posenc.LearnedAbsolute(plan.embedding.weight.shape[0] - plan.embedding.offset,
                                        plan.embedding.weight.shape[1], offset=plan.embedding.offset)
         with torch.no_grad():
-            table.weight.copy_(model.base_model.get_decoder().embed_positions.weight if name == "opt"
-                               else model.transformer.wpe.weight)
+            owner, attribute = adapter_of(model).table(model)  # the family's own table, where its adapter finds it
+            table.weight.copy_(getattr(owner, attribute).weight)
         return table
     return plan[0].encoding
 
 
-@pytest.mark.parametrize("name", ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "falcon_alibi"])
+@pytest.mark.parametrize("name", ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "falcon_alibi", "gpt_bigcode", "biogpt"])
 def test_the_encoding_route_with_the_familys_own_encoding_reproduces_the_model(name):
     """The family's own positions given as an encoding (not a plan) run through posenc's
     attention (BLOOM, MPT, Falcon: the replaced attention forward; GPT-2, OPT: transformers'
@@ -131,7 +135,7 @@ def test_the_encoding_route_with_the_familys_own_encoding_reproduces_the_model(n
         model.config._attn_implementation = reference.config._attn_implementation = "sdpa"
     ids = torch.randint(3, 128, (2, 20), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 20, dtype=torch.long) if name == "mpt" else left_padded_mask([20, 14], 20)
-    extra = {"position_ids": gpt2_position_ids(mask)} if name == "gpt2" else {}
+    extra = {"position_ids": gpt2_position_ids(mask)} if name in ("gpt2", "gpt_bigcode") else {}
     real = mask.bool()
     with torch.no_grad():
         expected = reference(ids, attention_mask=mask, **extra).logits
@@ -142,7 +146,7 @@ def test_the_encoding_route_with_the_familys_own_encoding_reproduces_the_model(n
         assert (model(ids, attention_mask=mask, **extra).logits - expected).abs()[real].max() > 1e-2
 
 
-@pytest.mark.parametrize("name", ["bloom", "mpt", "falcon_alibi", "t5"])
+@pytest.mark.parametrize("name", ["bloom", "mpt", "falcon_alibi", "t5", "switch_transformers", "umt5"])
 def test_nope_by_name_equals_the_models_own_attention_with_a_zero_bias(name):
     """NoPE by name through posenc's attention equals transformers' own attention given a zero
     position bias (ALiBi slopes 0 through the family's own bias code; T5: its bucket table
@@ -150,9 +154,11 @@ def test_nope_by_name_equals_the_models_own_attention_with_a_zero_bias(name):
     model, reference = model_of(name), model_of(name)
     ids = torch.randint(3, 128, (2, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        if name == "t5":
-            for stack in (reference.encoder, reference.decoder):
-                stack.block[0].layer[0].SelfAttention.relative_attention_bias.weight.zero_()
+        if name in T5_KIN:
+            for stack in (reference.encoder, reference.decoder):  # every table (UMT5: one per layer)
+                for block in stack.block:
+                    if block.layer[0].SelfAttention.has_relative_attention_bias:
+                        block.layer[0].SelfAttention.relative_attention_bias.weight.zero_()
             x = dict(input_ids=ids, decoder_input_ids=ids[:, :7])
         else:
             own = position_plan(reference.config)[0].encoding

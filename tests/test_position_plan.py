@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 import warnings
 
 import pytest
@@ -428,6 +429,8 @@ def test_every_family_in_the_table_is_tested():
     tested = {mt for _, mt, _ in CASES} | {FAMILIES[mt].text_config for _, mt, _ in CASES}
     # the families with a reader of their own are tested in tests/test_position_plan_other.py
     tested |= {mt for mt, family in FAMILIES.items() if family.reader is not None}
+    # the families their record refuses: their reasons, in test_a_refused_family_names_its_positional_feature
+    tested |= REFUSED.keys()
     assert set(FAMILIES) - tested <= {"gemma4"}, set(FAMILIES) - tested
 
 
@@ -615,3 +618,101 @@ def test_gemma4_refuses_layers_of_one_type_with_two_head_widths():
     config = dict(GEMMA4, per_layer_config={"05": {"head_dim": 32}, "11": {"head_dim": 48}})
     with pytest.raises(InvalidArgument, match="per_layer_config"):
         position_plan(config)
+
+
+# -- issue 34, non-rotary families: refused by name ---------------------------------------------
+
+#: model_type -> the positional feature its refusal must name, as the family's modeling file
+#: builds it (transformers 5.24: the module or function computing the positions, and the feature).
+REFUSED = {
+    "mamba": "recurrent state: no attention positions", "mamba2": "recurrent state: no attention positions",
+    "falcon_mamba": "recurrent state: no attention positions", "rwkv": "recurrent state: no attention positions",
+    "xlstm": "recurrent state: no attention positions",
+    "recurrent_gemma": r"RG-LRU.*RecurrentGemmaAttention\.rotary_emb",
+    "longt5": "local_radius", "pix2struct": "Pix2StructVisionEmbeddings",
+    "udop": "RelativePositionBiasAggregated", "t5gemma": "RoPE in both stacks", "t5gemma2": "T5Gemma2MergedAttention",
+    "roberta": r"create_position_ids_from_input_ids.*RobertaEmbeddings",
+    "roberta-prelayernorm": r"create_position_ids_from_input_ids.*RobertaPreLayerNormEmbeddings",
+    "xlm-roberta": r"create_position_ids_from_input_ids.*XLMRobertaEmbeddings",
+    "xlm-roberta-xl": r"create_position_ids_from_input_ids.*XLMRobertaXLEmbeddings",
+    "camembert": r"create_position_ids_from_input_ids.*CamembertEmbeddings",
+    "xmod": r"create_position_ids_from_input_ids.*XmodEmbeddings",
+    "electra": r"ElectraEmbeddings\.position_embeddings", "ernie": r"ErnieEmbeddings\.position_embeddings",
+    "rembert": r"RemBertEmbeddings\.position_embeddings", "roc_bert": r"RoCBertEmbeddings\.position_embeddings",
+    "megatron-bert": r"MegatronBertEmbeddings\.position_embeddings",
+    "big_bird": r"block-sparse.*BigBirdEmbeddings", "roformer": "RoFormerSinusoidalPositionalEmbedding",
+    "git": r"image tokens prefixed.*GitEmbeddings", "blip": "BlipTextEmbeddings",
+    "csm_depth_decoder_model": r"position-indexed weights.*CsmCodebooksHead",
+    "gpt_neo": r"transformer\.wpe.*GPTNeoSelfAttention\._attn.*window_size",
+    "xglm": r"XGLMSinusoidalPositionalEmbedding.*offset of 2",
+    "trocr": r"TrOCRLearnedPositionalEmbedding.*TrOCRSinusoidalPositionalEmbedding",
+    "clvp_decoder": "position_embeds_layer", "cpmant": "CpmAntSegmentPositionEmbedding",
+    "prophetnet": r"ProphetNetNgramSelfAttention.*ProphetNetPositionalEmbeddings",
+    "mvp": r"MvpLearnedPositionalEmbedding.*MvpPrompt",
+    "kosmos-2": r"Kosmos2TextSinusoidalPositionalEmbedding.*create_position_ids_from_input_ids",
+    "kosmos_2_text_model": r"Kosmos2TextSinusoidalPositionalEmbedding.*create_position_ids_from_input_ids",
+    "kosmos-2.5": r"Kosmos2_5TextSinusoidalPositionalEmbedding.*create_position_ids_from_input_ids",
+    "kosmos_2_5_text_model": r"Kosmos2_5TextSinusoidalPositionalEmbedding.*create_position_ids_from_input_ids",
+    "idefics": r"IdeficsAttention\.rotary_emb.*cross_layer_interval",
+    "musicgen": r"cos in the first half.*MusicgenSinusoidalPositionalEmbedding",
+    "musicgen_melody": r"cos in the first half.*MusicgenMelodySinusoidalPositionalEmbedding",
+    "moshi": r"MoshiAttention\.rotary_emb.*MoshiFlexibleLinear",
+    "bart": r"offset of 2 rows \(BartLearnedPositionalEmbedding", "mbart": r"offset of 2 rows \(MBartLearnedPositionalEmbedding",
+    "plbart": r"offset of 2 rows \(PLBartLearnedPositionalEmbedding", "marian": "MarianSinusoidalPositionalEmbedding",
+    "pegasus": "PegasusSinusoidalPositionalEmbedding", "pegasus_x": r"block-local.*PegasusXSinusoidalPositionalEmbedding",
+    "blenderbot": r"without offset.*BlenderbotLearnedPositionalEmbedding",
+    "blenderbot-small": r"without offset.*BlenderbotSmallLearnedPositionalEmbedding",
+    "fsmt": r"SinusoidalPositionalEmbedding.*make_positions",
+    "m2m_100": r"M2M100SinusoidalPositionalEmbedding.*offset of 2.*create_position_ids_from_input_ids",
+    "nllb-moe": r"NllbMoeSinusoidalPositionalEmbedding.*offset of 2.*create_position_ids_from_input_ids",
+    "seamless_m4t": r"SeamlessM4TSinusoidalPositionalEmbedding.*create_position_ids_from_input_ids",
+    "seamless_m4t_v2": r"SeamlessM4Tv2SinusoidalPositionalEmbedding.*create_position_ids_from_input_ids",
+    "led": r"Longformer.*LEDLearnedPositionalEmbedding", "bigbird_pegasus": r"block-sparse.*BigBirdPegasusLearnedPositionalEmbedding",
+    "whisper": r"sinusoidal table over the audio frames.*WhisperPositionalEmbedding",
+    "encoder-decoder": r"composite of two independent models.*config\['decoder'\]",
+    "vision-encoder-decoder": r"composite of two independent models.*config\['decoder'\]",
+}
+
+#: A name the refusals cite from the modeling file: a class or function of transformers.
+_CITED = re.compile(r"\b([A-Z][A-Za-z0-9_]*(?:Embeddings?|Attention|Prompt|Linear|Aggregated)|"
+                    r"create_position_ids_from_input_ids|make_positions)\b")
+
+
+def _modeling_source(model_type: str) -> str:
+    folder = FAMILIES[model_type].source.split("/")[2]
+    return inspect.getsource(importlib.import_module(f"transformers.models.{folder}.modeling_{folder}"))
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_a_refused_family_names_its_positional_feature(model_type):
+    """Its default config (transformers' own class, as the family sweep reads it) is refused with
+    InvalidArgument naming the feature; every transformers name the reason cites is defined in the
+    family's modeling file (so the reason points at code that exists)."""
+    config = AutoConfig.for_model(model_type).to_dict()
+    with pytest.raises(InvalidArgument, match=REFUSED[model_type]) as caught:
+        position_plan(config)
+    message = str(caught.value)
+    assert f"({model_type})" in message
+    source = _modeling_source(model_type)
+    cited = set(_CITED.findall(message))
+    missing = [name for name in cited if not re.search(rf"^(class|def) {name}\b|^\s+def {name}\b", source, re.MULTILINE)]
+    assert not missing, f"{model_type}'s refusal cites names its modeling file does not define: {missing}"
+
+
+def test_a_refused_record_refuses_before_reading_anything():
+    """Refusal comes from the record alone: a config with no other key is refused by the same reason."""
+    assert {name for name, family in FAMILIES.items() if family.refused} >= REFUSED.keys()
+    with pytest.raises(InvalidArgument, match="recurrent state"):
+        position_plan({"model_type": "mamba"})
+
+
+def test_a_refused_family_is_not_listed_as_read():
+    from posenc.hf_config import reads_model_type
+    from posenc.hf_config.families import Family
+
+    assert not reads_model_type("roberta") and reads_model_type("gpt2") and not reads_model_type("nonesuch")
+    with pytest.raises(InvalidArgument) as caught:
+        position_plan(dict(SMALL, model_type="nonesuch"))
+    assert "'gpt2'" in str(caught.value) and "'roberta'" not in str(caught.value)
+    with pytest.raises(InvalidArgument, match="refused"):
+        Family("x", refused="  ")

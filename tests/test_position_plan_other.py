@@ -20,7 +20,15 @@ transformers = pytest.importorskip("transformers")
 
 from posenc.errors import InvalidArgument, MissingKey  # noqa: E402
 from posenc.hf_config.families import FAMILIES  # noqa: E402
-from posenc.hf_config.families_other import plan_falcon, plan_gpt2, plan_mpt, plan_t5  # noqa: E402
+from posenc.hf_config.families_other import (  # noqa: E402
+    plan_biogpt,
+    plan_falcon,
+    plan_gpt2,
+    plan_mpt,
+    plan_switch_transformers,
+    plan_t5,
+    plan_umt5,
+)
 from transformers.models.bloom.modeling_bloom import _get_alibi_slopes  # noqa: E402
 from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb  # noqa: E402
 from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor  # noqa: E402
@@ -51,7 +59,27 @@ CONFIGS = {
     "t5": {"model_type": "t5", "d_model": 64, "d_kv": 16, "d_ff": 128, "num_heads": 4, "num_layers": 2,
            "num_decoder_layers": 3, "relative_attention_num_buckets": 32, "vocab_size": 128,
            "feed_forward_proj": "relu", "is_encoder_decoder": True, "decoder_start_token_id": 0},
+    # bigcode/starcoderbase-1b's shape, shrunk: multi-query attention
+    "gpt_bigcode": {"model_type": "gpt_bigcode", "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 64,
+                    "multi_query": True, "vocab_size": 128, "activation_function": "gelu_pytorch_tanh"},
+    # microsoft/biogpt's shape, shrunk
+    "biogpt": {"model_type": "biogpt", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+               "intermediate_size": 128, "max_position_embeddings": 64, "scale_embedding": True, "vocab_size": 128,
+               "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2},
+    # google/switch-base-8's shape, shrunk: every other layer sparse (2 experts)
+    "switch_transformers": {"model_type": "switch_transformers", "d_model": 64, "d_kv": 16, "d_ff": 128, "num_heads": 4,
+                            "num_layers": 2, "num_decoder_layers": 2, "num_sparse_encoder_layers": 1,
+                            "num_sparse_decoder_layers": 1, "num_experts": 2, "expert_capacity": 64,
+                            "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
+                            "vocab_size": 128, "is_encoder_decoder": True, "decoder_start_token_id": 0},
+    # google/umt5-small's shape, shrunk: a bucket table in every self-attention layer
+    "umt5": {"model_type": "umt5", "d_model": 64, "d_kv": 16, "d_ff": 128, "num_heads": 4, "num_layers": 2,
+             "num_decoder_layers": 3, "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
+             "vocab_size": 128, "feed_forward_proj": "gated-gelu", "is_encoder_decoder": True,
+             "decoder_start_token_id": 0},
 }
+#: The families of T5's reader and adapter (encoder-decoders, built as sequence-to-sequence models).
+T5_KIN = ("t5", "switch_transformers", "umt5")
 
 
 def config_of(name: str, **overrides):
@@ -63,8 +91,8 @@ def model_of(name: str, **overrides):
     config = config_of(name, **overrides)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
-    if config.model_type == "t5":
-        model = transformers.T5ForConditionalGeneration(config)
+    if config.model_type in T5_KIN:
+        model = transformers.AutoModelForSeq2SeqLM.from_config(config)
     else:
         model = transformers.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
@@ -108,7 +136,7 @@ def test_every_reader_is_in_the_table_and_reads_the_released_shapes():
         config = config_of(name)
         via_object = FAMILY_READERS[spec["model_type"]](config.to_dict())
         assert raw.describe() == via_object.describe()
-        assert len(raw) == (config.num_decoder_layers if name == "t5" else config.num_hidden_layers)
+        assert len(raw) == (config.num_decoder_layers if name in T5_KIN else config.num_hidden_layers)
 
 
 def test_position_plan_reads_these_families_through_their_readers():
@@ -268,9 +296,14 @@ def test_mpt_follows_transformers_where_the_config_says_otherwise():
 # --------------------------------------------------------------------------------------------- GPT-2, OPT
 
 
-def test_gpt2_table_is_wpe_at_the_same_positions():
-    model = model_of("gpt2")
-    plan = plan_gpt2(dict(CONFIGS["gpt2"]))
+#: The GPT-2-shaped families: a learned table wpe, read by GPT-2's reader and applied by its adapter.
+WPE = ("gpt2", "gpt_bigcode")
+
+
+@pytest.mark.parametrize("name", WPE)
+def test_gpt2_table_is_wpe_at_the_same_positions(name):
+    model = model_of(name)
+    plan = FAMILY_READERS[name](dict(CONFIGS[name]))
     table = plan.embedding
     assert all(layer.encoding is None for layer in plan)
     assert tuple(table.weight.shape) == tuple(model.transformer.wpe.weight.shape)
@@ -283,12 +316,13 @@ def test_gpt2_table_is_wpe_at_the_same_positions():
         table.embed(x, positions + 1)
 
 
-def test_gpt2_spellings_follow_gpt2config():
-    spec = {**CONFIGS["gpt2"], "max_position_embeddings": 32}
+@pytest.mark.parametrize("name", WPE)
+def test_gpt2_spellings_follow_gpt2config(name):
+    spec = {**CONFIGS[name], "max_position_embeddings": 32}
     with pytest.warns(UserWarning, match="n_positions"):
-        plan = plan_gpt2(spec)
-    config = transformers.GPT2Config(**{k: v for k, v in spec.items() if k != "model_type"})
-    assert plan.embedding.max_positions == transformers.GPT2Model(config).wpe.num_embeddings == 32
+        plan = FAMILY_READERS[name](spec)
+    config = transformers.AutoConfig.for_model(**spec)
+    assert plan.embedding.max_positions == transformers.AutoModel.from_config(config).wpe.num_embeddings == 32
 
 
 def test_opt_table_has_the_offset_and_reads_positions_from_the_mask():
@@ -353,12 +387,106 @@ def test_t5_layer_counts_follow_t5config():
     assert (len(plan.encoder), len(plan)) == (config.num_layers, config.num_decoder_layers) == (2, 6)
 
 
+def test_switch_transformers_bias_is_compute_bias_of_each_stacks_first_layer():
+    """SwitchTransformersAttention's own compute_bias (transformers' copy of T5's): one table per
+    stack in its first layer, bidirectional buckets in the encoder, causal in the decoder; the
+    plan's buckets give the same bias past max_distance and at a cached decoding step."""
+    model = model_of("switch_transformers")
+    plan = plan_switch_transformers(dict(CONFIGS["switch_transformers"]))
+    assert (len(plan.encoder), len(plan)) == (2, 2)
+    assert plan.encoder[0].encoding.bidirectional and not plan[0].encoding.bidirectional
+    for stack, stack_plan in ((model.encoder, plan.encoder), (model.decoder, plan)):
+        first = stack.block[0].layer[0].SelfAttention
+        assert type(first).__name__ == "SwitchTransformersAttention" and first.has_relative_attention_bias
+        assert all(not block.layer[0].SelfAttention.has_relative_attention_bias for block in stack.block[1:])
+        encoding = stack_plan[0].encoding
+        assert all(layer.encoding is encoding for layer in stack_plan)
+        with torch.no_grad():
+            encoding.relative_attention_bias.weight.copy_(first.relative_attention_bias.weight)
+        t = 300
+        positions = torch.arange(t)
+        assert torch.equal(encoding.score_bias(positions, positions), first.compute_bias(t, t)[0])
+        step = encoding.score_bias(torch.tensor([t - 1]), positions)
+        assert torch.equal(step, first.compute_bias(1, t, past_seen_tokens=t - 1)[0])
+
+
+def test_umt5_bias_is_compute_bias_of_every_layer():
+    """UMT5Attention: every self-attention layer holds a table and computes its own bias (T5's
+    buckets, bidirectional in the encoder, causal in the decoder); the plan gives each layer an
+    encoding of its own, whose buckets give that layer's bias past max_distance and at a cached
+    decoding step."""
+    model = model_of("umt5")
+    plan = plan_umt5(dict(CONFIGS["umt5"]))
+    assert (len(plan.encoder), len(plan)) == (2, 3)
+    for stack, stack_plan in ((model.encoder, plan.encoder), (model.decoder, plan)):
+        assert len({id(layer.encoding) for layer in stack_plan}) == len(stack.block) == len(stack_plan)
+        for block, layer in zip(stack.block, stack_plan):
+            attention, encoding = block.layer[0].SelfAttention, layer.encoding
+            assert type(attention).__name__ == "UMT5Attention" and attention.has_relative_attention_bias
+            assert encoding.bidirectional == (not attention.is_decoder)
+            with torch.no_grad():
+                encoding.relative_attention_bias.weight.copy_(attention.relative_attention_bias.weight)
+            t = 300
+            positions = torch.arange(t)
+            assert torch.equal(encoding.score_bias(positions, positions), attention.compute_bias(t, t)[0])
+            step = encoding.score_bias(torch.tensor([t - 1]), positions)
+            assert torch.equal(step, attention.compute_bias(1, t, past_seen_tokens=t - 1)[0])
+
+
+def test_umt5_layer_counts_follow_its_config_class():
+    for spec in ({"num_layers": 3}, {"num_layers": 3, "num_decoder_layers": 5}, {}):
+        plan = plan_umt5({"model_type": "umt5", **spec})
+        config = transformers.UMT5Config(**spec)
+        assert (len(plan.encoder), len(plan)) == (config.num_layers, config.num_decoder_layers)
+
+
+@pytest.mark.parametrize("spec, layers", [
+    ({"num_layers": 4}, (4, 12)),  # no num_decoder_layers: the field's default 12, not num_layers
+    ({"num_layers": 4, "num_decoder_layers": None}, (4, 4)),  # an explicit null: num_layers (__post_init__)
+    ({"num_hidden_layers": 3}, (3, 12)),  # the alias sets num_layers only
+    ({"num_layers": 3, "num_decoder_layers": 5}, (3, 5)),
+])
+def test_switch_transformers_layer_counts_follow_its_config_class(spec, layers):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = plan_switch_transformers({"model_type": "switch_transformers", **spec})
+    config = transformers.SwitchTransformersConfig(**spec)
+    assert (len(plan.encoder), len(plan)) == (config.num_layers, config.num_decoder_layers) == layers
+
+
+def test_biogpt_table_has_the_offset_and_reads_position_ids():
+    """BioGptLearnedPositionalEmbedding: row p + 2 for position p; BioGptModel hands it position_ids
+    (arange plus the cached length by default), not the mask's positions: a left-padded row keeps
+    its arange positions."""
+    model = model_of("biogpt")
+    plan = plan_biogpt(dict(CONFIGS["biogpt"]))
+    table, model_table = plan.embedding, model.biogpt.embed_positions
+    assert all(layer.encoding is None for layer in plan)
+    assert tuple(table.weight.shape) == tuple(model_table.weight.shape) == (64 + 2, 64)
+    assert table.max_positions == 64 and table.offset == 2
+    with torch.no_grad():
+        table.weight.copy_(model_table.weight)
+    mask = left_padded_mask([64, 40], 64)
+    positions = torch.arange(64).expand(2, -1)
+    x = torch.zeros(2, 64, 64)
+    assert torch.equal(table.embed(x, positions), model_table(mask, 0, position_ids=positions))
+    # what BioGptModel itself adds: its hidden state before the first layer, with the token embeddings taken out
+    seen = {}
+    hook = model.biogpt.layers[0].register_forward_pre_hook(lambda module, args: seen.setdefault("h", args[0]))
+    ids = torch.randint(3, 128, (2, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model(ids, attention_mask=mask)
+        added = seen["h"] - model.biogpt.embed_tokens(ids)
+    hook.remove()
+    assert (added - table.embed(x, positions)).abs().max() <= 1e-6
+
+
 # --------------------------------------------------------------------------------------------- adapters
 
 
 from posenc.integrations.adapters import apply_plan  # noqa: E402
 
-ADAPTED = ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "falcon_alibi"]
+ADAPTED = ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "falcon_alibi", "gpt_bigcode", "biogpt"]
 
 
 def noise_floor(name: str, ids, mask) -> float:
@@ -386,7 +514,7 @@ def test_adapter_reproduces_the_models_logits(name):
     ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(1))
     # MPT's positions are key indices (no padding support of its own): unpadded there
     mask = torch.ones(2, 24, dtype=torch.long) if name == "mpt" else left_padded_mask([24, 17], 24)
-    extra = {"position_ids": gpt2_position_ids(mask)} if name == "gpt2" else {}
+    extra = {"position_ids": gpt2_position_ids(mask)} if name in (*WPE, "biogpt") else {}
     model = model_of(name)
     with torch.no_grad():
         reference = model(ids, attention_mask=mask, **extra).logits
@@ -399,15 +527,15 @@ def test_adapter_reproduces_the_models_logits(name):
         # a cached decoding step: the next token's logits with and without the cache
         step_ids = torch.cat([ids, ids[:, :1]], dim=1)
         step_mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
-        step_extra = {"position_ids": gpt2_position_ids(step_mask)} if name == "gpt2" else {}
+        step_extra = {"position_ids": gpt2_position_ids(step_mask)} if name in (*WPE, "biogpt") else {}
         full = model(step_ids, attention_mask=step_mask, **step_extra).logits[:, -1]
         prefix = model(ids, attention_mask=mask, use_cache=True, **extra)
-        last_extra = {"position_ids": step_extra["position_ids"][:, -1:]} if name == "gpt2" else {}
+        last_extra = {"position_ids": step_extra["position_ids"][:, -1:]} if name in (*WPE, "biogpt") else {}
         cached = model(step_ids[:, -1:], attention_mask=step_mask, cache=prefix.past_key_values, use_cache=True,
                        **last_extra).logits[:, -1]
         assert (cached - full).abs().max() < 1e-4
     # the adapter computes the positions: shifting the plan's positions moves the logits
-    if name in ("gpt2", "opt"):
+    if name in (*WPE, "opt", "biogpt"):
         with torch.no_grad():
             plan.embedding.weight.data = plan.embedding.weight.data.roll(1, dims=0)
             assert (model(ids, attention_mask=mask, **extra).logits - reference).abs().max() > 5e-2
@@ -433,6 +561,60 @@ def test_t5_adapter_reproduces_the_models_logits():
     with torch.no_grad():
         generated = model.generate(ids, max_new_tokens=12, do_sample=False)
         assert torch.equal(generated, reference_model.generate(ids, max_new_tokens=12, do_sample=False))
+
+
+def test_switch_transformers_through_t5_s_adapter_reproduces_the_models_logits():
+    """The plan read from the config, applied by T5's adapter (the record names it): the model's
+    logits and its cached greedy tokens; a plan with other bucket settings moves the logits."""
+    from posenc.integrations.transformers import position_plan
+
+    model, reference_model = model_of("switch_transformers"), model_of("switch_transformers")
+    ids = torch.randint(0, 128, (2, 20), generator=torch.Generator().manual_seed(1))
+    decoder_ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(2))
+    plan = position_plan(model.config)
+    with torch.no_grad():
+        reference = reference_model(input_ids=ids, decoder_input_ids=decoder_ids).logits
+        apply_plan(model, plan)
+        assert plan.encoder[0].encoding.relative_attention_bias is \
+            model.encoder.block[0].layer[0].SelfAttention.relative_attention_bias
+        ours = model(input_ids=ids, decoder_input_ids=decoder_ids).logits
+        assert (ours - reference).abs().max() <= 1e-5
+        generated = model.generate(ids, max_new_tokens=12, do_sample=False)
+        assert torch.equal(generated, reference_model.generate(ids, max_new_tokens=12, do_sample=False))
+        # the logits are posenc's buckets': other buckets (max_distance 24) move them
+        for stack_plan in (plan.encoder, plan):
+            stack_plan[0].encoding.max_distance = 24
+        assert (model(input_ids=ids, decoder_input_ids=decoder_ids).logits - reference).abs().max() > 100 * 1e-5
+    wrong = position_plan(model.config)
+    wrong.encoder[0].encoding.bidirectional = False  # the encoder's buckets read as causal: refused
+    with pytest.raises(InvalidArgument, match="not the buckets"):
+        apply_plan(model, wrong)
+
+
+def test_umt5_through_t5_s_adapter_reproduces_the_models_logits():
+    """UMT5's plan read from the config, applied by T5's adapter with a table per layer: the
+    model's logits and its cached greedy tokens; one layer's buckets changed move the logits; a
+    T5-shaped plan (one table per stack) is refused, naming the per-layer tables."""
+    from posenc.integrations.transformers import position_plan
+
+    symmetric = {"num_decoder_layers": 2}  # generate() sizes the cache by num_layers
+    model, reference_model = model_of("umt5", **symmetric), model_of("umt5", **symmetric)
+    ids = torch.randint(0, 128, (2, 20), generator=torch.Generator().manual_seed(1))
+    decoder_ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(2))
+    plan = position_plan(model.config)
+    with torch.no_grad():
+        reference = reference_model(input_ids=ids, decoder_input_ids=decoder_ids).logits
+        apply_plan(model, plan)
+        assert plan[1].encoding.relative_attention_bias is \
+            model.decoder.block[1].layer[0].SelfAttention.relative_attention_bias
+        assert (model(input_ids=ids, decoder_input_ids=decoder_ids).logits - reference).abs().max() <= 1e-5
+        generated = model.generate(ids, max_new_tokens=12, do_sample=False)
+        assert torch.equal(generated, reference_model.generate(ids, max_new_tokens=12, do_sample=False))
+        plan.encoder[1].encoding.max_distance = 24  # the encoder's second layer only (20 tokens: past the exact buckets)
+        assert (model(input_ids=ids, decoder_input_ids=decoder_ids).logits - reference).abs().max() > 100 * 1e-5
+    shared = plan_t5({**CONFIGS["t5"], **symmetric, "num_layers": 2})
+    with pytest.raises(InvalidArgument, match="bucket table in each of its 2 layers"):
+        apply_plan(model, shared)
 
 
 def test_adapters_refuse_what_does_not_fit():
@@ -502,7 +684,8 @@ def test_falcon_alibi_adapter_reproduces_the_models_logits_past_bfloat16_positio
         assert (model(ids, attention_mask=mask).logits - reference).abs()[real].max() <= 1e-5
 
 
-@pytest.mark.parametrize("name", ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "t5"])
+@pytest.mark.parametrize("name", ["gpt2", "opt", "bloom", "mpt", "falcon_rope", "t5", "switch_transformers",
+                                  "gpt_bigcode", "biogpt", "umt5"])
 def test_the_records_name_each_layers_self_attention(name):
     """The layer paths of the adapter families' records (where the adapters and posenc audit
     find each layer's self-attention): transformers' own self-attention module of the family,
@@ -512,7 +695,7 @@ def test_the_records_name_each_layers_self_attention(name):
     model = model_of(name)
     stacks = layer_stacks(model)
     expected = [("encoder", model.config.num_layers), ("decoder", model.config.num_decoder_layers)] \
-        if name == "t5" else [("decoder", model.config.num_hidden_layers)]
+        if name in T5_KIN else [("decoder", model.config.num_hidden_layers)]
     assert [(stack.name, len(stack.attentions)) for stack in stacks] == expected
     for stack in stacks:
         for attention in stack.attentions:

@@ -15,7 +15,9 @@ and ``modeling_<family>.py``):
   none: a config without them is refused, naming the key); ``aliases`` (GPT-J's ``n_embd``,
   ...); ``text_config``, a multimodal wrapper's text family; the readers ``layer_types``,
   ``span`` and ``encoding`` (most shared by several families), or ``reader``, a whole-plan
-  reader (:mod:`posenc.hf_config.families_other`) where the positions are not rotary;
+  reader (:mod:`posenc.hf_config.families_other`) where the positions are not rotary, or
+  ``refused``, why posenc does not read a family it knows (the positional feature named:
+  position_plan raises InvalidArgument with it);
 - where its modules live, as plain attribute names (``layers``, ``attention``, ``rotary``,
   ``tables``, ``sinks``, ``softcap``, ...), read by :func:`posenc.integrations.families.family_of`;
 - its adapter's name (:data:`posenc.integrations.adapters.ADAPTERS`) where its attention is
@@ -45,13 +47,17 @@ from posenc.encodings.rope.rotary import RoPE
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
 from posenc.hf_config import llama4
 from posenc.hf_config.families_other import (
+    plan_biogpt,
     plan_bloom,
     plan_falcon,
     plan_gpt2,
+    plan_gpt_bigcode,
     plan_mpt,
     plan_mt5,
     plan_opt,
+    plan_switch_transformers,
     plan_t5,
+    plan_umt5,
 )
 from posenc.hf_config.rope import head_dim_of, read_hf_config, rope_dict_spellings
 from posenc.hf_config.values import check_real, config_int
@@ -875,8 +881,14 @@ class Family:
             ``attn_logit_softcapping``), read into :attr:`LayerPlan.softcap`; None: the family has none.
         prepare: checks and rewrites before reading (refusals, notes, spellings).
         reader: ``config dict -> PositionPlan`` for a family whose positions are not (only)
-            rotary (:mod:`posenc.hf_config.families_other`: Falcon, BLOOM, MPT, GPT-2, OPT,
-            T5, mT5); it replaces everything above. None: the rotary reading above.
+            rotary (:mod:`posenc.hf_config.families_other`: Falcon, BLOOM, MPT, GPT-2, GPTBigCode,
+            OPT, BioGPT, T5, mT5, Switch Transformers, UMT5); it replaces everything above. None:
+            the rotary reading above.
+        refused: why posenc does not read the family, naming the positional feature transformers
+            builds that posenc's plan or its integrations do not model (RoBERTa's position ids
+            derived from the padding in the input ids, a recurrent state without attention
+            positions, ...): :func:`position_plan` raises InvalidArgument with it for every
+            config of the family, before reading anything. None: the family is read.
         source: the transformers files read.
 
     Where its modules live (plain attribute names; :func:`posenc.integrations.families.family_of`):
@@ -924,6 +936,7 @@ class Family:
     softcap_key: str | None = None
     prepare: Callable[[Reading], None] | None = None
     reader: Callable[[Mapping[str, Any]], PositionPlan] | None = None
+    refused: str | None = None
     source: str = ""
     base: str | None = None
     layers: str = "layers"
@@ -950,6 +963,8 @@ class Family:
             value = getattr(self, name)
             if value is not None and value not in TABLE_FORMATS:
                 raise InvalidArgument(f"{name} must be one of {TABLE_FORMATS}, got {value!r}")
+        if self.refused is not None and (not isinstance(self.refused, str) or not self.refused.strip()):
+            raise InvalidArgument(f"refused must be a reason (a non-empty str) or None, got {self.refused!r}")
 
     @property
     def interleaved(self) -> bool:
@@ -960,6 +975,36 @@ class Family:
 def _family(model_type: str, **kwargs: Any) -> Family:
     kwargs.setdefault("source", f"transformers/models/{model_type}/configuration_{model_type}.py, modeling_{model_type}.py")
     return Family(model_type, **kwargs)
+
+
+def _refused(model_type: str, reason: str, folder: str | None = None) -> Family:
+    """A family posenc knows and does not read: its record says why (:attr:`Family.refused`)."""
+    folder = folder or model_type.replace("-", "_")
+    return _family(model_type, refused=reason, rotary=None,
+                   source=f"transformers/models/{folder}/configuration_{folder}.py, modeling_{folder}.py")
+
+
+# -- issue 34, non-rotary families: the reasons several records share
+
+#: The recurrent families: no attention layer, so no position a plan could state.
+_RECURRENT = "recurrent state: no attention positions to read ({mixer}; no attention layer)"
+#: BERT's embeddings: the learned table sits inside them, under the embedding LayerNorm.
+_BERT_TABLE = ("a learned absolute table inside BERT-style embeddings ({module}.position_embeddings, rows at "
+               "position_ids = arange + the cache length, summed with the token-type rows{extra} under the "
+               "embedding LayerNorm); posenc's learned-table adapters serve GPT-2's wpe and OPT's embed_positions only")
+#: RoBERTa's position ids, counted from the padding of the input ids.
+_ROBERTA_IDS = ("position ids derived from the input ids' padding (RoBERTa's create_position_ids_from_input_ids: "
+                "padding_idx + 1 + the count of non-padding tokens so far, padding tokens at row padding_idx) into a "
+                "learned table inside BERT-style embeddings ({module}.position_embeddings); posenc's plan takes "
+                "positions from position_ids or the attention mask, never from the token ids")
+#: fairseq's sinusoids: sin in the first half of the columns, cos in the second (not Vaswani's interleaving).
+_FAIRSEQ_SINUSOIDS = ("a fixed sinusoidal table in fairseq's layout ({module}: sin of frequencies "
+                      "10000^(-i / (d/2 - 1)) in the first half of the columns, cos in the second, the padding row "
+                      "zero, not posenc's sinusoidal with even columns sin and odd columns cos)")
+#: The composite configs: two models, each with its own positions.
+_COMPOSITE = ("a composite of two independent models ({encoder} encoder and a decoder, config['encoder'] and "
+              "config['decoder']), each with its own positions; position_plan reads one model's config: pass "
+              "config['decoder']")
 
 
 _QWEN2 = dict(defaults={"rope_theta": 10000.0, "sliding_window": 4096, "max_window_layers": 28,
@@ -1146,6 +1191,174 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             attention="layer.0.SelfAttention", rotary=None),
     _family("mt5", reader=plan_mt5, adapter="t5", stacks=("encoder", "decoder"), layers="block",
             attention="layer.0.SelfAttention", rotary=None),
+    # -- issue 34, non-rotary families
+    # GPT-2's learned table wpe (StarCoder's multi-query attention goes through AttentionInterface): GPT-2's adapter
+    _family("gpt_bigcode", reader=plan_gpt_bigcode, adapter="gpt2", layers="h", attention="attn", rotary=None),
+    _refused("gpt_neo", "a learned table (transformer.wpe) under attention computed outside transformers' "
+                        "AttentionInterface (GPTNeoSelfAttention._attn: q.k unscaled, its own causal mask and, on the "
+                        "'local' layers of attention_types, a window of window_size keys); posenc has no adapter "
+                        "for GPT-Neo's attention"),
+    _refused("csm_depth_decoder_model",
+             "position-indexed weights: the depth decoder picks each token's input embedding rows (input_ids + "
+             "vocab_size * (position - 1)) and its output head (CsmCodebooksHead, one weight per codebook position) by "
+             "its position, which it computes itself (arange over the cache, ignoring position_ids); posenc's plan "
+             "positions attention only", folder="csm"),
+    # OPT's learned table (offset 2, OPT's call) at position_ids = arange + the cache length: OPT's adapter
+    _family("biogpt", reader=plan_biogpt, adapter="opt", base="biogpt", rotary=None),
+    # T5's buckets in a mixture-of-experts T5 (the experts are feed-forward layers): T5's reader and adapter
+    _family("switch_transformers", reader=plan_switch_transformers, adapter="t5", stacks=("encoder", "decoder"),
+            layers="block", attention="layer.0.SelfAttention", rotary=None),
+    # recurrent: no attention layer at all
+    _refused("mamba", _RECURRENT.format(mixer="Mamba's selective state-space mixers")),
+    _refused("mamba2", _RECURRENT.format(mixer="Mamba-2's state-space duality mixers")),
+    _refused("falcon_mamba", _RECURRENT.format(mixer="Mamba's selective state-space mixers")),
+    _refused("rwkv", _RECURRENT.format(mixer="RWKV's time mixing with a learned per-channel decay")),
+    _refused("xlstm", _RECURRENT.format(mixer="xLSTM's mLSTM blocks")),
+    _refused("recurrent_gemma",
+             "RG-LRU recurrent blocks (no attention positions) between local attention layers whose RoPE over "
+             "half of each head (partial_rotary_factor 0.5) is computed inside each attention module "
+             "(RecurrentGemmaAttention.rotary_emb) with a fixed attention_window_size cache; posenc's records place "
+             "one rotary module on the base model"),
+    # T5's buckets with a table in every self-attention layer (UMT5Attention): T5's adapter, a table per layer
+    _family("umt5", reader=plan_umt5, adapter="t5", stacks=("encoder", "decoder"), layers="block",
+            attention="layer.0.SelfAttention", rotary=None),
+    # T5's buckets, changed
+    _refused("longt5", "an encoder of block-local attention (encoder_attention_type 'local': blocks of local_radius "
+                       "tokens each way; 'transient-global': plus global_block_size summary tokens with their own "
+                       "buckets), which posenc's spans (full, causal sliding, chunked) do not model"),
+    _refused("pix2struct", "a vision encoder whose patches carry learned row and column embeddings "
+                           "(Pix2StructVisionEmbeddings) under a text decoder with T5 buckets; posenc's t5 adapter "
+                           "needs T5 buckets in both stacks"),
+    _refused("udop", "T5 buckets plus 2-D layout biases from each token's bounding box "
+                     "(RelativePositionBiasAggregated: 1-D, horizontal and vertical buckets): positions that are "
+                     "boxes, not indices"),
+    _refused("t5gemma", "an encoder-decoder of Gemma 2 layers with RoPE in both stacks (a bidirectional encoder, "
+                        "sliding windows); posenc's plan of an encoder-decoder holds T5 buckets only"),
+    _refused("t5gemma2", "an encoder-decoder of Gemma 3 layers with RoPE in both stacks and a decoder whose "
+                         "self- and cross-attention are one softmax (T5Gemma2MergedAttention); posenc's plan of an "
+                         "encoder-decoder holds T5 buckets only"),
+    # BERT-style embeddings (the ...ForCausalLM of encoder families)
+    _refused("roberta", _ROBERTA_IDS.format(module="RobertaEmbeddings")),
+    _refused("roberta-prelayernorm", _ROBERTA_IDS.format(module="RobertaPreLayerNormEmbeddings")),
+    _refused("xlm-roberta", _ROBERTA_IDS.format(module="XLMRobertaEmbeddings")),
+    _refused("xlm-roberta-xl", _ROBERTA_IDS.format(module="XLMRobertaXLEmbeddings")),
+    _refused("camembert", _ROBERTA_IDS.format(module="CamembertEmbeddings")),
+    _refused("xmod", _ROBERTA_IDS.format(module="XmodEmbeddings")),
+    _refused("electra", _BERT_TABLE.format(module="ElectraEmbeddings", extra="")),
+    _refused("ernie", _BERT_TABLE.format(module="ErnieEmbeddings", extra=" and, with use_task_id, task-type rows")),
+    _refused("rembert", _BERT_TABLE.format(module="RemBertEmbeddings", extra=", of input_embedding_size")),
+    _refused("roc_bert", _BERT_TABLE.format(module="RoCBertEmbeddings",
+                                            extra=" and the pronunciation and shape embeddings")),
+    _refused("megatron-bert", _BERT_TABLE.format(module="MegatronBertEmbeddings", extra="")),
+    _refused("big_bird", "block-sparse attention (attention_type 'block_sparse': random, sliding and global blocks "
+                         "of block_size), which posenc's spans do not model, and "
+                         + _BERT_TABLE.format(module="BigBirdEmbeddings", extra="")),
+    _refused("roformer", "rotary positions from a sinusoidal table computed in the encoder "
+                         "(RoFormerSinusoidalPositionalEmbedding: sin in the first half of the columns, cos in the "
+                         "second, rotating interleaved pairs, the values too with rotary_value) and handed to BERT-style "
+                         "layers; posenc's records place a rotary module of cos/sin tables on a Llama-shaped model"),
+    _refused("git", "image tokens prefixed to the text (attending to each other bidirectionally), the text numbered from 0 after "
+                    "them by " + _BERT_TABLE.format(module="GitEmbeddings", extra="")),
+    _refused("blip", "a BERT-style text decoder with cross-attention to the image (BlipTextModel) and "
+                     + _BERT_TABLE.format(module="BlipTextEmbeddings", extra="")),
+    # learned or sinusoidal tables in decoders, in modules posenc's adapters do not reach
+    _refused("xglm", _FAIRSEQ_SINUSOIDS.format(module="XGLMSinusoidalPositionalEmbedding") +
+             " with an offset of 2 rows, at position_ids = arange + the cache length"),
+    _refused("trocr", "a learned table with an offset of 2 rows (TrOCRLearnedPositionalEmbedding), or with "
+                      "use_learned_position_embeddings false " + _FAIRSEQ_SINUSOIDS.format(
+                          module="TrOCRSinusoidalPositionalEmbedding") + " at positions derived from the input ids' "
+                      "padding; posenc's learned-table adapters serve GPT-2's wpe and OPT's embed_positions only"),
+    _refused("clvp_decoder", "a learned table (ClvpDecoder.position_embeds_layer, rows at position_ids) in CLVP's "
+                             "speech decoder, conditioned on a prefix of text and mel embeddings; posenc's "
+                             "learned-table adapters serve GPT-2's wpe and OPT's embed_positions only", folder="clvp"),
+    _refused("cpmant", "T5-style relative buckets combined with segment-pair buckets (CpmAntSegmentPositionEmbedding: "
+                       "position_bias_num_buckets, position_bias_max_distance, segment_types) and a learned prompt "
+                       "prefix; posenc's T5 bias has no segments"),
+    _refused("prophetnet", "n-gram self-attention (ngram predicting streams, ProphetNetNgramSelfAttention) with its "
+                           "own relative buckets (num_buckets, relative_max_distance) over a learned table whose "
+                           "positions come from the attention mask plus padding_idx (ProphetNetPositionalEmbeddings)"),
+    _refused("mvp", "BART's learned tables with an offset of 2 rows (MvpLearnedPositionalEmbedding) and, with "
+                    "use_prompt, learned key/value prompts prefixed in every layer (MvpPrompt); posenc's plan has no "
+                    "prompt prefix and its learned-table adapters serve GPT-2's wpe and OPT's embed_positions only"),
+    _refused("kosmos-2", _FAIRSEQ_SINUSOIDS.format(module="Kosmos2TextSinusoidalPositionalEmbedding") +
+             " at positions derived from the input ids' padding (create_position_ids_from_input_ids), image features "
+             "inserted where image_embeds_position_mask says", folder="kosmos2"),
+    _refused("kosmos_2_text_model", _FAIRSEQ_SINUSOIDS.format(module="Kosmos2TextSinusoidalPositionalEmbedding") +
+             " at positions derived from the input ids' padding (create_position_ids_from_input_ids)", folder="kosmos2"),
+    _refused("kosmos-2.5", _FAIRSEQ_SINUSOIDS.format(module="Kosmos2_5TextSinusoidalPositionalEmbedding") +
+             " at positions derived from the input ids' padding (create_position_ids_from_input_ids), image features "
+             "inserted where image_embeds_position_mask says", folder="kosmos2_5"),
+    _refused("kosmos_2_5_text_model", _FAIRSEQ_SINUSOIDS.format(module="Kosmos2_5TextSinusoidalPositionalEmbedding")
+             + " at positions derived from the input ids' padding (create_position_ids_from_input_ids)",
+             folder="kosmos2_5"),
+    _refused("idefics", "Llama's RoPE computed inside each attention module (IdeficsAttention.rotary_emb) and gated "
+                        "cross-attention layers to the images every cross_layer_interval layers; posenc's records "
+                        "place one rotary module on the base model"),
+    _refused("musicgen", "a fixed sinusoidal table with cos in the first half of the columns and sin in the second "
+                         "(MusicgenSinusoidalPositionalEmbedding, frequencies 10000^(-i / (d/2 - 1))) over the sum of "
+                         "num_codebooks token streams, not posenc's sinusoidal with even columns sin and odd columns cos"),
+    _refused("musicgen_melody", "a fixed sinusoidal table with cos in the first half of the columns and sin in the "
+                                "second (MusicgenMelodySinusoidalPositionalEmbedding) over the sum of num_codebooks token "
+                                "streams after a prefix of melody conditioning, not posenc's sinusoidal with even "
+                                "columns sin and odd columns cos"),
+    _refused("moshi", "RoPE computed inside each attention module (MoshiAttention.rotary_emb) of the temporal "
+                      "transformer and a depth decoder whose linear weights are picked by codebook position "
+                      "(MoshiFlexibleLinear); posenc's records place one rotary module on the base model and have no "
+                      "position-indexed weights"),
+    # encoder-decoders: both stacks' positions, or a decoder of the same kind on its own
+    _refused("bart", "learned tables with an offset of 2 rows (BartLearnedPositionalEmbedding, rows at position_ids "
+                     "+ 2, position_ids = arange + the cache length, not OPT's attention-mask positions) in the "
+                     "encoder and the decoder; posenc's learned-table adapters serve GPT-2's wpe and OPT's "
+                     "embed_positions only"),
+    _refused("mbart", "learned tables with an offset of 2 rows (MBartLearnedPositionalEmbedding, rows at position_ids "
+                      "+ 2, position_ids = arange + the cache length) in the encoder and the decoder; posenc's "
+                      "learned-table adapters serve GPT-2's wpe and OPT's embed_positions only"),
+    _refused("plbart", "learned tables with an offset of 2 rows (PLBartLearnedPositionalEmbedding, rows at "
+                       "position_ids + 2, position_ids = arange + the cache length) in the encoder and the decoder; "
+                       "posenc's learned-table adapters serve GPT-2's wpe and OPT's embed_positions only"),
+    _refused("marian", "fixed sinusoidal tables in the encoder and the decoder (MarianSinusoidalPositionalEmbedding: "
+                       "sin in the first half of the columns, cos in the second, not posenc's sinusoidal with even "
+                       "columns sin and odd columns cos) at position_ids = arange + the cache length"),
+    _refused("pegasus", "fixed sinusoidal tables in the encoder and the decoder (PegasusSinusoidalPositionalEmbedding:"
+                        " sin in the first half of the columns, cos in the second, not posenc's sinusoidal with even "
+                        "columns sin and odd columns cos) at position_ids = arange + the cache length"),
+    _refused("pegasus_x", "an encoder of block-local attention (block_size) with num_global_tokens global tokens "
+                          "and sinusoids computed on the fly (PegasusXSinusoidalPositionalEmbedding, sin half and "
+                          "cos half), which posenc's spans and sinusoidal layout do not model"),
+    _refused("blenderbot", "learned tables without offset in the encoder and the decoder "
+                           "(BlenderbotLearnedPositionalEmbedding, rows at position_ids = arange + the cache length); "
+                           "posenc's learned-table adapters serve GPT-2's wpe and OPT's embed_positions only"),
+    _refused("blenderbot-small", "learned tables without offset in the encoder and the decoder "
+                                 "(BlenderbotSmallLearnedPositionalEmbedding, rows at position_ids = arange + the cache "
+                                 "length); posenc's learned-table adapters serve GPT-2's wpe and OPT's "
+                                 "embed_positions only"),
+    _refused("fsmt", _FAIRSEQ_SINUSOIDS.format(module="SinusoidalPositionalEmbedding") + " in the encoder and the "
+             "decoder, at positions derived from the input ids' padding (make_positions: padding_idx + 1 + the count "
+             "of non-padding tokens so far)"),
+    _refused("m2m_100", _FAIRSEQ_SINUSOIDS.format(module="M2M100SinusoidalPositionalEmbedding") + " with an offset "
+             "of 2 rows in the encoder and the decoder, at positions derived from the input ids' padding "
+             "(create_position_ids_from_input_ids)"),
+    _refused("nllb-moe", _FAIRSEQ_SINUSOIDS.format(module="NllbMoeSinusoidalPositionalEmbedding") + " with an offset "
+             "of 2 rows in the encoder and the decoder, at positions derived from the input ids' padding "
+             "(create_position_ids_from_input_ids)"),
+    _refused("seamless_m4t", _FAIRSEQ_SINUSOIDS.format(module="SeamlessM4TSinusoidalPositionalEmbedding") +
+             " with an offset of 2 rows in the text encoder and decoder, at positions derived from the input ids' "
+             "padding (create_position_ids_from_input_ids)"),
+    _refused("seamless_m4t_v2", _FAIRSEQ_SINUSOIDS.format(module="SeamlessM4Tv2SinusoidalPositionalEmbedding") +
+             " with an offset of 2 rows in the text encoder and decoder, at positions derived from the input ids' "
+             "padding (create_position_ids_from_input_ids)"),
+    _refused("led", "a Longformer encoder of symmetric local windows (attention_window) with global attention "
+                    "tokens, which posenc's spans do not model, and learned tables without offset "
+                    "(LEDLearnedPositionalEmbedding)"),
+    _refused("bigbird_pegasus", "an encoder of block-sparse attention (attention_type 'block_sparse': random, sliding "
+                                "and global blocks of block_size), which posenc's spans do not model, and learned "
+                                "tables without offset (BigBirdPegasusLearnedPositionalEmbedding)"),
+    _refused("whisper", "a fixed sinusoidal table over the audio frames in the encoder (sinusoids: sin half, cos "
+                        "half) and a learned table without offset in the decoder (WhisperPositionalEmbedding, rows at "
+                        "position_ids = arange + the cache length); posenc's learned-table adapters serve GPT-2's "
+                        "wpe and OPT's embed_positions only"),
+    _refused("encoder-decoder", _COMPOSITE.format(encoder="a text"), folder="encoder_decoder"),
+    _refused("vision-encoder-decoder", _COMPOSITE.format(encoder="an image"), folder="vision_encoder_decoder"),
 )}
 
 
@@ -1154,7 +1367,7 @@ def reads_plainly(config: Mapping[str, Any]) -> bool:
     exactly: its family is half-split, without aliases, a text_config or a reader of its own
     (Llama, Mistral, Qwen, Gemma 1/2, Phi, OLMo 2, ...)."""
     family = FAMILIES.get(config.get("model_type"))
-    return (family is not None and family.reader is None and family.layout == "half-split" and not family.aliases
+    return (family is not None and family.reader is None and family.refused is None and family.layout == "half-split" and not family.aliases
             and family.text_config is None and family.encoding is rope_of_type and family.prepare is None
             and not _rope_defaults_needed(config, family))
 
@@ -1261,8 +1474,10 @@ def resolve_family(cfg: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
 
 
 def reads_model_type(model_type: Any) -> bool:
-    """True when :func:`position_plan` knows the family ``model_type``."""
-    return model_type in FAMILIES
+    """True when :func:`position_plan` reads the family ``model_type``: it has a record, and the
+    record does not refuse it (:attr:`Family.refused`)."""
+    family = FAMILIES.get(model_type)
+    return family is not None and family.refused is None
 
 
 def position_plan(config: Any) -> PositionPlan:
@@ -1297,8 +1512,9 @@ def position_plan(config: Any) -> PositionPlan:
         MissingKey: no ``model_type``, a missing key the family needs (``num_hidden_layers``,
             ``hidden_size`` / ``num_attention_heads``, GPT-J's ``rotary_dim``, a wrapper's
             ``text_config``), named.
-        InvalidArgument: an unknown ``model_type`` (the message lists the known ones), a bad
-            value (named), or a config posenc cannot read exactly.
+        InvalidArgument: an unknown ``model_type`` (the message lists the ones read), a family
+            its record refuses (:attr:`Family.refused`: the message names the positional feature
+            posenc does not model), a bad value (named), or a config posenc cannot read exactly.
     """
     cfg, resolution = resolve_family(_as_dict(config))
     model_type = cfg.get("model_type")
@@ -1306,7 +1522,8 @@ def position_plan(config: Any) -> PositionPlan:
         raise MissingKey("config: needs 'model_type' (the family decides the layout and the defaults)")
     family = FAMILIES.get(model_type)
     if family is None:
-        raise InvalidArgument(f"config['model_type'] = {model_type!r}: posenc reads {sorted(FAMILIES)}")
+        raise InvalidArgument(f"config['model_type'] = {model_type!r}: posenc reads "
+                              f"{sorted(name for name in FAMILIES if reads_model_type(name))}")
     if resolution is not None:
         warnings.warn(f"position_plan: {resolution}", stacklevel=2)
         return _with_note(_plan_of_family(cfg, family), resolution)
@@ -1320,6 +1537,8 @@ def _with_note(plan: PositionPlan, note: str) -> PositionPlan:
 def _plan_of_family(cfg: dict[str, Any], family: Family) -> PositionPlan:
     """position_plan of a config whose ``model_type`` is ``family``'s."""
     model_type = family.model_type
+    if family.refused is not None:  # known, and outside what posenc models: the record says why
+        raise InvalidArgument(f"config ({model_type}): {family.refused}; posenc does not read this family")
     if family.reader is not None:  # the families whose positions are not (only) rotary
         return family.reader(cfg)
     if family.text_config is not None:

@@ -1,7 +1,7 @@
 """Position plans of the Hugging Face families whose positions are not (only) rotary, or whose
 attention does not go through transformers' ``AttentionInterface``: Falcon (RoPE, or ALiBi
-with ``alibi: true``), BLOOM and MPT (ALiBi), GPT-2 and OPT (learned absolute tables) and
-T5 / mT5 (relative buckets, one plan per stack).
+with ``alibi: true``), BLOOM and MPT (ALiBi), GPT-2, GPTBigCode, OPT and BioGPT (learned absolute tables) and
+T5 / mT5 / Switch Transformers / UMT5 (relative buckets, one plan per stack).
 
 One reader per family, ``plan_<model_type>(config) -> PositionPlan``, named by the family's
 record (:attr:`posenc.hf_config.families.Family.reader`) in the one family table that
@@ -42,7 +42,8 @@ from posenc.hf_config.rope import read_hf_config
 from posenc.plan import LayerPlan, PositionPlan
 from posenc.hf_config.values import check_size, check_table
 
-__all__ = ["plan_falcon", "plan_bloom", "plan_mpt", "plan_gpt2", "plan_opt", "plan_t5", "plan_mt5"]
+__all__ = ["plan_falcon", "plan_bloom", "plan_mpt", "plan_gpt2", "plan_opt", "plan_t5", "plan_mt5",
+           "plan_switch_transformers", "plan_gpt_bigcode", "plan_biogpt", "plan_umt5"]
 
 _NO_DEFAULT = object()
 
@@ -298,12 +299,32 @@ def plan_gpt2(config: Mapping[str, Any]) -> PositionPlan:
         InvalidType: config not a dict. InvalidArgument: another model_type, a size that is not
         a positive int.
     """
-    r = _Reader(config, "gpt2", ("gpt2",))
+    return _plan_wpe(config, "gpt2")
+
+
+def plan_gpt_bigcode(config: Mapping[str, Any]) -> PositionPlan:
+    """GPTBigCode's plan (``GPTBigCodeConfig``, ``GPTBigCodeModel``; StarCoder, SantaCoder): GPT-2's
+    (:func:`plan_gpt2`): the learned table ``wpe`` (``max_position_embeddings`` x ``hidden_size``,
+    aliases of ``n_positions`` and ``n_embd``, defaults 1024 and 768; ``n_layer`` 12) added to the
+    token embeddings at ``position_ids``, else arange plus the cached length (the attention mask
+    plays no part); no positions in the attention layers, whose multi-query keys and values
+    (``multi_query``) go through ``AttentionInterface``.
+
+    Raises:
+        InvalidType: config not a dict. InvalidArgument: another model_type, a size that is not
+        a positive int.
+    """
+    return _plan_wpe(config, "gpt_bigcode")
+
+
+def _plan_wpe(config: Mapping[str, Any], family: str) -> PositionPlan:
+    """The plan of a GPT-2-shaped family: a learned table ``wpe``, NoPE attention layers."""
+    r = _Reader(config, family, (family,))
     num_positions = r.positive_int("max_position_embeddings", "n_positions", default=1024)
     hidden = r.positive_int("hidden_size", "n_embd", default=768)
     num_layers = r.positive_int("num_hidden_layers", "n_layer", default=12)
-    check_table(num_positions, hidden, "config (gpt2): max_position_embeddings x hidden_size")
-    r.note("gpt2: learned table wpe added to the token embeddings; positions arange + cache length "
+    check_table(num_positions, hidden, f"config ({family}): max_position_embeddings x hidden_size")
+    r.note(f"{family}: learned table wpe added to the token embeddings; positions arange + cache length "
            "unless position_ids are given")
     return r.plan([LayerPlan() for _ in range(num_layers)], embedding=LearnedAbsolute(num_positions, hidden))
 
@@ -332,12 +353,40 @@ def plan_opt(config: Mapping[str, Any]) -> PositionPlan:
     return r.plan([LayerPlan() for _ in range(num_layers)], embedding=LearnedAbsolute(num_positions, hidden, offset=2))
 
 
+def plan_biogpt(config: Mapping[str, Any]) -> PositionPlan:
+    """BioGPT's plan (``BioGptConfig``, ``BioGptModel``): ``BioGptLearnedPositionalEmbedding``, OPT's
+    table (``max_position_embeddings + 2`` rows of ``hidden_size``, position p reading row p + 2):
+    ``LearnedAbsolute(max_position_embeddings, hidden_size, offset=2)`` as the plan's
+    :attr:`~PositionPlan.embedding`, added to the token embeddings (scaled by sqrt(hidden_size)
+    with ``scale_embedding``, the model's own business). Unlike OPT, BioGptModel hands the table
+    ``position_ids``, else arange plus the cached length (the attention mask plays no part).
+    No positions in the attention layers. Defaults (BioGptConfig): 1024 positions, hidden 1024,
+    24 layers.
+
+    Raises:
+        InvalidType: config not a dict. InvalidArgument: another model_type, a size that is not
+        a positive int.
+    """
+    r = _Reader(config, "biogpt", ("biogpt",))
+    num_positions = r.positive_int("max_position_embeddings", default=1024)
+    hidden = r.positive_int("hidden_size", default=1024)
+    num_layers = r.positive_int("num_hidden_layers", default=24)
+    check_table(num_positions + 2, hidden, "config (biogpt): (max_position_embeddings + 2) x hidden_size")
+    r.note("biogpt: learned table with an offset of 2 rows (BioGptLearnedPositionalEmbedding); positions arange + "
+           "cache length unless position_ids are given")
+    return r.plan([LayerPlan() for _ in range(num_layers)], embedding=LearnedAbsolute(num_positions, hidden, offset=2))
+
+
 # ---------------------------------------------------------------------------------------------
 # T5 (transformers/models/t5)
 
 
-#: The defaults of T5Config and MT5Config (transformers 5.24) that a T5 plan reads.
-_T5_DEFAULTS = {"t5": {"num_layers": 6, "num_heads": 8}, "mt5": {"num_layers": 8, "num_heads": 6}}
+#: The defaults of T5Config, MT5Config and SwitchTransformersConfig (transformers 5.24) that a T5
+#: plan reads; ``num_decoder_layers`` is the field's default (None: num_layers, in ``__post_init__``).
+_T5_DEFAULTS = {"t5": {"num_layers": 6, "num_heads": 8, "num_decoder_layers": None},
+                "mt5": {"num_layers": 8, "num_heads": 6, "num_decoder_layers": None},
+                "switch_transformers": {"num_layers": 12, "num_heads": 12, "num_decoder_layers": 12},
+                "umt5": {"num_layers": 8, "num_heads": 6, "num_decoder_layers": None}}
 
 
 def plan_t5(config: Mapping[str, Any]) -> PositionPlan:
@@ -368,14 +417,40 @@ def plan_mt5(config: Mapping[str, Any]) -> PositionPlan:
     return _plan_t5_family(config, "mt5")
 
 
-def _plan_t5_family(config: Mapping[str, Any], family: str) -> PositionPlan:
+def plan_switch_transformers(config: Mapping[str, Any]) -> PositionPlan:
+    """Switch Transformers' plans: T5's (``SwitchTransformersAttention``'s ``compute_bias`` and
+    ``_relative_position_bucket`` are T5's, copied; the first layer of each stack holds the
+    table, ``has_relative_attention_bias=bool(i == 0)``; the experts replace feed-forward layers
+    only), with SwitchTransformersConfig's defaults: 12 layers, 12 heads, and
+    ``num_decoder_layers`` 12 where the config has no such key (the field's default; an explicit
+    null is num_layers, as ``__post_init__`` sets it). See :func:`plan_t5`."""
+    return _plan_t5_family(config, "switch_transformers")
+
+
+def plan_umt5(config: Mapping[str, Any]) -> PositionPlan:
+    """UMT5's plans: T5's buckets (``UMT5Attention._relative_position_bucket``, T5's formula with
+    the settings of the config), but with a table of its own in every self-attention layer
+    (``has_relative_attention_bias=True`` on every ``UMT5Block``, each layer computing its own
+    bias), so each layer of each stack holds its own :class:`~posenc.T5RelativeBias`; UMT5Config's
+    defaults: 8 layers, 6 heads, ``num_decoder_layers`` num_layers. See :func:`plan_t5`."""
+    return _plan_t5_family(config, "umt5", per_layer=True)
+
+
+def _plan_t5_family(config: Mapping[str, Any], family: str, per_layer: bool = False) -> PositionPlan:
     r = _Reader(config, family, (family,))
     defaults = _T5_DEFAULTS[family]
     num_layers = r.positive_int("num_hidden_layers", "num_layers", default=defaults["num_layers"])
-    # T5Config sets num_decoder_layers from num_layers before its alias num_hidden_layers is set
+    # the config class sets num_decoder_layers from num_layers (when the field is None) before its
+    # alias num_hidden_layers is set
     decoder_default = config.get("num_layers") if config.get("num_layers") is not None else defaults["num_layers"]
+    field_default = "num_decoder_layers" not in config and defaults["num_decoder_layers"] is not None
+    if field_default:
+        decoder_default = defaults["num_decoder_layers"]  # the field's own default, not None
     num_decoder_layers = r.positive_int("num_decoder_layers", default=decoder_default)
-    if config.get("num_decoder_layers") is None and num_decoder_layers != num_layers:
+    if field_default and num_decoder_layers != num_layers:
+        r.note(f"config has no num_decoder_layers; transformers' {family} config gives the decoder its field's "
+               f"default {num_decoder_layers} layers, not num_layers ({num_layers}) (the plan follows it)", warn=True)
+    elif config.get("num_decoder_layers") is None and num_decoder_layers != num_layers:
         r.note(f"config has num_hidden_layers={num_layers} and no num_decoder_layers; transformers' {family} config "
                f"sets num_decoder_layers from num_layers ({num_decoder_layers}) before the alias: the decoder has "
                f"{num_decoder_layers} layers (the plan follows it)", warn=True)
@@ -383,11 +458,19 @@ def _plan_t5_family(config: Mapping[str, Any], family: str) -> PositionPlan:
     buckets = r.positive_int("relative_attention_num_buckets", default=32)
     max_distance = r.positive_int("relative_attention_max_distance", default=128)
     check_table(buckets, heads, f"config ({family}): relative_attention_num_buckets x num_heads")
-    r.note(f"{family}: one bucket table per stack, computed in its first layer and shared; the tables are learned "
-           "(the integration copies the model's)")
-    encoder_bias = T5RelativeBias(heads, num_buckets=buckets, max_distance=max_distance, bidirectional=True)
-    decoder_bias = T5RelativeBias(heads, num_buckets=buckets, max_distance=max_distance, bidirectional=False)
+    r.note(f"{family}: " + ("a bucket table in every self-attention layer" if per_layer else
+                            "one bucket table per stack, computed in its first layer and shared")
+           + "; the tables are learned (the integration copies the model's)")
+
+    def stack(count: int, bidirectional: bool) -> list[LayerPlan]:
+        def bias() -> T5RelativeBias:
+            return T5RelativeBias(heads, num_buckets=buckets, max_distance=max_distance, bidirectional=bidirectional)
+        if per_layer:
+            return [LayerPlan(bias()) for _ in range(count)]
+        shared = bias()
+        return [LayerPlan(shared) for _ in range(count)]
+
     model_type = config.get("model_type") or family
-    encoder = PositionPlan(tuple(LayerPlan(encoder_bias) for _ in range(num_layers)), model_type=model_type)
-    return r.plan([LayerPlan(decoder_bias) for _ in range(num_decoder_layers)], encoder=encoder)
+    encoder = PositionPlan(tuple(stack(num_layers, True)), model_type=model_type)
+    return r.plan(stack(num_decoder_layers, False), encoder=encoder)
 

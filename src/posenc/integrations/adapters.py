@@ -8,18 +8,20 @@ model's own learned parameters shared with them (GPT-2's ``wpe``, OPT's ``embed_
 and T5's ``relative_attention_bias`` become the encodings' tables: one set of weights, trained
 and saved as before), and leaves everything else to the model:
 
-- ``gpt2``: ``wpe`` is replaced by a module that returns the plan's
+- ``gpt2`` (GPT-2, GPTBigCode): ``wpe`` is replaced by a module that returns the plan's
   :class:`~posenc.LearnedAbsolute` rows at the model's ``position_ids``.
 - ``opt``: ``embed_positions`` likewise, positions from the attention mask as OPT computes
-  them (``cumsum(mask) * mask - 1``, padding -1), read through the table's offset of 2.
+  them (``cumsum(mask) * mask - 1``, padding -1), read through the table's offset of 2; BioGPT's
+  table takes OPT's call and offset, and BioGptModel always passes its ``position_ids``.
 - ``bloom``: ``build_alibi_tensor`` returns posenc's ALiBi bias of each key as seen from
   position 0 (m * j, BLOOM's key-only form; the softmax ignores the per-query constant), at
   the positions of the attention mask; a model called without a mask is given one of ones
   (BLOOM otherwise builds its slopes itself).
 - ``mpt``: ``build_mpt_alibi_tensor`` returns posenc's bias of every key as seen from the last
   position of the ``max_seq_len`` table, MPT's form.
-- ``t5`` / ``mt5``: the first self-attention layer of each stack computes its bias with the
-  stack's :class:`~posenc.T5RelativeBias` (encoder: the plan's :attr:`encoder`).
+- ``t5`` (T5, mT5, Switch Transformers, UMT5): the first self-attention layer of each stack
+  computes its bias with the stack's :class:`~posenc.T5RelativeBias` (encoder: the plan's
+  :attr:`encoder`); UMT5's every layer with its own.
 - ``falcon`` with RoPE: ``rotary_emb`` becomes posenc's
   :class:`~posenc.integrations.transformers.RotaryEmbedding`.
 - ``falcon`` with ALiBi: transformers builds the bias in a module-level function, so a
@@ -217,7 +219,7 @@ def _adapt_gpt2(model: nn.Module, plan: PositionPlan) -> Callable[[], None]:
 
 
 def _adapt_opt(model: nn.Module, plan: PositionPlan) -> Callable[[], None]:
-    decoder = model.model.decoder if hasattr(model, "model") else model.decoder
+    decoder = _opt_decoder(model)
     table = _own_table(decoder.embed_positions)
     if not isinstance(plan.embedding, LearnedAbsolute) or plan.embedding.offset != table.offset:
         raise InvalidArgument("plan: the opt adapter needs a learned table with OPT's offset 2 as the plan's embedding")
@@ -277,19 +279,34 @@ def _adapt_mpt(model: nn.Module, plan: PositionPlan) -> Callable[[], None]:
     return lambda: replace_attribute(model, base, "build_mpt_alibi_tensor", build_mpt_alibi_tensor)
 
 
+def _t5_tables(stack: nn.Module, stack_plan: PositionPlan) -> list[tuple[T5RelativeBias, nn.Module]]:
+    """(encoding, self-attention module) for each bucket table of a T5 stack: T5's one table in the
+    first layer, shared by the stack (the plan: one encoding on every layer), or UMT5's table in
+    every layer (the plan: a distinct encoding per layer)."""
+    attentions = [block.layer[0].SelfAttention for block in stack.block]
+    if not all(attention.has_relative_attention_bias for attention in attentions[1:]):
+        return [(_only(stack_plan, T5RelativeBias, "t5"), attentions[0])]
+    encodings = [layer.encoding for layer in stack_plan]
+    if len(encodings) != len(attentions) or not all(isinstance(e, T5RelativeBias) for e in encodings) \
+            or len({id(e) for e in encodings}) != len(encodings):
+        raise InvalidArgument(f"plan: the model has a bucket table in each of its {len(attentions)} layers of the stack; "
+                              f"the t5 adapter needs a T5RelativeBias of its own per layer, got {stack_plan.describe()!r}")
+    return list(zip(encodings, attentions))
+
+
 def _adapt_t5(model: nn.Module, plan: PositionPlan) -> Callable[[], None]:
     if plan.encoder is None:
         raise InvalidArgument("plan: the t5 adapter needs the encoder's plan (PositionPlan.encoder)")
     checked = []  # both stacks checked before either changes: a refusal leaves the model as it was
     for stack, stack_plan in ((model.encoder, plan.encoder), (model.decoder, plan)):
-        encoding = _only(stack_plan, T5RelativeBias, "t5")
-        attention = stack.block[0].layer[0].SelfAttention
-        _check_heads(encoding, attention.n_heads, "t5")
-        if encoding.bidirectional == attention.is_decoder or encoding.num_buckets != attention.relative_attention_num_buckets \
-                or encoding.max_distance != attention.relative_attention_max_distance:
-            raise InvalidArgument(f"plan: {encoding!r} is not the buckets of the model's "
-                                  f"{'decoder' if attention.is_decoder else 'encoder'}")
-        checked.append((encoding, attention))
+        for encoding, attention in _t5_tables(stack, stack_plan):
+            _check_heads(encoding, attention.n_heads, "t5")
+            if encoding.bidirectional == attention.is_decoder \
+                    or encoding.num_buckets != attention.relative_attention_num_buckets \
+                    or encoding.max_distance != attention.relative_attention_max_distance:
+                raise InvalidArgument(f"plan: {encoding!r} is not the buckets of the model's "
+                                      f"{'decoder' if attention.is_decoder else 'encoder'}")
+            checked.append((encoding, attention))
 
     def apply() -> None:
         for encoding, attention in checked:
@@ -537,7 +554,9 @@ def _gpt2_stacks(model: nn.Module) -> tuple[Stack, ...]:
 
 
 def _opt_decoder(model: nn.Module) -> nn.Module:
-    return model.model.decoder if hasattr(model, "model") else model.decoder
+    """The module holding ``embed_positions`` and the layers, where the family's record says the
+    layers live (OPT's ``model.decoder``, BioGPT's ``biogpt``)."""
+    return layer_stacks(model)[0].module
 
 
 def _opt_stacks(model: nn.Module) -> tuple[Stack, ...]:

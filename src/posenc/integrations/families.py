@@ -169,10 +169,14 @@ def base_model(model: nn.Module, family: FamilyModules) -> nn.Module:
     ``family.rotary``).
 
     Raises:
-        InvalidArgument: it lacks either, or the model has no config.
+        InvalidArgument: it lacks either (the family's refusal where its record refuses it, naming
+            the positional feature), or the model has no config.
     """
     base = _holder(model, family)
     missing = [name for name in (family.layers, family.rotary) if name is not None and not hasattr(base, name)]
+    record = record_of(model)
+    if missing and record.refused is not None:  # a family posenc knows and does not read: say why
+        raise InvalidArgument(f"model ({record.model_type}): {record.refused}; posenc does not read this family")
     if missing or not hasattr(model, "config"):
         raise InvalidArgument(
             f"model: expected a transformers decoder whose base model has '{family.layers}' and '{family.rotary}' "
