@@ -322,6 +322,10 @@ class _Reading:
         elif arch.factor_tensors:
             names = [n for n in arch.factor_tensors if n != "rope_freqs"] if arch.name != "llama" else ["rope_freqs"]
             keys["frequencies"] = " / ".join(f"{name}.weight" for name in names) + " (absent)"
+        type_key = self.key("rope.scaling.type")
+        if arch.factor_tensors and type_key not in self.gguf.types:
+            # no scaling type: the tensors are the whole scaling (Llama 3.1's rope_freqs), so name them
+            keys["rope_type"] = keys["frequencies"] if factors else f"{type_key} (absent) / {keys['frequencies']}"
         return _Scale(kind, factor, attn, ext, original, factors, keys)
 
     def factor_tensors(self, n_rot: int) -> dict[str, list[float]] | None:
