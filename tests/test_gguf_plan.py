@@ -23,6 +23,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from posenc.encodings.rope.rotary import RoPE
+from posenc.encodings.rope.scaling import default_inv_freq_f64
 from posenc.errors import InvalidArgument
 from posenc.hf_config.gguf import (
     ARCHES,
@@ -108,6 +110,36 @@ def test_llama31_factors_against_the_converter_formula(tmp_path):
     cos, _ = rope.cos_sin(torch.tensor([1000]), torch.float64)
     assert torch.allclose(cos[0, : dim // 2], torch.cos(1000 * expected), atol=1e-12)
 
+
+
+def test_llama31_factors_are_a_fixed_encoding_equal_to_llama3(tmp_path):
+    """Llama 3.1's rope_freqs is the fixed rope_type freq_factors: no length dependence (a KV cache
+    stays exact), and the same float64 frequencies as the config's llama3 scaling up to two float32
+    roundings (2^-24 relative each): the converter computes the factors from float32 frequencies
+    (LlamaModel.generate_extra_tensors) and stores them as float32."""
+    config = CONFIGS["llama3.1"]
+    rope = position_plan_from_gguf(write(tmp_path / "l.gguf", convert(config)))[0].encoding
+    reference = config_plan(config)[0].encoding
+    assert rope.scaling["rope_type"] == "freq_factors" and reference.scaling["rope_type"] == "llama3"
+    assert rope.call_invariant and not rope.length_dependent
+    theirs = reference._inv_freq_f64
+    assert torch.allclose(rope._inv_freq_f64, theirs, rtol=2.0**-22, atol=0)
+    assert not torch.allclose(rope._inv_freq_f64, default_inv_freq_f64(64, 500000.0), rtol=1e-3, atol=0)
+
+
+def test_freq_factors_against_ggml_rope():
+    """ggml's rope with freq_factors: theta_i = p * base^(-2i/d) / ff_i, float64; cos and sin times the
+    attention factor; a list of another length or a factor <= 0 refused naming the key."""
+    ff = [1.0, 1.5, 4.0, 8.0, 2.0, 3.0, 1.0, 16.0]
+    rope = RoPE(16, base=10000.0, scaling={"rope_type": "freq_factors", "freq_factors": ff, "attention_factor": 1.25})
+    cos, sin = rope.cos_sin(torch.tensor([777]), torch.float64)
+    for i, f in enumerate(ff):
+        theta = 777 * 10000.0 ** (-2 * i / 16) / f
+        assert cos[0, i].item() == pytest.approx(1.25 * math.cos(theta), abs=1e-12)
+        assert sin[0, i].item() == pytest.approx(1.25 * math.sin(theta), abs=1e-12)
+    for bad in (ff[:-1], [*ff[:-1], 0.0]):
+        with pytest.raises(InvalidArgument, match="freq_factors"):
+            RoPE(16, scaling={"rope_type": "freq_factors", "freq_factors": bad})
 
 def test_yarn_against_ggml_rope_yarn(tmp_path):
     """Qwen2.5's YaRN file against ggml's formulas written out (ggml.c ggml_rope_yarn_corr_dims,
