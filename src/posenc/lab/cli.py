@@ -744,7 +744,8 @@ def _audit_gguf(path: str, against: str | None) -> None:
         if not comparison.differences:
             continue
         table = Table()
-        for header in ("layers", "field", "GGUF key", "the file", "the other"):
+        other = "config.json" if comparison.against.startswith("config.json") else "transformers"
+        for header in ("layers", "field", "GGUF key", "the file", other):
             table.add_column(header, justify="left")
         for d in comparison.differences:
             table.add_row(layer_ranges(d.layers), d.field, escape(d.key or ""), escape(d.value), escape(d.reference))
