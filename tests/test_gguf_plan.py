@@ -127,6 +127,31 @@ def test_llama31_factors_are_a_fixed_encoding_equal_to_llama3(tmp_path):
     assert not torch.allclose(rope._inv_freq_f64, default_inv_freq_f64(64, 500000.0), rtol=1e-3, atol=0)
 
 
+
+def test_llama31_file_plan_runs_the_llama3_model(tmp_path):
+    """A tiny Llama 3.1 (transformers' own llama3 rotary) with the plan of its GGUF file: the same
+    logits (float32 angles against float64), and after save_pretrained, posenc's from_pretrained
+    restores the freq_factors plan while a plain from_pretrained builds the model's own llama3."""
+    transformers = pytest.importorskip("transformers")
+    from posenc.integrations.transformers import from_pretrained, use_encoding
+
+    config = dict(CONFIGS["llama3.1"], intermediate_size=64, vocab_size=128)
+    plan = position_plan_from_gguf(write(tmp_path / "l.gguf", convert(config)))
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).eval()
+    ids = torch.randint(0, 128, (1, 40))
+    with torch.no_grad():
+        own = model(ids).logits
+        use_encoding(model, plan)
+        mine = model(ids).logits
+        assert (mine - own).abs().max().item() <= 1e-5 * max(1.0, own.abs().max().item())
+        model.save_pretrained(tmp_path / "saved")
+        back = from_pretrained(tmp_path / "saved").eval()
+        assert back.base_model.posenc_plan[0].encoding.scaling["rope_type"] == "freq_factors"
+        torch.testing.assert_close(back(ids).logits, mine, rtol=0, atol=0)
+        plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
+        torch.testing.assert_close(plain(ids).logits, own, rtol=0, atol=0)
+
 def test_freq_factors_against_ggml_rope():
     """ggml's rope with freq_factors: theta_i = p * base^(-2i/d) / ff_i, float64; cos and sin times the
     attention factor; a list of another length or a factor <= 0 refused naming the key."""
