@@ -52,7 +52,7 @@ SCALING_FIELDS = frozenset({"rope_type", "factor", "original_max_position_embedd
                             "beta_slow", "truncate", "frequencies"})
 #: The position tensors llama.cpp reads (their values are in ``GGUFPositions.metadata`` when read).
 POSITION_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
-#: Where a difference's first value comes from, in the sentences: the file as llama.cpp reads it.
+#: How the findings name the other side of the second comparison.
 LOADER = "transformers' GGUF loader"
 
 
