@@ -105,4 +105,5 @@ SAMPLES = {
     "longrope": {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0],
                  "original_max_position_embeddings": L0, "factor": 8.0},
     "proportional": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 2.0},
+    "freq_factors": {"rope_type": "freq_factors", "freq_factors": [1.0, 1.5, 4.0, 8.0], "attention_factor": 1.25},
 }

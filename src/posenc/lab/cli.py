@@ -653,14 +653,31 @@ def _print_position_plan(config: dict) -> None:
 
 @app.command()
 def audit(
-    config: str = typer.Argument(..., help="A config.json, a folder holding one, or a model id in the local Hugging Face cache.",
-                                 show_default=False),
+    config: str = typer.Argument(..., help="A config.json, a folder holding one, or a model id in the local Hugging Face cache; "
+                                 "or a GGUF file (FILE.gguf).", show_default=False),
     length: Optional[int] = typer.Option(None, help="Tokens per input (default: the longest window or chunk + 8, at most 1024; 32 without)."),
+    against: Optional[str] = typer.Option(None, help="With a GGUF file: its source config.json (a file, a folder holding one, "
+                                          "or a model id in the local Hugging Face cache), to compare the plans layer by layer."),
 ) -> None:
     """Check the per-layer plan posenc reads from a config against the model transformers builds
     from it (tiny, random weights, the positional keys kept): per group of layers, the plan and
     the max difference of the attention outputs, the model's own against posenc's. Exit 0 when
-    every layer matches, 1 on a mismatch, 2 for a config or family it cannot read or build."""
+    every layer matches, 1 on a mismatch, 2 for a config or family it cannot read or build.
+
+    A GGUF file: its plan as llama.cpp reads it, against the plan of --against's config.json and
+    against the config transformers' own GGUF loader builds from the file, every difference named
+    with its GGUF key. Exit 0 when the plans are the same, 1 on a difference, 2 for a file it
+    cannot read."""
+    from posenc.integrations.gguf_audit import is_gguf_file
+
+    if is_gguf_file(config):
+        if length is not None:
+            raise UsageError("--length is for a config.json; a GGUF file's audit compares plans, it runs no model")
+        _full_width_when_piped()
+        _audit_gguf(config, against)
+        return
+    if against is not None:
+        raise UsageError(f"--against is for a GGUF file; {config} is not one (no .gguf name, no GGUF magic)")
     from posenc.integrations.audit import audit as run_audit
     from posenc.integrations.audit import format_layers
 
@@ -694,6 +711,47 @@ def audit(
         console.print(f"  {line}", markup=False, highlight=False)
     for note in report.plan.notes:
         console.print(f"  note: {note}", markup=False, highlight=False)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _audit_gguf(path: str, against: str | None) -> None:
+    """``posenc audit FILE.gguf``: the file's plan and notes, then one table per comparison (the
+    config.json's plan, transformers' GGUF loader's), each difference with its GGUF key, and the
+    sentences naming what was dropped or changed; exit 1 on a difference."""
+    from rich.markup import escape
+
+    from posenc.integrations.gguf_audit import audit_gguf
+    from posenc.plan import layer_ranges
+
+    report = audit_gguf(path, against=against)
+    read = report.positions
+    console.print(f"[bold]{escape(report.path)}[/]: GGUF {read.architecture}, {len(read.plan)} layers, context "
+                  f"{read.context_length}, llama.cpp rope type {read.rope_type}", highlight=False)
+    console.print("[bold]plan of the file[/] (as llama.cpp reads it, for the checkpoint's weights):", highlight=False)
+    for line in read.plan.describe().splitlines():
+        console.print(f"  {line}", markup=False, highlight=False)
+    for note in read.plan.notes:
+        console.print(f"  note: {note}", markup=False, highlight=False)
+    for comparison in report.comparisons:
+        if comparison.unavailable:
+            console.print(f"[bold]against {escape(comparison.against)}[/]: not compared: {escape(comparison.unavailable)}",
+                          highlight=False)
+            continue
+        verdict = "[green]the same plan[/]" if not comparison.differences else \
+            f"[red]{len(comparison.differences)} difference(s)[/]"
+        console.print(f"[bold]against {escape(comparison.against)}[/]: {verdict}", highlight=False)
+        if not comparison.differences:
+            continue
+        table = Table()
+        other = "config.json" if comparison.against.startswith("config.json") else "transformers"
+        for header in ("layers", "field", "GGUF key", "the file", other):
+            table.add_column(header, justify="left")
+        for d in comparison.differences:
+            table.add_row(layer_ranges(d.layers), d.field, escape(d.key or ""), escape(d.value), escape(d.reference))
+        console.print(table)
+        for sentence in comparison.findings:
+            console.print(f"DIFFERENCE {sentence}", markup=False, highlight=False)
     if not report.ok:
         raise typer.Exit(1)
 

@@ -28,6 +28,8 @@ it from the dict, so that these functions need no config object:
 - ``longrope`` without ``factor``: Hugging Face derives s = max_position_embeddings / L0;
   :func:`posenc.rope.from_hf_config` fills it in. It is needed only for the default
   attention factor.
+- ``freq_factors`` (posenc's; no Hugging Face type): fixed per-pair factors, inv_i =
+  theta_i / ff_i, as llama.cpp applies a GGUF file's ``rope_freqs`` tensor (Llama 3.1).
 
 Errors: a missing required key raises KeyError naming it; a bad value (factor < 1,
 beta_fast < beta_slow, high_freq_factor <= low_freq_factor, a longrope list whose length
@@ -438,8 +440,8 @@ def _proportional(dim: int, base: float, scaling: Mapping[str, Any], seq_len: in
     return torch.where(torch.arange(dim // 2) < kept, theta, torch.zeros_like(theta)) / factor, 1.0
 
 
-def _factor_list(scaling: Mapping[str, Any], key: str, dim: int) -> Tensor:
-    value = _required(scaling, key, "longrope")
+def _factor_list(scaling: Mapping[str, Any], key: str, dim: int, rope_type: str = "longrope") -> Tensor:
+    value = _required(scaling, key, rope_type)
     if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != dim // 2:
         length = len(value) if isinstance(value, Sequence) else type(value).__name__
         raise InvalidArgument(f"scaling[{key!r}] must be a list of dim/2 = {dim // 2} numbers, got {length}")
@@ -489,6 +491,24 @@ def _longrope_of_length(dim: int, base: float, scaling: Mapping[str, Any]) -> Ca
     return of_length
 
 
+def _freq_factors(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """Fixed per-pair frequency factors, as llama.cpp applies a GGUF's ``rope_freqs`` tensor:
+    inv_i = theta_i / ff_i, ff = ``freq_factors`` (d/2 positive numbers; ggml's ``rope_f32``
+    divides theta by ``freq_factors[i0/2]``), whatever the length; attention_factor the dict's
+    ``attention_factor`` (default 1: llama.cpp's ``rope.scaling.attn_factor``).
+
+    posenc's own rope_type (transformers has none: its nearest is ``longrope`` with equal short
+    and long lists, which it computes per length): Llama 3.1's ``llama3`` scaling as the
+    converter stores it (``LlamaModel.generate_extra_tensors`` in llama.cpp's
+    convert_hf_to_gguf.py: ff_i = theta_i / inv_i of ``_compute_llama3_parameters``), so that a
+    GGUF Llama 3.1 is a length-independent encoding (a KV cache stays exact).
+    """
+    _check_keys(scaling, "freq_factors", frozenset({"freq_factors", "attention_factor"}))
+    factors = _factor_list(scaling, "freq_factors", dim, "freq_factors")
+    attention_factor = _number(scaling.get("attention_factor", 1.0), "attention_factor", minimum=0.0, strict=True)
+    return default_inv_freq_f64(dim, base) / factors, attention_factor
+
+
 def _longrope_factor_missing(scaling: Mapping[str, Any]) -> bool:
     """No ``factor``: Hugging Face derives it, when the default attention factor needs it."""
     return scaling.get("factor") is None and scaling.get("attention_factor") is None
@@ -515,6 +535,8 @@ ROPE_TYPES: dict[str, RopeType] = {
         extension={"low_freq_factor": 1.0, "high_freq_factor": 4.0},  # Llama 3.1's published values
     ),
     "proportional": RopeType(_proportional, partial_rotary_selects_frequencies=True),
+    # posenc's: a GGUF's per-pair factors (Llama 3.1's rope_freqs), fixed; not an extension method
+    "freq_factors": RopeType(_freq_factors),
     # not an extension method: it needs searched per-pair factors, not just a factor and L0
     "longrope": RopeType(
         _longrope, of_length=_longrope_of_length, needs_context=True, hf_top_level_context=True, hf_factor_from_context=_longrope_factor_missing,

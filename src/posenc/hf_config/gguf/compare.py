@@ -28,8 +28,12 @@ __all__ = ["PlanDifference", "plan_differences"]
 #: Relative tolerance on the rotated q and k: GGUF stores bases, factors and attention factors
 #: as float32 (2^-24 relative), which moves a rotation by far less.
 TOLERANCE = 1e-6
-#: YaRN's defaults where a dict leaves them out (Hugging Face ``_compute_yarn_parameters``).
-_YARN_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True}
+#: Per rope_type, the defaults of the keys its dict may leave out (YaRN's: Hugging Face
+#: ``_compute_yarn_parameters``).
+_DEFAULTS = {"yarn": {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True}}
+#: Per rope_type, the keys that set no frequency (LongRoPE's factor only sets the attention
+#: factor, compared with the settings).
+_NOT_FREQUENCIES = {"longrope": frozenset({"factor"})}
 
 
 @dataclass(frozen=True)
@@ -122,13 +126,13 @@ def _settings(a: PositionalEncoding, b: PositionalEncoding) -> list[tuple[str, A
                  "attention_factor"):
         rows.append((name, getattr(a, name, None), getattr(b, name, None)))
     sa, sb = _scaling(a), _scaling(b)
-    rows.append(("rope_type", sa.get("rope_type"), sb.get("rope_type")))
-    if sa.get("rope_type") == sb.get("rope_type"):
+    kind = sa.get("rope_type")
+    rows.append(("rope_type", kind, sb.get("rope_type")))
+    if kind == sb.get("rope_type"):
+        defaults = _DEFAULTS.get(kind, {})
         for name in ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate"):
-            if name == "factor" and sa.get("rope_type") == "longrope":
-                continue  # LongRoPE's factor only sets the attention factor, compared above
-            default = _YARN_DEFAULTS.get(name) if sa.get("rope_type") == "yarn" else None
-            rows.append((name, sa.get(name, default), sb.get(name, default)))
+            if name not in _NOT_FREQUENCIES.get(kind, ()):
+                rows.append((name, sa.get(name, defaults.get(name)), sb.get(name, defaults.get(name))))
     return rows
 
 

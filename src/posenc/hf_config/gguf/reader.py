@@ -24,9 +24,10 @@ for the global layers; the sliding layers' own, :attr:`Arch.swa_scaled`):
   theta_i x s_l (linear).
 
 Each becomes posenc's Hugging Face-form scaling dict: ``yarn`` (with ``truncate`` true and the
-attention factor explicit), ``linear``, or ``longrope`` with equal short and long lists for
-per-pair factors (Llama 3.1's ``rope_freqs``: transformers reads that dict too) and Phi-3's
-short and long lists with L0 = ``rope.scaling.original_context_length``.
+attention factor explicit), ``linear``, posenc's ``freq_factors`` for fixed per-pair factors
+(Llama 3.1's ``rope_freqs``), or ``longrope`` for Phi-3's short and long lists with L0 =
+``rope.scaling.original_context_length`` (equal lists where a Phi-3 file lacks them but keeps
+its attention factor, so that a comparison with its config names the missing tensors).
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ UNREAD_YARN_KEYS = ("rope.scaling.yarn_ext_factor", "rope.scaling.yarn_attn_fact
                     "rope.scaling.yarn_beta_slow")
 #: The most layers llama.cpp loads (``LLAMA_MAX_LAYERS``, src/llama-hparams.h; load_hparams asserts it).
 LLAMA_MAX_LAYERS = 512
+#: llama.cpp's YaRN scaling type (LLAMA_ROPE_SCALING_TYPE_YARN), by its name in the file.
+YARN = "yarn"
+#: llama.cpp's rope types (Arch.rope_type) that rotate adjacent pairs (NORM), and several position axes.
+ADJACENT_PAIRS, MULTI_AXIS = ("norm",), ("mrope",)
 #: llama.cpp's YaRN betas (llama_hparams' yarn_beta_fast, yarn_beta_slow).
 BETA_FAST, BETA_SLOW = 32.0, 1.0
 
@@ -297,7 +302,7 @@ class _Reading:
         keys = {"rope_type": self.key("rope.scaling.type"), "factor": factor_key,
                 "original_max_position_embeddings": self.key("rope.scaling.original_context_length"),
                 "attention_factor": self.key("rope.scaling.attn_factor"), "frequencies": factor_key}
-        ext = kind == "yarn"
+        ext = kind == YARN
         attn = 1.0
         if ext:
             if factor < 1.0:
@@ -322,6 +327,10 @@ class _Reading:
         elif arch.factor_tensors:
             names = [n for n in arch.factor_tensors if n != "rope_freqs"] if arch.name != "llama" else ["rope_freqs"]
             keys["frequencies"] = " / ".join(f"{name}.weight" for name in names) + " (absent)"
+        type_key = self.key("rope.scaling.type")
+        if arch.factor_tensors and type_key not in self.gguf.types:
+            # no scaling type: the tensors are the whole scaling (Llama 3.1's rope_freqs), so name them
+            keys["rope_type"] = keys["frequencies"] if factors else f"{type_key} (absent) / {keys['frequencies']}"
         return _Scale(kind, factor, attn, ext, original, factors, keys)
 
     def factor_tensors(self, n_rot: int) -> dict[str, list[float]] | None:
@@ -356,9 +365,9 @@ class _Reading:
             factor = scale.factor if arch.swa_scaled else 1.0
         attn = scale.attn * ((1.0 + 0.1 * math.log(factor)) if scale.ext else 1.0)  # ggml's rope_yarn magnitude
         scaling = self.scaling_dict(n_rot, factor, attn, scale, swa=swa)
-        interleaved = arch.rope_type == "norm" and not arch.permuted
+        interleaved = arch.rope_type in ADJACENT_PAIRS and not arch.permuted
         try:
-            if arch.rope_type == "mrope":
+            if arch.rope_type in MULTI_AXIS:
                 return MRoPE(head_dim, mrope_section=self.sections(n_rot), rotary_dim=n_rot, base=base,
                              scaling=scaling)
             return RoPE(head_dim, rotary_dim=n_rot, base=base, interleaved=interleaved, scaling=scaling,
@@ -372,23 +381,24 @@ class _Reading:
             if scale.ext:
                 raise self.gguf.error("YaRN over per-pair rope factors: llama.cpp applies both; posenc cannot state it")
             ones = [1.0] * (n_rot // 2)
-            if "rope_freqs" in scale.factors:
-                short = long = scale.factors["rope_freqs"]
-            else:
-                short, long = scale.factors.get("rope_factors_short", ones), scale.factors.get("rope_factors_long", ones)
-                for name in ("rope_factors_short", "rope_factors_long"):
-                    if name not in scale.factors:
-                        self.notes.append(f"tensor {name}.weight is missing: llama.cpp leaves those frequencies unscaled")
-                self.notes.append("llama.cpp picks rope_factors_long when the context it allocates exceeds "
-                                  f"rope.scaling.original_context_length ({scale.original}), whatever the sequence's "
-                                  "length (llama_model::get_rope_factors); transformers, by the sequence's length")
+            if "rope_freqs" in scale.factors:  # one list, whatever the length: fixed per-pair factors
+                return {"rope_type": "freq_factors", "freq_factors": [v * factor for v in scale.factors["rope_freqs"]],
+                        "attention_factor": attn}
+            short, long = scale.factors.get("rope_factors_short", ones), scale.factors.get("rope_factors_long", ones)
+            for name in ("rope_factors_short", "rope_factors_long"):
+                if name not in scale.factors:
+                    self.notes.append(f"tensor {name}.weight is missing: llama.cpp leaves those frequencies unscaled")
+            self.notes.append("llama.cpp picks rope_factors_long when the context it allocates exceeds "
+                              f"rope.scaling.original_context_length ({scale.original}), whatever the sequence's "
+                              "length (llama_model::get_rope_factors); transformers, by the sequence's length")
             return {"rope_type": "longrope", "short_factor": [v * factor for v in short],
                     "long_factor": [v * factor for v in long], "original_max_position_embeddings": scale.original,
                     "attention_factor": attn}
         if scale.ext:  # factor 1 too (no rope.scaling.factor): the dict names what the file lacks
             return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": scale.original,
                     "beta_fast": BETA_FAST, "beta_slow": BETA_SLOW, "truncate": True, "attention_factor": attn}
-        if attn != 1.0:  # a magnitude without YaRN: per-pair factors all equal to the linear factor
+        if attn != 1.0:  # a magnitude without YaRN (Phi-3 without its factor tensors): per-pair factors all
+            # equal to the linear factor, spelled as the LongRoPE the config has, so that a comparison names the tensors
             return {"rope_type": "longrope", "short_factor": [factor] * (n_rot // 2),
                     "long_factor": [factor] * (n_rot // 2), "original_max_position_embeddings": scale.original,
                     "attention_factor": attn}
