@@ -382,6 +382,70 @@ FAMILIES = {
                           hidden_size_per_layer_input=16, vocab_size_per_layer_input=V, laurel_rank=8,
                           activation_sparsity_pattern=[0.0] * 10, rope_theta=1e6, rope_local_base_freq=1e4),
                      by_type(lambda t: rope(1e4) if t == "sliding_attention" else rope(1e6)), "sdpa"),
+    # -- issue 34, list A
+    # DeepSeek-V3.2 / GLM-5: MLA (interleaved RoPE on qk_rope_head_dim) and the lightning indexer (its
+    # index_topk 2048 keeps every key here; test_dsa_indexer_reads_the_plans_rope makes it select)
+    "deepseek_v32": (T.DeepseekV32Config, T.DeepseekV32ForCausalLM,
+                     dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1,
+                          n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32,
+                          kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, index_head_dim=16,
+                          index_n_heads=2),
+                     uniform(lambda: posenc.RoPE(8, interleaved=True), 2), "sdpa"),
+    "glm_moe_dsa": (T.GlmMoeDsaConfig, T.GlmMoeDsaForCausalLM,
+                    dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1,
+                         n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32,
+                         kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, index_head_dim=16,
+                         index_n_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                    uniform(lambda: posenc.RoPE(8, base=1e6, interleaved=True), 2), "sdpa"),
+    # InternLM3 and EXAONE 3: configs of their own, built as Llama
+    "internlm3": (T.InternLM3Config, T.LlamaForCausalLM,
+                  dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 5e7}),
+                  uniform(lambda: rope(5e7), 2), "sdpa"),
+    "exaone": (T.ExaoneConfig, T.LlamaForCausalLM, dict(SMALL, num_layers=2),  # the class's theta 5e5
+               uniform(lambda: rope(5e5), 2), "sdpa"),
+    # JetMoE: heads of kv_channels, num_key_value_heads x num_experts_per_tok query heads
+    "jetmoe": (T.JetMoeConfig, T.JetMoeForCausalLM,
+               dict(COMMON, intermediate_size=32, num_hidden_layers=2, num_key_value_heads=2, kv_channels=16,
+                    num_local_experts=2, num_experts_per_tok=2), uniform(rope, 2), "sdpa"),
+    "bitnet": (T.BitNetConfig, T.BitNetForCausalLM, dict(SMALL, num_hidden_layers=2),  # the class's theta 5e5
+               uniform(lambda: rope(5e5), 2), "sdpa"),
+    "diffllama": (T.DiffLlamaConfig, T.DiffLlamaForCausalLM,
+                  dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 1e5}),
+                  uniform(lambda: rope(1e5), 2), "sdpa"),
+    # CWM: 1 full layer then 3 sliding, the class's llama3 x16 RoPE over 8192 on all
+    "cwm": (T.CwmConfig, T.CwmForCausalLM, dict(SMALL, num_hidden_layers=4, head_dim=16, sliding_window=8),
+            by_type(lambda t: rope(1e6, scaling={"rope_type": "llama3", "factor": 16.0, "high_freq_factor": 4.0,
+                                                 "low_freq_factor": 1.0, "original_max_position_embeddings": 8192})),
+            "sdpa"),
+    # Granite SWA: theta per layer (0: NoPE) and learned sinks; transformers refuses sdpa
+    "granite_swa": (T.GraniteSWAConfig, T.GraniteSWAForCausalLM,
+                    dict(SMALL, num_hidden_layers=4, sliding_window=8, attention_multiplier=0.125,
+                         layer_rope_theta=[1e4, 0, 5e5, 1e4]),
+                    lambda config: PositionPlan(tuple(LayerPlan(rope(theta) if theta else None, sinks=True)
+                                                      for theta in config.layer_rope_theta)), "eager"),
+    "granitemoe_swa": (T.GraniteMoeSWAConfig, T.GraniteMoeSWAForCausalLM,
+                       dict(SMALL, num_hidden_layers=2, sliding_window=8, attention_multiplier=0.125, num_local_experts=2,
+                            num_experts_per_tok=1, layer_rope_theta=[0, 1e5]),
+                       lambda config: PositionPlan((LayerPlan(None, sinks=True), LayerPlan(rope(1e5), sinks=True))),
+                       "eager"),
+    # AFMoE and EXAONE MoE: RoPE on the sliding layers, the full layers NoPE
+    "afmoe": (T.AfmoeConfig, T.AfmoeForCausalLM,
+              dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8, global_attn_every_n_layers=2, num_experts=2,
+                   num_experts_per_tok=1, moe_intermediate_size=32, num_dense_layers=1),
+              by_type(lambda t: rope() if t == "sliding_attention" else None), "sdpa"),
+    "exaone_moe": (T.ExaoneMoeConfig, T.ExaoneMoeForCausalLM,
+                   dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8, sliding_window_pattern=2, num_experts=2,
+                        num_experts_per_tok=1, moe_intermediate_size=32, first_k_dense_replace=1,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                   by_type(lambda t: rope(1e6) if t == "sliding_attention" else None), "sdpa"),
+    # Cohere2-MoE: interleaved RoPE on the sliding layers and on the dense first layer (force_rope)
+    "cohere2_moe": (T.Cohere2MoeConfig, T.Cohere2MoeForCausalLM,
+                    dict(SMALL, num_hidden_layers=3, head_dim=16, sliding_window=8, sliding_window_pattern=2,
+                         first_k_dense_replace=1, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
+                         rope_parameters={"rope_type": "default", "rope_theta": 5e4}),
+                    lambda config: PositionPlan(tuple(
+                        LayerPlan(rope(5e4, interleaved=True) if i == 0 or t == "sliding_attention" else None)
+                        for i, t in enumerate(config.layer_types))), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -411,6 +475,11 @@ MEASURED = {
     "mllama_text_model": (2.98e-07, 3.58e-07), "lfm2_moe": (2.38e-07, 4.17e-07), "glm4_moe_lite": (2.98e-07, 2.38e-07),
     "qwen3_vl_moe": (3.58e-07, 2.98e-07), "qwen3_5": (1.43e-06, 1.43e-06), "cosmos3_omni": (2.98e-07, 3.28e-07),
     "gemma3n_text": (9.54e-07, 6.3e-07),
+    "internlm3": (2.38e-07, 3.58e-07), "exaone": (3.28e-07, 3.28e-07), "jetmoe": (2.98e-07, 2.98e-07),
+    "bitnet": (4.17e-07, 5.36e-07), "diffllama": (3.87e-07, 3.58e-07), "cwm": (3.87e-07, 4.17e-07),
+    "granite_swa": (4.17e-07, 0.0), "granitemoe_swa": (2.98e-07, 0.0), "afmoe": (4.77e-07, 4.77e-07),
+    "exaone_moe": (2.98e-07, 3.91e-07), "cohere2_moe": (1.86e-08, 2.61e-08),
+    "deepseek_v32": (3.58e-07, 4.17e-07), "glm_moe_dsa": (3.58e-07, 3.58e-07),
 }
 
 
@@ -548,6 +617,28 @@ def test_qwen_vl_read_plan_reproduces_image_like_mrope_positions(family):
             use_encoding(model, PositionPlan(tuple(LayerPlan(other) for _ in range(2))))
             assert (model(x, position_ids=positions).logits - expected).abs().max() > max(1e-3, 100 * difference)
         assert (model(x).logits - reference(x).logits).abs().max() <= max(1e-5, 2 * noise)  # text: every axis equal
+
+
+@pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
+def test_dsa_indexer_reads_the_plans_rope(family):
+    """DeepSeek Sparse Attention: with index_topk 8 of 20 keys the lightning indexer's selection
+    (its own RoPE on the layer's tables: half-split on DeepSeek-V3.2, interleaved on GLM-5) changes
+    the logits; use_encoding(model, position_plan(config)) still gives the model's own, and a
+    plan whose base is off moves them. (transformers' own DSA gives other logits with the cache
+    than without at such a top-k, so generate is not compared here.)"""
+    from posenc.integrations.transformers import position_plan
+
+    reference, keep_all = build(family, index_topk=8), build(family)
+    x = tokens()
+    with torch.no_grad():
+        expected = reference(x).logits
+        assert (keep_all(x).logits - expected).abs().max() > 1e-3  # the indexer selects: the check reaches it
+        noise = (build(family, "eager", index_topk=8)(x).logits - expected).abs().max().item()
+        model = use_encoding(build(family, index_topk=8), position_plan(reference.config))
+        difference = (model(x).logits - expected).abs().max().item()
+        assert difference <= max(1e-5, 2 * noise), (difference, noise)
+        use_encoding(model, wrong(position_plan(reference.config)))
+        assert (model(x).logits - expected).abs().max() > max(1e-3, 100 * difference)
 
 
 #: (b): names on all layers, and on some layers; the families whose layers refuse them are tested below.
@@ -711,7 +802,10 @@ EXTEND_REFUSED = {"gemma3_text": "already scaled", "gpt_oss": "already scaled", 
                   # PhiMoE scales cos / sin by short_mscale / long_mscale, which no posenc encoding computes
                   "phimoe": "short_mscale", "ministral3": "already scaled",
                   # Qwen3.5's text model alone: M-RoPE, which from_hf_config's one-RoPE reading refuses by name
-                  "qwen3_5_text": "its layers are M-RoPE"}
+                  "qwen3_5_text": "its layers are M-RoPE",
+                  "cwm": "already scaled",  # CwmConfig's llama3 x16
+                  # one theta per layer (layer_rope_theta, with a NoPE layer): extension_plan reads one RoPE
+                  "granite_swa": "RoPEs differ"}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

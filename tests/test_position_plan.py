@@ -7,6 +7,7 @@ function (layout-free: a wrong base, layout or width moves them). Refusals name 
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import warnings
@@ -202,12 +203,54 @@ CASES = [
     ("llama4-nested", "llama4", dict(text_config=dict(SMALL, model_type="llama4_text", head_dim=16,
                                                       no_rope_layers=[1, 1, 0, 1], attn_temperature_tuning=False,
                                                       attention_chunk_size=32))),
+    # -- issue 34, list A (shapes of their released config.json, shrunk)
+    ("deepseek_v32", "deepseek_v32", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                          q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                                          index_head_dim=16, index_n_heads=2, index_topk=8,
+                                          rope_scaling={"rope_type": "yarn", "factor": 4.0, "mscale": 1.0,
+                                                        "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
+                                                        "original_max_position_embeddings": 64})),
+    ("glm_moe_dsa", "glm_moe_dsa", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                        q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2, index_head_dim=16,
+                                        index_n_heads=2, index_topk=8, rope_theta=1e6)),
+    ("internlm3", "internlm3", dict(SMALL, head_dim=16, rope_theta=50_000_000.0,
+                                    rope_scaling={"type": "dynamic", "factor": 6.0})),
+    ("internlm3-default-head", "internlm3", dict(SMALL, rope_theta=1e6)),
+    ("exaone", "exaone", dict({k: v for k, v in SMALL.items() if k != "num_hidden_layers"}, num_layers=3,
+                              rope_theta=500000.0, rope_scaling=dict(LLAMA3, factor=8.0))),
+    ("exaone-defaults", "exaone", dict(SMALL)),
+    ("dbrx", "dbrx", {"d_model": 64, "n_heads": 4, "n_layers": 2, "max_seq_len": 256, "vocab_size": 128, "rope_theta": 5e5,
+                      "attn_config": {"kv_n_heads": 2, "rope_theta": 5e5, "clip_qkv": 8}}),
+    ("jetmoe", "jetmoe", dict(SMALL, kv_channels=16, num_experts_per_tok=2, num_local_experts=4, rope_theta=1e4)),
+    ("bitnet", "bitnet", dict(SMALL, rope_theta=500000.0)),
+    ("diffllama", "diffllama", dict(SMALL, head_dim=16, rope_theta=1e5)),
+    ("cwm", "cwm", dict(SMALL, num_hidden_layers=8, head_dim=16, sliding_window=32)),  # the class's llama3 x16
+    ("cwm-types", "cwm", dict(SMALL, head_dim=16, sliding_window=32, layer_types=["full_attention", "sliding_attention"] * 2,
+                              rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    ("granite_swa", "granite_swa", dict(SMALL, num_hidden_layers=5, sliding_window=16, rope_theta=1e6)),
+    ("granite_swa-layer-thetas", "granite_swa", dict(SMALL, sliding_window=16, rope_theta=1e4,
+                                                     layer_rope_theta=[5e5, 1e4, 0, 5e5])),
+    ("granitemoe_swa", "granitemoe_swa", dict(SMALL, sliding_window=16, num_local_experts=4, layer_rope_theta=[0, 1e4, 1e4, 1e5],
+                                              rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    ("afmoe", "afmoe", dict(SMALL, num_hidden_layers=8, head_dim=16, sliding_window=16, global_attn_every_n_layers=4,
+                            num_experts=4, rope_theta=1e4)),
+    ("exaone_moe", "exaone_moe", dict(SMALL, num_hidden_layers=8, head_dim=16, sliding_window=16, sliding_window_pattern=4,
+                                      num_experts=4, rope_theta=1e6, rope_scaling=dict(LLAMA3, factor=16.0))),
+    ("cohere2_moe", "cohere2_moe", dict(SMALL, num_hidden_layers=9, head_dim=16, sliding_window=16, first_k_dense_replace=1,
+                                        sliding_window_pattern=4, num_experts=4, rope_theta=50000.0)),
+    ("cohere2_moe-prefix", "cohere2_moe", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=16,
+                                               first_k_dense_replace=2, prefix_dense_sliding_window_pattern=2,
+                                               sliding_window_pattern=2, num_experts=4)),
 ]
 
 #: families whose attention passes config.sliding_window on every layer (no layer_types)
 ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe", "ministral3", "mistral3"}
 #: families whose rotary tables lie interleaved (repeat_interleave) in transformers
-HF_INTERLEAVED_TABLES = {"cohere", "cohere2"}
+HF_INTERLEAVED_TABLES = {"cohere", "cohere2", "cohere2_moe"}
+#: families with learned attention sinks (the plan's layers say so)
+SINKS = {"gpt_oss", "granite_swa", "granitemoe_swa"}
+#: families whose rotary tables differ per layer: theta layer_rope_theta[i], one table per theta (GraniteSWAModel)
+LAYER_THETAS = {"granite_swa", "granitemoe_swa"}
 
 
 def hf_text_config(model_type, config):
@@ -219,7 +262,14 @@ def hf_text_config(model_type, config):
 
 def rotary_class(hf):
     family = type(hf).__module__.split(".")[-2]
-    mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    try:
+        mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    except ModuleNotFoundError:  # InternLM3, EXAONE 3: configs of their own, built as Llama (the auto mapping)
+        from transformers.models.auto.modeling_auto import (
+            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        )
+        assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[hf.model_type] == "LlamaForCausalLM"
+        mod = importlib.import_module("transformers.models.llama.modeling_llama")
     names = [n for n in dir(mod) if n.endswith("RotaryEmbedding") and "Vision" not in n and "Audio" not in n]
     assert len(names) == 1, names
     return mod, getattr(mod, names[0])
@@ -253,8 +303,15 @@ def hf_uses_rope(model_type, hf, index):
         return hf.layer_types[index] == "full_attention"
     if model_type == "granitemoehybrid":
         return hf.layer_types[index] == "full_attention" and hf.position_embedding_type == "rope"
-    if model_type == "exaone4":  # "global NoPE" (Exaone4Attention.forward)
+    if model_type in ("exaone4", "exaone_moe"):  # "global NoPE" (Exaone4Attention.forward)
         return hf.sliding_window is None or hf.layer_types[index] == "sliding_attention"
+    if model_type == "afmoe":  # AfmoeAttention: RoPE on the local layers only
+        return hf.layer_types[index] == "sliding_attention"
+    if model_type == "cohere2_moe":  # Cohere2MoeAttention: a window, or force_rope on the dense prefix
+        sliding = hf.layer_types[index] == "sliding_attention" and hf.sliding_window is not None
+        return sliding or (hf.mlp_layer_types[index] == "dense" and hf.prefix_dense_sliding_window_pattern == 1)
+    if model_type in LAYER_THETAS:  # theta 0: NoPE
+        return bool(hf.layer_rope_theta[index])
     return True
 
 
@@ -279,6 +336,9 @@ def hf_tables_and_rotate(model_type, hf, mod, rotary, layer_type, q, k, position
     cos, sin = rotary(x, pos, **kwargs)
     if model_type == "gpt_oss":  # tables of r/2, _apply_rotary_emb halves the head
         return cos[0], sin[0], list(mod.apply_rotary_pos_emb(q, k, cos, sin))
+    if model_type in ("deepseek_v32", "glm_moe_dsa"):  # MLA: interleaved pairs always (no rope_interleave)
+        half = cos.shape[-1] // 2
+        return cos[0, :, :half], sin[0, :, :half], list(mod.apply_rotary_pos_emb_interleave(q, k, cos, sin))
     if model_type in ("deepseek_v3", "glm4_moe_lite"):
         apply = mod.apply_rotary_pos_emb_interleave if hf.rope_interleave else mod.apply_rotary_pos_emb
         half = cos.shape[-1] // 2
@@ -343,7 +403,7 @@ def test_plan_matches_transformers(case, model_type, config):
         if types and model_type not in ALL_SLIDING:
             assert layer.layer_type == types[index]
         assert (layer.span, layer.window) == expected_span(hf.model_type, hf, index), index
-        assert layer.sinks == (hf.model_type == "gpt_oss")
+        assert layer.sinks == (hf.model_type in SINKS)
         assert layer.softcap == (hf.attn_logit_softcapping if hf.model_type in ("gemma2", "vaultgemma") else None)
         if not hf_uses_rope(hf.model_type, hf, index):
             if hf.model_type == "llama4_text" and hf.attn_temperature_tuning:
@@ -353,6 +413,10 @@ def test_plan_matches_transformers(case, model_type, config):
                 assert layer.encoding is None
             continue
         assert isinstance(layer.encoding, (RoPE, MRoPE))
+        if hf.model_type in LAYER_THETAS:  # the layer's own table, as GraniteSWAModel builds it
+            rotary = rotary_cls(copy.deepcopy(hf))
+            rotary.config.rope_parameters = {**hf.rope_parameters, "rope_theta": hf.layer_rope_theta[index]}
+            rotary = rotary_cls(rotary.config)
         worst = max(worst, check_layer(hf.model_type, hf, mod, rotary, layer, positions))
     MEASURED[case] = worst
 

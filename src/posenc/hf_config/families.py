@@ -614,9 +614,9 @@ def exaone4_layer_types(r: Reading) -> list[str]:
     if explicit is not None:
         return explicit
     if r.cfg.get("sliding_window") is None:
-        raise InvalidArgument("config (exaone4): sliding_window is null and there are no layer_types; transformers' "
-                              "Exaone4Config then divides by sliding_window_pattern 0")
-    pattern = config_int(r.cfg, "sliding_window_pattern", where="config (exaone4)")
+        raise InvalidArgument(f"config ({r.family.model_type}): sliding_window is null and there are no layer_types; "
+                              "transformers' config class then divides by sliding_window_pattern 0")
+    pattern = config_int(r.cfg, "sliding_window_pattern", where=f"config ({r.family.model_type})")
     return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(r.positive_int("num_hidden_layers"))]
 
 
@@ -837,6 +837,127 @@ def mllama_layer_types(r: Reading) -> list[str]:
     if not isinstance(indices, (list, tuple)) or not all(isinstance(i, int) for i in indices):
         raise InvalidType(f"config['cross_attention_layers'] must be a list of layer indices, got {indices!r:.60}")
     return ["cross_attention" if i in indices else "full_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
+# -- issue 34, list A: the readers its families need --------------------------------------------
+
+def dbrx_check(r: Reading) -> None:
+    """DBRX (``DbrxConfig``, ``DbrxRotaryEmbedding``): the rotary table is built from the
+    top-level rope dict (theta 10000 by default); the released configs' ``attn_config.rope_theta``
+    is not read by transformers 5.24's rotary module, so the plan follows the top level and says so."""
+    attn = r.cfg.get("attn_config")
+    theta = attn.get("rope_theta") if isinstance(attn, Mapping) else None
+    _, params = rope_dict_of(r)
+    used = params.get("rope_theta", r.cfg.get("rope_theta", 10000.0))
+    if theta is not None and theta != used:
+        r.note(f"config attn_config.rope_theta={theta!r} is not read by transformers' DBRX rotary embedding "
+               f"(it reads the top-level rope dict): theta {used!r}", warn=True)
+
+
+def sizes_head_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """RoPE over hidden_size // num_attention_heads, the head width of a family whose attention
+    ignores a ``head_dim`` key (DBRX)."""
+    return r.rope(None, head_dim=r.head_dim_from_sizes())
+
+
+def first_of_four_layer_types(r: Reading) -> list[str]:
+    """CWM and Granite SWA (``__post_init__``): the config's layer_types, else layer i full
+    attention where i % 4 == 0 (the first of every four), the others sliding."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    return ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
+#: CwmConfig's rope dict when the config has none (``__post_init__``): llama3 x16 over 8192, theta 1e6.
+CWM_ROPE = {"rope_type": "llama3", "rope_theta": 1_000_000.0, "factor": 16.0, "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0, "original_max_position_embeddings": 8192}
+
+
+def cwm_prepare(r: Reading) -> None:
+    """CWM (``CwmConfig.__post_init__``): without a rope dict, llama3 x16 over 8192, theta 1e6."""
+    if rope_dict_of(r)[0] is None:
+        r.cfg["rope_parameters"] = dict(CWM_ROPE)
+
+
+def layer_theta_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Granite SWA (``GraniteSWAModel``): ``layer_rope_theta[i]`` is layer i's RoPE theta (0: NoPE),
+    the rest of the rope dict shared; without the list every layer has the rope dict's theta."""
+    thetas = r.cfg.get("layer_rope_theta")
+    if thetas is None:
+        return r.rope(None)
+    n = r.positive_int("num_hidden_layers")
+    if not isinstance(thetas, (list, tuple)) or len(thetas) < n:
+        raise InvalidArgument(f"config['layer_rope_theta'] must hold {n} thetas (num_hidden_layers; 0: NoPE), got {thetas!r:.80}")
+    theta = check_real(thetas[index], f"config['layer_rope_theta'][{index}]", ge=0)
+    if theta == 0:
+        return None
+    key, params = rope_dict_of(r)
+    if key is None:
+        return r.rope(None, rope_theta=theta)
+    return r.rope(None, **{key: {**params, "rope_theta": theta}})
+
+
+def sliding_layers_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """AFMoE (``AfmoeAttention.forward``): RoPE on the sliding (local) layers only, the full layers NoPE."""
+    return r.rope(None) if layer_type == "sliding_attention" else None
+
+
+def cohere2_moe_layer_types(r: Reading) -> list[str]:
+    """Cohere2-MoE (``Cohere2MoeConfig.__post_init__``): the config's layer_types, else the first
+    ``first_k_dense_replace`` layers slide unless (i + 1) is a multiple of
+    ``prefix_dense_sliding_window_pattern``, the rest unless (i + 1 - k) is a multiple of ``sliding_window_pattern``."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    n = r.positive_int("num_hidden_layers")
+    dense = config_int(r.cfg, "first_k_dense_replace", minimum=0, default=0, where="config (cohere2_moe)")
+    prefix = config_int(r.cfg, "prefix_dense_sliding_window_pattern", where="config (cohere2_moe)")
+    pattern = config_int(r.cfg, "sliding_window_pattern", where="config (cohere2_moe)")
+    head = ["sliding_attention" if (i + 1) % prefix else "full_attention" for i in range(dense)]
+    return head + ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n - dense)]
+
+
+def cohere2_moe_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Cohere2-MoE (``Cohere2MoeAttention``): interleaved RoPE on the layers with a sliding window,
+    and on the dense-MLP layers when ``prefix_dense_sliding_window_pattern`` is 1 (``force_rope``);
+    the other layers NoPE."""
+    sliding = layer_type == "sliding_attention" and r.cfg.get("sliding_window") is not None
+    mlp_types = r.cfg.get("mlp_layer_types")
+    if mlp_types is None:
+        dense = config_int(r.cfg, "first_k_dense_replace", minimum=0, default=0, where="config (cohere2_moe)")
+        is_dense = index < dense
+    else:
+        if not isinstance(mlp_types, (list, tuple)) or len(mlp_types) <= index:
+            raise InvalidArgument(f"config['mlp_layer_types'] must hold one entry per layer, got {mlp_types!r:.80}")
+        is_dense = mlp_types[index] == "dense"
+    forced = is_dense and r.cfg.get("prefix_dense_sliding_window_pattern") == 1
+    return r.rope(None) if sliding or forced else None
+
+
+def indexed_layer_types(r: Reading) -> list[str]:
+    """DeepSeek-V3.2 / GLM-5 (``__post_init__``): the config's layer_types, else every layer
+    ``indexed_attention`` (DeepSeek Sparse Attention)."""
+    return r.explicit_layer_types() or ["indexed_attention"] * r.positive_int("num_hidden_layers")
+
+
+def indexed_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
+    """DeepSeek-V3.2 / GLM-5 DSA layers (``indexed_attention``): full causal attention over the keys
+    the lightning indexer selects (its top-k by content score is the model's own mask, not a span)."""
+    if layer_type == "indexed_attention":
+        return "full", None
+    return span_of_type(r, index, layer_type)
+
+
+def dsa_check(r: Reading) -> None:
+    """DeepSeek-V3.2 / GLM-5 (``DeepseekV32Indexer``, ``GlmMoeDsaIndexer``): MLA as DeepSeek-V3, and
+    the lightning indexer rotates the first qk_rope_head_dim dimensions of its index_head_dim heads
+    with the same tables (DeepSeek-V3.2 half-split, GLM-5 interleaved): the layer's RoPE reaches
+    both, so the tables route gives the indexer the plan's RoPE too."""
+    deepseek_check(r)
+    layout = "interleaved" if r.family.model_type == "glm_moe_dsa" else "half-split"
+    r.note(f"lightning indexer (DSA): the layer's RoPE on the first qk_rope_head_dim dimensions of its "
+           f"index_head_dim heads, {layout} pairs; its top-k (index_topk) selects the keys by content")
 
 
 #: The names of the rotary table formats a family's decoder layers take
@@ -1146,6 +1267,51 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             attention="layer.0.SelfAttention", rotary=None),
     _family("mt5", reader=plan_mt5, adapter="t5", stacks=("encoder", "decoder"), layers="block",
             attention="layer.0.SelfAttention", rotary=None),
+    # -- issue 34, list A
+    # InternLM3 and EXAONE 3 are built as Llama (transformers' auto mapping: LlamaForCausalLM)
+    _family("internlm3", defaults={"rope_theta": 10000.0, "head_dim": 128},
+            source="transformers/models/internlm3/configuration_internlm3.py, llama/modeling_llama.py"),
+    _family("exaone", defaults={"rope_theta": 500_000.0},
+            aliases={"num_layers": "num_hidden_layers"},
+            source="transformers/models/exaone/configuration_exaone.py, llama/modeling_llama.py"),
+    # DBRX: GPT-style names (d_model, n_heads, n_layers), head width d_model // n_heads
+    _family("dbrx", aliases={"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
+                             "max_seq_len": "max_position_embeddings"},
+            encoding=sizes_head_rope, prepare=dbrx_check, layers="blocks", attention="norm_attn_norm.attn"),
+    # JetMoE: the head width is kv_channels (attribute_map head_dim -> kv_channels)
+    _family("jetmoe", defaults={"rope_theta": 10000.0, "head_dim": 128}, aliases={"kv_channels": "head_dim"},
+            attention="self_attention"),
+    _family("bitnet", defaults={"rope_theta": 500_000.0}),
+    _family("diffllama", defaults={"rope_theta": 10000.0}),
+    # CWM: Llama 3's llama3 x16 RoPE on every layer, 3 sliding layers to 1 full (the first of four)
+    _family("cwm", defaults={"sliding_window": 8192}, layer_types=first_of_four_layer_types, span=exaone4_span,
+            prepare=cwm_prepare),
+    # Granite SWA: per-layer theta (layer_rope_theta, 0 = NoPE), learned sinks, the first of four layers full
+    _family("granite_swa", defaults={"rope_theta": 10000.0, "sliding_window": 128}, layer_types=first_of_four_layer_types,
+            span=exaone4_span, encoding=layer_theta_rope, sinks="sinks"),
+    _family("granitemoe_swa", defaults={"rope_theta": 10000.0, "sliding_window": 128},
+            layer_types=first_of_four_layer_types, span=exaone4_span, encoding=layer_theta_rope, sinks="sinks"),
+    # AFMoE: RoPE on the sliding layers, the every-n-th full layers NoPE
+    _family("afmoe", defaults={"rope_theta": 10000.0, "head_dim": 128, "sliding_window": 1024,
+                               "global_attn_every_n_layers": 4},
+            layer_types=pattern_layer_types("global_attn_every_n_layers", 4), span=exaone4_span,
+            encoding=sliding_layers_rope),
+    # EXAONE MoE (K-EXAONE): EXAONE 4's global NoPE layers
+    _family("exaone_moe", defaults={"rope_theta": 10000.0, "sliding_window": 4096, "sliding_window_pattern": 4},
+            layer_types=exaone4_layer_types, span=exaone4_span, encoding=exaone4_rope),
+    # Cohere2-MoE: Cohere2's interleaved RoPE on the sliding layers (and the dense prefix), NoPE elsewhere
+    # DeepSeek-V3.2 and GLM-5 (GLM-MoE-DSA): DeepSeek-V3's MLA (interleaved pairs, always) and the
+    # lightning indexer, whose RoPE is the layer's own tables on its first qk_rope_head_dim dimensions
+    _family("deepseek_v32", layout="interleaved", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64},
+            layer_types=indexed_layer_types, span=indexed_span, encoding=deepseek_v2_rope, prepare=dsa_check, tables="deinterleaved_cos_sin",
+            head_dim="qk_head_dim"),
+    _family("glm_moe_dsa", layout="interleaved", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64},
+            layer_types=indexed_layer_types, span=indexed_span, encoding=deepseek_v2_rope, prepare=dsa_check, tables="deinterleaved_cos_sin",
+            head_dim="qk_head_dim"),
+    _family("cohere2_moe", layout="interleaved",
+            defaults={"rope_theta": 10000.0, "head_dim": 128, "sliding_window": 4096, "sliding_window_pattern": 4,
+                      "prefix_dense_sliding_window_pattern": 1},
+            layer_types=cohere2_moe_layer_types, span=exaone4_span, encoding=cohere2_moe_rope),
 )}
 
 
