@@ -194,15 +194,6 @@ CASES = [
         SMALL, model_type="gemma3n_text", num_hidden_layers=5, head_dim=16, sliding_window=8, num_kv_shared_layers=0,
         hidden_size_per_layer_input=16, vocab_size_per_layer_input=128, activation_sparsity_pattern=[0.0] * 5,
         rope_scaling={"rope_type": "linear", "factor": 4.0}))),
-    ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
-    ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
-    ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
-    ("llama4_text", "llama4_text", dict(SMALL, num_hidden_layers=8, head_dim=16, attention_chunk_size=16,
-                                        rope_theta=500000.0, rope_scaling=dict(LLAMA3, factor=16.0, high_freq_factor=1.0),
-                                        num_local_experts=2, attn_temperature_tuning=True)),
-    ("llama4-nested", "llama4", dict(text_config=dict(SMALL, model_type="llama4_text", head_dim=16,
-                                                      no_rope_layers=[1, 1, 0, 1], attn_temperature_tuning=False,
-                                                      attention_chunk_size=32))),
     # -- issue 34, list A (shapes of their released config.json, shrunk)
     ("deepseek_v32", "deepseek_v32", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
                                           q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
@@ -241,6 +232,15 @@ CASES = [
     ("cohere2_moe-prefix", "cohere2_moe", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=16,
                                                first_k_dense_replace=2, prefix_dense_sliding_window_pattern=2,
                                                sliding_window_pattern=2, num_experts=4)),
+    ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
+    ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
+    ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
+    ("llama4_text", "llama4_text", dict(SMALL, num_hidden_layers=8, head_dim=16, attention_chunk_size=16,
+                                        rope_theta=500000.0, rope_scaling=dict(LLAMA3, factor=16.0, high_freq_factor=1.0),
+                                        num_local_experts=2, attn_temperature_tuning=True)),
+    ("llama4-nested", "llama4", dict(text_config=dict(SMALL, model_type="llama4_text", head_dim=16,
+                                                      no_rope_layers=[1, 1, 0, 1], attn_temperature_tuning=False,
+                                                      attention_chunk_size=32))),
 ]
 
 #: families whose attention passes config.sliding_window on every layer (no layer_types)
