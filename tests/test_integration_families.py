@@ -16,6 +16,8 @@ become ``position_plan(config)`` once the reader is merged.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -56,6 +58,17 @@ VISION = dict(depth=1, embed_dim=16, hidden_size=16, num_heads=2, out_hidden_siz
 
 QWEN3_VISION = dict(depth=1, hidden_size=16, num_heads=2, out_hidden_size=64, intermediate_size=16, patch_size=2,
                     spatial_merge_size=1, temporal_patch_size=1, num_position_embeddings=16, deepstack_visual_indexes=[])
+
+GLM4V_VISION = dict(depth=1, hidden_size=16, num_heads=2, out_hidden_size=64, intermediate_size=16, patch_size=2,
+                    spatial_merge_size=1, temporal_patch_size=1)
+
+#: GLM-4.5V (MoE), tiny: 2 layers, half of each 16-wide head rotated, M-RoPE sections [1, 2, 1]
+GLM4V_MOE = dict(
+    text_config=dict(SMALL, num_hidden_layers=2, head_dim=16, n_routed_experts=2, num_experts_per_tok=1,
+                     moe_intermediate_size=32, first_k_dense_replace=1, rope_parameters={
+                         "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5,
+                         "mrope_section": [1, 2, 1]}),
+    vision_config=GLM4V_VISION)
 
 PIXTRAL = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, head_dim=8, image_size=16,
                patch_size=4)
@@ -397,6 +410,22 @@ FAMILIES = {
                          kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, index_head_dim=16,
                          index_n_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
                     uniform(lambda: posenc.RoPE(8, base=1e6, interleaved=True), 2), "sdpa"),
+    # CodeGen: GPT-J's interleaved rotary on the first rotary_dim dimensions (mp_num 4 splits of the qkv)
+    "codegen": (T.CodeGenConfig, T.CodeGenForCausalLM,
+                dict(vocab_size=V, n_embd=64, n_head=4, n_layer=2, n_positions=64, n_ctx=64, rotary_dim=8, pad_token_id=0,
+                     bos_token_id=1, eos_token_id=2),
+                uniform(lambda: rope(rotary_dim=8, interleaved=True), 2), "sdpa"),
+    # GLM-4.1V: chunked M-RoPE over half the head, pairs interleaved (GLM-4.5V: test_glm4v_moe_read_plan_...)
+    "glm4v": (T.Glm4vConfig, T.Glm4vForConditionalGeneration, dict(
+        text_config=dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={
+            "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5, "mrope_section": [1, 2, 1]}),
+        vision_config=GLM4V_VISION),
+        uniform(lambda: posenc.MRoPE(16, mrope_section=[1, 2, 1], rotary_dim=8, interleaved=True), 2), "sdpa"),
+    # Doge: Llama's RoPE, every layer sliding (its dynamic mask selects keys only past keep_window_size 2048)
+    "doge": (T.DogeConfig, T.DogeForCausalLM,
+             dict(SMALL, num_hidden_layers=2, sliding_window=16,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+             uniform(rope, 2), "sdpa"),
     # InternLM3 and EXAONE 3: configs of their own, built as Llama
     "internlm3": (T.InternLM3Config, T.LlamaForCausalLM,
                   dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 5e7}),
@@ -479,7 +508,8 @@ MEASURED = {
     "bitnet": (4.17e-07, 5.36e-07), "diffllama": (3.87e-07, 3.58e-07), "cwm": (3.87e-07, 4.17e-07),
     "granite_swa": (4.17e-07, 0.0), "granitemoe_swa": (2.98e-07, 0.0), "afmoe": (4.77e-07, 4.77e-07),
     "exaone_moe": (2.98e-07, 3.91e-07), "cohere2_moe": (1.86e-08, 2.61e-08),
-    "deepseek_v32": (3.58e-07, 4.17e-07), "glm_moe_dsa": (3.58e-07, 3.58e-07),
+    "deepseek_v32": (3.58e-07, 4.17e-07), "glm_moe_dsa": (3.58e-07, 3.58e-07), "codegen": (3.58e-07, 4.77e-07),
+    "glm4v": (4.77e-07, 5.36e-07), "doge": (4.77e-07, 6.41e-07),
 }
 
 
@@ -617,6 +647,32 @@ def test_qwen_vl_read_plan_reproduces_image_like_mrope_positions(family):
             use_encoding(model, PositionPlan(tuple(LayerPlan(other) for _ in range(2))))
             assert (model(x, position_ids=positions).logits - expected).abs().max() > max(1e-3, 100 * difference)
         assert (model(x).logits - reference(x).logits).abs().max() <= max(1e-5, 2 * noise)  # text: every axis equal
+
+
+def test_glm4v_moe_read_plan_reproduces_the_model():
+    """GLM-4.5V (MoE): half-split chunked M-RoPE over half the head, read from the config, gives the
+    model's logits on text positions and on (t, h, w) positions whose axes differ; a wrong base
+    moves them. (Its decoder layers are handed the (3, B, T) position ids, which posenc's own
+    attention route does not take yet: the encodings by name are not run on it here.)"""
+    from posenc.integrations.transformers import position_plan
+
+    config = T.Glm4vMoeConfig(**GLM4V_MOE)
+    torch.manual_seed(0)
+    reference = T.Glm4vMoeForConditionalGeneration(config)
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            torch.nn.init.normal_(parameter, std=0.2)
+    reference.eval()
+    ids = posenc.mrope_position_ids([4, (1, 4, 6), 4], spatial_merge_size=1)[:, None].expand(3, 2, -1)
+    x = tokens(length=ids.shape[-1])
+    model = use_encoding(copy.deepcopy(reference), position_plan(reference.config))
+    with torch.no_grad():
+        for positions in (None, ids):
+            expected = reference(x, position_ids=positions).logits
+            difference = (model(x, position_ids=positions).logits - expected).abs().max().item()
+            assert difference <= 1e-5, difference
+        use_encoding(model, wrong(position_plan(reference.config)))
+        assert (model(x, position_ids=ids).logits - expected).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
@@ -805,7 +861,8 @@ EXTEND_REFUSED = {"gemma3_text": "already scaled", "gpt_oss": "already scaled", 
                   "qwen3_5_text": "its layers are M-RoPE",
                   "cwm": "already scaled",  # CwmConfig's llama3 x16
                   # one theta per layer (layer_rope_theta, with a NoPE layer): extension_plan reads one RoPE
-                  "granite_swa": "RoPEs differ"}
+                  "granite_swa": "RoPEs differ",
+                  "codegen": "does not read a RoPE scaling.*create_sinusoidal_positions"}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -229,6 +229,24 @@ CASES = [
                                       num_experts=4, rope_theta=1e6, rope_scaling=dict(LLAMA3, factor=16.0))),
     ("cohere2_moe", "cohere2_moe", dict(SMALL, num_hidden_layers=9, head_dim=16, sliding_window=16, first_k_dense_replace=1,
                                         sliding_window_pattern=4, num_experts=4, rope_theta=50000.0)),
+    ("codegen", "codegen", {"n_embd": 64, "n_head": 4, "n_layer": 2, "rotary_dim": 8, "n_positions": 256, "n_ctx": 256,
+                            "vocab_size": 128}),
+    ("chameleon", "chameleon", dict(SMALL, rope_theta=10000.0, vocabulary_map={"<image>": 127})),
+    ("emu3-nested", "emu3", {"text_config": dict(SMALL, model_type="emu3_text_model", rope_theta=1e6,
+                                                 rope_scaling={"rope_type": "linear", "factor": 2.0})}),
+    ("emu3-defaults", "emu3", {"text_config": dict(SMALL, model_type="emu3_text_model")}),
+    ("glm4v-nested", "glm4v", {"text_config": dict(SMALL, model_type="glm4v_text", head_dim=32, partial_rotary_factor=0.5,
+                                                   rope_theta=10000.0, rope_scaling={"rope_type": "default",
+                                                                                     "mrope_section": [2, 3, 3]})}),
+    ("glm46v-nested", "glm46v", {"text_config": dict(SMALL, model_type="glm4v_text", head_dim=16, rope_parameters={
+        "rope_type": "default", "rope_theta": 5e5, "mrope_section": [4, 2, 2]})}),
+    ("glm_ocr-nested", "glm_ocr", {"text_config": dict(SMALL, model_type="glm_ocr_text", head_dim=32, rope_parameters={
+        "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5, "mrope_section": [3, 3, 2]})}),
+    ("glm4v_moe-nested", "glm4v_moe", {"text_config": dict(SMALL, model_type="glm4v_moe_text", head_dim=32,
+                                                           n_routed_experts=4, rope_parameters={
+                                                               "rope_type": "default", "rope_theta": 1e6,
+                                                               "mrope_section": [2, 3, 3]})}),  # partial 0.5 by default
+    ("doge", "doge", dict(SMALL, rope_theta=1e4, sliding_window=32, keep_window_size=16)),
     ("cohere2_moe-prefix", "cohere2_moe", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=16,
                                                first_k_dense_replace=2, prefix_dense_sliding_window_pattern=2,
                                                sliding_window_pattern=2, num_experts=4)),
@@ -244,9 +262,9 @@ CASES = [
 ]
 
 #: families whose attention passes config.sliding_window on every layer (no layer_types)
-ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe", "ministral3", "mistral3"}
+ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe", "ministral3", "mistral3", "doge"}
 #: families whose rotary tables lie interleaved (repeat_interleave) in transformers
-HF_INTERLEAVED_TABLES = {"cohere", "cohere2", "cohere2_moe"}
+HF_INTERLEAVED_TABLES = {"cohere", "cohere2", "cohere2_moe", "glm4v_text", "glm_ocr_text"}
 #: families with learned attention sinks (the plan's layers say so)
 SINKS = {"gpt_oss", "granite_swa", "granitemoe_swa"}
 #: families whose rotary tables differ per layer: theta layer_rope_theta[i], one table per theta (GraniteSWAModel)
@@ -320,7 +338,7 @@ def hf_tables_and_rotate(model_type, hf, mod, rotary, layer_type, q, k, position
     x = q
     pos = positions[None]
     kwargs = {"layer_type": layer_type} if "layer_type" in inspect.signature(rotary.forward).parameters else {}
-    if model_type == "gptj":
+    if model_type in ("gptj", "codegen"):
         sin, cos = rotary(x, pos)
         r = hf.rotary_dim
         bthd = [t.transpose(1, 2) for t in (q, k)]
@@ -486,6 +504,27 @@ def test_qwen3_vl_interleaved_mrope_against_transformers(wrapper, text, head_dim
     assert float((cos_pe[0, :, :r] - cos[0]).abs().max()) <= TOL and float((sin_pe[0, :, :r] - sin[0]).abs().max()) <= TOL
     chunked = MRoPE(head_dim, mrope_section=section, base=100.0, rotary_dim=r).cos_sin(positions, torch.float32)[0]
     assert float((chunked[0, :, :r] - cos[0]).abs().max()) > 1e-2  # the check can fail
+
+
+@pytest.mark.parametrize("wrapper, text", [("glm4v", "glm4v_text"), ("glm_ocr", "glm_ocr_text"),
+                                           ("glm4v_moe", "glm4v_moe_text")])
+def test_glm4v_mrope_against_transformers(wrapper, text):
+    """Distinct (t, h, w) positions: GLM-4V's M-RoPE (chunked sections over half the head, pairs
+    interleaved on GLM-4.1V / GLM-OCR, half-split on GLM-4.5V) as its text rotary embedding
+    builds the tables; the other pair layout does not give them."""
+    config = {"text_config": dict(SMALL, model_type=text, head_dim=32, num_hidden_layers=2, rope_parameters={
+        "rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 3, 3]})}
+    encoding = position_plan({"model_type": wrapper, **config})[0].encoding
+    assert encoding.mrope_section == [2, 3, 3] and encoding.rotary_dim == 16
+    hf = hf_text_config(wrapper, config)
+    _, cls = rotary_class(hf)
+    positions = torch.stack([torch.arange(12), torch.arange(12) // 3 + 20, torch.arange(12) % 5 + 40])[:, None]
+    cos, sin = cls(hf)(torch.zeros(1), positions)
+    cos_pe, sin_pe = encoding.cos_sin(positions, torch.float32)
+    assert cos.shape[-1] == 16
+    assert float((cos_pe[0, :, :16] - cos[0]).abs().max()) <= TOL and float((sin_pe[0, :, :16] - sin[0]).abs().max()) <= TOL
+    other = MRoPE(32, mrope_section=[2, 3, 3], base=100.0, rotary_dim=16, interleaved=not encoding.interleaved)
+    assert float((other.cos_sin(positions, torch.float32)[0][0, :, :16] - cos[0]).abs().max()) > 1e-2  # the check can fail
 
 
 def test_every_family_in_the_table_is_tested():

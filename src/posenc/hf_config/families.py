@@ -444,9 +444,11 @@ def qwen3_vl_rope(r: Reading, index: int, layer_type: str | None) -> PositionalE
     return multiaxis_rope(r, [24, 20, 20], mrope_interleaved=True)
 
 
-def multiaxis_rope(r: Reading, default_section: list[int], *, mrope_interleaved: bool) -> MRoPE:
+def multiaxis_rope(r: Reading, default_section: list[int], *, mrope_interleaved: bool,
+                   interleaved: bool = False) -> MRoPE:
     """The family's M-RoPE: ``mrope_section`` from the rope dict (else ``default_section``), base,
-    scaling and rotated share from :func:`~posenc.hf_config.rope.read_hf_config`."""
+    scaling and rotated share from :func:`~posenc.hf_config.rope.read_hf_config`; ``interleaved``:
+    the rotary pairs are (2i, 2i + 1) (GLM-4V), else half-split."""
     def build() -> MRoPE:
         kwargs, layout = read_hf_config(r.cfg)
         section = (layout.get("passthrough") or {}).get("mrope_section", default_section)
@@ -458,7 +460,8 @@ def multiaxis_rope(r: Reading, default_section: list[int], *, mrope_interleaved:
                   if kwargs["partial_rotary_factor"] else None)
         try:
             enc = MRoPE(kwargs["head_dim"], mrope_section=list(section), base=kwargs["base"],
-                        scaling=kwargs["scaling"], rotary_dim=rotary, mrope_interleaved=mrope_interleaved)
+                        scaling=kwargs["scaling"], rotary_dim=rotary, mrope_interleaved=mrope_interleaved,
+                        interleaved=interleaved)
         except InvalidArgument as error:
             raise InvalidArgument(f"config: mrope_section {list(section)}: {error}") from None
         enc.hf_layout = layout
@@ -960,6 +963,14 @@ def dsa_check(r: Reading) -> None:
            f"index_head_dim heads, {layout} pairs; its top-k (index_topk) selects the keys by content")
 
 
+def glm4v_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """GLM-4.1V / GLM-4.6V / GLM-OCR text towers (``Glm4vTextRotaryEmbedding``): M-RoPE with
+    Qwen2-VL's chunked sections (``mrope_section``, default [8, 12, 12]) over the
+    partial_rotary_factor share of head_dim (default 1), the pairs interleaved
+    (``repeat_interleave`` tables, ``rotate_half_llm``); GLM-4.5V (MoE) lays them half-split."""
+    return multiaxis_rope(r, [8, 12, 12], mrope_interleaved=False, interleaved=r.family.interleaved)
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -1268,6 +1279,31 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("mt5", reader=plan_mt5, adapter="t5", stacks=("encoder", "decoder"), layers="block",
             attention="layer.0.SelfAttention", rotary=None),
     # -- issue 34, list A
+    # GLM-4.1V / GLM-4.6V / GLM-OCR: chunked M-RoPE, interleaved pairs; GLM-4.5V (MoE): the same, half-split
+    _family("glm4v_text", layout="interleaved", defaults={"rope_theta": 10000.0}, encoding=glm4v_rope,
+            source="transformers/models/glm4v/"),
+    _family("glm4v", text_config="glm4v_text", **_QWEN_VL_MODULES),
+    _family("glm46v", text_config="glm4v_text", **_QWEN_VL_MODULES),
+    _family("glm_ocr_text", layout="interleaved", defaults={"rope_theta": 10000.0}, encoding=glm4v_rope,
+            source="transformers/models/glm_ocr/"),
+    _family("glm_ocr", text_config="glm_ocr_text", **_QWEN_VL_MODULES),
+    _family("glm4v_moe_text", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.5}, encoding=glm4v_rope,
+            source="transformers/models/glm4v_moe/"),
+    _family("glm4v_moe", text_config="glm4v_moe_text", **_QWEN_VL_MODULES),
+    # Doge: Llama's RoPE; its dynamic mask (dt_states, a content bias on the keys) is the model's own mask
+    _family("doge", defaults={"rope_theta": 10000.0, "sliding_window": None}, span=span_all_sliding),
+    # CodeGen: GPT-J's rotary (rotate_every_two over the first rotary_dim dimensions, base 10000)
+    _family("codegen", layout="interleaved", defaults={"rotary_dim": 64},
+            aliases={"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
+                     "n_positions": "max_position_embeddings"},
+            encoding=gptj_rope, layers="h", attention="attn", tables="pair_sin_cos",
+            no_scaling="transformers' CodeGen builds its rotary table once, with create_sinusoidal_positions from "
+                       "rotary_dim and base 10000, and reads no rope_theta, rope_scaling or rope_parameters"),
+    # Chameleon: Llama's RoPE over hidden_size // num_attention_heads (its attention ignores head_dim)
+    _family("chameleon", defaults={"rope_theta": 10000.0}, encoding=sizes_head_rope, base="model"),
+    # Emu3: a Llama-like text model (theta 1e6) under a VQ-VAE wrapper (text at model.text_model)
+    _family("emu3_text_model", defaults={"rope_theta": 1_000_000.0}, source="transformers/models/emu3/"),
+    _family("emu3", text_config="emu3_text_model", base="model.text_model", sizes_config="text_config"),
     # InternLM3 and EXAONE 3 are built as Llama (transformers' auto mapping: LlamaForCausalLM)
     _family("internlm3", defaults={"rope_theta": 10000.0, "head_dim": 128},
             source="transformers/models/internlm3/configuration_internlm3.py, llama/modeling_llama.py"),
