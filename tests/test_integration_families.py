@@ -426,6 +426,40 @@ FAMILIES = {
              dict(SMALL, num_hidden_layers=2, sliding_window=16,
                   rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
              uniform(rope, 2), "sdpa"),
+    # Llama's RoPE in families of their own (HyperCLOVA X with Granite's multipliers)
+    "hyperclovax": (T.HyperCLOVAXConfig, T.HyperCLOVAXForCausalLM,
+                    dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 5e7}),
+                    uniform(lambda: rope(5e7), 2), "sdpa"),
+    "iquestcoder": (T.IQuestCoderConfig, T.LlamaForCausalLM, dict(SMALL, num_hidden_layers=2, head_dim=16),
+                    uniform(rope, 2), "sdpa"),
+    "jais2": (T.Jais2Config, T.Jais2ForCausalLM,
+              dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+              uniform(lambda: rope(1e6), 2), "sdpa"),
+    "flex_olmo": (T.FlexOlmoConfig, T.FlexOlmoForCausalLM,
+                  dict(SMALL, num_hidden_layers=2, num_experts=2, num_experts_per_tok=1),  # the class's theta 5e5
+                  uniform(lambda: rope(5e5), 2), "sdpa"),
+    "aria_text": (T.AriaTextConfig, T.AriaTextForCausalLM,
+                  dict(SMALL, num_hidden_layers=2, moe_num_experts=2, moe_topk=1, moe_intermediate_size=32,
+                       rope_parameters={"rope_type": "default", "rope_theta": 5e6}),
+                  uniform(lambda: rope(5e6), 2), "sdpa"),
+    # GPT-NeoX Japanese: rotary_emb_base and rotary_pct (1 by default: the whole head)
+    "gpt_neox_japanese": (T.GPTNeoXJapaneseConfig, T.GPTNeoXJapaneseForCausalLM,
+                          dict(COMMON, intermediate_multiple_size=2, num_hidden_layers=2, rotary_emb_base=5e5),
+                          uniform(lambda: rope(5e5), 2), "eager"),  # transformers refuses sdpa for it
+    # A.X K1: DeepSeek-V3's MLA; A.X K2: DeepSeek-V3.2's (index_topk 2048 keeps every key here)
+    "axk1": (T.AXK1Config, T.AXK1ForCausalLM,
+             dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1, n_group=1,
+                  topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                  qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16),
+             uniform(lambda: posenc.RoPE(8, interleaved=True), 2), "sdpa"),
+    "axk2": (T.AXK2Config, T.AXK2ForCausalLM,
+             dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1, n_group=1,
+                  topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                  qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, index_head_dim=16, index_n_heads=2),
+             uniform(lambda: posenc.RoPE(8, interleaved=True), 2), "sdpa"),
+    "hy_v3": (T.HYV3Config, T.HYV3ForCausalLM,
+              dict(SMALL, num_hidden_layers=2, head_dim=16, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32),
+              uniform(lambda: rope(11_158_840.0), 2), "sdpa"),  # the class's theta
     # InternLM3 and EXAONE 3: configs of their own, built as Llama
     "internlm3": (T.InternLM3Config, T.LlamaForCausalLM,
                   dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 5e7}),
@@ -510,6 +544,9 @@ MEASURED = {
     "exaone_moe": (2.98e-07, 3.91e-07), "cohere2_moe": (1.86e-08, 2.61e-08),
     "deepseek_v32": (3.58e-07, 4.17e-07), "glm_moe_dsa": (3.58e-07, 3.58e-07), "codegen": (3.58e-07, 4.77e-07),
     "glm4v": (4.77e-07, 5.36e-07), "doge": (4.77e-07, 6.41e-07),
+    "hyperclovax": (4.17e-07, 4.17e-07), "iquestcoder": (2.68e-07, 4.77e-07), "jais2": (3.58e-07, 4.77e-07),
+    "flex_olmo": (4.17e-07, 5.96e-07), "aria_text": (3.73e-07, 5.36e-07), "gpt_neox_japanese": (4.17e-07, 0.0),
+    "axk1": (4.17e-07, 4.77e-07), "axk2": (2.98e-07, 2.68e-07), "hy_v3": (3.58e-07, 4.77e-07),
 }
 
 

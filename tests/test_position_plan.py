@@ -247,6 +247,25 @@ CASES = [
                                                                "rope_type": "default", "rope_theta": 1e6,
                                                                "mrope_section": [2, 3, 3]})}),  # partial 0.5 by default
     ("doge", "doge", dict(SMALL, rope_theta=1e4, sliding_window=32, keep_window_size=16)),
+    ("hyperclovax", "hyperclovax", dict(SMALL, head_dim=16, rope_theta=5e7, attention_multiplier=0.0625)),
+    ("iquestcoder", "iquestcoder", dict(SMALL, rope_theta=5e5)),  # the class's head_dim 128
+    ("jais2", "jais2", dict(SMALL, rope_theta=1e6, rope_scaling={"rope_type": "linear", "factor": 4.0})),
+    ("flex_olmo", "flex_olmo", dict(SMALL, num_experts=4)),  # the class's theta 5e5
+    ("aria-nested", "aria", {"text_config": dict(SMALL, model_type="aria_text", rope_theta=5e6)}),
+    ("granite4_vision-nested", "granite4_vision", {"text_config": dict(SMALL, model_type="granite4_vision_text",
+                                                                       rope_theta=1e7)}),
+    ("apertus1p5_text", "apertus1p5_text", dict(SMALL)),  # the class's llama3 x8 over 8192, theta 1.2e7
+    ("apertus1p5-nested", "apertus1p5", {"text_config": dict(SMALL, model_type="apertus1p5_text", vocab_size=270_000,
+                                                             rope_theta=1e6, rope_scaling=LLAMA3)}),
+    ("gpt_neox_japanese", "gpt_neox_japanese", dict(SMALL, rotary_emb_base=10000, rotary_pct=1.0)),
+    ("gpt_neox_japanese-defaults", "gpt_neox_japanese", dict(SMALL, rotary_emb_base=5e5)),  # rotary_pct 1 by default
+    ("axk1", "axk1", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16, q_lora_rank=32,
+                          n_routed_experts=4, num_experts_per_tok=2, rope_theta=1e6)),
+    ("axk1-half-split", "axk1", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                     q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2, rope_interleave=False)),
+    ("axk2", "axk2", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16, q_lora_rank=32,
+                          n_routed_experts=4, num_experts_per_tok=2, index_head_dim=16, index_n_heads=2, rope_theta=1e6)),
+    ("hy_v3", "hy_v3", dict(SMALL, num_experts=4)),  # the class's theta 11158840 and head_dim 128
     ("cohere2_moe-prefix", "cohere2_moe", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=16,
                                                first_k_dense_replace=2, prefix_dense_sliding_window_pattern=2,
                                                sliding_window_pattern=2, num_experts=4)),
@@ -288,7 +307,7 @@ def rotary_class(hf):
         )
         assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[hf.model_type] == "LlamaForCausalLM"
         mod = importlib.import_module("transformers.models.llama.modeling_llama")
-    names = [n for n in dir(mod) if n.endswith("RotaryEmbedding") and "Vision" not in n and "Audio" not in n]
+    names = [n for n in dir(mod) if n.endswith("RotaryEmbedding") and "VisionRotary" not in n and "Audio" not in n]
     assert len(names) == 1, names
     return mod, getattr(mod, names[0])
 
@@ -354,10 +373,10 @@ def hf_tables_and_rotate(model_type, hf, mod, rotary, layer_type, q, k, position
     cos, sin = rotary(x, pos, **kwargs)
     if model_type == "gpt_oss":  # tables of r/2, _apply_rotary_emb halves the head
         return cos[0], sin[0], list(mod.apply_rotary_pos_emb(q, k, cos, sin))
-    if model_type in ("deepseek_v32", "glm_moe_dsa"):  # MLA: interleaved pairs always (no rope_interleave)
+    if model_type in ("deepseek_v32", "glm_moe_dsa", "axk2"):  # MLA: interleaved pairs always (no rope_interleave)
         half = cos.shape[-1] // 2
         return cos[0, :, :half], sin[0, :, :half], list(mod.apply_rotary_pos_emb_interleave(q, k, cos, sin))
-    if model_type in ("deepseek_v3", "glm4_moe_lite"):
+    if model_type in ("deepseek_v3", "glm4_moe_lite", "axk1"):
         apply = mod.apply_rotary_pos_emb_interleave if hf.rope_interleave else mod.apply_rotary_pos_emb
         half = cos.shape[-1] // 2
         return cos[0, :, :half], sin[0, :, :half], list(apply(q, k, cos, sin))

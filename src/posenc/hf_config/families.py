@@ -1279,6 +1279,23 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("mt5", reader=plan_mt5, adapter="t5", stacks=("encoder", "decoder"), layers="block",
             attention="layer.0.SelfAttention", rotary=None),
     # -- issue 34, list A
+    # Llama's RoPE, as their modeling files build it (HyperCLOVA X: Granite's multipliers; IQuest-Coder: Llama)
+    _family("hyperclovax", defaults={"rope_theta": 10000.0}),
+    _family("iquestcoder", defaults={"rope_theta": 10000.0, "head_dim": 128},
+            source="transformers/models/iquestcoder/configuration_iquestcoder.py, llama/modeling_llama.py"),
+    _family("jais2", defaults={"rope_theta": 10000.0}),
+    _family("flex_olmo", defaults={"rope_theta": 500_000.0}),
+    _family("aria_text", defaults={"rope_theta": 10000.0}, source="transformers/models/aria/"),
+    _family("aria", text_config="aria_text", base="model.language_model", sizes_config="text_config"),
+    _family("granite4_vision_text", defaults={"rope_theta": 10000.0}, source="transformers/models/granite4_vision/"),
+    _family("granite4_vision", text_config="granite4_vision_text", base="model.language_model",
+            sizes_config="text_config"),
+    # Apertus 1.5: Apertus's text model (llama3 x8 over 8192, theta 1.2e7 without a rope dict)
+    _family("apertus1p5_text", defaults={"rope_theta": 12_000_000.0}, prepare=apertus_prepare,
+            source="transformers/models/apertus1p5/"),
+    _family("apertus1p5", text_config="apertus1p5_text", base="model.language_model", sizes_config="text_config"),
+    # GPT-NeoX Japanese: GPT-NeoX's spelling (rotary_emb_base, rotary_pct), the whole head rotated by default
+    _family("gpt_neox_japanese", defaults={"rotary_pct": 1.0}, encoding=gpt_neox_rope, attention="attention"),
     # GLM-4.1V / GLM-4.6V / GLM-OCR: chunked M-RoPE, interleaved pairs; GLM-4.5V (MoE): the same, half-split
     _family("glm4v_text", layout="interleaved", defaults={"rope_theta": 10000.0}, encoding=glm4v_rope,
             source="transformers/models/glm4v/"),
@@ -1344,6 +1361,15 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("glm_moe_dsa", layout="interleaved", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64},
             layer_types=indexed_layer_types, span=indexed_span, encoding=deepseek_v2_rope, prepare=dsa_check, tables="deinterleaved_cos_sin",
             head_dim="qk_head_dim"),
+    # A.X K1: DeepSeek-V3's MLA (rope_interleave, default true); A.X K2: DeepSeek-V3.2's MLA and indexer
+    _family("axk1", layout="interleaved", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64, "rope_interleave": True},
+            encoding=deepseek_rope, prepare=deepseek_check, interleaved_key="rope_interleave",
+            interleaved_tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
+    _family("axk2", layout="interleaved", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 32},
+            layer_types=indexed_layer_types, span=indexed_span, encoding=deepseek_v2_rope, prepare=dsa_check,
+            tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
+    # Hy V3 (Hunyuan 3): Llama's RoPE, theta 11158840 and head_dim 128 by default
+    _family("hy_v3", defaults={"rope_theta": 11_158_840.0, "head_dim": 128}),
     _family("cohere2_moe", layout="interleaved",
             defaults={"rope_theta": 10000.0, "head_dim": 128, "sliding_window": 4096, "sliding_window_pattern": 4,
                       "prefix_dense_sliding_window_pattern": 1},
