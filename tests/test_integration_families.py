@@ -44,8 +44,8 @@ def uniform(make, n):
     return lambda config: PositionPlan(tuple(LayerPlan(make()) for _ in range(n)))
 
 
-def by_type(make):
-    return lambda config: PositionPlan(tuple(LayerPlan(make(t), layer_type=t) for t in config.layer_types))
+def by_type(make, sinks=False):
+    return lambda config: PositionPlan(tuple(LayerPlan(make(t), layer_type=t, sinks=sinks) for t in config.layer_types))
 
 
 def by_flags(make, nope=lambda: None):  # no_rope_layers: 1 = RoPE, 0 = NoPE (SmolLM3, Llama 4)
@@ -460,6 +460,17 @@ FAMILIES = {
     "hy_v3": (T.HYV3Config, T.HYV3ForCausalLM,
               dict(SMALL, num_hidden_layers=2, head_dim=16, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32),
               uniform(lambda: rope(11_158_840.0), 2), "sdpa"),  # the class's theta
+    # Flint: gpt-oss's sinks, RoPE on the sliding layers only (layers 0, 1 and the last full, NoPE)
+    "flint": (T.FlintConfig, T.FlintForCausalLM,
+              dict(SMALL, num_hidden_layers=3, head_dim=16, sliding_window=8, num_local_experts=2, num_experts_per_tok=1,
+                   moe_intermediate_size=32, layer_types=["full_attention", "sliding_attention", "full_attention"],
+                   rope_parameters={"rope_type": "default", "rope_theta": 1e5}),
+              by_type(lambda t: rope(1e5) if t == "sliding_attention" else None, sinks=True), "eager"),
+    # Dory: 1 input, 2 recurrent (run twice), 1 output layer; theta 1e4 sliding, 1e7 full, RoPE on all
+    "dory": (T.DoryConfig, T.DoryForCausalLM,
+             dict(SMALL, num_hidden_layers=4, head_dim=16, sliding_window=8, n_input_layers=1, n_output_layers=1,
+                  n_recurrent_loops=2, initializer_range=0.2),  # its q/k scales: head_dim**0.5 / initializer_range
+             by_type(lambda t: rope(1e4) if t == "sliding_attention" else rope(1e7)), "sdpa"),
     # InternLM3 and EXAONE 3: configs of their own, built as Llama
     "internlm3": (T.InternLM3Config, T.LlamaForCausalLM,
                   dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 5e7}),
@@ -547,6 +558,7 @@ MEASURED = {
     "hyperclovax": (4.17e-07, 4.17e-07), "iquestcoder": (2.68e-07, 4.77e-07), "jais2": (3.58e-07, 4.77e-07),
     "flex_olmo": (4.17e-07, 5.96e-07), "aria_text": (3.73e-07, 5.36e-07), "gpt_neox_japanese": (4.17e-07, 0.0),
     "axk1": (4.17e-07, 4.77e-07), "axk2": (2.98e-07, 2.68e-07), "hy_v3": (3.58e-07, 4.77e-07),
+    "flint": (4.77e-07, 0.0), "dory": (3.58e-07, 3.28e-07),
 }
 
 
@@ -899,7 +911,8 @@ EXTEND_REFUSED = {"gemma3_text": "already scaled", "gpt_oss": "already scaled", 
                   "cwm": "already scaled",  # CwmConfig's llama3 x16
                   # one theta per layer (layer_rope_theta, with a NoPE layer): extension_plan reads one RoPE
                   "granite_swa": "RoPEs differ",
-                  "codegen": "does not read a RoPE scaling.*create_sinusoidal_positions"}
+                  "codegen": "does not read a RoPE scaling.*create_sinusoidal_positions",
+                  "dory": "name the ones to scale"}  # a rope dict per layer type, as Gemma 4
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -266,6 +266,15 @@ CASES = [
     ("axk2", "axk2", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16, q_lora_rank=32,
                           n_routed_experts=4, num_experts_per_tok=2, index_head_dim=16, index_n_heads=2, rope_theta=1e6)),
     ("hy_v3", "hy_v3", dict(SMALL, num_experts=4)),  # the class's theta 11158840 and head_dim 128
+    ("flint", "flint", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=16, num_local_experts=4,
+                            rope_theta=1e5)),
+    ("dory", "dory", dict(SMALL, num_hidden_layers=4, head_dim=16, sliding_window=16, n_input_layers=1, n_output_layers=1)),
+    # Dory's released spelling: (attention, mlp) pairs, every size doubled
+    ("dory-pairs", "dory", dict(SMALL, num_hidden_layers=8, head_dim=16, sliding_window=16, n_input_layers=2,
+                                n_output_layers=2, layer_types=["sliding_attention", "mlp", "full_attention", "mlp"] * 2,
+                                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 5e4},
+                                                 "full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                                    "rope_theta": 1e6}})),
     ("cohere2_moe-prefix", "cohere2_moe", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=16,
                                                first_k_dense_replace=2, prefix_dense_sliding_window_pattern=2,
                                                sliding_window_pattern=2, num_experts=4)),
@@ -285,7 +294,7 @@ ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe"
 #: families whose rotary tables lie interleaved (repeat_interleave) in transformers
 HF_INTERLEAVED_TABLES = {"cohere", "cohere2", "cohere2_moe", "glm4v_text", "glm_ocr_text"}
 #: families with learned attention sinks (the plan's layers say so)
-SINKS = {"gpt_oss", "granite_swa", "granitemoe_swa"}
+SINKS = {"gpt_oss", "granite_swa", "granitemoe_swa", "flint"}
 #: families whose rotary tables differ per layer: theta layer_rope_theta[i], one table per theta (GraniteSWAModel)
 LAYER_THETAS = {"granite_swa", "granitemoe_swa"}
 
@@ -342,7 +351,7 @@ def hf_uses_rope(model_type, hf, index):
         return hf.layer_types[index] == "full_attention" and hf.position_embedding_type == "rope"
     if model_type in ("exaone4", "exaone_moe"):  # "global NoPE" (Exaone4Attention.forward)
         return hf.sliding_window is None or hf.layer_types[index] == "sliding_attention"
-    if model_type == "afmoe":  # AfmoeAttention: RoPE on the local layers only
+    if model_type in ("afmoe", "flint"):  # AfmoeAttention, FlintAttention: RoPE on the local layers only
         return hf.layer_types[index] == "sliding_attention"
     if model_type == "cohere2_moe":  # Cohere2MoeAttention: a window, or force_rope on the dense prefix
         sliding = hf.layer_types[index] == "sliding_attention" and hf.sliding_window is not None
@@ -631,6 +640,9 @@ def test_mrope_type_accepted_and_written_back():
           rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0}), "partial_rotary_factor"),
     # LFM2-MoE has no default schedule (LFM2's full_attn_idxs fallback is not its class's)
     (dict(SMALL, model_type="lfm2_moe", num_experts=4), "layer_types"),
+    # DeepSeek-V4's compressed attention branches, refused by name
+    (dict(SMALL, model_type="deepseek_v4"), "compressed"),
+    (dict(SMALL, model_type="dory", layer_types=["sliding_attention", "mlp", "mlp", "full_attention"]), "layer_types"),
 ])
 def test_refusals_name_the_key(config, key):
     with pytest.raises((MissingKey, InvalidArgument), match=key):

@@ -971,6 +971,43 @@ def glm4v_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEnco
     return multiaxis_rope(r, [8, 12, 12], mrope_interleaved=False, interleaved=r.family.interleaved)
 
 
+def refused_family(reason: str) -> Callable[[Mapping[str, Any]], PositionPlan]:
+    """A whole-plan reader that refuses every config of the family, naming the positional feature
+    posenc does not model (``reason``), as :func:`position_plan`'s InvalidArgument."""
+    def refuse(config: Mapping[str, Any]) -> PositionPlan:
+        raise InvalidArgument(f"config ({config.get('model_type')}): {reason}; posenc does not read it")
+    return refuse
+
+
+def flint_layer_types(r: Reading) -> list[str]:
+    """Flint (``FlintConfig.__post_init__``): the config's layer_types, else full attention on the
+    first two layers, every layer i with i % 4 == 1 and the last layer, sliding elsewhere."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    n = r.positive_int("num_hidden_layers")
+    return ["full_attention" if i < 2 or i % 4 == 1 or i == n - 1 else "sliding_attention" for i in range(n)]
+
+
+def dory_prepare(r: Reading) -> None:
+    """Dory (``DoryConfig.__post_init__``): a config.json (and ``to_dict()``) lists each layer as
+    an attention block and an "mlp" block, which transformers reads as one layer per pair
+    (layer_types[::2], num_hidden_layers // 2); without a rope dict, one per layer type, theta
+    1e4 on the sliding layers and 1e7 on the full ones."""
+    types = r.cfg.get("layer_types")
+    if isinstance(types, (list, tuple)) and "mlp" in types:
+        attention = list(types[::2])
+        if len(types) % 2 or any(t != "mlp" for t in types[1::2]) or "mlp" in attention:
+            raise InvalidArgument(f"config['layer_types'] must alternate an attention type and 'mlp' (Dory's released "
+                                  f"spelling) or list attention types only, got {types!r:.120}")
+        r.cfg["layer_types"] = attention
+        r.cfg["num_hidden_layers"] = r.positive_int("num_hidden_layers") // 2
+        r.note("layer_types lists (attention, mlp) pairs: one layer per pair, as DoryConfig reads it")
+    if rope_dict_of(r)[0] is None:
+        thetas = {"sliding_attention": 10_000.0, "full_attention": 10_000_000.0}
+        r.cfg["rope_parameters"] = {kind: {"rope_type": "default", "rope_theta": theta} for kind, theta in thetas.items()}
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -1370,6 +1407,24 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
     # Hy V3 (Hunyuan 3): Llama's RoPE, theta 11158840 and head_dim 128 by default
     _family("hy_v3", defaults={"rope_theta": 11_158_840.0, "head_dim": 128}),
+    # DeepSeek-V4: compressed KV branches with their own RoPE at compressed positions: refused by name
+    _family("deepseek_v4", reader=refused_family(
+        "DeepSeek-V4's attention layers (layer_types sliding_attention, compressed_sparse_attention, "
+        "heavily_compressed_attention) merge a sliding-window branch with compressed key/value branches "
+        "(compress_rates) rotated at compressed positions by a RoPE of their own (compress_rope_theta, the rope "
+        "dict's 'compress' entry); no posenc encoding models compressed-position attention"),
+        rotary=None),
+    # Flint: gpt-oss's sinks; RoPE on the sliding layers only, the full layers NoPE
+    _family("flint", defaults={"rope_theta": 10000.0, "head_dim": 128, "sliding_window": 513},
+            layer_types=flint_layer_types, encoding=sliding_layers_rope, sinks="sinks"),
+    # Dory: a rope dict per layer type (1e4 sliding, 1e7 full), RoPE on every layer; its recurrent
+    # block runs its layers n_recurrent_loops times at the same positions; its layers are not handed
+    # position_ids (the tables' positions are the rotary module's input)
+    _family("dory", defaults={"head_dim": 256, "sliding_window": 1024},
+            layer_types=lambda r: r.explicit_layer_types() or [
+                "full_attention" if (i + 1) % 4 == 0 else "sliding_attention"
+                for i in range(r.positive_int("num_hidden_layers"))],
+            prepare=dory_prepare, rotary_positions=True),
     _family("cohere2_moe", layout="interleaved",
             defaults={"rope_theta": 10000.0, "head_dim": 128, "sliding_window": 4096, "sliding_window_pattern": 4,
                       "prefix_dense_sliding_window_pattern": 1},
