@@ -275,6 +275,11 @@ CASES = [
                                 rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 5e4},
                                                  "full_attention": {"rope_type": "linear", "factor": 4.0,
                                                                     "rope_theta": 1e6}})),
+    ("glmga-nested", "glmga", {"text_config": dict(SMALL, model_type="glm4v_text", head_dim=32, rope_parameters={
+        "rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5, "mrope_section": [2, 3, 3]})}),
+    ("granite_docling-nested", "granite_docling", {"text_config": dict(SMALL, model_type="granite_docling_text",
+                                                                       rope_theta=1e5),
+                                                   "vision_config": {"out_hidden_size": 64}}),
     ("cohere2_moe-prefix", "cohere2_moe", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=16,
                                                first_k_dense_replace=2, prefix_dense_sliding_window_pattern=2,
                                                sliding_window_pattern=2, num_experts=4)),
@@ -640,7 +645,8 @@ def test_mrope_type_accepted_and_written_back():
           rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0}), "partial_rotary_factor"),
     # LFM2-MoE has no default schedule (LFM2's full_attn_idxs fallback is not its class's)
     (dict(SMALL, model_type="lfm2_moe", num_experts=4), "layer_types"),
-    # DeepSeek-V4's compressed attention branches, refused by name
+    # DeepSeek-V4's compressed attention branches, DiffusionGemma's bidirectional canvas: refused by name
+    (dict(model_type="diffusion_gemma", text_config=dict(SMALL)), "bidirectionally"),
     (dict(SMALL, model_type="deepseek_v4"), "compressed"),
     (dict(SMALL, model_type="dory", layer_types=["sliding_attention", "mlp", "mlp", "full_attention"]), "layer_types"),
 ])

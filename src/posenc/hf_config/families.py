@@ -1338,6 +1338,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             source="transformers/models/glm4v/"),
     _family("glm4v", text_config="glm4v_text", **_QWEN_VL_MODULES),
     _family("glm46v", text_config="glm4v_text", **_QWEN_VL_MODULES),
+    _family("glmga", text_config="glm4v_text", **_QWEN_VL_MODULES),
     _family("glm_ocr_text", layout="interleaved", defaults={"rope_theta": 10000.0}, encoding=glm4v_rope,
             source="transformers/models/glm_ocr/"),
     _family("glm_ocr", text_config="glm_ocr_text", **_QWEN_VL_MODULES),
@@ -1414,6 +1415,13 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
         "(compress_rates) rotated at compressed positions by a RoPE of their own (compress_rope_theta, the rope "
         "dict's 'compress' entry); no posenc encoding models compressed-position attention"),
         rotary=None),
+    # Granite Docling: a Granite-like text model (Llama's RoPE) at model.text_model
+    _family("granite_docling_text", defaults={"rope_theta": 10000.0}, source="transformers/models/granite_docling/"),
+    _family("granite_docling", text_config="granite_docling_text", base="model.text_model", sizes_config="text_config"),
+    # DiffusionGemma: a block-diffusion model (it denoises a canvas of tokens, not a causal decoder)
+    _family("diffusion_gemma", reader=refused_family(
+        "DiffusionGemma denoises a canvas of tokens (DiffusionGemmaForBlockDiffusion: its decoder attends "
+        "bidirectionally over the canvas and the encoder's cached prompt), not a causal decoder"), rotary=None),
     # Flint: gpt-oss's sinks; RoPE on the sliding layers only, the full layers NoPE
     _family("flint", defaults={"rope_theta": 10000.0, "head_dim": 128, "sliding_window": 513},
             layer_types=flint_layer_types, encoding=sliding_layers_rope, sinks="sinks"),
