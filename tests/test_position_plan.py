@@ -647,6 +647,9 @@ def test_mrope_type_accepted_and_written_back():
     (dict(SMALL, model_type="lfm2_moe", num_experts=4), "layer_types"),
     # DeepSeek-V4's compressed attention branches, DiffusionGemma's bidirectional canvas: refused by name
     (dict(model_type="diffusion_gemma", text_config=dict(SMALL)), "bidirectionally"),
+    (dict(model_type="hunyuan_vl", text_config=dict(SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                                            "mrope_section": [4, 4, 4, 4]})), "XD-RoPE"),
+    (dict(model_type="ernie4_5_vl_moe", text_config=dict(SMALL)), "3D RoPE"),
     (dict(SMALL, model_type="deepseek_v4"), "compressed"),
     (dict(SMALL, model_type="dory", layer_types=["sliding_attention", "mlp", "mlp", "full_attention"]), "layer_types"),
 ])

@@ -1422,6 +1422,16 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("diffusion_gemma", reader=refused_family(
         "DiffusionGemma denoises a canvas of tokens (DiffusionGemmaForBlockDiffusion: its decoder attends "
         "bidirectionally over the canvas and the encoder's cached prompt), not a causal decoder"), rotary=None),
+    # Multimodal RoPEs whose axis layout no posenc encoding builds (on text positions both are RoPE)
+    _family("hunyuan_vl", reader=refused_family(
+        "HunYuan-VL's XD-RoPE (HunYuanVLRotaryEmbedding.recomposition_frequencies) assigns the M-RoPE axes over the "
+        "duplicated frequency vector cat(freqs, freqs) in blocks of 2 x mrope_section, so the two halves of a rotary "
+        "pair can take different axes; posenc's MRoPE assigns one axis per pair"), rotary=None),
+    _family("ernie4_5_vl_moe", reader=refused_family(
+        "ERNIE 4.5 VL's 3D RoPE (Ernie4_5_VLMoeTextRotaryEmbedding) alternates the height and width axes pair by pair "
+        "over the first mrope_section[0] + mrope_section[1] pairs and puts time on the last mrope_section[2]; "
+        "posenc's MRoPE lays the axes in sections (Qwen2-VL) or T H W cycles (Qwen3-VL), not that layout"),
+        rotary=None),
     # Flint: gpt-oss's sinks; RoPE on the sliding layers only, the full layers NoPE
     _family("flint", defaults={"rope_theta": 10000.0, "head_dim": 128, "sliding_window": 513},
             layer_types=flint_layer_types, encoding=sliding_layers_rope, sinks="sinks"),
