@@ -280,6 +280,10 @@ CASES = [
     ("granite_docling-nested", "granite_docling", {"text_config": dict(SMALL, model_type="granite_docling_text",
                                                                        rope_theta=1e5),
                                                    "vision_config": {"out_hidden_size": 64}}),
+    ("cosmos3_edge-nested", "cosmos3_edge", {"text_config": dict(SMALL, model_type="cosmos3_edge_text", head_dim=16,
+                                                                 rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                                                                  "mrope_section": [3, 3, 2]}),
+                                             "vision_config": {"out_hidden_size": 64}}),
     ("cohere2_moe-prefix", "cohere2_moe", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=16,
                                                first_k_dense_replace=2, prefix_dense_sliding_window_pattern=2,
                                                sliding_window_pattern=2, num_experts=4)),
@@ -516,7 +520,8 @@ def test_qwen2_vl_mrope_sections_against_transformers():
 
 
 @pytest.mark.parametrize("wrapper, text, head_dim, share", [("qwen3_vl", "qwen3_vl_text", 16, 1.0),
-                                                            ("qwen3_5", "qwen3_5_text", 64, 0.25)])
+                                                            ("qwen3_5", "qwen3_5_text", 64, 0.25),
+                                                            ("cosmos3_edge", "cosmos3_edge_text", 16, 1.0)])
 @pytest.mark.parametrize("section", [[3, 3, 2], [4, 2, 2]])
 def test_qwen3_vl_interleaved_mrope_against_transformers(wrapper, text, head_dim, share, section):
     """Distinct (t, h, w) positions: posenc's interleaved M-RoPE takes each pair's axis as

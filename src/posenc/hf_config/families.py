@@ -1422,6 +1422,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("diffusion_gemma", reader=refused_family(
         "DiffusionGemma denoises a canvas of tokens (DiffusionGemmaForBlockDiffusion: its decoder attends "
         "bidirectionally over the canvas and the encoder's cached prompt), not a causal decoder"), rotary=None),
+    # Cosmos 3 Edge: Qwen3-VL's interleaved M-RoPE (default [24, 20, 20]), theta 1e8, at model.language_model
+    _family("cosmos3_edge_text", defaults={"rope_theta": 100_000_000.0, "head_dim": 128}, encoding=qwen3_vl_rope,
+            source="transformers/models/cosmos3_edge/"),
+    _family("cosmos3_edge", text_config="cosmos3_edge_text", **_QWEN_VL_MODULES),
     # Multimodal RoPEs whose axis layout no posenc encoding builds (on text positions both are RoPE)
     _family("hunyuan_vl", reader=refused_family(
         "HunYuan-VL's XD-RoPE (HunYuanVLRotaryEmbedding.recomposition_frequencies) assigns the M-RoPE axes over the "
