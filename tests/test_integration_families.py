@@ -724,6 +724,57 @@ def test_glm4v_moe_read_plan_reproduces_the_model():
         assert (model(x, position_ids=ids).logits - expected).abs().max() > 1e-3
 
 
+#: Families whose read plan is checked here but not the encodings by name: their decoder layers
+#: take what posenc's own attention route does not serve yet (GLM-4.5V: (3, B, T) position ids;
+#: Hy V4: learned sinks with value heads narrower than the query heads, which the sinks backend refuses;
+#: Bailing hybrid: its linear-attention layers' modules sit where the attention does, as self_attn).
+READ_ONLY = {
+    # Bailing (Ling) hybrid: MLA (interleaved RoPE on qk_rope_head_dim) on layer 1, linear attention on layer 0
+    "bailing_hybrid": (T.BailingHybridConfig, T.BailingHybridForCausalLM,
+                       dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, layer_group_size=2, q_lora_rank=32,
+                            kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_experts=2,
+                            num_experts_per_tok=1, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1,
+                            topk_group=1), "sdpa"),
+    "hy_v4": (T.HYV4Config, T.HYV4ForCausalLM,
+              dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1,
+                   moe_intermediate_size=32, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                   v_head_dim=16, index_head_dim=16, index_n_heads=2), "eager"),
+}
+
+
+@pytest.mark.parametrize("family", list(READ_ONLY))
+def test_read_plan_reproduces_a_read_only_family(family):
+    """use_encoding(model, position_plan(config)) gives the model's own logits and greedy tokens
+    with the cache (Hy V4: MLA with half-split RoPE on qk_rope_head_dim, learned sinks); a plan
+    whose base is off moves the logits."""
+    from posenc.integrations.transformers import position_plan
+
+    config_class, model_class, kwargs, attn = READ_ONLY[family]
+
+    def tiny():
+        config = config_class(**kwargs)
+        config._attn_implementation = attn
+        torch.manual_seed(0)
+        model = model_class(config)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                torch.nn.init.normal_(parameter, std=0.2)
+        return model.eval()
+
+    reference, x = tiny(), tokens()
+    model = use_encoding(tiny(), position_plan(reference.config))
+    with torch.no_grad():
+        expected = reference(x).logits
+        difference = (model(x).logits - expected).abs().max().item()
+        assert difference <= 1e-5, difference
+    prompt = x[:, :8]
+    assert torch.equal(model.generate(prompt, max_new_tokens=6, do_sample=False),
+                       reference.generate(prompt, max_new_tokens=6, do_sample=False))
+    use_encoding(model, wrong(position_plan(reference.config)))
+    with torch.no_grad():
+        assert (model(x).logits - expected).abs().max() > max(1e-3, 100 * difference)
+
+
 @pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
 def test_dsa_indexer_reads_the_plans_rope(family):
     """DeepSeek Sparse Attention: with index_topk 8 of 20 keys the lightning indexer's selection

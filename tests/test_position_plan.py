@@ -284,6 +284,12 @@ CASES = [
                                                                  rope_parameters={"rope_type": "default", "rope_theta": 1e6,
                                                                                   "mrope_section": [3, 3, 2]}),
                                              "vision_config": {"out_hidden_size": 64}}),
+    ("hy_v4", "hy_v4", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16, q_lora_rank=32,
+                            n_routed_experts=4, num_experts_per_tok=2, index_head_dim=16, index_n_heads=2, rope_theta=1e6,
+                            rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})),
+    ("bailing_hybrid", "bailing_hybrid", dict(SMALL, num_hidden_layers=6, layer_group_size=3, qk_rope_head_dim=8,
+                                              qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16, q_lora_rank=32,
+                                              num_experts=4, rope_theta=1e6)),
     ("cohere2_moe-prefix", "cohere2_moe", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=16,
                                                first_k_dense_replace=2, prefix_dense_sliding_window_pattern=2,
                                                sliding_window_pattern=2, num_experts=4)),
@@ -303,7 +309,7 @@ ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe"
 #: families whose rotary tables lie interleaved (repeat_interleave) in transformers
 HF_INTERLEAVED_TABLES = {"cohere", "cohere2", "cohere2_moe", "glm4v_text", "glm_ocr_text"}
 #: families with learned attention sinks (the plan's layers say so)
-SINKS = {"gpt_oss", "granite_swa", "granitemoe_swa", "flint"}
+SINKS = {"gpt_oss", "granite_swa", "granitemoe_swa", "flint", "hy_v4"}
 #: families whose rotary tables differ per layer: theta layer_rope_theta[i], one table per theta (GraniteSWAModel)
 LAYER_THETAS = {"granite_swa", "granitemoe_swa"}
 
@@ -365,6 +371,8 @@ def hf_uses_rope(model_type, hf, index):
     if model_type == "cohere2_moe":  # Cohere2MoeAttention: a window, or force_rope on the dense prefix
         sliding = hf.layer_types[index] == "sliding_attention" and hf.sliding_window is not None
         return sliding or (hf.mlp_layer_types[index] == "dense" and hf.prefix_dense_sliding_window_pattern == 1)
+    if model_type == "bailing_hybrid":  # its linear-attention layers take no positions
+        return hf.layer_types[index] == "full_attention"
     if model_type in LAYER_THETAS:  # theta 0: NoPE
         return bool(hf.layer_rope_theta[index])
     return True
@@ -391,7 +399,7 @@ def hf_tables_and_rotate(model_type, hf, mod, rotary, layer_type, q, k, position
     cos, sin = rotary(x, pos, **kwargs)
     if model_type == "gpt_oss":  # tables of r/2, _apply_rotary_emb halves the head
         return cos[0], sin[0], list(mod.apply_rotary_pos_emb(q, k, cos, sin))
-    if model_type in ("deepseek_v32", "glm_moe_dsa", "axk2"):  # MLA: interleaved pairs always (no rope_interleave)
+    if model_type in ("deepseek_v32", "glm_moe_dsa", "axk2", "bailing_hybrid"):  # MLA: interleaved pairs always (no rope_interleave)
         half = cos.shape[-1] // 2
         return cos[0, :, :half], sin[0, :, :half], list(mod.apply_rotary_pos_emb_interleave(q, k, cos, sin))
     if model_type in ("deepseek_v3", "glm4_moe_lite", "axk1"):

@@ -1008,6 +1008,22 @@ def dory_prepare(r: Reading) -> None:
         r.cfg["rope_parameters"] = {kind: {"rope_type": "default", "rope_theta": theta} for kind, theta in thetas.items()}
 
 
+def group_layer_types(r: Reading) -> list[str]:
+    """Bailing hybrid (``BailingHybridConfig.__post_init__``): the config's layer_types, else every
+    ``layer_group_size``-th layer full attention (MLA), the others linear attention."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    size = r.positive_int("layer_group_size")
+    return ["full_attention" if (i + 1) % size == 0 else "linear_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
+def mla_attention_layers_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """A hybrid's MLA RoPE (over qk_rope_head_dim, :func:`deepseek_v2_rope`) on its softmax-attention
+    layers, None on its linear-attention layers (Bailing hybrid's delta attention takes no positions)."""
+    return None if layer_type in NO_ATTENTION_TYPES else deepseek_v2_rope(r, index, layer_type)
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -1405,6 +1421,15 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             interleaved_tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
     _family("axk2", layout="interleaved", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 32},
             layer_types=indexed_layer_types, span=indexed_span, encoding=deepseek_v2_rope, prepare=dsa_check,
+            tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
+    # Hy V4: MLA with half-split RoPE on qk_rope_head_dim, the DSA indexer (half-split), learned sinks
+    _family("hy_v4", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64},
+            layer_types=indexed_layer_types, span=indexed_span, encoding=deepseek_v2_rope, prepare=dsa_check,
+            head_dim="qk_head_dim", sinks="sinks"),
+    # Bailing (Ling) hybrid: MLA layers (interleaved RoPE on qk_rope_head_dim) among linear-attention layers
+    _family("bailing_hybrid", layout="interleaved",
+            defaults={"rope_theta": 6_000_000.0, "qk_rope_head_dim": 64, "layer_group_size": 6},
+            layer_types=group_layer_types, span=hybrid_span, encoding=mla_attention_layers_rope, prepare=deepseek_check,
             tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
     # Hy V3 (Hunyuan 3): Llama's RoPE, theta 11158840 and head_dim 128 by default
     _family("hy_v3", defaults={"rope_theta": 11_158_840.0, "head_dim": 128}),
