@@ -290,6 +290,10 @@ CASES = [
     ("bailing_hybrid", "bailing_hybrid", dict(SMALL, num_hidden_layers=6, layer_group_size=3, qk_rope_head_dim=8,
                                               qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16, q_lora_rank=32,
                                               num_experts=4, rope_theta=1e6)),
+    ("hyperclovax_vision_v2-nested", "hyperclovax_vision_v2", {"text_config": dict(
+        SMALL, model_type="hyperclovax", head_dim=16, rope_theta=5e6)}),
+    ("deepseek_ocr2-nested", "deepseek_ocr2", {"text_config": dict(SMALL, model_type="deepseek_ocr2_text", rope_theta=1e5,
+                                                                   n_routed_experts=4)}),
     ("cohere2_moe-prefix", "cohere2_moe", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=16,
                                                first_k_dense_replace=2, prefix_dense_sliding_window_pattern=2,
                                                sliding_window_pattern=2, num_experts=4)),

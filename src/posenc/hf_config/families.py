@@ -1451,6 +1451,11 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("cosmos3_edge_text", defaults={"rope_theta": 100_000_000.0, "head_dim": 128}, encoding=qwen3_vl_rope,
             source="transformers/models/cosmos3_edge/"),
     _family("cosmos3_edge", text_config="cosmos3_edge_text", **_QWEN_VL_MODULES),
+    # HyperCLOVA X Vision v2: a HyperCLOVA X decoder (text positions) at model.language_model
+    _family("hyperclovax_vision_v2", text_config="hyperclovax", base="model.language_model", sizes_config="text_config"),
+    # DeepSeek-OCR 2: a DeepSeek-V2-MoE text model with Llama's attention and RoPE (no MLA)
+    _family("deepseek_ocr2_text", defaults={"rope_theta": 10000.0}, source="transformers/models/deepseek_ocr2/"),
+    _family("deepseek_ocr2", text_config="deepseek_ocr2_text", base="model.language_model", sizes_config="text_config"),
     # Multimodal RoPEs whose axis layout no posenc encoding builds (on text positions both are RoPE)
     _family("hunyuan_vl", reader=refused_family(
         "HunYuan-VL's XD-RoPE (HunYuanVLRotaryEmbedding.recomposition_frequencies) assigns the M-RoPE axes over the "
