@@ -1456,6 +1456,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # DeepSeek-OCR 2: a DeepSeek-V2-MoE text model with Llama's attention and RoPE (no MLA)
     _family("deepseek_ocr2_text", defaults={"rope_theta": 10000.0}, source="transformers/models/deepseek_ocr2/"),
     _family("deepseek_ocr2", text_config="deepseek_ocr2_text", base="model.language_model", sizes_config="text_config"),
+    # Gemma 4 Unified: Gemma 4's text model (two rope dicts, global head width), window 1024 by default
+    _family("gemma4_unified_text", **{**_GEMMA4_TEXT, "defaults": {"head_dim": 256, "sliding_window": 1024}},
+            source="transformers/models/gemma4_unified/"),
+    _family("gemma4_unified", text_config="gemma4_unified_text"),
     # Multimodal RoPEs whose axis layout no posenc encoding builds (on text positions both are RoPE)
     _family("hunyuan_vl", reader=refused_family(
         "HunYuan-VL's XD-RoPE (HunYuanVLRotaryEmbedding.recomposition_frequencies) assigns the M-RoPE axes over the "
