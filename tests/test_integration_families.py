@@ -16,6 +16,8 @@ become ``position_plan(config)`` once the reader is merged.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -42,8 +44,8 @@ def uniform(make, n):
     return lambda config: PositionPlan(tuple(LayerPlan(make()) for _ in range(n)))
 
 
-def by_type(make):
-    return lambda config: PositionPlan(tuple(LayerPlan(make(t), layer_type=t) for t in config.layer_types))
+def by_type(make, sinks=False):
+    return lambda config: PositionPlan(tuple(LayerPlan(make(t), layer_type=t, sinks=sinks) for t in config.layer_types))
 
 
 def by_flags(make, nope=lambda: None):  # no_rope_layers: 1 = RoPE, 0 = NoPE (SmolLM3, Llama 4)
@@ -56,6 +58,17 @@ VISION = dict(depth=1, embed_dim=16, hidden_size=16, num_heads=2, out_hidden_siz
 
 QWEN3_VISION = dict(depth=1, hidden_size=16, num_heads=2, out_hidden_size=64, intermediate_size=16, patch_size=2,
                     spatial_merge_size=1, temporal_patch_size=1, num_position_embeddings=16, deepstack_visual_indexes=[])
+
+GLM4V_VISION = dict(depth=1, hidden_size=16, num_heads=2, out_hidden_size=64, intermediate_size=16, patch_size=2,
+                    spatial_merge_size=1, temporal_patch_size=1)
+
+#: GLM-4.5V (MoE), tiny: 2 layers, half of each 16-wide head rotated, M-RoPE sections [1, 2, 1]
+GLM4V_MOE = dict(
+    text_config=dict(SMALL, num_hidden_layers=2, head_dim=16, n_routed_experts=2, num_experts_per_tok=1,
+                     moe_intermediate_size=32, first_k_dense_replace=1, rope_parameters={
+                         "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5,
+                         "mrope_section": [1, 2, 1]}),
+    vision_config=GLM4V_VISION)
 
 PIXTRAL = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, head_dim=8, image_size=16,
                patch_size=4)
@@ -382,6 +395,131 @@ FAMILIES = {
                           hidden_size_per_layer_input=16, vocab_size_per_layer_input=V, laurel_rank=8,
                           activation_sparsity_pattern=[0.0] * 10, rope_theta=1e6, rope_local_base_freq=1e4),
                      by_type(lambda t: rope(1e4) if t == "sliding_attention" else rope(1e6)), "sdpa"),
+    # -- issue 34, list A
+    # DeepSeek-V3.2 / GLM-5: MLA (interleaved RoPE on qk_rope_head_dim) and the lightning indexer (its
+    # index_topk 2048 keeps every key here; test_dsa_indexer_reads_the_plans_rope makes it select)
+    "deepseek_v32": (T.DeepseekV32Config, T.DeepseekV32ForCausalLM,
+                     dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1,
+                          n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32,
+                          kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, index_head_dim=16,
+                          index_n_heads=2),
+                     uniform(lambda: posenc.RoPE(8, interleaved=True), 2), "sdpa"),
+    "glm_moe_dsa": (T.GlmMoeDsaConfig, T.GlmMoeDsaForCausalLM,
+                    dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1,
+                         n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32,
+                         kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, index_head_dim=16,
+                         index_n_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                    uniform(lambda: posenc.RoPE(8, base=1e6, interleaved=True), 2), "sdpa"),
+    # CodeGen: GPT-J's interleaved rotary on the first rotary_dim dimensions (mp_num 4 splits of the qkv)
+    "codegen": (T.CodeGenConfig, T.CodeGenForCausalLM,
+                dict(vocab_size=V, n_embd=64, n_head=4, n_layer=2, n_positions=64, n_ctx=64, rotary_dim=8, pad_token_id=0,
+                     bos_token_id=1, eos_token_id=2),
+                uniform(lambda: rope(rotary_dim=8, interleaved=True), 2), "sdpa"),
+    # GLM-4.1V: chunked M-RoPE over half the head, pairs interleaved (GLM-4.5V: test_glm4v_moe_read_plan_...)
+    "glm4v": (T.Glm4vConfig, T.Glm4vForConditionalGeneration, dict(
+        text_config=dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={
+            "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5, "mrope_section": [1, 2, 1]}),
+        vision_config=GLM4V_VISION),
+        uniform(lambda: posenc.MRoPE(16, mrope_section=[1, 2, 1], rotary_dim=8, interleaved=True), 2), "sdpa"),
+    # Doge: Llama's RoPE, every layer sliding (its dynamic mask selects keys only past keep_window_size 2048)
+    "doge": (T.DogeConfig, T.DogeForCausalLM,
+             dict(SMALL, num_hidden_layers=2, sliding_window=16,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+             uniform(rope, 2), "sdpa"),
+    # Llama's RoPE in families of their own (HyperCLOVA X with Granite's multipliers)
+    "hyperclovax": (T.HyperCLOVAXConfig, T.HyperCLOVAXForCausalLM,
+                    dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 5e7}),
+                    uniform(lambda: rope(5e7), 2), "sdpa"),
+    "iquestcoder": (T.IQuestCoderConfig, T.LlamaForCausalLM, dict(SMALL, num_hidden_layers=2, head_dim=16),
+                    uniform(rope, 2), "sdpa"),
+    "jais2": (T.Jais2Config, T.Jais2ForCausalLM,
+              dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+              uniform(lambda: rope(1e6), 2), "sdpa"),
+    "flex_olmo": (T.FlexOlmoConfig, T.FlexOlmoForCausalLM,
+                  dict(SMALL, num_hidden_layers=2, num_experts=2, num_experts_per_tok=1),  # the class's theta 5e5
+                  uniform(lambda: rope(5e5), 2), "sdpa"),
+    "aria_text": (T.AriaTextConfig, T.AriaTextForCausalLM,
+                  dict(SMALL, num_hidden_layers=2, moe_num_experts=2, moe_topk=1, moe_intermediate_size=32,
+                       rope_parameters={"rope_type": "default", "rope_theta": 5e6}),
+                  uniform(lambda: rope(5e6), 2), "sdpa"),
+    # GPT-NeoX Japanese: rotary_emb_base and rotary_pct (1 by default: the whole head)
+    "gpt_neox_japanese": (T.GPTNeoXJapaneseConfig, T.GPTNeoXJapaneseForCausalLM,
+                          dict(COMMON, intermediate_multiple_size=2, num_hidden_layers=2, rotary_emb_base=5e5),
+                          uniform(lambda: rope(5e5), 2), "eager"),  # transformers refuses sdpa for it
+    # A.X K1: DeepSeek-V3's MLA; A.X K2: DeepSeek-V3.2's (index_topk 2048 keeps every key here)
+    "axk1": (T.AXK1Config, T.AXK1ForCausalLM,
+             dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1, n_group=1,
+                  topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                  qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16),
+             uniform(lambda: posenc.RoPE(8, interleaved=True), 2), "sdpa"),
+    "axk2": (T.AXK2Config, T.AXK2ForCausalLM,
+             dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1, n_group=1,
+                  topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                  qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, index_head_dim=16, index_n_heads=2),
+             uniform(lambda: posenc.RoPE(8, interleaved=True), 2), "sdpa"),
+    "hy_v3": (T.HYV3Config, T.HYV3ForCausalLM,
+              dict(SMALL, num_hidden_layers=2, head_dim=16, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32),
+              uniform(lambda: rope(11_158_840.0), 2), "sdpa"),  # the class's theta
+    # Flint: gpt-oss's sinks, RoPE on the sliding layers only (layers 0, 1 and the last full, NoPE)
+    "flint": (T.FlintConfig, T.FlintForCausalLM,
+              dict(SMALL, num_hidden_layers=3, head_dim=16, sliding_window=8, num_local_experts=2, num_experts_per_tok=1,
+                   moe_intermediate_size=32, layer_types=["full_attention", "sliding_attention", "full_attention"],
+                   rope_parameters={"rope_type": "default", "rope_theta": 1e5}),
+              by_type(lambda t: rope(1e5) if t == "sliding_attention" else None, sinks=True), "eager"),
+    # Dory: 1 input, 2 recurrent (run twice), 1 output layer; theta 1e4 sliding, 1e7 full, RoPE on all
+    "dory": (T.DoryConfig, T.DoryForCausalLM,
+             dict(SMALL, num_hidden_layers=4, head_dim=16, sliding_window=8, n_input_layers=1, n_output_layers=1,
+                  n_recurrent_loops=2, initializer_range=0.2),  # its q/k scales: head_dim**0.5 / initializer_range
+             by_type(lambda t: rope(1e4) if t == "sliding_attention" else rope(1e7)), "sdpa"),
+    # InternLM3 and EXAONE 3: configs of their own, built as Llama
+    "internlm3": (T.InternLM3Config, T.LlamaForCausalLM,
+                  dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 5e7}),
+                  uniform(lambda: rope(5e7), 2), "sdpa"),
+    "exaone": (T.ExaoneConfig, T.LlamaForCausalLM, dict(SMALL, num_layers=2),  # the class's theta 5e5
+               uniform(lambda: rope(5e5), 2), "sdpa"),
+    # JetMoE: heads of kv_channels, num_key_value_heads x num_experts_per_tok query heads
+    "jetmoe": (T.JetMoeConfig, T.JetMoeForCausalLM,
+               dict(COMMON, intermediate_size=32, num_hidden_layers=2, num_key_value_heads=2, kv_channels=16,
+                    num_local_experts=2, num_experts_per_tok=2), uniform(rope, 2), "sdpa"),
+    "bitnet": (T.BitNetConfig, T.BitNetForCausalLM, dict(SMALL, num_hidden_layers=2),  # the class's theta 5e5
+               uniform(lambda: rope(5e5), 2), "sdpa"),
+    "diffllama": (T.DiffLlamaConfig, T.DiffLlamaForCausalLM,
+                  dict(SMALL, num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 1e5}),
+                  uniform(lambda: rope(1e5), 2), "sdpa"),
+    # CWM: 1 full layer then 3 sliding, the class's llama3 x16 RoPE over 8192 on all
+    "cwm": (T.CwmConfig, T.CwmForCausalLM, dict(SMALL, num_hidden_layers=4, head_dim=16, sliding_window=8),
+            by_type(lambda t: rope(1e6, scaling={"rope_type": "llama3", "factor": 16.0, "high_freq_factor": 4.0,
+                                                 "low_freq_factor": 1.0, "original_max_position_embeddings": 8192})),
+            "sdpa"),
+    # Granite SWA: theta per layer (0: NoPE) and learned sinks; transformers refuses sdpa
+    "granite_swa": (T.GraniteSWAConfig, T.GraniteSWAForCausalLM,
+                    dict(SMALL, num_hidden_layers=4, sliding_window=8, attention_multiplier=0.125,
+                         layer_rope_theta=[1e4, 0, 5e5, 1e4]),
+                    lambda config: PositionPlan(tuple(LayerPlan(rope(theta) if theta else None, sinks=True)
+                                                      for theta in config.layer_rope_theta)), "eager"),
+    "granitemoe_swa": (T.GraniteMoeSWAConfig, T.GraniteMoeSWAForCausalLM,
+                       dict(SMALL, num_hidden_layers=2, sliding_window=8, attention_multiplier=0.125, num_local_experts=2,
+                            num_experts_per_tok=1, layer_rope_theta=[0, 1e5]),
+                       lambda config: PositionPlan((LayerPlan(None, sinks=True), LayerPlan(rope(1e5), sinks=True))),
+                       "eager"),
+    # AFMoE and EXAONE MoE: RoPE on the sliding layers, the full layers NoPE
+    "afmoe": (T.AfmoeConfig, T.AfmoeForCausalLM,
+              dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8, global_attn_every_n_layers=2, num_experts=2,
+                   num_experts_per_tok=1, moe_intermediate_size=32, num_dense_layers=1),
+              by_type(lambda t: rope() if t == "sliding_attention" else None), "sdpa"),
+    "exaone_moe": (T.ExaoneMoeConfig, T.ExaoneMoeForCausalLM,
+                   dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8, sliding_window_pattern=2, num_experts=2,
+                        num_experts_per_tok=1, moe_intermediate_size=32, first_k_dense_replace=1,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                   by_type(lambda t: rope(1e6) if t == "sliding_attention" else None), "sdpa"),
+    # Cohere2-MoE: interleaved RoPE on the sliding layers and on the dense first layer (force_rope)
+    "cohere2_moe": (T.Cohere2MoeConfig, T.Cohere2MoeForCausalLM,
+                    dict(SMALL, num_hidden_layers=3, head_dim=16, sliding_window=8, sliding_window_pattern=2,
+                         first_k_dense_replace=1, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
+                         rope_parameters={"rope_type": "default", "rope_theta": 5e4}),
+                    lambda config: PositionPlan(tuple(
+                        LayerPlan(rope(5e4, interleaved=True) if i == 0 or t == "sliding_attention" else None)
+                        for i, t in enumerate(config.layer_types))), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -411,6 +549,16 @@ MEASURED = {
     "mllama_text_model": (2.98e-07, 3.58e-07), "lfm2_moe": (2.38e-07, 4.17e-07), "glm4_moe_lite": (2.98e-07, 2.38e-07),
     "qwen3_vl_moe": (3.58e-07, 2.98e-07), "qwen3_5": (1.43e-06, 1.43e-06), "cosmos3_omni": (2.98e-07, 3.28e-07),
     "gemma3n_text": (9.54e-07, 6.3e-07),
+    "internlm3": (2.38e-07, 3.58e-07), "exaone": (3.28e-07, 3.28e-07), "jetmoe": (2.98e-07, 2.98e-07),
+    "bitnet": (4.17e-07, 5.36e-07), "diffllama": (3.87e-07, 3.58e-07), "cwm": (3.87e-07, 4.17e-07),
+    "granite_swa": (4.17e-07, 0.0), "granitemoe_swa": (2.98e-07, 0.0), "afmoe": (4.77e-07, 4.77e-07),
+    "exaone_moe": (2.98e-07, 3.91e-07), "cohere2_moe": (1.86e-08, 2.61e-08),
+    "deepseek_v32": (3.58e-07, 4.17e-07), "glm_moe_dsa": (3.58e-07, 3.58e-07), "codegen": (3.58e-07, 4.77e-07),
+    "glm4v": (4.77e-07, 5.36e-07), "doge": (4.77e-07, 6.41e-07),
+    "hyperclovax": (4.17e-07, 4.17e-07), "iquestcoder": (2.68e-07, 4.77e-07), "jais2": (3.58e-07, 4.77e-07),
+    "flex_olmo": (4.17e-07, 5.96e-07), "aria_text": (3.73e-07, 5.36e-07), "gpt_neox_japanese": (4.17e-07, 0.0),
+    "axk1": (4.17e-07, 4.77e-07), "axk2": (2.98e-07, 2.68e-07), "hy_v3": (3.58e-07, 4.77e-07),
+    "flint": (4.77e-07, 0.0), "dory": (3.58e-07, 3.28e-07),
 }
 
 
@@ -548,6 +696,105 @@ def test_qwen_vl_read_plan_reproduces_image_like_mrope_positions(family):
             use_encoding(model, PositionPlan(tuple(LayerPlan(other) for _ in range(2))))
             assert (model(x, position_ids=positions).logits - expected).abs().max() > max(1e-3, 100 * difference)
         assert (model(x).logits - reference(x).logits).abs().max() <= max(1e-5, 2 * noise)  # text: every axis equal
+
+
+def test_glm4v_moe_read_plan_reproduces_the_model():
+    """GLM-4.5V (MoE): half-split chunked M-RoPE over half the head, read from the config, gives the
+    model's logits on text positions and on (t, h, w) positions whose axes differ; a wrong base
+    moves them. (Its decoder layers are handed the (3, B, T) position ids, which posenc's own
+    attention route does not take yet: the encodings by name are not run on it here.)"""
+    from posenc.integrations.transformers import position_plan
+
+    config = T.Glm4vMoeConfig(**GLM4V_MOE)
+    torch.manual_seed(0)
+    reference = T.Glm4vMoeForConditionalGeneration(config)
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            torch.nn.init.normal_(parameter, std=0.2)
+    reference.eval()
+    ids = posenc.mrope_position_ids([4, (1, 4, 6), 4], spatial_merge_size=1)[:, None].expand(3, 2, -1)
+    x = tokens(length=ids.shape[-1])
+    model = use_encoding(copy.deepcopy(reference), position_plan(reference.config))
+    with torch.no_grad():
+        for positions in (None, ids):
+            expected = reference(x, position_ids=positions).logits
+            difference = (model(x, position_ids=positions).logits - expected).abs().max().item()
+            assert difference <= 1e-5, difference
+        use_encoding(model, wrong(position_plan(reference.config)))
+        assert (model(x, position_ids=ids).logits - expected).abs().max() > 1e-3
+
+
+#: Families whose read plan is checked here but not the encodings by name: their decoder layers
+#: take what posenc's own attention route does not serve yet (GLM-4.5V: (3, B, T) position ids;
+#: Hy V4: learned sinks with value heads narrower than the query heads, which the sinks backend refuses;
+#: Bailing hybrid: its linear-attention layers' modules sit where the attention does, as self_attn).
+READ_ONLY = {
+    # Bailing (Ling) hybrid: MLA (interleaved RoPE on qk_rope_head_dim) on layer 1, linear attention on layer 0
+    "bailing_hybrid": (T.BailingHybridConfig, T.BailingHybridForCausalLM,
+                       dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, layer_group_size=2, q_lora_rank=32,
+                            kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_experts=2,
+                            num_experts_per_tok=1, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1,
+                            topk_group=1), "sdpa"),
+    "hy_v4": (T.HYV4Config, T.HYV4ForCausalLM,
+              dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1,
+                   moe_intermediate_size=32, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                   v_head_dim=16, index_head_dim=16, index_n_heads=2), "eager"),
+}
+
+
+@pytest.mark.parametrize("family", list(READ_ONLY))
+def test_read_plan_reproduces_a_read_only_family(family):
+    """use_encoding(model, position_plan(config)) gives the model's own logits and greedy tokens
+    with the cache (Hy V4: MLA with half-split RoPE on qk_rope_head_dim, learned sinks); a plan
+    whose base is off moves the logits."""
+    from posenc.integrations.transformers import position_plan
+
+    config_class, model_class, kwargs, attn = READ_ONLY[family]
+
+    def tiny():
+        config = config_class(**kwargs)
+        config._attn_implementation = attn
+        torch.manual_seed(0)
+        model = model_class(config)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                torch.nn.init.normal_(parameter, std=0.2)
+        return model.eval()
+
+    reference, x = tiny(), tokens()
+    model = use_encoding(tiny(), position_plan(reference.config))
+    with torch.no_grad():
+        expected = reference(x).logits
+        difference = (model(x).logits - expected).abs().max().item()
+        assert difference <= 1e-5, difference
+    prompt = x[:, :8]
+    assert torch.equal(model.generate(prompt, max_new_tokens=6, do_sample=False),
+                       reference.generate(prompt, max_new_tokens=6, do_sample=False))
+    use_encoding(model, wrong(position_plan(reference.config)))
+    with torch.no_grad():
+        assert (model(x).logits - expected).abs().max() > max(1e-3, 100 * difference)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
+def test_dsa_indexer_reads_the_plans_rope(family):
+    """DeepSeek Sparse Attention: with index_topk 8 of 20 keys the lightning indexer's selection
+    (its own RoPE on the layer's tables: half-split on DeepSeek-V3.2, interleaved on GLM-5) changes
+    the logits; use_encoding(model, position_plan(config)) still gives the model's own, and a
+    plan whose base is off moves them. (transformers' own DSA gives other logits with the cache
+    than without at such a top-k, so generate is not compared here.)"""
+    from posenc.integrations.transformers import position_plan
+
+    reference, keep_all = build(family, index_topk=8), build(family)
+    x = tokens()
+    with torch.no_grad():
+        expected = reference(x).logits
+        assert (keep_all(x).logits - expected).abs().max() > 1e-3  # the indexer selects: the check reaches it
+        noise = (build(family, "eager", index_topk=8)(x).logits - expected).abs().max().item()
+        model = use_encoding(build(family, index_topk=8), position_plan(reference.config))
+        difference = (model(x).logits - expected).abs().max().item()
+        assert difference <= max(1e-5, 2 * noise), (difference, noise)
+        use_encoding(model, wrong(position_plan(reference.config)))
+        assert (model(x).logits - expected).abs().max() > max(1e-3, 100 * difference)
 
 
 #: (b): names on all layers, and on some layers; the families whose layers refuse them are tested below.
@@ -711,7 +958,12 @@ EXTEND_REFUSED = {"gemma3_text": "already scaled", "gpt_oss": "already scaled", 
                   # PhiMoE scales cos / sin by short_mscale / long_mscale, which no posenc encoding computes
                   "phimoe": "short_mscale", "ministral3": "already scaled",
                   # Qwen3.5's text model alone: M-RoPE, which from_hf_config's one-RoPE reading refuses by name
-                  "qwen3_5_text": "its layers are M-RoPE"}
+                  "qwen3_5_text": "its layers are M-RoPE",
+                  "cwm": "already scaled",  # CwmConfig's llama3 x16
+                  # one theta per layer (layer_rope_theta, with a NoPE layer): extension_plan reads one RoPE
+                  "granite_swa": "RoPEs differ",
+                  "codegen": "does not read a RoPE scaling.*create_sinusoidal_positions",
+                  "dory": "name the ones to scale"}  # a rope dict per layer type, as Gemma 4
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

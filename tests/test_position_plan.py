@@ -7,6 +7,7 @@ function (layout-free: a wrong base, layout or width moves them). Refusals name 
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import re
@@ -194,6 +195,116 @@ CASES = [
         SMALL, model_type="gemma3n_text", num_hidden_layers=5, head_dim=16, sliding_window=8, num_kv_shared_layers=0,
         hidden_size_per_layer_input=16, vocab_size_per_layer_input=128, activation_sparsity_pattern=[0.0] * 5,
         rope_scaling={"rope_type": "linear", "factor": 4.0}))),
+    # -- issue 34, list A (shapes of their released config.json, shrunk)
+    ("deepseek_v32", "deepseek_v32", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                          q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                                          index_head_dim=16, index_n_heads=2, index_topk=8,
+                                          rope_scaling={"rope_type": "yarn", "factor": 4.0, "mscale": 1.0,
+                                                        "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
+                                                        "original_max_position_embeddings": 64})),
+    ("glm_moe_dsa", "glm_moe_dsa", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                        q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2, index_head_dim=16,
+                                        index_n_heads=2, index_topk=8, rope_theta=1e6)),
+    ("internlm3", "internlm3", dict(SMALL, head_dim=16, rope_theta=50_000_000.0,
+                                    rope_scaling={"type": "dynamic", "factor": 6.0})),
+    ("internlm3-default-head", "internlm3", dict(SMALL, rope_theta=1e6)),
+    ("exaone", "exaone", dict({k: v for k, v in SMALL.items() if k != "num_hidden_layers"}, num_layers=3,
+                              rope_theta=500000.0, rope_scaling=dict(LLAMA3, factor=8.0))),
+    ("exaone-defaults", "exaone", dict(SMALL)),
+    ("dbrx", "dbrx", {"d_model": 64, "n_heads": 4, "n_layers": 2, "max_seq_len": 256, "vocab_size": 128, "rope_theta": 5e5,
+                      "attn_config": {"kv_n_heads": 2, "rope_theta": 5e5, "clip_qkv": 8}}),
+    ("jetmoe", "jetmoe", dict(SMALL, kv_channels=16, num_experts_per_tok=2, num_local_experts=4, rope_theta=1e4)),
+    ("bitnet", "bitnet", dict(SMALL, rope_theta=500000.0)),
+    ("diffllama", "diffllama", dict(SMALL, head_dim=16, rope_theta=1e5)),
+    ("cwm", "cwm", dict(SMALL, num_hidden_layers=8, head_dim=16, sliding_window=32)),  # the class's llama3 x16
+    ("cwm-types", "cwm", dict(SMALL, head_dim=16, sliding_window=32, layer_types=["full_attention", "sliding_attention"] * 2,
+                              rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    ("granite_swa", "granite_swa", dict(SMALL, num_hidden_layers=5, sliding_window=16, rope_theta=1e6)),
+    ("granite_swa-layer-thetas", "granite_swa", dict(SMALL, sliding_window=16, rope_theta=1e4,
+                                                     layer_rope_theta=[5e5, 1e4, 0, 5e5])),
+    ("granitemoe_swa", "granitemoe_swa", dict(SMALL, sliding_window=16, num_local_experts=4, layer_rope_theta=[0, 1e4, 1e4, 1e5],
+                                              rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    ("afmoe", "afmoe", dict(SMALL, num_hidden_layers=8, head_dim=16, sliding_window=16, global_attn_every_n_layers=4,
+                            num_experts=4, rope_theta=1e4)),
+    ("exaone_moe", "exaone_moe", dict(SMALL, num_hidden_layers=8, head_dim=16, sliding_window=16, sliding_window_pattern=4,
+                                      num_experts=4, rope_theta=1e6, rope_scaling=dict(LLAMA3, factor=16.0))),
+    ("cohere2_moe", "cohere2_moe", dict(SMALL, num_hidden_layers=9, head_dim=16, sliding_window=16, first_k_dense_replace=1,
+                                        sliding_window_pattern=4, num_experts=4, rope_theta=50000.0)),
+    ("codegen", "codegen", {"n_embd": 64, "n_head": 4, "n_layer": 2, "rotary_dim": 8, "n_positions": 256, "n_ctx": 256,
+                            "vocab_size": 128}),
+    ("chameleon", "chameleon", dict(SMALL, rope_theta=10000.0, vocabulary_map={"<image>": 127})),
+    ("emu3-nested", "emu3", {"text_config": dict(SMALL, model_type="emu3_text_model", rope_theta=1e6,
+                                                 rope_scaling={"rope_type": "linear", "factor": 2.0})}),
+    ("emu3-defaults", "emu3", {"text_config": dict(SMALL, model_type="emu3_text_model")}),
+    ("glm4v-nested", "glm4v", {"text_config": dict(SMALL, model_type="glm4v_text", head_dim=32, partial_rotary_factor=0.5,
+                                                   rope_theta=10000.0, rope_scaling={"rope_type": "default",
+                                                                                     "mrope_section": [2, 3, 3]})}),
+    ("glm46v-nested", "glm46v", {"text_config": dict(SMALL, model_type="glm4v_text", head_dim=16, rope_parameters={
+        "rope_type": "default", "rope_theta": 5e5, "mrope_section": [4, 2, 2]})}),
+    ("glm_ocr-nested", "glm_ocr", {"text_config": dict(SMALL, model_type="glm_ocr_text", head_dim=32, rope_parameters={
+        "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5, "mrope_section": [3, 3, 2]})}),
+    ("glm4v_moe-nested", "glm4v_moe", {"text_config": dict(SMALL, model_type="glm4v_moe_text", head_dim=32,
+                                                           n_routed_experts=4, rope_parameters={
+                                                               "rope_type": "default", "rope_theta": 1e6,
+                                                               "mrope_section": [2, 3, 3]})}),  # partial 0.5 by default
+    ("doge", "doge", dict(SMALL, rope_theta=1e4, sliding_window=32, keep_window_size=16)),
+    ("hyperclovax", "hyperclovax", dict(SMALL, head_dim=16, rope_theta=5e7, attention_multiplier=0.0625)),
+    ("iquestcoder", "iquestcoder", dict(SMALL, rope_theta=5e5)),  # the class's head_dim 128
+    ("jais2", "jais2", dict(SMALL, rope_theta=1e6, rope_scaling={"rope_type": "linear", "factor": 4.0})),
+    ("flex_olmo", "flex_olmo", dict(SMALL, num_experts=4)),  # the class's theta 5e5
+    ("aria-nested", "aria", {"text_config": dict(SMALL, model_type="aria_text", rope_theta=5e6)}),
+    ("granite4_vision-nested", "granite4_vision", {"text_config": dict(SMALL, model_type="granite4_vision_text",
+                                                                       rope_theta=1e7)}),
+    ("apertus1p5_text", "apertus1p5_text", dict(SMALL)),  # the class's llama3 x8 over 8192, theta 1.2e7
+    ("apertus1p5-nested", "apertus1p5", {"text_config": dict(SMALL, model_type="apertus1p5_text", vocab_size=270_000,
+                                                             rope_theta=1e6, rope_scaling=LLAMA3)}),
+    ("gpt_neox_japanese", "gpt_neox_japanese", dict(SMALL, rotary_emb_base=10000, rotary_pct=1.0)),
+    ("gpt_neox_japanese-defaults", "gpt_neox_japanese", dict(SMALL, rotary_emb_base=5e5)),  # rotary_pct 1 by default
+    ("axk1", "axk1", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16, q_lora_rank=32,
+                          n_routed_experts=4, num_experts_per_tok=2, rope_theta=1e6)),
+    ("axk1-half-split", "axk1", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                     q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2, rope_interleave=False)),
+    ("axk2", "axk2", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16, q_lora_rank=32,
+                          n_routed_experts=4, num_experts_per_tok=2, index_head_dim=16, index_n_heads=2, rope_theta=1e6)),
+    ("hy_v3", "hy_v3", dict(SMALL, num_experts=4)),  # the class's theta 11158840 and head_dim 128
+    ("flint", "flint", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=16, num_local_experts=4,
+                            rope_theta=1e5)),
+    ("dory", "dory", dict(SMALL, num_hidden_layers=4, head_dim=16, sliding_window=16, n_input_layers=1, n_output_layers=1)),
+    # Dory's released spelling: (attention, mlp) pairs, every size doubled
+    ("dory-pairs", "dory", dict(SMALL, num_hidden_layers=8, head_dim=16, sliding_window=16, n_input_layers=2,
+                                n_output_layers=2, layer_types=["sliding_attention", "mlp", "full_attention", "mlp"] * 2,
+                                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 5e4},
+                                                 "full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                                    "rope_theta": 1e6}})),
+    ("glmga-nested", "glmga", {"text_config": dict(SMALL, model_type="glm4v_text", head_dim=32, rope_parameters={
+        "rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5, "mrope_section": [2, 3, 3]})}),
+    ("granite_docling-nested", "granite_docling", {"text_config": dict(SMALL, model_type="granite_docling_text",
+                                                                       rope_theta=1e5),
+                                                   "vision_config": {"out_hidden_size": 64}}),
+    ("cosmos3_edge-nested", "cosmos3_edge", {"text_config": dict(SMALL, model_type="cosmos3_edge_text", head_dim=16,
+                                                                 rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                                                                  "mrope_section": [3, 3, 2]}),
+                                             "vision_config": {"out_hidden_size": 64}}),
+    ("hy_v4", "hy_v4", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16, q_lora_rank=32,
+                            n_routed_experts=4, num_experts_per_tok=2, index_head_dim=16, index_n_heads=2, rope_theta=1e6,
+                            rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})),
+    ("bailing_hybrid", "bailing_hybrid", dict(SMALL, num_hidden_layers=6, layer_group_size=3, qk_rope_head_dim=8,
+                                              qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16, q_lora_rank=32,
+                                              num_experts=4, rope_theta=1e6)),
+    ("hyperclovax_vision_v2-nested", "hyperclovax_vision_v2", {"text_config": dict(
+        SMALL, model_type="hyperclovax", head_dim=16, rope_theta=5e6)}),
+    ("deepseek_ocr2-nested", "deepseek_ocr2", {"text_config": dict(SMALL, model_type="deepseek_ocr2_text", rope_theta=1e5,
+                                                                   n_routed_experts=4)}),
+    ("gemma4_unified_text", "gemma4_unified_text", dict(SMALL, num_hidden_layers=6, head_dim=16, global_head_dim=32,
+                                                        sliding_window=8, hidden_size_per_layer_input=16,
+                                                        vocab_size_per_layer_input=128)),
+    ("gemma4_unified-nested", "gemma4_unified", {"text_config": dict(SMALL, model_type="gemma4_unified_text",
+                                                                     num_hidden_layers=6, head_dim=16, global_head_dim=32,
+                                                                     hidden_size_per_layer_input=16,
+                                                                     vocab_size_per_layer_input=128)}),
+    ("cohere2_moe-prefix", "cohere2_moe", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=16,
+                                               first_k_dense_replace=2, prefix_dense_sliding_window_pattern=2,
+                                               sliding_window_pattern=2, num_experts=4)),
     ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
     ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
     ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
@@ -206,9 +317,13 @@ CASES = [
 ]
 
 #: families whose attention passes config.sliding_window on every layer (no layer_types)
-ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe", "ministral3", "mistral3"}
+ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe", "ministral3", "mistral3", "doge"}
 #: families whose rotary tables lie interleaved (repeat_interleave) in transformers
-HF_INTERLEAVED_TABLES = {"cohere", "cohere2"}
+HF_INTERLEAVED_TABLES = {"cohere", "cohere2", "cohere2_moe", "glm4v_text", "glm_ocr_text"}
+#: families with learned attention sinks (the plan's layers say so)
+SINKS = {"gpt_oss", "granite_swa", "granitemoe_swa", "flint", "hy_v4"}
+#: families whose rotary tables differ per layer: theta layer_rope_theta[i], one table per theta (GraniteSWAModel)
+LAYER_THETAS = {"granite_swa", "granitemoe_swa"}
 
 
 def hf_text_config(model_type, config):
@@ -220,8 +335,15 @@ def hf_text_config(model_type, config):
 
 def rotary_class(hf):
     family = type(hf).__module__.split(".")[-2]
-    mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-    names = [n for n in dir(mod) if n.endswith("RotaryEmbedding") and "Vision" not in n and "Audio" not in n]
+    try:
+        mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    except ModuleNotFoundError:  # InternLM3, EXAONE 3: configs of their own, built as Llama (the auto mapping)
+        from transformers.models.auto.modeling_auto import (
+            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        )
+        assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[hf.model_type] == "LlamaForCausalLM"
+        mod = importlib.import_module("transformers.models.llama.modeling_llama")
+    names = [n for n in dir(mod) if n.endswith("RotaryEmbedding") and "VisionRotary" not in n and "Audio" not in n]
     assert len(names) == 1, names
     return mod, getattr(mod, names[0])
 
@@ -254,8 +376,17 @@ def hf_uses_rope(model_type, hf, index):
         return hf.layer_types[index] == "full_attention"
     if model_type == "granitemoehybrid":
         return hf.layer_types[index] == "full_attention" and hf.position_embedding_type == "rope"
-    if model_type == "exaone4":  # "global NoPE" (Exaone4Attention.forward)
+    if model_type in ("exaone4", "exaone_moe"):  # "global NoPE" (Exaone4Attention.forward)
         return hf.sliding_window is None or hf.layer_types[index] == "sliding_attention"
+    if model_type in ("afmoe", "flint"):  # AfmoeAttention, FlintAttention: RoPE on the local layers only
+        return hf.layer_types[index] == "sliding_attention"
+    if model_type == "cohere2_moe":  # Cohere2MoeAttention: a window, or force_rope on the dense prefix
+        sliding = hf.layer_types[index] == "sliding_attention" and hf.sliding_window is not None
+        return sliding or (hf.mlp_layer_types[index] == "dense" and hf.prefix_dense_sliding_window_pattern == 1)
+    if model_type == "bailing_hybrid":  # its linear-attention layers take no positions
+        return hf.layer_types[index] == "full_attention"
+    if model_type in LAYER_THETAS:  # theta 0: NoPE
+        return bool(hf.layer_rope_theta[index])
     return True
 
 
@@ -264,7 +395,7 @@ def hf_tables_and_rotate(model_type, hf, mod, rotary, layer_type, q, k, position
     x = q
     pos = positions[None]
     kwargs = {"layer_type": layer_type} if "layer_type" in inspect.signature(rotary.forward).parameters else {}
-    if model_type == "gptj":
+    if model_type in ("gptj", "codegen"):
         sin, cos = rotary(x, pos)
         r = hf.rotary_dim
         bthd = [t.transpose(1, 2) for t in (q, k)]
@@ -280,7 +411,10 @@ def hf_tables_and_rotate(model_type, hf, mod, rotary, layer_type, q, k, position
     cos, sin = rotary(x, pos, **kwargs)
     if model_type == "gpt_oss":  # tables of r/2, _apply_rotary_emb halves the head
         return cos[0], sin[0], list(mod.apply_rotary_pos_emb(q, k, cos, sin))
-    if model_type in ("deepseek_v3", "glm4_moe_lite"):
+    if model_type in ("deepseek_v32", "glm_moe_dsa", "axk2", "bailing_hybrid"):  # MLA: interleaved pairs always (no rope_interleave)
+        half = cos.shape[-1] // 2
+        return cos[0, :, :half], sin[0, :, :half], list(mod.apply_rotary_pos_emb_interleave(q, k, cos, sin))
+    if model_type in ("deepseek_v3", "glm4_moe_lite", "axk1"):
         apply = mod.apply_rotary_pos_emb_interleave if hf.rope_interleave else mod.apply_rotary_pos_emb
         half = cos.shape[-1] // 2
         return cos[0, :, :half], sin[0, :, :half], list(apply(q, k, cos, sin))
@@ -344,7 +478,7 @@ def test_plan_matches_transformers(case, model_type, config):
         if types and model_type not in ALL_SLIDING:
             assert layer.layer_type == types[index]
         assert (layer.span, layer.window) == expected_span(hf.model_type, hf, index), index
-        assert layer.sinks == (hf.model_type == "gpt_oss")
+        assert layer.sinks == (hf.model_type in SINKS)
         assert layer.softcap == (hf.attn_logit_softcapping if hf.model_type in ("gemma2", "vaultgemma") else None)
         if not hf_uses_rope(hf.model_type, hf, index):
             if hf.model_type == "llama4_text" and hf.attn_temperature_tuning:
@@ -354,6 +488,10 @@ def test_plan_matches_transformers(case, model_type, config):
                 assert layer.encoding is None
             continue
         assert isinstance(layer.encoding, (RoPE, MRoPE))
+        if hf.model_type in LAYER_THETAS:  # the layer's own table, as GraniteSWAModel builds it
+            rotary = rotary_cls(copy.deepcopy(hf))
+            rotary.config.rope_parameters = {**hf.rope_parameters, "rope_theta": hf.layer_rope_theta[index]}
+            rotary = rotary_cls(rotary.config)
         worst = max(worst, check_layer(hf.model_type, hf, mod, rotary, layer, positions))
     MEASURED[case] = worst
 
@@ -402,7 +540,8 @@ def test_qwen2_vl_mrope_sections_against_transformers():
 
 
 @pytest.mark.parametrize("wrapper, text, head_dim, share", [("qwen3_vl", "qwen3_vl_text", 16, 1.0),
-                                                            ("qwen3_5", "qwen3_5_text", 64, 0.25)])
+                                                            ("qwen3_5", "qwen3_5_text", 64, 0.25),
+                                                            ("cosmos3_edge", "cosmos3_edge_text", 16, 1.0)])
 @pytest.mark.parametrize("section", [[3, 3, 2], [4, 2, 2]])
 def test_qwen3_vl_interleaved_mrope_against_transformers(wrapper, text, head_dim, share, section):
     """Distinct (t, h, w) positions: posenc's interleaved M-RoPE takes each pair's axis as
@@ -423,6 +562,27 @@ def test_qwen3_vl_interleaved_mrope_against_transformers(wrapper, text, head_dim
     assert float((cos_pe[0, :, :r] - cos[0]).abs().max()) <= TOL and float((sin_pe[0, :, :r] - sin[0]).abs().max()) <= TOL
     chunked = MRoPE(head_dim, mrope_section=section, base=100.0, rotary_dim=r).cos_sin(positions, torch.float32)[0]
     assert float((chunked[0, :, :r] - cos[0]).abs().max()) > 1e-2  # the check can fail
+
+
+@pytest.mark.parametrize("wrapper, text", [("glm4v", "glm4v_text"), ("glm_ocr", "glm_ocr_text"),
+                                           ("glm4v_moe", "glm4v_moe_text")])
+def test_glm4v_mrope_against_transformers(wrapper, text):
+    """Distinct (t, h, w) positions: GLM-4V's M-RoPE (chunked sections over half the head, pairs
+    interleaved on GLM-4.1V / GLM-OCR, half-split on GLM-4.5V) as its text rotary embedding
+    builds the tables; the other pair layout does not give them."""
+    config = {"text_config": dict(SMALL, model_type=text, head_dim=32, num_hidden_layers=2, rope_parameters={
+        "rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 3, 3]})}
+    encoding = position_plan({"model_type": wrapper, **config})[0].encoding
+    assert encoding.mrope_section == [2, 3, 3] and encoding.rotary_dim == 16
+    hf = hf_text_config(wrapper, config)
+    _, cls = rotary_class(hf)
+    positions = torch.stack([torch.arange(12), torch.arange(12) // 3 + 20, torch.arange(12) % 5 + 40])[:, None]
+    cos, sin = cls(hf)(torch.zeros(1), positions)
+    cos_pe, sin_pe = encoding.cos_sin(positions, torch.float32)
+    assert cos.shape[-1] == 16
+    assert float((cos_pe[0, :, :16] - cos[0]).abs().max()) <= TOL and float((sin_pe[0, :, :16] - sin[0]).abs().max()) <= TOL
+    other = MRoPE(32, mrope_section=[2, 3, 3], base=100.0, rotary_dim=16, interleaved=not encoding.interleaved)
+    assert float((other.cos_sin(positions, torch.float32)[0][0, :, :16] - cos[0]).abs().max()) > 1e-2  # the check can fail
 
 
 def test_every_family_in_the_table_is_tested():
@@ -512,6 +672,13 @@ def test_mrope_type_accepted_and_written_back():
           rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0}), "partial_rotary_factor"),
     # LFM2-MoE has no default schedule (LFM2's full_attn_idxs fallback is not its class's)
     (dict(SMALL, model_type="lfm2_moe", num_experts=4), "layer_types"),
+    # DeepSeek-V4's compressed attention branches, DiffusionGemma's bidirectional canvas: refused by name
+    (dict(model_type="diffusion_gemma", text_config=dict(SMALL)), "bidirectionally"),
+    (dict(model_type="hunyuan_vl", text_config=dict(SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                                            "mrope_section": [4, 4, 4, 4]})), "XD-RoPE"),
+    (dict(model_type="ernie4_5_vl_moe", text_config=dict(SMALL)), "3D RoPE"),
+    (dict(SMALL, model_type="deepseek_v4"), "compressed"),
+    (dict(SMALL, model_type="dory", layer_types=["sliding_attention", "mlp", "mlp", "full_attention"]), "layer_types"),
 ])
 def test_refusals_name_the_key(config, key):
     with pytest.raises((MissingKey, InvalidArgument), match=key):

@@ -450,9 +450,11 @@ def qwen3_vl_rope(r: Reading, index: int, layer_type: str | None) -> PositionalE
     return multiaxis_rope(r, [24, 20, 20], mrope_interleaved=True)
 
 
-def multiaxis_rope(r: Reading, default_section: list[int], *, mrope_interleaved: bool) -> MRoPE:
+def multiaxis_rope(r: Reading, default_section: list[int], *, mrope_interleaved: bool,
+                   interleaved: bool = False) -> MRoPE:
     """The family's M-RoPE: ``mrope_section`` from the rope dict (else ``default_section``), base,
-    scaling and rotated share from :func:`~posenc.hf_config.rope.read_hf_config`."""
+    scaling and rotated share from :func:`~posenc.hf_config.rope.read_hf_config`; ``interleaved``:
+    the rotary pairs are (2i, 2i + 1) (GLM-4V), else half-split."""
     def build() -> MRoPE:
         kwargs, layout = read_hf_config(r.cfg)
         section = (layout.get("passthrough") or {}).get("mrope_section", default_section)
@@ -464,7 +466,8 @@ def multiaxis_rope(r: Reading, default_section: list[int], *, mrope_interleaved:
                   if kwargs["partial_rotary_factor"] else None)
         try:
             enc = MRoPE(kwargs["head_dim"], mrope_section=list(section), base=kwargs["base"],
-                        scaling=kwargs["scaling"], rotary_dim=rotary, mrope_interleaved=mrope_interleaved)
+                        scaling=kwargs["scaling"], rotary_dim=rotary, mrope_interleaved=mrope_interleaved,
+                        interleaved=interleaved)
         except InvalidArgument as error:
             raise InvalidArgument(f"config: mrope_section {list(section)}: {error}") from None
         enc.hf_layout = layout
@@ -620,9 +623,9 @@ def exaone4_layer_types(r: Reading) -> list[str]:
     if explicit is not None:
         return explicit
     if r.cfg.get("sliding_window") is None:
-        raise InvalidArgument("config (exaone4): sliding_window is null and there are no layer_types; transformers' "
-                              "Exaone4Config then divides by sliding_window_pattern 0")
-    pattern = config_int(r.cfg, "sliding_window_pattern", where="config (exaone4)")
+        raise InvalidArgument(f"config ({r.family.model_type}): sliding_window is null and there are no layer_types; "
+                              "transformers' config class then divides by sliding_window_pattern 0")
+    pattern = config_int(r.cfg, "sliding_window_pattern", where=f"config ({r.family.model_type})")
     return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(r.positive_int("num_hidden_layers"))]
 
 
@@ -843,6 +846,188 @@ def mllama_layer_types(r: Reading) -> list[str]:
     if not isinstance(indices, (list, tuple)) or not all(isinstance(i, int) for i in indices):
         raise InvalidType(f"config['cross_attention_layers'] must be a list of layer indices, got {indices!r:.60}")
     return ["cross_attention" if i in indices else "full_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
+# -- issue 34, list A: the readers its families need --------------------------------------------
+
+def dbrx_check(r: Reading) -> None:
+    """DBRX (``DbrxConfig``, ``DbrxRotaryEmbedding``): the rotary table is built from the
+    top-level rope dict (theta 10000 by default); the released configs' ``attn_config.rope_theta``
+    is not read by transformers 5.24's rotary module, so the plan follows the top level and says so."""
+    attn = r.cfg.get("attn_config")
+    theta = attn.get("rope_theta") if isinstance(attn, Mapping) else None
+    _, params = rope_dict_of(r)
+    used = params.get("rope_theta", r.cfg.get("rope_theta", 10000.0))
+    if theta is not None and theta != used:
+        r.note(f"config attn_config.rope_theta={theta!r} is not read by transformers' DBRX rotary embedding "
+               f"(it reads the top-level rope dict): theta {used!r}", warn=True)
+
+
+def sizes_head_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """RoPE over hidden_size // num_attention_heads, the head width of a family whose attention
+    ignores a ``head_dim`` key (DBRX)."""
+    return r.rope(None, head_dim=r.head_dim_from_sizes())
+
+
+def first_of_four_layer_types(r: Reading) -> list[str]:
+    """CWM and Granite SWA (``__post_init__``): the config's layer_types, else layer i full
+    attention where i % 4 == 0 (the first of every four), the others sliding."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    return ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
+#: CwmConfig's rope dict when the config has none (``__post_init__``): llama3 x16 over 8192, theta 1e6.
+CWM_ROPE = {"rope_type": "llama3", "rope_theta": 1_000_000.0, "factor": 16.0, "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0, "original_max_position_embeddings": 8192}
+
+
+def cwm_prepare(r: Reading) -> None:
+    """CWM (``CwmConfig.__post_init__``): without a rope dict, llama3 x16 over 8192, theta 1e6."""
+    if rope_dict_of(r)[0] is None:
+        r.cfg["rope_parameters"] = dict(CWM_ROPE)
+
+
+def layer_theta_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Granite SWA (``GraniteSWAModel``): ``layer_rope_theta[i]`` is layer i's RoPE theta (0: NoPE),
+    the rest of the rope dict shared; without the list every layer has the rope dict's theta."""
+    thetas = r.cfg.get("layer_rope_theta")
+    if thetas is None:
+        return r.rope(None)
+    n = r.positive_int("num_hidden_layers")
+    if not isinstance(thetas, (list, tuple)) or len(thetas) < n:
+        raise InvalidArgument(f"config['layer_rope_theta'] must hold {n} thetas (num_hidden_layers; 0: NoPE), got {thetas!r:.80}")
+    theta = check_real(thetas[index], f"config['layer_rope_theta'][{index}]", ge=0)
+    if theta == 0:
+        return None
+    key, params = rope_dict_of(r)
+    if key is None:
+        return r.rope(None, rope_theta=theta)
+    return r.rope(None, **{key: {**params, "rope_theta": theta}})
+
+
+def sliding_layers_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """AFMoE (``AfmoeAttention.forward``): RoPE on the sliding (local) layers only, the full layers NoPE."""
+    return r.rope(None) if layer_type == "sliding_attention" else None
+
+
+def cohere2_moe_layer_types(r: Reading) -> list[str]:
+    """Cohere2-MoE (``Cohere2MoeConfig.__post_init__``): the config's layer_types, else the first
+    ``first_k_dense_replace`` layers slide unless (i + 1) is a multiple of
+    ``prefix_dense_sliding_window_pattern``, the rest unless (i + 1 - k) is a multiple of ``sliding_window_pattern``."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    n = r.positive_int("num_hidden_layers")
+    dense = config_int(r.cfg, "first_k_dense_replace", minimum=0, default=0, where="config (cohere2_moe)")
+    prefix = config_int(r.cfg, "prefix_dense_sliding_window_pattern", where="config (cohere2_moe)")
+    pattern = config_int(r.cfg, "sliding_window_pattern", where="config (cohere2_moe)")
+    head = ["sliding_attention" if (i + 1) % prefix else "full_attention" for i in range(dense)]
+    return head + ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n - dense)]
+
+
+def cohere2_moe_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Cohere2-MoE (``Cohere2MoeAttention``): interleaved RoPE on the layers with a sliding window,
+    and on the dense-MLP layers when ``prefix_dense_sliding_window_pattern`` is 1 (``force_rope``);
+    the other layers NoPE."""
+    sliding = layer_type == "sliding_attention" and r.cfg.get("sliding_window") is not None
+    mlp_types = r.cfg.get("mlp_layer_types")
+    if mlp_types is None:
+        dense = config_int(r.cfg, "first_k_dense_replace", minimum=0, default=0, where="config (cohere2_moe)")
+        is_dense = index < dense
+    else:
+        if not isinstance(mlp_types, (list, tuple)) or len(mlp_types) <= index:
+            raise InvalidArgument(f"config['mlp_layer_types'] must hold one entry per layer, got {mlp_types!r:.80}")
+        is_dense = mlp_types[index] == "dense"
+    forced = is_dense and r.cfg.get("prefix_dense_sliding_window_pattern") == 1
+    return r.rope(None) if sliding or forced else None
+
+
+def indexed_layer_types(r: Reading) -> list[str]:
+    """DeepSeek-V3.2 / GLM-5 (``__post_init__``): the config's layer_types, else every layer
+    ``indexed_attention`` (DeepSeek Sparse Attention)."""
+    return r.explicit_layer_types() or ["indexed_attention"] * r.positive_int("num_hidden_layers")
+
+
+def indexed_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
+    """DeepSeek-V3.2 / GLM-5 DSA layers (``indexed_attention``): full causal attention over the keys
+    the lightning indexer selects (its top-k by content score is the model's own mask, not a span)."""
+    if layer_type == "indexed_attention":
+        return "full", None
+    return span_of_type(r, index, layer_type)
+
+
+def dsa_check(r: Reading) -> None:
+    """DeepSeek-V3.2 / GLM-5 (``DeepseekV32Indexer``, ``GlmMoeDsaIndexer``): MLA as DeepSeek-V3, and
+    the lightning indexer rotates the first qk_rope_head_dim dimensions of its index_head_dim heads
+    with the same tables (DeepSeek-V3.2 half-split, GLM-5 interleaved): the layer's RoPE reaches
+    both, so the tables route gives the indexer the plan's RoPE too."""
+    deepseek_check(r)
+    layout = "interleaved" if r.family.model_type == "glm_moe_dsa" else "half-split"
+    r.note(f"lightning indexer (DSA): the layer's RoPE on the first qk_rope_head_dim dimensions of its "
+           f"index_head_dim heads, {layout} pairs; its top-k (index_topk) selects the keys by content")
+
+
+def glm4v_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """GLM-4.1V / GLM-4.6V / GLM-OCR text towers (``Glm4vTextRotaryEmbedding``): M-RoPE with
+    Qwen2-VL's chunked sections (``mrope_section``, default [8, 12, 12]) over the
+    partial_rotary_factor share of head_dim (default 1), the pairs interleaved
+    (``repeat_interleave`` tables, ``rotate_half_llm``); GLM-4.5V (MoE) lays them half-split."""
+    return multiaxis_rope(r, [8, 12, 12], mrope_interleaved=False, interleaved=r.family.interleaved)
+
+
+def refused_family(reason: str) -> Callable[[Mapping[str, Any]], PositionPlan]:
+    """A whole-plan reader that refuses every config of the family, naming the positional feature
+    posenc does not model (``reason``), as :func:`position_plan`'s InvalidArgument."""
+    def refuse(config: Mapping[str, Any]) -> PositionPlan:
+        raise InvalidArgument(f"config ({config.get('model_type')}): {reason}; posenc does not read it")
+    return refuse
+
+
+def flint_layer_types(r: Reading) -> list[str]:
+    """Flint (``FlintConfig.__post_init__``): the config's layer_types, else full attention on the
+    first two layers, every layer i with i % 4 == 1 and the last layer, sliding elsewhere."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    n = r.positive_int("num_hidden_layers")
+    return ["full_attention" if i < 2 or i % 4 == 1 or i == n - 1 else "sliding_attention" for i in range(n)]
+
+
+def dory_prepare(r: Reading) -> None:
+    """Dory (``DoryConfig.__post_init__``): a config.json (and ``to_dict()``) lists each layer as
+    an attention block and an "mlp" block, which transformers reads as one layer per pair
+    (layer_types[::2], num_hidden_layers // 2); without a rope dict, one per layer type, theta
+    1e4 on the sliding layers and 1e7 on the full ones."""
+    types = r.cfg.get("layer_types")
+    if isinstance(types, (list, tuple)) and "mlp" in types:
+        attention = list(types[::2])
+        if len(types) % 2 or any(t != "mlp" for t in types[1::2]) or "mlp" in attention:
+            raise InvalidArgument(f"config['layer_types'] must alternate an attention type and 'mlp' (Dory's released "
+                                  f"spelling) or list attention types only, got {types!r:.120}")
+        r.cfg["layer_types"] = attention
+        r.cfg["num_hidden_layers"] = r.positive_int("num_hidden_layers") // 2
+        r.note("layer_types lists (attention, mlp) pairs: one layer per pair, as DoryConfig reads it")
+    if rope_dict_of(r)[0] is None:
+        thetas = {"sliding_attention": 10_000.0, "full_attention": 10_000_000.0}
+        r.cfg["rope_parameters"] = {kind: {"rope_type": "default", "rope_theta": theta} for kind, theta in thetas.items()}
+
+
+def group_layer_types(r: Reading) -> list[str]:
+    """Bailing hybrid (``BailingHybridConfig.__post_init__``): the config's layer_types, else every
+    ``layer_group_size``-th layer full attention (MLA), the others linear attention."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    size = r.positive_int("layer_group_size")
+    return ["full_attention" if (i + 1) % size == 0 else "linear_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
+def mla_attention_layers_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """A hybrid's MLA RoPE (over qk_rope_head_dim, :func:`deepseek_v2_rope`) on its softmax-attention
+    layers, None on its linear-attention layers (Bailing hybrid's delta attention takes no positions)."""
+    return None if layer_type in NO_ATTENTION_TYPES else deepseek_v2_rope(r, index, layer_type)
 
 
 #: The names of the rotary table formats a family's decoder layers take
@@ -1359,6 +1544,160 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                         "wpe and OPT's embed_positions only"),
     _refused("encoder-decoder", _COMPOSITE.format(encoder="a text"), folder="encoder_decoder"),
     _refused("vision-encoder-decoder", _COMPOSITE.format(encoder="an image"), folder="vision_encoder_decoder"),
+    # -- issue 34, list A
+    # Llama's RoPE, as their modeling files build it (HyperCLOVA X: Granite's multipliers; IQuest-Coder: Llama)
+    _family("hyperclovax", defaults={"rope_theta": 10000.0}),
+    _family("iquestcoder", defaults={"rope_theta": 10000.0, "head_dim": 128},
+            source="transformers/models/iquestcoder/configuration_iquestcoder.py, llama/modeling_llama.py"),
+    _family("jais2", defaults={"rope_theta": 10000.0}),
+    _family("flex_olmo", defaults={"rope_theta": 500_000.0}),
+    _family("aria_text", defaults={"rope_theta": 10000.0}, source="transformers/models/aria/"),
+    _family("aria", text_config="aria_text", base="model.language_model", sizes_config="text_config"),
+    _family("granite4_vision_text", defaults={"rope_theta": 10000.0}, source="transformers/models/granite4_vision/"),
+    _family("granite4_vision", text_config="granite4_vision_text", base="model.language_model",
+            sizes_config="text_config"),
+    # Apertus 1.5: Apertus's text model (llama3 x8 over 8192, theta 1.2e7 without a rope dict)
+    _family("apertus1p5_text", defaults={"rope_theta": 12_000_000.0}, prepare=apertus_prepare,
+            source="transformers/models/apertus1p5/"),
+    _family("apertus1p5", text_config="apertus1p5_text", base="model.language_model", sizes_config="text_config"),
+    # GPT-NeoX Japanese: GPT-NeoX's spelling (rotary_emb_base, rotary_pct), the whole head rotated by default
+    _family("gpt_neox_japanese", defaults={"rotary_pct": 1.0}, encoding=gpt_neox_rope, attention="attention"),
+    # GLM-4.1V / GLM-4.6V / GLM-OCR: chunked M-RoPE, interleaved pairs; GLM-4.5V (MoE): the same, half-split
+    _family("glm4v_text", layout="interleaved", defaults={"rope_theta": 10000.0}, encoding=glm4v_rope,
+            source="transformers/models/glm4v/"),
+    _family("glm4v", text_config="glm4v_text", **_QWEN_VL_MODULES),
+    _family("glm46v", text_config="glm4v_text", **_QWEN_VL_MODULES),
+    _family("glmga", text_config="glm4v_text", **_QWEN_VL_MODULES),
+    _family("glm_ocr_text", layout="interleaved", defaults={"rope_theta": 10000.0}, encoding=glm4v_rope,
+            source="transformers/models/glm_ocr/"),
+    _family("glm_ocr", text_config="glm_ocr_text", **_QWEN_VL_MODULES),
+    _family("glm4v_moe_text", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.5}, encoding=glm4v_rope,
+            source="transformers/models/glm4v_moe/"),
+    _family("glm4v_moe", text_config="glm4v_moe_text", **_QWEN_VL_MODULES),
+    # Doge: Llama's RoPE; its dynamic mask (dt_states, a content bias on the keys) is the model's own mask
+    _family("doge", defaults={"rope_theta": 10000.0, "sliding_window": None}, span=span_all_sliding),
+    # CodeGen: GPT-J's rotary (rotate_every_two over the first rotary_dim dimensions, base 10000)
+    _family("codegen", layout="interleaved", defaults={"rotary_dim": 64},
+            aliases={"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
+                     "n_positions": "max_position_embeddings"},
+            encoding=gptj_rope, layers="h", attention="attn", tables="pair_sin_cos",
+            no_scaling="transformers' CodeGen builds its rotary table once, with create_sinusoidal_positions from "
+                       "rotary_dim and base 10000, and reads no rope_theta, rope_scaling or rope_parameters"),
+    # Chameleon: Llama's RoPE over hidden_size // num_attention_heads (its attention ignores head_dim)
+    _family("chameleon", defaults={"rope_theta": 10000.0}, encoding=sizes_head_rope, base="model"),
+    # Emu3: a Llama-like text model (theta 1e6) under a VQ-VAE wrapper (text at model.text_model)
+    _family("emu3_text_model", defaults={"rope_theta": 1_000_000.0}, source="transformers/models/emu3/"),
+    _family("emu3", text_config="emu3_text_model", base="model.text_model", sizes_config="text_config"),
+    # InternLM3 and EXAONE 3 are built as Llama (transformers' auto mapping: LlamaForCausalLM)
+    _family("internlm3", defaults={"rope_theta": 10000.0, "head_dim": 128},
+            source="transformers/models/internlm3/configuration_internlm3.py, llama/modeling_llama.py"),
+    _family("exaone", defaults={"rope_theta": 500_000.0},
+            aliases={"num_layers": "num_hidden_layers"},
+            source="transformers/models/exaone/configuration_exaone.py, llama/modeling_llama.py"),
+    # DBRX: GPT-style names (d_model, n_heads, n_layers), head width d_model // n_heads
+    _family("dbrx", aliases={"d_model": "hidden_size", "n_heads": "num_attention_heads", "n_layers": "num_hidden_layers",
+                             "max_seq_len": "max_position_embeddings"},
+            encoding=sizes_head_rope, prepare=dbrx_check, layers="blocks", attention="norm_attn_norm.attn"),
+    # JetMoE: the head width is kv_channels (attribute_map head_dim -> kv_channels)
+    _family("jetmoe", defaults={"rope_theta": 10000.0, "head_dim": 128}, aliases={"kv_channels": "head_dim"},
+            attention="self_attention"),
+    _family("bitnet", defaults={"rope_theta": 500_000.0}),
+    _family("diffllama", defaults={"rope_theta": 10000.0}),
+    # CWM: Llama 3's llama3 x16 RoPE on every layer, 3 sliding layers to 1 full (the first of four)
+    _family("cwm", defaults={"sliding_window": 8192}, layer_types=first_of_four_layer_types, span=exaone4_span,
+            prepare=cwm_prepare),
+    # Granite SWA: per-layer theta (layer_rope_theta, 0 = NoPE), learned sinks, the first of four layers full
+    _family("granite_swa", defaults={"rope_theta": 10000.0, "sliding_window": 128}, layer_types=first_of_four_layer_types,
+            span=exaone4_span, encoding=layer_theta_rope, sinks="sinks"),
+    _family("granitemoe_swa", defaults={"rope_theta": 10000.0, "sliding_window": 128},
+            layer_types=first_of_four_layer_types, span=exaone4_span, encoding=layer_theta_rope, sinks="sinks"),
+    # AFMoE: RoPE on the sliding layers, the every-n-th full layers NoPE
+    _family("afmoe", defaults={"rope_theta": 10000.0, "head_dim": 128, "sliding_window": 1024,
+                               "global_attn_every_n_layers": 4},
+            layer_types=pattern_layer_types("global_attn_every_n_layers", 4), span=exaone4_span,
+            encoding=sliding_layers_rope),
+    # EXAONE MoE (K-EXAONE): EXAONE 4's global NoPE layers
+    _family("exaone_moe", defaults={"rope_theta": 10000.0, "sliding_window": 4096, "sliding_window_pattern": 4},
+            layer_types=exaone4_layer_types, span=exaone4_span, encoding=exaone4_rope),
+    # Cohere2-MoE: Cohere2's interleaved RoPE on the sliding layers (and the dense prefix), NoPE elsewhere
+    # DeepSeek-V3.2 and GLM-5 (GLM-MoE-DSA): DeepSeek-V3's MLA (interleaved pairs, always) and the
+    # lightning indexer, whose RoPE is the layer's own tables on its first qk_rope_head_dim dimensions
+    _family("deepseek_v32", layout="interleaved", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64},
+            layer_types=indexed_layer_types, span=indexed_span, encoding=deepseek_v2_rope, prepare=dsa_check, tables="deinterleaved_cos_sin",
+            head_dim="qk_head_dim"),
+    _family("glm_moe_dsa", layout="interleaved", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64},
+            layer_types=indexed_layer_types, span=indexed_span, encoding=deepseek_v2_rope, prepare=dsa_check, tables="deinterleaved_cos_sin",
+            head_dim="qk_head_dim"),
+    # A.X K1: DeepSeek-V3's MLA (rope_interleave, default true); A.X K2: DeepSeek-V3.2's MLA and indexer
+    _family("axk1", layout="interleaved", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64, "rope_interleave": True},
+            encoding=deepseek_rope, prepare=deepseek_check, interleaved_key="rope_interleave",
+            interleaved_tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
+    _family("axk2", layout="interleaved", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 32},
+            layer_types=indexed_layer_types, span=indexed_span, encoding=deepseek_v2_rope, prepare=dsa_check,
+            tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
+    # Hy V4: MLA with half-split RoPE on qk_rope_head_dim, the DSA indexer (half-split), learned sinks
+    _family("hy_v4", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64},
+            layer_types=indexed_layer_types, span=indexed_span, encoding=deepseek_v2_rope, prepare=dsa_check,
+            head_dim="qk_head_dim", sinks="sinks"),
+    # Bailing (Ling) hybrid: MLA layers (interleaved RoPE on qk_rope_head_dim) among linear-attention layers
+    _family("bailing_hybrid", layout="interleaved",
+            defaults={"rope_theta": 6_000_000.0, "qk_rope_head_dim": 64, "layer_group_size": 6},
+            layer_types=group_layer_types, span=hybrid_span, encoding=mla_attention_layers_rope, prepare=deepseek_check,
+            tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
+    # Hy V3 (Hunyuan 3): Llama's RoPE, theta 11158840 and head_dim 128 by default
+    _family("hy_v3", defaults={"rope_theta": 11_158_840.0, "head_dim": 128}),
+    # DeepSeek-V4: compressed KV branches with their own RoPE at compressed positions: refused by name
+    _family("deepseek_v4", reader=refused_family(
+        "DeepSeek-V4's attention layers (layer_types sliding_attention, compressed_sparse_attention, "
+        "heavily_compressed_attention) merge a sliding-window branch with compressed key/value branches "
+        "(compress_rates) rotated at compressed positions by a RoPE of their own (compress_rope_theta, the rope "
+        "dict's 'compress' entry); no posenc encoding models compressed-position attention"),
+        rotary=None),
+    # Granite Docling: a Granite-like text model (Llama's RoPE) at model.text_model
+    _family("granite_docling_text", defaults={"rope_theta": 10000.0}, source="transformers/models/granite_docling/"),
+    _family("granite_docling", text_config="granite_docling_text", base="model.text_model", sizes_config="text_config"),
+    # DiffusionGemma: a block-diffusion model (it denoises a canvas of tokens, not a causal decoder)
+    _family("diffusion_gemma", reader=refused_family(
+        "DiffusionGemma denoises a canvas of tokens (DiffusionGemmaForBlockDiffusion: its decoder attends "
+        "bidirectionally over the canvas and the encoder's cached prompt), not a causal decoder"), rotary=None),
+    # Cosmos 3 Edge: Qwen3-VL's interleaved M-RoPE (default [24, 20, 20]), theta 1e8, at model.language_model
+    _family("cosmos3_edge_text", defaults={"rope_theta": 100_000_000.0, "head_dim": 128}, encoding=qwen3_vl_rope,
+            source="transformers/models/cosmos3_edge/"),
+    _family("cosmos3_edge", text_config="cosmos3_edge_text", **_QWEN_VL_MODULES),
+    # HyperCLOVA X Vision v2: a HyperCLOVA X decoder (text positions) at model.language_model
+    _family("hyperclovax_vision_v2", text_config="hyperclovax", base="model.language_model", sizes_config="text_config"),
+    # DeepSeek-OCR 2: a DeepSeek-V2-MoE text model with Llama's attention and RoPE (no MLA)
+    _family("deepseek_ocr2_text", defaults={"rope_theta": 10000.0}, source="transformers/models/deepseek_ocr2/"),
+    _family("deepseek_ocr2", text_config="deepseek_ocr2_text", base="model.language_model", sizes_config="text_config"),
+    # Gemma 4 Unified: Gemma 4's text model (two rope dicts, global head width), window 1024 by default
+    _family("gemma4_unified_text", **{**_GEMMA4_TEXT, "defaults": {"head_dim": 256, "sliding_window": 1024}},
+            source="transformers/models/gemma4_unified/"),
+    _family("gemma4_unified", text_config="gemma4_unified_text"),
+    # Multimodal RoPEs whose axis layout no posenc encoding builds (on text positions both are RoPE)
+    _family("hunyuan_vl", reader=refused_family(
+        "HunYuan-VL's XD-RoPE (HunYuanVLRotaryEmbedding.recomposition_frequencies) assigns the M-RoPE axes over the "
+        "duplicated frequency vector cat(freqs, freqs) in blocks of 2 x mrope_section, so the two halves of a rotary "
+        "pair can take different axes; posenc's MRoPE assigns one axis per pair"), rotary=None),
+    _family("ernie4_5_vl_moe", reader=refused_family(
+        "ERNIE 4.5 VL's 3D RoPE (Ernie4_5_VLMoeTextRotaryEmbedding) alternates the height and width axes pair by pair "
+        "over the first mrope_section[0] + mrope_section[1] pairs and puts time on the last mrope_section[2]; "
+        "posenc's MRoPE lays the axes in sections (Qwen2-VL) or T H W cycles (Qwen3-VL), not that layout"),
+        rotary=None),
+    # Flint: gpt-oss's sinks; RoPE on the sliding layers only, the full layers NoPE
+    _family("flint", defaults={"rope_theta": 10000.0, "head_dim": 128, "sliding_window": 513},
+            layer_types=flint_layer_types, encoding=sliding_layers_rope, sinks="sinks"),
+    # Dory: a rope dict per layer type (1e4 sliding, 1e7 full), RoPE on every layer; its recurrent
+    # block runs its layers n_recurrent_loops times at the same positions; its layers are not handed
+    # position_ids (the tables' positions are the rotary module's input)
+    _family("dory", defaults={"head_dim": 256, "sliding_window": 1024},
+            layer_types=lambda r: r.explicit_layer_types() or [
+                "full_attention" if (i + 1) % 4 == 0 else "sliding_attention"
+                for i in range(r.positive_int("num_hidden_layers"))],
+            prepare=dory_prepare, rotary_positions=True),
+    _family("cohere2_moe", layout="interleaved",
+            defaults={"rope_theta": 10000.0, "head_dim": 128, "sliding_window": 4096, "sliding_window_pattern": 4,
+                      "prefix_dense_sliding_window_pattern": 1},
+            layer_types=cohere2_moe_layer_types, span=exaone4_span, encoding=cohere2_moe_rope),
 )}
 
 
