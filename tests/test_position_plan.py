@@ -792,6 +792,8 @@ def test_gemma4_refuses_layers_of_one_type_with_two_head_widths():
 #: model_type -> the positional feature its refusal must name, as the family's modeling file
 #: builds it (transformers 5.24: the module or function computing the positions, and the feature).
 REFUSED = {
+    "deepseek_v4": "compressed key/value branches", "diffusion_gemma": "bidirectionally",
+    "hunyuan_vl": "XD-RoPE", "ernie4_5_vl_moe": "3D RoPE",
     "mamba": "recurrent state: no attention positions", "mamba2": "recurrent state: no attention positions",
     "falcon_mamba": "recurrent state: no attention positions", "rwkv": "recurrent state: no attention positions",
     "xlstm": "recurrent state: no attention positions",

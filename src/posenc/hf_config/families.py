@@ -977,14 +977,6 @@ def glm4v_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEnco
     return multiaxis_rope(r, [8, 12, 12], mrope_interleaved=False, interleaved=r.family.interleaved)
 
 
-def refused_family(reason: str) -> Callable[[Mapping[str, Any]], PositionPlan]:
-    """A whole-plan reader that refuses every config of the family, naming the positional feature
-    posenc does not model (``reason``), as :func:`position_plan`'s InvalidArgument."""
-    def refuse(config: Mapping[str, Any]) -> PositionPlan:
-        raise InvalidArgument(f"config ({config.get('model_type')}): {reason}; posenc does not read it")
-    return refuse
-
-
 def flint_layer_types(r: Reading) -> list[str]:
     """Flint (``FlintConfig.__post_init__``): the config's layer_types, else full attention on the
     first two layers, every layer i with i % 4 == 1 and the last layer, sliding elsewhere."""
@@ -1647,19 +1639,16 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # Hy V3 (Hunyuan 3): Llama's RoPE, theta 11158840 and head_dim 128 by default
     _family("hy_v3", defaults={"rope_theta": 11_158_840.0, "head_dim": 128}),
     # DeepSeek-V4: compressed KV branches with their own RoPE at compressed positions: refused by name
-    _family("deepseek_v4", reader=refused_family(
-        "DeepSeek-V4's attention layers (layer_types sliding_attention, compressed_sparse_attention, "
+    _refused("deepseek_v4", "DeepSeek-V4's attention layers (layer_types sliding_attention, compressed_sparse_attention, "
         "heavily_compressed_attention) merge a sliding-window branch with compressed key/value branches "
         "(compress_rates) rotated at compressed positions by a RoPE of their own (compress_rope_theta, the rope "
         "dict's 'compress' entry); no posenc encoding models compressed-position attention"),
-        rotary=None),
     # Granite Docling: a Granite-like text model (Llama's RoPE) at model.text_model
     _family("granite_docling_text", defaults={"rope_theta": 10000.0}, source="transformers/models/granite_docling/"),
     _family("granite_docling", text_config="granite_docling_text", base="model.text_model", sizes_config="text_config"),
     # DiffusionGemma: a block-diffusion model (it denoises a canvas of tokens, not a causal decoder)
-    _family("diffusion_gemma", reader=refused_family(
-        "DiffusionGemma denoises a canvas of tokens (DiffusionGemmaForBlockDiffusion: its decoder attends "
-        "bidirectionally over the canvas and the encoder's cached prompt), not a causal decoder"), rotary=None),
+    _refused("diffusion_gemma", "DiffusionGemma denoises a canvas of tokens (DiffusionGemmaForBlockDiffusion: its decoder attends "
+        "bidirectionally over the canvas and the encoder's cached prompt), not a causal decoder"),
     # Cosmos 3 Edge: Qwen3-VL's interleaved M-RoPE (default [24, 20, 20]), theta 1e8, at model.language_model
     _family("cosmos3_edge_text", defaults={"rope_theta": 100_000_000.0, "head_dim": 128}, encoding=qwen3_vl_rope,
             source="transformers/models/cosmos3_edge/"),
@@ -1674,15 +1663,12 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             source="transformers/models/gemma4_unified/"),
     _family("gemma4_unified", text_config="gemma4_unified_text"),
     # Multimodal RoPEs whose axis layout no posenc encoding builds (on text positions both are RoPE)
-    _family("hunyuan_vl", reader=refused_family(
-        "HunYuan-VL's XD-RoPE (HunYuanVLRotaryEmbedding.recomposition_frequencies) assigns the M-RoPE axes over the "
+    _refused("hunyuan_vl", "HunYuan-VL's XD-RoPE (HunYuanVLRotaryEmbedding.recomposition_frequencies) assigns the M-RoPE axes over the "
         "duplicated frequency vector cat(freqs, freqs) in blocks of 2 x mrope_section, so the two halves of a rotary "
-        "pair can take different axes; posenc's MRoPE assigns one axis per pair"), rotary=None),
-    _family("ernie4_5_vl_moe", reader=refused_family(
-        "ERNIE 4.5 VL's 3D RoPE (Ernie4_5_VLMoeTextRotaryEmbedding) alternates the height and width axes pair by pair "
+        "pair can take different axes; posenc's MRoPE assigns one axis per pair"),
+    _refused("ernie4_5_vl_moe", "ERNIE 4.5 VL's 3D RoPE (Ernie4_5_VLMoeTextRotaryEmbedding) alternates the height and width axes pair by pair "
         "over the first mrope_section[0] + mrope_section[1] pairs and puts time on the last mrope_section[2]; "
         "posenc's MRoPE lays the axes in sections (Qwen2-VL) or T H W cycles (Qwen3-VL), not that layout"),
-        rotary=None),
     # Flint: gpt-oss's sinks; RoPE on the sliding layers only, the full layers NoPE
     _family("flint", defaults={"rope_theta": 10000.0, "head_dim": 128, "sliding_window": 513},
             layer_types=flint_layer_types, encoding=sliding_layers_rope, sinks="sinks"),
