@@ -260,6 +260,18 @@ def test_sdpa_sinks_on_both_of_its_paths(path, causal, tq):
     torch.testing.assert_close(leaf.grad, want, atol=1e-9, rtol=1e-7)
 
 
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "blocked", "auto"])
+def test_sinks_with_a_value_head_narrower_than_the_query_head(backend, small_blocks):
+    """MiMo-V2-Flash and Hy V4 attend with value heads narrower than their query heads; torch's
+    CPU flash kernel (sdpa's merged log-sum-exp path) refuses that, so sdpa takes its sink key."""
+    q, k, v, sinks = inputs(6, 9, kv_heads=2)
+    v = v[..., : D // 2].contiguous()
+    with torch.no_grad():
+        got = posenc.attention(q, k, v, causal=True, sinks=sinks, backend=backend)
+    assert got.shape[-1] == D // 2
+    torch.testing.assert_close(got.double(), reference(q, k, v, causal=True, sinks=sinks), atol=2e-5, rtol=2e-5)
+
+
 # ----------------------------------------------------------------- branch-merge attention
 
 

@@ -79,9 +79,15 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
 def _lse_kernel_serves(q: Tensor, k: Tensor, v: Tensor, extra: Tensor | None, dropout_p: float) -> bool:
     """Whether torch's CPU flash kernel (its log-sum-exp has no derivative) can serve a call
     with sinks: CPU, no dropout, outside torch.compile, and no gradient wanted for q, k, v or
-    the bias (the sinks' own gradient needs none: L does not depend on them)."""
+    the bias (the sinks' own gradient needs none: L does not depend on them), and one head size
+    for q, k and v (the kernel refuses a value head narrower than the query's: MiMo-V2-Flash, Hy V4)."""
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, extra))
-    return q.device.type == "cpu" and not dropout_p and not needs_grad and not torch.compiler.is_compiling()
+    return (q.device.type == "cpu" and not dropout_p and not needs_grad and not torch.compiler.is_compiling()
+            and _one_head_size(q, k, v))
+
+
+def _one_head_size(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    return q.shape[-1] == k.shape[-1] == v.shape[-1]
 
 
 def _with_sinks_merged(q: Tensor, k: Tensor, v: Tensor, *, extra: Tensor | None, mask: Tensor | None, causal: bool,
@@ -145,7 +151,7 @@ def run_with_lse(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, scale:
     if softcap is not None:
         raise InvalidArgument(unsupported(None, mask=mask, softcap=softcap))
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if q.device.type != "cpu" or needs_grad:
+    if q.device.type != "cpu" or needs_grad or not _one_head_size(q, k, v):
         out, lse = _eager_with_lse(q, k, v, mask=mask, scale=scale, causal=causal)
         return out.to(q.dtype), lse
     num_queries, num_keys = q.shape[2], k.shape[2]
