@@ -382,6 +382,25 @@ FAMILIES = {
                           hidden_size_per_layer_input=16, vocab_size_per_layer_input=V, laurel_rank=8,
                           activation_sparsity_pattern=[0.0] * 10, rope_theta=1e6, rope_local_base_freq=1e4),
                      by_type(lambda t: rope(1e4) if t == "sliding_attention" else rope(1e6)), "sdpa"),
+    # issue 34, list B
+    # Qwen2-MoE with use_sliding_window: layer 0 slides (window 8), layers 1 and 2 full
+    "qwen2_moe": (T.Qwen2MoeConfig, T.Qwen2MoeForCausalLM,
+                  dict(SMALL, num_hidden_layers=3, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=32, use_sliding_window=True, sliding_window=8,
+                       max_window_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                  lambda config: PositionPlan(tuple(
+                      LayerPlan(rope(1e6), *(("sliding", 8) if i == 0 else ("full", None))) for i in range(3))), "sdpa"),
+    "olmo": (T.OlmoConfig, T.OlmoForCausalLM, dict(SMALL, num_hidden_layers=2, clip_qkv=8.0), uniform(rope, 2), "sdpa"),
+    "olmoe": (T.OlmoeConfig, T.OlmoeForCausalLM,
+              dict(SMALL, num_hidden_layers=2, num_experts=2, num_experts_per_tok=1), uniform(rope, 2), "sdpa"),
+    "solar_open": (T.SolarOpenConfig, T.SolarOpenForCausalLM,
+                   dict(SMALL, num_hidden_layers=2, head_dim=16, n_routed_experts=2, num_experts_per_tok=1,
+                        moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                   uniform(lambda: rope(1e6), 2), "sdpa"),
+    # Nemotron: RoPE over half of each head (partial_rotary_factor 0.5, its class's default)
+    "nemotron": (T.NemotronConfig, T.NemotronForCausalLM, dict(SMALL, num_hidden_layers=2),
+                 uniform(lambda: rope(rotary_dim=8), 2), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -411,6 +430,9 @@ MEASURED = {
     "mllama_text_model": (2.98e-07, 3.58e-07), "lfm2_moe": (2.38e-07, 4.17e-07), "glm4_moe_lite": (2.98e-07, 2.38e-07),
     "qwen3_vl_moe": (3.58e-07, 2.98e-07), "qwen3_5": (1.43e-06, 1.43e-06), "cosmos3_omni": (2.98e-07, 3.28e-07),
     "gemma3n_text": (9.54e-07, 6.3e-07),
+    # issue 34, list B
+    "qwen2_moe": (3.58e-07, 2.98e-07), "olmo": (3.81e-06, 4.93e-06), "olmoe": (2.38e-07, 3.58e-07),
+    "solar_open": (2.46e-07, 3.58e-07), "nemotron": (3.46e-06, 5.01e-06),
 }
 
 

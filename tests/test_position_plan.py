@@ -202,6 +202,16 @@ CASES = [
     ("llama4-nested", "llama4", dict(text_config=dict(SMALL, model_type="llama4_text", head_dim=16,
                                                       no_rope_layers=[1, 1, 0, 1], attn_temperature_tuning=False,
                                                       attention_chunk_size=32))),
+    # issue 34, list B
+    ("qwen2_moe", "qwen2_moe", dict(SMALL, num_hidden_layers=6, rope_theta=1e6, use_sliding_window=True,
+                                    sliding_window=16, max_window_layers=4, num_experts=4, moe_intermediate_size=32)),
+    ("qwen2_moe-full", "qwen2_moe", dict(SMALL, rope_theta=1e6, num_experts=4, moe_intermediate_size=32)),
+    ("olmo", "olmo", dict(SMALL, rope_theta=10000.0, clip_qkv=8.0)),
+    ("olmoe", "olmoe", dict(SMALL, rope_theta=10000.0, num_experts=4, num_experts_per_tok=2)),
+    ("solar_open", "solar_open", dict(SMALL, head_dim=16, n_routed_experts=4, num_experts_per_tok=2)),
+    ("solar_open-default-head", "solar_open", dict(SMALL, n_routed_experts=4)),
+    ("nemotron", "nemotron", dict(SMALL, rope_theta=10000.0)),
+    ("nemotron-partial", "nemotron", dict(SMALL, partial_rotary_factor=0.25, rope_theta=5e5)),
 ]
 
 #: families whose attention passes config.sliding_window on every layer (no layer_types)
@@ -509,6 +519,8 @@ def test_mrope_type_accepted_and_written_back():
           rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0}), "partial_rotary_factor"),
     # LFM2-MoE has no default schedule (LFM2's full_attn_idxs fallback is not its class's)
     (dict(SMALL, model_type="lfm2_moe", num_experts=4), "layer_types"),
+    # issue 34, list B: NanoChat's clockwise rotation (rotate_half returns (x2, -x1))
+    (dict(SMALL, model_type="nanochat"), "rotate_half"),
 ])
 def test_refusals_name_the_key(config, key):
     with pytest.raises((MissingKey, InvalidArgument), match=key):

@@ -723,8 +723,9 @@ def qwen3_5_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEn
 
 
 #: Layer types of the layers without positions (their plan layer is None): the hybrids' layers
-#: without softmax attention, and mllama's cross-attention layers (queries from text, keys from images).
-NO_ATTENTION_TYPES = ("linear_attention", "conv", "mamba", "cross_attention")
+#: without softmax attention (NemotronH's blocks of only an MLP or experts: "mlp", "moe"), and
+#: mllama's cross-attention layers (queries from text, keys from images).
+NO_ATTENTION_TYPES = ("linear_attention", "conv", "mamba", "cross_attention", "moe", "mlp")
 
 
 def hybrid_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
@@ -837,6 +838,30 @@ def mllama_layer_types(r: Reading) -> list[str]:
     if not isinstance(indices, (list, tuple)) or not all(isinstance(i, int) for i in indices):
         raise InvalidType(f"config['cross_attention_layers'] must be a list of layer indices, got {indices!r:.60}")
     return ["cross_attention" if i in indices else "full_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
+# -- issue 34, list B: readers ------------------------------------------------------------------
+
+def qwen2_moe_layer_types(r: Reading) -> list[str]:
+    """Qwen2-MoE (``Qwen2MoeConfig.__post_init__``): the config's layer_types, else with
+    ``use_sliding_window`` the layers i < ``max_window_layers`` with i even slide (``(i + 1) % 2``),
+    the others full; without it every layer is full."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    sliding = bool(r.cfg.get("use_sliding_window"))
+    first_full = config_int(r.cfg, "max_window_layers", minimum=0, where="config") if sliding else 0
+    return ["sliding_attention" if sliding and (i + 1) % 2 and i < first_full else "full_attention"
+            for i in range(r.positive_int("num_hidden_layers"))]
+
+
+def nanochat_refusal(r: Reading) -> None:
+    """NanoChat (``modeling_nanochat.rotate_half``): ``cat((x2, -x1))``, the rotation by -angle
+    (clockwise), the transpose of every other RoPE's; the scores are not those of any posenc
+    rotary encoding (q.R(-(j-i)w)k differs from q.R((j-i)w)k), so it is refused by name."""
+    raise InvalidArgument("config (nanochat): transformers' NanoChat rotates each pair by minus the angle "
+                          "(rotate_half returns (x2, -x1): a clockwise RoPE); no posenc encoding rotates that way, "
+                          "so posenc does not read it")
 
 
 #: The names of the rotary table formats a family's decoder layers take
@@ -1146,6 +1171,17 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             attention="layer.0.SelfAttention", rotary=None),
     _family("mt5", reader=plan_mt5, adapter="t5", stacks=("encoder", "decoder"), layers="block",
             attention="layer.0.SelfAttention", rotary=None),
+    # -- issue 34, list B
+    # Qwen2-MoE: Qwen2's RoPE; with use_sliding_window every other layer below max_window_layers slides
+    _family("qwen2_moe", defaults={"rope_theta": 10000.0, "sliding_window": 4096, "max_window_layers": 28,
+                                   "use_sliding_window": False},
+            layer_types=qwen2_moe_layer_types, span=qwen2_span),
+    _family("olmo", defaults={"rope_theta": 10000.0}),
+    _family("olmoe", defaults={"rope_theta": 10000.0}),
+    _family("solar_open", defaults={"rope_theta": 1_000_000.0, "head_dim": 128}),
+    # Nemotron: partial RoPE, partial_rotary_factor 0.5 unless the config says otherwise
+    _family("nemotron", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    _family("nanochat", defaults={"rope_theta": 10000.0}, prepare=nanochat_refusal),
 )}
 
 

@@ -181,10 +181,31 @@ def _message(err: BaseException) -> str:
     return _short(f"{type(err).__name__}: {err}", 240)
 
 
+#: Per-family keys set on the default config before it is read and shrunk, as a released
+#: config.json has them, where the default config builds no model of the family's positions:
+#: an all-Mamba hybrid (no attention layer to check; transformers 5.24's hybrid cache cannot
+#: even run it), or a head width or key/value head count left None (no model builds).
+RELEASED_SHAPES: dict[str, dict[str, Any]] = {
+    # ibm-ai-platform/Bamba-9B: attention at layers 9, 18, 27 of 32
+    "bamba": {"attn_layer_indices": [9, 18, 27]},
+    # ibm-granite/granite-4.0-h-*: one attention layer (NoPE) in every ten, the others Mamba 2
+    "granitemoehybrid": {"layer_types": ["attention" if i % 10 == 5 else "mamba" for i in range(32)]},
+    # tencent/Hunyuan-7B-Instruct and Hunyuan-A13B-Instruct: head_dim 128
+    "hunyuan_v1_dense": {"head_dim": 128},
+    "hunyuan_v1_moe": {"head_dim": 128},
+    # mistralai/Ministral-8B-Instruct-2410: head_dim 128
+    "ministral": {"head_dim": 128},
+    # nvidia/Minitron-8B-Base: 8 key/value heads (NemotronConfig's default is None)
+    "nemotron": {"num_key_value_heads": 8},
+}
+
+
 def _default_config(model_type: str) -> dict:
+    """The config class's defaults (``AutoConfig.for_model``), with :data:`RELEASED_SHAPES`' keys."""
     import transformers
 
-    config = transformers.AutoConfig.for_model(model_type)
+    shape = RELEASED_SHAPES.get(model_type, {})
+    config = transformers.AutoConfig.for_model(model_type, **shape)
     return config.to_dict()
 
 
