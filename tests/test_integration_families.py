@@ -401,6 +401,18 @@ FAMILIES = {
     # Nemotron: RoPE over half of each head (partial_rotary_factor 0.5, its class's default)
     "nemotron": (T.NemotronConfig, T.NemotronForCausalLM, dict(SMALL, num_hidden_layers=2),
                  uniform(lambda: rope(rotary_dim=8), 2), "sdpa"),
+    # Zamba2 with use_mem_rope: RoPE on the shared attention block of the hybrid layer (head 2 x 64 / 4 = 32)
+    "zamba2": (T.Zamba2Config, T.Zamba2ForCausalLM,
+               dict(SMALL, num_hidden_layers=3, layers_block_type=["mamba", "hybrid", "mamba"], n_mamba_heads=4,
+                    mamba_d_state=8, mamba_ngroups=1, chunk_size=8, use_mem_rope=True,
+                    rope_parameters={"rope_type": "default", "rope_theta": 5e4}),
+               lambda config: PositionPlan(tuple(LayerPlan(rope(5e4, head_dim=32) if i == 1 else None)
+                                                 for i in range(3))), "sdpa"),
+    # MiniMax: softmax attention with RoPE (layer 0), lightning attention without positions (layer 1)
+    "minimax": (T.MiniMaxConfig, T.MiniMaxForCausalLM,
+                dict(SMALL, num_hidden_layers=2, head_dim=16, num_local_experts=2, num_experts_per_tok=1, block_size=8,
+                     rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                by_type(lambda t: rope(1e6) if t == "full_attention" else None), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -432,7 +444,26 @@ MEASURED = {
     "gemma3n_text": (9.54e-07, 6.3e-07),
     # issue 34, list B
     "qwen2_moe": (3.58e-07, 2.98e-07), "olmo": (3.81e-06, 4.93e-06), "olmoe": (2.38e-07, 3.58e-07),
-    "solar_open": (2.46e-07, 3.58e-07), "nemotron": (3.46e-06, 5.01e-06),
+    "solar_open": (2.46e-07, 3.58e-07), "nemotron": (3.46e-06, 5.01e-06), "zamba2": (7.15e-07, 8.94e-07),
+    "minimax": (4.77e-07, 7.86e-07),
+}
+
+#: The hybrids whose attention applies no positions at all (issue 34, list B): their config,
+#: as transformers builds it (Mamba 2 / MLP / experts / KDA layers beside the attention layers).
+NOPE_HYBRIDS = {
+    "nemotron_h": (T.NemotronHConfig, T.NemotronHForCausalLM,
+                   dict(SMALL, head_dim=16, layers_block_type=["mamba", "attention", "mlp"], mamba_num_heads=4,
+                        mamba_head_dim=32, ssm_state_size=8, n_groups=1, chunk_size=8)),
+    "jamba": (T.JambaConfig, T.JambaForCausalLM,
+              dict(SMALL, num_hidden_layers=2, attn_layer_period=2, attn_layer_offset=1, num_experts=2,
+                   num_experts_per_tok=1, expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8)),
+    "zamba": (T.ZambaConfig, T.ZambaForCausalLM,
+              dict(SMALL, num_hidden_layers=4, layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], n_mamba_heads=2,
+                   mamba_d_state=8)),
+    "kimi_linear": (T.KimiLinearConfig, T.KimiLinearForCausalLM,
+                    dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, layer_types=["linear_attention", "full_attention"],
+                         mlp_layer_types=["dense", "dense"], qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                         kv_lora_rank=16, linear_head_dim=16, linear_num_heads=4)),
 }
 
 
@@ -756,6 +787,46 @@ def test_extend_context_round_trips_through_plain_from_pretrained(family, tmp_pa
     assert (extended - before).abs().max() > 1e-3  # the extension changed the positions: the check can fail
     reloaded = plain_reload_logits(model, FAMILIES[family][1], tmp_path, x, FAMILIES[family][4])
     assert (reloaded - extended).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("family", sorted(NOPE_HYBRIDS))
+def test_a_nope_hybrid_reads_as_nope_and_takes_an_encoding_by_name(family):
+    """NemotronH, Jamba, Zamba, Kimi Linear: position_plan reads every layer None, which
+    use_encoding applies with the model's own logits and cached tokens (the Mamba / MLP layers
+    skipped by their type, no tables handed to a model without a rotary module); RoPE by name
+    moves the logits (so the check can fail) and generates the same with and without the cache;
+    extend_context refuses, leaving the config as it was."""
+    from posenc.integrations.transformers import position_plan
+
+    config_class, model_class, kwargs = NOPE_HYBRIDS[family]
+
+    def make():
+        torch.manual_seed(0)
+        model = model_class(config_class(**kwargs))
+        with torch.no_grad():
+            for parameter in model.parameters():
+                torch.nn.init.normal_(parameter, std=0.2)
+        return model.eval()
+
+    reference, x = make(), tokens()
+    plan = position_plan(reference.config)
+    assert all(layer.encoding is None for layer in plan) and len(plan) == reference.config.num_hidden_layers
+    with torch.no_grad():
+        expected = reference(x).logits
+        model = use_encoding(make(), plan)
+        assert (model(x).logits - expected).abs().max() <= 1e-5
+    prompt = x[:, :8]
+    options = {"max_new_tokens": 5, "do_sample": False}
+    assert torch.equal(model.generate(prompt, **options), reference.generate(prompt, **options))
+    use_encoding(model, "rope")
+    with torch.no_grad():
+        assert (model(x).logits - expected).abs().max() > 1e-3
+    assert torch.equal(model.generate(prompt, use_cache=True, **options), model.generate(prompt, use_cache=False, **options))
+    fresh = make()
+    config = fresh.config.to_dict()
+    with pytest.raises(InvalidArgument):
+        extend_context(fresh, "linear", 2.0)
+    assert fresh.config.to_dict() == config
 
 
 def test_extend_context_scales_olmo3s_full_attention_layers_by_default(tmp_path):

@@ -212,10 +212,29 @@ CASES = [
     ("solar_open-default-head", "solar_open", dict(SMALL, n_routed_experts=4)),
     ("nemotron", "nemotron", dict(SMALL, rope_theta=10000.0)),
     ("nemotron-partial", "nemotron", dict(SMALL, partial_rotary_factor=0.25, rope_theta=5e5)),
+    ("nemotron_h-pattern", "nemotron_h", dict(SMALL, head_dim=16, hybrid_override_pattern="M-M*-E*",
+                                              n_routed_experts=4)),
+    ("nemotron_h-types", "nemotron_h", dict(SMALL, head_dim=16, layers_block_type=[
+        "mamba", "attention", "mlp", "mamba", "attention"])),
+    ("jamba", "jamba", dict(SMALL, num_hidden_layers=8, attn_layer_period=4, attn_layer_offset=2, num_experts=4)),
+    ("zamba", "zamba", dict(SMALL, num_hidden_layers=5, layers_block_type=[
+        "mamba", "hybrid", "mamba", "mamba", "hybrid"])),
+    ("zamba2-mem-rope", "zamba2", dict(SMALL, use_mem_rope=True, rope_theta=5e4, num_hidden_layers=4,
+                                       layers_block_type=["mamba", "hybrid", "mamba", "hybrid"])),
+    ("zamba2-nope", "zamba2", dict(SMALL, num_hidden_layers=3, layers_block_type=["mamba", "hybrid", "mamba"])),
+    ("kimi_linear", "kimi_linear", dict(SMALL, num_hidden_layers=8, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                                        linear_attn_config={"full_attn_layers": [4, 8], "kda_layers": [1, 2, 3, 5, 6, 7]})),
+    ("kimi_linear-default", "kimi_linear", dict(SMALL, num_hidden_layers=9, qk_rope_head_dim=8, qk_nope_head_dim=16)),
+    ("minimax", "minimax", dict(SMALL, num_hidden_layers=6, head_dim=16, rope_theta=1e6, num_local_experts=4,
+                                rotary_dim=8)),
+    ("minimax-types", "minimax", dict(SMALL, head_dim=16, rope_theta=1e7, num_local_experts=4, layer_types=[
+        "linear_attention", "linear_attention", "linear_attention", "full_attention"])),
 ]
 
 #: families whose attention passes config.sliding_window on every layer (no layer_types)
 ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe", "ministral3", "mistral3"}
+#: families whose attention applies no positions (no rotary module in their modeling file)
+NO_POSITIONS = {"nemotron_h", "jamba", "zamba", "kimi_linear"}
 #: families whose rotary tables lie interleaved (repeat_interleave) in transformers
 HF_INTERLEAVED_TABLES = {"cohere", "cohere2"}
 
@@ -263,6 +282,12 @@ def hf_uses_rope(model_type, hf, index):
         return hf.layer_types[index] == "full_attention"
     if model_type == "granitemoehybrid":
         return hf.layer_types[index] == "full_attention" and hf.position_embedding_type == "rope"
+    if model_type in NO_POSITIONS:
+        return False
+    if model_type == "zamba2":  # the shared attention blocks, with use_mem_rope (Zamba2Attention.forward)
+        return hf.layers_block_type[index] == "hybrid" and hf.use_mem_rope
+    if model_type == "minimax":  # softmax attention; the lightning layers have no positions
+        return hf.layer_types[index] == "full_attention"
     if model_type == "exaone4":  # "global NoPE" (Exaone4Attention.forward)
         return hf.sliding_window is None or hf.layer_types[index] == "sliding_attention"
     return True
@@ -345,8 +370,8 @@ def test_plan_matches_transformers(case, model_type, config):
     hf = hf_text_config(model_type, config)
     assert len(plan) == hf.num_hidden_layers == plan.layers.__len__()
     types = getattr(hf, "layer_types", None)
-    mod, rotary_cls = rotary_class(hf)
-    rotary = rotary_cls(hf)
+    mod, rotary_cls = rotary_class(hf) if hf.model_type not in NO_POSITIONS else (None, None)
+    rotary = rotary_cls(hf) if rotary_cls is not None else None
     positions = torch.arange(40) + 3
     worst = 0.0
     for index, layer in enumerate(plan):

@@ -864,6 +864,138 @@ def nanochat_refusal(r: Reading) -> None:
                           "so posenc does not read it")
 
 
+#: NemotronHConfig's layers_block_type when the config gives none.
+NEMOTRON_H_DEFAULT_TYPES = ("linear_attention", "moe", "full_attention", "mlp")
+#: NemotronH's ``hybrid_override_pattern`` letters (``NemotronHConfig._pattern_to_list``).
+NEMOTRON_H_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
+
+
+def block_types_prepare(r: Reading) -> None:
+    """NemotronH, Zamba, Zamba2 (``layers_block_type``, which their configs also call
+    ``layer_types``; NemotronH's older ``hybrid_override_pattern`` of M E * -): the model has
+    one layer per listed type, whatever ``num_hidden_layers`` says (the layers are built from
+    the list), so the list is the layer count; legacy names as transformers renames them."""
+    types = r.cfg.get("layer_types") or r.cfg.get("layers_block_type")
+    pattern = r.cfg.get("hybrid_override_pattern")
+    if types is None and isinstance(pattern, str):
+        unknown = sorted(set(pattern) - set(NEMOTRON_H_PATTERN))
+        if unknown:
+            raise InvalidArgument(f"config['hybrid_override_pattern'] has {unknown}: its letters are "
+                                  f"{sorted(NEMOTRON_H_PATTERN)} (Mamba 2, experts, attention, MLP)")
+        types = [NEMOTRON_H_PATTERN[letter] for letter in pattern]
+    if types is None and r.family.model_type == "nemotron_h":
+        types = NEMOTRON_H_DEFAULT_TYPES
+    if not isinstance(types, (list, tuple)) or not types or not all(isinstance(t, str) for t in types):
+        raise InvalidArgument(f"config['layers_block_type'] must be a list of layer types, got {types!r:.80}")
+    given = r.cfg.get("num_hidden_layers")
+    if given is not None and given != len(types):
+        r.note(f"num_hidden_layers {given!r} is not read: the model has one layer per layers_block_type entry "
+               f"({len(types)})", warn=True)
+    r.cfg["num_hidden_layers"] = len(types)
+    r.cfg["layer_types"] = [LEGACY_LAYER_TYPES.get(t, t) for t in types]
+
+
+def no_positions(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """A family whose attention layers apply no positions at all (NoPE): NemotronH, Jamba,
+    Zamba, Kimi Linear's MLA; their other layers (Mamba, linear attention, MLP) have none either."""
+    return None
+
+
+def nope_hybrid_note(r: Reading) -> None:
+    r.note(f"transformers' {r.family.model_type} applies no positions in its attention layers (NoPE); "
+           "its Mamba / linear-attention layers carry the order")
+
+
+def nemotron_h_prepare(r: Reading) -> None:
+    block_types_prepare(r)
+    nope_hybrid_note(r)
+
+
+def period_layer_types(r: Reading) -> list[str]:
+    """Jamba (``JambaConfig.layers_block_type``): attention where i % ``attn_layer_period`` ==
+    ``attn_layer_offset``, Mamba (``linear_attention``) elsewhere."""
+    period = r.positive_int("attn_layer_period")
+    offset = config_int(r.cfg, "attn_layer_offset", minimum=0, where="config")
+    return ["full_attention" if i % period == offset else "linear_attention"
+            for i in range(r.positive_int("num_hidden_layers"))]
+
+
+def kimi_linear_layer_types(r: Reading) -> list[str]:
+    """Kimi Linear (``KimiLinearConfig.__post_init__``): the config's layer_types, else
+    ``linear_attn_config``'s 1-based ``full_attn_layers`` / ``kda_layers``, else full attention
+    at every 4th layer from 4 (i > 0, i % 4 == 0), KDA linear attention elsewhere."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    n = r.positive_int("num_hidden_layers")
+    linear = r.cfg.get("linear_attn_config") or {}
+    if isinstance(linear, Mapping) and "full_attn_layers" in linear and "kda_layers" in linear:
+        types: list[str | None] = [None] * n
+        for key, kind in (("full_attn_layers", "full_attention"), ("kda_layers", "linear_attention")):
+            for layer in linear[key]:
+                if not isinstance(layer, int) or not 1 <= layer <= n:
+                    raise InvalidArgument(f"config['linear_attn_config']['{key}'] holds {layer!r}: layers are "
+                                          f"numbered 1 .. {n} (num_hidden_layers)")
+                types[layer - 1] = kind
+        if None in types:
+            raise InvalidArgument(f"config['linear_attn_config']: layer {types.index(None) + 1} is in neither "
+                                  "full_attn_layers nor kda_layers")
+        return [str(t) for t in types]
+    return ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(n)]
+
+
+def minimax_layer_types(r: Reading) -> list[str]:
+    """MiniMax (``MiniMaxConfig.__post_init__``): the config's layer_types, else softmax
+    attention at even layers, lightning (linear) attention at odd ones."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    return ["full_attention" if (i + 1) % 2 else "linear_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
+def minimax_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
+    """MiniMax's softmax layers slide over ``sliding_window`` when it is set (``MiniMaxAttention``
+    passes it on every such layer); the lightning layers have no positional mask."""
+    if layer_type == "linear_attention":
+        return "full", None
+    return span_all_sliding(r, index, layer_type)
+
+
+def minimax_prepare(r: Reading) -> None:
+    """MiniMax-Text-01 (``MiniMaxRotaryEmbedding``): transformers rotates the whole head_dim;
+    the released config's absolute ``rotary_dim`` (64 of 128 in the original code) is not read,
+    nor a ``partial_rotary_factor`` beside a default rope type (its own default init reads
+    head_dim only). posenc follows transformers and says so."""
+    head = r.cfg.get("head_dim") or r.head_dim_from_sizes()
+    rotary = r.cfg.get("rotary_dim")
+    if rotary is not None and rotary != head:
+        r.note(f"rotary_dim {rotary!r} is not read by transformers' MiniMax: it rotates the whole head_dim {head}",
+               warn=True)
+    key, params = rope_dict_of(r)
+    kind = params.get("rope_type", params.get("type", "default"))
+    for where, mapping in (("", r.cfg), (f"{key}", params)):
+        share = mapping.get("partial_rotary_factor")
+        if kind == "default" and share not in (None, 1, 1.0):
+            r.note(f"{where or 'config'} partial_rotary_factor {share!r} is not read by transformers' MiniMax "
+                   "(its default RoPE covers the whole head)", warn=True)
+            if mapping is r.cfg:
+                r.cfg.pop("partial_rotary_factor")
+            else:
+                r.cfg[key] = {k: v for k, v in params.items() if k != "partial_rotary_factor"}
+    r.note("layers of layer_type 'linear_attention' (lightning attention) have no positions: no encoding")
+
+
+def zamba2_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Zamba2 (``Zamba2Attention.forward``): RoPE on the shared attention blocks (the ``hybrid``
+    layers) only with ``use_mem_rope``, over the attention head ``2 * hidden_size //
+    num_attention_heads`` (``Zamba2Config.__post_init__`` sets attention_head_dim so, whatever
+    the config says); otherwise NoPE. The Mamba layers have no positions."""
+    if layer_type != "hybrid" or not r.cfg.get("use_mem_rope"):
+        return None
+    width = 2 * r.positive_int("hidden_size") // r.positive_int("num_attention_heads")
+    return r.rope(None, head_dim=width)
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -1182,6 +1314,27 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # Nemotron: partial RoPE, partial_rotary_factor 0.5 unless the config says otherwise
     _family("nemotron", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
     _family("nanochat", defaults={"rope_theta": 10000.0}, prepare=nanochat_refusal),
+    # NemotronH: Mamba 2, attention, MLP and MoE blocks by a pattern, all under "mixer"; its
+    # attention applies no positions (NoPE) and the model builds no rotary module
+    _family("nemotron_h", prepare=nemotron_h_prepare, layer_types=lambda r: r.cfg["layer_types"], span=hybrid_span,
+            encoding=no_positions, attention="mixer", rotary=None),
+    # Jamba: Mamba layers with an attention layer every attn_layer_period-th; no positions in attention
+    _family("jamba", defaults={"attn_layer_period": 8, "attn_layer_offset": 4}, prepare=nope_hybrid_note,
+            layer_types=period_layer_types, span=hybrid_span, encoding=no_positions, rotary=None),
+    # Zamba: Mamba layers and "hybrid" layers whose shared attention block has no positions
+    _family("zamba", prepare=nemotron_h_prepare, layer_types=lambda r: r.cfg["layer_types"], span=hybrid_span,
+            encoding=no_positions, attention="shared_transf.self_attn", rotary=None, head_dim="head_dim"),
+    # Zamba2: the shared attention blocks take RoPE only with use_mem_rope
+    _family("zamba2", defaults={"rope_theta": 10000.0}, prepare=block_types_prepare,
+            layer_types=lambda r: r.cfg["layer_types"], span=hybrid_span, encoding=zamba2_rope,
+            attention="shared_transformer.self_attn"),
+    # Kimi Linear: KDA linear attention and MLA layers without positions (NoPE)
+    _family("kimi_linear", prepare=nope_hybrid_note, layer_types=kimi_linear_layer_types, span=hybrid_span,
+            encoding=no_positions, rotary=None, head_dim="qk_head_dim"),
+    # MiniMax-Text-01: lightning attention (no positions) and softmax attention with RoPE on the whole head
+    _family("minimax", defaults={"rope_theta": 1_000_000.0, "sliding_window": None},
+            layer_types=minimax_layer_types, span=minimax_span, prepare=minimax_prepare,
+            encoding=attention_layers_rope),
 )}
 
 

@@ -169,10 +169,16 @@ def base_model(model: nn.Module, family: FamilyModules) -> nn.Module:
     ``family.rotary``).
 
     Raises:
-        InvalidArgument: it lacks either, or the model has no config.
+        InvalidArgument: it lacks its layers, or the model has no config; a model of no known
+            family (read as Llama-shaped) also needs its rotary module. A model of a family in
+            :data:`FAMILIES` may lack it: the model builds none (Zamba2 without
+            ``use_mem_rope``), and its layers are handed no tables.
     """
     base = _holder(model, family)
-    missing = [name for name in (family.layers, family.rotary) if name is not None and not hasattr(base, name)]
+    # a known family's missing rotary module is one the model does not build (the family sweep
+    # checks every record against transformers); a Llama-shaped guess must have one
+    rotary = family.rotary if record_of(model) is LLAMA_SHAPED else None
+    missing = [name for name in (family.layers, rotary) if name is not None and not hasattr(base, name)]
     if missing or not hasattr(model, "config"):
         raise InvalidArgument(
             f"model: expected a transformers decoder whose base model has '{family.layers}' and '{family.rotary}' "

@@ -132,7 +132,7 @@ def prepare_layers(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int
     uniform = isinstance(plan_or_encoding, (str, PositionalEncoding))  # every attention layer takes it
     if isinstance(plan_or_encoding, str):
         # one encoding per width of the layers' heads (Gemma 4's global layers are wider)
-        widths = [getattr(getattr(layer, family.attention, None), family.head_dim, head_dim) for layer in decoder_layers]
+        widths = [getattr(attention_of(layer, family), family.head_dim, head_dim) for layer in decoder_layers]
         built = {width: create_for_model(
             plan_or_encoding, d_model=sizes.hidden_size, num_heads=sizes.num_attention_heads, head_dim=width,
             max_positions=sizes.max_position_embeddings, causal=True, **kwargs,
@@ -167,7 +167,7 @@ def prepare_layers(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int
     probe = RotaryProbe(base, family, sizes)
     for index in chosen:
         layer_plan = plan[index]
-        module = getattr(decoder_layers[index], family.attention, None)
+        module = attention_of(decoder_layers[index], family)
         encoding = layer_plan.encoding
         where = f"layer {index}"
         if module is None or _without_attention(layer_plan, sizes, index):
@@ -236,7 +236,7 @@ def prepare_layers(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int
             register_with_transformers()
             original = config._attn_implementation
             for layer in decoder_layers:
-                module = getattr(layer, family.attention, None)
+                module = attention_of(layer, family)
                 if module is not None:
                     module.__dict__[FALLBACK_ATTR] = original
             model.set_attn_implementation(ATTN_IMPLEMENTATION)
@@ -246,12 +246,21 @@ def prepare_layers(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int
 
 def _head_dim(config: Any, decoder_layers: list[nn.Module], family: Family) -> int:
     for layer in decoder_layers:
-        module = getattr(layer, family.attention, None)
+        module = attention_of(layer, family)
         if isinstance(getattr(module, family.head_dim, None), int):
             return getattr(module, family.head_dim)
     if isinstance(getattr(config, "head_dim", None), int):
         return config.head_dim
     return config.hidden_size // config.num_attention_heads
+
+
+def attention_of(layer: nn.Module, family: Family) -> nn.Module | None:
+    """The decoder layer's self-attention module at the record's (dotted) ``attention`` path
+    (Zamba2's ``shared_transformer.self_attn``), or None where the layer has none."""
+    module: Any = layer
+    for name in family.attention.split("."):
+        module = getattr(module, name, None)
+    return module
 
 
 def _without_attention(layer_plan: LayerPlan, config: Any, index: int) -> bool:
@@ -440,7 +449,7 @@ def restore(model: nn.Module, base: nn.Module, family: Family) -> None:
     if "posenc_encoding" in base._modules:
         del base._modules["posenc_encoding"]
     for layer in getattr(base, family.layers):
-        module = getattr(layer, family.attention, None)
+        module = attention_of(layer, family)
         if module is not None:
             for attr in (ENCODING_ATTR, POSITIONS_ATTR, FALLBACK_ATTR):
                 module.__dict__.pop(attr, None)

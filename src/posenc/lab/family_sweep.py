@@ -200,6 +200,31 @@ RELEASED_SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
+#: Per-family keys of the shrunk config (None: the key removed) that ``posenc audit``'s
+#: shrinking does not know: sizes the config class derives (Zamba's and Zamba2's widths,
+#: recomputed from the shrunk hidden size once removed) and expert counts under another spelling.
+TINY_SHAPES: dict[str, dict[str, Any]] = {
+    "zamba2": dict.fromkeys(("mamba_headdim", "attention_hidden_size", "attention_head_dim", "hybrid_layer_ids",
+                             "kv_channels", "num_query_groups")),
+    "zamba": dict.fromkeys(("attention_hidden_size", "attention_head_dim", "mamba_dt_rank")),
+    "kimi_linear": {"num_experts_per_token": 1},
+}
+#: Per-family fewest layers of the tiny model: Zamba ties its shared attention block across the
+#: hybrid layers, and transformers refuses a model with only one of them.
+MIN_LAYERS: dict[str, int] = {"zamba": 8}
+
+
+def _tiny_shape(model_type: str, cfg: dict) -> dict:
+    """The shrunk ``cfg`` with :data:`TINY_SHAPES`' keys for ``model_type`` set or removed."""
+    out = dict(cfg)
+    for key, value in TINY_SHAPES.get(model_type, {}).items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
+
+
 def _default_config(model_type: str) -> dict:
     """The config class's defaults (``AutoConfig.for_model``), with :data:`RELEASED_SHAPES`' keys."""
     import transformers
@@ -484,8 +509,9 @@ def sweep_family(family: Family | str, *, seed: int = 0) -> Verdict:
     except Exception as err:  # noqa: BLE001 - position_plan must refuse with InvalidArgument, nothing else
         return verdict("failed", f"position_plan raised {_message(err)}")
     try:
-        layers = max(_layers_needed(full_plan), _layers_needed(full_plan.encoder) if full_plan.encoder else 0)
-        cfg = _tiny_config(config, layers)
+        layers = max(_layers_needed(full_plan), _layers_needed(full_plan.encoder) if full_plan.encoder else 0,
+                     MIN_LAYERS.get(family.model_type, 0))
+        cfg = _tiny_shape(family.model_type, _tiny_config(config, layers))
         plan = _plan(cfg)
         model = _build_tiny(cfg)
         tokens = torch.randint(3, VOCAB, (1, _length(plan, cfg)), generator=torch.Generator().manual_seed(seed))
