@@ -413,6 +413,28 @@ FAMILIES = {
                 dict(SMALL, num_hidden_layers=2, head_dim=16, num_local_experts=2, num_experts_per_tok=1, block_size=8,
                      rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
                 by_type(lambda t: rope(1e6) if t == "full_attention" else None), "sdpa"),
+    # the DeepSeek-V3 MLA copies: RoPE on the qk_rope_head_dim part, interleaved (rope_interleave)
+    "sarvam_mla": (T.SarvamMLAConfig, T.DeepseekV3ForCausalLM,
+                   dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1,
+                        n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32,
+                        kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16),
+                   uniform(lambda: posenc.RoPE(8, interleaved=True), 2), "sdpa"),
+    "youtu": (T.YoutuConfig, T.YoutuForCausalLM,
+              dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+                   qk_nope_head_dim=16, v_head_dim=16, tie_word_embeddings=False,
+                   rope_parameters={"rope_type": "default", "rope_theta": 1e5}),
+              uniform(lambda: posenc.RoPE(8, base=1e5, interleaved=True), 2), "sdpa"),
+    # MiniCPM3: MLA, the qk_rope_head_dim part in half-split pairs
+    "minicpm3": (T.MiniCPM3Config, T.MiniCPM3ForCausalLM,
+                 dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16,
+                      qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16),
+                 uniform(lambda: posenc.RoPE(8), 2), "sdpa"),
+    # Sarvam-MoE: GLM-4.5's class, the whole head rotated
+    "sarvam_moe": (T.SarvamMoEConfig, T.Glm4MoeForCausalLM,
+                   dict(SMALL, num_hidden_layers=2, head_dim=16, n_routed_experts=2, num_experts_per_tok=1, n_group=1,
+                        topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1,
+                        rope_parameters={"rope_type": "default", "rope_theta": 8e6}),
+                   uniform(lambda: rope(8e6), 2), "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -445,7 +467,8 @@ MEASURED = {
     # issue 34, list B
     "qwen2_moe": (3.58e-07, 2.98e-07), "olmo": (3.81e-06, 4.93e-06), "olmoe": (2.38e-07, 3.58e-07),
     "solar_open": (2.46e-07, 3.58e-07), "nemotron": (3.46e-06, 5.01e-06), "zamba2": (7.15e-07, 8.94e-07),
-    "minimax": (4.77e-07, 7.86e-07),
+    "minimax": (4.77e-07, 7.86e-07), "sarvam_mla": (2.98e-07, 4.17e-07), "youtu": (4.17e-07, 2.98e-07),
+    "minicpm3": (9.54e-07, 7.15e-07), "sarvam_moe": (3.28e-07, 4.77e-07),
 }
 
 #: The hybrids whose attention applies no positions at all (issue 34, list B): their config,

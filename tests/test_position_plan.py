@@ -227,6 +227,21 @@ CASES = [
     ("kimi_linear-default", "kimi_linear", dict(SMALL, num_hidden_layers=9, qk_rope_head_dim=8, qk_nope_head_dim=16)),
     ("minimax", "minimax", dict(SMALL, num_hidden_layers=6, head_dim=16, rope_theta=1e6, num_local_experts=4,
                                 rotary_dim=8)),
+    ("sarvam_mla", "sarvam_mla", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                      q_lora_rank=32, rope_theta=1e4)),
+    ("youtu", "youtu", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                            rope_parameters={"rope_type": "yarn", "rope_theta": 1e5, "factor": 4.0,
+                                             "original_max_position_embeddings": 64})),
+    ("youtu-half-split", "youtu", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                       rope_interleave=False)),
+    ("mistral4-beta-0", "mistral4", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                         rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                                                          "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                                                          "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                                          "llama_4_scaling_beta": 0.0})),
+    ("minicpm3", "minicpm3", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                  q_lora_rank=32, rope_theta=1e4)),
+    ("sarvam_moe", "sarvam_moe", dict(SMALL, head_dim=16, num_experts=4, rope_theta=8e6)),
     ("minimax-types", "minimax", dict(SMALL, head_dim=16, rope_theta=1e7, num_local_experts=4, layer_types=[
         "linear_attention", "linear_attention", "linear_attention", "full_attention"])),
 ]
@@ -246,8 +261,13 @@ def hf_text_config(model_type, config):
     return getattr(hf, "text_config", None) or hf
 
 
+#: families whose config class has no modeling file of its own: the class transformers maps them to
+MODELING_OF = {"sarvam_mla": "deepseek_v3", "sarvam_moe": "glm4_moe"}
+
+
 def rotary_class(hf):
     family = type(hf).__module__.split(".")[-2]
+    family = MODELING_OF.get(family, family)
     mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
     names = [n for n in dir(mod) if n.endswith("RotaryEmbedding") and "Vision" not in n and "Audio" not in n]
     assert len(names) == 1, names
@@ -314,7 +334,7 @@ def hf_tables_and_rotate(model_type, hf, mod, rotary, layer_type, q, k, position
     cos, sin = rotary(x, pos, **kwargs)
     if model_type == "gpt_oss":  # tables of r/2, _apply_rotary_emb halves the head
         return cos[0], sin[0], list(mod.apply_rotary_pos_emb(q, k, cos, sin))
-    if model_type in ("deepseek_v3", "glm4_moe_lite"):
+    if model_type in ("deepseek_v3", "glm4_moe_lite", "sarvam_mla", "youtu", "mistral4"):
         apply = mod.apply_rotary_pos_emb_interleave if hf.rope_interleave else mod.apply_rotary_pos_emb
         half = cos.shape[-1] // 2
         return cos[0, :, :half], sin[0, :, :half], list(apply(q, k, cos, sin))
@@ -546,6 +566,8 @@ def test_mrope_type_accepted_and_written_back():
     (dict(SMALL, model_type="lfm2_moe", num_experts=4), "layer_types"),
     # issue 34, list B: NanoChat's clockwise rotation (rotate_half returns (x2, -x1))
     (dict(SMALL, model_type="nanochat"), "rotate_half"),
+    # Mistral 4's query temperature (its class's default rope dict: llama_4_scaling_beta 0.1)
+    (dict(SMALL, model_type="mistral4", qk_rope_head_dim=8, qk_nope_head_dim=16), "llama_4_scaling_beta"),
 ])
 def test_refusals_name_the_key(config, key):
     with pytest.raises((MissingKey, InvalidArgument), match=key):

@@ -996,6 +996,38 @@ def zamba2_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEnc
     return r.rope(None, head_dim=width)
 
 
+def mla_half_split_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """MiniCPM3 (``MiniCPM3Attention``): MLA whose ``qk_rope_head_dim`` part of each head is
+    rotated in half-split pairs (``apply_rotary_pos_emb``; no interleave switch)."""
+    return r.rope(None, head_dim=r.positive_int("qk_rope_head_dim"), interleaved=False)
+
+
+#: Mistral4Config's rope dict when the config has none (``__post_init__``; partial_rotary_factor
+#: qk_rope_head_dim / head_dim is read as the MLA's rotated part, as DeepSeek-V3's).
+MISTRAL4_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 128.0, "original_max_position_embeddings": 8192,
+                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}
+
+
+def mistral4_prepare(r: Reading) -> None:
+    """Mistral 4 (``Mistral4Attention.forward``): DeepSeek-V3's MLA (RoPE on qk_rope_head_dim,
+    interleaved with rope_interleave), whose queries are then multiplied by Llama 4's scale
+    1 + beta * log(1 + floor(position / original_max_position_embeddings)) with the rope dict's
+    ``llama_4_scaling_beta`` (default 0.1): refused by name unless beta is 0 (as Ministral 3)."""
+    key, params = rope_dict_of(r)
+    if key is None:
+        key, params = "rope_parameters", MISTRAL4_ROPE
+    beta = params.get("llama_4_scaling_beta")
+    if beta is not None and check_real(beta, f"config[{key!r}]['llama_4_scaling_beta']") != 0:
+        raise InvalidArgument(f"config[{key!r}]['llama_4_scaling_beta'] = {beta!r}: transformers' Mistral 4 multiplies "
+                              "the queries of every layer by 1 + beta * log(1 + floor(position / "
+                              "original_max_position_embeddings)); no posenc encoding computes that query temperature on "
+                              "a RoPE layer, so posenc does not read it (0 would be plain RoPE)")
+    # the rotated part is qk_rope_head_dim (deepseek_rope): the share of the whole head is not read again
+    r.cfg[key] = {k: v for k, v in params.items()
+                  if k not in ("llama_4_scaling_beta", "max_position_embeddings", "partial_rotary_factor")}
+    deepseek_check(r)
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -1331,6 +1363,24 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # Kimi Linear: KDA linear attention and MLA layers without positions (NoPE)
     _family("kimi_linear", prepare=nope_hybrid_note, layer_types=kimi_linear_layer_types, span=hybrid_span,
             encoding=no_positions, rotary=None, head_dim="qk_head_dim"),
+    # the DeepSeek-V3 MLA copies: RoPE on qk_rope_head_dim, interleaved with rope_interleave (default true)
+    _family("sarvam_mla", layout="interleaved",
+            defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64, "rope_interleave": True},
+            encoding=deepseek_rope, prepare=deepseek_check, interleaved_key="rope_interleave",
+            interleaved_tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
+    _family("youtu", layout="interleaved",
+            defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64, "rope_interleave": True},
+            encoding=deepseek_rope, prepare=deepseek_check, interleaved_key="rope_interleave",
+            interleaved_tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
+    _family("mistral4", layout="interleaved",
+            defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64, "rope_interleave": True},
+            encoding=deepseek_rope, prepare=mistral4_prepare, interleaved_key="rope_interleave",
+            interleaved_tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
+    # MiniCPM3: MLA, RoPE on qk_rope_head_dim in half-split pairs
+    _family("minicpm3", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 32}, encoding=mla_half_split_rope,
+            prepare=deepseek_check, head_dim="qk_head_dim"),
+    # Sarvam-MoE: GLM-4.5's class with the whole head rotated (partial_rotary_factor 1.0), theta 8e6
+    _family("sarvam_moe", defaults={"rope_theta": 8_000_000.0, "head_dim": 64, "partial_rotary_factor": 1.0}),
     # MiniMax-Text-01: lightning attention (no positions) and softmax attention with RoPE on the whole head
     _family("minimax", defaults={"rope_theta": 1_000_000.0, "sliding_window": None},
             layer_types=minimax_layer_types, span=minimax_span, prepare=minimax_prepare,

@@ -208,6 +208,9 @@ TINY_SHAPES: dict[str, dict[str, Any]] = {
                              "kv_channels", "num_query_groups")),
     "zamba": dict.fromkeys(("attention_hidden_size", "attention_head_dim", "mamba_dt_rank")),
     "kimi_linear": {"num_experts_per_token": 1},
+    # Youtu's model as built holds lm_head apart from the embeddings that its reload ties
+    # (transformers 5.24): untied, a plain save / load keeps the weights drawn
+    "youtu": {"tie_word_embeddings": False},
 }
 #: Per-family fewest layers of the tiny model: Zamba ties its shared attention block across the
 #: hybrid layers, and transformers refuses a model with only one of them.
