@@ -180,6 +180,8 @@ SHRUNK = {
     "hunyuan_v1_dense": ("HunYuanDenseV1ForCausalLM", "read exactly"),
     "ministral": ("MinistralForCausalLM", "read exactly"),
     "nemotron": ("NemotronForCausalLM", "read exactly"),
+    # no head_dim and hidden_size not a multiple of the heads: Glm4MoeLiteConfig's head_dim is qk_rope_head_dim
+    "glm4_moe_lite": ("Glm4MoeLiteForCausalLM", "read exactly"),
     # DeepseekV2Config's num_experts_per_tok None: the audit model routes 1 expert per token
     "deepseek_v2": ("DeepseekV2ForCausalLM", "read exactly"),
     # Dots1Config's expert counts None (its own default does not build): the audit model's 2 + 1 shared

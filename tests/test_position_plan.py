@@ -242,6 +242,11 @@ CASES = [
     ("minicpm3", "minicpm3", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
                                   q_lora_rank=32, rope_theta=1e4)),
     ("sarvam_moe", "sarvam_moe", dict(SMALL, head_dim=16, num_experts=4, rope_theta=8e6)),
+    # no head_dim, hidden_size not a multiple of the heads: transformers floors (GLM-4.5) or reads qk_rope_head_dim
+    ("glm4_moe-floored-head", "glm4_moe", dict(SMALL, hidden_size=66, n_routed_experts=4, rope_theta=1e6)),
+    ("glm4_moe_lite-no-head", "glm4_moe_lite", dict(SMALL, num_attention_heads=6, qk_rope_head_dim=8,
+                                                    qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                                    q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2)),
     ("minimax-types", "minimax", dict(SMALL, head_dim=16, rope_theta=1e7, num_local_experts=4, layer_types=[
         "linear_attention", "linear_attention", "linear_attention", "full_attention"])),
 ]
@@ -566,6 +571,8 @@ def test_mrope_type_accepted_and_written_back():
     (dict(SMALL, model_type="lfm2_moe", num_experts=4), "layer_types"),
     # issue 34, list B: NanoChat's clockwise rotation (rotate_half returns (x2, -x1))
     (dict(SMALL, model_type="nanochat"), "rotate_half"),
+    # GLM-4.5 without head_dim: 64 // 6 = 10 floored, x 0.5 = 5 rotated dimensions (odd)
+    (dict(SMALL, model_type="glm4_moe", num_attention_heads=6), "odd"),
     # Mistral 4's query temperature (its class's default rope dict: llama_4_scaling_beta 0.1)
     (dict(SMALL, model_type="mistral4", qk_rope_head_dim=8, qk_nope_head_dim=16), "llama_4_scaling_beta"),
 ])

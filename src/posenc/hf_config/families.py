@@ -1028,6 +1028,36 @@ def mistral4_prepare(r: Reading) -> None:
     deepseek_check(r)
 
 
+def glm4_moe_prepare(r: Reading) -> None:
+    """GLM-4.5 (``Glm4MoeAttention``: ``getattr(config, "head_dim", hidden_size //
+    num_attention_heads)``): the config's head_dim, else hidden_size // num_attention_heads
+    floored, as transformers takes it (GLM-4.5's class has no head_dim default; a released
+    config gives 128). A rotated width head_dim x partial_rotary_factor that is odd is refused:
+    transformers' table then covers one dimension more than its inv_freq pairs."""
+    if r.cfg.get("head_dim") is not None:
+        return
+    hidden, heads = r.positive_int("hidden_size"), r.positive_int("num_attention_heads")
+    head = hidden // heads
+    r.cfg["head_dim"] = head
+    if hidden % heads:
+        r.note(f"no head_dim: hidden_size {hidden} // num_attention_heads {heads} = {head}, floored as "
+               "transformers' Glm4MoeAttention takes it")
+    _, params = rope_dict_of(r)
+    share = params.get("partial_rotary_factor", r.cfg.get("partial_rotary_factor", 1.0))
+    rotated = int(head * check_real(share, "config['partial_rotary_factor']", gt=0, le=1))
+    if rotated % 2:
+        raise InvalidArgument(f"config (glm4_moe): head_dim {head} x partial_rotary_factor {share} = {rotated} rotated "
+                              "dimensions, an odd number: transformers' Glm4Moe builds (rotated + 1) / 2 frequencies and "
+                              "rotates one dimension more than posenc's pairs can; give head_dim")
+
+
+def glm4_moe_lite_prepare(r: Reading) -> None:
+    """GLM-4.7-Flash (``Glm4MoeLiteConfig.attribute_map``): ``head_dim`` is ``qk_rope_head_dim``
+    (the rotated part of the MLA head), whatever hidden_size / num_attention_heads give."""
+    r.cfg["head_dim"] = r.positive_int("qk_rope_head_dim")
+    deepseek_check(r)
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -1249,7 +1279,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             tables="deinterleaved_cos_sin"),
     _family("glm4", layout="interleaved", defaults={"rope_theta": 10000.0, "head_dim": 128, "partial_rotary_factor": 0.5},
             tables="deinterleaved_cos_sin"),
-    _family("glm4_moe", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    _family("glm4_moe", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.5}, prepare=glm4_moe_prepare),
     _family("granite", defaults={"rope_theta": 10000.0}),
     _family("granitemoe", defaults={"rope_theta": 10000.0}),
     _family("granitemoeshared", defaults={"rope_theta": 10000.0}),
@@ -1313,7 +1343,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # GLM-4.7-Flash: DeepSeek-V3's MLA, RoPE on qk_rope_head_dim, interleaved with rope_interleave (default true)
     _family("glm4_moe_lite", layout="interleaved",
             defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64, "rope_interleave": True},
-            encoding=deepseek_rope, prepare=deepseek_check, interleaved_key="rope_interleave",
+            encoding=deepseek_rope, prepare=glm4_moe_lite_prepare, interleaved_key="rope_interleave",
             interleaved_tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
     # Gemma 3n: Gemma 3's two thetas (rope_theta global, rope_local_base_freq local), 4 sliding layers to 1 full
     _family("gemma3n_text", defaults={"head_dim": 256, "sliding_window": 512},

@@ -195,6 +195,8 @@ RELEASED_SHAPES: dict[str, dict[str, Any]] = {
     "hunyuan_v1_moe": {"head_dim": 128},
     # mistralai/Ministral-8B-Instruct-2410: head_dim 128
     "ministral": {"head_dim": 128},
+    # zai-org/GLM-4.5: head_dim 128 (Glm4MoeConfig has none: 4096 // 96 floored, an odd rotated width)
+    "glm4_moe": {"head_dim": 128},
     # nvidia/Minitron-8B-Base: 8 key/value heads (NemotronConfig's default is None)
     "nemotron": {"num_key_value_heads": 8},
 }
