@@ -195,6 +195,10 @@ RELEASED_SHAPES: dict[str, dict[str, Any]] = {
     "hunyuan_v1_moe": {"head_dim": 128},
     # mistralai/Ministral-8B-Instruct-2410: head_dim 128
     "ministral": {"head_dim": 128},
+    # LiquidAI/LFM2-8B-A1B: attention at layers 2, 6, 10, 14, 18, 21 of 24, short convolutions elsewhere
+    # (Lfm2MoeConfig has no default schedule: transformers builds no model without layer_types)
+    "lfm2_moe": {"num_hidden_layers": 24,
+                 "layer_types": ["full_attention" if i in (2, 6, 10, 14, 18, 21) else "conv" for i in range(24)]},
     # zai-org/GLM-4.5: head_dim 128 (Glm4MoeConfig has none: 4096 // 96 floored, an odd rotated width)
     "glm4_moe": {"head_dim": 128},
     # nvidia/Minitron-8B-Base: 8 key/value heads (NemotronConfig's default is None)
