@@ -435,6 +435,42 @@ FAMILIES = {
                         topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1,
                         rope_parameters={"rope_type": "default", "rope_theta": 8e6}),
                    uniform(lambda: rope(8e6), 2), "sdpa"),
+    # sliding / full hybrids with one rope dict per layer type
+    "kolibri1": (T.Kolibri1Config, T.Kolibri1ForCausalLM,
+                 dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8,
+                      layer_types=["sliding_attention", "full_attention"],
+                      rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+                 lambda config: PositionPlan((LayerPlan(rope(5e5), "sliding", 8), LayerPlan(rope(5e5)))), "sdpa"),
+    "laguna": (T.LagunaConfig, T.LagunaForCausalLM,
+               dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8, num_experts=2, num_experts_per_tok=1,
+                    moe_intermediate_size=32, layer_types=["sliding_attention", "full_attention"]),
+               lambda config: PositionPlan((LayerPlan(rope(1e4), "sliding", 8),
+                                            LayerPlan(rope(5e5, rotary_dim=8)))), "sdpa"),
+    "mimo_v2_flash": (T.MiMoV2FlashConfig, T.MiMoV2FlashForCausalLM,
+                      dict(SMALL, num_hidden_layers=2, head_dim=24, v_head_dim=16, sliding_window=8, n_routed_experts=2,
+                           num_experts_per_tok=1, moe_intermediate_size=32,
+                           layer_types=["full_attention", "sliding_attention"]),
+                      lambda config: PositionPlan((LayerPlan(rope(5e6, head_dim=24, rotary_dim=8)),
+                                                   LayerPlan(rope(1e4, head_dim=24, rotary_dim=8), "sliding", 8))),
+                      "eager"),
+    # LFM3: a convolution, a sliding layer (theta 1e4), a full layer (proportional over half the head)
+    "lfm3": (T.Lfm3Config, T.Lfm3ForCausalLM,
+             dict(SMALL, num_hidden_layers=3, head_dim=16, sliding_window=8,
+                  layer_types=["conv", "sliding_attention", "full_attention"]),
+             lambda config: PositionPlan((LayerPlan(None), LayerPlan(rope(1e4), "sliding", 8), LayerPlan(rope(
+                 1e6, scaling={"rope_type": "proportional", "partial_rotary_factor": 0.5})))), "sdpa"),
+    # OLMo Hybrid and LARA Mini: Gated DeltaNet layers beside attention (LARA Mini: RoPE on its sliding layers only)
+    "olmo_hybrid": (T.OlmoHybridConfig, T.OlmoHybridForCausalLM,
+                    dict(SMALL, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+                         rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+                    by_type(lambda t: rope(5e5) if t == "full_attention" else None), "sdpa"),
+    "lara_mini": (T.LaraMiniConfig, T.LaraMiniForCausalLM,
+                  dict(SMALL, num_hidden_layers=3, head_dim=16, sliding_window=8, linear_key_head_dim=16,
+                       linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                       layer_types=["linear_attention", "sliding_attention", "full_attention"],
+                       rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+                  lambda config: PositionPlan((LayerPlan(None), LayerPlan(rope(1e6), "sliding", 8), LayerPlan(None))),
+                  "sdpa"),
 }
 
 #: Guarantee (a), measured here (CPU, float32, torch's default threads): max |logits(use_encoding(own plan)) -
@@ -468,7 +504,9 @@ MEASURED = {
     "qwen2_moe": (3.58e-07, 2.98e-07), "olmo": (3.81e-06, 4.93e-06), "olmoe": (2.38e-07, 3.58e-07),
     "solar_open": (2.46e-07, 3.58e-07), "nemotron": (3.46e-06, 5.01e-06), "zamba2": (7.15e-07, 8.94e-07),
     "minimax": (4.77e-07, 7.86e-07), "sarvam_mla": (2.98e-07, 4.17e-07), "youtu": (4.17e-07, 2.98e-07),
-    "minicpm3": (9.54e-07, 7.15e-07), "sarvam_moe": (3.28e-07, 4.77e-07),
+    "minicpm3": (9.54e-07, 7.15e-07), "sarvam_moe": (3.28e-07, 4.77e-07), "kolibri1": (3.87e-07, 6.56e-07),
+    "laguna": (4.77e-07, 5.07e-07), "mimo_v2_flash": (3.58e-07, 0.0), "lfm3": (4.77e-07, 4.77e-07),
+    "olmo_hybrid": (4.17e-07, 5.96e-07), "lara_mini": (4.17e-07, 5.66e-07),
 }
 
 #: The hybrids whose attention applies no positions at all (issue 34, list B): their config,
@@ -635,9 +673,17 @@ def _b_model(family):
     return build(family, **overrides)
 
 
+#: Families whose layers fail on posenc's attention route (issue 34, list B; for the attention's
+#: owner): MiMo-V2-Flash's sliding layers have sinks and values narrower than q and k (16 vs 24),
+#: and sdpa.py's _with_sinks_merged hands them to the CPU flash kernel, which needs one head size.
+POSENC_ROUTE_FAILS = {"mimo_v2_flash": "sinks with a value head narrower than q and k (attention/sdpa.py)"}
+
+
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "gpt_oss"])
 @pytest.mark.parametrize("name,layers", B_CASES)
-def test_encodings_by_name_train_and_generate_with_the_cache(family, name, layers):
+def test_encodings_by_name_train_and_generate_with_the_cache(family, name, layers, request):
+    if family in POSENC_ROUTE_FAILS and name != "nope":  # NoPE keeps the model's own attention
+        request.applymarker(pytest.mark.xfail(strict=True, reason=POSENC_ROUTE_FAILS[family]))
     model = _b_model(family)
     if layers == "last":
         layers = [getattr(model.config, "text_config", model.config).num_hidden_layers - 1]
@@ -777,7 +823,7 @@ def test_llama4_native_temperature_is_kept_for_its_own_plan_and_replaced_otherwi
 
 
 #: extend_context refusals of the test configs, each for its reason (the model and config unchanged).
-EXTEND_REFUSED = {"gemma3_text": "already scaled", "gpt_oss": "already scaled", "olmo3": "already scaled",
+EXTEND_REFUSED = {"lfm3": "already scaled", "gemma3_text": "already scaled", "gpt_oss": "already scaled", "olmo3": "already scaled",
                   "phi3": "Phi3Config refuses the extended config",  # Phi-3 accepts longrope only
                   "gemma4_text": "name the ones to scale",
                   # GPT-J's rotary: rotary_dim and base 10000 (create_sinusoidal_positions), nothing else

@@ -247,6 +247,15 @@ CASES = [
     ("glm4_moe_lite-no-head", "glm4_moe_lite", dict(SMALL, num_attention_heads=6, qk_rope_head_dim=8,
                                                     qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
                                                     q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2)),
+    ("laguna", "laguna", dict(SMALL, head_dim=16, sliding_window=16, num_experts=4,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])),
+    ("mimo_v2_flash", "mimo_v2_flash", dict(SMALL, num_hidden_layers=7, head_dim=24, v_head_dim=16, n_routed_experts=4)),
+    ("mimo_v2_flash-window-size", "mimo_v2_flash", dict(SMALL, head_dim=24, v_head_dim=16, n_routed_experts=4,
+                                                        sliding_window_size=15)),
+    ("kolibri1", "kolibri1", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=17, rope_theta=5e5)),
+    ("lfm3", "lfm3", dict(SMALL, num_hidden_layers=7, head_dim=16, sliding_window=16)),
+    ("olmo_hybrid", "olmo_hybrid", dict(SMALL, num_hidden_layers=8, rope_theta=5e5)),
+    ("lara_mini", "lara_mini", dict(SMALL, num_hidden_layers=5, head_dim=16, sliding_window=16, rope_theta=1e6)),
     ("minimax-types", "minimax", dict(SMALL, head_dim=16, rope_theta=1e7, num_local_experts=4, layer_types=[
         "linear_attention", "linear_attention", "linear_attention", "full_attention"])),
 ]
@@ -311,6 +320,10 @@ def hf_uses_rope(model_type, hf, index):
         return False
     if model_type == "zamba2":  # the shared attention blocks, with use_mem_rope (Zamba2Attention.forward)
         return hf.layers_block_type[index] == "hybrid" and hf.use_mem_rope
+    if model_type in ("lfm3", "olmo_hybrid"):  # their attention layers only (not conv / Gated DeltaNet)
+        return hf.layer_types[index] in ("full_attention", "sliding_attention")
+    if model_type == "lara_mini":  # LaraMiniAttention: RoPE on the sliding layers only
+        return hf.layer_types[index] == "sliding_attention"
     if model_type == "minimax":  # softmax attention; the lightning layers have no positions
         return hf.layer_types[index] == "full_attention"
     if model_type == "exaone4":  # "global NoPE" (Exaone4Attention.forward)

@@ -1058,6 +1058,69 @@ def glm4_moe_lite_prepare(r: Reading) -> None:
     deepseek_check(r)
 
 
+def typed_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """A hybrid's RoPE on its softmax-attention layers, each of its type's rope dict where the
+    config holds one per layer type; None on the layers without softmax attention."""
+    return None if layer_type in NO_ATTENTION_TYPES else r.rope(layer_type)
+
+
+def default_rope_dict(params: Mapping[str, Any]) -> Callable[[Reading], None]:
+    """A ``prepare`` giving a config without a rope dict its config class's own (``__post_init__``
+    sets it when ``rope_parameters`` is None: Laguna, MiMo-V2-Flash, LFM3 one dict per layer type)."""
+    def prepare(r: Reading) -> None:
+        if rope_dict_of(r)[0] is None:
+            r.cfg["rope_parameters"] = {k: dict(v) if isinstance(v, Mapping) else v for k, v in params.items()}
+    return prepare
+
+
+def rule_layer_types(rule: Callable[[int, int], str]) -> Callable[[Reading], list[str]]:
+    """The config's layer_types, else ``rule(i, num_hidden_layers)`` per layer, as the config
+    class's ``__post_init__`` derives them."""
+    def derive(r: Reading) -> list[str]:
+        explicit = r.explicit_layer_types()
+        if explicit is not None:
+            return explicit
+        n = r.positive_int("num_hidden_layers")
+        return [rule(i, n) for i in range(n)]
+    return derive
+
+
+def olmo_hybrid_layer_types(r: Reading) -> list[str]:
+    """OLMo Hybrid (``OlmoHybridConfig.__post_init__``): the config's layer_types, else linear
+    attention (Gated DeltaNet) with full attention at every 4th layer (i % 4 == 3), the last
+    layer full where that leaves none."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    n = r.positive_int("num_hidden_layers")
+    types = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(n)]
+    if "full_attention" not in types:
+        types[-1] = "full_attention"
+    return types
+
+
+#: Class defaults of the per-layer-type rope dicts (their configuration files' ``__post_init__``).
+LAGUNA_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}
+MIMO_V2_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.334},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.334}}
+LFM3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+             "full_attention": {"rope_type": "proportional", "rope_theta": 1_000_000.0, "partial_rotary_factor": 0.5}}
+#: LARA Mini's released layer pattern, period 5 (``LaraMiniConfig.__post_init__``).
+LARA_MINI_PATTERN = ("linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention")
+
+
+def mimo_v2_prepare(r: Reading) -> None:
+    """MiMo-V2-Flash (``MiMoV2FlashConfig.__post_init__``): its per-type rope dicts by default;
+    a released ``sliding_window_size`` is the window minus one (the reference attends to that
+    many previous tokens plus the query)."""
+    default_rope_dict(MIMO_V2_ROPE)(r)
+    size = r.cfg.get("sliding_window_size")
+    if size is not None:
+        r.cfg["sliding_window"] = config_int(r.cfg, "sliding_window_size", where="config (mimo_v2_flash)") + 1
+        r.note(f"sliding_window_size {size} is a window of {size + 1} (MiMoV2FlashConfig adds the query)")
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -1411,6 +1474,28 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             prepare=deepseek_check, head_dim="qk_head_dim"),
     # Sarvam-MoE: GLM-4.5's class with the whole head rotated (partial_rotary_factor 1.0), theta 8e6
     _family("sarvam_moe", defaults={"rope_theta": 8_000_000.0, "head_dim": 64, "partial_rotary_factor": 1.0}),
+    # the sliding / full hybrids with one rope dict per layer type (their config classes' defaults)
+    _family("laguna", defaults={"sliding_window": 512, "head_dim": 128}, prepare=default_rope_dict(LAGUNA_ROPE),
+            layer_types=rule_layer_types(lambda i, n: "full_attention"), encoding=typed_rope,
+            scaled_layer_types=("full_attention",)),
+    _family("mimo_v2_flash", defaults={"sliding_window": 129, "head_dim": 192}, prepare=mimo_v2_prepare,
+            layer_types=rule_layer_types(lambda i, n: "full_attention" if i == 0 or not (i + 1) % 6
+                                         else "sliding_attention"), encoding=typed_rope,
+            scaled_layer_types=("full_attention",)),
+    _family("kolibri1", defaults={"rope_theta": 10000.0, "sliding_window": 513, "head_dim": 128},
+            layer_types=rule_layer_types(lambda i, n: "full_attention" if (i + 1) % 5 == 0 else "sliding_attention")),
+    # LFM3: short convolutions, sliding layers (theta 1e4) and full layers (proportional, a half of the head)
+    _family("lfm3", defaults={"sliding_window": 256, "head_dim": 128}, prepare=default_rope_dict(LFM3_ROPE), span=hybrid_span, encoding=typed_rope,
+            layer_types=rule_layer_types(lambda i, n: "full_attention" if i % 4 == 2 else
+                                         "sliding_attention" if i % 4 == 0 and i > 0 else "conv"),
+            scaled_layer_types=("full_attention",)),
+    # OLMo Hybrid and LARA Mini: Gated DeltaNet layers (no positions) beside RoPE attention layers
+    _family("olmo_hybrid", defaults={"rope_theta": 10000.0}, layer_types=olmo_hybrid_layer_types, span=hybrid_span,
+            encoding=typed_rope),
+    # (LARA Mini's full-attention layers are NoPE: its model hands RoPE to the sliding layers only)
+    _family("lara_mini", defaults={"rope_theta": 10000.0, "sliding_window": 512, "head_dim": 128},
+            layer_types=rule_layer_types(lambda i, n: LARA_MINI_PATTERN[i % len(LARA_MINI_PATTERN)]), span=hybrid_span,
+            encoding=lambda r, i, t: r.rope(None) if t == "sliding_attention" else None),
     # MiniMax-Text-01: lightning attention (no positions) and softmax attention with RoPE on the whole head
     _family("minimax", defaults={"rope_theta": 1_000_000.0, "sliding_window": None},
             layer_types=minimax_layer_types, span=minimax_span, prepare=minimax_prepare,
