@@ -435,6 +435,12 @@ FAMILIES = {
                         topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1,
                         rope_parameters={"rope_type": "default", "rope_theta": 8e6}),
                    uniform(lambda: rope(8e6), 2), "sdpa"),
+    # MiniMax-M3's text model: RoPE over the rope dict's half of the head (its rotary_dim is not read)
+    "minimax_m3_vl_text": (T.MiniMaxM3VLTextConfig, T.MiniMaxM3VLForCausalLM,
+                           dict(SMALL, num_hidden_layers=2, head_dim=16, rotary_dim=4, num_local_experts=2,
+                                num_experts_per_tok=1, mlp_layer_types=["dense", "dense"],
+                                rope_parameters={"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5}),
+                           uniform(lambda: rope(5e6, rotary_dim=8), 2), "sdpa"),
     # sliding / full hybrids with one rope dict per layer type
     "kolibri1": (T.Kolibri1Config, T.Kolibri1ForCausalLM,
                  dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8,
@@ -506,7 +512,7 @@ MEASURED = {
     "minimax": (4.77e-07, 7.86e-07), "sarvam_mla": (2.98e-07, 4.17e-07), "youtu": (4.17e-07, 2.98e-07),
     "minicpm3": (9.54e-07, 7.15e-07), "sarvam_moe": (3.28e-07, 4.77e-07), "kolibri1": (3.87e-07, 6.56e-07),
     "laguna": (4.77e-07, 5.07e-07), "mimo_v2_flash": (3.58e-07, 0.0), "lfm3": (4.77e-07, 4.77e-07),
-    "olmo_hybrid": (4.17e-07, 5.96e-07), "lara_mini": (4.17e-07, 5.66e-07),
+    "olmo_hybrid": (4.17e-07, 5.96e-07), "lara_mini": (4.17e-07, 5.66e-07), "minimax_m3_vl_text": (4.02e-06, 4.77e-06),
 }
 
 #: The hybrids whose attention applies no positions at all (issue 34, list B): their config,

@@ -256,6 +256,11 @@ CASES = [
     ("lfm3", "lfm3", dict(SMALL, num_hidden_layers=7, head_dim=16, sliding_window=16)),
     ("olmo_hybrid", "olmo_hybrid", dict(SMALL, num_hidden_layers=8, rope_theta=5e5)),
     ("lara_mini", "lara_mini", dict(SMALL, num_hidden_layers=5, head_dim=16, sliding_window=16, rope_theta=1e6)),
+    ("minimax_m3_vl_text", "minimax_m3_vl_text", dict(SMALL, head_dim=16, rotary_dim=8, num_local_experts=4,
+                                                      rope_parameters={"rope_type": "default", "rope_theta": 5e6,
+                                                                       "partial_rotary_factor": 0.5})),
+    ("minimax_m3_vl-nested", "minimax_m3_vl", dict(text_config=dict(SMALL, model_type="minimax_m3_vl_text", head_dim=16,
+                                                                    rotary_dim=8, num_local_experts=4))),
     ("minimax-types", "minimax", dict(SMALL, head_dim=16, rope_theta=1e7, num_local_experts=4, layer_types=[
         "linear_attention", "linear_attention", "linear_attention", "full_attention"])),
 ]
@@ -586,6 +591,11 @@ def test_mrope_type_accepted_and_written_back():
     (dict(SMALL, model_type="nanochat"), "rotate_half"),
     # GLM-4.5 without head_dim: 64 // 6 = 10 floored, x 0.5 = 5 rotated dimensions (odd)
     (dict(SMALL, model_type="glm4_moe", num_attention_heads=6), "odd"),
+    # sparse attention: a learned indexer picks the keys (Qwen4-Exp, MiniMax-M3)
+    (dict(SMALL, model_type="qwen4_exp_text", head_dim=16, layer_types=[
+        "linear_attention", "linear_attention", "linear_attention", "indexed_attention"]), "indexer"),
+    (dict(SMALL, model_type="minimax_m3_vl_text", head_dim=16, layer_types=[
+        "full_attention", "minimax_m3_sparse", "full_attention", "full_attention"]), "Lightning Indexer"),
     # Mistral 4's query temperature (its class's default rope dict: llama_4_scaling_beta 0.1)
     (dict(SMALL, model_type="mistral4", qk_rope_head_dim=8, qk_nope_head_dim=16), "llama_4_scaling_beta"),
 ])

@@ -1121,6 +1121,32 @@ def mimo_v2_prepare(r: Reading) -> None:
         r.note(f"sliding_window_size {size} is a window of {size + 1} (MiMoV2FlashConfig adds the query)")
 
 
+def refuse_indexed_layers(kind: str, what: str) -> Callable[[Reading], None]:
+    """A ``prepare`` refusing a config with layers of type ``kind``: a learned indexer picks the
+    keys each query attends to (sparse attention), ``what`` names it; posenc reads positions, not
+    a key selection made from them."""
+    def prepare(r: Reading) -> None:
+        types = r.explicit_layer_types() or []
+        if kind in types:
+            raise InvalidArgument(f"config['layer_types'] has {kind!r} layers (layer {types.index(kind)}): {what} picks the "
+                                  "keys each query attends to from its own RoPE'd scores (sparse attention); posenc "
+                                  "does not model that key selection, so it does not read this config")
+    return prepare
+
+
+def minimax_m3_prepare(r: Reading) -> None:
+    """MiniMax-M3's text model (``MiniMaxM3VLTextRotaryEmbedding``): the rope dict's
+    partial_rotary_factor sets the rotated share; the config's absolute ``rotary_dim`` is not
+    read (noted); its ``minimax_m3_sparse`` layers (a Lightning Indexer) are refused by name."""
+    refuse_indexed_layers("minimax_m3_sparse", "MiniMax-M3's Lightning Indexer (index_topk_blocks)")(r)
+    rotary, head = r.cfg.get("rotary_dim"), r.cfg.get("head_dim") or r.head_dim_from_sizes()
+    _, params = rope_dict_of(r)
+    share = params.get("partial_rotary_factor", r.cfg.get("partial_rotary_factor", 1.0))
+    if rotary is not None and rotary != int(head * share):
+        r.note(f"rotary_dim {rotary!r} is not read by transformers' MiniMax-M3: it rotates head_dim {head} x "
+               f"partial_rotary_factor {share!r}", warn=True)
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -1496,6 +1522,17 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("lara_mini", defaults={"rope_theta": 10000.0, "sliding_window": 512, "head_dim": 128},
             layer_types=rule_layer_types(lambda i, n: LARA_MINI_PATTERN[i % len(LARA_MINI_PATTERN)]), span=hybrid_span,
             encoding=lambda r, i, t: r.rope(None) if t == "sliding_attention" else None),
+    # Qwen4-Exp: Gated DeltaNet layers and indexed (sparse) attention layers, refused by name
+    _family("qwen4_exp_text", defaults={"rope_theta": 10000.0, "head_dim": 256},
+            prepare=refuse_indexed_layers("indexed_attention", "Qwen4-Exp's indexer (Qwen4ExpTextIndexer)"),
+            layer_types=lambda r: r.explicit_layer_types() or ["full_attention"] * r.positive_int("num_hidden_layers"),
+            span=hybrid_span, encoding=typed_rope, source="transformers/models/qwen4_exp/"),
+    _family("qwen4_exp", text_config="qwen4_exp_text", base="model.language_model", sizes_config="text_config"),
+    # MiniMax-M3's text model: RoPE over the rope dict's share of the head; its sparse layers refused
+    _family("minimax_m3_vl_text", defaults={"rope_theta": 5_000_000.0, "head_dim": 128}, prepare=minimax_m3_prepare,
+            layer_types=lambda r: r.explicit_layer_types() or ["full_attention"] * r.positive_int("num_hidden_layers"),
+            source="transformers/models/minimax_m3_vl/"),
+    _family("minimax_m3_vl", text_config="minimax_m3_vl_text", base="model.language_model", sizes_config="text_config"),
     # MiniMax-Text-01: lightning attention (no positions) and softmax attention with RoPE on the whole head
     _family("minimax", defaults={"rope_theta": 1_000_000.0, "sliding_window": None},
             layer_types=minimax_layer_types, span=minimax_span, prepare=minimax_prepare,
