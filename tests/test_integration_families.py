@@ -441,6 +441,12 @@ FAMILIES = {
                                 num_experts_per_tok=1, mlp_layer_types=["dense", "dense"],
                                 rope_parameters={"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5}),
                            uniform(lambda: rope(5e6, rotary_dim=8), 2), "sdpa"),
+    # ModernBERT-decoder: layer 0 global (theta 160000), layer 1 sliding over local_attention // 2 (theta 10000)
+    "modernbert-decoder": (T.ModernBertDecoderConfig, T.ModernBertDecoderForCausalLM,
+                           dict(COMMON, intermediate_size=96, num_hidden_layers=2, local_attention=16, sep_token_id=3,
+                                cls_token_id=4),
+                           lambda config: PositionPlan((LayerPlan(rope(1.6e5)), LayerPlan(rope(1e4), "sliding", 8))),
+                           "sdpa"),
     # sliding / full hybrids with one rope dict per layer type
     "kolibri1": (T.Kolibri1Config, T.Kolibri1ForCausalLM,
                  dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8,
@@ -513,6 +519,7 @@ MEASURED = {
     "minicpm3": (9.54e-07, 7.15e-07), "sarvam_moe": (3.28e-07, 4.77e-07), "kolibri1": (3.87e-07, 6.56e-07),
     "laguna": (4.77e-07, 5.07e-07), "mimo_v2_flash": (3.58e-07, 0.0), "lfm3": (4.77e-07, 4.77e-07),
     "olmo_hybrid": (4.17e-07, 5.96e-07), "lara_mini": (4.17e-07, 5.66e-07), "minimax_m3_vl_text": (4.02e-06, 4.77e-06),
+    "modernbert-decoder": (3.58e-07, 4.77e-07),
 }
 
 #: The hybrids whose attention applies no positions at all (issue 34, list B): their config,

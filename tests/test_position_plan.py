@@ -261,6 +261,11 @@ CASES = [
                                                                        "partial_rotary_factor": 0.5})),
     ("minimax_m3_vl-nested", "minimax_m3_vl", dict(text_config=dict(SMALL, model_type="minimax_m3_vl_text", head_dim=16,
                                                                     rotary_dim=8, num_local_experts=4))),
+    ("modernbert-decoder-v4", "modernbert-decoder", dict(SMALL, num_hidden_layers=6, local_attention=32,
+                                                         global_rope_theta=1e5, local_rope_theta=2e4)),
+    ("modernbert-decoder-window", "modernbert-decoder", dict(SMALL, local_attention=32, sliding_window=12)),
+    ("modernbert-decoder-defaults", "modernbert-decoder", dict(SMALL, num_hidden_layers=4,
+                                                               rope_scaling={"rope_type": "linear", "factor": 2.0})),
     ("minimax-types", "minimax", dict(SMALL, head_dim=16, rope_theta=1e7, num_local_experts=4, layer_types=[
         "linear_attention", "linear_attention", "linear_attention", "full_attention"])),
 ]

@@ -1147,6 +1147,47 @@ def minimax_m3_prepare(r: Reading) -> None:
                f"partial_rotary_factor {share!r}", warn=True)
 
 
+def modernbert_decoder_prepare(r: Reading) -> None:
+    """ModernBERT-decoder (``ModernBertDecoderConfig``): the window is the config's
+    sliding_window, else ``local_attention // 2`` (default 128 // 2); one rope dict per layer type, from the
+    config's own, else theta ``global_rope_theta`` (160000) on the full layers and
+    ``local_rope_theta`` (10000) on the sliding ones, a v4 ``rope_scaling`` on both; head_dim is
+    hidden_size // num_attention_heads (``ModernBertDecoderAttention``)."""
+    local = r.cfg.get("local_attention", 128)
+    types = modernbert_decoder_layer_types(r)
+    if r.cfg.get("sliding_window") is not None:
+        pass  # a sliding_window given is kept (it overrides __post_init__'s, as transformers' config does)
+    elif local:
+        r.cfg["sliding_window"] = config_int({"local_attention": local}, "local_attention", where="config") // 2
+    elif "sliding_attention" in types:
+        raise InvalidArgument("config['local_attention'] is 0 or null with sliding layers: transformers' "
+                              "ModernBertDecoderConfig then sets sliding_window -1, which no mask reads")
+    r.cfg["head_dim"] = r.head_dim_from_sizes()
+    params = r.cfg.get("rope_parameters")
+    if not (isinstance(params, Mapping) and nested_rope({"rope_parameters": params})):
+        params = {"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "default"}}
+    params = {k: dict(v) for k, v in params.items() if isinstance(v, Mapping)}
+    scaling = r.cfg.pop("rope_scaling", None)
+    for kind, key, theta in (("full_attention", "global_rope_theta", 160_000.0),
+                             ("sliding_attention", "local_rope_theta", 10_000.0)):
+        params.setdefault(kind, {"rope_type": "default"})
+        if isinstance(scaling, Mapping):
+            params[kind].update(scaling)
+        params[kind].setdefault("rope_theta", r.cfg.get(key, theta))
+    r.cfg["rope_parameters"] = params
+    r.cfg.pop("rope_theta", None)
+
+
+def modernbert_decoder_layer_types(r: Reading) -> list[str]:
+    """ModernBERT-decoder (``__post_init__``): the config's layer_types, else full attention at
+    every ``global_attn_every_n_layers``-th layer from 0 (default 3), sliding elsewhere."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    every = config_int(r.cfg, "global_attn_every_n_layers", default=3, where="config")
+    return ["sliding_attention" if i % every else "full_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -1533,6 +1574,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             layer_types=lambda r: r.explicit_layer_types() or ["full_attention"] * r.positive_int("num_hidden_layers"),
             source="transformers/models/minimax_m3_vl/"),
     _family("minimax_m3_vl", text_config="minimax_m3_vl_text", base="model.language_model", sizes_config="text_config"),
+    # ModernBERT-decoder: global layers (theta 160000) every third, sliding ones (local_attention // 2, theta 10000)
+    _family("modernbert-decoder", prepare=modernbert_decoder_prepare, layer_types=modernbert_decoder_layer_types,
+            attention="attn", scaled_layer_types=("full_attention",),
+            source="transformers/models/modernbert_decoder/"),
     # MiniMax-Text-01: lightning attention (no positions) and softmax attention with RoPE on the whole head
     _family("minimax", defaults={"rope_theta": 1_000_000.0, "sliding_window": None},
             layer_types=minimax_layer_types, span=minimax_span, prepare=minimax_prepare,
