@@ -447,6 +447,12 @@ FAMILIES = {
                                 cls_token_id=4),
                            lambda config: PositionPlan((LayerPlan(rope(1.6e5)), LayerPlan(rope(1e4), "sliding", 8))),
                            "sdpa"),
+    # ZAYA: CCA attention (q, k convolved over time by the model), RoPE on half the head per layer type
+    "zaya": (T.ZayaConfig, T.ZayaForCausalLM,
+             dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8, num_experts=2, num_experts_per_tok=1,
+                  layer_types=["hybrid", "hybrid_sliding"]),
+             lambda config: PositionPlan((LayerPlan(rope(5e6, rotary_dim=8)), LayerPlan(rope(1e4, rotary_dim=8),
+                                                                                        "sliding", 8))), "sdpa"),
     # sliding / full hybrids with one rope dict per layer type
     "kolibri1": (T.Kolibri1Config, T.Kolibri1ForCausalLM,
                  dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8,
@@ -519,7 +525,7 @@ MEASURED = {
     "minicpm3": (9.54e-07, 7.15e-07), "sarvam_moe": (3.28e-07, 4.77e-07), "kolibri1": (3.87e-07, 6.56e-07),
     "laguna": (4.77e-07, 5.07e-07), "mimo_v2_flash": (3.58e-07, 0.0), "lfm3": (4.77e-07, 4.77e-07),
     "olmo_hybrid": (4.17e-07, 5.96e-07), "lara_mini": (4.17e-07, 5.66e-07), "minimax_m3_vl_text": (4.02e-06, 4.77e-06),
-    "modernbert-decoder": (3.58e-07, 4.77e-07),
+    "modernbert-decoder": (3.58e-07, 4.77e-07), "zaya": (2.98e-07, 3.73e-07),
 }
 
 #: The hybrids whose attention applies no positions at all (issue 34, list B): their config,

@@ -266,6 +266,10 @@ CASES = [
     ("modernbert-decoder-window", "modernbert-decoder", dict(SMALL, local_attention=32, sliding_window=12)),
     ("modernbert-decoder-defaults", "modernbert-decoder", dict(SMALL, num_hidden_layers=4,
                                                                rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    ("zaya", "zaya", dict(SMALL, head_dim=16, sliding_window=16, num_experts=4,
+                          layer_types=["hybrid", "hybrid_sliding", "hybrid_sliding", "hybrid"])),
+    ("zaya-own-dicts", "zaya", dict(SMALL, head_dim=16, num_experts=4, rope_parameters={
+        "hybrid": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}})),
     ("minimax-types", "minimax", dict(SMALL, head_dim=16, rope_theta=1e7, num_local_experts=4, layer_types=[
         "linear_attention", "linear_attention", "linear_attention", "full_attention"])),
 ]
@@ -304,6 +308,8 @@ def expected_span(model_type, hf, index):
         return ("sliding", hf.sliding_window) if hf.sliding_window is not None else ("full", None)
     types = getattr(hf, "layer_types", None)
     kind = types[index] if types else "full_attention"
+    if kind == "hybrid_sliding":  # ZAYA (ZayaAttention: sliding_window on these layers)
+        return "sliding", hf.sliding_window
     if kind == "sliding_attention":
         if model_type == "smollm3" and not hf.use_sliding_window:
             return "full", None

@@ -1188,6 +1188,26 @@ def modernbert_decoder_layer_types(r: Reading) -> list[str]:
     return ["sliding_attention" if i % every else "full_attention" for i in range(r.positive_int("num_hidden_layers"))]
 
 
+#: ZayaConfig's rope dicts when the config has none (``__post_init__``).
+ZAYA_ROPE = {"hybrid": {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.5},
+             "hybrid_sliding": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5}}
+
+
+def zaya_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
+    """ZAYA (``ZayaAttention``): ``hybrid_sliding`` layers slide over sliding_window, ``hybrid`` ones are full."""
+    if layer_type == "hybrid_sliding":
+        return "sliding", r.positive_int("sliding_window")
+    if layer_type == "hybrid":
+        return "full", None
+    raise InvalidArgument(f"config['layer_types'][{index}] = {layer_type!r}: ZAYA layers are 'hybrid' or 'hybrid_sliding'")
+
+
+def zaya_prepare(r: Reading) -> None:
+    default_rope_dict(ZAYA_ROPE)(r)
+    r.note("ZAYA's attention (CCA) passes q and k through a causal convolution over the last tokens before "
+           "RoPE: that stays the model's; the plan is its RoPE")
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -1578,6 +1598,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("modernbert-decoder", prepare=modernbert_decoder_prepare, layer_types=modernbert_decoder_layer_types,
             attention="attn", scaled_layer_types=("full_attention",),
             source="transformers/models/modernbert_decoder/"),
+    # ZAYA: compressed convolutional attention, one rope dict per layer type (hybrid, hybrid_sliding)
+    _family("zaya", defaults={"head_dim": 128, "sliding_window": None}, prepare=zaya_prepare,
+            layer_types=lambda r: r.explicit_layer_types() or ["hybrid"] * r.positive_int("num_hidden_layers"),
+            span=zaya_span, encoding=rope_of_type, scaled_layer_types=("hybrid",), rotary_positions=True),
     # MiniMax-Text-01: lightning attention (no positions) and softmax attention with RoPE on the whole head
     _family("minimax", defaults={"rope_theta": 1_000_000.0, "sliding_window": None},
             layer_types=minimax_layer_types, span=minimax_span, prepare=minimax_prepare,
