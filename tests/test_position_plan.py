@@ -270,6 +270,10 @@ CASES = [
                           layer_types=["hybrid", "hybrid_sliding", "hybrid_sliding", "hybrid"])),
     ("zaya-own-dicts", "zaya", dict(SMALL, head_dim=16, num_experts=4, rope_parameters={
         "hybrid": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}})),
+    ("muse_glimmer-nested", "muse_glimmer", dict(text_config=dict(SMALL, model_type="muse_glimmer_text", head_dim=16,
+                                                                  num_hidden_layers=8, sliding_window=16, rope_theta=5e5))),
+    ("muse_glimmer-thetas", "muse_glimmer", dict(text_config=dict(SMALL, model_type="muse_glimmer_text", head_dim=16,
+                                                                  sliding_window=16, layer_rope_theta=[0, 1e4, 1e4, 0]))),
     ("minimax-types", "minimax", dict(SMALL, head_dim=16, rope_theta=1e7, num_local_experts=4, layer_types=[
         "linear_attention", "linear_attention", "linear_attention", "full_attention"])),
 ]
@@ -338,6 +342,8 @@ def hf_uses_rope(model_type, hf, index):
         return hf.layers_block_type[index] == "hybrid" and hf.use_mem_rope
     if model_type in ("lfm3", "olmo_hybrid"):  # their attention layers only (not conv / Gated DeltaNet)
         return hf.layer_types[index] in ("full_attention", "sliding_attention")
+    if model_type == "muse_glimmer_text":  # MuseGlimmerTextModel: no position embeddings where the theta is 0
+        return bool(hf.layer_rope_theta[index])
     if model_type == "lara_mini":  # LaraMiniAttention: RoPE on the sliding layers only
         return hf.layer_types[index] == "sliding_attention"
     if model_type == "minimax":  # softmax attention; the lightning layers have no positions

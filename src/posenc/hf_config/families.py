@@ -1208,6 +1208,20 @@ def zaya_prepare(r: Reading) -> None:
            "RoPE: that stays the model's; the plan is its RoPE")
 
 
+def layer_theta_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Muse Glimmer's text model (``MuseGlimmerTextModel.forward``, as Muse Spark's): a layer whose
+    ``layer_rope_theta`` entry is 0 gets no position embeddings (NoPE); any other entry gets the
+    model's one RoPE (theta from the rope dict: the entry's value is only tested for zero)."""
+    thetas = r.cfg.get("layer_rope_theta")
+    n = r.positive_int("num_hidden_layers")
+    if thetas is None:  # __post_init__: NoPE on every 4th layer counted back from the last
+        thetas = [0 if (n - 1 - i) % 4 == 0 else 1 for i in range(n)]
+    if not isinstance(thetas, (list, tuple)) or len(thetas) < n:
+        raise InvalidArgument(f"config['layer_rope_theta'] must hold {n} numbers (num_hidden_layers; 0: a NoPE layer), "
+                              f"got {thetas!r:.80}")
+    return r.rope(None) if thetas[index] else None
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -1602,6 +1616,11 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("zaya", defaults={"head_dim": 128, "sliding_window": None}, prepare=zaya_prepare,
             layer_types=lambda r: r.explicit_layer_types() or ["hybrid"] * r.positive_int("num_hidden_layers"),
             span=zaya_span, encoding=rope_of_type, scaled_layer_types=("hybrid",), rotary_positions=True),
+    # Muse Glimmer: RoPE or NoPE per layer (layer_rope_theta 0), sliding / full layer types
+    _family("muse_glimmer_text", defaults={"head_dim": 128, "sliding_window": 2048},
+            layer_types=rule_layer_types(lambda i, n: "full_attention" if (n - 1 - i) % 4 == 0 else "sliding_attention"),
+            encoding=layer_theta_rope, source="transformers/models/muse_glimmer/"),
+    _family("muse_glimmer", text_config="muse_glimmer_text", base="model.language_model", sizes_config="text_config"),
     # MiniMax-Text-01: lightning attention (no positions) and softmax attention with RoPE on the whole head
     _family("minimax", defaults={"rope_theta": 1_000_000.0, "sliding_window": None},
             layer_types=minimax_layer_types, span=minimax_span, prepare=minimax_prepare,

@@ -217,6 +217,8 @@ TINY_SHAPES: dict[str, dict[str, Any]] = {
     # Youtu's model as built holds lm_head apart from the embeddings that its reload ties
     # (transformers 5.24): untied, a plain save / load keeps the weights drawn
     "youtu": {"tie_word_embeddings": False},
+    # Muse Glimmer's vision tower lists one layer type per block: as many as the one block kept
+    "muse_glimmer": {"vision_config": {"layer_types": ["full_attention"]}},
 }
 #: Per-family fewest layers of the tiny model: Zamba ties its shared attention block across the
 #: hybrid layers, and transformers refuses a model with only one of them.
@@ -224,11 +226,18 @@ MIN_LAYERS: dict[str, int] = {"zamba": 8}
 
 
 def _tiny_shape(model_type: str, cfg: dict) -> dict:
-    """The shrunk ``cfg`` with :data:`TINY_SHAPES`' keys for ``model_type`` set or removed."""
+    """The shrunk ``cfg`` with :data:`TINY_SHAPES`' keys for ``model_type`` set or removed (a
+    dict value over a sub-config dict: its keys set or removed there)."""
+    return _shaped(cfg, TINY_SHAPES.get(model_type, {}))
+
+
+def _shaped(cfg: dict, shape: dict) -> dict:
     out = dict(cfg)
-    for key, value in TINY_SHAPES.get(model_type, {}).items():
+    for key, value in shape.items():
         if value is None:
             out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _shaped(out[key], value)
         else:
             out[key] = value
     return out
