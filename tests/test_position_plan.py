@@ -613,6 +613,7 @@ def test_mrope_type_accepted_and_written_back():
         "linear_attention", "linear_attention", "linear_attention", "indexed_attention"]), "indexer"),
     (dict(SMALL, model_type="minimax_m3_vl_text", head_dim=16, layer_types=[
         "full_attention", "minimax_m3_sparse", "full_attention", "full_attention"]), "Lightning Indexer"),
+    (dict(model_type="mistral_large4", text_config=dict(SMALL, model_type="mistral_large4_text")), "index_topk"),
     # Mistral 4's query temperature (its class's default rope dict: llama_4_scaling_beta 0.1)
     (dict(SMALL, model_type="mistral4", qk_rope_head_dim=8, qk_nope_head_dim=16), "llama_4_scaling_beta"),
 ])

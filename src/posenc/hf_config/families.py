@@ -1222,6 +1222,15 @@ def layer_theta_rope(r: Reading, index: int, layer_type: str | None) -> Position
     return r.rope(None) if thetas[index] else None
 
 
+def mistral_large4_refusal(r: Reading) -> None:
+    """Mistral Large 4's text model (``MistralLarge4TextAttention``): every layer attends to the
+    ``index_topk`` keys a learned indexer picks (built on its ``full`` layers, shared by the
+    others: DeepSeek-V3.2's sparse attention), refused by name."""
+    raise InvalidArgument(f"config (mistral_large4_text): index_topk {r.cfg.get('index_topk', 2048)!r}: transformers' "
+                          "Mistral Large 4 attends to the top-k keys a learned indexer picks from its own RoPE'd scores "
+                          "(sparse attention); posenc does not model that key selection, so it does not read this config")
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -1616,6 +1625,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("zaya", defaults={"head_dim": 128, "sliding_window": None}, prepare=zaya_prepare,
             layer_types=lambda r: r.explicit_layer_types() or ["hybrid"] * r.positive_int("num_hidden_layers"),
             span=zaya_span, encoding=rope_of_type, scaled_layer_types=("hybrid",), rotary_positions=True),
+    # Mistral Large 4: sparse attention by a learned indexer on every layer, refused by name
+    _family("mistral_large4_text", prepare=mistral_large4_refusal, source="transformers/models/mistral_large4/"),
+    _family("mistral_large4", text_config="mistral_large4_text", base="model.language_model", sizes_config="text_config"),
     # Muse Glimmer: RoPE or NoPE per layer (layer_rope_theta 0), sliding / full layer types
     _family("muse_glimmer_text", defaults={"head_dim": 128, "sliding_window": 2048},
             layer_types=rule_layer_types(lambda i, n: "full_attention" if (n - 1 - i) % 4 == 0 else "sliding_attention"),
