@@ -193,15 +193,6 @@ CASES = [
         SMALL, model_type="gemma3n_text", num_hidden_layers=5, head_dim=16, sliding_window=8, num_kv_shared_layers=0,
         hidden_size_per_layer_input=16, vocab_size_per_layer_input=128, activation_sparsity_pattern=[0.0] * 5,
         rope_scaling={"rope_type": "linear", "factor": 4.0}))),
-    ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
-    ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
-    ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
-    ("llama4_text", "llama4_text", dict(SMALL, num_hidden_layers=8, head_dim=16, attention_chunk_size=16,
-                                        rope_theta=500000.0, rope_scaling=dict(LLAMA3, factor=16.0, high_freq_factor=1.0),
-                                        num_local_experts=2, attn_temperature_tuning=True)),
-    ("llama4-nested", "llama4", dict(text_config=dict(SMALL, model_type="llama4_text", head_dim=16,
-                                                      no_rope_layers=[1, 1, 0, 1], attn_temperature_tuning=False,
-                                                      attention_chunk_size=32))),
     # issue 34, list B
     ("qwen2_moe", "qwen2_moe", dict(SMALL, num_hidden_layers=6, rope_theta=1e6, use_sliding_window=True,
                                     sliding_window=16, max_window_layers=4, num_experts=4, moe_intermediate_size=32)),
@@ -276,6 +267,15 @@ CASES = [
                                                                   sliding_window=16, layer_rope_theta=[0, 1e4, 1e4, 0]))),
     ("minimax-types", "minimax", dict(SMALL, head_dim=16, rope_theta=1e7, num_local_experts=4, layer_types=[
         "linear_attention", "linear_attention", "linear_attention", "full_attention"])),
+    ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
+    ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
+    ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
+    ("llama4_text", "llama4_text", dict(SMALL, num_hidden_layers=8, head_dim=16, attention_chunk_size=16,
+                                        rope_theta=500000.0, rope_scaling=dict(LLAMA3, factor=16.0, high_freq_factor=1.0),
+                                        num_local_experts=2, attn_temperature_tuning=True)),
+    ("llama4-nested", "llama4", dict(text_config=dict(SMALL, model_type="llama4_text", head_dim=16,
+                                                      no_rope_layers=[1, 1, 0, 1], attn_temperature_tuning=False,
+                                                      attention_chunk_size=32))),
 ]
 
 #: families whose attention passes config.sliding_window on every layer (no layer_types)
@@ -519,10 +519,22 @@ def test_qwen3_vl_interleaved_mrope_against_transformers(wrapper, text, head_dim
     assert float((chunked[0, :, :r] - cos[0]).abs().max()) > 1e-2  # the check can fail
 
 
+#: Families posenc refuses whatever the config (issue 34, list B), each with a config shaped like theirs:
+#: NanoChat's clockwise rotation, Mistral Large 4's and Qwen4-Exp's indexers (and their wrappers).
+ALWAYS_REFUSED = {"nanochat": dict(SMALL), "mistral_large4_text": dict(SMALL),
+                  "mistral_large4": dict(text_config=dict(SMALL, model_type="mistral_large4_text")),
+                  "qwen4_exp_text": dict(SMALL, layer_types=["linear_attention", "full_attention"] * 2),
+                  "qwen4_exp": dict(text_config=dict(SMALL, model_type="qwen4_exp_text"))}
+
+
 def test_every_family_in_the_table_is_tested():
     tested = {mt for _, mt, _ in CASES} | {FAMILIES[mt].text_config for _, mt, _ in CASES}
     # the families with a reader of their own are tested in tests/test_position_plan_other.py
     tested |= {mt for mt, family in FAMILIES.items() if family.reader is not None}
+    for model_type, config in ALWAYS_REFUSED.items():  # tested by their refusal, named
+        with pytest.raises(InvalidArgument, match=model_type.removesuffix("_text")):
+            position_plan({"model_type": model_type, **config})
+        tested.add(model_type)
     assert set(FAMILIES) - tested <= {"gemma4"}, set(FAMILIES) - tested
 
 

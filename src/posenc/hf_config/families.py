@@ -1134,6 +1134,16 @@ def refuse_indexed_layers(kind: str, what: str) -> Callable[[Reading], None]:
     return prepare
 
 
+def qwen4_exp_refusal(r: Reading) -> None:
+    """Qwen4-Exp (``Qwen4ExpTextConfig.__post_init__``): every layer that is not Gated DeltaNet is
+    ``indexed_attention`` (a checkpoint's ``full_attention`` entries are renamed so), whose
+    indexer picks the keys: refused by name, whatever the layer schedule."""
+    raise InvalidArgument("config (qwen4_exp_text): its softmax layers are 'indexed_attention' (Qwen4ExpTextConfig renames "
+                          "full_attention so): Qwen4-Exp's indexer (Qwen4ExpTextIndexer) picks the keys each query "
+                          "attends to from its own RoPE'd scores (sparse attention); posenc does not model that key "
+                          "selection, so it does not read this config")
+
+
 def minimax_m3_prepare(r: Reading) -> None:
     """MiniMax-M3's text model (``MiniMaxM3VLTextRotaryEmbedding``): the rope dict's
     partial_rotary_factor sets the rotated share; the config's absolute ``rotary_dim`` is not
@@ -1607,8 +1617,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             layer_types=rule_layer_types(lambda i, n: LARA_MINI_PATTERN[i % len(LARA_MINI_PATTERN)]), span=hybrid_span,
             encoding=lambda r, i, t: r.rope(None) if t == "sliding_attention" else None),
     # Qwen4-Exp: Gated DeltaNet layers and indexed (sparse) attention layers, refused by name
-    _family("qwen4_exp_text", defaults={"rope_theta": 10000.0, "head_dim": 256},
-            prepare=refuse_indexed_layers("indexed_attention", "Qwen4-Exp's indexer (Qwen4ExpTextIndexer)"),
+    # (its config class renames a checkpoint's full_attention layers indexed_attention: every softmax layer is indexed)
+    _family("qwen4_exp_text", defaults={"rope_theta": 10000.0, "head_dim": 256}, prepare=qwen4_exp_refusal,
             layer_types=lambda r: r.explicit_layer_types() or ["full_attention"] * r.positive_int("num_hidden_layers"),
             span=hybrid_span, encoding=typed_rope, source="transformers/models/qwen4_exp/"),
     _family("qwen4_exp", text_config="qwen4_exp_text", base="model.language_model", sizes_config="text_config"),
