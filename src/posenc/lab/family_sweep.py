@@ -217,6 +217,10 @@ TINY_SHAPES: dict[str, dict[str, Any]] = {
     # Youtu's model as built holds lm_head apart from the embeddings that its reload ties
     # (transformers 5.24): untied, a plain save / load keeps the weights drawn
     "youtu": {"tie_word_embeddings": False},
+    # NeMo SpeechLM's NemotronH decoder: its layer list is the layer count (no num_hidden_layers for the
+    # shrinking to cut by), kept to its first six blocks (Mamba, experts, ..., its first attention layer)
+    "nemo_speechlm": {"layers_block_type": ["linear_attention", "moe", "linear_attention", "moe", "linear_attention",
+                                            "full_attention"], "moe_shared_expert_intermediate_size": 32},
     # Muse Glimmer's vision tower lists one layer type per block: as many as the one block kept
     "muse_glimmer": {"vision_config": {"layer_types": ["full_attention"]}},
 }
