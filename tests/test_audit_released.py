@@ -50,7 +50,7 @@ EXPECTED = {
     "phi-3.5-vision": "'phi3_v'",
     "phi-4-mini-instruct": None,
     "qwen1.5-1.8b-chat": None,
-    "qwen1.5-moe-a2.7b": "'qwen2_moe'",
+    "qwen1.5-moe-a2.7b": None,
     "qwen2.5-3b": None,
     "qwen3-0.6b": None,
     "redpajama-incite-3b-v1": None,

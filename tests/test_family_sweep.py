@@ -187,9 +187,15 @@ def test_a_tiny_model_the_shrinking_breaks_fails_the_sweep(monkeypatch):
 
 #: Families the shrinking failed (issue 34): the family, its class and the verdict it must get.
 SHRUNK = {
-    # all-Mamba defaults: transformers 5.24's own forward pass fails at the default sizes too
-    "bamba": ("BambaForCausalLM", "cannot build"),
-    "granitemoehybrid": ("GraniteMoeHybridForCausalLM", "cannot build"),
+    # all-Mamba defaults: built with their released attention layers (RELEASED_SHAPES); Granite's NoPE
+    "bamba": ("BambaForCausalLM", "read exactly"),
+    "granitemoehybrid": ("GraniteMoeHybridForCausalLM", "read exactly"),
+    # head_dim / num_key_value_heads None in the default config: the released value (RELEASED_SHAPES)
+    "hunyuan_v1_dense": ("HunYuanDenseV1ForCausalLM", "read exactly"),
+    "ministral": ("MinistralForCausalLM", "read exactly"),
+    "nemotron": ("NemotronForCausalLM", "read exactly"),
+    # no head_dim and hidden_size not a multiple of the heads: Glm4MoeLiteConfig's head_dim is qk_rope_head_dim
+    "glm4_moe_lite": ("Glm4MoeLiteForCausalLM", "read exactly"),
     # DeepseekV2Config's num_experts_per_tok None: the audit model routes 1 expert per token
     "deepseek_v2": ("DeepseekV2ForCausalLM", "read exactly"),
     # Dots1Config's expert counts None (its own default does not build): the audit model's 2 + 1 shared
@@ -208,6 +214,17 @@ def test_a_family_the_shrinking_broke_gets_its_verdict(model_type):
     assert found.verdict == expected, found
     if expected == "cannot build":
         assert "runs no forward pass" in found.reason and "get_seq_length" in found.reason, found
+
+
+@pytest.mark.parametrize("model_type, model_class", [("bamba", "BambaForCausalLM"),
+                                                      ("granitemoehybrid", "GraniteMoeHybridForCausalLM")])
+def test_an_all_mamba_default_cannot_build(monkeypatch, model_type, model_class):
+    """Without the released layer pattern the default config is all Mamba, and transformers'
+    own forward pass fails on it: "cannot build", with its message (not a failure)."""
+    monkeypatch.setattr(family_sweep, "RELEASED_SHAPES", {})
+    found = sweep_family(family_sweep.Family(model_type, "causal-lm", model_class))
+    assert found.verdict == "cannot build", found
+    assert "runs no forward pass" in found.reason and "get_seq_length" in found.reason, found
 
 
 def test_a_tiny_model_failing_otherwise_than_the_default_fails_the_sweep(monkeypatch):

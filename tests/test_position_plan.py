@@ -305,6 +305,80 @@ CASES = [
     ("cohere2_moe-prefix", "cohere2_moe", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=16,
                                                first_k_dense_replace=2, prefix_dense_sliding_window_pattern=2,
                                                sliding_window_pattern=2, num_experts=4)),
+    # issue 34, list B
+    ("qwen2_moe", "qwen2_moe", dict(SMALL, num_hidden_layers=6, rope_theta=1e6, use_sliding_window=True,
+                                    sliding_window=16, max_window_layers=4, num_experts=4, moe_intermediate_size=32)),
+    ("qwen2_moe-full", "qwen2_moe", dict(SMALL, rope_theta=1e6, num_experts=4, moe_intermediate_size=32)),
+    ("olmo", "olmo", dict(SMALL, rope_theta=10000.0, clip_qkv=8.0)),
+    ("olmoe", "olmoe", dict(SMALL, rope_theta=10000.0, num_experts=4, num_experts_per_tok=2)),
+    ("solar_open", "solar_open", dict(SMALL, head_dim=16, n_routed_experts=4, num_experts_per_tok=2)),
+    ("solar_open-default-head", "solar_open", dict(SMALL, n_routed_experts=4)),
+    ("nemotron", "nemotron", dict(SMALL, rope_theta=10000.0)),
+    ("nemotron-partial", "nemotron", dict(SMALL, partial_rotary_factor=0.25, rope_theta=5e5)),
+    ("nemotron_h-pattern", "nemotron_h", dict(SMALL, head_dim=16, hybrid_override_pattern="M-M*-E*",
+                                              n_routed_experts=4)),
+    ("nemotron_h-types", "nemotron_h", dict(SMALL, head_dim=16, layers_block_type=[
+        "mamba", "attention", "mlp", "mamba", "attention"])),
+    ("jamba", "jamba", dict(SMALL, num_hidden_layers=8, attn_layer_period=4, attn_layer_offset=2, num_experts=4)),
+    ("zamba", "zamba", dict(SMALL, num_hidden_layers=5, layers_block_type=[
+        "mamba", "hybrid", "mamba", "mamba", "hybrid"])),
+    ("zamba2-mem-rope", "zamba2", dict(SMALL, use_mem_rope=True, rope_theta=5e4, num_hidden_layers=4,
+                                       layers_block_type=["mamba", "hybrid", "mamba", "hybrid"])),
+    ("zamba2-nope", "zamba2", dict(SMALL, num_hidden_layers=3, layers_block_type=["mamba", "hybrid", "mamba"])),
+    ("kimi_linear", "kimi_linear", dict(SMALL, num_hidden_layers=8, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                                        linear_attn_config={"full_attn_layers": [4, 8], "kda_layers": [1, 2, 3, 5, 6, 7]})),
+    ("kimi_linear-default", "kimi_linear", dict(SMALL, num_hidden_layers=9, qk_rope_head_dim=8, qk_nope_head_dim=16)),
+    ("minimax", "minimax", dict(SMALL, num_hidden_layers=6, head_dim=16, rope_theta=1e6, num_local_experts=4,
+                                rotary_dim=8)),
+    ("sarvam_mla", "sarvam_mla", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                      q_lora_rank=32, rope_theta=1e4)),
+    ("youtu", "youtu", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                            rope_parameters={"rope_type": "yarn", "rope_theta": 1e5, "factor": 4.0,
+                                             "original_max_position_embeddings": 64})),
+    ("youtu-half-split", "youtu", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                       rope_interleave=False)),
+    ("mistral4-beta-0", "mistral4", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                         rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                                                          "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                                                          "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                                          "llama_4_scaling_beta": 0.0})),
+    ("minicpm3", "minicpm3", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                  q_lora_rank=32, rope_theta=1e4)),
+    ("sarvam_moe", "sarvam_moe", dict(SMALL, head_dim=16, num_experts=4, rope_theta=8e6)),
+    # no head_dim, hidden_size not a multiple of the heads: transformers floors (GLM-4.5) or reads qk_rope_head_dim
+    ("glm4_moe-floored-head", "glm4_moe", dict(SMALL, hidden_size=66, n_routed_experts=4, rope_theta=1e6)),
+    ("glm4_moe_lite-no-head", "glm4_moe_lite", dict(SMALL, num_attention_heads=6, qk_rope_head_dim=8,
+                                                    qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
+                                                    q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2)),
+    ("laguna", "laguna", dict(SMALL, head_dim=16, sliding_window=16, num_experts=4,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])),
+    ("mimo_v2_flash", "mimo_v2_flash", dict(SMALL, num_hidden_layers=7, head_dim=24, v_head_dim=16, n_routed_experts=4)),
+    ("mimo_v2_flash-window-size", "mimo_v2_flash", dict(SMALL, head_dim=24, v_head_dim=16, n_routed_experts=4,
+                                                        sliding_window_size=15)),
+    ("kolibri1", "kolibri1", dict(SMALL, num_hidden_layers=6, head_dim=16, sliding_window=17, rope_theta=5e5)),
+    ("lfm3", "lfm3", dict(SMALL, num_hidden_layers=7, head_dim=16, sliding_window=16)),
+    ("olmo_hybrid", "olmo_hybrid", dict(SMALL, num_hidden_layers=8, rope_theta=5e5)),
+    ("lara_mini", "lara_mini", dict(SMALL, num_hidden_layers=5, head_dim=16, sliding_window=16, rope_theta=1e6)),
+    ("minimax_m3_vl_text", "minimax_m3_vl_text", dict(SMALL, head_dim=16, rotary_dim=8, num_local_experts=4,
+                                                      rope_parameters={"rope_type": "default", "rope_theta": 5e6,
+                                                                       "partial_rotary_factor": 0.5})),
+    ("minimax_m3_vl-nested", "minimax_m3_vl", dict(text_config=dict(SMALL, model_type="minimax_m3_vl_text", head_dim=16,
+                                                                    rotary_dim=8, num_local_experts=4))),
+    ("modernbert-decoder-v4", "modernbert-decoder", dict(SMALL, num_hidden_layers=6, local_attention=32,
+                                                         global_rope_theta=1e5, local_rope_theta=2e4)),
+    ("modernbert-decoder-window", "modernbert-decoder", dict(SMALL, local_attention=32, sliding_window=12)),
+    ("modernbert-decoder-defaults", "modernbert-decoder", dict(SMALL, num_hidden_layers=4,
+                                                               rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    ("zaya", "zaya", dict(SMALL, head_dim=16, sliding_window=16, num_experts=4,
+                          layer_types=["hybrid", "hybrid_sliding", "hybrid_sliding", "hybrid"])),
+    ("zaya-own-dicts", "zaya", dict(SMALL, head_dim=16, num_experts=4, rope_parameters={
+        "hybrid": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}})),
+    ("muse_glimmer-nested", "muse_glimmer", dict(text_config=dict(SMALL, model_type="muse_glimmer_text", head_dim=16,
+                                                                  num_hidden_layers=8, sliding_window=16, rope_theta=5e5))),
+    ("muse_glimmer-thetas", "muse_glimmer", dict(text_config=dict(SMALL, model_type="muse_glimmer_text", head_dim=16,
+                                                                  sliding_window=16, layer_rope_theta=[0, 1e4, 1e4, 0]))),
+    ("minimax-types", "minimax", dict(SMALL, head_dim=16, rope_theta=1e7, num_local_experts=4, layer_types=[
+        "linear_attention", "linear_attention", "linear_attention", "full_attention"])),
     ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
     ("stablelm", "stablelm", dict(SMALL, partial_rotary_factor=0.25, rope_theta=10000.0)),
     ("persimmon", "persimmon", dict(SMALL, partial_rotary_factor=0.5, rope_theta=25000.0)),
@@ -318,6 +392,8 @@ CASES = [
 
 #: families whose attention passes config.sliding_window on every layer (no layer_types)
 ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe", "ministral3", "mistral3", "doge"}
+#: families whose attention applies no positions (no rotary module in their modeling file)
+NO_POSITIONS = {"nemotron_h", "jamba", "zamba", "kimi_linear"}
 #: families whose rotary tables lie interleaved (repeat_interleave) in transformers
 HF_INTERLEAVED_TABLES = {"cohere", "cohere2", "cohere2_moe", "glm4v_text", "glm_ocr_text"}
 #: families with learned attention sinks (the plan's layers say so)
@@ -333,8 +409,13 @@ def hf_text_config(model_type, config):
     return getattr(hf, "text_config", None) or hf
 
 
+#: families whose config class has no modeling file of its own: the class transformers maps them to
+MODELING_OF = {"sarvam_mla": "deepseek_v3", "sarvam_moe": "glm4_moe"}
+
+
 def rotary_class(hf):
     family = type(hf).__module__.split(".")[-2]
+    family = MODELING_OF.get(family, family)
     try:
         mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
     except ModuleNotFoundError:  # InternLM3, EXAONE 3: configs of their own, built as Llama (the auto mapping)
@@ -354,6 +435,8 @@ def expected_span(model_type, hf, index):
         return ("sliding", hf.sliding_window) if hf.sliding_window is not None else ("full", None)
     types = getattr(hf, "layer_types", None)
     kind = types[index] if types else "full_attention"
+    if kind == "hybrid_sliding":  # ZAYA (ZayaAttention: sliding_window on these layers)
+        return "sliding", hf.sliding_window
     if kind == "sliding_attention":
         if model_type == "smollm3" and not hf.use_sliding_window:
             return "full", None
@@ -376,6 +459,18 @@ def hf_uses_rope(model_type, hf, index):
         return hf.layer_types[index] == "full_attention"
     if model_type == "granitemoehybrid":
         return hf.layer_types[index] == "full_attention" and hf.position_embedding_type == "rope"
+    if model_type in NO_POSITIONS:
+        return False
+    if model_type == "zamba2":  # the shared attention blocks, with use_mem_rope (Zamba2Attention.forward)
+        return hf.layers_block_type[index] == "hybrid" and hf.use_mem_rope
+    if model_type in ("lfm3", "olmo_hybrid"):  # their attention layers only (not conv / Gated DeltaNet)
+        return hf.layer_types[index] in ("full_attention", "sliding_attention")
+    if model_type == "muse_glimmer_text":  # MuseGlimmerTextModel: no position embeddings where the theta is 0
+        return bool(hf.layer_rope_theta[index])
+    if model_type == "lara_mini":  # LaraMiniAttention: RoPE on the sliding layers only
+        return hf.layer_types[index] == "sliding_attention"
+    if model_type == "minimax":  # softmax attention; the lightning layers have no positions
+        return hf.layer_types[index] == "full_attention"
     if model_type in ("exaone4", "exaone_moe"):  # "global NoPE" (Exaone4Attention.forward)
         return hf.sliding_window is None or hf.layer_types[index] == "sliding_attention"
     if model_type in ("afmoe", "flint"):  # AfmoeAttention, FlintAttention: RoPE on the local layers only
@@ -414,7 +509,7 @@ def hf_tables_and_rotate(model_type, hf, mod, rotary, layer_type, q, k, position
     if model_type in ("deepseek_v32", "glm_moe_dsa", "axk2", "bailing_hybrid"):  # MLA: interleaved pairs always (no rope_interleave)
         half = cos.shape[-1] // 2
         return cos[0, :, :half], sin[0, :, :half], list(mod.apply_rotary_pos_emb_interleave(q, k, cos, sin))
-    if model_type in ("deepseek_v3", "glm4_moe_lite", "axk1"):
+    if model_type in ("deepseek_v3", "glm4_moe_lite", "axk1", "sarvam_mla", "youtu", "mistral4"):
         apply = mod.apply_rotary_pos_emb_interleave if hf.rope_interleave else mod.apply_rotary_pos_emb
         half = cos.shape[-1] // 2
         return cos[0, :, :half], sin[0, :, :half], list(apply(q, k, cos, sin))
@@ -470,8 +565,8 @@ def test_plan_matches_transformers(case, model_type, config):
     hf = hf_text_config(model_type, config)
     assert len(plan) == hf.num_hidden_layers == plan.layers.__len__()
     types = getattr(hf, "layer_types", None)
-    mod, rotary_cls = rotary_class(hf)
-    rotary = rotary_cls(hf)
+    mod, rotary_cls = rotary_class(hf) if hf.model_type not in NO_POSITIONS else (None, None)
+    rotary = rotary_cls(hf) if rotary_cls is not None else None
     positions = torch.arange(40) + 3
     worst = 0.0
     for index, layer in enumerate(plan):
@@ -583,6 +678,12 @@ def test_glm4v_mrope_against_transformers(wrapper, text):
     assert float((cos_pe[0, :, :16] - cos[0]).abs().max()) <= TOL and float((sin_pe[0, :, :16] - sin[0]).abs().max()) <= TOL
     other = MRoPE(32, mrope_section=[2, 3, 3], base=100.0, rotary_dim=16, interleaved=not encoding.interleaved)
     assert float((other.cos_sin(positions, torch.float32)[0][0, :, :16] - cos[0]).abs().max()) > 1e-2  # the check can fail
+#: Families posenc refuses whatever the config (issue 34, list B), each with a config shaped like theirs:
+#: NanoChat's clockwise rotation, Mistral Large 4's and Qwen4-Exp's indexers (and their wrappers).
+ALWAYS_REFUSED = {"nanochat": dict(SMALL), "mistral_large4_text": dict(SMALL),
+                  "mistral_large4": dict(text_config=dict(SMALL, model_type="mistral_large4_text")),
+                  "qwen4_exp_text": dict(SMALL, layer_types=["linear_attention", "full_attention"] * 2),
+                  "qwen4_exp": dict(text_config=dict(SMALL, model_type="qwen4_exp_text"))}
 
 
 def test_every_family_in_the_table_is_tested():
@@ -591,6 +692,10 @@ def test_every_family_in_the_table_is_tested():
     tested |= {mt for mt, family in FAMILIES.items() if family.reader is not None}
     # the families their record refuses: their reasons, in test_a_refused_family_names_its_positional_feature
     tested |= REFUSED.keys()
+    for model_type, config in ALWAYS_REFUSED.items():  # tested by their refusal, named
+        with pytest.raises(InvalidArgument, match=model_type.removesuffix("_text")):
+            position_plan({"model_type": model_type, **config})
+        tested.add(model_type)
     assert set(FAMILIES) - tested <= {"gemma4"}, set(FAMILIES) - tested
 
 
@@ -679,6 +784,18 @@ def test_mrope_type_accepted_and_written_back():
     (dict(model_type="ernie4_5_vl_moe", text_config=dict(SMALL)), "3D RoPE"),
     (dict(SMALL, model_type="deepseek_v4"), "compressed"),
     (dict(SMALL, model_type="dory", layer_types=["sliding_attention", "mlp", "mlp", "full_attention"]), "layer_types"),
+    # issue 34, list B: NanoChat's clockwise rotation (rotate_half returns (x2, -x1))
+    (dict(SMALL, model_type="nanochat"), "rotate_half"),
+    # GLM-4.5 without head_dim: 64 // 6 = 10 floored, x 0.5 = 5 rotated dimensions (odd)
+    (dict(SMALL, model_type="glm4_moe", num_attention_heads=6), "odd"),
+    # sparse attention: a learned indexer picks the keys (Qwen4-Exp, MiniMax-M3)
+    (dict(SMALL, model_type="qwen4_exp_text", head_dim=16, layer_types=[
+        "linear_attention", "linear_attention", "linear_attention", "indexed_attention"]), "indexer"),
+    (dict(SMALL, model_type="minimax_m3_vl_text", head_dim=16, layer_types=[
+        "full_attention", "minimax_m3_sparse", "full_attention", "full_attention"]), "Lightning Indexer"),
+    (dict(model_type="mistral_large4", text_config=dict(SMALL, model_type="mistral_large4_text")), "index_topk"),
+    # Mistral 4's query temperature (its class's default rope dict: llama_4_scaling_beta 0.1)
+    (dict(SMALL, model_type="mistral4", qk_rope_head_dim=8, qk_nope_head_dim=16), "llama_4_scaling_beta"),
 ])
 def test_refusals_name_the_key(config, key):
     with pytest.raises((MissingKey, InvalidArgument), match=key):

@@ -732,8 +732,9 @@ def qwen3_5_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEn
 
 
 #: Layer types of the layers without positions (their plan layer is None): the hybrids' layers
-#: without softmax attention, and mllama's cross-attention layers (queries from text, keys from images).
-NO_ATTENTION_TYPES = ("linear_attention", "conv", "mamba", "cross_attention")
+#: without softmax attention (NemotronH's blocks of only an MLP or experts: "mlp", "moe"), and
+#: mllama's cross-attention layers (queries from text, keys from images).
+NO_ATTENTION_TYPES = ("linear_attention", "conv", "mamba", "cross_attention", "moe", "mlp")
 
 
 def hybrid_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
@@ -1022,6 +1023,407 @@ def mla_attention_layers_rope(r: Reading, index: int, layer_type: str | None) ->
     return None if layer_type in NO_ATTENTION_TYPES else deepseek_v2_rope(r, index, layer_type)
 
 
+# -- issue 34, list B: readers ------------------------------------------------------------------
+
+def qwen2_moe_layer_types(r: Reading) -> list[str]:
+    """Qwen2-MoE (``Qwen2MoeConfig.__post_init__``): the config's layer_types, else with
+    ``use_sliding_window`` the layers i < ``max_window_layers`` with i even slide (``(i + 1) % 2``),
+    the others full; without it every layer is full."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    sliding = bool(r.cfg.get("use_sliding_window"))
+    first_full = config_int(r.cfg, "max_window_layers", minimum=0, where="config") if sliding else 0
+    return ["sliding_attention" if sliding and (i + 1) % 2 and i < first_full else "full_attention"
+            for i in range(r.positive_int("num_hidden_layers"))]
+
+
+def nanochat_refusal(r: Reading) -> None:
+    """NanoChat (``modeling_nanochat.rotate_half``): ``cat((x2, -x1))``, the rotation by -angle
+    (clockwise), the transpose of every other RoPE's; the scores are not those of any posenc
+    rotary encoding (q.R(-(j-i)w)k differs from q.R((j-i)w)k), so it is refused by name."""
+    raise InvalidArgument("config (nanochat): transformers' NanoChat rotates each pair by minus the angle "
+                          "(rotate_half returns (x2, -x1): a clockwise RoPE); no posenc encoding rotates that way, "
+                          "so posenc does not read it")
+
+
+#: NemotronHConfig's layers_block_type when the config gives none.
+NEMOTRON_H_DEFAULT_TYPES = ("linear_attention", "moe", "full_attention", "mlp")
+#: NemotronH's ``hybrid_override_pattern`` letters (``NemotronHConfig._pattern_to_list``).
+NEMOTRON_H_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
+
+
+def block_types_prepare(r: Reading) -> None:
+    """NemotronH, Zamba, Zamba2 (``layers_block_type``, which their configs also call
+    ``layer_types``; NemotronH's older ``hybrid_override_pattern`` of M E * -): the model has
+    one layer per listed type, whatever ``num_hidden_layers`` says (the layers are built from
+    the list), so the list is the layer count; legacy names as transformers renames them."""
+    types = r.cfg.get("layer_types") or r.cfg.get("layers_block_type")
+    pattern = r.cfg.get("hybrid_override_pattern")
+    if types is None and isinstance(pattern, str):
+        unknown = sorted(set(pattern) - set(NEMOTRON_H_PATTERN))
+        if unknown:
+            raise InvalidArgument(f"config['hybrid_override_pattern'] has {unknown}: its letters are "
+                                  f"{sorted(NEMOTRON_H_PATTERN)} (Mamba 2, experts, attention, MLP)")
+        types = [NEMOTRON_H_PATTERN[letter] for letter in pattern]
+    if types is None and r.family.model_type == "nemotron_h":
+        types = NEMOTRON_H_DEFAULT_TYPES
+    if not isinstance(types, (list, tuple)) or not types or not all(isinstance(t, str) for t in types):
+        raise InvalidArgument(f"config['layers_block_type'] must be a list of layer types, got {types!r:.80}")
+    given = r.cfg.get("num_hidden_layers")
+    if given is not None and given != len(types):
+        r.note(f"num_hidden_layers {given!r} is not read: the model has one layer per layers_block_type entry "
+               f"({len(types)})", warn=True)
+    r.cfg["num_hidden_layers"] = len(types)
+    r.cfg["layer_types"] = [LEGACY_LAYER_TYPES.get(t, t) for t in types]
+
+
+def no_positions(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """A family whose attention layers apply no positions at all (NoPE): NemotronH, Jamba,
+    Zamba, Kimi Linear's MLA; their other layers (Mamba, linear attention, MLP) have none either."""
+    return None
+
+
+def nope_hybrid_note(r: Reading) -> None:
+    r.note(f"transformers' {r.family.model_type} applies no positions in its attention layers (NoPE); "
+           "its Mamba / linear-attention layers carry the order")
+
+
+def nemotron_h_prepare(r: Reading) -> None:
+    block_types_prepare(r)
+    nope_hybrid_note(r)
+
+
+def period_layer_types(r: Reading) -> list[str]:
+    """Jamba (``JambaConfig.layers_block_type``): attention where i % ``attn_layer_period`` ==
+    ``attn_layer_offset``, Mamba (``linear_attention``) elsewhere."""
+    period = r.positive_int("attn_layer_period")
+    offset = config_int(r.cfg, "attn_layer_offset", minimum=0, where="config")
+    return ["full_attention" if i % period == offset else "linear_attention"
+            for i in range(r.positive_int("num_hidden_layers"))]
+
+
+def kimi_linear_layer_types(r: Reading) -> list[str]:
+    """Kimi Linear (``KimiLinearConfig.__post_init__``): the config's layer_types, else
+    ``linear_attn_config``'s 1-based ``full_attn_layers`` / ``kda_layers``, else full attention
+    at every 4th layer from 4 (i > 0, i % 4 == 0), KDA linear attention elsewhere."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    n = r.positive_int("num_hidden_layers")
+    linear = r.cfg.get("linear_attn_config") or {}
+    if isinstance(linear, Mapping) and "full_attn_layers" in linear and "kda_layers" in linear:
+        types: list[str | None] = [None] * n
+        for key, kind in (("full_attn_layers", "full_attention"), ("kda_layers", "linear_attention")):
+            for layer in linear[key]:
+                if not isinstance(layer, int) or not 1 <= layer <= n:
+                    raise InvalidArgument(f"config['linear_attn_config']['{key}'] holds {layer!r}: layers are "
+                                          f"numbered 1 .. {n} (num_hidden_layers)")
+                types[layer - 1] = kind
+        if None in types:
+            raise InvalidArgument(f"config['linear_attn_config']: layer {types.index(None) + 1} is in neither "
+                                  "full_attn_layers nor kda_layers")
+        return [str(t) for t in types]
+    return ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(n)]
+
+
+def minimax_layer_types(r: Reading) -> list[str]:
+    """MiniMax (``MiniMaxConfig.__post_init__``): the config's layer_types, else softmax
+    attention at even layers, lightning (linear) attention at odd ones."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    return ["full_attention" if (i + 1) % 2 else "linear_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
+def minimax_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
+    """MiniMax's softmax layers slide over ``sliding_window`` when it is set (``MiniMaxAttention``
+    passes it on every such layer); the lightning layers have no positional mask."""
+    if layer_type == "linear_attention":
+        return "full", None
+    return span_all_sliding(r, index, layer_type)
+
+
+def minimax_prepare(r: Reading) -> None:
+    """MiniMax-Text-01 (``MiniMaxRotaryEmbedding``): transformers rotates the whole head_dim;
+    the released config's absolute ``rotary_dim`` (64 of 128 in the original code) is not read,
+    nor a ``partial_rotary_factor`` beside a default rope type (its own default init reads
+    head_dim only). posenc follows transformers and says so."""
+    head = r.cfg.get("head_dim") or r.head_dim_from_sizes()
+    rotary = r.cfg.get("rotary_dim")
+    if rotary is not None and rotary != head:
+        r.note(f"rotary_dim {rotary!r} is not read by transformers' MiniMax: it rotates the whole head_dim {head}",
+               warn=True)
+    key, params = rope_dict_of(r)
+    kind = params.get("rope_type", params.get("type", "default"))
+    for where, mapping in (("", r.cfg), (f"{key}", params)):
+        share = mapping.get("partial_rotary_factor")
+        if kind == "default" and share not in (None, 1, 1.0):
+            r.note(f"{where or 'config'} partial_rotary_factor {share!r} is not read by transformers' MiniMax "
+                   "(its default RoPE covers the whole head)", warn=True)
+            if mapping is r.cfg:
+                r.cfg.pop("partial_rotary_factor")
+            else:
+                r.cfg[key] = {k: v for k, v in params.items() if k != "partial_rotary_factor"}
+    r.note("layers of layer_type 'linear_attention' (lightning attention) have no positions: no encoding")
+
+
+def zamba2_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Zamba2 (``Zamba2Attention.forward``): RoPE on the shared attention blocks (the ``hybrid``
+    layers) only with ``use_mem_rope``, over the attention head ``2 * hidden_size //
+    num_attention_heads`` (``Zamba2Config.__post_init__`` sets attention_head_dim so, whatever
+    the config says); otherwise NoPE. The Mamba layers have no positions."""
+    if layer_type != "hybrid" or not r.cfg.get("use_mem_rope"):
+        return None
+    width = 2 * r.positive_int("hidden_size") // r.positive_int("num_attention_heads")
+    return r.rope(None, head_dim=width)
+
+
+def mla_half_split_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """MiniCPM3 (``MiniCPM3Attention``): MLA whose ``qk_rope_head_dim`` part of each head is
+    rotated in half-split pairs (``apply_rotary_pos_emb``; no interleave switch)."""
+    return r.rope(None, head_dim=r.positive_int("qk_rope_head_dim"), interleaved=False)
+
+
+#: Mistral4Config's rope dict when the config has none (``__post_init__``; partial_rotary_factor
+#: qk_rope_head_dim / head_dim is read as the MLA's rotated part, as DeepSeek-V3's).
+MISTRAL4_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 128.0, "original_max_position_embeddings": 8192,
+                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}
+
+
+def mistral4_prepare(r: Reading) -> None:
+    """Mistral 4 (``Mistral4Attention.forward``): DeepSeek-V3's MLA (RoPE on qk_rope_head_dim,
+    interleaved with rope_interleave), whose queries are then multiplied by Llama 4's scale
+    1 + beta * log(1 + floor(position / original_max_position_embeddings)) with the rope dict's
+    ``llama_4_scaling_beta`` (default 0.1): refused by name unless beta is 0 (as Ministral 3)."""
+    key, params = rope_dict_of(r)
+    if key is None:
+        key, params = "rope_parameters", MISTRAL4_ROPE
+    beta = params.get("llama_4_scaling_beta")
+    if beta is not None and check_real(beta, f"config[{key!r}]['llama_4_scaling_beta']") != 0:
+        raise InvalidArgument(f"config[{key!r}]['llama_4_scaling_beta'] = {beta!r}: transformers' Mistral 4 multiplies "
+                              "the queries of every layer by 1 + beta * log(1 + floor(position / "
+                              "original_max_position_embeddings)); no posenc encoding computes that query temperature on "
+                              "a RoPE layer, so posenc does not read it (0 would be plain RoPE)")
+    # the rotated part is qk_rope_head_dim (deepseek_rope): the share of the whole head is not read again
+    r.cfg[key] = {k: v for k, v in params.items()
+                  if k not in ("llama_4_scaling_beta", "max_position_embeddings", "partial_rotary_factor")}
+    deepseek_check(r)
+
+
+def glm4_moe_prepare(r: Reading) -> None:
+    """GLM-4.5 (``Glm4MoeAttention``: ``getattr(config, "head_dim", hidden_size //
+    num_attention_heads)``): the config's head_dim, else hidden_size // num_attention_heads
+    floored, as transformers takes it (GLM-4.5's class has no head_dim default; a released
+    config gives 128). A rotated width head_dim x partial_rotary_factor that is odd is refused:
+    transformers' table then covers one dimension more than its inv_freq pairs."""
+    if r.cfg.get("head_dim") is not None:
+        return
+    hidden, heads = r.positive_int("hidden_size"), r.positive_int("num_attention_heads")
+    head = hidden // heads
+    r.cfg["head_dim"] = head
+    if hidden % heads:
+        r.note(f"no head_dim: hidden_size {hidden} // num_attention_heads {heads} = {head}, floored as "
+               "transformers' Glm4MoeAttention takes it")
+    _, params = rope_dict_of(r)
+    share = params.get("partial_rotary_factor", r.cfg.get("partial_rotary_factor", 1.0))
+    rotated = int(head * check_real(share, "config['partial_rotary_factor']", gt=0, le=1))
+    if rotated % 2:
+        raise InvalidArgument(f"config (glm4_moe): head_dim {head} x partial_rotary_factor {share} = {rotated} rotated "
+                              "dimensions, an odd number: transformers' Glm4Moe builds (rotated + 1) / 2 frequencies and "
+                              "rotates one dimension more than posenc's pairs can; give head_dim")
+
+
+def glm4_moe_lite_prepare(r: Reading) -> None:
+    """GLM-4.7-Flash (``Glm4MoeLiteConfig.attribute_map``): ``head_dim`` is ``qk_rope_head_dim``
+    (the rotated part of the MLA head), whatever hidden_size / num_attention_heads give."""
+    r.cfg["head_dim"] = r.positive_int("qk_rope_head_dim")
+    deepseek_check(r)
+
+
+def typed_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """A hybrid's RoPE on its softmax-attention layers, each of its type's rope dict where the
+    config holds one per layer type; None on the layers without softmax attention."""
+    return None if layer_type in NO_ATTENTION_TYPES else r.rope(layer_type)
+
+
+def default_rope_dict(params: Mapping[str, Any]) -> Callable[[Reading], None]:
+    """A ``prepare`` giving a config without a rope dict its config class's own (``__post_init__``
+    sets it when ``rope_parameters`` is None: Laguna, MiMo-V2-Flash, LFM3 one dict per layer type)."""
+    def prepare(r: Reading) -> None:
+        if rope_dict_of(r)[0] is None:
+            r.cfg["rope_parameters"] = {k: dict(v) if isinstance(v, Mapping) else v for k, v in params.items()}
+    return prepare
+
+
+def rule_layer_types(rule: Callable[[int, int], str]) -> Callable[[Reading], list[str]]:
+    """The config's layer_types, else ``rule(i, num_hidden_layers)`` per layer, as the config
+    class's ``__post_init__`` derives them."""
+    def derive(r: Reading) -> list[str]:
+        explicit = r.explicit_layer_types()
+        if explicit is not None:
+            return explicit
+        n = r.positive_int("num_hidden_layers")
+        return [rule(i, n) for i in range(n)]
+    return derive
+
+
+def olmo_hybrid_layer_types(r: Reading) -> list[str]:
+    """OLMo Hybrid (``OlmoHybridConfig.__post_init__``): the config's layer_types, else linear
+    attention (Gated DeltaNet) with full attention at every 4th layer (i % 4 == 3), the last
+    layer full where that leaves none."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    n = r.positive_int("num_hidden_layers")
+    types = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(n)]
+    if "full_attention" not in types:
+        types[-1] = "full_attention"
+    return types
+
+
+#: Class defaults of the per-layer-type rope dicts (their configuration files' ``__post_init__``).
+LAGUNA_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}
+MIMO_V2_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.334},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.334}}
+LFM3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+             "full_attention": {"rope_type": "proportional", "rope_theta": 1_000_000.0, "partial_rotary_factor": 0.5}}
+#: LARA Mini's released layer pattern, period 5 (``LaraMiniConfig.__post_init__``).
+LARA_MINI_PATTERN = ("linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention")
+
+
+def mimo_v2_prepare(r: Reading) -> None:
+    """MiMo-V2-Flash (``MiMoV2FlashConfig.__post_init__``): its per-type rope dicts by default;
+    a released ``sliding_window_size`` is the window minus one (the reference attends to that
+    many previous tokens plus the query)."""
+    default_rope_dict(MIMO_V2_ROPE)(r)
+    size = r.cfg.get("sliding_window_size")
+    if size is not None:
+        r.cfg["sliding_window"] = config_int(r.cfg, "sliding_window_size", where="config (mimo_v2_flash)") + 1
+        r.note(f"sliding_window_size {size} is a window of {size + 1} (MiMoV2FlashConfig adds the query)")
+
+
+def refuse_indexed_layers(kind: str, what: str) -> Callable[[Reading], None]:
+    """A ``prepare`` refusing a config with layers of type ``kind``: a learned indexer picks the
+    keys each query attends to (sparse attention), ``what`` names it; posenc reads positions, not
+    a key selection made from them."""
+    def prepare(r: Reading) -> None:
+        types = r.explicit_layer_types() or []
+        if kind in types:
+            raise InvalidArgument(f"config['layer_types'] has {kind!r} layers (layer {types.index(kind)}): {what} picks the "
+                                  "keys each query attends to from its own RoPE'd scores (sparse attention); posenc "
+                                  "does not model that key selection, so it does not read this config")
+    return prepare
+
+
+def qwen4_exp_refusal(r: Reading) -> None:
+    """Qwen4-Exp (``Qwen4ExpTextConfig.__post_init__``): every layer that is not Gated DeltaNet is
+    ``indexed_attention`` (a checkpoint's ``full_attention`` entries are renamed so), whose
+    indexer picks the keys: refused by name, whatever the layer schedule."""
+    raise InvalidArgument("config (qwen4_exp_text): its softmax layers are 'indexed_attention' (Qwen4ExpTextConfig renames "
+                          "full_attention so): Qwen4-Exp's indexer (Qwen4ExpTextIndexer) picks the keys each query "
+                          "attends to from its own RoPE'd scores (sparse attention); posenc does not model that key "
+                          "selection, so it does not read this config")
+
+
+def minimax_m3_prepare(r: Reading) -> None:
+    """MiniMax-M3's text model (``MiniMaxM3VLTextRotaryEmbedding``): the rope dict's
+    partial_rotary_factor sets the rotated share; the config's absolute ``rotary_dim`` is not
+    read (noted); its ``minimax_m3_sparse`` layers (a Lightning Indexer) are refused by name."""
+    refuse_indexed_layers("minimax_m3_sparse", "MiniMax-M3's Lightning Indexer (index_topk_blocks)")(r)
+    rotary, head = r.cfg.get("rotary_dim"), r.cfg.get("head_dim") or r.head_dim_from_sizes()
+    _, params = rope_dict_of(r)
+    share = params.get("partial_rotary_factor", r.cfg.get("partial_rotary_factor", 1.0))
+    if rotary is not None and rotary != int(head * share):
+        r.note(f"rotary_dim {rotary!r} is not read by transformers' MiniMax-M3: it rotates head_dim {head} x "
+               f"partial_rotary_factor {share!r}", warn=True)
+
+
+def modernbert_decoder_prepare(r: Reading) -> None:
+    """ModernBERT-decoder (``ModernBertDecoderConfig``): the window is the config's
+    sliding_window, else ``local_attention // 2`` (default 128 // 2); one rope dict per layer type, from the
+    config's own, else theta ``global_rope_theta`` (160000) on the full layers and
+    ``local_rope_theta`` (10000) on the sliding ones, a v4 ``rope_scaling`` on both; head_dim is
+    hidden_size // num_attention_heads (``ModernBertDecoderAttention``)."""
+    local = r.cfg.get("local_attention", 128)
+    types = modernbert_decoder_layer_types(r)
+    if r.cfg.get("sliding_window") is not None:
+        pass  # a sliding_window given is kept (it overrides __post_init__'s, as transformers' config does)
+    elif local:
+        r.cfg["sliding_window"] = config_int({"local_attention": local}, "local_attention", where="config") // 2
+    elif "sliding_attention" in types:
+        raise InvalidArgument("config['local_attention'] is 0 or null with sliding layers: transformers' "
+                              "ModernBertDecoderConfig then sets sliding_window -1, which no mask reads")
+    r.cfg["head_dim"] = r.head_dim_from_sizes()
+    params = r.cfg.get("rope_parameters")
+    if not (isinstance(params, Mapping) and nested_rope({"rope_parameters": params})):
+        params = {"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "default"}}
+    params = {k: dict(v) for k, v in params.items() if isinstance(v, Mapping)}
+    scaling = r.cfg.pop("rope_scaling", None)
+    for kind, key, theta in (("full_attention", "global_rope_theta", 160_000.0),
+                             ("sliding_attention", "local_rope_theta", 10_000.0)):
+        params.setdefault(kind, {"rope_type": "default"})
+        if isinstance(scaling, Mapping):
+            params[kind].update(scaling)
+        params[kind].setdefault("rope_theta", r.cfg.get(key, theta))
+    r.cfg["rope_parameters"] = params
+    r.cfg.pop("rope_theta", None)
+
+
+def modernbert_decoder_layer_types(r: Reading) -> list[str]:
+    """ModernBERT-decoder (``__post_init__``): the config's layer_types, else full attention at
+    every ``global_attn_every_n_layers``-th layer from 0 (default 3), sliding elsewhere."""
+    explicit = r.explicit_layer_types()
+    if explicit is not None:
+        return explicit
+    every = config_int(r.cfg, "global_attn_every_n_layers", default=3, where="config")
+    return ["sliding_attention" if i % every else "full_attention" for i in range(r.positive_int("num_hidden_layers"))]
+
+
+#: ZayaConfig's rope dicts when the config has none (``__post_init__``).
+ZAYA_ROPE = {"hybrid": {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.5},
+             "hybrid_sliding": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5}}
+
+
+def zaya_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, int | None]:
+    """ZAYA (``ZayaAttention``): ``hybrid_sliding`` layers slide over sliding_window, ``hybrid`` ones are full."""
+    if layer_type == "hybrid_sliding":
+        return "sliding", r.positive_int("sliding_window")
+    if layer_type == "hybrid":
+        return "full", None
+    raise InvalidArgument(f"config['layer_types'][{index}] = {layer_type!r}: ZAYA layers are 'hybrid' or 'hybrid_sliding'")
+
+
+def zaya_prepare(r: Reading) -> None:
+    default_rope_dict(ZAYA_ROPE)(r)
+    r.note("ZAYA's attention (CCA) passes q and k through a causal convolution over the last tokens before "
+           "RoPE: that stays the model's; the plan is its RoPE")
+
+
+def nope_where_theta_zero_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Muse Glimmer's text model (``MuseGlimmerTextModel.forward``, as Muse Spark's): a layer whose
+    ``layer_rope_theta`` entry is 0 gets no position embeddings (NoPE); any other entry gets the
+    model's one RoPE (theta from the rope dict: the entry's value is only tested for zero)."""
+    thetas = r.cfg.get("layer_rope_theta")
+    n = r.positive_int("num_hidden_layers")
+    if thetas is None:  # __post_init__: NoPE on every 4th layer counted back from the last
+        thetas = [0 if (n - 1 - i) % 4 == 0 else 1 for i in range(n)]
+    if not isinstance(thetas, (list, tuple)) or len(thetas) < n:
+        raise InvalidArgument(f"config['layer_rope_theta'] must hold {n} numbers (num_hidden_layers; 0: a NoPE layer), "
+                              f"got {thetas!r:.80}")
+    return r.rope(None) if thetas[index] else None
+
+
+def mistral_large4_refusal(r: Reading) -> None:
+    """Mistral Large 4's text model (``MistralLarge4TextAttention``): every layer attends to the
+    ``index_topk`` keys a learned indexer picks (built on its ``full`` layers, shared by the
+    others: DeepSeek-V3.2's sparse attention), refused by name."""
+    raise InvalidArgument(f"config (mistral_large4_text): index_topk {r.cfg.get('index_topk', 2048)!r}: transformers' "
+                          "Mistral Large 4 attends to the top-k keys a learned indexer picks from its own RoPE'd scores "
+                          "(sparse attention); posenc does not model that key selection, so it does not read this config")
+
+
 #: The names of the rotary table formats a family's decoder layers take
 #: (:attr:`Family.tables`; the formats themselves, code, are in
 #: :mod:`posenc.integrations.families`).
@@ -1282,7 +1684,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             tables="deinterleaved_cos_sin"),
     _family("glm4", layout="interleaved", defaults={"rope_theta": 10000.0, "head_dim": 128, "partial_rotary_factor": 0.5},
             tables="deinterleaved_cos_sin"),
-    _family("glm4_moe", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    _family("glm4_moe", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.5}, prepare=glm4_moe_prepare),
     _family("granite", defaults={"rope_theta": 10000.0}),
     _family("granitemoe", defaults={"rope_theta": 10000.0}),
     _family("granitemoeshared", defaults={"rope_theta": 10000.0}),
@@ -1346,7 +1748,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # GLM-4.7-Flash: DeepSeek-V3's MLA, RoPE on qk_rope_head_dim, interleaved with rope_interleave (default true)
     _family("glm4_moe_lite", layout="interleaved",
             defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64, "rope_interleave": True},
-            encoding=deepseek_rope, prepare=deepseek_check, interleaved_key="rope_interleave",
+            encoding=deepseek_rope, prepare=glm4_moe_lite_prepare, interleaved_key="rope_interleave",
             interleaved_tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
     # Gemma 3n: Gemma 3's two thetas (rope_theta global, rope_local_base_freq local), 4 sliding layers to 1 full
     _family("gemma3n_text", defaults={"head_dim": 256, "sliding_window": 512},
@@ -1684,6 +2086,105 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             defaults={"rope_theta": 10000.0, "head_dim": 128, "sliding_window": 4096, "sliding_window_pattern": 4,
                       "prefix_dense_sliding_window_pattern": 1},
             layer_types=cohere2_moe_layer_types, span=exaone4_span, encoding=cohere2_moe_rope),
+    # -- issue 34, list B
+    # Qwen2-MoE: Qwen2's RoPE; with use_sliding_window every other layer below max_window_layers slides
+    _family("qwen2_moe", defaults={"rope_theta": 10000.0, "sliding_window": 4096, "max_window_layers": 28,
+                                   "use_sliding_window": False},
+            layer_types=qwen2_moe_layer_types, span=qwen2_span),
+    _family("olmo", defaults={"rope_theta": 10000.0}),
+    _family("olmoe", defaults={"rope_theta": 10000.0}),
+    _family("solar_open", defaults={"rope_theta": 1_000_000.0, "head_dim": 128}),
+    # Nemotron: partial RoPE, partial_rotary_factor 0.5 unless the config says otherwise
+    _family("nemotron", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    _family("nanochat", defaults={"rope_theta": 10000.0}, prepare=nanochat_refusal),
+    # NemotronH: Mamba 2, attention, MLP and MoE blocks by a pattern, all under "mixer"; its
+    # attention applies no positions (NoPE) and the model builds no rotary module
+    _family("nemotron_h", prepare=nemotron_h_prepare, layer_types=lambda r: r.cfg["layer_types"], span=hybrid_span,
+            encoding=no_positions, attention="mixer", rotary=None),
+    # Jamba: Mamba layers with an attention layer every attn_layer_period-th; no positions in attention
+    _family("jamba", defaults={"attn_layer_period": 8, "attn_layer_offset": 4}, prepare=nope_hybrid_note,
+            layer_types=period_layer_types, span=hybrid_span, encoding=no_positions, rotary=None),
+    # Zamba: Mamba layers and "hybrid" layers whose shared attention block has no positions
+    _family("zamba", prepare=nemotron_h_prepare, layer_types=lambda r: r.cfg["layer_types"], span=hybrid_span,
+            encoding=no_positions, attention="shared_transf.self_attn", rotary=None, head_dim="head_dim"),
+    # Zamba2: the shared attention blocks take RoPE only with use_mem_rope
+    _family("zamba2", defaults={"rope_theta": 10000.0}, prepare=block_types_prepare,
+            layer_types=lambda r: r.cfg["layer_types"], span=hybrid_span, encoding=zamba2_rope,
+            attention="shared_transformer.self_attn"),
+    # Kimi Linear: KDA linear attention and MLA layers without positions (NoPE)
+    _family("kimi_linear", prepare=nope_hybrid_note, layer_types=kimi_linear_layer_types, span=hybrid_span,
+            encoding=no_positions, rotary=None, head_dim="qk_head_dim"),
+    # the DeepSeek-V3 MLA copies: RoPE on qk_rope_head_dim, interleaved with rope_interleave (default true)
+    _family("sarvam_mla", layout="interleaved",
+            defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64, "rope_interleave": True},
+            encoding=deepseek_rope, prepare=deepseek_check, interleaved_key="rope_interleave",
+            interleaved_tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
+    _family("youtu", layout="interleaved",
+            defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64, "rope_interleave": True},
+            encoding=deepseek_rope, prepare=deepseek_check, interleaved_key="rope_interleave",
+            interleaved_tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
+    _family("mistral4", layout="interleaved",
+            defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64, "rope_interleave": True},
+            encoding=deepseek_rope, prepare=mistral4_prepare, interleaved_key="rope_interleave",
+            interleaved_tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
+    # MiniCPM3: MLA, RoPE on qk_rope_head_dim in half-split pairs
+    _family("minicpm3", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 32}, encoding=mla_half_split_rope,
+            prepare=deepseek_check, head_dim="qk_head_dim"),
+    # Sarvam-MoE: GLM-4.5's class with the whole head rotated (partial_rotary_factor 1.0), theta 8e6
+    _family("sarvam_moe", defaults={"rope_theta": 8_000_000.0, "head_dim": 64, "partial_rotary_factor": 1.0}),
+    # the sliding / full hybrids with one rope dict per layer type (their config classes' defaults)
+    _family("laguna", defaults={"sliding_window": 512, "head_dim": 128}, prepare=default_rope_dict(LAGUNA_ROPE),
+            layer_types=rule_layer_types(lambda i, n: "full_attention"), encoding=typed_rope,
+            scaled_layer_types=("full_attention",)),
+    _family("mimo_v2_flash", defaults={"sliding_window": 129, "head_dim": 192}, prepare=mimo_v2_prepare,
+            layer_types=rule_layer_types(lambda i, n: "full_attention" if i == 0 or not (i + 1) % 6
+                                         else "sliding_attention"), encoding=typed_rope,
+            scaled_layer_types=("full_attention",)),
+    _family("kolibri1", defaults={"rope_theta": 10000.0, "sliding_window": 513, "head_dim": 128},
+            layer_types=rule_layer_types(lambda i, n: "full_attention" if (i + 1) % 5 == 0 else "sliding_attention")),
+    # LFM3: short convolutions, sliding layers (theta 1e4) and full layers (proportional, a half of the head)
+    _family("lfm3", defaults={"sliding_window": 256, "head_dim": 128}, prepare=default_rope_dict(LFM3_ROPE), span=hybrid_span, encoding=typed_rope,
+            layer_types=rule_layer_types(lambda i, n: "full_attention" if i % 4 == 2 else
+                                         "sliding_attention" if i % 4 == 0 and i > 0 else "conv"),
+            scaled_layer_types=("full_attention",)),
+    # OLMo Hybrid and LARA Mini: Gated DeltaNet layers (no positions) beside RoPE attention layers
+    _family("olmo_hybrid", defaults={"rope_theta": 10000.0}, layer_types=olmo_hybrid_layer_types, span=hybrid_span,
+            encoding=typed_rope),
+    # (LARA Mini's full-attention layers are NoPE: its model hands RoPE to the sliding layers only)
+    _family("lara_mini", defaults={"rope_theta": 10000.0, "sliding_window": 512, "head_dim": 128},
+            layer_types=rule_layer_types(lambda i, n: LARA_MINI_PATTERN[i % len(LARA_MINI_PATTERN)]), span=hybrid_span,
+            encoding=lambda r, i, t: r.rope(None) if t == "sliding_attention" else None),
+    # Qwen4-Exp: Gated DeltaNet layers and indexed (sparse) attention layers, refused by name
+    # (its config class renames a checkpoint's full_attention layers indexed_attention: every softmax layer is indexed)
+    _family("qwen4_exp_text", defaults={"rope_theta": 10000.0, "head_dim": 256}, prepare=qwen4_exp_refusal,
+            layer_types=lambda r: r.explicit_layer_types() or ["full_attention"] * r.positive_int("num_hidden_layers"),
+            span=hybrid_span, encoding=typed_rope, source="transformers/models/qwen4_exp/"),
+    _family("qwen4_exp", text_config="qwen4_exp_text", base="model.language_model", sizes_config="text_config"),
+    # MiniMax-M3's text model: RoPE over the rope dict's share of the head; its sparse layers refused
+    _family("minimax_m3_vl_text", defaults={"rope_theta": 5_000_000.0, "head_dim": 128}, prepare=minimax_m3_prepare,
+            layer_types=lambda r: r.explicit_layer_types() or ["full_attention"] * r.positive_int("num_hidden_layers"),
+            source="transformers/models/minimax_m3_vl/"),
+    _family("minimax_m3_vl", text_config="minimax_m3_vl_text", base="model.language_model", sizes_config="text_config"),
+    # ModernBERT-decoder: global layers (theta 160000) every third, sliding ones (local_attention // 2, theta 10000)
+    _family("modernbert-decoder", prepare=modernbert_decoder_prepare, layer_types=modernbert_decoder_layer_types,
+            attention="attn", scaled_layer_types=("full_attention",),
+            source="transformers/models/modernbert_decoder/"),
+    # ZAYA: compressed convolutional attention, one rope dict per layer type (hybrid, hybrid_sliding)
+    _family("zaya", defaults={"head_dim": 128, "sliding_window": None}, prepare=zaya_prepare,
+            layer_types=lambda r: r.explicit_layer_types() or ["hybrid"] * r.positive_int("num_hidden_layers"),
+            span=zaya_span, encoding=rope_of_type, scaled_layer_types=("hybrid",), rotary_positions=True),
+    # Mistral Large 4: sparse attention by a learned indexer on every layer, refused by name
+    _family("mistral_large4_text", prepare=mistral_large4_refusal, source="transformers/models/mistral_large4/"),
+    _family("mistral_large4", text_config="mistral_large4_text", base="model.language_model", sizes_config="text_config"),
+    # Muse Glimmer: RoPE or NoPE per layer (layer_rope_theta 0), sliding / full layer types
+    _family("muse_glimmer_text", defaults={"head_dim": 128, "sliding_window": 2048},
+            layer_types=rule_layer_types(lambda i, n: "full_attention" if (n - 1 - i) % 4 == 0 else "sliding_attention"),
+            encoding=nope_where_theta_zero_rope, source="transformers/models/muse_glimmer/"),
+    _family("muse_glimmer", text_config="muse_glimmer_text", base="model.language_model", sizes_config="text_config"),
+    # MiniMax-Text-01: lightning attention (no positions) and softmax attention with RoPE on the whole head
+    _family("minimax", defaults={"rope_theta": 1_000_000.0, "sliding_window": None},
+            layer_types=minimax_layer_types, span=minimax_span, prepare=minimax_prepare,
+            encoding=attention_layers_rope),
 )}
 
 

@@ -169,14 +169,20 @@ def base_model(model: nn.Module, family: FamilyModules) -> nn.Module:
     ``family.rotary``).
 
     Raises:
-        InvalidArgument: it lacks either (the family's refusal where its record refuses it, naming
-            the positional feature), or the model has no config.
+        InvalidArgument: it lacks its layers, or the model has no config; a model of no known
+            family (read as Llama-shaped) also needs its rotary module. A model of a family in
+            :data:`FAMILIES` may lack it: the model builds none (Zamba2 without
+            ``use_mem_rope``), and its layers are handed no tables. A family whose record
+            refuses it: the refusal, naming the positional feature.
     """
     base = _holder(model, family)
-    missing = [name for name in (family.layers, family.rotary) if name is not None and not hasattr(base, name)]
     record = record_of(model)
-    if missing and record.refused is not None:  # a family posenc knows and does not read: say why
+    if record.refused is not None:  # a family posenc knows and does not read: say why
         raise InvalidArgument(f"model ({record.model_type}): {record.refused}; posenc does not read this family")
+    # a known family's missing rotary module is one the model does not build (the family sweep
+    # checks every record against transformers); a Llama-shaped guess must have one
+    rotary = family.rotary if record is LLAMA_SHAPED else None
+    missing = [name for name in (family.layers, rotary) if name is not None and not hasattr(base, name)]
     if missing or not hasattr(model, "config"):
         raise InvalidArgument(
             f"model: expected a transformers decoder whose base model has '{family.layers}' and '{family.rotary}' "

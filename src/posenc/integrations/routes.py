@@ -19,6 +19,7 @@ from posenc.encodings import Hook, PositionalEncoding, RoPE, create_for_model
 from posenc.encodings.irope import AttentionTemperature
 from posenc.encodings.rope.multiaxis import MultiAxisRoPE
 from posenc.errors import InvalidArgument, InvalidType
+from posenc.hf_config.families import NO_ATTENTION_TYPES
 from posenc.integrations import branch_attention as branches
 from posenc.integrations.adapter_route import chosen_layers, prepare_adapter
 from posenc.integrations.adapters import adapter_of
@@ -131,7 +132,7 @@ def prepare_layers(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int
     uniform = isinstance(plan_or_encoding, (str, PositionalEncoding))  # every attention layer takes it
     if isinstance(plan_or_encoding, str):
         # one encoding per width of the layers' heads (Gemma 4's global layers are wider)
-        widths = [getattr(getattr(layer, family.attention, None), family.head_dim, head_dim) for layer in decoder_layers]
+        widths = [getattr(attention_of(layer, family), family.head_dim, head_dim) for layer in decoder_layers]
         built = {width: create_for_model(
             plan_or_encoding, d_model=sizes.hidden_size, num_heads=sizes.num_attention_heads, head_dim=width,
             max_positions=sizes.max_position_embeddings, causal=True, **kwargs,
@@ -166,10 +167,12 @@ def prepare_layers(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int
     probe = RotaryProbe(base, family, sizes)
     for index in chosen:
         layer_plan = plan[index]
-        module = getattr(decoder_layers[index], family.attention, None)
+        module = attention_of(decoder_layers[index], family)
         encoding = layer_plan.encoding
         where = f"layer {index}"
-        if module is None:  # Qwen3-Next's linear-attention layers: no positions to give
+        if module is None or _without_attention(layer_plan, sizes, index):
+            # Qwen3-Next's linear-attention layers (no module); NemotronH's Mamba / MLP blocks
+            # under the attention attribute (typed): no positions to give
             if encoding is not None and not uniform:
                 raise InvalidArgument(f"plan: {where} has no '{family.attention}' (no softmax attention), "
                                       f"it cannot take {type(encoding).__name__}")
@@ -214,7 +217,7 @@ def prepare_layers(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int
         if plan.embedding is not None:
             handles.append(decoder_layers[0].register_forward_pre_hook(_embed_hook(plan.embedding), with_kwargs=True))
         memo: dict[Any, Any] = {}
-        if family.rotary_positions:
+        if family.rotary_positions and probe.rotary is not None:
             handles.append(getattr(base, family.rotary).register_forward_pre_hook(_rotary_positions_hook(memo),
                                                                                   with_kwargs=True))
         switched_off = []
@@ -233,7 +236,7 @@ def prepare_layers(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int
             register_with_transformers()
             original = config._attn_implementation
             for layer in decoder_layers:
-                module = getattr(layer, family.attention, None)
+                module = attention_of(layer, family)
                 if module is not None:
                     module.__dict__[FALLBACK_ATTR] = original
             model.set_attn_implementation(ATTN_IMPLEMENTATION)
@@ -243,12 +246,33 @@ def prepare_layers(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int
 
 def _head_dim(config: Any, decoder_layers: list[nn.Module], family: Family) -> int:
     for layer in decoder_layers:
-        module = getattr(layer, family.attention, None)
+        module = attention_of(layer, family)
         if isinstance(getattr(module, family.head_dim, None), int):
             return getattr(module, family.head_dim)
     if isinstance(getattr(config, "head_dim", None), int):
         return config.head_dim
     return config.hidden_size // config.num_attention_heads
+
+
+def attention_of(layer: nn.Module, family: Family) -> nn.Module | None:
+    """The decoder layer's self-attention module at the record's (dotted) ``attention`` path
+    (Zamba2's ``shared_transformer.self_attn``), or None where the layer has none."""
+    module: Any = layer
+    for name in family.attention.split("."):
+        module = getattr(module, name, None)
+    return module
+
+
+def _without_attention(layer_plan: LayerPlan, config: Any, index: int) -> bool:
+    """The layer has no softmax attention by its type (the plan's ``layer_type``, else the
+    config's ``layer_types``): a hybrid whose Mamba, MLP or linear-attention blocks sit under
+    the attention attribute (NemotronH's ``mixer``, MiniMax's ``self_attn``) is skipped by type,
+    not by a missing module."""
+    kind = layer_plan.layer_type
+    if kind is None:
+        types = getattr(config, "layer_types", None)
+        kind = types[index] if isinstance(types, (list, tuple)) and index < len(types) else None
+    return kind in NO_ATTENTION_TYPES
 
 
 def _check_encoding(encoding: PositionalEncoding, config: Any, head_dim: int | None, where: str) -> None:
@@ -289,15 +313,21 @@ class RotaryProbe:
     module per layer type, on one position)."""
 
     def __init__(self, base: nn.Module, family: Family, config: Any) -> None:
-        self.rotary, self.family = getattr(base, family.rotary), family
+        # None: the model builds no rotary module (Granite 4.0 hybrid without RoPE, NemotronH)
+        self.rotary = getattr(base, family.rotary, None) if family.rotary is not None else None
+        self.family = family
         self.layer_types = getattr(config, "layer_types", None)
-        self.takes_layer_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
+        self.takes_layer_type = self.rotary is not None and "layer_type" in inspect.signature(self.rotary.forward).parameters
         self.cache: dict[Any, int] = {}
         parameter = next(base.parameters(), None)
         self.x = torch.zeros(1, 1, 1, device=None if parameter is None else parameter.device,
                              dtype=torch.float32 if parameter is None else parameter.dtype)
 
     def width(self, index: int) -> int:
+        """The rotary width of layer ``index``'s tables; 0 where the model has no rotary module
+        (its layers are handed no tables)."""
+        if self.rotary is None:
+            return 0
         layer_type = self.layer_types[index] if self.takes_layer_type and self.layer_types else None
         if layer_type not in self.cache:
             positions = torch.zeros(1, 1, dtype=torch.long, device=self.x.device)
@@ -338,6 +368,8 @@ def tables_hook(decision: LayerRoute, family: Family, memo: dict):
         if decision.posenc_route:
             _refuse_static_cache(kwargs.get("cache", kwargs.get("past_key_values")), attention_module, decision.index)
             attention_module.__dict__[POSITIONS_ATTR] = sequence
+        if rope is None and not width:  # no rotary module: the layer takes no tables, none given
+            return None
         table_dtype = torch.promote_types(hidden.dtype, torch.float32)
         if rope is None:
             shape = (*positions.shape[-2:], width)
@@ -417,7 +449,7 @@ def restore(model: nn.Module, base: nn.Module, family: Family) -> None:
     if "posenc_encoding" in base._modules:
         del base._modules["posenc_encoding"]
     for layer in getattr(base, family.layers):
-        module = getattr(layer, family.attention, None)
+        module = attention_of(layer, family)
         if module is not None:
             for attr in (ENCODING_ATTR, POSITIONS_ATTR, FALLBACK_ATTR):
                 module.__dict__.pop(attr, None)

@@ -181,10 +181,78 @@ def _message(err: BaseException) -> str:
     return _short(f"{type(err).__name__}: {err}", 240)
 
 
+#: Per-family keys set on the default config before it is read and shrunk, as a released
+#: config.json has them, where the default config builds no model of the family's positions:
+#: an all-Mamba hybrid (no attention layer to check; transformers 5.24's hybrid cache cannot
+#: even run it), or a head width or key/value head count left None (no model builds).
+RELEASED_SHAPES: dict[str, dict[str, Any]] = {
+    # ibm-ai-platform/Bamba-9B: attention at layers 9, 18, 27 of 32
+    "bamba": {"attn_layer_indices": [9, 18, 27]},
+    # ibm-granite/granite-4.0-h-*: one attention layer (NoPE) in every ten, the others Mamba 2
+    "granitemoehybrid": {"layer_types": ["attention" if i % 10 == 5 else "mamba" for i in range(32)]},
+    # tencent/Hunyuan-7B-Instruct and Hunyuan-A13B-Instruct: head_dim 128
+    "hunyuan_v1_dense": {"head_dim": 128},
+    "hunyuan_v1_moe": {"head_dim": 128},
+    # mistralai/Ministral-8B-Instruct-2410: head_dim 128
+    "ministral": {"head_dim": 128},
+    # LiquidAI/LFM2-8B-A1B: attention at layers 2, 6, 10, 14, 18, 21 of 24, short convolutions elsewhere
+    # (Lfm2MoeConfig has no default schedule: transformers builds no model without layer_types)
+    "lfm2_moe": {"num_hidden_layers": 24,
+                 "layer_types": ["full_attention" if i in (2, 6, 10, 14, 18, 21) else "conv" for i in range(24)]},
+    # zai-org/GLM-4.5: head_dim 128 (Glm4MoeConfig has none: 4096 // 96 floored, an odd rotated width)
+    "glm4_moe": {"head_dim": 128},
+    # nvidia/Minitron-8B-Base: 8 key/value heads (NemotronConfig's default is None)
+    "nemotron": {"num_key_value_heads": 8},
+}
+
+
+#: Per-family keys of the shrunk config (None: the key removed) that ``posenc audit``'s
+#: shrinking does not know: sizes the config class derives (Zamba's and Zamba2's widths,
+#: recomputed from the shrunk hidden size once removed) and expert counts under another spelling.
+TINY_SHAPES: dict[str, dict[str, Any]] = {
+    "zamba2": dict.fromkeys(("mamba_headdim", "attention_hidden_size", "attention_head_dim", "hybrid_layer_ids",
+                             "kv_channels", "num_query_groups")),
+    "zamba": dict.fromkeys(("attention_hidden_size", "attention_head_dim", "mamba_dt_rank")),
+    "kimi_linear": {"num_experts_per_token": 1},
+    # Youtu's model as built holds lm_head apart from the embeddings that its reload ties
+    # (transformers 5.24): untied, a plain save / load keeps the weights drawn
+    "youtu": {"tie_word_embeddings": False},
+    # NeMo SpeechLM's NemotronH decoder: its layer list is the layer count (no num_hidden_layers for the
+    # shrinking to cut by), kept to its first six blocks (Mamba, experts, ..., its first attention layer)
+    "nemo_speechlm": {"layers_block_type": ["linear_attention", "moe", "linear_attention", "moe", "linear_attention",
+                                            "full_attention"], "moe_shared_expert_intermediate_size": 32},
+    # Muse Glimmer's vision tower lists one layer type per block: as many as the one block kept
+    "muse_glimmer": {"vision_config": {"layer_types": ["full_attention"]}},
+}
+#: Per-family fewest layers of the tiny model: Zamba ties its shared attention block across the
+#: hybrid layers, and transformers refuses a model with only one of them.
+MIN_LAYERS: dict[str, int] = {"zamba": 8}
+
+
+def _tiny_shape(model_type: str, cfg: dict) -> dict:
+    """The shrunk ``cfg`` with :data:`TINY_SHAPES`' keys for ``model_type`` set or removed (a
+    dict value over a sub-config dict: its keys set or removed there)."""
+    return _shaped(cfg, TINY_SHAPES.get(model_type, {}))
+
+
+def _shaped(cfg: dict, shape: dict) -> dict:
+    out = dict(cfg)
+    for key, value in shape.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _shaped(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def _default_config(model_type: str) -> dict:
+    """The config class's defaults (``AutoConfig.for_model``), with :data:`RELEASED_SHAPES`' keys."""
     import transformers
 
-    config = transformers.AutoConfig.for_model(model_type)
+    shape = RELEASED_SHAPES.get(model_type, {})
+    config = transformers.AutoConfig.for_model(model_type, **shape)
     return config.to_dict()
 
 
@@ -463,8 +531,9 @@ def sweep_family(family: Family | str, *, seed: int = 0) -> Verdict:
     except Exception as err:  # noqa: BLE001 - position_plan must refuse with InvalidArgument, nothing else
         return verdict("failed", f"position_plan raised {_message(err)}")
     try:
-        layers = max(_layers_needed(full_plan), _layers_needed(full_plan.encoder) if full_plan.encoder else 0)
-        cfg = _tiny_config(config, layers)
+        layers = max(_layers_needed(full_plan), _layers_needed(full_plan.encoder) if full_plan.encoder else 0,
+                     MIN_LAYERS.get(family.model_type, 0))
+        cfg = _tiny_shape(family.model_type, _tiny_config(config, layers))
         plan = _plan(cfg)
         model = _build_tiny(cfg)
         tokens = torch.randint(3, VOCAB, (1, _length(plan, cfg)), generator=torch.Generator().manual_seed(seed))
