@@ -33,3 +33,14 @@ def attention_extras(enc, batch: int, heads: int, num_keys: int, *, dtype=torch.
         return {}
     logits = torch.randn(batch, heads, num_keys, dtype=dtype, generator=generator) + 2.0
     return {"gates": torch.nn.functional.logsigmoid(logits)}
+
+
+#: One registered encoding per kind of hook (rotate, score bias, a learned bias network, content,
+#: gate, mask): the encodings a test runs by default where its every-encoding cases are slow.
+HOOK_REPRESENTATIVES = ("rope", "alibi", "fire", "shaw", "fox", "irope")
+
+
+def slow_unless(keep: bool, *values, id=None):
+    """One pytest parameter of ``values``, marked ``slow`` unless ``keep`` (the default suite's
+    time budget: ``pytest -m slow`` runs the others)."""
+    return pytest.param(*values, marks=() if keep else (pytest.mark.slow,), id=id)

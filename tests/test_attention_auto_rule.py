@@ -221,5 +221,5 @@ def test_a_changed_row_is_caught(monkeypatch):
     swapped[first_flex], swapped[blocked] = rows[blocked], rows[first_flex]
     encodings = {(hooks, learned, linear): toy_encoding(hooks, learned=learned, linear=linear)
                  for hooks in HOOK_SETS for learned in (False, True) for linear in (False, True)}
-    disagree = sum(expected_backend(swapped, s)[1] != resolve(s, encodings, monkeypatch) for s in situations("cuda"))
-    assert disagree > 0
+    # any(): the first disagreement settles it (resolving every situation again took 8 s)
+    assert any(expected_backend(swapped, s)[1] != resolve(s, encodings, monkeypatch) for s in situations("cuda"))

@@ -17,6 +17,7 @@ import weakref
 
 import pytest
 import torch
+from conftest import slow_unless
 
 import posenc
 from posenc.attention import tiling
@@ -115,7 +116,12 @@ def test_gradcheck_float64(name, causal, case):
     assert torch.autograd.gradcheck(f, (q, k, v, *params), eps=1e-6, atol=1e-6, rtol=1e-5, fast_mode=True)
 
 
-@pytest.mark.parametrize("name", LEARNED)
+#: the full Jacobian by default for KERPLE (a learned score bias) only: 7-18 s an encoding on a CPU;
+#: the others behind slow (pytest -m slow), and every one's fast-mode gradcheck above runs by default
+FULL_JACOBIAN_BY_DEFAULT = ("kerple",)
+
+
+@pytest.mark.parametrize("name", [slow_unless(n in FULL_JACOBIAN_BY_DEFAULT, n) for n in LEARNED])
 def test_gradcheck_every_entry_of_the_jacobian(name):
     """The full Jacobian (not random projections) at the smallest size: 17 queries in blocks
     of a few rows, the last one ragged."""

@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from conftest import slow_unless
 
 import posenc
 from posenc.attention.branches import METHODS, branch_attention, position_map
@@ -163,8 +164,17 @@ def test_position_map_errors():
 # ------------------------------------------------------------------ posenc.attention()
 
 
-@pytest.mark.parametrize("method", sorted(ACTIVE))
-@pytest.mark.parametrize("backend", (*BACKENDS, "auto"))
+#: flex (uncompiled on the CPU: 3-7 s a method) by default on the three-branch map only; the other
+#: maps on flex behind slow (the default suite's time budget; pytest -m slow runs them)
+FLEX_BY_DEFAULT = ("dca",)
+
+
+def backend_cases(methods, backends):
+    return [slow_unless(backend != "flex" or method in FLEX_BY_DEFAULT, method, backend, id=f"{backend}-{method}")
+            for method in methods for backend in backends]
+
+
+@pytest.mark.parametrize("method,backend", backend_cases(sorted(ACTIVE), (*BACKENDS, "auto")))
 def test_attention_with_branched_rope_equals_the_reference(method, backend):
     encoding = branched(RoPE(HEAD_DIM), method, **ACTIVE[method])
     # float32: rounding of logits up to ~10 (ReRoPE's log-n scale enlarges them) reaches 1.2e-6
@@ -177,8 +187,7 @@ def test_attention_with_branched_rope_equals_the_reference(method, backend):
         torch.testing.assert_close(got, want, atol=tol, rtol=0, msg=f"{method} {backend} Tq={tq} {dtype}")
 
 
-@pytest.mark.parametrize("method", sorted(INSIDE))
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("method,backend", backend_cases(sorted(INSIDE), BACKENDS))
 def test_inside_the_window_every_map_is_plain_rope(method, backend):
     encoding = branched(RoPE(HEAD_DIM), method, **INSIDE[method])
     factor = encoding.map.logit_factor  # STRING's attention factor squared, 1 for the others

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import posenc
-from conftest import attention_extras, make_encoding
+from conftest import HOOK_REPRESENTATIVES, attention_extras, make_encoding, slow_unless
 from posenc.lab.model import LMConfig, TransformerLM
 
 torch._dynamo.config.cache_size_limit = 64
@@ -36,8 +36,9 @@ def _graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-@pytest.mark.parametrize("backend", ["eager", "sdpa", "blocked", "flex"])
-@pytest.mark.parametrize("name", ATTENTION_NAMES)
+@pytest.mark.parametrize("name,backend", [  # eager: every encoding; the others one per hook (-m slow: all)
+    slow_unless(backend == "eager" or name in HOOK_REPRESENTATIVES, name, backend, id=f"{name}-{backend}")
+    for name in ATTENTION_NAMES for backend in ["eager", "sdpa", "blocked", "flex"]])
 def test_attention_traces_in_one_graph(name, backend):
     enc = make_encoding(name).float()
     from posenc.attention import _BACKENDS

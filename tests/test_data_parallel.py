@@ -75,9 +75,16 @@ def run(tmp_path, name, ranks, steps=6, stop_after=0, ckpt="-", mode="data"):
     return json.loads(out.read_text()) if out.exists() else None
 
 
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The losses of the uninterrupted run in one process: the reference of every test here, run
+    once for the module (a few seconds a process start)."""
+    return run(tmp_path_factory.mktemp("one_process"), "one", 1)
+
+
 @pytest.mark.parametrize("mode", ["data", "fsdp"])
-def test_two_ranks_give_one_process_loss_curve(tmp_path, mode):
-    one = run(tmp_path, "one", 1)
+def test_two_ranks_give_one_process_loss_curve(tmp_path, mode, one_process):
+    one = one_process
     two = run(tmp_path, "two", 2, mode=mode)
     assert len(one) == len(two) == 6
     # float32 sums split over two ranks: rounding differences only; a wrong weighting of the
@@ -87,8 +94,8 @@ def test_two_ranks_give_one_process_loss_curve(tmp_path, mode):
 
 
 @pytest.mark.parametrize("mode", ["data", pytest.param("fsdp", marks=pytest.mark.slow)])  # fsdp: -m slow (time budget)
-def test_a_run_stopped_on_two_ranks_resumes_on_one(tmp_path, mode):
-    whole = run(tmp_path, "whole", 1)
+def test_a_run_stopped_on_two_ranks_resumes_on_one(tmp_path, mode, one_process):
+    whole = one_process
     ckpt = tmp_path / "run.pt"
     assert run(tmp_path, "first", 2, stop_after=4, ckpt=ckpt, mode=mode) is None  # checkpoint of step 3
     resumed = run(tmp_path, "resumed", 1, ckpt=ckpt)

@@ -14,14 +14,11 @@ import functools
 import http.server
 import os
 import shutil
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
-
-from test_docs_site import _missing_docs_packages
+from test_docs_site import _missing_docs_packages, site  # noqa: F401  (the fixture: one strict build a session)
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Where Debian and Ubuntu put Chromium; CHROMIUM overrides.
@@ -37,17 +34,14 @@ def _browser() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def served_site(tmp_path_factory):
+def served_site(request):
     missing = _missing_docs_packages()
     if missing:
         pytest.skip(f"the docs extra is not installed: missing {', '.join(missing)}")
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
     if _browser() is None:
         pytest.skip("no Chromium executable (apt-get install chromium, or set CHROMIUM=/path/to/chrome)")
-    out = tmp_path_factory.mktemp("site")
-    build = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stderr[-3000:]
+    out = request.getfixturevalue("site")  # test_docs_site's strict build, shared
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):  # the test's output, not the server's log
             pass

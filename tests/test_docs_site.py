@@ -50,8 +50,9 @@ class _Refs(HTMLParser):
             self.refs.append((tag, attrs["href"]))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def site(tmp_path_factory) -> Path:
+    """The strictly built site, built once a session (tests/test_docs_browser.py serves it too)."""
     missing = _missing_docs_packages()
     if missing:
         pytest.skip(f"the docs extra is not installed (pip install -e '.[docs]'): missing {', '.join(missing)}")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import posenc
-from conftest import attention_extras, make_encoding
+from conftest import HOOK_REPRESENTATIVES, attention_extras, make_encoding, slow_unless
 
 NAMES = posenc.available()
 ATTENTION_NAMES = [n for n in NAMES if "embed" not in posenc.encodings.encoding_class(n).hooks]
@@ -48,8 +48,15 @@ def _nan_rows(out):
     return out.isnan().any(-1)  # (B, H, Tq)
 
 
-@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
-@pytest.mark.parametrize("name", ["nope", *ATTENTION_NAMES[1:]])
+#: flex evaluates FIRE's and KERPLE's learned score_mod eagerly on the CPU (5-10 s a case): behind
+#: slow (-m slow runs them); on flex ALiBi and T5 keep the score bias by default, and every other
+#: backend runs all encodings
+FLEX_SLOW = ("fire", "kerple")
+
+
+@pytest.mark.parametrize("name,backend", [
+    slow_unless(not (backend == "flex" and name in FLEX_SLOW), name, backend, id=f"{name}-{backend}")
+    for name in ["nope", *ATTENTION_NAMES[1:]] for backend in ["auto", *BACKENDS]])
 def test_nan_rule(name, backend):
     """A NaN in a query, or in a key or value some row sees, makes exactly the rows that see it
     NaN; a key a row cannot see (causally hidden, or masked by mask=) never changes that row.
@@ -186,8 +193,9 @@ def test_sinusoidal_embed_float64_is_the_float64_formula():
 
 # -- double backward -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("backend", ["eager", "sdpa"])
-@pytest.mark.parametrize("name", ATTENTION_NAMES)
+@pytest.mark.parametrize("name,backend", [  # sdpa: one encoding per hook by default (-m slow: all)
+    slow_unless(backend == "eager" or name in HOOK_REPRESENTATIVES, name, backend, id=f"{name}-{backend}")
+    for name in ATTENTION_NAMES for backend in ["eager", "sdpa"]])
 def test_double_backward(name, backend):
     """Second derivatives (gradient penalties, Hessian-vector products) on the eager backend,
     and on "sdpa" under torch's math kernel: the fused SDPA kernels' backward has no derivative

@@ -25,6 +25,7 @@ import sys
 
 import pytest
 import torch
+from conftest import slow_unless
 
 transformers = pytest.importorskip("transformers")
 
@@ -336,7 +337,20 @@ def decoded_logits(model, x, prefill):
     return torch.cat(parts, dim=1)
 
 
-@pytest.mark.parametrize("family,method", cases(FAMILIES, OUTSIDE))
+#: (c) by default (the default suite's time budget): every map on these families (plain, sliding
+#: and soft-capped, per layer type, NoPE layers, sinks with a scaled RoPE), and each other family
+#: with one map, in turn; pytest -m slow runs every pair
+C_FAMILIES = ("llama", "gemma2", "gemma3_text", "smollm3", "gpt_oss")
+
+
+def c_cases():
+    methods = list(OUTSIDE)
+    turn = {family: methods[i % len(methods)] for i, family in enumerate(FAMILIES)}
+    return [slow_unless(family in C_FAMILIES or method == turn[family], family, method, id=f"{family}-{method}")
+            for family, method in cases(FAMILIES, OUTSIDE)]
+
+
+@pytest.mark.parametrize("family,method", c_cases())
 def test_c_cached_decoding_equals_the_full_pass_and_generate(family, method):
     x = tokens(batch=1)
     model = extend_context(build(family), method, **OUTSIDE[method])

@@ -758,7 +758,43 @@ def wrong(plan):
                               for layer in plan))
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+#: One family per kind of plan, whose cases run by default; every other family's run with
+#: ``pytest -m slow`` (the default suite's time budget: ~7 tests per family). A new FAMILIES entry
+#: is slow unless it brings a kind not below: then add it here, with its kind.
+REPRESENTATIVE = {
+    "llama": "Llama-shaped: one RoPE on every layer",
+    "mistral": "sliding window on every layer",
+    "gemma3_text": "RoPE per layer type (sliding base 1e4, full linear x8 at 1e6)",
+    "olmo3": "YaRN on the full_attention layers only (a v4 rope_scaling)",
+    "smollm3": "NoPE layers (no_rope_layers flags)",
+    "llama4_text": "NoPE layers with the model's attention temperature; interleaved pairs",
+    "cohere": "interleaved pairs",
+    "gptj": "partial interleaved rotary, built per layer",
+    "phi3": "partial rotary (partial_rotary_factor)",
+    "gemma4_text": "a wider head on the global layers (proportional RoPE)",
+    "qwen2_vl": "M-RoPE, text tower inside a VL wrapper",
+    "qwen3_vl": "interleaved M-RoPE",
+    "deepseek_v3": "MLA: RoPE on the qk_rope_head_dim part",
+    "lfm2": "a hybrid: layers without attention (None in the plan)",
+    "gemma2": "attention logit softcapping (eager)",
+    "vaultgemma": "softcap in the plan",
+    "gpt_oss": "attention sinks, YaRN",
+    "granite_swa": "a RoPE theta per layer (0: NoPE), sinks",
+    "zamba2": "a hybrid whose attention sits at a dotted path (shared_transformer.self_attn)",
+}
+
+
+def families(names=None):
+    """``names`` (default: every family) as pytest parameters, all but REPRESENTATIVE's marked slow."""
+    return [pytest.param(f, marks=() if f in REPRESENTATIVE else pytest.mark.slow)
+            for f in (FAMILIES if names is None else names)]
+
+
+def test_every_representative_is_a_family():
+    assert set(REPRESENTATIVE) <= set(FAMILIES), set(REPRESENTATIVE) - set(FAMILIES)
+
+
+@pytest.mark.parametrize("family", families())
 def test_own_plan_reproduces_the_model(family):
     reference = build(family)
     x = tokens()
@@ -784,7 +820,7 @@ def test_own_plan_reproduces_the_model(family):
         assert (model(x).logits - expected).abs().max() > max(1e-3 * expected.abs().max(), 100 * difference)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", families())
 def test_the_read_plan_reproduces_the_model(family):
     """Guarantee (a) end to end: use_encoding(model, position_plan(model.config)), the plan
     posenc reads from the config (not built by hand), gives the model's own logits."""
@@ -939,13 +975,12 @@ def _b_model(family):
     return build(family, **overrides)
 
 
-#: Families whose layers fail on posenc's attention route (issue 34, list B; for the attention's
-#: owner): MiMo-V2-Flash's sliding layers have sinks and values narrower than q and k (16 vs 24),
-#: and sdpa.py's _with_sinks_merged hands them to the CPU flash kernel, which needs one head size.
-POSENC_ROUTE_FAILS: dict[str, str] = {}  # family -> why posenc's own attention route fails it (xfail, strict)
+#: Families whose layers fail on posenc's own attention route (xfail, strict): family -> why
+#: (MiMo-V2-Flash's sinks with values narrower than q and k were one, fixed in attention/sdpa.py).
+POSENC_ROUTE_FAILS: dict[str, str] = {}
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "gpt_oss"])
+@pytest.mark.parametrize("family", families([f for f in FAMILIES if f != "gpt_oss"]))
 @pytest.mark.parametrize("name,layers", B_CASES)
 def test_encodings_by_name_train_and_generate_with_the_cache(family, name, layers, request):
     if family in POSENC_ROUTE_FAILS and name != "nope":  # NoPE keeps the model's own attention
@@ -1107,7 +1142,7 @@ EXTEND_REFUSED = {"lfm3": "already scaled", "gemma3_text": "already scaled", "gp
                   "dory": "name the ones to scale"}  # a rope dict per layer type, as Gemma 4
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", families())
 def test_extend_context_round_trips_through_plain_from_pretrained(family, tmp_path):
     """Item 3: linear x2 on every RoPE family; the written config loads in plain transformers
     (no posenc) to the same logits; or a refusal naming why, with nothing changed."""

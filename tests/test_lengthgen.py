@@ -29,6 +29,9 @@ def run_cli(args, capsys):
     return code, captured.out, captured.err
 
 
+# 8 runs, 20 s: behind slow (the default suite's time budget; pytest -m slow). By default the CLI
+# runs end to end in test_tasks_recall and test_task_positions, and the rankings are tested below
+@pytest.mark.slow
 def test_lengthgen_end_to_end(tmp_path, capsys):
     out = tmp_path / "out"
     args = ["lengthgen", "--tasks", "copy,passkey", "--encodings", "nope,learned", "--seeds", "0,1", "--out", str(out), *TINY]

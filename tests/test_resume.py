@@ -36,6 +36,10 @@ def environment():
     return {**os.environ, "POSENC_CHECKPOINT_EVERY": "5", "OMP_NUM_THREADS": "1"}
 
 
+# 35 s of three 150-step CLI runs: behind slow (the default suite's time budget; pytest -m slow). By
+# default, test_data_parallel's stopped run resumes from its checkpoint to the uninterrupted losses,
+# and test_lengthgen's rerun finds its records "already done"
+@pytest.mark.slow
 def test_sigkill_mid_training_then_rerun_resumes_to_the_same_results(tmp_path, corpus_file):
     # the uninterrupted reference runs alongside (two cores)
     reference = subprocess.Popen(command(corpus_file, tmp_path / "ref"), env=environment(),

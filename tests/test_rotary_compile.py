@@ -23,9 +23,14 @@ from torch._dynamo.utils import counters
 from torch.profiler import ProfilerActivity, profile
 
 import posenc
+from conftest import slow_unless
 
 from rope_reference import SAMPLES as SCALINGS  # noqa: E402  (one dict per rope_type, rotary dim 8)
 LENGTH_DEPENDENT = ("dynamic", "dynamic_yarn", "longrope")
+#: compiled by default: one rope_type per kind of table (a fixed one: default; one with an
+#: attention factor: yarn; length-dependent: dynamic; short / long regimes: longrope); the
+#: others behind slow (the default suite's time budget; pytest -m slow runs them)
+COMPILED_BY_DEFAULT = ("default", "yarn", "dynamic", "longrope")
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +81,7 @@ def test_apply_rotary_with_out_and_narrow_dtype_compiles():
     torch.testing.assert_close(out, posenc.apply_rotary(x, cos, sin), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", sorted(SCALINGS))
+@pytest.mark.parametrize("name", [slow_unless(n in COMPILED_BY_DEFAULT, n) for n in sorted(SCALINGS)])
 def test_rotate_compiles_fullgraph_for_every_rope_type(name):
     g = torch.Generator().manual_seed(2)
     q, k = torch.randn(2, 2, 5, 12, generator=g), torch.randn(2, 1, 40, 12, generator=g)
@@ -119,7 +124,7 @@ def test_apply_rotary_dynamic_length_does_not_recompile():
     assert graphs_compiled() == 2
 
 
-@pytest.mark.parametrize("name", LENGTH_DEPENDENT)
+@pytest.mark.parametrize("name", [slow_unless(n in COMPILED_BY_DEFAULT, n) for n in LENGTH_DEPENDENT])
 def test_rope_and_xpos_dynamic_length_does_not_recompile(name):
     """Crossing L0 (the length-dependent regimes) does not recompile either: the frequencies
     follow the length through tensor ops, not Python branches."""
