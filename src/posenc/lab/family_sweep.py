@@ -223,6 +223,12 @@ TINY_SHAPES: dict[str, dict[str, Any]] = {
                                             "full_attention"], "moe_shared_expert_intermediate_size": 32},
     # Muse Glimmer's vision tower lists one layer type per block: as many as the one block kept
     "muse_glimmer": {"vision_config": {"layer_types": ["full_attention"]}},
+    # Dory's config.json lists an mlp block after each attention block and counts both (its config class
+    # halves the counts), and its input, recurrent and output blocks must add up to the layers: 1 input,
+    # 2 recurrent, 1 output layer (sliding, sliding, sliding, full), as released configs split them
+    "dory": {"num_hidden_layers": 8, "n_input_layers": 2, "n_recurrent_layers": 4, "n_output_layers": 2,
+             "layer_types": [block for i in range(4) for block in
+                             ("full_attention" if i == 3 else "sliding_attention", "mlp")]},
 }
 #: Per-family fewest layers of the tiny model: Zamba ties its shared attention block across the
 #: hybrid layers, and transformers refuses a model with only one of them.
