@@ -352,6 +352,13 @@ CASES = [
                                                     q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2)),
     ("laguna", "laguna", dict(SMALL, head_dim=16, sliding_window=16, num_experts=4,
                               layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])),
+    ("mellum", "mellum", dict(SMALL, head_dim=16, sliding_window=16, num_experts=4,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])),
+    ("mellum-own-thetas", "mellum", dict(SMALL, head_dim=16, sliding_window=16, num_experts=4,
+                                         layer_types=["sliding_attention", "full_attention"] * 2,
+                                         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                                          "sliding_attention": {"rope_type": "default",
+                                                                                "rope_theta": 2e4}})),
     ("mimo_v2_flash", "mimo_v2_flash", dict(SMALL, num_hidden_layers=7, head_dim=24, v_head_dim=16, n_routed_experts=4)),
     ("mimo_v2_flash-window-size", "mimo_v2_flash", dict(SMALL, head_dim=24, v_head_dim=16, n_routed_experts=4,
                                                         sliding_window_size=15)),
@@ -683,7 +690,8 @@ def test_glm4v_mrope_against_transformers(wrapper, text):
 ALWAYS_REFUSED = {"nanochat": dict(SMALL), "mistral_large4_text": dict(SMALL),
                   "mistral_large4": dict(text_config=dict(SMALL, model_type="mistral_large4_text")),
                   "qwen4_exp_text": dict(SMALL, layer_types=["linear_attention", "full_attention"] * 2),
-                  "qwen4_exp": dict(text_config=dict(SMALL, model_type="qwen4_exp_text"))}
+                  "qwen4_exp": dict(text_config=dict(SMALL, model_type="qwen4_exp_text")),
+                  "unlimited_ocr": dict(text_config=dict(SMALL, model_type="unlimited_ocr_text"))}
 
 
 def test_every_family_in_the_table_is_tested():
@@ -909,6 +917,10 @@ def test_gemma4_refuses_layers_of_one_type_with_two_head_widths():
 #: model_type -> the positional feature its refusal must name, as the family's modeling file
 #: builds it (transformers 5.24: the module or function computing the positions, and the feature).
 REFUSED = {
+    # issue 34, the rest
+    "longcat_flash": r"two attention modules per decoder layer \(LongcatFlashDecoderLayer",
+    "beam": r"NoPE with a scalable-softmax query scale.*compute_attention_scaling", "hrm_text": "hierarchical recurrence",
+    "unlimited_ocr_text": r"reference sliding-window attention \(create_reference_sliding_window_causal_mask",
     "deepseek_v4": "compressed key/value branches", "diffusion_gemma": "bidirectionally",
     "hunyuan_vl": "XD-RoPE", "ernie4_5_vl_moe": "3D RoPE",
     "mamba": "recurrent state: no attention positions", "mamba2": "recurrent state: no attention positions",

@@ -1287,6 +1287,8 @@ LAGUNA_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 500000.0
                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}
 MIMO_V2_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.334},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.334}}
+MELLUM_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
 LFM3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
              "full_attention": {"rope_type": "proportional", "rope_theta": 1_000_000.0, "partial_rotary_factor": 0.5}}
 #: LARA Mini's released layer pattern, period 5 (``LaraMiniConfig.__post_init__``).
@@ -2185,6 +2187,25 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("minimax", defaults={"rope_theta": 1_000_000.0, "sliding_window": None},
             layer_types=minimax_layer_types, span=minimax_span, prepare=minimax_prepare,
             encoding=attention_layers_rope),
+    # -- issue 34, the rest
+    # Mellum: Qwen3-MoE's attention (half-split RoPE) in Laguna's model: one rope dict per layer type
+    # (full 5e5, sliding 1e4 by default), every layer full unless layer_types says otherwise
+    _family("mellum", defaults={"sliding_window": 1024, "head_dim": 128}, prepare=default_rope_dict(MELLUM_ROPE),
+            layer_types=rule_layer_types(lambda i, n: "full_attention"), encoding=typed_rope,
+            scaled_layer_types=("full_attention",)),
+    _refused("longcat_flash", "two attention modules per decoder layer (LongcatFlashDecoderLayer.self_attn: a "
+             "ModuleList of two LongcatFlashMLA, cache layers 2i and 2i + 1), which posenc's one route per layer does "
+             "not reach"),
+    _refused("beam", "its full-attention layers are NoPE with a scalable-softmax query scale (1 + (position + 1) / "
+             "2048) ** 0.1 (compute_attention_scaling, applied in BeamAttention), which posenc's query temperature "
+             "(Llama 4's log1p(floor((position + 1) / floor_scale)) formula) does not model"),
+    _refused("hrm_text", "hierarchical recurrence: its L and H stacks (HrmTextStack, num_layers_per_stack layers "
+             "each) run H_cycles x (L_cycles + 1) times, so num_hidden_layers counts attention calls, not layer "
+             "modules; with prefix_lm the token_type_ids block attends bidirectionally"),
+    _refused("unlimited_ocr_text", "reference sliding-window attention (create_reference_sliding_window_causal_mask): "
+             "every token attends to the last sliding_window tokens and to all image and prompt tokens, a span "
+             "posenc's full / sliding / chunked spans do not model", folder="unlimited_ocr"),
+    _family("unlimited_ocr", text_config="unlimited_ocr_text", base="model.language_model", sizes_config="text_config"),
 )}
 
 
@@ -2378,6 +2399,9 @@ def _plan_of_family(cfg: dict[str, Any], family: Family) -> PositionPlan:
         else:
             raise MissingKey(f"config ({model_type}): needs 'text_config', where the decoder's positions are")
         family = FAMILIES[family.text_config]
+        if family.refused is not None:  # a wrapper around a text model its record refuses (Unlimited-OCR)
+            raise InvalidArgument(f"config ({model_type}, text model {family.model_type}): {family.refused}; "
+                                  f"posenc does not read this family")
     r = Reading(cfg, family)
     resolved, note = rope_dict_spellings(r.cfg)
     if note is not None and not family.type_thetas:  # there rope_scaling and rope_parameters both hold
