@@ -384,6 +384,10 @@ CASES = [
                                                                   num_hidden_layers=8, sliding_window=16, rope_theta=5e5))),
     ("muse_glimmer-thetas", "muse_glimmer", dict(text_config=dict(SMALL, model_type="muse_glimmer_text", head_dim=16,
                                                                   sliding_window=16, layer_rope_theta=[0, 1e4, 1e4, 0]))),
+    ("muse_spark-nested", "muse_spark", dict(audio_config=dict(out_hidden_size=SMALL["hidden_size"]), text_config=dict(SMALL, model_type="muse_spark_text", head_dim=16,
+                                                              num_hidden_layers=8, sliding_window=16, rope_theta=5e5))),
+    ("muse_spark-thetas", "muse_spark", dict(audio_config=dict(out_hidden_size=SMALL["hidden_size"]), text_config=dict(SMALL, model_type="muse_spark_text", head_dim=16,
+                                                              sliding_window=16, layer_rope_theta=[1e4, 0, 1e4, 0]))),
     ("minimax-types", "minimax", dict(SMALL, head_dim=16, rope_theta=1e7, num_local_experts=4, layer_types=[
         "linear_attention", "linear_attention", "linear_attention", "full_attention"])),
     ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
@@ -472,7 +476,7 @@ def hf_uses_rope(model_type, hf, index):
         return hf.layers_block_type[index] == "hybrid" and hf.use_mem_rope
     if model_type in ("lfm3", "olmo_hybrid"):  # their attention layers only (not conv / Gated DeltaNet)
         return hf.layer_types[index] in ("full_attention", "sliding_attention")
-    if model_type == "muse_glimmer_text":  # MuseGlimmerTextModel: no position embeddings where the theta is 0
+    if model_type in ("muse_glimmer_text", "muse_spark_text"):  # MuseGlimmerTextModel: no position embeddings where the theta is 0
         return bool(hf.layer_rope_theta[index])
     if model_type == "lara_mini":  # LaraMiniAttention: RoPE on the sliding layers only
         return hf.layer_types[index] == "sliding_attention"
@@ -921,6 +925,8 @@ REFUSED = {
     "longcat_flash": r"two attention modules per decoder layer \(LongcatFlashDecoderLayer",
     "beam": r"NoPE with a scalable-softmax query scale.*compute_attention_scaling", "hrm_text": "hierarchical recurrence",
     "unlimited_ocr_text": r"reference sliding-window attention \(create_reference_sliding_window_causal_mask",
+    "pp_formulanet": r"offset of 2 rows \(PPFormulaNetLearnedPositionalEmbedding", "pi0": "vision-language-action",
+    "blt": r"byte latent transformer.*BltCrossAttention",
     "deepseek_v4": "compressed key/value branches", "diffusion_gemma": "bidirectionally",
     "hunyuan_vl": "XD-RoPE", "ernie4_5_vl_moe": "3D RoPE",
     "mamba": "recurrent state: no attention positions", "mamba2": "recurrent state: no attention positions",

@@ -2206,6 +2206,21 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
              "every token attends to the last sliding_window tokens and to all image and prompt tokens, a span "
              "posenc's full / sliding / chunked spans do not model", folder="unlimited_ocr"),
     _family("unlimited_ocr", text_config="unlimited_ocr_text", base="model.language_model", sizes_config="text_config"),
+    # Muse Spark's text model: Muse Glimmer's (MuseSparkTextModel(MuseGlimmerTextModel)): RoPE or NoPE per layer by
+    # layer_rope_theta, sliding / full layer types; its attention adds a query scale and an output norm and gate
+    _family("muse_spark_text", defaults={"rope_theta": 500_000.0, "head_dim": 64, "sliding_window": 2048},
+            layer_types=rule_layer_types(lambda i, n: "full_attention" if (n - 1 - i) % 4 == 0 else "sliding_attention"),
+            encoding=nope_where_theta_zero_rope, source="transformers/models/muse_spark/"),
+    _family("muse_spark", text_config="muse_spark_text", base="model.language_model", sizes_config="text_config"),
+    _refused("pp_formulanet", "a vision encoder-decoder whose text decoder reads a learned table with an offset of 2 "
+             "rows (PPFormulaNetLearnedPositionalEmbedding, rows at position_ids + 2); posenc's learned-table "
+             "adapters serve GPT-2's wpe and OPT's embed_positions only"),
+    _refused("pi0", "a vision-language-action model: a PaliGemma VLM (vlm) and a flow-matching action expert (dit, "
+             "timestep-conditioned by PI0ActionTimeEmbedding) predict continuous actions, not tokens; no text decoder "
+             "whose positions a plan drives"),
+    _refused("blt", "byte latent transformer: a byte-level local encoder and decoder (BltLocalEncoder, BltLocalDecoder, "
+             "joined to the patches by BltCrossAttention) around a global transformer over dynamic patches, each "
+             "with positions of its own (bytes, patches); not one decoder's layers"),
 )}
 
 

@@ -223,6 +223,11 @@ TINY_SHAPES: dict[str, dict[str, Any]] = {
                                             "full_attention"], "moe_shared_expert_intermediate_size": 32},
     # Muse Glimmer's vision tower lists one layer type per block: as many as the one block kept
     "muse_glimmer": {"vision_config": {"layer_types": ["full_attention"]}},
+    # Muse Spark: Muse Glimmer's towers and an audio encoder, whose output width must be the text model's
+    # (2 heads of 64), kept to one stage of width 16; its vision adapter 32 wide (4096 by default: 42M parameters)
+    "muse_spark": {"vision_config": {"layer_types": ["full_attention"]}, "projector_hidden_size": 32,
+                   "audio_config": {"out_hidden_size": 128, "num_hidden_layers": 1, "patch_sizes": [16],
+                                    "hidden_sizes": [16], "depths": [1]}},
     # Dory's config.json lists an mlp block after each attention block and counts both (its config class
     # halves the counts), and its input, recurrent and output blocks must add up to the layers: 1 input,
     # 2 recurrent, 1 output layer (sliding, sliding, sliding, full), as released configs split them
