@@ -1107,7 +1107,7 @@ EXTEND_REFUSED = {"lfm3": "already scaled", "gemma3_text": "already scaled", "gp
                   "qwen3_5_text": "its layers are M-RoPE",
                   "cwm": "already scaled",  # CwmConfig's llama3 x16
                   # one theta per layer (layer_rope_theta, with a NoPE layer): extension_plan reads one RoPE
-                  "granite_swa": "RoPEs differ",
+                  "granite_swa": r"RoPEs differ layer by layer \(layer_rope_theta = \[10000\.0, 0",
                   "codegen": "does not read a RoPE scaling.*create_sinusoidal_positions",
                   "dory": "name the ones to scale"}  # a rope dict per layer type, as Gemma 4
 
