@@ -359,6 +359,13 @@ CASES = [
                                          rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                                                           "sliding_attention": {"rope_type": "default",
                                                                                 "rope_theta": 2e4}})),
+    ("phi4_multimodal-partial", "phi4_multimodal", dict(SMALL, partial_rotary_factor=0.75, rope_theta=250000.0,
+                                                        sliding_window=64)),
+    ("phi4_multimodal-longrope", "phi4_multimodal", dict(SMALL, max_position_embeddings=1024,
+                                                         original_max_position_embeddings=128, rope_scaling={
+                                                             "type": "su", "original_max_position_embeddings": 128,
+                                                             "short_factor": [1.0 + i / 8 for i in range(8)],
+                                                             "long_factor": [2.0 + i / 4 for i in range(8)]})),
     ("mimo_v2_flash", "mimo_v2_flash", dict(SMALL, num_hidden_layers=7, head_dim=24, v_head_dim=16, n_routed_experts=4)),
     ("mimo_v2_flash-window-size", "mimo_v2_flash", dict(SMALL, head_dim=24, v_head_dim=16, n_routed_experts=4,
                                                         sliding_window_size=15)),
@@ -402,7 +409,7 @@ CASES = [
 ]
 
 #: families whose attention passes config.sliding_window on every layer (no layer_types)
-ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe", "ministral3", "mistral3", "doge"}
+ALL_SLIDING = {"mistral", "mixtral", "phi3", "phi4_multimodal", "qwen3_moe", "starcoder2", "phimoe", "ministral3", "mistral3", "doge"}
 #: families whose attention applies no positions (no rotary module in their modeling file)
 NO_POSITIONS = {"nemotron_h", "jamba", "zamba", "kimi_linear"}
 #: families whose rotary tables lie interleaved (repeat_interleave) in transformers

@@ -2212,6 +2212,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             layer_types=rule_layer_types(lambda i, n: "full_attention" if (n - 1 - i) % 4 == 0 else "sliding_attention"),
             encoding=nope_where_theta_zero_rope, source="transformers/models/muse_spark/"),
     _family("muse_spark", text_config="muse_spark_text", base="model.language_model", sizes_config="text_config"),
+    # Phi-4-multimodal: Phi-3's model (Phi4MultimodalModel(Phi3Model)) with its towers; its rope dict's
+    # partial_rotary_factor (default 1.0) and longrope ("su" / "yarn" read as longrope) as Phi-3's
+    _family("phi4_multimodal", defaults={"rope_theta": 10000.0, "sliding_window": None}, span=span_all_sliding,
+            prepare=phi3_prepare),
     _refused("pp_formulanet", "a vision encoder-decoder whose text decoder reads a learned table with an offset of 2 "
              "rows (PPFormulaNetLearnedPositionalEmbedding, rows at position_ids + 2); posenc's learned-table "
              "adapters serve GPT-2's wpe and OPT's embed_positions only"),

@@ -228,6 +228,12 @@ TINY_SHAPES: dict[str, dict[str, Any]] = {
     "muse_spark": {"vision_config": {"layer_types": ["full_attention"]}, "projector_hidden_size": 32,
                    "audio_config": {"out_hidden_size": 128, "num_hidden_layers": 1, "patch_sizes": [16],
                                     "hidden_sizes": [16], "depths": [1]}},
+    # Phi-4-multimodal's image and audio towers (871M parameters by default) at width 16
+    "phi4_multimodal": {"vision_config": {"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2,
+                                          "num_attention_heads": 2},
+                        "audio_config": {"hidden_size": 16, "intermediate_size": 16, "num_blocks": 1,
+                                         "num_attention_heads": 2, "ext_pw_out_channel": 16,
+                                         "depthwise_separable_out_channel": 16, "nemo_conv_channels": 16}},
     # Dory's config.json lists an mlp block after each attention block and counts both (its config class
     # halves the counts), and its input, recurrent and output blocks must add up to the layers: 1 input,
     # 2 recurrent, 1 output layer (sliding, sliding, sliding, full), as released configs split them
