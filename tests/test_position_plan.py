@@ -366,6 +366,11 @@ CASES = [
                                                              "type": "su", "original_max_position_embeddings": 128,
                                                              "short_factor": [1.0 + i / 8 for i in range(8)],
                                                              "long_factor": [2.0 + i / 4 for i in range(8)]})),
+    ("molmo2-scaled-layers", "molmo2", dict(text_config=dict(SMALL, model_type="molmo2_text", head_dim=16,
+                                                             rope_theta=5e5, rope_scaling_layers=[1, 3],
+                                                             rope_scaling={"rope_type": "linear", "factor": 4.0}))),
+    ("molmo2-every-layer", "molmo2", dict(text_config=dict(SMALL, model_type="molmo2_text", head_dim=16,
+                                                           rope_scaling={"rope_type": "linear", "factor": 2.0}))),
     ("mimo_v2_flash", "mimo_v2_flash", dict(SMALL, num_hidden_layers=7, head_dim=24, v_head_dim=16, n_routed_experts=4)),
     ("mimo_v2_flash-window-size", "mimo_v2_flash", dict(SMALL, head_dim=24, v_head_dim=16, n_routed_experts=4,
                                                         sliding_window_size=15)),
@@ -605,6 +610,8 @@ def test_plan_matches_transformers(case, model_type, config):
             rotary = rotary_cls(copy.deepcopy(hf))
             rotary.config.rope_parameters = {**hf.rope_parameters, "rope_theta": hf.layer_rope_theta[index]}
             rotary = rotary_cls(rotary.config)
+        if hf.model_type == "molmo2_text":  # Molmo2TextModel: rotary_emb_unscaled outside rope_scaling_layers
+            rotary = rotary_cls(hf, scaled=index in hf.rope_scaling_layers)
         worst = max(worst, check_layer(hf.model_type, hf, mod, rotary, layer, positions))
     MEASURED[case] = worst
 

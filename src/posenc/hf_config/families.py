@@ -1417,6 +1417,22 @@ def nope_where_theta_zero_rope(r: Reading, index: int, layer_type: str | None) -
     return r.rope(None) if thetas[index] else None
 
 
+def molmo2_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Molmo2's text model (``Molmo2TextModel``: ``rotary_emb`` and ``rotary_emb_unscaled``): the rope
+    dict's RoPE (with its scaling) on the layers of ``rope_scaling_layers`` (default: every layer),
+    the same theta unscaled (``Molmo2RotaryEmbedding(scaled=False)``: rope_type default) elsewhere."""
+    n = r.positive_int("num_hidden_layers")
+    scaled_layers = r.cfg.get("rope_scaling_layers")
+    if scaled_layers is None:
+        scaled_layers = range(n)
+    elif not isinstance(scaled_layers, (list, tuple)) or not all(isinstance(i, int) for i in scaled_layers):
+        raise InvalidArgument(f"config['rope_scaling_layers'] must be a list of layer indices, got {scaled_layers!r:.80}")
+    rope = r.rope(None)
+    if index in scaled_layers or rope.scaling is None:
+        return rope
+    return r.rope(None, rope_parameters={"rope_type": "default", "rope_theta": rope.base}, rope_scaling=None)
+
+
 def mistral_large4_refusal(r: Reading) -> None:
     """Mistral Large 4's text model (``MistralLarge4TextAttention``): every layer attends to the
     ``index_topk`` keys a learned indexer picks (built on its ``full`` layers, shared by the
@@ -2216,6 +2232,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # partial_rotary_factor (default 1.0) and longrope ("su" / "yarn" read as longrope) as Phi-3's
     _family("phi4_multimodal", defaults={"rope_theta": 10000.0, "sliding_window": None}, span=span_all_sliding,
             prepare=phi3_prepare),
+    # Molmo2's text model: half-split RoPE, scaled on rope_scaling_layers only (the same theta unscaled elsewhere)
+    _family("molmo2_text", defaults={"rope_theta": 10000.0, "head_dim": 128}, encoding=molmo2_rope,
+            source="transformers/models/molmo2/"),
+    _family("molmo2", text_config="molmo2_text", base="model.language_model", sizes_config="text_config"),
     _refused("pp_formulanet", "a vision encoder-decoder whose text decoder reads a learned table with an offset of 2 "
              "rows (PPFormulaNetLearnedPositionalEmbedding, rows at position_ids + 2); posenc's learned-table "
              "adapters serve GPT-2's wpe and OPT's embed_positions only"),

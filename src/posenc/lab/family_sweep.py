@@ -234,6 +234,10 @@ TINY_SHAPES: dict[str, dict[str, Any]] = {
                         "audio_config": {"hidden_size": 16, "intermediate_size": 16, "num_blocks": 1,
                                          "num_attention_heads": 2, "ext_pw_out_channel": 16,
                                          "depthwise_separable_out_channel": 16, "nemo_conv_channels": 16}},
+    # Molmo2's vision adapter: the one vision block's features, its widths the tiny towers' (text: 2 heads of 128)
+    "molmo2": {"adapter_config": {"vision_feature_layer": [-1], "hidden_size": 16, "num_attention_heads": 2,
+                                  "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 16,
+                                  "text_hidden_size": 256}},
     # Dory's config.json lists an mlp block after each attention block and counts both (its config class
     # halves the counts), and its input, recurrent and output blocks must add up to the layers: 1 input,
     # 2 recurrent, 1 output layer (sliding, sliding, sliding, full), as released configs split them
