@@ -71,6 +71,22 @@ def test_the_layers_cover_the_pattern_and_span():
     assert (shrunk["num_attention_heads"], shrunk["num_key_value_heads"], shrunk["hidden_size"]) == (2, 1, 32)
 
 
+
+@pytest.mark.parametrize("model_type", ["diffllama", "bailing_hybrid"])
+def test_the_shrunk_config_builds_where_the_class_constrains_heads_and_expert_groups(model_type):
+    """transformers' own class is the judge: DiffLlama refuses an odd key/value head count, and
+    the Bailing hybrid's router views its experts in n_group groups (its default 8, with 2
+    experts left); the class's defaults, shrunk, build and run (Bailing's 6 layers: its MoE
+    layers follow 2 dense ones, its attention layer is the 6th of a group)."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.for_model(model_type).to_dict()
+    shrunk = audit_module.shrink_config(config, 6 if model_type == "bailing_hybrid" else 2)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**shrunk))
+    assert model(torch.tensor([[3, 4, 5, 6]])).logits.shape == (1, 4, 128)
+
+
 def _wrong_base(plan):
     def changed(encoding):
         if not isinstance(encoding, posenc.RoPE):

@@ -602,6 +602,11 @@ FAMILIES = {
                     moe_intermediate_size=32, layer_types=["sliding_attention", "full_attention"]),
                lambda config: PositionPlan((LayerPlan(rope(1e4), "sliding", 8),
                                             LayerPlan(rope(5e5, rotary_dim=8)))), "sdpa"),
+    # Mellum: Laguna's model with Qwen3-MoE's attention; its own rope dicts per layer type (1e4 sliding, 5e5 full)
+    "mellum": (T.MellumConfig, T.MellumForCausalLM,
+               dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8, num_experts=2, num_experts_per_tok=1,
+                    moe_intermediate_size=32, layer_types=["sliding_attention", "full_attention"]),
+               lambda config: PositionPlan((LayerPlan(rope(1e4), "sliding", 8), LayerPlan(rope(5e5)))), "sdpa"),
     "mimo_v2_flash": (T.MiMoV2FlashConfig, T.MiMoV2FlashForCausalLM,
                       dict(SMALL, num_hidden_layers=2, head_dim=24, v_head_dim=16, sliding_window=8, n_routed_experts=2,
                            num_experts_per_tok=1, moe_intermediate_size=32,
@@ -671,7 +676,7 @@ MEASURED = {
     "solar_open": (2.46e-07, 3.58e-07), "nemotron": (3.46e-06, 5.01e-06), "zamba2": (7.15e-07, 8.94e-07),
     "minimax": (4.77e-07, 7.86e-07), "sarvam_mla": (2.98e-07, 4.17e-07), "youtu": (4.17e-07, 2.98e-07),
     "minicpm3": (9.54e-07, 7.15e-07), "sarvam_moe": (3.28e-07, 4.77e-07), "kolibri1": (3.87e-07, 6.56e-07),
-    "laguna": (4.77e-07, 5.07e-07), "mimo_v2_flash": (3.58e-07, 0.0), "lfm3": (4.77e-07, 4.77e-07),
+    "laguna": (4.77e-07, 5.07e-07), "mellum": (2.98e-07, 2.98e-07), "mimo_v2_flash": (3.58e-07, 0.0), "lfm3": (4.77e-07, 4.77e-07),
     "olmo_hybrid": (4.17e-07, 5.96e-07), "lara_mini": (4.17e-07, 5.66e-07), "minimax_m3_vl_text": (4.02e-06, 4.77e-06),
     "modernbert-decoder": (3.58e-07, 4.77e-07), "zaya": (2.98e-07, 3.73e-07),
 }
@@ -1137,7 +1142,7 @@ EXTEND_REFUSED = {"lfm3": "already scaled", "gemma3_text": "already scaled", "gp
                   "qwen3_5_text": "its layers are M-RoPE",
                   "cwm": "already scaled",  # CwmConfig's llama3 x16
                   # one theta per layer (layer_rope_theta, with a NoPE layer): extension_plan reads one RoPE
-                  "granite_swa": "RoPEs differ",
+                  "granite_swa": r"RoPEs differ layer by layer \(layer_rope_theta = \[10000\.0, 0",
                   "codegen": "does not read a RoPE scaling.*create_sinusoidal_positions",
                   "dory": "name the ones to scale"}  # a rope dict per layer type, as Gemma 4
 

@@ -352,6 +352,25 @@ CASES = [
                                                     q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2)),
     ("laguna", "laguna", dict(SMALL, head_dim=16, sliding_window=16, num_experts=4,
                               layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])),
+    ("mellum", "mellum", dict(SMALL, head_dim=16, sliding_window=16, num_experts=4,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])),
+    ("mellum-own-thetas", "mellum", dict(SMALL, head_dim=16, sliding_window=16, num_experts=4,
+                                         layer_types=["sliding_attention", "full_attention"] * 2,
+                                         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                                          "sliding_attention": {"rope_type": "default",
+                                                                                "rope_theta": 2e4}})),
+    ("phi4_multimodal-partial", "phi4_multimodal", dict(SMALL, partial_rotary_factor=0.75, rope_theta=250000.0,
+                                                        sliding_window=64)),
+    ("phi4_multimodal-longrope", "phi4_multimodal", dict(SMALL, max_position_embeddings=1024,
+                                                         original_max_position_embeddings=128, rope_scaling={
+                                                             "type": "su", "original_max_position_embeddings": 128,
+                                                             "short_factor": [1.0 + i / 8 for i in range(8)],
+                                                             "long_factor": [2.0 + i / 4 for i in range(8)]})),
+    ("molmo2-scaled-layers", "molmo2", dict(text_config=dict(SMALL, model_type="molmo2_text", head_dim=16,
+                                                             rope_theta=5e5, rope_scaling_layers=[1, 3],
+                                                             rope_scaling={"rope_type": "linear", "factor": 4.0}))),
+    ("molmo2-every-layer", "molmo2", dict(text_config=dict(SMALL, model_type="molmo2_text", head_dim=16,
+                                                           rope_scaling={"rope_type": "linear", "factor": 2.0}))),
     ("mimo_v2_flash", "mimo_v2_flash", dict(SMALL, num_hidden_layers=7, head_dim=24, v_head_dim=16, n_routed_experts=4)),
     ("mimo_v2_flash-window-size", "mimo_v2_flash", dict(SMALL, head_dim=24, v_head_dim=16, n_routed_experts=4,
                                                         sliding_window_size=15)),
@@ -377,6 +396,10 @@ CASES = [
                                                                   num_hidden_layers=8, sliding_window=16, rope_theta=5e5))),
     ("muse_glimmer-thetas", "muse_glimmer", dict(text_config=dict(SMALL, model_type="muse_glimmer_text", head_dim=16,
                                                                   sliding_window=16, layer_rope_theta=[0, 1e4, 1e4, 0]))),
+    ("muse_spark-nested", "muse_spark", dict(audio_config=dict(out_hidden_size=SMALL["hidden_size"]), text_config=dict(SMALL, model_type="muse_spark_text", head_dim=16,
+                                                              num_hidden_layers=8, sliding_window=16, rope_theta=5e5))),
+    ("muse_spark-thetas", "muse_spark", dict(audio_config=dict(out_hidden_size=SMALL["hidden_size"]), text_config=dict(SMALL, model_type="muse_spark_text", head_dim=16,
+                                                              sliding_window=16, layer_rope_theta=[1e4, 0, 1e4, 0]))),
     ("minimax-types", "minimax", dict(SMALL, head_dim=16, rope_theta=1e7, num_local_experts=4, layer_types=[
         "linear_attention", "linear_attention", "linear_attention", "full_attention"])),
     ("gptj", "gptj", dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, n_positions=256, vocab_size=128)),
@@ -391,7 +414,7 @@ CASES = [
 ]
 
 #: families whose attention passes config.sliding_window on every layer (no layer_types)
-ALL_SLIDING = {"mistral", "mixtral", "phi3", "qwen3_moe", "starcoder2", "phimoe", "ministral3", "mistral3", "doge"}
+ALL_SLIDING = {"mistral", "mixtral", "phi3", "phi4_multimodal", "qwen3_moe", "starcoder2", "phimoe", "ministral3", "mistral3", "doge"}
 #: families whose attention applies no positions (no rotary module in their modeling file)
 NO_POSITIONS = {"nemotron_h", "jamba", "zamba", "kimi_linear"}
 #: families whose rotary tables lie interleaved (repeat_interleave) in transformers
@@ -465,7 +488,7 @@ def hf_uses_rope(model_type, hf, index):
         return hf.layers_block_type[index] == "hybrid" and hf.use_mem_rope
     if model_type in ("lfm3", "olmo_hybrid"):  # their attention layers only (not conv / Gated DeltaNet)
         return hf.layer_types[index] in ("full_attention", "sliding_attention")
-    if model_type == "muse_glimmer_text":  # MuseGlimmerTextModel: no position embeddings where the theta is 0
+    if model_type in ("muse_glimmer_text", "muse_spark_text"):  # MuseGlimmerTextModel: no position embeddings where the theta is 0
         return bool(hf.layer_rope_theta[index])
     if model_type == "lara_mini":  # LaraMiniAttention: RoPE on the sliding layers only
         return hf.layer_types[index] == "sliding_attention"
@@ -587,6 +610,8 @@ def test_plan_matches_transformers(case, model_type, config):
             rotary = rotary_cls(copy.deepcopy(hf))
             rotary.config.rope_parameters = {**hf.rope_parameters, "rope_theta": hf.layer_rope_theta[index]}
             rotary = rotary_cls(rotary.config)
+        if hf.model_type == "molmo2_text":  # Molmo2TextModel: rotary_emb_unscaled outside rope_scaling_layers
+            rotary = rotary_cls(hf, scaled=index in hf.rope_scaling_layers)
         worst = max(worst, check_layer(hf.model_type, hf, mod, rotary, layer, positions))
     MEASURED[case] = worst
 
@@ -683,7 +708,8 @@ def test_glm4v_mrope_against_transformers(wrapper, text):
 ALWAYS_REFUSED = {"nanochat": dict(SMALL), "mistral_large4_text": dict(SMALL),
                   "mistral_large4": dict(text_config=dict(SMALL, model_type="mistral_large4_text")),
                   "qwen4_exp_text": dict(SMALL, layer_types=["linear_attention", "full_attention"] * 2),
-                  "qwen4_exp": dict(text_config=dict(SMALL, model_type="qwen4_exp_text"))}
+                  "qwen4_exp": dict(text_config=dict(SMALL, model_type="qwen4_exp_text")),
+                  "unlimited_ocr": dict(text_config=dict(SMALL, model_type="unlimited_ocr_text"))}
 
 
 def test_every_family_in_the_table_is_tested():
@@ -909,6 +935,12 @@ def test_gemma4_refuses_layers_of_one_type_with_two_head_widths():
 #: model_type -> the positional feature its refusal must name, as the family's modeling file
 #: builds it (transformers 5.24: the module or function computing the positions, and the feature).
 REFUSED = {
+    # issue 34, the rest
+    "longcat_flash": r"two attention modules per decoder layer \(LongcatFlashDecoderLayer",
+    "beam": r"NoPE with a scalable-softmax query scale.*compute_attention_scaling", "hrm_text": "hierarchical recurrence",
+    "unlimited_ocr_text": r"reference sliding-window attention \(create_reference_sliding_window_causal_mask",
+    "pp_formulanet": r"offset of 2 rows \(PPFormulaNetLearnedPositionalEmbedding", "pi0": "vision-language-action",
+    "blt": r"byte latent transformer.*BltCrossAttention",
     "deepseek_v4": "compressed key/value branches", "diffusion_gemma": "bidirectionally",
     "hunyuan_vl": "XD-RoPE", "ernie4_5_vl_moe": "3D RoPE",
     "mamba": "recurrent state: no attention positions", "mamba2": "recurrent state: no attention positions",

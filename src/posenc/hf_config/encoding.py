@@ -76,7 +76,8 @@ def _family_rope(config: Mapping[str, Any], layer_type: str | None, kwargs: dict
     ``layer_type`` (or every RoPE layer); None for the others.
 
     Raises:
-        InvalidArgument: the plan's RoPE layers differ and no ``layer_type`` picks one, no layer
+        InvalidArgument: the plan's RoPE layers differ and no ``layer_type`` picks one (a theta
+            per layer, Granite SWA's ``layer_rope_theta``: named, whatever ``layer_type``), no layer
             of ``layer_type``, no RoPE layer at all; and as :func:`position_plan`.
     """
     # imported here: families imports this module's neighbours, and most configs never get here
@@ -101,6 +102,12 @@ def _family_rope(config: Mapping[str, Any], layer_type: str | None, kwargs: dict
     if not ropes:
         raise InvalidArgument(f"config ({config['model_type']}): no RoPE on " +
                               ("any layer" if layer_type is None else f"the {layer_type} layers"))
+    if len(ropes) > 1 and isinstance(config.get("layer_rope_theta"), (list, tuple)):
+        # one theta per layer (Granite SWA): layers of one type differ too, so layer_type= cannot choose
+        raise InvalidArgument(f"config ({config['model_type']}): the layers' RoPEs differ layer by layer "
+                              f"(layer_rope_theta = {list(config['layer_rope_theta'])!r:.120}: a theta per layer, "
+                              "0 for NoPE), not one RoPE nor one per layer type; read them with "
+                              "posenc.hf_config.position_plan (one RoPE per layer)")
     if len(ropes) > 1:
         raise InvalidArgument(f"config ({config['model_type']}): the layers' RoPEs differ by layer type; pass "
                               f"layer_type= one of {sorted({str(layer.layer_type) for layer in plan})} "

@@ -1287,6 +1287,8 @@ LAGUNA_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 500000.0
                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}
 MIMO_V2_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.334},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.334}}
+MELLUM_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
 LFM3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
              "full_attention": {"rope_type": "proportional", "rope_theta": 1_000_000.0, "partial_rotary_factor": 0.5}}
 #: LARA Mini's released layer pattern, period 5 (``LaraMiniConfig.__post_init__``).
@@ -1413,6 +1415,22 @@ def nope_where_theta_zero_rope(r: Reading, index: int, layer_type: str | None) -
         raise InvalidArgument(f"config['layer_rope_theta'] must hold {n} numbers (num_hidden_layers; 0: a NoPE layer), "
                               f"got {thetas!r:.80}")
     return r.rope(None) if thetas[index] else None
+
+
+def molmo2_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Molmo2's text model (``Molmo2TextModel``: ``rotary_emb`` and ``rotary_emb_unscaled``): the rope
+    dict's RoPE (with its scaling) on the layers of ``rope_scaling_layers`` (default: every layer),
+    the same theta unscaled (``Molmo2RotaryEmbedding(scaled=False)``: rope_type default) elsewhere."""
+    n = r.positive_int("num_hidden_layers")
+    scaled_layers = r.cfg.get("rope_scaling_layers")
+    if scaled_layers is None:
+        scaled_layers = range(n)
+    elif not isinstance(scaled_layers, (list, tuple)) or not all(isinstance(i, int) for i in scaled_layers):
+        raise InvalidArgument(f"config['rope_scaling_layers'] must be a list of layer indices, got {scaled_layers!r:.80}")
+    rope = r.rope(None)
+    if index in scaled_layers or rope.scaling is None:
+        return rope
+    return r.rope(None, rope_parameters={"rope_type": "default", "rope_theta": rope.base}, rope_scaling=None)
 
 
 def mistral_large4_refusal(r: Reading) -> None:
@@ -2185,6 +2203,48 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("minimax", defaults={"rope_theta": 1_000_000.0, "sliding_window": None},
             layer_types=minimax_layer_types, span=minimax_span, prepare=minimax_prepare,
             encoding=attention_layers_rope),
+    # -- issue 34, the rest
+    # Mellum: Qwen3-MoE's attention (half-split RoPE) in Laguna's model: one rope dict per layer type
+    # (full 5e5, sliding 1e4 by default), every layer full unless layer_types says otherwise
+    _family("mellum", defaults={"sliding_window": 1024, "head_dim": 128}, prepare=default_rope_dict(MELLUM_ROPE),
+            layer_types=rule_layer_types(lambda i, n: "full_attention"), encoding=typed_rope,
+            scaled_layer_types=("full_attention",)),
+    _refused("longcat_flash", "two attention modules per decoder layer (LongcatFlashDecoderLayer.self_attn: a "
+             "ModuleList of two LongcatFlashMLA, cache layers 2i and 2i + 1), which posenc's one route per layer does "
+             "not reach"),
+    _refused("beam", "its full-attention layers are NoPE with a scalable-softmax query scale (1 + (position + 1) / "
+             "2048) ** 0.1 (compute_attention_scaling, applied in BeamAttention), which posenc's query temperature "
+             "(Llama 4's log1p(floor((position + 1) / floor_scale)) formula) does not model"),
+    _refused("hrm_text", "hierarchical recurrence: its L and H stacks (HrmTextStack, num_layers_per_stack layers "
+             "each) run H_cycles x (L_cycles + 1) times, so num_hidden_layers counts attention calls, not layer "
+             "modules; with prefix_lm the token_type_ids block attends bidirectionally"),
+    _refused("unlimited_ocr_text", "reference sliding-window attention (create_reference_sliding_window_causal_mask): "
+             "every token attends to the last sliding_window tokens and to all image and prompt tokens, a span "
+             "posenc's full / sliding / chunked spans do not model", folder="unlimited_ocr"),
+    _family("unlimited_ocr", text_config="unlimited_ocr_text", base="model.language_model", sizes_config="text_config"),
+    # Muse Spark's text model: Muse Glimmer's (MuseSparkTextModel(MuseGlimmerTextModel)): RoPE or NoPE per layer by
+    # layer_rope_theta, sliding / full layer types; its attention adds a query scale and an output norm and gate
+    _family("muse_spark_text", defaults={"rope_theta": 500_000.0, "head_dim": 64, "sliding_window": 2048},
+            layer_types=rule_layer_types(lambda i, n: "full_attention" if (n - 1 - i) % 4 == 0 else "sliding_attention"),
+            encoding=nope_where_theta_zero_rope, source="transformers/models/muse_spark/"),
+    _family("muse_spark", text_config="muse_spark_text", base="model.language_model", sizes_config="text_config"),
+    # Phi-4-multimodal: Phi-3's model (Phi4MultimodalModel(Phi3Model)) with its towers; its rope dict's
+    # partial_rotary_factor (default 1.0) and longrope ("su" / "yarn" read as longrope) as Phi-3's
+    _family("phi4_multimodal", defaults={"rope_theta": 10000.0, "sliding_window": None}, span=span_all_sliding,
+            prepare=phi3_prepare),
+    # Molmo2's text model: half-split RoPE, scaled on rope_scaling_layers only (the same theta unscaled elsewhere)
+    _family("molmo2_text", defaults={"rope_theta": 10000.0, "head_dim": 128}, encoding=molmo2_rope,
+            source="transformers/models/molmo2/"),
+    _family("molmo2", text_config="molmo2_text", base="model.language_model", sizes_config="text_config"),
+    _refused("pp_formulanet", "a vision encoder-decoder whose text decoder reads a learned table with an offset of 2 "
+             "rows (PPFormulaNetLearnedPositionalEmbedding, rows at position_ids + 2); posenc's learned-table "
+             "adapters serve GPT-2's wpe and OPT's embed_positions only"),
+    _refused("pi0", "a vision-language-action model: a PaliGemma VLM (vlm) and a flow-matching action expert (dit, "
+             "timestep-conditioned by PI0ActionTimeEmbedding) predict continuous actions, not tokens; no text decoder "
+             "whose positions a plan drives"),
+    _refused("blt", "byte latent transformer: a byte-level local encoder and decoder (BltLocalEncoder, BltLocalDecoder, "
+             "joined to the patches by BltCrossAttention) around a global transformer over dynamic patches, each "
+             "with positions of its own (bytes, patches); not one decoder's layers"),
 )}
 
 
@@ -2378,6 +2438,9 @@ def _plan_of_family(cfg: dict[str, Any], family: Family) -> PositionPlan:
         else:
             raise MissingKey(f"config ({model_type}): needs 'text_config', where the decoder's positions are")
         family = FAMILIES[family.text_config]
+        if family.refused is not None:  # a wrapper around a text model its record refuses (Unlimited-OCR)
+            raise InvalidArgument(f"config ({model_type}, text model {family.model_type}): {family.refused}; "
+                                  f"posenc does not read this family")
     r = Reading(cfg, family)
     resolved, note = rope_dict_spellings(r.cfg)
     if note is not None and not family.type_thetas:  # there rope_scaling and rope_parameters both hold

@@ -74,7 +74,10 @@ _SMALL = {
     **dict.fromkeys(("intermediate_size", "intermediate_size_mlp", "moe_intermediate_size",
                      "shared_expert_intermediate_size", "ffn_dim", "d_ff", "ffn_hidden_size", "n_inner"), INTERMEDIATE),
     **dict.fromkeys(_EXPERT_KEYS, EXPERTS),
-    **dict.fromkeys(("num_experts_per_tok", "top_k_experts", "n_shared_experts", "n_group", "topk_group"), 1),
+    # one expert group, of which one is picked (n_group <= the experts), 1 expert per token
+    # (Bailing's and Kimi Linear's spellings num_expert_group, num_experts_per_token)
+    **dict.fromkeys(("num_experts_per_tok", "num_experts_per_token", "top_k_experts", "n_shared_experts", "n_group",
+                     "num_expert_group", "topk_group"), 1),
     # Gemma 3n / 4's layers that reuse an earlier layer's keys and values: none in the audit model
     # (a shared layer reads keys rotated with the same tables, and the shrunk model may not hold
     # the layer it would share from)
@@ -94,6 +97,10 @@ MAMBA_HEADS, MAMBA_STATE = 2, 16
 _TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 _DROPPED = ("torch_dtype", "dtype", "quantization_config", "auto_map", "_name_or_path", "transformers_version",
             "architectures", "attn_implementation", "_attn_implementation")
+#: The families whose attention splits the key/value heads in two (DiffLlama's differential
+#: attention chunks its values along them, and its config class requires an even count): as
+#: many key/value heads as query heads.
+_EVEN_KV_HEADS = frozenset({"diffllama"})
 #: lists of layer indices (not one entry per layer): kept below the new layer count.
 _INDEX_LISTS = ("moe_layers", "mlp_only_layers")
 
@@ -244,8 +251,9 @@ def _head_dim(cfg: Mapping[str, Any]) -> int:
 
 def shrink_config(config: Mapping[str, Any], num_layers: int, *, head_dim: int | None = None) -> dict:
     """``config`` (a decoder's config.json dict) made tiny with its positional keys kept: 2
-    query heads and 1 key/value head of the same head width, hidden size 2 x head_dim (T5:
-    ``d_kv`` kept, ``d_model`` 64), intermediate sizes 32, vocabulary 128, 2 experts with 1 per
+    query heads and 1 key/value head of the same head width (2 where the attention splits them in
+    two: :data:`_EVEN_KV_HEADS`), hidden size 2 x head_dim (T5:
+    ``d_kv`` kept, ``d_model`` 64), intermediate sizes 32, vocabulary 128, 2 experts in one group with 1 per
     token (also where a routing config leaves them None), a Mamba-2 mixer of 2 heads and state
     16 (its widths kept consistent as its config class validates them), ``num_layers`` layers (per-layer lists cut to that length, lists of layer indices
     kept below it); dtype and quantization keys dropped. ``head_dim``: the head width as
@@ -271,7 +279,7 @@ def shrink_config(config: Mapping[str, Any], num_layers: int, *, head_dim: int |
     for key in _KV_KEYS:
         if isinstance(cfg.get(key), int):
             # multi-head latent attention expands its latent to one key/value head per query head
-            cfg[key] = HEADS if _mla(cfg) else KV_HEADS
+            cfg[key] = HEADS if _mla(cfg) or cfg.get("model_type") in _EVEN_KV_HEADS else KV_HEADS
     for key in _HIDDEN_KEYS:
         if isinstance(cfg.get(key), int):
             cfg[key] = 64 if "d_kv" in cfg else HEADS * head_dim

@@ -223,6 +223,27 @@ TINY_SHAPES: dict[str, dict[str, Any]] = {
                                             "full_attention"], "moe_shared_expert_intermediate_size": 32},
     # Muse Glimmer's vision tower lists one layer type per block: as many as the one block kept
     "muse_glimmer": {"vision_config": {"layer_types": ["full_attention"]}},
+    # Muse Spark: Muse Glimmer's towers and an audio encoder, whose output width must be the text model's
+    # (2 heads of 64), kept to one stage of width 16; its vision adapter 32 wide (4096 by default: 42M parameters)
+    "muse_spark": {"vision_config": {"layer_types": ["full_attention"]}, "projector_hidden_size": 32,
+                   "audio_config": {"out_hidden_size": 128, "num_hidden_layers": 1, "patch_sizes": [16],
+                                    "hidden_sizes": [16], "depths": [1]}},
+    # Phi-4-multimodal's image and audio towers (871M parameters by default) at width 16
+    "phi4_multimodal": {"vision_config": {"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2,
+                                          "num_attention_heads": 2},
+                        "audio_config": {"hidden_size": 16, "intermediate_size": 16, "num_blocks": 1,
+                                         "num_attention_heads": 2, "ext_pw_out_channel": 16,
+                                         "depthwise_separable_out_channel": 16, "nemo_conv_channels": 16}},
+    # Molmo2's vision adapter: the one vision block's features, its widths the tiny towers' (text: 2 heads of 128)
+    "molmo2": {"adapter_config": {"vision_feature_layer": [-1], "hidden_size": 16, "num_attention_heads": 2,
+                                  "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 16,
+                                  "text_hidden_size": 256}},
+    # Dory's config.json lists an mlp block after each attention block and counts both (its config class
+    # halves the counts), and its input, recurrent and output blocks must add up to the layers: 1 input,
+    # 2 recurrent, 1 output layer (sliding, sliding, sliding, full), as released configs split them
+    "dory": {"num_hidden_layers": 8, "n_input_layers": 2, "n_recurrent_layers": 4, "n_output_layers": 2,
+             "layer_types": [block for i in range(4) for block in
+                             ("full_attention" if i == 3 else "sliding_attention", "mlp")]},
 }
 #: Per-family fewest layers of the tiny model: Zamba ties its shared attention block across the
 #: hybrid layers, and transformers refuses a model with only one of them.
