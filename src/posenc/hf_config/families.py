@@ -1627,6 +1627,14 @@ _QWEN3_5_TEXT = dict(defaults={"rope_theta": 10000.0, "head_dim": 256, "partial_
                                "full_attention_interval": 4},
                      layer_types=interval_layer_types, encoding=qwen3_5_rope, prepare=qwen3_next_note)
 
+#: GPT-J's rotary as transformers builds it (rotate_every_two over the first rotary_dim
+#: dimensions, base 10000), in GPT-J's config spelling: GPT-J's record and CodeGen's.
+_GPTJ_ROTARY = dict(layout="interleaved", defaults={"rotary_dim": 64},
+                    aliases={"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
+                             "n_positions": "max_position_embeddings"},
+                    encoding=gptj_rope, layers="h", attention="attn", tables="pair_sin_cos")
+
+
 #: model_type -> :class:`Family`, as transformers 5.24 builds each family. One entry per family.
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("llama", defaults={"rope_theta": 10000.0}),
@@ -1681,10 +1689,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             encoding=deepseek_rope, prepare=deepseek_check, interleaved_key="rope_interleave",
             interleaved_tables="deinterleaved_cos_sin", head_dim="qk_head_dim"),
     _family("gpt_neox", encoding=gpt_neox_rope, attention="attention"),
-    _family("gptj", layout="interleaved", defaults={"rotary_dim": 64},
-            aliases={"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
-                     "n_positions": "max_position_embeddings"},
-            encoding=gptj_rope, layers="h", attention="attn", tables="pair_sin_cos",
+    _family("gptj", **_GPTJ_ROTARY,
             no_scaling="transformers' GPT-J builds its rotary table once, with create_sinusoidal_positions from "
                        "rotary_dim and base 10000, and reads no rope_theta, rope_scaling or rope_parameters"),
     _family("stablelm", defaults={"rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
@@ -1989,10 +1994,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # Doge: Llama's RoPE; its dynamic mask (dt_states, a content bias on the keys) is the model's own mask
     _family("doge", defaults={"rope_theta": 10000.0, "sliding_window": None}, span=span_all_sliding),
     # CodeGen: GPT-J's rotary (rotate_every_two over the first rotary_dim dimensions, base 10000)
-    _family("codegen", layout="interleaved", defaults={"rotary_dim": 64},
-            aliases={"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
-                     "n_positions": "max_position_embeddings"},
-            encoding=gptj_rope, layers="h", attention="attn", tables="pair_sin_cos",
+    _family("codegen", **_GPTJ_ROTARY,
             no_scaling="transformers' CodeGen builds its rotary table once, with create_sinusoidal_positions from "
                        "rotary_dim and base 10000, and reads no rope_theta, rope_scaling or rope_parameters"),
     # Chameleon: Llama's RoPE over hidden_size // num_attention_heads (its attention ignores head_dim)

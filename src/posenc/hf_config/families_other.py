@@ -343,14 +343,9 @@ def plan_opt(config: Mapping[str, Any]) -> PositionPlan:
         InvalidType: config not a dict. InvalidArgument: another model_type, a size that is not
         a positive int.
     """
-    r = _Reader(config, "opt", ("opt",))
-    num_positions = r.positive_int("max_position_embeddings", default=2048)
-    hidden = r.positive_int("hidden_size", default=768)
-    num_layers = r.positive_int("num_hidden_layers", default=12)
-    check_table(num_positions + 2, hidden, "config (opt): (max_position_embeddings + 2) x hidden_size")
-    r.note("opt: learned table with an offset of 2 rows (OPTLearnedPositionalEmbedding); positions from the "
-           "attention mask (cumsum * mask - 1: padding -1)")
-    return r.plan([LayerPlan() for _ in range(num_layers)], embedding=LearnedAbsolute(num_positions, hidden, offset=2))
+    return _offset_two_table_plan(config, "opt", (2048, 768, 12),
+                                  "learned table with an offset of 2 rows (OPTLearnedPositionalEmbedding); positions "
+                                  "from the attention mask (cumsum * mask - 1: padding -1)")
 
 
 def plan_biogpt(config: Mapping[str, Any]) -> PositionPlan:
@@ -367,13 +362,22 @@ def plan_biogpt(config: Mapping[str, Any]) -> PositionPlan:
         InvalidType: config not a dict. InvalidArgument: another model_type, a size that is not
         a positive int.
     """
-    r = _Reader(config, "biogpt", ("biogpt",))
-    num_positions = r.positive_int("max_position_embeddings", default=1024)
-    hidden = r.positive_int("hidden_size", default=1024)
-    num_layers = r.positive_int("num_hidden_layers", default=24)
-    check_table(num_positions + 2, hidden, "config (biogpt): (max_position_embeddings + 2) x hidden_size")
-    r.note("biogpt: learned table with an offset of 2 rows (BioGptLearnedPositionalEmbedding); positions arange + "
-           "cache length unless position_ids are given")
+    return _offset_two_table_plan(config, "biogpt", (1024, 1024, 24),
+                                  "learned table with an offset of 2 rows (BioGptLearnedPositionalEmbedding); "
+                                  "positions arange + cache length unless position_ids are given")
+
+
+def _offset_two_table_plan(config: Mapping[str, Any], model_type: str, defaults: tuple[int, int, int],
+                           note: str) -> PositionPlan:
+    """OPT's table shape (OPT, BioGPT): ``max_position_embeddings + 2`` rows of ``hidden_size``,
+    position p at row p + 2, as the plan's embedding; no positions in the attention layers.
+    ``defaults``: the config class's (positions, hidden size, layers)."""
+    r = _Reader(config, model_type, (model_type,))
+    num_positions = r.positive_int("max_position_embeddings", default=defaults[0])
+    hidden = r.positive_int("hidden_size", default=defaults[1])
+    num_layers = r.positive_int("num_hidden_layers", default=defaults[2])
+    check_table(num_positions + 2, hidden, f"config ({model_type}): (max_position_embeddings + 2) x hidden_size")
+    r.note(f"{model_type}: {note}")
     return r.plan([LayerPlan() for _ in range(num_layers)], embedding=LearnedAbsolute(num_positions, hidden, offset=2))
 
 
