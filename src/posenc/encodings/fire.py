@@ -156,7 +156,7 @@ class FIRE(ScoreBias):
 
         FlexAttention's compiled backward (Inductor, torch 2.11-2.13, CUDA) refuses a tensor
         requiring grad that a score_mod indexes more than once ("Using multiple indexing
-        operations on the same tensor that requires gradients"); read through these views, each
+        operations on the same tensor that requires gradients"); read through these copies, each
         is indexed once per score, and autograd sums their gradients back into the parameters
         (the copies: 3 x mlp_width + 3 small tensors per score_mod, about (2 + H) x mlp_width floats)."""
         first, second = self.mlp[0], self.mlp[2]
