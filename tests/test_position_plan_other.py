@@ -366,16 +366,19 @@ def test_t5_bias_is_compute_bias_of_each_stacks_first_layer():
     for stack, stack_plan in ((model.encoder, encoder_plan), (model.decoder, plan)):
         first = stack.block[0].layer[0].SelfAttention
         assert all(not block.layer[0].SelfAttention.has_relative_attention_bias for block in stack.block[1:])
-        encoding = stack_plan[0].encoding
-        with torch.no_grad():
-            encoding.relative_attention_bias.weight.copy_(first.relative_attention_bias.weight)
-        # lengths past max_distance (128), where the logarithmic buckets saturate
-        t = 300
-        positions = torch.arange(t)
-        assert torch.equal(encoding.score_bias(positions, positions), first.compute_bias(t, t)[0])
-        # a decoding step with a cache of 299 keys
-        step = encoding.score_bias(torch.tensor([t - 1]), positions)
-        assert torch.equal(step, first.compute_bias(1, t, past_seen_tokens=t - 1)[0])
+        assert_bias_is_compute_bias(stack_plan[0].encoding, first)
+
+
+def assert_bias_is_compute_bias(encoding, attention, t=300):
+    """The encoding, given the attention layer's table, gives its ``compute_bias``: at T = t past
+    max_distance (128, where the logarithmic buckets saturate) and at a decoding step with a cache
+    of t - 1 keys."""
+    with torch.no_grad():
+        encoding.relative_attention_bias.weight.copy_(attention.relative_attention_bias.weight)
+    positions = torch.arange(t)
+    assert torch.equal(encoding.score_bias(positions, positions), attention.compute_bias(t, t)[0])
+    step = encoding.score_bias(torch.tensor([t - 1]), positions)
+    assert torch.equal(step, attention.compute_bias(1, t, past_seen_tokens=t - 1)[0])
 
 
 def test_t5_layer_counts_follow_t5config():
@@ -401,13 +404,7 @@ def test_switch_transformers_bias_is_compute_bias_of_each_stacks_first_layer():
         assert all(not block.layer[0].SelfAttention.has_relative_attention_bias for block in stack.block[1:])
         encoding = stack_plan[0].encoding
         assert all(layer.encoding is encoding for layer in stack_plan)
-        with torch.no_grad():
-            encoding.relative_attention_bias.weight.copy_(first.relative_attention_bias.weight)
-        t = 300
-        positions = torch.arange(t)
-        assert torch.equal(encoding.score_bias(positions, positions), first.compute_bias(t, t)[0])
-        step = encoding.score_bias(torch.tensor([t - 1]), positions)
-        assert torch.equal(step, first.compute_bias(1, t, past_seen_tokens=t - 1)[0])
+        assert_bias_is_compute_bias(encoding, first)
 
 
 def test_umt5_bias_is_compute_bias_of_every_layer():
@@ -424,13 +421,7 @@ def test_umt5_bias_is_compute_bias_of_every_layer():
             attention, encoding = block.layer[0].SelfAttention, layer.encoding
             assert type(attention).__name__ == "UMT5Attention" and attention.has_relative_attention_bias
             assert encoding.bidirectional == (not attention.is_decoder)
-            with torch.no_grad():
-                encoding.relative_attention_bias.weight.copy_(attention.relative_attention_bias.weight)
-            t = 300
-            positions = torch.arange(t)
-            assert torch.equal(encoding.score_bias(positions, positions), attention.compute_bias(t, t)[0])
-            step = encoding.score_bias(torch.tensor([t - 1]), positions)
-            assert torch.equal(step, attention.compute_bias(1, t, past_seen_tokens=t - 1)[0])
+            assert_bias_is_compute_bias(encoding, attention)
 
 
 def test_umt5_layer_counts_follow_its_config_class():
