@@ -24,6 +24,7 @@ fields.
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,8 +39,8 @@ from posenc.hf_config.rope import EXTENSION_METHODS, head_dim_of
 from posenc.plan import PositionPlan
 from posenc.position_maps import MAP_METHODS, DualChunk, position_map
 
-__all__ = ["BRANCH_METHODS", "CONFIG_KEY", "Extension", "ModelFacts", "branch_params", "branched_layer",
-           "method_defaults", "plan_extension", "training_length"]
+__all__ = ["BRANCH_METHODS", "CONFIG_KEY", "Extension", "LengthFit", "ModelFacts", "branch_params", "branched_layer",
+           "fit_to_length", "method_defaults", "plan_extension", "training_length"]
 
 #: The config attribute recording a position map's extension (plain JSON: method and resolved parameters).
 CONFIG_KEY = "posenc_context_extension"
@@ -432,6 +433,153 @@ def branched_layer(method: str, resolved: Mapping[str, Any], rope: RoPE, where: 
         raise InvalidArgument(f"{where}: leaky_rerope rotates at theta / scaling_factor, which is not defined on top "
                               f"of the model's own {rope.scaling.get('rope_type')} scaling")
     return branched(rope, method, **resolved)
+
+
+# -- parameters fitted to a target length -------------------------------------------------------
+
+@dataclass(frozen=True)
+class LengthFit:
+    """What :func:`fit_to_length` chose.
+
+    Attributes:
+        factor: the scaling factor s (scalings), None for a position map.
+        params: the method's parameters: the ones given kept, the fitted ones added.
+        rule: one line: the values chosen and the rule that chose them.
+    """
+
+    factor: float | None
+    params: dict[str, Any]
+    rule: str
+
+
+#: Position maps whose positions stay below L0 at every length with their defaults: the target
+#: length chooses nothing (ReRoPE caps distances at its window, DCA's intra- and inter-chunk
+#: positions stay below its chunk plus local window, LM-Infinite caps distances at its local
+#: branch L0, StreamingLLM's cache positions below start + recent).
+_LENGTH_FREE = {
+    "rerope": "ReRoPE caps every distance at its window",
+    "dca": "DCA's positions stay below chunk_size + local_size at any length (ChunkLlama's chunk is 3 L0 / 4)",
+    "lm_infinite": "LM-Infinite caps every distance at its local branch",
+    "streaming_llm": "StreamingLLM's cache positions stay below start_size + recent_size",
+}
+
+
+def fit_to_length(method: str, target_length: int, training_length: int, params: Mapping[str, Any] | None = None,
+                  ) -> LengthFit:
+    """The method's parameters for inputs of ``target_length`` tokens N on a model trained at
+    ``training_length`` L0, by the method's rule (the parameters in ``params`` kept, and checked
+    against the rule):
+
+    - the scalings (linear, ntk, dynamic, yarn, dynamic_yarn): s = N / L0 (Position
+      Interpolation, Chen et al. 2023, sec. 2.3; YaRN, Peng et al. 2023, sec. 2: s = L' / L);
+      llama3 is refused (Meta scaled Llama 3.1 from 8192 to 131072 tokens with s = 8: no
+      published rule ties its factor to N; give ``factor``);
+    - self_extend: neighbor_window w the given one, else the published 1024 (for Llama 2's
+      4096; L0 / 4 where L0 < 4096), and the smallest group_size G >= 2 whose farthest grouped
+      distance, (N - 1) // G + w - w // G, is at most L0 - 1 (datamllab/LongLM README sec. 4:
+      "ensure the input sequence length is within (L0 - w) G + w", "try the smallest group size first");
+    - leaky_rerope: the smallest integer scaling_factor k whose farthest position,
+      window + (N - 1 - window) / k, is at most L0 - 1 (Su 2023: ReRoPE's far positions kept inside the trained range);
+    - string: shifted_offset S = max(int(0.33 L0), N - L0 + local_value), so that the farthest
+      shifted distance N - 1 - S + local_value stays at most L0 - 1 (STRING, An et al. 2024,
+      sec. 3: S = L0 / 3 within the training length); the unshifted ones reach S - 1, so N is
+      at most 2 L0 - local_value;
+    - rerope, dca, lm_infinite, streaming_llm: their defaults for L0 (:func:`method_defaults`):
+      their positions stay below L0 at every length.
+
+    Args:
+        method: a scaling (:data:`~posenc.hf_config.rope.EXTENSION_METHODS`) or a position map
+            (:data:`BRANCH_METHODS`).
+        target_length: N, the input length in tokens, > L0.
+        training_length: L0 in tokens (:func:`training_length` of the config).
+        params: parameters already chosen (kept; for self_extend, leaky_rerope and string,
+            checked against N).
+
+    Returns:
+        the :class:`LengthFit`.
+
+    Raises:
+        InvalidArgument: N not an int > L0; an unknown method; llama3; string past
+            2 L0 - local_value; a given parameter with which the method's positions pass L0 - 1
+            at N (named, with the values that fit).
+    """
+    params = dict(params or {})
+    if isinstance(target_length, bool) or not isinstance(target_length, int) or target_length <= training_length:
+        raise InvalidArgument(f"target_length must be an int > the training length L0 = {training_length}, got "
+                              f"{target_length!r}")
+    n, l0 = target_length, training_length
+    if method in EXTENSION_METHODS:
+        if method == "llama3":
+            raise InvalidArgument("target_length: llama3 has no published rule from the target length to its factor "
+                                  "(Llama 3.1 extended 8192 -> 131072 tokens with factor 8); give factor=")
+        factor = n / l0
+        return LengthFit(factor, params, f"{method}: factor = N / L0 = {n} / {l0} = {factor:g}")
+    if method not in BRANCH_METHODS:
+        raise InvalidArgument(f"method must be one of the scalings {list(EXTENSION_METHODS)} or the position maps "
+                              f"{list(BRANCH_METHODS)}, got {method!r}")
+    if method in _LENGTH_FREE:
+        chosen = {**method_defaults(method, {"max_position_embeddings": l0}), **params}
+        return LengthFit(None, chosen, f"{method}: {_spelled(chosen)} (its defaults for L0 = {l0}: "
+                                       f"{_LENGTH_FREE[method]})")
+    fit = {"self_extend": _fit_self_extend, "leaky_rerope": _fit_leaky_rerope, "string": _fit_string}[method]
+    chosen, rule = fit(n, l0, params)
+    return LengthFit(None, chosen, f"{method}: {_spelled(chosen)} ({rule}; N = {n}, L0 = {l0})")
+
+
+def _spelled(params: Mapping[str, Any]) -> str:
+    return ", ".join(f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"
+                     for name, value in params.items())
+
+
+def _check_fits(name: str, value: int, farthest: int, l0: int, best: Any) -> None:
+    if farthest > l0 - 1:
+        raise InvalidArgument(f"{name}: {value} puts the farthest position at {farthest}, past L0 - 1 = {l0 - 1} "
+                              f"at the target length; {best}")
+
+
+def _fit_self_extend(n: int, l0: int, params: dict) -> tuple[dict, str]:
+    w = params.get("neighbor_window", 1024 if l0 >= 4096 else l0 // 4)
+    if not isinstance(w, int) or not 1 <= w < l0:
+        raise InvalidArgument(f"neighbor_window must be an int in [1, L0 = {l0}), got {w!r}")
+
+    def farthest(g: int) -> int:
+        return (n - 1) // g + w - w // g
+
+    if "group_size" in params:
+        g = params["group_size"]
+        smallest = next(k for k in range(2, n + 1) if farthest(k) <= l0 - 1)
+        _check_fits("group_size", g, farthest(g), l0, f"the smallest that fits is {smallest}")
+    else:
+        g = next(k for k in range(2, n + 1) if farthest(k) <= l0 - 1)
+    return {"group_size": g, "neighbor_window": w}, "the smallest group_size with (N - 1) // G + w - w // G <= L0 - 1"
+
+
+def _fit_leaky_rerope(n: int, l0: int, params: dict) -> tuple[dict, str]:
+    defaults = method_defaults("leaky_rerope", {"max_position_embeddings": l0})
+    w = params.get("window", defaults["window"])
+    if not isinstance(w, int) or not 1 <= w < l0 - 1:
+        raise InvalidArgument(f"window must be an int in [1, L0 - 1 = {l0 - 1}), got {w!r}")
+    smallest = -(-(n - 1 - w) // (l0 - 1 - w))  # ceil: w + (N - 1 - w) / k <= L0 - 1
+    k = params.get("scaling_factor", max(1, smallest))
+    if isinstance(k, int) and k < smallest:
+        _check_fits("scaling_factor", k, math.ceil(w + (n - 1 - w) / k), l0, f"the smallest that fits is {smallest}")
+    chosen = {**defaults, **params, "window": w, "scaling_factor": k}
+    return chosen, "the smallest integer scaling_factor with window + (N - 1 - window) / k <= L0 - 1"
+
+
+def _fit_string(n: int, l0: int, params: dict) -> tuple[dict, str]:
+    defaults = method_defaults("string", {"max_position_embeddings": l0})
+    local = params.get("local_value", defaults["local_value"])
+    needed = n - l0 + local
+    if needed > l0:  # the unshifted distances reach shifted_offset - 1, the shifted ones N - 1 - S + local_value
+        raise InvalidArgument(f"target_length: STRING keeps every distance below L0 only up to 2 L0 - local_value = "
+                              f"{2 * l0 - local} tokens, got {n}")
+    offset = params.get("shifted_offset", max(defaults["shifted_offset"], needed))
+    if isinstance(offset, int) and not needed <= offset <= l0:
+        _check_fits("shifted_offset", offset, max(offset - 1, n - 1 - offset + local), l0,
+                    f"those that fit are {needed} to {l0}")
+    chosen = {**defaults, **params, "shifted_offset": offset, "local_value": local}
+    return chosen, "shifted_offset = max(int(0.33 L0), N - L0 + local_value), at most L0"
 
 
 # -- shared checks ---------------------------------------------------------------------------------

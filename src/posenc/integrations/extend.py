@@ -5,13 +5,14 @@ position map run in its attention (:func:`extend_context`), as planned from the 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from torch import nn
 
 from posenc.errors import InvalidArgument
-from posenc.hf_config.extension import Extension, ModelFacts, plan_extension
+from posenc.hf_config.extension import Extension, ModelFacts, fit_to_length, plan_extension, training_length
 from posenc.integrations import adapters
 from posenc.integrations.adapters import adapter_of
 from posenc.integrations.families import FamilyModules as Family
@@ -22,7 +23,8 @@ from posenc.integrations.routes import prepare_layers
 
 
 def extend_context(model: nn.Module, method: str, factor: float | None = None, *,
-                   layer_types: Sequence[str] | None = None, **params: Any) -> nn.Module:
+                   layer_types: Sequence[str] | None = None, target_length: int | None = None,
+                   **params: Any) -> nn.Module:
     """Extend the context of a loaded RoPE model, in place: a RoPE scaling written into its
     config, or a training-free position map run in its attention.
 
@@ -84,6 +86,17 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     - ``string`` (shifted_offset int(0.33 L0), local_value 128, attention_factor 0.1 ln 2 + 1;
       ``attention_factor=1.0`` for plain RoPE inside the window).
 
+    **Fitted to a length** (``target_length=N`` instead of ``factor``): the factor and the
+    parameters the method's own rule chooses for N tokens from the training length L0
+    (``original_max_position_embeddings=`` if given, else the config's,
+    :func:`~posenc.hf_config.extension.training_length`), as
+    :func:`~posenc.hf_config.extension.fit_to_length` states them: s = N / L0 for the scalings;
+    Self-Extend's smallest group_size that keeps its farthest position below L0; Leaky ReRoPE's
+    smallest scaling_factor, STRING's shifted_offset, likewise; the other maps' defaults (their
+    positions stay below L0 at any length). Parameters given in ``params`` are kept (and
+    checked). The choice is printed on stderr, one line, e.g. ``extend_context: self_extend:
+    group_size=2, neighbor_window=1024 (...; N = 12288, L0 = 8192)``.
+
     Every layer with a plain RoPE and a full span runs the map as a
     :class:`~posenc.encodings.BranchedRoPE` of its RoPE on posenc's route (identity rotary
     tables, keys cached unrotated, :func:`posenc.attention` rotating each branch at the layer's
@@ -100,6 +113,7 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
         method: a scaling or a position map, as above.
         factor: s >= 1, for the scalings only.
         layer_types: for a per-layer-type config, the layer types to scale (scalings only).
+        target_length: N, the input length in tokens the extension is for (instead of ``factor``).
         params: the scaling's extra fields (and ``dynamic_cache``), or the map's parameters.
 
     Planned from the config by :func:`posenc.hf_config.extension.plan_extension` (the fields
@@ -111,7 +125,9 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
 
     Raises:
         MissingKey (KeyError): a scaling without ``factor``.
-        InvalidArgument (ValueError): the model's RoPE is already scaled (scalings), an unknown
+        InvalidArgument (ValueError): both ``factor`` and ``target_length``; a ``target_length``
+            not above L0, for llama3 (no published rule), or that a given parameter cannot reach
+            (:func:`~posenc.hf_config.extension.fit_to_length`); the model's RoPE is already scaled (scalings), an unknown
             method (the message lists both kinds), s < 1, a bad or unknown parameter (named),
             a ``factor`` or ``layer_types`` given to a position map, ``dynamic_cache`` for
             another method than dynamic / dynamic_yarn; a model with no RoPE layer (every
@@ -134,6 +150,8 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     if "max_position_embeddings" not in current and isinstance(getattr(config, "max_position_embeddings", None), int):
         # an attribute_map alias (GPT-J's n_positions), which to_dict() spells the family's way
         current["max_position_embeddings"] = config.max_position_embeddings
+    if target_length is not None:
+        factor, params = _fitted(current, method, factor, target_length, params)
     extension = plan_extension(current, base.__dict__.get("posenc_plan"), method, factor,
                                facts=_facts(base, family), layer_types=layer_types, **params)
     target = config if extension.target is None else getattr(config, extension.target)
@@ -154,6 +172,18 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     if not extension.position_map:
         apply()
     return model
+
+
+def _fitted(config: dict, method: str, factor: float | None, target_length: int, params: dict,
+            ) -> tuple[float | None, dict]:
+    """(factor, params) of :func:`~posenc.hf_config.extension.fit_to_length`, the choice printed."""
+    if factor is not None:
+        raise InvalidArgument(f"factor: give factor or target_length, not both (got factor={factor!r}, "
+                              f"target_length={target_length!r})")
+    l0 = params.get("original_max_position_embeddings") or training_length(config)
+    fit = fit_to_length(method, target_length, l0, params)
+    print(f"extend_context: {fit.rule}", file=sys.stderr)
+    return fit.factor, fit.params
 
 
 def _facts(base: nn.Module, family: Family | None) -> ModelFacts:
