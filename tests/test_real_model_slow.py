@@ -13,6 +13,7 @@ import importlib.util
 import json
 import math
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _script():
     spec = importlib.util.spec_from_file_location("real_model_extension", ROOT / "benchmarks" / "real_model_extension.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their module's annotations there
     spec.loader.exec_module(module)
     return module
 
@@ -62,18 +64,37 @@ def test_truncation_is_each_target_from_its_last_window(bench):
 def test_short_run_writes_a_line_per_method(bench, tmp_path):
     script, _, tokenizer = bench
     out = tmp_path / "results.jsonl"
-    results = script.run(["--boundary", "256", "--contexts", "384", "--methods", "plain,yarn,dynamic_yarn,dca,truncation",
-                          "--passkey-depths", "0.5", "--truncation-chunk", "64", "--out", str(out)])
+    argv = ["--boundary", "256", "--contexts", "384", "--methods", "plain,yarn,dynamic_yarn,dca,self_extend_target,truncation",
+            "--texts", "stdlib,topics", "--retrieval", "passkey,multikey,vartrack", "--retrieval-depths", "0.5",
+            "--truncation-chunk", "64", "--out", str(out), "--summary", str(tmp_path / "summary.md")]
+    results = script.run(argv)
     lines = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["method"] for r in lines] == ["plain", "yarn", "dynamic_yarn", "dca", "truncation"] == [r["method"] for r in results]
-    by = {r["method"]: r for r in lines}
-    for r in lines:
+    losses = [r for r in lines if r["kind"] == "loss"]
+    methods = ["plain", "yarn", "dynamic_yarn", "dca", "self_extend_target", "truncation"]
+    assert [r["method"] for r in losses] == [m for m in methods for _ in ("stdlib", "topics")]
+    assert [r["text"] for r in losses] == ["stdlib", "topics"] * len(methods)
+    assert len(results) == len(lines) == len(methods) * (2 + 3)
+    by = {(r["method"], r["text"]): r for r in losses}
+    for r in losses:
         assert math.isfinite(r["loss_past"]) and 0 < r["loss_past"] < 10 and r["context"] == 384
-        assert set(r["passkey"]) == {"0.5"}
-    # at a context of s * L0 the dynamic YaRN factor is s: static YaRN at s, up to float rounding
-    assert by["dynamic_yarn"]["loss_past"] == pytest.approx(by["yarn"]["loss_past"], rel=1e-5)
-    assert by["yarn"]["factor"] == 1.5 and by["yarn"]["loss_past"] != by["plain"]["loss_past"]
-    # DCA's chunks (3 L0 / 4 = 192 at L0 = 256) cut the 384 tokens: not the plain model, and no factor
-    assert by["dca"]["factor"] is None and by["dca"]["loss_past"] != by["plain"]["loss_past"]
-    prompt, answer_at = script.passkey_ids(tokenizer, 384, 0.5, random.Random(0))
-    assert prompt.shape == (1, 384) and tokenizer.decode(prompt[0, answer_at:]).strip().isdigit()
+        # the block means are the loss's: 128 scored tokens, blocks of 512
+        assert r["block_losses"] == [pytest.approx(r["loss_past"])]
+    retrieval = [r for r in lines if r["kind"] == "retrieval"]
+    assert {(r["task"], r["depth"], r["prompts"]) for r in retrieval} == {(t, 0.5, 1) for t in ("passkey", "multikey", "vartrack")}
+    for text in ("stdlib", "topics"):
+        # at a context of s * L0 the dynamic YaRN factor is s: static YaRN at s, up to float rounding
+        assert by[("dynamic_yarn", text)]["loss_past"] == pytest.approx(by[("yarn", text)]["loss_past"], rel=1e-5)
+        assert by[("yarn", text)]["factor"] == 1.5 and by[("yarn", text)]["loss_past"] != by[("plain", text)]["loss_past"]
+        # DCA's chunks (3 L0 / 4 = 192 at L0 = 256) cut the 384 tokens: not the plain model, and no factor
+        assert by[("dca", text)]["factor"] is None and by[("dca", text)]["loss_past"] != by[("plain", text)]["loss_past"]
+    # target_length = 384 at L0 256: neighbor_window L0 / 4 = 64, the smallest group keeping positions below 256
+    assert by[("self_extend_target", "stdlib")]["params"] == {"group_size": 2, "neighbor_window": 64}
+    # a rerun finds every result in --out and runs nothing
+    assert script.run(argv) == []
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| truncation | 2 |" in summary and "| self_extend_target | 2 |" in summary
+    for task in ("passkey", "multikey", "vartrack"):
+        prompt, answer_at = script.retrieval_ids(tokenizer, task, 384, 0.5, random.Random(0))
+        assert prompt.shape == (1, 384)
+        answer = tokenizer.decode(prompt[0, answer_at:]).strip()
+        assert answer.isdigit() if task != "vartrack" else len(answer.split()) == 4
