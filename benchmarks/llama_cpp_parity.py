@@ -378,45 +378,15 @@ def load_transformers(gguf: Path):
 
 # --------------------------------------------------------------------------- the constants
 
-def ggml_rope_constants(n_dims: int, base: float, freq_scale: float, n_ctx_orig: int, ext_factor: float,
-                        beta_fast: float = 32.0, beta_slow: float = 1.0) -> tuple[list[float], float]:
-    """(the angle of each pair at position 1, the cos / sin multiplier) of one layer, in float32 as
-    ggml computes them (``ggml/src/ggml-cpu/ops.cpp``: ``rope_yarn``, ``rope_yarn_ramp``,
-    ``ggml_rope_cache_init`` with theta multiplied by ``powf(base, -2 / n_dims)`` pair after
-    pair; ``ggml/src/ggml.c``: ``ggml_rope_yarn_corr_dims``, floor and ceil). llama.cpp's context
-    attention factor is 1 here: ``llama-context.cpp`` sets ``get_mscale(1 / freq_scale)`` and
-    divides it back out (``1 / (1 + 0.1 ln factor)``), as ggml multiplies its own in."""
-    import numpy as np
-
-    f32 = np.float32
-
-    def corr_dim(n_rot: float) -> float:
-        return f32(n_dims) * np.log(f32(n_ctx_orig) / (f32(n_rot) * f32(2) * f32(np.pi))) / (f32(2) * np.log(f32(base)))
-
-    low = max(0.0, math.floor(corr_dim(beta_fast)))
-    high = min(n_dims - 1.0, math.ceil(corr_dim(beta_slow)))
-    theta_scale = f32(base) ** f32(-2.0 / n_dims)
-    theta, angles = f32(1.0), []
-    for i0 in range(0, n_dims, 2):
-        interp = f32(freq_scale) * theta
-        if ext_factor != 0:
-            ramp = 1 - min(1.0, max(0.0, (i0 // 2 - low) / max(0.001, high - low)))
-            mix = f32(ramp * ext_factor)
-            angles.append(float(interp * (f32(1) - mix) + theta * mix))
-        else:
-            angles.append(float(interp))
-        theta = f32(theta * theta_scale)
-    mscale = float(f32(1) + f32(0.1) * np.log(f32(1) / f32(freq_scale))) if ext_factor != 0 else 1.0
-    return angles, mscale
-
-
 def constants(config: dict, file_plan, row: Row) -> dict:
     """posenc's plan of the row (``plan_extension`` of the config transformers builds from the
-    file, the path ``extend_context`` takes) against ggml's constants, layer by layer: the largest
+    file, the path ``extend_context`` takes) against ggml's constants
+    (:func:`posenc.hf_config.gguf.ggml_rope_angles`, a float32 port of ggml's rope), layer by layer: the largest
     relative difference of a pair's frequency, and the attention factors (posenc's multiplies the
     logits' cos and sin as ggml's mscale does). llama.cpp's sliding layers keep their trained
     scale (``get_rope_freq_scale``); ``--yarn-orig-ctx`` is L0."""
     from posenc.hf_config.extension import ModelFacts, plan_extension
+    from posenc.hf_config.gguf import ggml_rope_angles
 
     plan = plan_extension(config, None, row.method, row.factor, facts=ModelFacts(num_layers=len(file_plan)),
                           original_max_position_embeddings=row.orig_ctx).plan
@@ -424,11 +394,11 @@ def constants(config: dict, file_plan, row: Row) -> dict:
     for ours, theirs in zip(plan, file_plan):
         rope = ours.encoding
         swa = theirs.span == "sliding"
-        angles, mscale = ggml_rope_constants(rope.rotary_dim, theirs.encoding.base, 1.0 if swa else 1 / row.factor,
-                                             row.orig_ctx or 0, 1.0 if row.method == "yarn" else 0.0)
+        ggml = ggml_rope_angles(rope.rotary_dim, theirs.encoding.base, 1.0 if swa else 1 / row.factor,
+                                row.orig_ctx or 0, 1.0 if row.method == "yarn" else 0.0)
         inv_freq = rope.inv_freq.double().tolist()
-        worst = max(worst, max(abs(a / b - 1) for a, b in zip(inv_freq, angles)))
-        factors.add((round(float(rope.attention_factor), 7), round(mscale, 7)))
+        worst = max(worst, max(abs(a / b - 1) for a, b in zip(inv_freq, ggml.angles)))
+        factors.add((round(float(rope.attention_factor), 7), round(ggml.mscale, 7)))
     return {"max_rel_freq_diff": worst, "attention_factors": sorted(factors)}
 
 

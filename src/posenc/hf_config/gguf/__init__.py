@@ -9,6 +9,9 @@
   (with the GGUF key it was read from).
 - :mod:`~posenc.hf_config.gguf.arches`: one record per architecture read (llama, qwen2, qwen3,
   qwen3moe, phi3, gemma3, gpt-oss, qwen2vl, deepseek2), from llama.cpp's C++.
+- :func:`ggml_rope_angles`: one layer's angles and cos / sin multiplier as llama.cpp's ggml
+  computes them (a float32 port of its CPU rope, YaRN and linear scaling included), the
+  independent reference posenc's RoPE of a file is tested against.
 - :mod:`~posenc.hf_config.gguf.file`: the bounded reader of a file's metadata (no ``gguf``
   package needed; every count checked against the file's size before anything is read).
 
@@ -19,6 +22,7 @@
 from posenc.hf_config.gguf.arches import ARCHES, Arch
 from posenc.hf_config.gguf.compare import PlanDifference, plan_differences
 from posenc.hf_config.gguf.file import GGUFFile, read_gguf
+from posenc.hf_config.gguf.ggml_rope import GGMLRope, ggml_rope_angles
 from posenc.hf_config.gguf.reader import (
     GGUFPositions,
     gguf_rope_metadata,
@@ -26,5 +30,5 @@ from posenc.hf_config.gguf.reader import (
     read_gguf_positions,
 )
 
-__all__ = ["ARCHES", "Arch", "GGUFFile", "GGUFPositions", "PlanDifference", "gguf_rope_metadata", "plan_differences",
+__all__ = ["ARCHES", "Arch", "GGMLRope", "GGUFFile", "ggml_rope_angles", "GGUFPositions", "PlanDifference", "gguf_rope_metadata", "plan_differences",
            "position_plan_from_gguf", "read_gguf", "read_gguf_positions"]
