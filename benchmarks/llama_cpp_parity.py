@@ -215,12 +215,16 @@ def stdlib_text(cache: Path, characters: int) -> Path:
 
 
 def llama_tokens(tokenize: Path, gguf: Path, text: Path, threads: int) -> list[int]:
-    """The ids llama-perplexity scores: ``common_tokenize(text, add_special=true)`` (BOS as the
-    vocabulary asks, special tokens not parsed), as ``llama-tokenize --ids`` prints them."""
-    cached = text.with_suffix(f".{gguf.stem}.ids.json")
+    """The ids llama-perplexity scores: ``common_tokenize(text, add_special=true)`` of the file
+    as it is (BOS as the vocabulary asks, special tokens not parsed, no escape processing), as
+    ``llama-tokenize --ids --no-escape`` prints them; the caller checks them against the tokens
+    llama-perplexity writes to its logits file."""
+    cached = text.with_suffix(f".{gguf.stem}.raw-ids.json")
     if cached.exists():
         return json.loads(cached.read_text())
-    run = subprocess.run([str(tokenize), "-m", str(gguf), "-f", str(text), "--ids", "--log-disable",
+    # --no-escape: llama-perplexity reads the file as it is (params.escape = false), while
+    # llama-tokenize by default turns the text's backslash sequences ("\\n" in Python sources) into characters
+    run = subprocess.run([str(tokenize), "-m", str(gguf), "-f", str(text), "--ids", "--log-disable", "--no-escape",
                           "-t", str(threads)], capture_output=True, text=True, check=True)
     ids = json.loads(run.stdout.strip().splitlines()[-1])
     cached.write_text(json.dumps(ids))
