@@ -340,8 +340,8 @@ def compare_to_llama_cpp(model, ids: list[int], row: Row, bos: int | None, recor
             ours.append(-log_p.gather(1, picked)[:, 0])
             theirs.append(-base.gather(1, picked)[:, 0])
             # a next token more than 16 nats under llama.cpp's top one has its log-prob clamped (q = 0)
-            kept.append(torch.from_numpy(np.asarray(records[chunk, start:stop, 4:4 + n_vocab])).gather(
-                1, picked).squeeze(1) > 0)
+            q = torch.from_numpy(np.asarray(records[chunk, start:stop, 4:4 + n_vocab], dtype=np.int32))
+            kept.append(q.gather(1, picked).squeeze(1) > 0)
             kld.append((base.exp() * (base - log_p)).sum(-1))
             same.append(log_p.argmax(-1) == base.argmax(-1))
     ours, theirs, kld, same, kept = (torch.cat(x) for x in (ours, theirs, kld, same, kept))
