@@ -319,8 +319,9 @@ def compare_to_llama_cpp(model, ids: list[int], row: Row, bos: int | None, recor
     and llama.cpp's from its file: their paired difference over the tokens whose llama.cpp
     log-prob the file holds exactly, not those it clamps 16 nats under its top word, which are
     counted), the KL divergence KL(llama.cpp || this engine) of the
-    next-token distributions (over the words llama.cpp kept, > 16 nats below its top clamped:
-    llama.cpp's own ``--kl-divergence`` computes it so), and whether both rank the same word first."""
+    next-token distributions as llama.cpp's own ``--kl-divergence`` computes it (``perplexity.cpp``
+    ``log_softmax(..., kl_divergence_result &)``: over the words whose llama.cpp log-prob is
+    above -16), and whether both rank the same word first."""
     import numpy as np
     import torch
 
@@ -342,7 +343,9 @@ def compare_to_llama_cpp(model, ids: list[int], row: Row, bos: int | None, recor
             # a next token more than 16 nats under llama.cpp's top one has its log-prob clamped (q = 0)
             q = torch.from_numpy(np.asarray(records[chunk, start:stop, 4:4 + n_vocab], dtype=np.int32))
             kept.append(q.gather(1, picked).squeeze(1) > 0)
-            kld.append((base.exp() * (base - log_p)).sum(-1))
+            # llama.cpp's own --kl-divergence sums over the words whose decoded log-prob is above -16
+            # (the file holds the others clamped to its minimum: with Gemma's 262k words their mass is not small)
+            kld.append(torch.where(base > -16, base.exp() * (base - log_p), 0.0).sum(-1))
             same.append(log_p.argmax(-1) == base.argmax(-1))
     ours, theirs, kld, same, kept = (torch.cat(x) for x in (ours, theirs, kld, same, kept))
     diff = (ours - theirs)[kept]
