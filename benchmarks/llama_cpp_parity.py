@@ -446,7 +446,6 @@ def table(results: list[dict]) -> str:
     lines = ["| model | n_ctx x chunks | method | llama.cpp ppl | engine | ppl | ppl / llama.cpp's - 1 "
              "| NLL - llama.cpp's (nats, ± se) | mean KL(llama.cpp ‖ engine) | same top-1 |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    footnote = False
     for result in results:
         row = result["row"]
         method = row["method"] if row["method"] == "plain" else f"{row['method']} s={row['factor']:g}, L0={row['orig_ctx']}"
@@ -455,19 +454,10 @@ def table(results: list[dict]) -> str:
             if engine not in result:
                 continue
             ours = result[engine]
-            # rows run before the clamped tokens were left out of the pairs carry the file's perplexity
-            mark = "" if "tokens_clamped_by_llama_cpp" in ours else " †"
-            footnote |= bool(mark)
             lines.append(f"| {MODELS[row['model']].label} | {row['n_ctx']} x {row['chunks']} | {method} "
                          f"| {llama:.4f} | {engine} | {ours['ppl']:.4f} | {ours['ppl'] / llama - 1:+.2%} "
-                         f"| {ours['nll_minus_llama_cpp']:+.4f} ± {ours['nll_minus_llama_cpp_se']:.4f}{mark} "
+                         f"| {ours['nll_minus_llama_cpp']:+.4f} ± {ours['nll_minus_llama_cpp_se']:.4f} "
                          f"| {ours['mean_kld']:.4f} | {ours['same_top']:.1%} |")
-    if footnote:
-        biases = [math.log(r["llama.cpp"]["ppl"] / r["posenc"]["ppl_llama_cpp_file"]) for r in results
-                  if "ppl_llama_cpp_file" in r.get("posenc", {})]
-        lines += ["", f"† paired over every scored token, the few whose llama.cpp log-prob its file clamps 16 nats "
-                      f"under its top word included (their llama.cpp loss is then too low; the mean loss of those rows "
-                      f"is {min(biases):.5f} to {max(biases):.5f} nats under llama.cpp's own)."]
     return "\n".join(lines) + "\n"
 
 
