@@ -127,8 +127,8 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
         MissingKey (KeyError): a scaling without ``factor``.
         InvalidArgument (ValueError): both ``factor`` and ``target_length``; a ``target_length``
             not above L0, for llama3 (no published rule), or that a given parameter cannot reach
-            (:func:`~posenc.hf_config.extension.fit_to_length`); the model's RoPE is already scaled (scalings), an unknown
-            method (the message lists both kinds), s < 1, a bad or unknown parameter (named),
+            (:func:`~posenc.hf_config.extension.fit_to_length`); the model's RoPE is already
+            scaled (scalings), an unknown method (the message lists both kinds), s < 1, a bad or unknown parameter (named),
             a ``factor`` or ``layer_types`` given to a position map, ``dynamic_cache`` for
             another method than dynamic / dynamic_yarn; a model with no RoPE layer (every
             layer NoPE); a per-layer-type config without ``layer_types`` where the family
