@@ -32,6 +32,7 @@ from typing import Any
 
 from posenc.encodings import BranchedRoPE, RoPE, branched
 from posenc.encodings.rope.multiaxis import MultiAxisRoPE
+from posenc.encodings.rope.scaling import ROPE_TYPES
 from posenc.errors import InvalidArgument, MissingKey
 from posenc.hf_config.encoding import extension_config, from_hf_config
 from posenc.hf_config.families import FAMILIES, Family, position_plan, reads_model_type
@@ -509,9 +510,9 @@ def fit_to_length(method: str, target_length: int, training_length: int, params:
                               f"{target_length!r}")
     n, l0 = target_length, training_length
     if method in EXTENSION_METHODS:
-        if method == "llama3":
-            raise InvalidArgument("target_length: llama3 has no published rule from the target length to its factor "
-                                  "(Llama 3.1 extended 8192 -> 131072 tokens with factor 8); give factor=")
+        if not ROPE_TYPES[method].factor_is_length_ratio:
+            raise InvalidArgument(f"target_length: {method} has no published rule from the target length to its "
+                                  "factor (llama3: Llama 3.1 extended 8192 -> 131072 tokens with factor 8); give factor=")
         factor = n / l0
         return LengthFit(factor, params, f"{method}: factor = N / L0 = {n} / {l0} = {factor:g}")
     if method not in BRANCH_METHODS:

@@ -156,6 +156,11 @@ class RopeType:
         extension: the keys :func:`posenc.rope.extension_scaling` adds, with their published
             defaults, besides rope_type, factor and (when ``needs_context``) L0; None when the
             type is not a context-extension method of a trained model.
+        factor_is_length_ratio: as a context extension, its factor is the target length over
+            L0 (Position Interpolation's and YaRN's s = L' / L), which
+            :func:`posenc.hf_config.extension.fit_to_length` applies; False where no published
+            rule ties the factor to the length (llama3: Llama 3.1 went from 8192 to 131072
+            tokens with factor 8).
         partial_rotary_selects_frequencies: ``partial_rotary_factor`` is this type's own
             parameter, kept in the dict: it selects which frequencies are nonzero while the
             rotation spans the whole head (proportional / p-RoPE). Otherwise it is Hugging Face's
@@ -176,6 +181,7 @@ class RopeType:
     hf_factor_from_context: Callable[[Mapping[str, Any]], bool] | None = None
     extension: Mapping[str, Any] | None = None
     partial_rotary_selects_frequencies: bool = False
+    factor_is_length_ratio: bool = True
     hf_equivalent: Callable[[Mapping[str, Any], float, int], tuple[float, Mapping[str, Any] | None]] | None = None
 
     def __post_init__(self) -> None:
@@ -531,7 +537,7 @@ ROPE_TYPES: dict[str, RopeType] = {
         needs_context=True, hf_top_level_context=True, extension={},
     ),
     "llama3": RopeType(
-        _llama3, needs_context=True, hf_top_level_context=True,
+        _llama3, needs_context=True, hf_top_level_context=True, factor_is_length_ratio=False,
         extension={"low_freq_factor": 1.0, "high_freq_factor": 4.0},  # Llama 3.1's published values
     ),
     "proportional": RopeType(_proportional, partial_rotary_selects_frequencies=True),
