@@ -546,12 +546,10 @@ def _fit_self_extend(n: int, l0: int, params: dict) -> tuple[dict, str]:
     def farthest(g: int) -> int:
         return (n - 1) // g + w - w // g
 
-    if "group_size" in params:
-        g = params["group_size"]
-        smallest = next(k for k in range(2, n + 1) if farthest(k) <= l0 - 1)
+    smallest = next(k for k in range(2, n + 1) if farthest(k) <= l0 - 1)
+    g = params.get("group_size", smallest)
+    if g != smallest:
         _check_fits("group_size", g, farthest(g), l0, f"the smallest that fits is {smallest}")
-    else:
-        g = next(k for k in range(2, n + 1) if farthest(k) <= l0 - 1)
     return {"group_size": g, "neighbor_window": w}, "the smallest group_size with (N - 1) // G + w - w // G <= L0 - 1"
 
 
