@@ -301,3 +301,24 @@ def test_branched_attention_traces_in_one_graph(backend):
         torch.testing.assert_close(compiled(q, k, v), posenc.attention(q, k, v, encoding, backend=backend),
                                    atol=1e-6, rtol=0)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("tq,tk", [(300, 300), (100, 300), (1, 300)])
+def test_sdpa_lse_kernel_told_causal_equals_eager(tq, tk):
+    """sdpa's CPU kernel is told ``is_causal`` for Tq = Tk (it then skips the key blocks above the
+    diagonal, top-left aligned): at 300 tokens (several of its blocks) with a windowed causal
+    mask, a prefill and a chunk of queries equal eager's output and log-sum-exp, including the
+    rows that a mask leaves without a key."""
+    from posenc.attention import eager, sdpa
+    from posenc.attention.masks import as_4d, causal_mask
+
+    for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 2e-6)):
+        q, k, v = _qkv(tq, tk, 4, 2, dtype)
+        mask = causal_mask(tq, tk, q.device)
+        query_at = torch.arange(tk - tq, tk).unsqueeze(-1)
+        mask = mask & (query_at - torch.arange(tk) >= 40)  # a grouped branch's keys: none for the first 40 queries
+        with torch.no_grad():
+            out, lse = sdpa.run_with_lse(q, k, v, mask=as_4d(mask), scale=0.25, causal=True)
+            want_out, want_lse = eager.run_with_lse(q, k, v, mask=as_4d(mask), scale=0.25, causal=True)
+        torch.testing.assert_close(out, want_out.to(dtype), atol=tol, rtol=0)
+        torch.testing.assert_close(lse, want_lse, atol=tol, rtol=0)

@@ -243,12 +243,14 @@ def run_branches(module, encoding, q: Tensor, k: Tensor, v: Tensor, *, q_positio
     base = mask
     if module is not flex and base is None and causal:
         base = as_4d(causal_mask(num_queries, num_keys, q.device))
-    for q_rot, k_rot, allowed in encoding.attention_branches(q, k, q_positions, k_positions):
-        if module is flex:
+    branches = encoding.attention_branches(q, k, q_positions, k_positions)
+    grids = None if module is flex else encoding.branch_key_masks(q_positions, k_positions, [b[2] for b in branches])
+    for index, (q_rot, k_rot, allowed) in enumerate(branches):
+        if grids is None:
             branch_mask = _branch_mask_mod(allowed, q_positions, k_positions, base, batch=batch, heads=heads,
                                            num_queries=num_queries, num_keys=num_keys)
         else:
-            grid = allowed(q_positions.unsqueeze(-1), k_positions.unsqueeze(-2))
+            grid = grids[index]
             grid = as_4d(grid) if grid.dim() == 2 else grid.unsqueeze(1)  # (1 or B, 1, Tq, Tk)
             branch_mask = grid if base is None else grid & base
         out, lse = module.run_with_lse(q_rot, k_rot, v, mask=branch_mask, scale=scale, causal=causal,

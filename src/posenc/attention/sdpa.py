@@ -142,7 +142,11 @@ def run_with_lse(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, scale:
     On the CPU without a gradient to take: torch's flash kernel for the CPU,
     ``aten._scaled_dot_product_flash_attention_for_cpu``, which returns the log-sum-exp (the
     mask goes in as a 0 / -inf float mask in q's dtype; grouped-query k and v as they are);
-    its lse of a row with no key is 0, set to -inf here. Elsewhere (CUDA: torch exposes no
+    its lse of a row with no key is 0, set to -inf here. ``causal`` with a ``mask``: the mask is
+    taken to hold the causal mask already (as :func:`posenc.attention` and
+    :func:`~posenc.attention.branches.run_branches` hand it); with Tq = Tk the kernel is told
+    too, so that it skips the key blocks above the diagonal (half the work of a prefill; the
+    kernel's causal mask is top-left, the same as ours only when Tq = Tk). Elsewhere (CUDA: torch exposes no
     public SDPA with a log-sum-exp and an arbitrary mask), and whenever q, k or v need a
     gradient (the CPU kernel's lse output has no derivative): the eager computation, explicit
     (B, H, Tq, Tk) scores. docs/fast_attention.md, "Branch-merge attention". ``softcap``
@@ -159,9 +163,9 @@ def run_with_lse(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, scale:
         mask = causal_mask(num_queries, num_keys, q.device)
     float_mask = None
     if mask is not None:
-        float_mask = as_4d(torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf")))
+        float_mask = as_4d(torch.where(mask, torch.zeros((), dtype=q.dtype), torch.full((), float("-inf"), dtype=q.dtype)))
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, False, attn_mask=float_mask, scale=scale)
+        q, k, v, 0.0, causal and num_queries == num_keys, attn_mask=float_mask, scale=scale)
     if mask is not None:
         lse = lse.masked_fill(~as_4d(mask).any(dim=-1), float("-inf"))
     return out, lse

@@ -412,6 +412,16 @@ class PositionalEncoding(nn.Module):
         by log-sum-exp (:mod:`posenc.attention.branches`)."""
         return None
 
+    def branch_key_masks(self, q_positions: Tensor, k_positions: Tensor,
+                         rules: list[Callable[[Tensor, Tensor], Tensor]]) -> list[Tensor]:
+        """Each branch's key mask on the grid of the call's positions, for the backends that
+        take a mask tensor: ``rules`` (the ``allowed_b`` of :meth:`attention_branches`, in
+        order) evaluated on q_positions (Tq,) or (B, Tq) as a column and k_positions (Tk,) or
+        (B, Tk) as a row -> bool (Tq, Tk) or (B, Tq, Tk) per branch. An encoding whose rules
+        share their work (one position map gives every branch's mask at once) overrides it."""
+        i, j = q_positions.unsqueeze(-1), k_positions.unsqueeze(-2)
+        return [allowed(i, j) for allowed in rules]
+
     def bias(self, q_positions: Tensor, k_positions: Tensor, head: Tensor) -> Tensor | None:
         """The score bias b(h, i, j) as math: elementwise on broadcastable int64 tensors of query
         positions, key positions and head indices -> tensor of their broadcast shape, float32

@@ -131,6 +131,12 @@ class BranchedRoPE(PositionalEncoding):
             out.append((q_rot, k_rot, self.map.key_rule(index)))
         return out
 
+    def branch_key_masks(self, q_positions: Tensor, k_positions: Tensor, rules) -> list[Tensor]:
+        """Every branch's key mask from one evaluation of the map (each ``key_rule`` alone
+        would evaluate all of them: a (Tq, Tk) int64 distance grid per branch per layer)."""
+        i, j = q_positions.unsqueeze(-1), k_positions.unsqueeze(-2)
+        return [branch.key_mask for branch in self.map.rules(i, j)]
+
     def extra_repr(self) -> str:
         return f"method={self.method!r}, map={self.map!r}"
 
