@@ -31,22 +31,31 @@ targets per forward over the L0 tokens before the chunk's last target (each targ
 L0 - chunk + 1 to L0 tokens, at least 7/8 of L0; 1 is exact).
 
 **Retrieval** (``--retrieval passkey,multikey,vartrack``, ``--retrieval-depths``,
-``--retrieval-prompts K``; one JSON line per (task, C, depth, method) with found / K), each
-prompt exactly C tokens, the answer teacher-forced after the question, found when every answer
-token is the model's greedy choice:
+``--retrieval-prompts K``; one JSON line per prompt, appended as it finishes, with found per
+needle): each prompt a haystack of passkey's filler (:mod:`posenc.lab.experiments.tasks`)
+with needles at the depths, then a question, the answer teacher-forced after it, found when
+every answer token is the model's greedy choice; the haystack and the longest question and
+answer are C tokens. Prompt i is drawn from a seed of (task, C, depths, i): the same for every
+method, the same whatever K.
 
 - ``passkey``: Position Interpolation's prompt (Chen et al. 2023, sec. 3.3): "The pass key is
-  K. Remember it. K is the pass key." at ``depth`` of passkey's filler
-  (:mod:`posenc.lab.experiments.tasks`), then "What is the pass key? The pass key is" K;
-- ``multikey``: RULER's multi-key needle (Hsieh et al. 2024, MK-NIAH): four needles "The pass
-  key for <word> is K." (four words, four keys), the asked one at ``depth``, the three others at
-  random depths, then "What is the pass key for <word>? The pass key for <word> is" K;
-- ``vartrack``: RULER's variable tracking: "VAR A = K." at ``depth``, "VAR B = A.", "VAR C =
-  B.", "VAR D = C." at random later depths, a second chain of another value beside it, then
-  "Which variables are assigned the value K? Answer: A B C D" (five-letter capital names).
+  K. Remember it. K is the pass key." at one depth (a prompt per depth), then "What is the
+  pass key? The pass key is" K;
+- ``multikey``: RULER's multi-key needles (Hsieh et al. 2024, MK-NIAH): a needle "The pass key
+  for <word> is K." at every depth (its own word and key; the others are its distractors),
+  each asked in turn: "What is the pass key for <word>? The pass key for <word> is" K;
+- ``vartrack``: RULER's variable tracking: a chain per depth, "VAR A = K." at the depth and
+  "VAR B = A.", "VAR C = B.", "VAR D = C." at random later depths (five-letter capital names),
+  each asked in turn: "Which variables are assigned the value K? Answer: A B C D".
 
-Depth 0 puts the (asked) needle at the start of the filler, C - (question) tokens before the
-answer; past the training window when C - depth C > L0.
+The questions of one prompt are each asked after the haystack alone: one forward over the
+haystack into transformers' KV cache, then each question and answer on a copy of it (the
+logits of one forward over haystack + question + answer: tests/test_real_model_retrieval.py),
+so that a 12k-token prompt gives a trial per depth for the price of one forward. Depth 0 puts a
+needle at the start of the haystack, about C tokens before its answer; past the training window
+when (1 - depth) C > L0. Truncation: the haystack cut to its last L0 - (longest question and
+answer) + 1 tokens (no answer token predicted from more than L0), so a needle past the window
+is out of its reach.
 
 **Summary** (``--summary FILE.md``, from every line of ``--out``): per model and context, each
 method's mean loss over texts, its spread (sd over texts), its paired difference to truncation
@@ -58,8 +67,8 @@ cores; see docs/results.md "Context extension past L")::
 
     python benchmarks/real_model_extension.py --texts stdlib,pydecimal,turtle,topics,headers \\
         --contexts 12288 --out docs/results/real_model_extension.jsonl --summary docs/results/real_model_extension.md
-    python benchmarks/real_model_extension.py --skip-loss --retrieval passkey,multikey \\
-        --retrieval-depths 0,0.25,0.5 --retrieval-prompts 10 --methods truncation,yarn,self_extend_wide,dca
+    python benchmarks/real_model_extension.py --skip-loss --retrieval multikey,vartrack \\
+        --retrieval-depths 0,0.25,0.5,0.75 --retrieval-prompts 10 --methods truncation,yarn,self_extend_wide,dca
     python benchmarks/real_model_extension.py --model gemma3 --contexts 40960 --methods truncation,yarn   # GPU
 
 ``--boundary 1024 --contexts 1536`` is the short version the ``slow`` test runs (the model
@@ -339,66 +348,121 @@ def _place(filler: list[int], needles: list[tuple[float, list[int]]]) -> list[in
     return out + filler[at:]
 
 
-def retrieval_ids(tokenizer, task: str, length: int, depth: float, rng: random.Random) -> tuple[torch.Tensor, int]:
-    """(ids (1, length), where the answer's tokens start) of one prompt of ``task``
-    (:data:`RETRIEVAL_TASKS`) with its asked needle at ``depth`` of the filler; the filler is
-    cut so that the whole is ``length`` tokens."""
+@dataclass(frozen=True)
+class Trial:
+    """One question of a retrieval prompt: the depth of the needle it asks, the question's
+    tokens and the answer's (teacher-forced after the question)."""
+
+    depth: float
+    question: list[int]
+    answer: list[int]
+
+
+def retrieval_prompt(tokenizer, task: str, length: int, depths: list[float],
+                     rng: random.Random) -> tuple[torch.Tensor, list[Trial]]:
+    """(haystack ids (1, H), one :class:`Trial` per depth) of ``task`` (:data:`RETRIEVAL_TASKS`):
+    the filler with one needle per depth (``passkey``: one depth, Position Interpolation's
+    prompt has one key; ``multikey``: a needle per depth, each with its own word and key, the
+    others its distractors; ``vartrack``: a chain per depth, its value at the depth and its
+    three hops at random later depths), cut so that the haystack and the longest question and
+    answer are ``length`` tokens. Each question is asked after the haystack alone
+    (:func:`answered`)."""
 
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    if task == "passkey" and len(depths) != 1:
+        raise SystemExit(f"--retrieval passkey: one needle per prompt, got depths {depths}")
+    needles, trials = [], []
     if task == "passkey":
         key = _digits(rng)
-        needles = [(depth, encode(PASSKEY_SENTENCE.format(key=key)))]
-        question, answer = encode(PASSKEY_QUESTION), encode(" " + key)
+        needles.append((depths[0], encode(PASSKEY_SENTENCE.format(key=key))))
+        trials.append(Trial(depths[0], encode(PASSKEY_QUESTION), encode(" " + key)))
     elif task == "multikey":
-        words = rng.sample(MULTIKEY_WORDS, 4)
-        keys = [_digits(rng) for _ in words]
-        needles = [(depth if i == 0 else rng.random(), encode(f" The pass key for {word} is {key}. "))
-                   for i, (word, key) in enumerate(zip(words, keys))]
-        question = encode(f" What is the pass key for {words[0]}? The pass key for {words[0]} is")
-        answer = encode(" " + keys[0])
+        if len(depths) > len(MULTIKEY_WORDS):
+            raise SystemExit(f"--retrieval-depths: multikey takes at most {len(MULTIKEY_WORDS)} depths")
+        for depth, word in zip(depths, rng.sample(MULTIKEY_WORDS, len(depths))):
+            key = _digits(rng)
+            needles.append((depth, encode(f" The pass key for {word} is {key}. ")))
+            trials.append(Trial(depth, encode(f" What is the pass key for {word}? The pass key for {word} is"),
+                                encode(" " + key)))
     elif task == "vartrack":
-        names = ["".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5)) for _ in range(8)]
-        value, other = _digits(rng), _digits(rng)
-        chain, distractor = names[:4], names[4:]
-        depths = sorted(rng.uniform(depth, 1.0) for _ in range(3))
-        needles = [(depth, encode(f" VAR {chain[0]} = {value}. "))]
-        needles += [(d, encode(f" VAR {chain[i + 1]} = {chain[i]}. ")) for i, d in enumerate(depths)]
-        other_depths = sorted(rng.random() for _ in range(4))
-        needles += [(other_depths[0], encode(f" VAR {distractor[0]} = {other}. "))]
-        needles += [(d, encode(f" VAR {distractor[i + 1]} = {distractor[i]}. ")) for i, d in enumerate(other_depths[1:])]
-        question = encode(f" Which variables are assigned the value {value}? Answer:")
-        answer = encode(" " + " ".join(chain))
+        for depth in depths:
+            chain = ["".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5)) for _ in range(4)]
+            value = _digits(rng)
+            needles.append((depth, encode(f" VAR {chain[0]} = {value}. ")))
+            hops = sorted(rng.uniform(depth, 1.0) for _ in range(3))
+            needles += [(d, encode(f" VAR {chain[i + 1]} = {chain[i]}. ")) for i, d in enumerate(hops)]
+            trials.append(Trial(depth, encode(f" Which variables are assigned the value {value}? Answer:"),
+                                encode(" " + " ".join(chain))))
     else:
         raise SystemExit(f"--retrieval: unknown task {task!r}; choose from {list(RETRIEVAL_TASKS)}")
-    room = length - sum(len(tokens) for _, tokens in needles) - len(question) - len(answer)
+    longest = max(len(t.question) + len(t.answer) for t in trials)
+    room = length - sum(len(tokens) for _, tokens in needles) - longest
     if room < 1:
         raise SystemExit(f"--contexts: {length} tokens are too few for a {task} prompt")
-    ids = _place(_filler(encode, room), needles) + question + answer
-    return torch.tensor(ids).unsqueeze(0), length - len(answer)
+    return torch.tensor(_place(_filler(encode, room), needles)).unsqueeze(0), trials
 
 
-def passkey_ids(tokenizer, length: int, depth: float, rng: random.Random) -> tuple[torch.Tensor, int]:
-    """:func:`retrieval_ids` of the passkey task."""
-    return retrieval_ids(tokenizer, "passkey", length, depth, rng)
+@torch.no_grad()
+def answer_logits(model, haystack: torch.Tensor, trials: list[Trial], window: int | None = None) -> list[torch.Tensor]:
+    """Per trial, the logits (len(answer), vocab) float32 that predict its answer tokens after
+    the haystack and its question: one forward over the haystack into transformers' KV cache,
+    then each question and answer on a copy of it (the logits of one forward over haystack +
+    question + answer; tests/test_real_model_retrieval.py). ``window`` W: truncation, the
+    haystack cut to its last W - (longest question and answer) + 1 tokens, so that no answer
+    token is predicted from more than W tokens."""
+    longest = max(len(t.question) + len(t.answer) for t in trials)
+    if window is not None:
+        haystack = haystack[:, max(0, haystack.shape[1] - (window - longest + 1)):]
+    cache = model.model(input_ids=haystack, use_cache=True).cache
+    logits = []
+    for trial in trials:
+        ids = torch.tensor([trial.question + trial.answer], device=haystack.device)
+        hidden = model.model(input_ids=ids, cache=copy.deepcopy(cache), use_cache=True).last_hidden_state
+        logits.append(_head(model, hidden[0, len(trial.question) - 1:-1]))
+    return logits
+
+
+def answered(model, haystack: torch.Tensor, trials: list[Trial], window: int | None = None) -> list[bool]:
+    """Per trial, whether every token of its answer is the model's greedy choice (:func:`answer_logits`)."""
+    return [bool((logits.argmax(-1).cpu() == torch.tensor(trial.answer)).all())
+            for trial, logits in zip(trials, answer_logits(model, haystack, trials, window))]
 
 
 def retrieved(model, ids: torch.Tensor, answer_at: int, window: int | None = None) -> bool:
-    """Whether every token of the answer (ids[answer_at:]) is the model's greedy choice."""
+    """Whether every token of the answer (ids[answer_at:]) is the model's greedy choice, from
+    one forward over the whole prompt (the reference of :func:`answered`)."""
     return all(bool((logits.argmax(-1) == ids[0, start:stop]).all())
                for start, stop, logits in target_logits(model, ids, answer_at, window))
-
-
-passkey_found = retrieved
 
 
 # --------------------------------------------------------------------------- summary
 
 
 def _key(record: dict) -> tuple:
-    return tuple(record.get(k) for k in ("kind", "model", "text", "task", "depth", "context", "boundary", "method",
-                                         "truncation_chunk", "prompts"))
+    fields = ("kind", "model", "text", "task", "needles", "prompt", "context", "boundary", "method")
+    if record.get("kind", "loss") == "loss":
+        fields += ("truncation_chunk",)
+    return tuple(tuple(v) if isinstance(v := record.get(k), list) else v for k in fields)
+
+
+def needle_sets(task: str, depths: list[float]) -> list[tuple[float, ...]]:
+    """The needles of each prompt: passkey one depth a prompt, multikey and vartrack every depth
+    in one prompt (each asked in turn)."""
+    return [(d,) for d in depths] if task == "passkey" else [tuple(depths)]
+
+
+def retrieval_rates(records: list[dict]) -> dict[tuple, list[int]]:
+    """(model, task, context, boundary, method, depth) -> [found, prompts] over the per-prompt lines."""
+    rates: dict[tuple, list[int]] = {}
+    for r in records:
+        if r.get("kind") == "retrieval":
+            for depth, hit in zip(r["needles"], r["found"]):
+                cell = rates.setdefault((r["model"], r["task"], r["context"], r["boundary"], r["method"], depth), [0, 0])
+                cell[0] += bool(hit)
+                cell[1] += 1
+    return rates
 
 
 def _se(values: list[float]) -> float:
@@ -436,19 +500,15 @@ def summarize(records: list[dict]) -> str:
             out.append(f"| {method} | {len(mine)} | {statistics.mean(values):.4f} | {sd} | {text_cell} | {block_cell} | "
                        + " | ".join(cells) + " |")
         out.append("")
-    found = [r for r in records if r.get("kind") == "retrieval"]
-    if found:
+    rates = retrieval_rates(records)
+    if rates:
+        depths = sorted({key[-1] for key in rates})
         out += ["### Retrieval: found / prompts (every answer token the greedy choice)", "",
-                "| model | task | C | L0 | method | " + " | ".join(
-                    f"depth {d:g}" for d in sorted({r['depth'] for r in found})) + " |"]
-        depths = sorted({r["depth"] for r in found})
-        out.append("|---|---|---|---|---|" + "---|" * len(depths))
-        cells: dict[tuple, dict] = {}
-        for r in found:
-            cells.setdefault((r["model"], r["task"], r["context"], r["boundary"], r["method"]), {})[r["depth"]] = r
-        for (model, task, context, boundary, method), row in sorted(cells.items()):
-            out.append(f"| {model} | {task} | {context} | {boundary} | {method} | " + " | ".join(
-                f"{row[d]['found']}/{row[d]['prompts']}" if d in row else "" for d in depths) + " |")
+                "| model | task | C | L0 | method | " + " | ".join(f"depth {d:g}" for d in depths) + " |",
+                "|---|---|---|---|---|" + "---|" * len(depths)]
+        for row in sorted({key[:-1] for key in rates}):
+            out.append("| " + " | ".join(str(v) for v in row) + " | " + " | ".join(
+                f"{rates[row + (d,)][0]}/{rates[row + (d,)][1]}" if row + (d,) in rates else "" for d in depths) + " |")
         out.append("")
     return "\n".join(out)
 
@@ -460,17 +520,17 @@ def figure(records: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    found = [r for r in records if r.get("kind") == "retrieval"]
-    panels = sorted({(r["model"], r["task"], r["method"]) for r in found})
+    rates = retrieval_rates(records)
+    panels = sorted({(model, task, method) for model, task, _, _, method, _ in rates})
     if not panels:
         return
     fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 2.8), squeeze=False)
     for ax, (model, task, method) in zip(axes[0], panels):
-        mine = [r for r in found if (r["model"], r["task"], r["method"]) == (model, task, method)]
-        depths, contexts = sorted({r["depth"] for r in mine}), sorted({r["context"] for r in mine})
+        mine = {key: value for key, value in rates.items() if (key[0], key[1], key[4]) == (model, task, method)}
+        depths, contexts = sorted({key[5] for key in mine}), sorted({key[2] for key in mine})
         grid = torch.full((len(depths), len(contexts)), float("nan"))
-        for r in mine:
-            grid[depths.index(r["depth"]), contexts.index(r["context"])] = r["found"] / r["prompts"]
+        for key, (hits, prompts) in mine.items():
+            grid[depths.index(key[5]), contexts.index(key[2])] = hits / prompts
         ax.imshow(grid.numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto")
         ax.set_xticks(range(len(contexts)), [str(c) for c in contexts], fontsize=7)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
@@ -507,7 +567,9 @@ def run(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--text", default=None, choices=sorted(TEXTS) + sorted(ALIASES), help="one text (issue 26's flag)")
     parser.add_argument("--retrieval", default="", help=f"tasks of {list(RETRIEVAL_TASKS)}, comma-separated")
     parser.add_argument("--retrieval-depths", default="0,0.25,0.5,0.75", help="depths in [0, 1], comma-separated")
-    parser.add_argument("--retrieval-prompts", type=int, default=1, help="prompts per (task, context, depth, method)")
+    parser.add_argument("--retrieval-prompts", type=int, default=1,
+                        help="prompts per (task, context, method): passkey one per depth, multikey and vartrack "
+                             "with a needle at every depth, each asked (prompt i is the same for every method)")
     parser.add_argument("--passkey-depths", default="", help="issue 26's flag: --retrieval passkey at these depths")
     parser.add_argument("--skip-loss", action="store_true", help="retrieval only")
     parser.add_argument("--truncation-chunk", type=int, default=None,
@@ -555,11 +617,11 @@ def run(argv: list[str] | None = None) -> list[dict]:
             todo_texts = [] if args.skip_loss else [t for t in texts if _key(
                 {"kind": "loss", "model": args.model, "text": ALIASES.get(t, t), "context": context, "boundary": boundary,
                  "method": label, "truncation_chunk": chunk if window else None}) not in done]
-            todo_tasks = [(task, depth) for task in tasks for depth in depths if _key(
-                {"kind": "retrieval", "model": args.model, "task": task, "depth": depth, "context": context,
-                 "boundary": boundary, "method": label, "truncation_chunk": chunk if window else None,
-                 "prompts": args.retrieval_prompts}) not in done]
-            if not todo_texts and not todo_tasks:
+            todo_prompts = [(task, needles, i) for task in tasks for needles in needle_sets(task, depths)
+                            for i in range(args.retrieval_prompts) if _key(
+                {"kind": "retrieval", "model": args.model, "task": task, "needles": needles, "prompt": i,
+                 "context": context, "boundary": boundary, "method": label}) not in done]
+            if not todo_texts and not todo_prompts:
                 continue
             method, params = (None, {}) if label == TRUNCATION else resolve(label, context, boundary)
             model = method_model(base, method, factor, boundary, params)
@@ -576,15 +638,13 @@ def run(argv: list[str] | None = None) -> list[dict]:
                             "method": label, **described, "loss_past": loss, "ppl_past": math.exp(loss),
                             "block": BLOCK, "block_losses": block_means(losses),
                             "seconds": round(time.perf_counter() - started, 1)}, done, results)
-            for task, depth in todo_tasks:
+            for task, needles, i in todo_prompts:
                 started = time.perf_counter()
-                rng = random.Random(f"{task}/{context}/{depth}")  # the same prompts for every method
-                hits = 0
-                for _ in range(args.retrieval_prompts):
-                    prompt, answer_at = retrieval_ids(tokenizer, task, context, depth, rng)
-                    hits += retrieved(model, prompt.to(args.device), answer_at, window)
-                _emit(out, {"kind": "retrieval", **common, "task": task, "depth": depth, "context": context,
-                            "method": label, **described, "found": hits, "prompts": args.retrieval_prompts,
+                rng = random.Random(f"{task}/{context}/{needles}/{i}")  # prompt i is the same for every method
+                haystack, trials = retrieval_prompt(tokenizer, task, context, list(needles), rng)
+                found = answered(model, haystack.to(args.device), trials, window)
+                _emit(out, {"kind": "retrieval", **common, "task": task, "needles": list(needles), "prompt": i,
+                            "context": context, "method": label, **described, "found": found,
                             "seconds": round(time.perf_counter() - started, 1)}, done, results)
             if model is not base:
                 del model

@@ -4,8 +4,8 @@ GGUF file; 17 minutes on this project's loaded 2-core machine): deselected by de
 
 Checked against independent references: the exact truncation baseline against one forward per
 target over its last L0 tokens; the plain loss against transformers' own loss; dynamic YaRN at
-a context of s * L0 against static YaRN at s (YaRN paper, section 3.3); the passkey prompt's
-length and key."""
+a context of s * L0 against static YaRN at s (YaRN paper, section 3.3); the retrieval prompts'
+lengths and answers."""
 
 from __future__ import annotations
 
@@ -69,7 +69,9 @@ def test_short_run_writes_a_line_per_method(bench, tmp_path):
         # the block means are the loss's: 128 scored tokens, blocks of 512
         assert r["block_losses"] == [pytest.approx(r["loss_past"])]
     retrieval = [r for r in lines if r["kind"] == "retrieval"]
-    assert {(r["task"], r["depth"], r["prompts"]) for r in retrieval} == {(t, 0.5, 1) for t in ("passkey", "multikey", "vartrack")}
+    assert {(r["task"], tuple(r["needles"]), r["prompt"]) for r in retrieval} == {
+        (t, (0.5,), 0) for t in ("passkey", "multikey", "vartrack")}
+    assert all(len(r["found"]) == 1 for r in retrieval)
     for text in ("stdlib", "topics"):
         # at a context of s * L0 the dynamic YaRN factor is s: static YaRN at s, up to float rounding
         assert by[("dynamic_yarn", text)]["loss_past"] == pytest.approx(by[("yarn", text)]["loss_past"], rel=1e-5)
@@ -82,8 +84,9 @@ def test_short_run_writes_a_line_per_method(bench, tmp_path):
     assert script.run(argv) == []
     summary = (tmp_path / "summary.md").read_text()
     assert "| truncation | 2 |" in summary and "| self_extend_target | 2 |" in summary
-    for task in ("passkey", "multikey", "vartrack"):
-        prompt, answer_at = script.retrieval_ids(tokenizer, task, 384, 0.5, random.Random(0))
-        assert prompt.shape == (1, 384)
-        answer = tokenizer.decode(prompt[0, answer_at:]).strip()
-        assert answer.isdigit() if task != "vartrack" else len(answer.split()) == 4
+    for task, depths in (("passkey", [0.5]), ("multikey", [0.0, 0.5]), ("vartrack", [0.0, 0.5])):
+        haystack, trials = script.retrieval_prompt(tokenizer, task, 384, depths, random.Random(0))
+        assert haystack.shape[1] + max(len(t.question) + len(t.answer) for t in trials) == 384
+        for trial in trials:
+            answer = tokenizer.decode(trial.answer).strip()
+            assert answer.isdigit() if task != "vartrack" else len(answer.split()) == 4

@@ -1,0 +1,131 @@
+"""The retrieval prompts of benchmarks/real_model_extension.py and their cached scoring (issue 36,
+item 2), on a tiny random Llama (2 layers, std 0.2 weights: a wrong position or a wrong context
+moves the logits) and a byte tokenizer; no download.
+
+References: one forward over haystack + question + answer (the script's ``target_logits``) for
+the KV-cache path that asks each question on a copy of the haystack's cache, for the plain
+model, a RoPE scaling (YaRN) and a branch map (Self-Extend); tolerance from the model's own
+float32 noise (its eager against its sdpa attention on the same tokens)."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+from conftest import load_benchmark
+
+transformers = pytest.importorskip("transformers")
+
+from posenc.integrations.transformers import extend_context  # noqa: E402
+
+L0 = 64
+
+
+class ByteTokenizer:
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": list(text.encode("ascii"))}
+
+
+@pytest.fixture(scope="module")
+def script():
+    return load_benchmark("real_model_extension")
+
+
+def _model(attention: str = "sdpa"):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                                      num_key_value_heads=2, num_hidden_layers=2, max_position_embeddings=L0,
+                                      attn_implementation=attention)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.2)
+    return model
+
+
+@pytest.mark.parametrize("task,depths", [("passkey", [0.3]), ("multikey", [0.0, 0.5, 0.9]), ("vartrack", [0.1, 0.6])])
+def test_prompt_holds_each_needle_at_its_depth(script, task, depths):
+    haystack, trials = script.retrieval_prompt(ByteTokenizer(), task, 600, depths, random.Random(0))
+    longest = max(len(t.question) + len(t.answer) for t in trials)
+    assert haystack.shape == (1, 600 - longest) and [t.depth for t in trials] == depths
+    text = bytes(haystack[0].tolist()).decode()
+    for trial in trials:
+        answer = bytes(trial.answer).decode().strip()
+        first = answer.split()[0]  # vartrack: the chain's first name holds the value
+        at = text.index(f" {first} = " if task == "vartrack" else f" {answer}")
+        assert abs(at / len(text) - trial.depth) < 0.1, (task, trial.depth, at / len(text))
+        if task == "vartrack":
+            for before, after in zip(answer.split(), answer.split()[1:]):  # each hop after the name it reads
+                assert text.index(f" {after} = {before}.") > text.index(f" {before} = ")
+
+
+def test_passkey_takes_one_needle_a_prompt(script):
+    with pytest.raises(SystemExit, match="one needle per prompt"):
+        script.retrieval_prompt(ByteTokenizer(), "passkey", 600, [0.1, 0.5], random.Random(0))
+    assert script.needle_sets("passkey", [0.0, 0.5]) == [(0.0,), (0.5,)]
+    assert script.needle_sets("multikey", [0.0, 0.5]) == [(0.0, 0.5)]
+
+
+def _reference(script, model, haystack, trial):
+    """The answer's logits from one forward over haystack + question + answer."""
+    ids = torch.cat([haystack, torch.tensor([trial.question + trial.answer])], dim=1)
+    answer_at = ids.shape[1] - len(trial.answer)
+    return torch.cat([logits for _, _, logits in script.target_logits(model, ids, answer_at)])
+
+
+@pytest.mark.parametrize("method", [None, "yarn", "self_extend"])
+def test_cached_questions_equal_one_forward(script, method):
+    haystack, trials = script.retrieval_prompt(ByteTokenizer(), "multikey", 3 * L0, [0.0, 0.4, 0.8], random.Random(1))
+    with torch.no_grad():
+        noise = (_reference(script, _model("eager"), haystack, trials[0])
+                 - _reference(script, _model("sdpa"), haystack, trials[0])).abs().max().item()
+    tol = max(1e-5, 4 * noise)
+    model = _model()
+    if method == "yarn":
+        model = extend_context(model, "yarn", 3.0, original_max_position_embeddings=L0)
+    elif method == "self_extend":
+        model = extend_context(model, "self_extend", group_size=4, neighbor_window=16)
+    got = script.answer_logits(model, haystack, trials)
+    with torch.no_grad():
+        for trial, logits in zip(trials, got):
+            torch.testing.assert_close(logits, _reference(script, model, haystack, trial), atol=tol, rtol=0)
+        # the check sees a wrong context: the second question asked on the first one's cache
+        cache = model.model(input_ids=haystack, use_cache=True).cache
+        for trial in trials[:2]:
+            ids = torch.tensor([trial.question + trial.answer])
+            hidden = model.model(input_ids=ids, cache=cache, use_cache=True).last_hidden_state
+        stale = script._head(model, hidden[0, len(trials[1].question) - 1:-1])
+        assert (stale - _reference(script, model, haystack, trials[1])).abs().max() > 100 * tol
+
+
+def test_truncation_cuts_the_haystack_to_the_window(script):
+    """Truncation at a window W: each answer sees at most W tokens, the longest trial exactly W
+    at its last answer token; its logits those of one forward over the cut haystack + question
+    + answer."""
+    window = 2 * L0  # a byte tokenizer's question is about L0 tokens
+    haystack, trials = script.retrieval_prompt(ByteTokenizer(), "multikey", 4 * L0, [0.0, 0.9], random.Random(2))
+    model = _model()
+    longest = max(len(t.question) + len(t.answer) for t in trials)
+    cut = haystack[:, -(window - longest + 1):]
+    got = script.answer_logits(model, haystack, trials, window=window)
+    with torch.no_grad():
+        for trial, logits in zip(trials, got):
+            torch.testing.assert_close(logits, _reference(script, model, cut, trial), atol=1e-5, rtol=0)
+            seen = cut.shape[1] + len(trial.question) + len(trial.answer) - 1
+            assert seen <= window and (seen == window) == (len(trial.question) + len(trial.answer) == longest)
+        wider = _reference(script, model, haystack[:, -(window - longest + 2):], trials[0])
+        assert (wider - got[0]).abs().max() > 1e-3  # one token more of context is seen
+
+
+def test_rates_count_each_needle_of_each_prompt(script):
+    line = {"kind": "retrieval", "model": "m", "task": "multikey", "context": 9, "boundary": 4, "method": "x"}
+    records = [dict(line, needles=[0.0, 0.5], prompt=0, found=[True, False]),
+               dict(line, needles=[0.0, 0.5], prompt=1, found=[True, True]),
+               dict(line, needles=[0.0, 0.5], prompt=1, method="y", found=[False, False])]
+    rates = script.retrieval_rates(records)
+    assert rates[("m", "multikey", 9, 4, "x", 0.0)] == [2, 2] and rates[("m", "multikey", 9, 4, "x", 0.5)] == [1, 2]
+    assert rates[("m", "multikey", 9, 4, "y", 0.5)] == [0, 1]
+    assert "| m | multikey | 9 | 4 | x | 2/2 | 1/2 |" in script.summarize(records)
+    assert script._key(records[0]) != script._key(records[1]) != script._key(records[2])
