@@ -172,8 +172,28 @@ def text_files(text: str = "stdlib") -> list[Path]:
     return TEXTS[ALIASES.get(text, text)][1]()
 
 
+def bos_prefix(tokenizer) -> list[int]:
+    """The tokens the tokenizer puts before a text (Gemma's ``<bos>``; none for SmolLM2): every
+    sequence starts with them, as the model was trained (llama.cpp's perplexity does the same)."""
+    marked = tokenizer("x")["input_ids"]
+    plain = tokenizer("x", add_special_tokens=False)["input_ids"]
+    return marked[:len(marked) - len(plain)] if marked[len(marked) - len(plain):] == plain else []
+
+
+def windowed(ids: torch.Tensor, length: int, prefix: list[int]) -> torch.Tensor:
+    """The last ``length`` tokens of ids (1, T), their first ones replaced by ``prefix`` (the BOS)
+    when tokens were cut: a window the model reads as it reads a text's start."""
+    if ids.shape[1] <= length:
+        return ids
+    cut = ids[:, ids.shape[1] - length:].clone()
+    cut[0, :len(prefix)] = torch.tensor(prefix, dtype=cut.dtype)
+    return cut
+
+
 def text_tokens(tokenizer, count: int, text: str = "stdlib") -> torch.Tensor:
-    """The first ``count`` tokens of ``text`` (:data:`TEXTS`), (1, count) int64."""
+    """The first ``count`` tokens of ``text`` (:data:`TEXTS`) after :func:`bos_prefix`, (1, count) int64."""
+    prefix = bos_prefix(tokenizer)
+    count -= len(prefix)
     pieces, ids = [], []
     for path in text_files(text):
         pieces.append(path.read_text(encoding="utf-8", errors="replace"))
@@ -185,7 +205,7 @@ def text_tokens(tokenizer, count: int, text: str = "stdlib") -> torch.Tensor:
         ids = tokenizer("".join(pieces), add_special_tokens=False)["input_ids"]
     if len(ids) < count:
         raise SystemExit(f"--texts: {text} holds {len(ids)} tokens, fewer than {count}")
-    return torch.tensor(ids[:count]).unsqueeze(0)
+    return torch.tensor(prefix + ids[:count]).unsqueeze(0)
 
 
 def stdlib_tokens(tokenizer, count: int, text: str = "stdlib") -> torch.Tensor:
@@ -219,7 +239,7 @@ def _hidden(model, ids: torch.Tensor, prefill_chunk: int | None) -> torch.Tensor
 
 @torch.no_grad()
 def target_logits(model, ids: torch.Tensor, first: int, window: int | None = None, chunk: int = 1024,
-                  prefill_chunk: int | None = None):
+                  prefill_chunk: int | None = None, prefix: tuple[int, ...] = ()):
     """Yield (start, stop, logits (stop - start, vocab) float32) for the targets ids[first:], a
     chunk at a time (4096 x 49152 float32 logits would be 0.8 GB).
 
@@ -227,8 +247,8 @@ def target_logits(model, ids: torch.Tensor, first: int, window: int | None = Non
     ``window`` W: truncation; the targets of a chunk [a, b) come from one forward over
     ids[b - 1 - W : b - 1], so each sees its last W - (b - a) + 1 to W tokens, never more
     (a sliding-window mask is not the same: a key's hidden state in layer l > 0 would still
-    carry what it saw before the window). ``prefill_chunk``: each forward in chunks
-    (:func:`prefill`)."""
+    carry what it saw before the window); the window's first tokens are ``prefix`` (the BOS:
+    :func:`windowed`). ``prefill_chunk``: each forward in chunks (:func:`prefill`)."""
     if window is None:
         hidden = _hidden(model, ids, prefill_chunk)
         for start in range(first, ids.shape[1], chunk):
@@ -238,7 +258,7 @@ def target_logits(model, ids: torch.Tensor, first: int, window: int | None = Non
     for start in range(first, ids.shape[1], chunk):
         stop = min(ids.shape[1], start + chunk)
         begin = max(0, stop - 1 - window)
-        hidden = _hidden(model, ids[:, begin:stop - 1], prefill_chunk)
+        hidden = _hidden(model, windowed(ids[:, :stop - 1], window, list(prefix)), prefill_chunk)
         yield start, stop, _head(model, hidden[0, start - 1 - begin:])
 
 
@@ -250,10 +270,10 @@ def _head(model, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def token_losses_past(model, ids: torch.Tensor, boundary: int, window: int | None = None,
-                      chunk: int = 1024, prefill_chunk: int | None = None) -> torch.Tensor:
+                      chunk: int = 1024, prefill_chunk: int | None = None, prefix: tuple[int, ...] = ()) -> torch.Tensor:
     """The cross-entropy (nats, float64 (T - boundary,)) of each token ids[boundary:]."""
     losses = [F.cross_entropy(logits.double(), ids[0, start:stop], reduction="none")
-              for start, stop, logits in target_logits(model, ids, boundary, window, chunk, prefill_chunk)]
+              for start, stop, logits in target_logits(model, ids, boundary, window, chunk, prefill_chunk, prefix)]
     return torch.cat(losses)
 
 
@@ -423,24 +443,25 @@ def retrieval_prompt(tokenizer, task: str, length: int, depths: list[float],
     else:
         raise SystemExit(f"--retrieval: unknown task {task!r}; choose from {list(RETRIEVAL_TASKS)}")
     longest = max(len(t.question) + len(t.answer) for t in trials)
-    room = length - sum(len(tokens) for _, tokens in needles) - longest
+    prefix = bos_prefix(tokenizer)
+    room = length - len(prefix) - sum(len(tokens) for _, tokens in needles) - longest
     if room < 1:
         raise SystemExit(f"--contexts: {length} tokens are too few for a {task} prompt")
-    return torch.tensor(_place(_filler(encode, room), needles)).unsqueeze(0), trials
+    return torch.tensor(prefix + _place(_filler(encode, room), needles)).unsqueeze(0), trials
 
 
 @torch.no_grad()
 def answer_logits(model, haystack: torch.Tensor, trials: list[Trial], window: int | None = None,
-                  prefill_chunk: int | None = None) -> list[torch.Tensor]:
+                  prefill_chunk: int | None = None, prefix: tuple[int, ...] = ()) -> list[torch.Tensor]:
     """Per trial, the logits (len(answer), vocab) float32 that predict its answer tokens after
     the haystack and its question: one forward over the haystack into transformers' KV cache,
     then each question and answer on a copy of it (the logits of one forward over haystack +
     question + answer; tests/test_real_model_retrieval.py). ``window`` W: truncation, the
     haystack cut to its last W - (longest question and answer) + 1 tokens, so that no answer
-    token is predicted from more than W tokens."""
+    token is predicted from more than W tokens, the first ones ``prefix`` (:func:`windowed`)."""
     longest = max(len(t.question) + len(t.answer) for t in trials)
     if window is not None:
-        haystack = haystack[:, max(0, haystack.shape[1] - (window - longest + 1)):]
+        haystack = windowed(haystack, window - longest + 1, list(prefix))
     cache = prefill(model, haystack, prefill_chunk)[1]
     logits = []
     for trial in trials:
@@ -451,10 +472,10 @@ def answer_logits(model, haystack: torch.Tensor, trials: list[Trial], window: in
 
 
 def answered(model, haystack: torch.Tensor, trials: list[Trial], window: int | None = None,
-             prefill_chunk: int | None = None) -> list[bool]:
+             prefill_chunk: int | None = None, prefix: tuple[int, ...] = ()) -> list[bool]:
     """Per trial, whether every token of its answer is the model's greedy choice (:func:`answer_logits`)."""
-    return [bool((logits.argmax(-1).cpu() == torch.tensor(trial.answer)).all())
-            for trial, logits in zip(trials, answer_logits(model, haystack, trials, window, prefill_chunk))]
+    logits = answer_logits(model, haystack, trials, window, prefill_chunk, prefix)
+    return [bool((row.argmax(-1).cpu() == torch.tensor(trial.answer)).all()) for trial, row in zip(trials, logits)]
 
 
 def retrieved(model, ids: torch.Tensor, answer_at: int, window: int | None = None) -> bool:
@@ -638,8 +659,9 @@ def run(argv: list[str] | None = None) -> list[dict]:
     done, results = {_key(r) for r in previous}, []
     base, tokenizer = load(args.model)
     base.to(args.device)
+    prefix = tuple(bos_prefix(tokenizer))
     common = {"model": args.model, "boundary": boundary, "threads": args.threads, "device": args.device,
-              "torch": torch.__version__, "prefill_chunk": prefill_chunk}
+              "torch": torch.__version__, "prefill_chunk": prefill_chunk, "bos": list(prefix)}
     for context in contexts:
         factor = context / boundary
         for label in chosen:
@@ -663,7 +685,8 @@ def run(argv: list[str] | None = None) -> list[dict]:
             for text in todo_texts:
                 started = time.perf_counter()
                 ids = text_tokens(tokenizer, context, text).to(args.device)
-                losses = token_losses_past(model, ids, boundary, window, chunk if window else 1024, prefill_chunk).cpu()
+                losses = token_losses_past(model, ids, boundary, window, chunk if window else 1024, prefill_chunk,
+                                           prefix).cpu()
                 loss = losses.mean().item()
                 _emit(out, {"kind": "loss", **common, "text": ALIASES.get(text, text), "context": context,
                             "method": label, **described, "loss_past": loss, "ppl_past": math.exp(loss),
@@ -673,7 +696,7 @@ def run(argv: list[str] | None = None) -> list[dict]:
                 started = time.perf_counter()
                 rng = random.Random(f"{task}/{context}/{needles}/{i}")  # prompt i is the same for every method
                 haystack, trials = retrieval_prompt(tokenizer, task, context, list(needles), rng)
-                found = answered(model, haystack.to(args.device), trials, window, prefill_chunk)
+                found = answered(model, haystack.to(args.device), trials, window, prefill_chunk, prefix)
                 _emit(out, {"kind": "retrieval", **common, "task": task, "needles": list(needles), "prompt": i,
                             "context": context, "method": label, **described, "found": found,
                             "seconds": round(time.perf_counter() - started, 1)}, done, results)

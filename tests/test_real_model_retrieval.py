@@ -171,3 +171,46 @@ def test_chunked_prefill_equals_one_forward_on_gemma3(script, method):
         forgetful = torch.cat([model.model(input_ids=ids[:, s:s + 16]).last_hidden_state
                                for s in range(0, ids.shape[1], 16)], dim=1)
         assert (forgetful - whole).abs().max() > 100 * tol
+
+
+class BosTokenizer(ByteTokenizer):
+    """A byte tokenizer that puts a BOS (id 2) before every text, as Gemma's does."""
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        ids = super().__call__(text)["input_ids"]
+        return {"input_ids": [2] + ids if add_special_tokens else ids}
+
+
+def test_every_sequence_starts_with_the_tokenizers_bos(script):
+    assert script.bos_prefix(BosTokenizer()) == [2] and script.bos_prefix(ByteTokenizer()) == []
+    ids = script.text_tokens(BosTokenizer(), 50, "stdlib")
+    assert ids.shape == (1, 50) and ids[0, 0] == 2 and torch.equal(ids[0, 1:], script.text_tokens(ByteTokenizer(), 49)[0])
+    haystack, trials = script.retrieval_prompt(BosTokenizer(), "passkey", 400, [0.5], random.Random(0))
+    assert haystack[0, 0] == 2 and haystack.shape[1] + len(trials[0].question) + len(trials[0].answer) == 400
+    # a window keeps its length, its first token the BOS; a sequence that fits is left alone
+    seq = torch.arange(10, 30).unsqueeze(0)
+    assert script.windowed(seq, 6, [2]).tolist() == [[2, 25, 26, 27, 28, 29]]
+    assert script.windowed(seq, 6, []).tolist() == [[24, 25, 26, 27, 28, 29]]
+    assert script.windowed(seq, 20, [2]) is seq
+
+
+def test_truncation_windows_start_with_the_bos(script):
+    """Each truncation forward (loss and retrieval) reads BOS + the last tokens, as one forward
+    over that window does."""
+    model = _model()
+    ids = torch.cat([torch.tensor([[2]]), torch.randint(3, 128, (1, 99), generator=torch.Generator().manual_seed(4))], 1)
+    window = 40
+    got = torch.cat([logits for _, _, logits in script.target_logits(model, ids, 60, window, 1, prefix=(2,))])
+    with torch.no_grad():
+        for row, target in enumerate(range(60, 100)):
+            context = torch.cat([torch.tensor([[2]]), ids[:, target - window + 1:target]], 1)
+            want = model(context).logits[0, -1]
+            torch.testing.assert_close(got[row], want, atol=1e-5, rtol=0)
+    haystack, trials = script.retrieval_prompt(BosTokenizer(), "multikey", 4 * L0, [0.0, 0.9], random.Random(2))
+    longest = max(len(t.question) + len(t.answer) for t in trials)
+    cut = script.windowed(haystack, 2 * L0 - longest + 1, [2])
+    assert cut[0, 0] == 2
+    got = script.answer_logits(model, haystack, trials, window=2 * L0, prefix=(2,))
+    with torch.no_grad():
+        for trial, logits in zip(trials, got):
+            torch.testing.assert_close(logits, _reference(script, model, cut, trial), atol=1e-5, rtol=0)
