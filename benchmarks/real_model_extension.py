@@ -24,8 +24,9 @@ predicted from every token before it, and the means of its blocks of 512 scored 
 paired standard errors). Methods (:data:`METHODS`): ``plain`` (the model as loaded); the RoPE
 scalings at s = C / L0 (``extend_context(model, method, s, original_max_position_embeddings=L0)``);
 the training-free maps with their published defaults for L0, or fitted to C
-(``extend_context(model, method, target_length=C)``: ``*_target``; ``self_extend_wide``: the
-neighbor window 7 L0 / 8, the group fitted to C); ``truncation``: the plain model, each target
+(``extend_context(model, method, target_length=C)``: ``*_target``; ``self_extend_wide`` and
+``leaky_rerope_wide``: the local window 7 L0 / 8, the group or scaling factor fitted to C);
+``truncation``: the plain model, each target
 predicted from its last L0 tokens only, in chunks of ``--truncation-chunk`` (default L0 / 8)
 targets per forward over the L0 tokens before the chunk's last target (each target sees
 L0 - chunk + 1 to L0 tokens, at least 7/8 of L0; 1 is exact).
@@ -296,7 +297,7 @@ def block_means(losses: torch.Tensor, block: int = BLOCK) -> list[float]:
 #: None is the model as loaded. ``truncation`` is added by the script (the plain model, a window of L0).
 #: params: a dict (the map's published defaults for L0 with these on top), ``"target"``
 #: (``target_length=C``: the method's own rule, :func:`posenc.hf_config.extension.fit_to_length`),
-#: ``"wide"`` (Self-Extend with the neighbor window 7 L0 / 8, the group fitted to C) or ``"qwen"``
+#: ``"wide"`` (the local window 7 L0 / 8, the far keys' factor fitted to C) or ``"qwen"``
 #: (DCA in Qwen2.5-1M's shape).
 METHODS: list[tuple[str, str | None, dict | str]] = [
     ("plain", None, {}),
@@ -312,6 +313,7 @@ METHODS: list[tuple[str, str | None, dict | str]] = [
     ("lm_infinite", "lm_infinite", {}),
     ("streaming_llm", "streaming_llm", {}),
     ("self_extend_wide", "self_extend", "wide"),
+    ("leaky_rerope_wide", "leaky_rerope", "wide"),
     ("self_extend_target", "self_extend", "target"),
     ("leaky_rerope_target", "leaky_rerope", "target"),
     ("string_target", "string", "target"),
@@ -322,20 +324,27 @@ TRUNCATION = "truncation"
 RENAMED = {"self_extend_fit": "self_extend_wide"}
 
 
-def fitted_params(rule: str, context: int, boundary: int) -> dict:
+#: the local window's parameter of each method with a ``wide`` row
+WIDE_WINDOW = {"self_extend": "neighbor_window", "leaky_rerope": "window"}
+
+
+def fitted_params(rule: str, context: int, boundary: int, method: str = "self_extend") -> dict:
     """The keyword arguments of ``extend_context`` for a parameter rule of :data:`METHODS`:
 
     - ``target``: ``target_length=C`` (the method's rule);
-    - ``wide`` (Self-Extend): neighbor_window 7 L0 / 8, the nearest 7/8 of the training length at
-      their trained positions as truncation keeps them, and the smallest group that keeps every
-      grouped position below L0 (``target_length=C``; LongLM README sec. 4);
+    - ``wide``: the local window 7 L0 / 8, the nearest 7/8 of the training length at their
+      trained positions as truncation keeps them, the far keys squeezed by the smallest factor
+      that keeps every position below L0 (``target_length=C``): Self-Extend's neighbor_window
+      and group (LongLM README sec. 4), Leaky ReRoPE's window and scaling_factor (its far keys
+      at fractional positions w + (d - w) / k: the order of neighbouring tokens kept, where
+      Self-Extend's floor gives G of them one position);
     - ``qwen`` (DCA): Qwen2.5-1M's ``dual_chunk_attention_config`` shape, chunk_size = L0 and
       local_size = L0 / 32 (Qwen2.5-7B-Instruct-1M: 262144 and 8192).
     """
     if rule == "target":
         return {"target_length": context}
     if rule == "wide":
-        return {"neighbor_window": 7 * boundary // 8, "target_length": context}
+        return {WIDE_WINDOW[method]: 7 * boundary // 8, "target_length": context}
     if rule == "qwen":
         return {"chunk_size": boundary, "local_size": boundary // 32}
     raise SystemExit(f"unknown parameter rule {rule!r}")
@@ -362,7 +371,7 @@ def method_model(base, method: str | None, factor: float, boundary: int, params:
 def resolve(label: str, context: int, boundary: int) -> tuple[str | None, dict]:
     """(extend_context method, its keyword arguments) of a :data:`METHODS` label."""
     _, method, params = next(m for m in METHODS if m[0] == label)
-    return method, fitted_params(params, context, boundary) if isinstance(params, str) else dict(params)
+    return method, fitted_params(params, context, boundary, method) if isinstance(params, str) else dict(params)
 
 
 # --------------------------------------------------------------------------- retrieval
