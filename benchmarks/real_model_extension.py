@@ -551,7 +551,8 @@ def summarize(records: list[dict]) -> str:
                                                             by[(TRUNCATION, t)].get("block_losses") or [])]
             cells = [f"{by[(method, t)]['loss_past'] - by[(TRUNCATION, t)]['loss_past']:+.4f}"
                      if (method, t) in by and (TRUNCATION, t) in by else "" for t in texts]
-            text_cell = f"{statistics.mean(diffs):+.4f} ± {_se(diffs):.4f}" if diffs else ""
+            text_cell = (f"{statistics.mean(diffs):+.4f} ± {_se(diffs):.4f}" if len(diffs) > 1
+                         else f"{diffs[0]:+.4f}" if diffs else "")
             block_cell = f"{statistics.mean(blocks):+.4f} ± {_se(blocks):.4f}" if blocks else ""
             sd = f"{statistics.stdev(values):.4f}" if len(values) > 1 else ""
             out.append(f"| {method} | {len(mine)} | {statistics.mean(values):.4f} | {sd} | {text_cell} | {block_cell} | "
