@@ -38,11 +38,15 @@ def _model(attention: str = "sdpa"):
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4,
                                       num_key_value_heads=2, num_hidden_layers=2, max_position_embeddings=L0,
                                       attn_implementation=attention)
-    model = transformers.LlamaForCausalLM(config).eval()
+    return _randomized(transformers.LlamaForCausalLM(config))
+
+
+def _randomized(model):
+    """Every parameter drawn with std 0.2 (a wrong position or context moves the logits)."""
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.normal_(0.0, 0.2)
-    return model
+    return model.eval()
 
 
 @pytest.mark.parametrize("task,depths", [("passkey", [0.3]), ("multikey", [0.0, 0.5, 0.9]), ("vartrack", [0.1, 0.6])])
@@ -68,6 +72,16 @@ def test_passkey_takes_one_needle_a_prompt(script):
     assert script.needle_sets("multikey", [0.0, 0.5]) == [(0.0, 0.5)]
 
 
+def _extended(model, method: str | None):
+    """The model as it is, with YaRN x3, or with Self-Extend (group 4, window 16): a RoPE
+    scaling and a branch map, both past L0 on 3 L0 tokens."""
+    if method == "yarn":
+        return extend_context(model, "yarn", 3.0, original_max_position_embeddings=L0)
+    if method == "self_extend":
+        return extend_context(model, "self_extend", group_size=4, neighbor_window=16)
+    return model
+
+
 def _reference(script, model, haystack, trial):
     """The answer's logits from one forward over haystack + question + answer."""
     ids = torch.cat([haystack, torch.tensor([trial.question + trial.answer])], dim=1)
@@ -82,11 +96,7 @@ def test_cached_questions_equal_one_forward(script, method):
         noise = (_reference(script, _model("eager"), haystack, trials[0])
                  - _reference(script, _model("sdpa"), haystack, trials[0])).abs().max().item()
     tol = max(1e-5, 4 * noise)
-    model = _model()
-    if method == "yarn":
-        model = extend_context(model, "yarn", 3.0, original_max_position_embeddings=L0)
-    elif method == "self_extend":
-        model = extend_context(model, "self_extend", group_size=4, neighbor_window=16)
+    model = _extended(_model(), method)
     got = script.answer_logits(model, haystack, trials)
     with torch.no_grad():
         for trial, logits in zip(trials, got):
@@ -140,11 +150,7 @@ def _gemma3(attention: str = "sdpa"):
         layer_types=["sliding_attention"] * 3 + ["full_attention"], attn_implementation=attention,
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "default", "rope_theta": 1e6}})
-    model = transformers.Gemma3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.2)
-    return model
+    return _randomized(transformers.Gemma3ForCausalLM(config))
 
 
 @pytest.mark.parametrize("method", [None, "yarn", "self_extend"])
@@ -158,11 +164,7 @@ def test_chunked_prefill_equals_one_forward_on_gemma3(script, method):
         noise = (_gemma3("eager").model(input_ids=ids).last_hidden_state
                  - _gemma3("sdpa").model(input_ids=ids).last_hidden_state).abs().max().item()
     tol = max(1e-5, 4 * noise)
-    model = _gemma3()
-    if method == "yarn":
-        model = extend_context(model, "yarn", 3.0, original_max_position_embeddings=L0)
-    elif method == "self_extend":
-        model = extend_context(model, "self_extend", group_size=4, neighbor_window=16)
+    model = _extended(_gemma3(), method)
     with torch.no_grad():
         whole = model.model(input_ids=ids, use_cache=False).last_hidden_state
         chunked, cache = script.prefill(model, ids, 16)
