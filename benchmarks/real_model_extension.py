@@ -15,7 +15,9 @@ different kinds: ``stdlib`` (every top-level ``*.py`` of the standard library in
 concatenated: many short files), ``pydecimal`` (``_pydecimal.py``, the largest module: names
 recur tens of thousands of tokens after their definition), ``turtle`` (``turtle.py``, a long
 module heavy with docstrings), ``topics`` (``pydoc_data/topics.py``: the language reference's
-English prose), ``headers`` (CPython's C headers, ``include/python3.X/**/*.h`` sorted).
+English prose), ``headers`` (CPython's C headers, ``include/python3.X/**/*.h`` sorted),
+``tkinter`` (the package's modules sorted: the fifth text where ``turtle``, 37-40k tokens, is
+too short).
 
 **Loss** (one JSON line per text, context C and method, appended to ``--out`` as it finishes;
 a rerun skips what ``--out`` has): the mean loss (nats per token) of the tokens at indices >=
@@ -164,6 +166,9 @@ TEXTS: dict[str, tuple[str, Callable[[], list[Path]]]] = {
                lambda: [_stdlib() / "pydoc_data" / "topics.py"]),
     "headers": ("CPython's C headers, include/python3.X/**/*.h sorted, concatenated (C)",
                 lambda: sorted(Path(sysconfig.get_paths()["include"]).rglob("*.h"))),
+    # turtle.py is 39.5k Gemma tokens: Gemma 3 past 32k reads this package in its place
+    "tkinter": ("the tkinter package's modules, sorted, concatenated (Python wrapping Tcl/Tk, docstrings)",
+                lambda: sorted((_stdlib() / "tkinter").rglob("*.py"))),
 }
 ALIASES = {"longest": "pydecimal"}
 
