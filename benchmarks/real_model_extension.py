@@ -489,7 +489,17 @@ def answered(model, haystack: torch.Tensor, trials: list[Trial], window: int | N
              prefill_chunk: int | None = None, prefix: tuple[int, ...] = ()) -> list[bool]:
     """Per trial, whether every token of its answer is the model's greedy choice (:func:`answer_logits`)."""
     logits = answer_logits(model, haystack, trials, window, prefill_chunk, prefix)
-    return [bool((row.argmax(-1).cpu() == torch.tensor(trial.answer)).all()) for trial, row in zip(trials, logits)]
+    return [answer_score(trial, row.cpu())["found"] for trial, row in zip(trials, logits)]
+
+
+def answer_score(trial: Trial, logits: torch.Tensor) -> dict:
+    """found (every answer token the greedy choice), tokens_right (how many are) and answer_nll
+    (the answer's summed cross-entropy, nats) of one trial's answer logits (len(answer), vocab):
+    a model that misses by one digit is told apart from one that has no idea."""
+    answer = torch.tensor(trial.answer)
+    right = int((logits.argmax(-1) == answer).sum())
+    return {"found": right == len(trial.answer), "tokens_right": right,
+            "answer_nll": round(F.cross_entropy(logits.double(), answer, reduction="sum").item(), 4)}
 
 
 def retrieved(model, ids: torch.Tensor, answer_at: int, window: int | None = None) -> bool:
@@ -525,6 +535,16 @@ def retrieval_rates(records: list[dict]) -> dict[tuple, list[int]]:
                 cell[0] += bool(hit)
                 cell[1] += 1
     return rates
+
+
+def answer_nlls(records: list[dict]) -> dict[tuple, float]:
+    """The cells of :func:`retrieval_rates` -> the mean answer NLL (nats) over the prompts that recorded it."""
+    sums: dict[tuple, list[float]] = {}
+    for r in records:
+        if r.get("kind") == "retrieval" and r.get("answer_nll"):
+            for depth, nll in zip(r["needles"], r["answer_nll"]):
+                sums.setdefault((r["model"], r["task"], r["context"], r["boundary"], r["method"], depth), []).append(nll)
+    return {cell: statistics.mean(values) for cell, values in sums.items()}
 
 
 def _se(values: list[float]) -> float:
@@ -563,17 +583,25 @@ def summarize(records: list[dict]) -> str:
             out.append(f"| {method} | {len(mine)} | {statistics.mean(values):.4f} | {sd} | {text_cell} | {block_cell} | "
                        + " | ".join(cells) + " |")
         out.append("")
-    rates = retrieval_rates(records)
+    rates, nlls = retrieval_rates(records), answer_nlls(records)
     if rates:
         depths = sorted({key[-1] for key in rates})
-        out += ["### Retrieval: found / prompts (every answer token the greedy choice)", "",
+        out += ["### Retrieval: found / prompts (every answer token the greedy choice); the answer's mean NLL "
+                "(nats, summed over its tokens) in brackets", "",
                 "| model | task | C | L0 | method | " + " | ".join(f"depth {d:g}" for d in depths) + " |",
                 "|---|---|---|---|---|" + "---|" * len(depths)]
         for row in sorted({key[:-1] for key in rates}):
             out.append("| " + " | ".join(str(v) for v in row) + " | " + " | ".join(
-                f"{rates[row + (d,)][0]}/{rates[row + (d,)][1]}" if row + (d,) in rates else "" for d in depths) + " |")
+                _rate_cell(rates, nlls, row + (d,)) for d in depths) + " |")
         out.append("")
     return "\n".join(out)
+
+
+def _rate_cell(rates: dict, nlls: dict, cell: tuple) -> str:
+    if cell not in rates:
+        return ""
+    found, prompts = rates[cell]
+    return f"{found}/{prompts}" + (f" ({nlls[cell]:.2f})" if cell in nlls else "")
 
 
 def figure(records: list[dict], path: Path) -> None:
@@ -711,9 +739,13 @@ def run(argv: list[str] | None = None) -> list[dict]:
                 started = time.perf_counter()
                 rng = random.Random(f"{task}/{context}/{needles}/{i}")  # prompt i is the same for every method
                 haystack, trials = retrieval_prompt(tokenizer, task, context, list(needles), rng)
-                found = answered(model, haystack.to(args.device), trials, window, prefill_chunk, prefix)
+                logits = answer_logits(model, haystack.to(args.device), trials, window, prefill_chunk, prefix)
+                scores = [answer_score(trial, row.cpu()) for trial, row in zip(trials, logits)]
                 _emit(out, {"kind": "retrieval", **common, "task": task, "needles": list(needles), "prompt": i,
-                            "context": context, "method": label, **described, "found": found,
+                            "context": context, "method": label, **described,
+                            "found": [score["found"] for score in scores],
+                            "tokens_right": [score["tokens_right"] for score in scores],
+                            "answer_nll": [score["answer_nll"] for score in scores],
                             "seconds": round(time.perf_counter() - started, 1)}, done, results)
             if model is not base:
                 del model

@@ -216,3 +216,19 @@ def test_truncation_windows_start_with_the_bos(script):
     with torch.no_grad():
         for trial, logits in zip(trials, got):
             torch.testing.assert_close(logits, _reference(script, model, cut, trial), atol=1e-5, rtol=0)
+
+
+def test_answer_score_counts_right_tokens_and_the_answers_nll(script):
+    trial = script.Trial(0.5, [1, 2], [7, 8, 9])
+    logits = torch.full((3, 10), -30.0)
+    logits[0, 7], logits[1, 3], logits[2, 9] = 0.0, 0.0, 0.0  # the second token wrong
+    score = script.answer_score(trial, logits)
+    assert score["found"] is False and score["tokens_right"] == 2
+    assert score["answer_nll"] == pytest.approx(-torch.log_softmax(logits.double(), -1)[[0, 1, 2], [7, 8, 9]].sum().item(),
+                                                abs=1e-4)
+    logits[1, 8] = 1.0
+    assert script.answer_score(trial, logits)["found"] is True
+    line = {"kind": "retrieval", "model": "m", "task": "passkey", "context": 9, "boundary": 4, "method": "x",
+            "needles": [0.0], "prompt": 0, "found": [True], "answer_nll": [0.5]}
+    assert "| m | passkey | 9 | 4 | x | 1/2 (0.75) |" in script.summarize(
+        [line, dict(line, prompt=1, found=[False], answer_nll=[1.0])])
