@@ -27,7 +27,8 @@ paired standard errors). Methods (:data:`METHODS`): ``plain`` (the model as load
 scalings at s = C / L0 (``extend_context(model, method, s, original_max_position_embeddings=L0)``);
 the training-free maps with their published defaults for L0, or fitted to C
 (``extend_context(model, method, target_length=C)``: ``*_target``; ``self_extend_wide`` and
-``leaky_rerope_wide``: the local window 7 L0 / 8, the group or scaling factor fitted to C);
+``leaky_rerope_wide``: the local window 7 L0 / 8, the group or scaling factor fitted to C;
+``*_half``: the local window L0 / 2);
 ``truncation``: the plain model, each target
 predicted from its last L0 tokens only, in chunks of ``--truncation-chunk`` (default L0 / 8)
 targets per forward over the L0 tokens before the chunk's last target (each target sees
@@ -302,7 +303,7 @@ def block_means(losses: torch.Tensor, block: int = BLOCK) -> list[float]:
 #: None is the model as loaded. ``truncation`` is added by the script (the plain model, a window of L0).
 #: params: a dict (the map's published defaults for L0 with these on top), ``"target"``
 #: (``target_length=C``: the method's own rule, :func:`posenc.hf_config.extension.fit_to_length`),
-#: ``"wide"`` (the local window 7 L0 / 8, the far keys' factor fitted to C) or ``"qwen"``
+#: ``"wide"`` / ``"half"`` (the local window 7 L0 / 8 or L0 / 2, the far keys' factor fitted to C) or ``"qwen"``
 #: (DCA in Qwen2.5-1M's shape).
 METHODS: list[tuple[str, str | None, dict | str]] = [
     ("plain", None, {}),
@@ -319,6 +320,8 @@ METHODS: list[tuple[str, str | None, dict | str]] = [
     ("streaming_llm", "streaming_llm", {}),
     ("self_extend_wide", "self_extend", "wide"),
     ("leaky_rerope_wide", "leaky_rerope", "wide"),
+    ("self_extend_half", "self_extend", "half"),
+    ("leaky_rerope_half", "leaky_rerope", "half"),
     ("self_extend_target", "self_extend", "target"),
     ("leaky_rerope_target", "leaky_rerope", "target"),
     ("string_target", "string", "target"),
@@ -343,6 +346,9 @@ def fitted_params(rule: str, context: int, boundary: int, method: str = "self_ex
       and group (LongLM README sec. 4), Leaky ReRoPE's window and scaling_factor (its far keys
       at fractional positions w + (d - w) / k: the order of neighbouring tokens kept, where
       Self-Extend's floor gives G of them one position);
+    - ``half``: the same with the local window L0 / 2 (LongLM's README suggests a neighbor window
+      of L0 / 4 to L0 / 2): more room below L0 for the far keys, so a smaller factor (2 at C =
+      1.5 L0 where ``wide`` needs 6), at the price of squeezing the keys L0 / 2 to 7 L0 / 8 back;
     - ``qwen`` (DCA): Qwen2.5-1M's ``dual_chunk_attention_config`` shape, chunk_size = L0 and
       local_size = L0 / 32 (Qwen2.5-7B-Instruct-1M: 262144 and 8192).
     """
@@ -350,6 +356,8 @@ def fitted_params(rule: str, context: int, boundary: int, method: str = "self_ex
         return {"target_length": context}
     if rule == "wide":
         return {WIDE_WINDOW[method]: 7 * boundary // 8, "target_length": context}
+    if rule == "half":
+        return {WIDE_WINDOW[method]: boundary // 2, "target_length": context}
     if rule == "qwen":
         return {"chunk_size": boundary, "local_size": boundary // 32}
     raise SystemExit(f"unknown parameter rule {rule!r}")
