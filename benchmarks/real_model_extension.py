@@ -613,32 +613,40 @@ def _rate_cell(rates: dict, nlls: dict, cell: tuple) -> str:
 
 
 def figure(records: list[dict], path: Path) -> None:
-    """Retrieval maps: one panel per (task, method), depth x context, the rate in each cell."""
+    """Retrieval maps: a row of panels per (model, task), a panel per method, depth x context,
+    each cell its found / prompts (coloured by the rate)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rates = retrieval_rates(records)
-    panels = sorted({(model, task, method) for model, task, _, _, method, _ in rates})
-    if not panels:
+    rows = sorted({(model, task) for model, task, *_ in rates})
+    methods = sorted({key[4] for key in rates})
+    if not rows:
         return
-    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 2.8), squeeze=False)
-    for ax, (model, task, method) in zip(axes[0], panels):
-        mine = {key: value for key, value in rates.items() if (key[0], key[1], key[4]) == (model, task, method)}
-        depths, contexts = sorted({key[5] for key in mine}), sorted({key[2] for key in mine})
-        grid = torch.full((len(depths), len(contexts)), float("nan"))
-        for key, (hits, prompts) in mine.items():
-            grid[depths.index(key[5]), contexts.index(key[2])] = hits / prompts
-        ax.imshow(grid.numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto")
-        ax.set_xticks(range(len(contexts)), [str(c) for c in contexts], fontsize=7)
-        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
-        for (i, j), value in zip(((i, j) for i in range(len(depths)) for j in range(len(contexts))), grid.flatten()):
-            if not math.isnan(value):
-                ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=7, color="w" if value < 0.5 else "k")
-        ax.set_title(f"{model} {task}\n{method}", fontsize=8)
-        ax.set_xlabel("context C", fontsize=7)
-    axes[0][0].set_ylabel("depth of the needle", fontsize=7)
+    fig, axes = plt.subplots(len(rows), len(methods), figsize=(2.3 * len(methods), 2.4 * len(rows)), squeeze=False)
+    for r, (model, task) in enumerate(rows):
+        for c, method in enumerate(methods):
+            ax = axes[r][c]
+            mine = {key: value for key, value in rates.items() if (key[0], key[1], key[4]) == (model, task, method)}
+            if not mine:
+                ax.axis("off")
+                continue
+            depths, contexts = sorted({key[5] for key in mine}), sorted({key[2] for key in mine})
+            grid = torch.full((len(depths), len(contexts)), float("nan"))
+            for key, (hits, prompts) in mine.items():
+                i, j = depths.index(key[5]), contexts.index(key[2])
+                grid[i, j] = hits / prompts
+                ax.text(j, i, f"{hits}/{prompts}", ha="center", va="center", fontsize=7,
+                        color="w" if hits / prompts < 0.5 else "k")
+            ax.imshow(grid.numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto")
+            ax.set_xticks(range(len(contexts)), [str(x) for x in contexts], fontsize=7)
+            ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
+            ax.set_title(f"{model} {task}\n{method}", fontsize=8)
+            ax.set_xlabel("context C", fontsize=7)
+            if c == 0:
+                ax.set_ylabel("depth of the needle", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
