@@ -594,8 +594,8 @@ def summarize(records: list[dict]) -> str:
     rates, nlls = retrieval_rates(records), answer_nlls(records)
     if rates:
         depths = sorted({key[-1] for key in rates})
-        out += ["### Retrieval: found / prompts (every answer token the greedy choice); the answer's mean NLL "
-                "(nats, summed over its tokens) in brackets", "",
+        out += [("### Retrieval: found / prompts (every answer token the greedy choice); the answer's mean NLL "
+                 "(nats, summed over its tokens) in brackets"), "",
                 "| model | task | C | L0 | method | " + " | ".join(f"depth {d:g}" for d in depths) + " |",
                 "|---|---|---|---|---|" + "---|" * len(depths)]
         for row in sorted({key[:-1] for key in rates}):

@@ -9,7 +9,6 @@ float32 noise (its eager against its sdpa attention on the same tokens)."""
 
 from __future__ import annotations
 
-import copy
 import random
 
 import pytest
@@ -18,7 +17,7 @@ from conftest import load_benchmark
 
 transformers = pytest.importorskip("transformers")
 
-from posenc.integrations.transformers import extend_context  # noqa: E402
+from posenc.integrations.transformers import extend_context
 
 L0 = 64
 
