@@ -90,7 +90,7 @@ import random
 import statistics
 import sysconfig
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,13 +187,13 @@ def bos_prefix(tokenizer) -> list[int]:
     return marked[:len(marked) - len(plain)] if marked[len(marked) - len(plain):] == plain else []
 
 
-def windowed(ids: torch.Tensor, length: int, prefix: list[int]) -> torch.Tensor:
+def windowed(ids: torch.Tensor, length: int, prefix: Sequence[int]) -> torch.Tensor:
     """The last ``length`` tokens of ids (1, T), their first ones replaced by ``prefix`` (the BOS)
     when tokens were cut: a window the model reads as it reads a text's start."""
     if ids.shape[1] <= length:
         return ids
     cut = ids[:, ids.shape[1] - length:].clone()
-    cut[0, :len(prefix)] = torch.tensor(prefix, dtype=cut.dtype)
+    cut[0, :len(prefix)] = torch.tensor(list(prefix), dtype=cut.dtype)
     return cut
 
 
@@ -265,7 +265,7 @@ def target_logits(model, ids: torch.Tensor, first: int, window: int | None = Non
     for start in range(first, ids.shape[1], chunk):
         stop = min(ids.shape[1], start + chunk)
         begin = max(0, stop - 1 - window)
-        hidden = _hidden(model, windowed(ids[:, :stop - 1], window, list(prefix)), prefill_chunk)
+        hidden = _hidden(model, windowed(ids[:, :stop - 1], window, prefix), prefill_chunk)
         yield start, stop, _head(model, hidden[0, start - 1 - begin:])
 
 
@@ -425,6 +425,11 @@ class Trial:
     answer: list[int]
 
 
+def _longest(trials: list[Trial]) -> int:
+    """The most tokens a trial appends to the haystack (its question and answer)."""
+    return max(len(t.question) + len(t.answer) for t in trials)
+
+
 def retrieval_prompt(tokenizer, task: str, length: int, depths: list[float],
                      rng: random.Random) -> tuple[torch.Tensor, list[Trial]]:
     """(haystack ids (1, H), one :class:`Trial` per depth) of ``task`` (:data:`RETRIEVAL_TASKS`):
@@ -433,7 +438,7 @@ def retrieval_prompt(tokenizer, task: str, length: int, depths: list[float],
     others its distractors; ``vartrack``: a chain per depth, its value at the depth and its
     three hops at random later depths), cut so that the haystack and the longest question and
     answer are ``length`` tokens. Each question is asked after the haystack alone
-    (:func:`answered`)."""
+    (:func:`answer_logits`)."""
 
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -464,7 +469,7 @@ def retrieval_prompt(tokenizer, task: str, length: int, depths: list[float],
                                 encode(" " + " ".join(chain))))
     else:
         raise SystemExit(f"--retrieval: unknown task {task!r}; choose from {list(RETRIEVAL_TASKS)}")
-    longest = max(len(t.question) + len(t.answer) for t in trials)
+    longest = _longest(trials)
     prefix = bos_prefix(tokenizer)
     room = length - len(prefix) - sum(len(tokens) for _, tokens in needles) - longest
     if room < 1:
@@ -481,9 +486,9 @@ def answer_logits(model, haystack: torch.Tensor, trials: list[Trial], window: in
     question + answer; tests/test_real_model_retrieval.py). ``window`` W: truncation, the
     haystack cut to its last W - (longest question and answer) + 1 tokens, so that no answer
     token is predicted from more than W tokens, the first ones ``prefix`` (:func:`windowed`)."""
-    longest = max(len(t.question) + len(t.answer) for t in trials)
+    longest = _longest(trials)
     if window is not None:
-        haystack = windowed(haystack, window - longest + 1, list(prefix))
+        haystack = windowed(haystack, window - longest + 1, prefix)
     cache = prefill(model, haystack, prefill_chunk)[1]
     logits = []
     for trial in trials:
@@ -491,13 +496,6 @@ def answer_logits(model, haystack: torch.Tensor, trials: list[Trial], window: in
         hidden = model.model(input_ids=ids, cache=copy.deepcopy(cache), use_cache=True).last_hidden_state
         logits.append(_head(model, hidden[0, len(trial.question) - 1:-1]))
     return logits
-
-
-def answered(model, haystack: torch.Tensor, trials: list[Trial], window: int | None = None,
-             prefill_chunk: int | None = None, prefix: tuple[int, ...] = ()) -> list[bool]:
-    """Per trial, whether every token of its answer is the model's greedy choice (:func:`answer_logits`)."""
-    logits = answer_logits(model, haystack, trials, window, prefill_chunk, prefix)
-    return [answer_score(trial, row.cpu())["found"] for trial, row in zip(trials, logits)]
 
 
 def answer_score(trial: Trial, logits: torch.Tensor) -> dict:
@@ -508,13 +506,6 @@ def answer_score(trial: Trial, logits: torch.Tensor) -> dict:
     right = int((logits.argmax(-1) == answer).sum())
     return {"found": right == len(trial.answer), "tokens_right": right,
             "answer_nll": round(F.cross_entropy(logits.double(), answer, reduction="sum").item(), 4)}
-
-
-def retrieved(model, ids: torch.Tensor, answer_at: int, window: int | None = None) -> bool:
-    """Whether every token of the answer (ids[answer_at:]) is the model's greedy choice, from
-    one forward over the whole prompt (the reference of :func:`answered`)."""
-    return all(bool((logits.argmax(-1) == ids[0, start:stop]).all())
-               for start, stop, logits in target_logits(model, ids, answer_at, window))
 
 
 # --------------------------------------------------------------------------- summary
