@@ -28,7 +28,9 @@ scalings at s = C / L0 (``extend_context(model, method, s, original_max_position
 the training-free maps with their published defaults for L0, or fitted to C
 (``extend_context(model, method, target_length=C)``: ``*_target``; ``self_extend_wide`` and
 ``leaky_rerope_wide``: the local window 7 L0 / 8, the group or scaling factor fitted to C;
-``*_half``: the local window L0 / 2);
+``*_half``: the local window L0 / 2; ``windowed_yarn``: plain RoPE on the nearest 7 L0 / 8
+keys, YaRN at s = C / L0 on the farther ones, issue 36's "YaRN-scaled branch under a local
+window", and ``windowed_yarn_half`` with the window L0 / 2);
 ``truncation``: the plain model, each target
 predicted from its last L0 tokens only, in chunks of ``--truncation-chunk`` (default L0 / 8)
 targets per forward over the L0 tokens before the chunk's last target (each target sees
@@ -326,6 +328,8 @@ METHODS: list[tuple[str, str | None, dict | str]] = [
     ("leaky_rerope_target", "leaky_rerope", "target"),
     ("string_target", "string", "target"),
     ("dca_qwen", "dca", "qwen"),
+    ("windowed_yarn", "windowed_yarn", "target"),
+    ("windowed_yarn_half", "windowed_yarn", "half"),
 ]
 TRUNCATION = "truncation"
 #: issue 26's name of ``self_extend_wide``
@@ -333,7 +337,7 @@ RENAMED = {"self_extend_fit": "self_extend_wide"}
 
 
 #: the local window's parameter of each method with a ``wide`` row
-WIDE_WINDOW = {"self_extend": "neighbor_window", "leaky_rerope": "window"}
+WIDE_WINDOW = {"self_extend": "neighbor_window", "leaky_rerope": "window", "windowed_yarn": "window"}
 
 
 def fitted_params(rule: str, context: int, boundary: int, method: str = "self_extend") -> dict:

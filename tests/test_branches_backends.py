@@ -32,6 +32,7 @@ ACTIVE = {
     "lm_infinite": {"local_branch": 6, "global_branch": 3},
     "dca": {"chunk_size": 7, "local_size": 2},
     "string": {"shifted_offset": 8, "local_value": 3},
+    "windowed_yarn": {"factor": 3.0, "window": 6, "training_length": 8},
 }
 
 #: Each method with its window past T = 24 tokens: plain RoPE (STRING's logit factor aside).
@@ -43,6 +44,7 @@ INSIDE = {
     "lm_infinite": {"local_branch": 24, "global_branch": 3},
     "dca": {"chunk_size": 30, "local_size": 4},
     "string": {"shifted_offset": 24, "local_value": 3},
+    "windowed_yarn": {"factor": 3.0, "window": 24, "training_length": 8},
 }
 
 HEAD_DIM = 16
@@ -66,10 +68,13 @@ def _reference(method: str, params: dict, q, k, v):
     if hasattr(pmap, "scale_queries"):
         q = pmap.scale_queries(q, tk)
     scale = pmap.logit_factor / math.sqrt(HEAD_DIM)
-    return branch_attention(q, k, v, rotate=rope.rotate, branches=pmap.branches(tq, tk), scale=scale, merge="select")
+    branches = pmap.branches(tq, tk)
+    rotates = [RoPE(HEAD_DIM, scaling=pmap.branch_scalings[b]).rotate if b in pmap.branch_scalings else rope.rotate
+               for b in range(len(branches))]
+    return branch_attention(q, k, v, rotate=rotates, branches=branches, scale=scale, merge="select")
 
 
-def test_methods_are_the_seven_maps():
+def test_methods_are_the_eight_maps():
     assert sorted(METHODS) == sorted(ACTIVE) == sorted(INSIDE) == sorted(posenc.encodings.BRANCHED_METHODS)
 
 

@@ -75,6 +75,7 @@ def test_scalings_are_ropes_and_branch_maps_have_the_references_windows_scaled_t
         "string": {"shifted_offset": 84, "local_value": 8},  # int(0.33 * 256)
         "lm_infinite": {"local_branch": 256, "global_branch": 6},  # 100 / 16 = 6.25
         "streaming_llm": {"start_size": 4, "recent_size": 32},
+        "windowed_yarn": {"factor": 4.0, "window": 224, "training_length": 256},  # the row's factor at this length
     }
     assert set(expected) == set(BRANCH_METHODS)
     for method, fields in expected.items():

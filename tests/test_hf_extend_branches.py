@@ -110,6 +110,7 @@ INSIDE = {
     "lm_infinite": {"local_branch": 64, "global_branch": 4},
     "dca": {"chunk_size": 64, "local_size": 8},
     "string": {"shifted_offset": 48, "local_value": 4, "attention_factor": 1.0},
+    "windowed_yarn": {"factor": 4.0, "window": 64, "training_length": 16},
 }
 #: method -> parameters that move most distances of a 40-token input (log-n scale on past 16)
 OUTSIDE = {
@@ -123,8 +124,9 @@ OUTSIDE = {
 }
 MAPS = {"streaming_llm": streaming_llm, "self_extend": self_extend, "rerope": rerope, "leaky_rerope": leaky_rerope,
         "lm_infinite": lm_infinite, "dca": dca}
-#: families whose RoPE is already scaled: leaky_rerope refuses them
+#: families whose RoPE is already scaled: leaky_rerope and windowed_yarn (a scaling of plain RoPE) refuse them
 SCALED = {"gpt_oss"}
+ON_PLAIN_ROPE = ("leaky_rerope", "windowed_yarn")
 
 
 def build(family, attn=None, dtype=torch.float32, **overrides):
@@ -170,7 +172,7 @@ def full_layers(config):
 
 
 def cases(families, methods):
-    return [(f, m) for f in families for m in methods if not (m == "leaky_rerope" and f in SCALED)]
+    return [(f, m) for f in families for m in methods if not (m in ON_PLAIN_ROPE and f in SCALED)]
 
 
 # -- (a) inside the window: the plain model ------------------------------------------------------
@@ -548,6 +550,8 @@ def test_bad_arguments_are_refused_naming_them():
         extend_context(model, "yarn")
     with pytest.raises(InvalidArgument, match="leaky_rerope"):
         extend_context(build("gpt_oss"), "leaky_rerope", window=4)
+    with pytest.raises(InvalidArgument, match="windowed_yarn rotates its far keys with its own scaling"):
+        extend_context(build("gpt_oss"), "windowed_yarn", 2.0)
     assert "posenc_context_extension" not in model.config.to_dict()
 
 

@@ -36,6 +36,10 @@ REFERENCE = {
 }
 
 
+#: the parameters a method has no published default for (windowed_yarn's factor: s = N / L0 of a length no one named)
+REQUIRED = {"windowed_yarn": {"factor": 2.0}}
+
+
 def test_one_record_per_method_and_the_names_everywhere_are_its_keys():
     assert list(METHODS) == list(MAP_METHODS)
     assert set(posenc.encodings.BRANCHED_METHODS) == set(MAP_METHODS)
@@ -43,7 +47,7 @@ def test_one_record_per_method_and_the_names_everywhere_are_its_keys():
     assert BRANCH_METHODS == tuple(MAP_METHODS)
     for name, method in MAP_METHODS.items():
         assert method.name == name
-        assert isinstance(position_map(name), method.map_class)
+        assert isinstance(position_map(name, **REQUIRED.get(name, {})), method.map_class)
         assert set(method.reference_defaults) <= set(method.parameters)
         assert set(method.proportional) <= set(method.lengths) <= set(method.reference_defaults)
 
@@ -72,6 +76,8 @@ def test_scaled_defaults_keep_the_references_proportions():
         "string": {"training_length": 256, "local_value": 8},
         "lm_infinite": {"local_branch": 256, "global_branch": 6},
         "streaming_llm": {"start_size": 4, "recent_size": 32},
+        "windowed_yarn": {"factor": None, "window": 224, "training_length": 256, "beta_fast": 32.0,
+                          "beta_slow": 1.0, "attention_factor": None},
     }
 
 

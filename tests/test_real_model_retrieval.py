@@ -231,3 +231,13 @@ def test_answer_score_counts_right_tokens_and_the_answers_nll(script):
             "needles": [0.0], "prompt": 0, "found": [True], "answer_nll": [0.5]}
     assert "| m | passkey | 9 | 4 | x | 1/2 (0.75) |" in script.summarize(
         [line, dict(line, prompt=1, found=[False], answer_nll=[1.0])])
+
+
+@pytest.mark.parametrize("label,window", [("windowed_yarn", 7 * L0 // 8), ("windowed_yarn_half", L0 // 2)])
+def test_windowed_yarn_rows_fit_yarn_to_the_context_under_their_window(script, label, window):
+    method, params = script.resolve(label, 96, L0)
+    model = script.method_model(_model(), method, 96 / L0, L0, params)
+    record = model.config.posenc_context_extension
+    assert record["method"] == "windowed_yarn"
+    assert record["params"]["factor"] == 1.5 and record["params"]["window"] == window
+    assert record["params"]["training_length"] == L0

@@ -20,10 +20,13 @@ broadcastable int64 tensors i (query positions) and j (key positions), a grid, a
   k_len) and arange(k_len), exactly (it is :meth:`branches_at` of those);
 - :meth:`~_PositionMap.relative_positions`: the map as a matrix of rotation distances.
 
-The seven maps, each named and parameterized as its reference code spells it:
+The seven maps of the references, each named and parameterized as its reference code spells it:
 :func:`streaming_llm` (Xiao et al. 2023), :func:`self_extend` (Jin et al. 2024), :func:`rerope`
 and :func:`leaky_rerope` (Su 2023, with their log-n query scaling), :func:`lm_infinite` (Han et
 al. 2023), :func:`dca` (An et al. 2024, ChunkLlama) and :func:`string` (An et al. 2024, STRING);
+and one combination of published pieces, :func:`windowed_yarn` (plain RoPE in a local window,
+YaRN, Peng et al. 2023, past it: each branch may rotate with its own RoPE scaling,
+:attr:`~_PositionMap.branch_scalings`);
 :data:`MAP_METHODS` holds one record per method (:class:`MapMethod`: its name, map, parameters
 and reference defaults, the one place they are stated); :data:`METHODS` names their factories.
 """
@@ -56,6 +59,7 @@ __all__ = [
     "SelfExtend",
     "StreamingLLM",
     "String",
+    "WindowedYaRN",
     "dca",
     "leaky_rerope",
     "lm_infinite",
@@ -64,6 +68,7 @@ __all__ = [
     "self_extend",
     "streaming_llm",
     "string",
+    "windowed_yarn",
 ]
 
 
@@ -131,6 +136,15 @@ class _PositionMap:
         at frequencies theta / frequency_divisor (linear scaling by it). 1 for every map but
         :class:`LeakyReRoPE` (its scaling_factor)."""
         return 1
+
+    @property
+    def branch_scalings(self) -> dict[int, dict]:
+        """The RoPE scaling (a Hugging Face rope dict, ``{"rope_type": ..., ...}``) that a
+        branch rotates with instead of the model's own RoPE, by branch index: ``{}`` (every
+        branch rotates with the model's RoPE) for every map but :class:`WindowedYaRN` (its far
+        branch's YaRN). Applied by :class:`posenc.encodings.BranchedRoPE` to a RoPE without a
+        scaling of its own."""
+        return {}
 
     @property
     def logit_factor(self) -> float:
@@ -593,6 +607,95 @@ def string(training_length: int = 4096, shifted_offset: int | None = None, local
 
 
 
+# ---------------------------------------------------------------- windowed YaRN (issue 36, item 5)
+
+
+def _check_number(value, argname: str, *, minimum: float, strict: bool = False) -> None:
+    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+    if bad or value < minimum or (strict and value == minimum):
+        relation = ">" if strict else ">="
+        raise InvalidArgument(f"{argname} must be a finite number {relation} {minimum:g}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class WindowedYaRN(_PositionMap):
+    """Plain RoPE within a local window, YaRN beyond it. Keys at distance d = i - j <
+    ``window`` are rotated by the model's own RoPE at positions i and j, as in training; farther
+    keys by YaRN at ``factor`` s (Peng et al. 2023, "YaRN", arXiv 2309.00071, sec. 3.2-3.4: its
+    "NTK-by-parts" frequencies, theta_i / s on the slow pairs and theta_i on the fast ones with
+    the ramp of ``beta_fast`` and ``beta_slow`` over L0 = ``training_length``, and its
+    attention factor, default 0.1 ln s + 1, on cos and sin, i.e. those keys' logits times its
+    square), at the same positions i and j. Two branches: "near" (0 <= d < window) and "far"
+    (d >= window), both at (i, j); the far branch's YaRN is :attr:`branch_scalings`.
+
+    A combination, not a reference's method (issue 36, item 5 asks for "a YaRN-scaled global
+    branch under a local window"): Leaky ReRoPE (Su 2023) splits the keys the same way and
+    interpolates the far ones linearly; here they are interpolated as YaRN does, whose
+    s = N / L0 keeps every slow pair's angle inside the range trained at L0 up to N tokens,
+    while the near keys keep the exact positions a truncation to the window would give them.
+    No distance is remapped: inside the window (every d < window) this is plain RoPE bit for
+    bit, and at s = 1 (YaRN's frequencies theta, attention factor 1) plain RoPE everywhere.
+
+    ``attention_factor`` None is YaRN's default 0.1 ln s + 1, as Hugging Face's ``yarn``
+    computes it; 1.0 leaves the far logits' temperature alone.
+    """
+
+    factor: float = 1.0
+    window: int = 3584
+    training_length: int = 4096
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+
+    def __post_init__(self):
+        _check_number(self.factor, "factor", minimum=1.0)
+        _check_size(self.window, "window", minimum=1)
+        check_positive_int(self.training_length, "training_length")
+        _check_number(self.beta_fast, "beta_fast", minimum=0.0, strict=True)
+        _check_number(self.beta_slow, "beta_slow", minimum=0.0, strict=True)
+        if self.beta_fast < self.beta_slow:
+            raise InvalidArgument(f"beta_fast must be >= beta_slow, got beta_fast={self.beta_fast!r}, "
+                                  f"beta_slow={self.beta_slow!r}")
+        if self.attention_factor is not None:
+            _check_number(self.attention_factor, "attention_factor", minimum=0.0, strict=True)
+
+    def rules(self, i: Tensor, j: Tensor) -> list[Branch]:
+        distance = i - j
+        near = (distance >= 0) & (distance < self.window)
+        return [Branch(i, j, near), Branch(i, j, distance >= self.window)]
+
+    @property
+    def branch_scalings(self) -> dict[int, dict]:
+        """The far branch's (index 1) YaRN, in Hugging Face's ``rope_parameters`` spelling."""
+        scaling = {"rope_type": "yarn", "factor": float(self.factor),
+                   "original_max_position_embeddings": self.training_length,
+                   "beta_fast": float(self.beta_fast), "beta_slow": float(self.beta_slow)}
+        if self.attention_factor is not None:
+            scaling["attention_factor"] = float(self.attention_factor)
+        return {1: scaling}
+
+
+def windowed_yarn(factor: float | None = None, window: int = 3584, training_length: int = 4096,
+                  beta_fast: float = 32.0, beta_slow: float = 1.0,
+                  attention_factor: float | None = None) -> WindowedYaRN:
+    """The windowed-YaRN position map (:class:`WindowedYaRN`). ``factor`` is YaRN's s, which
+    its paper sets to N / L0 for inputs of N tokens (sec. 2); no default is published for a
+    length no one named, so it must be given (``extend_context(..., target_length=N)`` sets
+    it). ``window`` defaults to 7 L0 / 8 (3584 for L0 = 4096, scaled with the training length
+    by :data:`MAP_METHODS`): the nearest 7/8 of the training length at their trained
+    positions, as the truncation baseline of issue 36 keeps them; ``beta_fast``,
+    ``beta_slow`` and ``attention_factor`` are YaRN's (32, 1, 0.1 ln s + 1).
+
+    Raises:
+        InvalidArgument: factor missing or < 1, window or training_length not a positive int,
+            beta_fast < beta_slow or either not positive, attention_factor not positive.
+    """
+    if factor is None:
+        raise InvalidArgument("factor: windowed_yarn needs YaRN's factor s >= 1 (s = N / L0 for N-token inputs); "
+                              "give factor=, or target_length=N to extend_context")
+    return WindowedYaRN(factor, window, training_length, beta_fast, beta_slow, attention_factor)
+
+
 # ---------------------------------------------------------------- the methods, one record each
 
 #: The context the references state their numbers for (Llama 2's 4096 tokens).
@@ -662,7 +765,7 @@ class MapMethod:
                 for name, value in self.reference_defaults.items()}
 
 
-#: The seven methods by name, one record each (:class:`MapMethod`): the one statement of their
+#: The eight methods by name, one record each (:class:`MapMethod`): the one statement of their
 #: names, maps, parameters and reference defaults, which :func:`position_map`,
 #: :class:`posenc.encodings.BranchedRoPE`, the lab's extension rows and the Hugging Face
 #: integration read.
@@ -687,6 +790,11 @@ MAP_METHODS: dict[str, MapMethod] = {m.name: m for m in (
               source="Glaciohound/LM-Infinite (its Llama 2 scripts: local_branch L0, global_branch 100)"),
     MapMethod("streaming_llm", StreamingLLM, streaming_llm, {"start_size": 4, "recent_size": 512},
               lengths=("recent_size",), source="mit-han-lab/streaming-llm StartRecentKVCache(4, 512)"),
+    MapMethod("windowed_yarn", WindowedYaRN, windowed_yarn,
+              {"factor": None, "window": 3584, "training_length": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
+               "attention_factor": None},
+              proportional=("window", "training_length"), lengths=("window", "training_length"),
+              source="posenc (issue 36): window 7 L0 / 8; YaRN's beta_fast 32, beta_slow 1, 0.1 ln s + 1 past it"),
 )}
 
 #: The maps by method name -> their factory (each takes the reference's parameter names, with

@@ -9,7 +9,7 @@ and log-sum-exp l_b (the identity flash-decoding and ring attention rely on):
 
     out = sum_b exp(l_b - m) o_b / sum_b exp(l_b - m),   m = max_b l_b.
 
-The training-free context extensions are position maps of this kind, seven of them, each
+The training-free context extensions are position maps of this kind, eight of them, each
 named and parameterized as its reference code spells it (defined in :mod:`posenc.position_maps`,
 the ground floor that the encodings read too, and re-exported here): :func:`streaming_llm`
 (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks"),
@@ -18,7 +18,8 @@ Tuning"), :func:`rerope` and :func:`leaky_rerope` (Su 2023, bojone/rerope, with 
 query scaling), :func:`lm_infinite` (Han et al. 2023, "LM-Infinite"), :func:`dca` (An et al.
 2024, "Training-Free Long-Context Scaling of Large Language Models", ChunkLlama) and
 :func:`string` (An et al. 2024, "Why Does the Effective Context Length of LLMs Fall Short?",
-STRING); :data:`METHODS` names them.
+STRING), and :func:`windowed_yarn` (plain RoPE in a local window, YaRN past it, each branch
+rotated with its own RoPE: ``rotate`` may be one per branch); :data:`METHODS` names them.
 
 Two ways to run them:
 
@@ -56,6 +57,7 @@ from posenc.position_maps import (
     SelfExtend,
     StreamingLLM,
     String,
+    WindowedYaRN,
     dca,
     leaky_rerope,
     lm_infinite,
@@ -64,6 +66,7 @@ from posenc.position_maps import (
     self_extend,
     streaming_llm,
     string,
+    windowed_yarn,
 )
 
 __all__ = [
@@ -78,6 +81,7 @@ __all__ = [
     "SelfExtend",
     "StreamingLLM",
     "String",
+    "WindowedYaRN",
     "branch_attention",
     "dca",
     "leaky_rerope",
@@ -89,6 +93,7 @@ __all__ = [
     "self_extend",
     "streaming_llm",
     "string",
+    "windowed_yarn",
 ]
 
 #: The backends that give each branch's log-sum-exp (``run_with_lse``): every backend that
@@ -152,7 +157,7 @@ def _stacked(x, argname: str) -> Tensor:
     raise InvalidType(f"{argname} must be a tensor or a non-empty list of tensors, got {type(x).__name__}")
 
 
-def branch_attention(q: Tensor, k: Tensor, v: Tensor, *, rotate: Rotate, branches: Sequence[Branch],
+def branch_attention(q: Tensor, k: Tensor, v: Tensor, *, rotate: Rotate | Sequence[Rotate], branches: Sequence[Branch],
                      scale: float | None = None, causal: bool = True, merge: str = "lse",
                      backend: str = "eager") -> Tensor:
     """Attention whose keys are split into branches, each rotated at its own positions.
@@ -160,7 +165,9 @@ def branch_attention(q: Tensor, k: Tensor, v: Tensor, *, rotate: Rotate, branche
     Args:
         q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D), H a multiple of H_kv. The queries are the last
             Tq of the Tk tokens (query t at absolute position Tk - Tq + t), prefill or decode.
-        rotate: ``rotate(q, k, q_positions, k_positions) -> (q, k)``, e.g. ``RoPE.rotate``.
+        rotate: ``rotate(q, k, q_positions, k_positions) -> (q, k)``, e.g. ``RoPE.rotate``; or
+            one per branch, in the branches' order (a branch with a RoPE scaling of its own:
+            ``map.branch_scalings``).
         branches: :class:`Branch` es with disjoint key masks (checked outside torch.compile).
         scale: the logit scale, default 1/sqrt(D).
         causal: also mask the keys after each query's absolute position.
@@ -176,7 +183,7 @@ def branch_attention(q: Tensor, k: Tensor, v: Tensor, *, rotate: Rotate, branche
     Raises:
         InvalidArgument: an unknown merge or backend, merge="select" on a backend other than
             "eager", mismatched shapes, positions or masks of the wrong shape, overlapping
-            branches, or no branch.
+            branches, no branch, or a sequence of rotates of another length than the branches.
         InvalidType: positions that are not integer tensors, a mask that is not bool.
     """
     if merge not in MERGE_MODES:
@@ -187,16 +194,17 @@ def branch_attention(q: Tensor, k: Tensor, v: Tensor, *, rotate: Rotate, branche
         raise InvalidArgument(f"merge='select' needs every branch's scores: backend='eager' only, got {backend!r}")
     q_len, k_len = _check_qkv(q, k, v)
     _check_branches(branches, q_len, k_len)
+    rotates = _per_branch(rotate, len(branches))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if backend != "eager":
-        return _on_backend(BRANCH_BACKENDS[backend], q, k, v, rotate, branches, scale, causal)
+        return _on_backend(BRANCH_BACKENDS[backend], q, k, v, rotates, branches, scale, causal)
     allowed = causal_mask(q_len, k_len, q.device) if causal else None
     acc = torch.promote_types(q.dtype, torch.float32)
     group = q.shape[1] // k.shape[1]
     values = v.repeat_interleave(group, dim=1).to(acc) if group > 1 else v.to(acc)
     scores, masks = [], []
-    for branch in branches:
-        q_rot, k_rot = rotate(q, k, branch.q_positions, branch.k_positions)
+    for branch, rotate_b in zip(branches, rotates):
+        q_rot, k_rot = rotate_b(q, k, branch.q_positions, branch.k_positions)
         if group > 1:
             k_rot = k_rot.repeat_interleave(group, dim=1)
         scores.append(torch.matmul(q_rot.to(acc), k_rot.to(acc).transpose(-1, -2)) * scale)
@@ -207,12 +215,22 @@ def branch_attention(q: Tensor, k: Tensor, v: Tensor, *, rotate: Rotate, branche
     return merge_by_lse(list(outputs), list(lses)).to(q.dtype)
 
 
-def _on_backend(module, q: Tensor, k: Tensor, v: Tensor, rotate: Rotate, branches: Sequence[Branch], scale: float,
-                causal: bool) -> Tensor:
+def _per_branch(rotate: Rotate | Sequence[Rotate], count: int) -> list[Rotate]:
+    """One rotate per branch: ``rotate`` for each, or the sequence given (its length checked)."""
+    if callable(rotate):
+        return [rotate] * count
+    rotates = list(rotate)
+    if len(rotates) != count or not all(callable(r) for r in rotates):
+        raise InvalidArgument(f"rotate must be a callable or one callable per branch ({count}), got {len(rotates)} items")
+    return rotates
+
+
+def _on_backend(module, q: Tensor, k: Tensor, v: Tensor, rotates: Sequence[Rotate], branches: Sequence[Branch],
+                scale: float, causal: bool) -> Tensor:
     """One attention per branch on ``module`` (its ``run_with_lse``), merged by log-sum-exp."""
     allowed = causal_mask(q.shape[2], k.shape[2], q.device) if causal else None
     outputs, lses = [], []
-    for branch in branches:
+    for branch, rotate in zip(branches, rotates):
         q_rot, k_rot = rotate(q, k, branch.q_positions, branch.k_positions)
         mask = branch.key_mask.to(q.device) if allowed is None else branch.key_mask.to(q.device) & allowed
         out, lse = module.run_with_lse(q_rot, k_rot, v, mask=as_4d(mask), scale=scale, causal=False)

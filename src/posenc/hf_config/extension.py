@@ -141,7 +141,9 @@ def plan_extension(config: Mapping[str, Any], plan: PositionPlan | None, method:
     """
     family = _family_facts(config)
     if isinstance(method, str) and method in BRANCH_METHODS:
-        if factor is not None:
+        if factor is not None and "factor" in BRANCH_METHODS[method]:
+            params = {**params, "factor": factor}  # the map's own (windowed_yarn's far YaRN)
+        elif factor is not None:
             raise InvalidArgument(f"factor: {method} is a position map and takes no factor; its parameters are "
                                   f"{list(BRANCH_METHODS[method])}")
         if layer_types is not None:
@@ -375,7 +377,10 @@ def method_defaults(method: str, config: Mapping[str, Any]) -> dict[str, Any]:
     - dca: the config's ``dual_chunk_attention_config`` (Qwen2.5-1M, Qwen3) where it has one,
       else chunk_size 3 L0 / 4, local_size L0 / 16 (``replace_with_chunkllama``);
     - string: shifted_offset int(0.33 L0), local_value 128, attention_factor 0.1 ln 2 + 1
-      (:class:`posenc.position_maps.String`'s).
+      (:class:`posenc.position_maps.String`'s);
+    - windowed_yarn: window 7 L0 / 8, training_length L0, YaRN's beta_fast 32, beta_slow 1 and
+      attention factor (None: 0.1 ln s + 1); ``factor`` None, to be given (or fitted:
+      :func:`fit_to_length`).
 
     Raises:
         InvalidArgument: an unknown method (the methods named); a config without a training length.
@@ -392,8 +397,8 @@ def method_defaults(method: str, config: Mapping[str, Any]) -> dict[str, Any]:
         # STRING's offset, derived from L0 as its factory derives it (string()); stated as the
         # map's own parameter, so that the record names it and a user may set it
         defaults["shifted_offset"] = int(0.33 * defaults.pop("training_length"))
-    if "attention_factor" in BRANCH_METHODS[method]:
-        defaults["attention_factor"] = record.attention_factor
+    if "attention_factor" in BRANCH_METHODS[method] and "attention_factor" not in defaults:
+        defaults["attention_factor"] = record.attention_factor  # STRING's (windowed_yarn's is YaRN's, None)
     return {name: defaults[name] for name in BRANCH_METHODS[method]}
 
 
@@ -421,8 +426,8 @@ def branched_layer(method: str, resolved: Mapping[str, Any], rope: RoPE, where: 
 
     Raises:
         InvalidArgument: a multi-axis RoPE (M-RoPE) or one whose rotation is not RoPE's; one
-            whose frequencies follow the length; leaky_rerope on an already scaled RoPE (its
-            positions are in units of 1/scaling_factor of plain RoPE's frequencies).
+            whose frequencies follow the length; leaky_rerope or windowed_yarn on an already
+            scaled RoPE (a scaling of plain RoPE's frequencies, not of a scaled RoPE's).
     """
     if isinstance(rope, MultiAxisRoPE) or type(rope).rotate is not RoPE.rotate:
         raise InvalidArgument(f"{where}: {type(rope).__name__} is not a plain RoPE with one position per token; "
@@ -433,6 +438,9 @@ def branched_layer(method: str, resolved: Mapping[str, Any], rope: RoPE, where: 
     if method == "leaky_rerope" and rope.scaling is not None:
         raise InvalidArgument(f"{where}: leaky_rerope rotates at theta / scaling_factor, which is not defined on top "
                               f"of the model's own {rope.scaling.get('rope_type')} scaling")
+    if rope.scaling is not None and position_map(method, **resolved).branch_scalings:
+        raise InvalidArgument(f"{where}: {method} rotates its far keys with its own scaling of the plain frequencies, "
+                              f"which is not defined on top of the model's own {rope.scaling.get('rope_type')} scaling")
     return branched(rope, method, **resolved)
 
 
@@ -485,6 +493,8 @@ def fit_to_length(method: str, target_length: int, training_length: int, params:
       shifted distance N - 1 - S + local_value stays at most L0 - 1 (STRING, An et al. 2024,
       sec. 3: S = L0 / 3 within the training length); the unshifted ones reach S - 1, so N is
       at most 2 L0 - local_value;
+    - windowed_yarn: YaRN's rule for its far keys, factor = N / L0 (YaRN sec. 2), window the
+      given one else 7 L0 / 8, training_length L0;
     - rerope, dca, lm_infinite, streaming_llm: their defaults for L0 (:func:`method_defaults`):
       their positions stay below L0 at every length.
 
@@ -522,7 +532,8 @@ def fit_to_length(method: str, target_length: int, training_length: int, params:
         chosen = {**method_defaults(method, {"max_position_embeddings": l0}), **params}
         return LengthFit(None, chosen, f"{method}: {_spelled(chosen)} (its defaults for L0 = {l0}: "
                                        f"{_LENGTH_FREE[method]})")
-    fit = {"self_extend": _fit_self_extend, "leaky_rerope": _fit_leaky_rerope, "string": _fit_string}[method]
+    fit = {"self_extend": _fit_self_extend, "leaky_rerope": _fit_leaky_rerope, "string": _fit_string,
+           "windowed_yarn": _fit_windowed_yarn}[method]
     chosen, rule = fit(n, l0, params)
     return LengthFit(None, chosen, f"{method}: {_spelled(chosen)} ({rule}; N = {n}, L0 = {l0})")
 
@@ -564,6 +575,16 @@ def _fit_leaky_rerope(n: int, l0: int, params: dict) -> tuple[dict, str]:
         _check_fits("scaling_factor", k, math.ceil(w + (n - 1 - w) / k), l0, f"the smallest that fits is {smallest}")
     chosen = {**defaults, **params, "window": w, "scaling_factor": k}
     return chosen, "the smallest integer scaling_factor with window + (N - 1 - window) / k <= L0 - 1"
+
+
+def _fit_windowed_yarn(n: int, l0: int, params: dict) -> tuple[dict, str]:
+    defaults = method_defaults("windowed_yarn", {"max_position_embeddings": l0})
+    factor = params.get("factor", n / l0)
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor < n / l0:
+        raise InvalidArgument(f"factor: {factor!r} reaches N = {factor * l0:g} tokens, short of the target length "
+                              f"{n}; YaRN's rule gives {n / l0:g}")
+    chosen = {**defaults, **params, "factor": factor}
+    return chosen, "YaRN's factor = N / L0 past the window"
 
 
 def _fit_string(n: int, l0: int, params: dict) -> tuple[dict, str]:

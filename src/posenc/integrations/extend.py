@@ -71,7 +71,7 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     tables; T5's buckets).
 
     **Position maps** (``method`` one of :data:`posenc.hf_config.extension.BRANCH_METHODS`,
-    no ``factor``; :mod:`posenc.position_maps`; parameters as the reference code spells
+    no ``factor`` but for windowed_yarn; :mod:`posenc.position_maps`; parameters as the reference code spells
     them, defaults the published ones, scaled to the training length L0 where the reference
     scales them, :func:`~posenc.hf_config.extension.method_defaults`):
 
@@ -84,7 +84,10 @@ def extend_context(model: nn.Module, method: str, factor: float | None = None, *
     - ``dca`` (the config's ``dual_chunk_attention_config``, else chunk_size 3 L0 / 4,
       local_size L0 / 16);
     - ``string`` (shifted_offset int(0.33 L0), local_value 128, attention_factor 0.1 ln 2 + 1;
-      ``attention_factor=1.0`` for plain RoPE inside the window).
+      ``attention_factor=1.0`` for plain RoPE inside the window);
+    - ``windowed_yarn`` (window 7 L0 / 8, plain RoPE inside it, YaRN at ``factor`` past it,
+      with YaRN's beta_fast 32, beta_slow 1 and attention factor 0.1 ln s + 1 on those keys;
+      the one map that takes ``factor``, or ``target_length=N``: s = N / L0).
 
     **Fitted to a length** (``target_length=N`` instead of ``factor``): the factor and the
     parameters the method's own rule chooses for N tokens from the training length L0
@@ -183,7 +186,9 @@ def _fitted(config: dict, method: str, factor: float | None, target_length: int,
     l0 = params.get("original_max_position_embeddings") or training_length(config)
     fit = fit_to_length(method, target_length, l0, params)
     print(f"extend_context: {fit.rule}", file=sys.stderr)
-    return fit.factor, fit.params
+    chosen = dict(fit.params)
+    # a map's own factor (windowed_yarn's) goes where extend_context takes a factor
+    return (fit.factor if fit.factor is not None else chosen.pop("factor", None)), chosen
 
 
 def _facts(base: nn.Module, family: Family | None) -> ModelFacts:

@@ -1,5 +1,5 @@
 """RoPE whose attention is branch-merge attention: the training-free context extensions
-(StreamingLLM, Self-Extend, ReRoPE, Leaky ReRoPE, LM-Infinite, DCA, STRING) as an encoding.
+(StreamingLLM, Self-Extend, ReRoPE, Leaky ReRoPE, LM-Infinite, DCA, STRING, windowed YaRN) as an encoding.
 
 :class:`BranchedRoPE` wraps a :class:`~posenc.encodings.rope.RoPE` and one position map of
 :mod:`posenc.position_maps`; it states its attention through the encoding protocol
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.encodings.rope.rotary import RoPE
@@ -51,7 +51,9 @@ class BranchedRoPE(PositionalEncoding):
     the training length) and their rotary dimensions by its logit factor (STRING's attention
     factor squared, 1.1386 by default; the reference multiplies cos and sin by 0.1 ln 2 + 1). Leaky ReRoPE's positions are in
     units of 1 / scaling_factor: its branches use the RoPE linearly scaled by scaling_factor
-    (a ``rope`` with its own ``scaling`` is refused for it).
+    (a ``rope`` with its own ``scaling`` is refused for it). A branch with a scaling of its own
+    (the map's ``branch_scalings``: windowed_yarn's far branch, YaRN) rotates with ``rope``'s
+    geometry and that scaling (also refused on a scaled ``rope``).
 
     Inside the map's window (every distance below it, and below ReRoPE's training length) the
     attention is plain RoPE's: bit for bit but for Leaky ReRoPE (float rounding of s i theta/s)
@@ -81,6 +83,9 @@ class BranchedRoPE(PositionalEncoding):
         self.rope = rope
         self.head_dim = head_dim
         self._rotary = self._branch_rope(rope, self.map.frequency_divisor)
+        # a ModuleDict (keys: branch indices as str), so that .to(device) moves their tables
+        self._branch_rotary = nn.ModuleDict({str(index): self._scaled_rope(rope, scaling, method)
+                                             for index, scaling in self.map.branch_scalings.items()})
 
     @staticmethod
     def _branch_rope(rope: RoPE, divisor: int) -> RoPE:
@@ -92,6 +97,15 @@ class BranchedRoPE(PositionalEncoding):
             raise InvalidArgument(f"leaky_rerope rotates with RoPE linearly scaled by scaling_factor={divisor}; "
                                   f"the rope already has scaling {rope.scaling!r}")
         return type(rope)(**{**rope.config(), "scaling": {"rope_type": "linear", "factor": float(divisor)}})
+
+    @staticmethod
+    def _scaled_rope(rope: RoPE, scaling: dict, method: str) -> RoPE:
+        """``rope``'s geometry with a branch's own scaling (windowed_yarn's far YaRN); refused
+        on a RoPE already scaled (a scaling of a scaling is not defined)."""
+        if rope.scaling is not None:
+            raise InvalidArgument(f"{method} rotates a branch with {scaling['rope_type']} scaling of the plain "
+                                  f"frequencies; the rope already has scaling {rope.scaling!r}")
+        return type(rope)(**{**rope.config(), "scaling": dict(scaling)})
 
     @property
     def call_invariant(self) -> bool:
@@ -127,9 +141,14 @@ class BranchedRoPE(PositionalEncoding):
         q = self.scale_queries(q, q_positions)
         out = []
         for index, (q_pos, k_pos) in enumerate(self.map.branch_positions(q_positions, k_positions)):
-            q_rot, k_rot = self._rotary.rotate(q, k, q_pos, k_pos)
+            q_rot, k_rot = self._rotary_of(index).rotate(q, k, q_pos, k_pos)
             out.append((q_rot, k_rot, self.map.key_rule(index)))
         return out
+
+    def _rotary_of(self, index: int) -> RoPE:
+        """The RoPE branch ``index`` rotates with: its own scaling's, else the map's one."""
+        key = str(index)
+        return self._branch_rotary[key] if key in self._branch_rotary else self._rotary  # noqa: SIM401 (a ModuleDict has no get)
 
     def branch_key_masks(self, q_positions: Tensor, k_positions: Tensor, rules) -> list[Tensor]:
         """Every branch's key mask from one evaluation of the map (each ``key_rule`` alone

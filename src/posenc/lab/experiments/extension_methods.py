@@ -55,16 +55,20 @@ def _extension_encoding(rope: RoPE, method: str, params: Mapping[str, Any]) -> P
     :data:`posenc.rope.EXTENSION_METHODS` is a RoPE of ``rope``'s geometry with
     :func:`posenc.rope.extension_scaling` (method, s, L0). A branch-merge map of
     :data:`BRANCH_METHODS` is ``rope`` with that map (:func:`posenc.encodings.branched`), its
-    parameters :func:`branch_defaults` (L0), the same at every length (the factor unused).
+    parameters :func:`branch_defaults` (L0), the same at every length; the factor is unused but
+    by a map that takes one (windowed_yarn's far YaRN, at the scalings' factor).
 
     Raises:
         InvalidArgument: an unknown method.
     """
     if method in EXTENSION_METHODS:
         return rope_like(rope, extension_scaling(method, params["factor"], params["original_max_position_embeddings"]))
-    if method in BRANCH_METHODS:  # training-free: the same map at every length (no factor)
+    if method in BRANCH_METHODS:  # training-free: the same map at every length (but a map's own factor)
         rope_like(rope, None)  # the trained model's encoding must be a RoPE here too
-        return branched(rope, method, **branch_defaults(method, params["original_max_position_embeddings"]))
+        chosen = branch_defaults(method, params["original_max_position_embeddings"])
+        if "factor" in chosen:  # windowed_yarn's far YaRN: the scalings' factor at this length
+            chosen["factor"] = params["factor"]
+        return branched(rope, method, **chosen)
     raise InvalidArgument(f"extension_methods: unknown method {method!r}; choose from "
                           f"{list(EXTENSION_METHODS) + list(BRANCH_METHODS)}")
 

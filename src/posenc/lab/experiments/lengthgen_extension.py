@@ -107,7 +107,9 @@ def extension_settings(method: str, train_length: int) -> dict[str, Any]:
     settings: dict[str, Any] = {"base": BASE, "method": method, "original_max_position_embeddings": train_length}
     if method in BRANCH_METHODS:
         settings["parameters"] = branch_defaults(method, train_length)
-    else:
+    if method in BRANCH_METHODS and "factor" in settings["parameters"]:
+        settings["parameters"]["factor"] = "max(1, sequence_length / original_max_position_embeddings)"
+    elif method not in BRANCH_METHODS:
         settings["factor"] = "max(1, sequence_length / original_max_position_embeddings)"
     return settings
 
