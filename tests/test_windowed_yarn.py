@@ -193,3 +193,14 @@ def test_in_llama_inside_the_window_is_the_plain_model_and_target_length_fits(ca
         extend_context(_llama(), "windowed_yarn")
     with pytest.raises(InvalidArgument, match="takes no factor"):
         extend_context(_llama(), "self_extend", 2.0)
+
+
+def test_saved_and_loaded_by_posenc_it_runs_the_same_map(tmp_path):
+    from posenc.integrations.transformers import extend_context, from_pretrained
+
+    mapped = extend_context(_llama(), "windowed_yarn", target_length=40, window=8)
+    mapped.save_pretrained(tmp_path)
+    loaded = from_pretrained(tmp_path)
+    assert loaded.config.posenc_context_extension == mapped.config.posenc_context_extension
+    torch.testing.assert_close(_logits(loaded, X), _logits(mapped, X), atol=0, rtol=0)
+    assert (_logits(mapped, X) - _logits(_llama(), X)).abs().max() > 1e-2  # the map moved the logits
