@@ -30,7 +30,8 @@ the training-free maps with their published defaults for L0, or fitted to C
 ``leaky_rerope_wide``: the local window 7 L0 / 8, the group or scaling factor fitted to C;
 ``*_half``: the local window L0 / 2; ``windowed_yarn``: plain RoPE on the nearest 7 L0 / 8
 keys, YaRN at s = C / L0 on the farther ones, issue 36's "YaRN-scaled branch under a local
-window", and ``windowed_yarn_half`` with the window L0 / 2);
+window", ``windowed_yarn_half`` with the window L0 / 2 and ``windowed_yarn_untempered``
+without YaRN's temperature on the far keys);
 ``truncation``: the plain model, each target
 predicted from its last L0 tokens only, in chunks of ``--truncation-chunk`` (default L0 / 8)
 targets per forward over the L0 tokens before the chunk's last target (each target sees
@@ -306,8 +307,8 @@ def block_means(losses: torch.Tensor, block: int = BLOCK) -> list[float]:
 #: params: a dict (the map's published defaults for L0 with these on top), ``"target"``
 #: (``target_length=C``: the method's own rule, :func:`posenc.hf_config.extension.fit_to_length`),
 #: ``"wide"`` / ``"half"`` (the local window 7 L0 / 8 or L0 / 2, the far keys' factor fitted to C) or ``"qwen"``
-#: (DCA in Qwen2.5-1M's shape).
-METHODS: list[tuple[str, str | None, dict | str]] = [
+#: (DCA in Qwen2.5-1M's shape), or (a rule, fixed parameters on top).
+METHODS: list[tuple[str, str | None, dict | str | tuple[str, dict]]] = [
     ("plain", None, {}),
     ("yarn", "yarn", {}),
     ("dynamic", "dynamic", {}),
@@ -330,6 +331,9 @@ METHODS: list[tuple[str, str | None, dict | str]] = [
     ("dca_qwen", "dca", "qwen"),
     ("windowed_yarn", "windowed_yarn", "target"),
     ("windowed_yarn_half", "windowed_yarn", "half"),
+    # YaRN's temperature (0.1 ln s + 1) compensates the entropy of a softmax whose every key is
+    # interpolated; here the near keys are not: without it the far keys are not sharpened against them
+    ("windowed_yarn_untempered", "windowed_yarn", ("target", {"attention_factor": 1.0})),
 ]
 TRUNCATION = "truncation"
 #: issue 26's name of ``self_extend_wide``
@@ -388,6 +392,9 @@ def method_model(base, method: str | None, factor: float, boundary: int, params:
 def resolve(label: str, context: int, boundary: int) -> tuple[str | None, dict]:
     """(extend_context method, its keyword arguments) of a :data:`METHODS` label."""
     _, method, params = next(m for m in METHODS if m[0] == label)
+    if isinstance(params, tuple):  # (rule, fixed parameters on top)
+        rule, fixed = params
+        return method, {**fitted_params(rule, context, boundary, method), **fixed}
     return method, fitted_params(params, context, boundary, method) if isinstance(params, str) else dict(params)
 
 

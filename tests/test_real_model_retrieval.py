@@ -240,4 +240,9 @@ def test_windowed_yarn_rows_fit_yarn_to_the_context_under_their_window(script, l
     record = model.config.posenc_context_extension
     assert record["method"] == "windowed_yarn"
     assert record["params"]["factor"] == 1.5 and record["params"]["window"] == window
-    assert record["params"]["training_length"] == L0
+    assert record["params"]["training_length"] == L0 and record["params"]["attention_factor"] is None
+
+
+def test_the_untempered_row_is_windowed_yarn_with_attention_factor_one(script):
+    assert script.resolve("windowed_yarn_untempered", 96, L0) == (
+        "windowed_yarn", {"target_length": 96, "attention_factor": 1.0})
