@@ -711,8 +711,10 @@ def run(argv: list[str] | None = None) -> list[dict]:
     chosen = known if args.methods is None else [RENAMED.get(m, m) for m in args.methods.split(",")]
     if unknown := [m for m in chosen if m not in known]:
         parser.error(f"--methods: unknown {unknown}; choose from {known}")
-    if any(c <= boundary for c in contexts):
-        parser.error(f"--contexts: every context must be longer than --boundary {boundary}")
+    # retrieval at C = L0 is the model's own reach inside its window (the control for the rows past it)
+    if any(c < boundary or (c == boundary and not args.skip_loss) for c in contexts):
+        parser.error(f"--contexts: every context must be longer than --boundary {boundary} "
+                     "(or equal to it with --skip-loss: retrieval inside the window)")
     chunk = args.truncation_chunk or max(1, boundary // 8)
     prefill_chunk = args.prefill_chunk or record.prefill_chunk
     out = Path(args.out)

@@ -246,3 +246,9 @@ def test_windowed_yarn_rows_fit_yarn_to_the_context_under_their_window(script, l
 def test_the_untempered_row_is_windowed_yarn_with_attention_factor_one(script):
     assert script.resolve("windowed_yarn_untempered", 96, L0) == (
         "windowed_yarn", {"target_length": 96, "attention_factor": 1.0})
+
+
+def test_a_context_of_l0_is_refused_for_the_loss_and_taken_for_retrieval_only(script, capsys):
+    with pytest.raises(SystemExit):
+        script.run(["--contexts", "8192", "--methods", "plain"])
+    assert "or equal to it with --skip-loss" in capsys.readouterr().err
