@@ -42,7 +42,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from posenc._validation import check_positive_int
+from posenc._validation import check_number, check_positive_int
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
 from posenc.mask_rules import causal_mask
 
@@ -610,13 +610,6 @@ def string(training_length: int = 4096, shifted_offset: int | None = None, local
 # ---------------------------------------------------------------- windowed YaRN (issue 36, item 5)
 
 
-def _check_number(value, argname: str, *, minimum: float, strict: bool = False) -> None:
-    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-    if bad or value < minimum or (strict and value == minimum):
-        relation = ">" if strict else ">="
-        raise InvalidArgument(f"{argname} must be a finite number {relation} {minimum:g}, got {value!r}")
-
-
 @dataclass(frozen=True)
 class WindowedYaRN(_PositionMap):
     """Plain RoPE within a local window, YaRN beyond it. Keys at distance d = i - j <
@@ -648,16 +641,16 @@ class WindowedYaRN(_PositionMap):
     attention_factor: float | None = None
 
     def __post_init__(self):
-        _check_number(self.factor, "factor", minimum=1.0)
+        check_number(self.factor, "factor", ge=1.0)
         _check_size(self.window, "window", minimum=1)
         check_positive_int(self.training_length, "training_length")
-        _check_number(self.beta_fast, "beta_fast", minimum=0.0, strict=True)
-        _check_number(self.beta_slow, "beta_slow", minimum=0.0, strict=True)
+        check_number(self.beta_fast, "beta_fast", gt=0.0)
+        check_number(self.beta_slow, "beta_slow", gt=0.0)
         if self.beta_fast < self.beta_slow:
             raise InvalidArgument(f"beta_fast must be >= beta_slow, got beta_fast={self.beta_fast!r}, "
                                   f"beta_slow={self.beta_slow!r}")
         if self.attention_factor is not None:
-            _check_number(self.attention_factor, "attention_factor", minimum=0.0, strict=True)
+            check_number(self.attention_factor, "attention_factor", gt=0.0)
 
     def rules(self, i: Tensor, j: Tensor) -> list[Branch]:
         distance = i - j

@@ -435,12 +435,13 @@ def branched_layer(method: str, resolved: Mapping[str, Any], rope: RoPE, where: 
     if rope.length_dependent:
         raise InvalidArgument(f"{where}: its RoPE's frequencies follow the length ({rope.scaling.get('rope_type')}); "
                               f"{method} needs a static RoPE")
-    if method == "leaky_rerope" and rope.scaling is not None:
-        raise InvalidArgument(f"{where}: leaky_rerope rotates at theta / scaling_factor, which is not defined on top "
-                              f"of the model's own {rope.scaling.get('rope_type')} scaling")
-    if rope.scaling is not None and position_map(method, **resolved).branch_scalings:
-        raise InvalidArgument(f"{where}: {method} rotates its far keys with its own scaling of the plain frequencies, "
-                              f"which is not defined on top of the model's own {rope.scaling.get('rope_type')} scaling")
+    if rope.scaling is not None:
+        rescaled = ("at theta / scaling_factor" if method == "leaky_rerope" else
+                    "its far keys with its own scaling of the plain frequencies"
+                    if position_map(method, **resolved).branch_scalings else None)
+        if rescaled is not None:
+            raise InvalidArgument(f"{where}: {method} rotates {rescaled}, which is not defined on top of the model's "
+                                  f"own {rope.scaling.get('rope_type')} scaling")
     return branched(rope, method, **resolved)
 
 

@@ -84,8 +84,10 @@ class BranchedRoPE(PositionalEncoding):
         self.head_dim = head_dim
         self._rotary = self._branch_rope(rope, self.map.frequency_divisor)
         # a ModuleDict (keys: branch indices as str), so that .to(device) moves their tables
-        self._branch_rotary = nn.ModuleDict({str(index): self._scaled_rope(rope, scaling, method)
-                                             for index, scaling in self.map.branch_scalings.items()})
+        self._branch_rotary = nn.ModuleDict({
+            str(index): self._scaled_rope(rope, scaling, f"{method} rotates branch {index} with "
+                                                         f"{scaling['rope_type']} scaling of the plain frequencies")
+            for index, scaling in self.map.branch_scalings.items()})
 
     @staticmethod
     def _branch_rope(rope: RoPE, divisor: int) -> RoPE:
@@ -93,18 +95,16 @@ class BranchedRoPE(PositionalEncoding):
         1/divisor (Leaky ReRoPE) the same RoPE linearly scaled by divisor (frequencies / divisor)."""
         if divisor == 1:
             return rope
-        if rope.scaling is not None:
-            raise InvalidArgument(f"leaky_rerope rotates with RoPE linearly scaled by scaling_factor={divisor}; "
-                                  f"the rope already has scaling {rope.scaling!r}")
-        return type(rope)(**{**rope.config(), "scaling": {"rope_type": "linear", "factor": float(divisor)}})
+        return BranchedRoPE._scaled_rope(rope, {"rope_type": "linear", "factor": float(divisor)},
+                                         f"leaky_rerope rotates with RoPE linearly scaled by scaling_factor={divisor}")
 
     @staticmethod
-    def _scaled_rope(rope: RoPE, scaling: dict, method: str) -> RoPE:
-        """``rope``'s geometry with a branch's own scaling (windowed_yarn's far YaRN); refused
-        on a RoPE already scaled (a scaling of a scaling is not defined)."""
+    def _scaled_rope(rope: RoPE, scaling: dict, what: str) -> RoPE:
+        """``rope``'s geometry with ``scaling`` (Leaky ReRoPE's linear one, windowed_yarn's far
+        YaRN); refused, saying ``what`` needs it, on a RoPE already scaled (a scaling of a
+        scaling is not defined)."""
         if rope.scaling is not None:
-            raise InvalidArgument(f"{method} rotates a branch with {scaling['rope_type']} scaling of the plain "
-                                  f"frequencies; the rope already has scaling {rope.scaling!r}")
+            raise InvalidArgument(f"{what}; the rope already has scaling {rope.scaling!r}")
         return type(rope)(**{**rope.config(), "scaling": dict(scaling)})
 
     @property
