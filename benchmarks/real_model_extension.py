@@ -404,6 +404,20 @@ PASSKEY_SENTENCE = " The pass key is {key}. Remember it. {key} is the pass key. 
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
 MULTIKEY_WORDS = ("apple", "river", "candle", "mountain", "violin", "harbor", "lantern", "meadow")
 RETRIEVAL_TASKS = ("passkey", "multikey", "vartrack")
+# The instruction before the haystack, as the papers' prompts have it: passkey's from Landmark
+# Attention (Mohtashami & Jaggi 2023, used by Position Interpolation), multikey's and vartrack's
+# from RULER (Hsieh et al. 2024, niah and variable-tracking templates; our needles say "pass
+# key"). Without it a needle at depth 0 sits on a text's first tokens, the attention-sink slot
+# of a model without BOS (SmolLM2 at C = L0 reads it 0/10: docs/results.md, issue 36 session 14).
+PREAMBLES = {
+    "passkey": "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+               "I will quiz you about the important information there.\n",
+    "multikey": "Some pass keys are hidden within the following text. Make sure to memorize them. "
+                "I will quiz you about the pass keys afterwards.\n",
+    "vartrack": "Memorize and track the chain(s) of variable assignment hidden in the following text.\n",
+}
+# 1: no preamble (sessions 13-14); 2: PREAMBLES, kept by truncation's windows. Part of a line's key.
+PROMPT_VERSION = 2
 
 
 def _digits(rng: random.Random, n: int = 5) -> str:
@@ -441,10 +455,18 @@ def _longest(trials: list[Trial]) -> int:
     return max(len(t.question) + len(t.answer) for t in trials)
 
 
+def retrieval_header(tokenizer, task: str, preamble: str | None = None) -> list[int]:
+    """The tokens every ``task`` prompt starts with: the tokenizer's BOS (if any) and the task's
+    instruction (``preamble``; default :data:`PREAMBLES`). Truncation keeps them at the start of
+    its window, as a user keeps a system prompt."""
+    text = PREAMBLES[task] if preamble is None else preamble
+    return bos_prefix(tokenizer) + (tokenizer(text, add_special_tokens=False)["input_ids"] if text else [])
+
+
 def retrieval_prompt(tokenizer, task: str, length: int, depths: list[float],
-                     rng: random.Random) -> tuple[torch.Tensor, list[Trial]]:
+                     rng: random.Random, preamble: str | None = None) -> tuple[torch.Tensor, list[Trial]]:
     """(haystack ids (1, H), one :class:`Trial` per depth) of ``task`` (:data:`RETRIEVAL_TASKS`):
-    the filler with one needle per depth (``passkey``: one depth, Position Interpolation's
+    :func:`retrieval_header` (BOS, the instruction), then the filler with one needle per depth (``passkey``: one depth, Position Interpolation's
     prompt has one key; ``multikey``: a needle per depth, each with its own word and key, the
     others its distractors; ``vartrack``: a chain per depth, its value at the depth and its
     three hops at random later depths), cut so that the haystack and the longest question and
@@ -454,6 +476,8 @@ def retrieval_prompt(tokenizer, task: str, length: int, depths: list[float],
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    if task not in RETRIEVAL_TASKS:
+        raise SystemExit(f"--retrieval: unknown task {task!r}; choose from {list(RETRIEVAL_TASKS)}")
     if task == "passkey" and len(depths) != 1:
         raise SystemExit(f"--retrieval passkey: one needle per prompt, got depths {depths}")
     needles, trials = [], []
@@ -478,14 +502,12 @@ def retrieval_prompt(tokenizer, task: str, length: int, depths: list[float],
             needles += [(d, encode(f" VAR {chain[i + 1]} = {chain[i]}. ")) for i, d in enumerate(hops)]
             trials.append(Trial(depth, encode(f" Which variables are assigned the value {value}? Answer:"),
                                 encode(" " + " ".join(chain))))
-    else:
-        raise SystemExit(f"--retrieval: unknown task {task!r}; choose from {list(RETRIEVAL_TASKS)}")
     longest = _longest(trials)
-    prefix = bos_prefix(tokenizer)
-    room = length - len(prefix) - sum(len(tokens) for _, tokens in needles) - longest
+    header = retrieval_header(tokenizer, task, preamble)
+    room = length - len(header) - sum(len(tokens) for _, tokens in needles) - longest
     if room < 1:
         raise SystemExit(f"--contexts: {length} tokens are too few for a {task} prompt")
-    return torch.tensor(prefix + _place(_filler(encode, room), needles)).unsqueeze(0), trials
+    return torch.tensor(header + _place(_filler(encode, room), needles)).unsqueeze(0), trials
 
 
 @torch.no_grad()
@@ -496,7 +518,8 @@ def answer_logits(model, haystack: torch.Tensor, trials: list[Trial], window: in
     then each question and answer on a copy of it (the logits of one forward over haystack +
     question + answer; tests/test_real_model_retrieval.py). ``window`` W: truncation, the
     haystack cut to its last W - (longest question and answer) + 1 tokens, so that no answer
-    token is predicted from more than W tokens, the first ones ``prefix`` (:func:`windowed`)."""
+    token is predicted from more than W tokens, the first ones ``prefix`` (the prompt's
+    :func:`retrieval_header`: BOS and instruction; :func:`windowed`)."""
     longest = _longest(trials)
     if window is not None:
         haystack = windowed(haystack, window - longest + 1, prefix)
@@ -526,7 +549,18 @@ def _key(record: dict) -> tuple:
     fields = ("kind", "model", "text", "task", "needles", "prompt", "context", "boundary", "method")
     if record.get("kind", "loss") == "loss":
         fields += ("truncation_chunk",)
-    return tuple(tuple(v) if isinstance(v := record.get(k), list) else v for k in fields)
+    extra = (_version(record),) if record.get("kind") == "retrieval" else ()
+    return tuple(tuple(v) if isinstance(v := record.get(k), list) else v for k in fields) + extra
+
+
+def _version(record: dict) -> int:
+    return record.get("prompt_version", 1)
+
+
+def _task(record: dict) -> str:
+    """The task's name in the tables: an earlier prompt version's lines are told apart, never pooled."""
+    version = _version(record)
+    return record["task"] if version == PROMPT_VERSION else f"{record['task']} (prompt v{version})"
 
 
 def needle_sets(task: str, depths: list[float]) -> list[tuple[float, ...]]:
@@ -541,7 +575,7 @@ def retrieval_rates(records: list[dict]) -> dict[tuple, list[int]]:
     for r in records:
         if r.get("kind") == "retrieval":
             for depth, hit in zip(r["needles"], r["found"]):
-                cell = rates.setdefault((r["model"], r["task"], r["context"], r["boundary"], r["method"], depth), [0, 0])
+                cell = rates.setdefault((r["model"], _task(r), r["context"], r["boundary"], r["method"], depth), [0, 0])
                 cell[0] += bool(hit)
                 cell[1] += 1
     return rates
@@ -553,7 +587,7 @@ def answer_nlls(records: list[dict]) -> dict[tuple, float]:
     for r in records:
         if r.get("kind") == "retrieval" and r.get("answer_nll"):
             for depth, nll in zip(r["needles"], r["answer_nll"]):
-                sums.setdefault((r["model"], r["task"], r["context"], r["boundary"], r["method"], depth), []).append(nll)
+                sums.setdefault((r["model"], _task(r), r["context"], r["boundary"], r["method"], depth), []).append(nll)
     return {cell: statistics.mean(values) for cell, values in sums.items()}
 
 
@@ -622,7 +656,7 @@ def figure(records: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rates = retrieval_rates(records)
+    rates = retrieval_rates([r for r in records if _version(r) == PROMPT_VERSION])
     rows = sorted({(model, task) for model, task, *_ in rates})
     methods = sorted({key[4] for key in rates})
     if not rows:
@@ -736,7 +770,8 @@ def run(argv: list[str] | None = None) -> list[dict]:
             todo_prompts = [(task, needles, i) for task in tasks for needles in needle_sets(task, depths)
                             for i in range(args.retrieval_prompts) if _key(
                 {"kind": "retrieval", "model": args.model, "task": task, "needles": needles, "prompt": i,
-                 "context": context, "boundary": boundary, "method": label}) not in done]
+                 "prompt_version": PROMPT_VERSION, "context": context, "boundary": boundary,
+                 "method": label}) not in done]
             if not todo_texts and not todo_prompts:
                 continue
             method, params = (None, {}) if label == TRUNCATION else resolve(label, context, boundary)
@@ -759,10 +794,11 @@ def run(argv: list[str] | None = None) -> list[dict]:
                 started = time.perf_counter()
                 rng = random.Random(f"{task}/{context}/{needles}/{i}")  # prompt i is the same for every method
                 haystack, trials = retrieval_prompt(tokenizer, task, context, list(needles), rng)
-                logits = answer_logits(model, haystack.to(args.device), trials, window, prefill_chunk, prefix)
+                header = tuple(retrieval_header(tokenizer, task))
+                logits = answer_logits(model, haystack.to(args.device), trials, window, prefill_chunk, header)
                 scores = [answer_score(trial, row.cpu()) for trial, row in zip(trials, logits)]
                 _emit(out, {"kind": "retrieval", **common, "task": task, "needles": list(needles), "prompt": i,
-                            "context": context, "method": label, **described,
+                            "prompt_version": PROMPT_VERSION, "context": context, "method": label, **described,
                             "found": [score["found"] for score in scores],
                             "tokens_right": [score["tokens_right"] for score in scores],
                             "answer_nll": [score["answer_nll"] for score in scores],

@@ -50,10 +50,14 @@ def _randomized(model):
 
 @pytest.mark.parametrize("task,depths", [("passkey", [0.3]), ("multikey", [0.0, 0.5, 0.9]), ("vartrack", [0.1, 0.6])])
 def test_prompt_holds_each_needle_at_its_depth(script, task, depths):
-    haystack, trials = script.retrieval_prompt(ByteTokenizer(), task, 600, depths, random.Random(0))
+    # 1000 bytes: the needles a small share of the text after the instruction (depth is the filler's fraction)
+    haystack, trials = script.retrieval_prompt(ByteTokenizer(), task, 1000, depths, random.Random(0))
     longest = max(len(t.question) + len(t.answer) for t in trials)
-    assert haystack.shape == (1, 600 - longest) and [t.depth for t in trials] == depths
-    text = bytes(haystack[0].tolist()).decode()
+    assert haystack.shape == (1, 1000 - longest) and [t.depth for t in trials] == depths
+    whole = bytes(haystack[0].tolist()).decode()
+    # the task's instruction first, the depths counted in the haystack after it
+    assert whole.startswith(script.PREAMBLES[task]) and script.PREAMBLES[task].endswith("\n")
+    text = whole[len(script.PREAMBLES[task]):]
     for trial in trials:
         answer = bytes(trial.answer).decode().strip()
         first = answer.split()[0]  # vartrack: the chain's first name holds the value
@@ -90,7 +94,8 @@ def _reference(script, model, haystack, trial):
 
 @pytest.mark.parametrize("method", [None, "yarn", "self_extend"])
 def test_cached_questions_equal_one_forward(script, method):
-    haystack, trials = script.retrieval_prompt(ByteTokenizer(), "multikey", 3 * L0, [0.0, 0.4, 0.8], random.Random(1))
+    haystack, trials = script.retrieval_prompt(ByteTokenizer(), "multikey", 3 * L0, [0.0, 0.4, 0.8], random.Random(1),
+                                               preamble="")  # 192 bytes: no room for the instruction
     with torch.no_grad():
         noise = (_reference(script, _model("eager"), haystack, trials[0])
                  - _reference(script, _model("sdpa"), haystack, trials[0])).abs().max().item()
@@ -114,7 +119,8 @@ def test_truncation_cuts_the_haystack_to_the_window(script):
     at its last answer token; its logits those of one forward over the cut haystack + question
     + answer."""
     window = 2 * L0  # a byte tokenizer's question is about L0 tokens
-    haystack, trials = script.retrieval_prompt(ByteTokenizer(), "multikey", 4 * L0, [0.0, 0.9], random.Random(2))
+    haystack, trials = script.retrieval_prompt(ByteTokenizer(), "multikey", 4 * L0, [0.0, 0.9], random.Random(2),
+                                               preamble="")
     model = _model()
     longest = max(len(t.question) + len(t.answer) for t in trials)
     cut = haystack[:, -(window - longest + 1):]
@@ -129,7 +135,8 @@ def test_truncation_cuts_the_haystack_to_the_window(script):
 
 
 def test_rates_count_each_needle_of_each_prompt(script):
-    line = {"kind": "retrieval", "model": "m", "task": "multikey", "context": 9, "boundary": 4, "method": "x"}
+    line = {"kind": "retrieval", "model": "m", "task": "multikey", "context": 9, "boundary": 4, "method": "x",
+            "prompt_version": script.PROMPT_VERSION}
     records = [dict(line, needles=[0.0, 0.5], prompt=0, found=[True, False]),
                dict(line, needles=[0.0, 0.5], prompt=1, found=[True, True]),
                dict(line, needles=[0.0, 0.5], prompt=1, method="y", found=[False, False])]
@@ -187,7 +194,7 @@ def test_every_sequence_starts_with_the_tokenizers_bos(script):
     ids = script.text_tokens(BosTokenizer(), 50, "stdlib")
     assert ids.shape == (1, 50) and ids[0, 0] == 2 and torch.equal(ids[0, 1:], script.text_tokens(ByteTokenizer(), 49)[0])
     haystack, trials = script.retrieval_prompt(BosTokenizer(), "passkey", 400, [0.5], random.Random(0))
-    assert haystack[0, 0] == 2 and haystack.shape[1] + len(trials[0].question) + len(trials[0].answer) == 400
+    assert haystack[0, 0] == 2 and haystack[0, 1] == ord("T") and haystack.shape[1] + len(trials[0].question) + len(trials[0].answer) == 400
     # a window keeps its length, its first token the BOS; a sequence that fits is left alone
     seq = torch.arange(10, 30).unsqueeze(0)
     assert script.windowed(seq, 6, [2]).tolist() == [[2, 25, 26, 27, 28, 29]]
@@ -207,7 +214,8 @@ def test_truncation_windows_start_with_the_bos(script):
             context = torch.cat([torch.tensor([[2]]), ids[:, target - window + 1:target]], 1)
             want = model(context).logits[0, -1]
             torch.testing.assert_close(got[row], want, atol=1e-5, rtol=0)
-    haystack, trials = script.retrieval_prompt(BosTokenizer(), "multikey", 4 * L0, [0.0, 0.9], random.Random(2))
+    haystack, trials = script.retrieval_prompt(BosTokenizer(), "multikey", 4 * L0, [0.0, 0.9], random.Random(2),
+                                               preamble="")
     longest = max(len(t.question) + len(t.answer) for t in trials)
     cut = script.windowed(haystack, 2 * L0 - longest + 1, [2])
     assert cut[0, 0] == 2
@@ -215,6 +223,38 @@ def test_truncation_windows_start_with_the_bos(script):
     with torch.no_grad():
         for trial, logits in zip(trials, got):
             torch.testing.assert_close(logits, _reference(script, model, cut, trial), atol=1e-5, rtol=0)
+
+
+def test_truncation_keeps_the_prompts_instruction(script):
+    """Truncation's window starts with the prompt's header (BOS and the task's instruction) and
+    ends with the haystack's last tokens; its logits those of one forward over that window."""
+    model = _model()
+    haystack, trials = script.retrieval_prompt(BosTokenizer(), "multikey", 8 * L0, [0.0, 0.9], random.Random(3))
+    header = script.retrieval_header(BosTokenizer(), "multikey")
+    assert header[0] == 2 and bytes(header[1:]).decode() == script.PREAMBLES["multikey"]
+    assert haystack[0, :len(header)].tolist() == header
+    window, longest = 4 * L0, max(len(t.question) + len(t.answer) for t in trials)
+    tail = haystack[:, -(window - longest + 1 - len(header)):]
+    cut = torch.cat([torch.tensor([header]), tail], dim=1)
+    got = script.answer_logits(model, haystack, trials, window=window, prefix=tuple(header))
+    bos_only = script.answer_logits(model, haystack, trials, window=window, prefix=(2,))
+    with torch.no_grad():
+        for trial, logits, wrong in zip(trials, got, bos_only):
+            want = _reference(script, model, cut, trial)
+            torch.testing.assert_close(logits, want, atol=1e-5, rtol=0)
+            assert (wrong - want).abs().max() > 1e-3  # the check sees a window without the instruction
+
+
+def test_lines_of_an_earlier_prompt_are_kept_apart(script):
+    """A line without prompt_version is the first prompt (no instruction): its key differs from
+    the current prompt's and its rates are shown under their own name, never pooled."""
+    line = {"kind": "retrieval", "model": "m", "task": "multikey", "context": 9, "boundary": 4, "method": "x",
+            "needles": [0.0], "prompt": 0}
+    old, new = dict(line, found=[False]), dict(line, found=[True], prompt_version=script.PROMPT_VERSION)
+    assert script.PROMPT_VERSION == 2 and script._key(old) != script._key(new)
+    rates = script.retrieval_rates([old, new])
+    assert rates[("m", "multikey", 9, 4, "x", 0.0)] == [1, 1]
+    assert rates[("m", "multikey (prompt v1)", 9, 4, "x", 0.0)] == [0, 1]
 
 
 def test_answer_score_counts_right_tokens_and_the_answers_nll(script):
@@ -228,7 +268,7 @@ def test_answer_score_counts_right_tokens_and_the_answers_nll(script):
     logits[1, 8] = 1.0
     assert script.answer_score(trial, logits)["found"] is True
     line = {"kind": "retrieval", "model": "m", "task": "passkey", "context": 9, "boundary": 4, "method": "x",
-            "needles": [0.0], "prompt": 0, "found": [True], "answer_nll": [0.5]}
+            "needles": [0.0], "prompt": 0, "found": [True], "answer_nll": [0.5], "prompt_version": script.PROMPT_VERSION}
     assert "| m | passkey | 9 | 4 | x | 1/2 (0.75) |" in script.summarize(
         [line, dict(line, prompt=1, found=[False], answer_nll=[1.0])])
 
