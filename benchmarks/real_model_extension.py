@@ -93,7 +93,8 @@ import random
 import statistics
 import sysconfig
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -606,8 +607,8 @@ def summarize(records: list[dict]) -> str:
         by = {(r["method"], r.get("text", "stdlib")): r for r in rows}
         out += [f"### {MODELS[model].label}: C = {context}, L0 = {boundary}, loss of the tokens past L0 (nats)", "",
                 "| method | texts | mean loss | sd over texts | - truncation (± se, texts) | - truncation (± se, 512-token blocks) | "
-                + " | ".join(f"{t}: - trunc." for t in texts) + " |",
-                "|---|---|---|---|---|---|" + "---|" * len(texts)]
+                + " | ".join(f"{t}: - trunc." for t in texts) + " | s / text | peak MB |",
+                "|---|---|---|---|---|---|" + "---|" * len(texts) + "---|---|"]
         methods = [TRUNCATION] + [m[0] for m in METHODS if any((m[0], t) in by for t in texts)]
         for method in methods:
             mine = [t for t in texts if (method, t) in by]
@@ -625,20 +626,32 @@ def summarize(records: list[dict]) -> str:
             block_cell = f"{statistics.mean(blocks):+.4f} ± {_se(blocks):.4f}" if blocks else ""
             sd = f"{statistics.stdev(values):.4f}" if len(values) > 1 else ""
             out.append(f"| {method} | {len(mine)} | {statistics.mean(values):.4f} | {sd} | {text_cell} | {block_cell} | "
-                       + " | ".join(cells) + " |")
+                       + " | ".join(cells) + f" | {_cost([by[(method, t)] for t in mine])} |")
         out.append("")
     rates, nlls = retrieval_rates(records), answer_nlls(records)
     if rates:
         depths = sorted({key[-1] for key in rates})
         out += [("### Retrieval: found / prompts (every answer token the greedy choice); the answer's mean NLL "
                  "(nats, summed over its tokens) in brackets"), "",
-                "| model | task | C | L0 | method | " + " | ".join(f"depth {d:g}" for d in depths) + " |",
-                "|---|---|---|---|---|" + "---|" * len(depths)]
+                "| model | task | C | L0 | method | " + " | ".join(f"depth {d:g}" for d in depths)
+                + " | s / prompt | peak MB |",
+                "|---|---|---|---|---|" + "---|" * len(depths) + "---|---|"]
+        lines: dict[tuple, list[dict]] = {}
+        for r in records:
+            if r.get("kind") == "retrieval":
+                lines.setdefault((r["model"], _task(r), r["context"], r["boundary"], r["method"]), []).append(r)
         for row in sorted({key[:-1] for key in rates}):
             out.append("| " + " | ".join(str(v) for v in row) + " | " + " | ".join(
-                _rate_cell(rates, nlls, row + (d,)) for d in depths) + " |")
+                _rate_cell(rates, nlls, row + (d,)) for d in depths) + f" | {_cost(lines[row])} |")
         out.append("")
     return "\n".join(out)
+
+
+def _cost(records: list[dict]) -> str:
+    """"mean seconds | largest peak MB" of the lines of one table row (peak blank where not recorded)."""
+    seconds = [r["seconds"] for r in records if r.get("seconds") is not None]
+    peaks = [r["peak_mb"] for r in records if r.get("peak_mb") is not None]
+    return (f"{statistics.mean(seconds):.0f}" if seconds else "") + " | " + (f"{max(peaks):.0f}" if peaks else "")
 
 
 def _rate_cell(rates: dict, nlls: dict, cell: tuple) -> str:
@@ -689,6 +702,33 @@ def figure(records: list[dict], path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- the run
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+@contextmanager
+def peak_memory() -> Iterator[dict]:
+    """Yield a dict whose ``"peak_mb"`` is set on exit to the peak resident memory (MB) the block
+    added above the process's resident memory at its start (the model's weights not counted):
+    Linux's VmHWM, reset through /proc/self/clear_refs; None where /proc cannot tell."""
+    found: dict = {"peak_mb": None}
+    before = _status_kb("VmRSS")
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        before = None
+    yield found
+    peak = _status_kb("VmHWM")
+    if before is not None and peak is not None:
+        found["peak_mb"] = round((peak - before) / 1024, 1)
 
 
 def _emit(out: Path, record: dict, done: set, results: list) -> None:
@@ -783,26 +823,28 @@ def run(argv: list[str] | None = None) -> list[dict]:
             for text in todo_texts:
                 started = time.perf_counter()
                 ids = text_tokens(tokenizer, context, text).to(args.device)
-                losses = token_losses_past(model, ids, boundary, window, chunk if window else 1024, prefill_chunk,
-                                           prefix).cpu()
+                with peak_memory() as memory:
+                    losses = token_losses_past(model, ids, boundary, window, chunk if window else 1024,
+                                               prefill_chunk, prefix).cpu()
                 loss = losses.mean().item()
                 _emit(out, {"kind": "loss", **common, "text": ALIASES.get(text, text), "context": context,
                             "method": label, **described, "loss_past": loss, "ppl_past": math.exp(loss),
                             "block": BLOCK, "block_losses": block_means(losses),
-                            "seconds": round(time.perf_counter() - started, 1)}, done, results)
+                            "seconds": round(time.perf_counter() - started, 1), **memory}, done, results)
             for task, needles, i in todo_prompts:
                 started = time.perf_counter()
                 rng = random.Random(f"{task}/{context}/{needles}/{i}")  # prompt i is the same for every method
                 haystack, trials = retrieval_prompt(tokenizer, task, context, list(needles), rng)
                 header = tuple(retrieval_header(tokenizer, task))
-                logits = answer_logits(model, haystack.to(args.device), trials, window, prefill_chunk, header)
+                with peak_memory() as memory:
+                    logits = answer_logits(model, haystack.to(args.device), trials, window, prefill_chunk, header)
                 scores = [answer_score(trial, row.cpu()) for trial, row in zip(trials, logits)]
                 _emit(out, {"kind": "retrieval", **common, "task": task, "needles": list(needles), "prompt": i,
                             "prompt_version": PROMPT_VERSION, "context": context, "method": label, **described,
                             "found": [score["found"] for score in scores],
                             "tokens_right": [score["tokens_right"] for score in scores],
                             "answer_nll": [score["answer_nll"] for score in scores],
-                            "seconds": round(time.perf_counter() - started, 1)}, done, results)
+                            "seconds": round(time.perf_counter() - started, 1), **memory}, done, results)
             if model is not base:
                 del model
     everything = previous + results

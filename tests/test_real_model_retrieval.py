@@ -10,6 +10,7 @@ float32 noise (its eager against its sdpa attention on the same tokens)."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -255,6 +256,32 @@ def test_lines_of_an_earlier_prompt_are_kept_apart(script):
     rates = script.retrieval_rates([old, new])
     assert rates[("m", "multikey", 9, 4, "x", 0.0)] == [1, 1]
     assert rates[("m", "multikey (prompt v1)", 9, 4, "x", 0.0)] == [0, 1]
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux /proc only")
+def test_peak_memory_counts_what_the_block_allocates(script):
+    kept = torch.ones(50_000_000)  # 200 MB resident before the block: not counted
+    with script.peak_memory() as memory:
+        inside = torch.ones(100_000_000)  # 400 MB, freed before the block ends
+        inside += 1
+        del inside
+    assert 380 < memory["peak_mb"] < 480, memory
+    with script.peak_memory() as idle:
+        pass
+    assert idle["peak_mb"] < 50 and kept.sum() > 0
+
+
+def test_summary_states_each_rows_cost(script):
+    line = {"kind": "retrieval", "model": "m", "task": "passkey", "context": 9, "boundary": 4, "method": "x",
+            "needles": [0.0], "found": [True], "prompt_version": script.PROMPT_VERSION}
+    table = script.summarize([dict(line, prompt=0, seconds=10.0, peak_mb=100.0),
+                              dict(line, prompt=1, seconds=20.0, peak_mb=300.0)])
+    assert "| m | passkey | 9 | 4 | x | 2/2 | 15 | 300 |" in table
+    loss = {"kind": "loss", "model": "smollm2", "text": "a", "context": 9, "boundary": 4, "loss_past": 1.0}
+    table = script.summarize([dict(loss, method="truncation", seconds=4.0),
+                              dict(loss, method="yarn", loss_past=1.5, seconds=6.0, peak_mb=12.0)])
+    assert "| truncation | 1 | 1.0000 |  | +0.0000 |  | +0.0000 | 4 |  |" in table
+    assert "| yarn | 1 | 1.5000 |  | +0.5000 |  | +0.5000 | 6 | 12 |" in table
 
 
 def test_answer_score_counts_right_tokens_and_the_answers_nll(script):
