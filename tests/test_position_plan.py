@@ -822,6 +822,10 @@ def test_mrope_type_accepted_and_written_back():
     (dict(model_type="mistral_large4", text_config=dict(SMALL, model_type="mistral_large4_text")), "index_topk"),
     # Mistral 4's query temperature (its class's default rope dict: llama_4_scaling_beta 0.1)
     (dict(SMALL, model_type="mistral4", qk_rope_head_dim=8, qk_nope_head_dim=16), "llama_4_scaling_beta"),
+    # a rope dict without the key: transformers' Mistral 4 fails at its first forward (None * tensor)
+    (dict(SMALL, model_type="mistral4", qk_rope_head_dim=8, qk_nope_head_dim=16, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 64}),
+     "needs 'llama_4_scaling_beta'"),
 ])
 def test_refusals_name_the_key(config, key):
     with pytest.raises((MissingKey, InvalidArgument), match=key):

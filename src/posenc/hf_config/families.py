@@ -1200,7 +1200,10 @@ def mistral4_prepare(r: Reading) -> None:
     if key is None:
         key, params = "rope_parameters", MISTRAL4_ROPE
     beta = params.get("llama_4_scaling_beta")
-    if beta is not None and check_real(beta, f"config[{key!r}]['llama_4_scaling_beta']") != 0:
+    if beta is None:  # transformers' Mistral4Attention multiplies None into the queries (TypeError)
+        raise MissingKey(f"config[{key!r}] (mistral4): needs 'llama_4_scaling_beta' (transformers' Mistral4Attention "
+                         "multiplies the queries by a factor of it)")
+    if check_real(beta, f"config[{key!r}]['llama_4_scaling_beta']") != 0:
         raise InvalidArgument(f"config[{key!r}]['llama_4_scaling_beta'] = {beta!r}: transformers' Mistral 4 multiplies "
                               "the queries of every layer by 1 + beta * log(1 + floor(position / "
                               "original_max_position_embeddings)); no posenc encoding computes that query temperature on "
