@@ -1038,3 +1038,18 @@ def test_a_refused_family_is_not_listed_as_read():
     assert "'gpt2'" in str(caught.value) and "'roberta'" not in str(caught.value)
     with pytest.raises(InvalidArgument, match="refused"):
         Family("x", refused="  ")
+
+
+@pytest.mark.parametrize("rope_parameters, rotary, note", [
+    ({"rope_type": "default", "rope_theta": 5e6}, 16, "partial_rotary_factor 0.5"),
+    # the rope dict's factor is read first (MiniMaxM2Config.convert_rope_params_to_dict): no note of rotary_dim's
+    ({"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.25}, 8, None),
+])
+def test_minimax_m2_rotary_dim_yields_to_the_rope_dicts_factor(rope_parameters, rotary, note):
+    config = dict(SMALL, model_type="minimax_m2", head_dim=32, rotary_dim=16, rope_parameters=rope_parameters)
+    plan = position_plan(config)
+    assert plan[0].encoding.rotary_dim == rotary
+    hf = hf_text_config("minimax_m2", {k: v for k, v in config.items() if k != "model_type"})
+    assert int(hf.head_dim * hf.rope_parameters["partial_rotary_factor"]) == rotary
+    notes = [n for n in plan.notes if "rotary_dim" in n]
+    assert (notes == []) if note is None else any(note in n for n in notes)

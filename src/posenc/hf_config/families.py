@@ -658,11 +658,13 @@ def dots1_layer_types(r: Reading) -> list[str]:
 def minimax_m2_prepare(r: Reading) -> None:
     """MiniMax-M2 (``MiniMaxM2Config.convert_rope_params_to_dict``): the released checkpoints give
     the rotated width as an absolute ``rotary_dim``; it is partial_rotary_factor rotary_dim /
-    head_dim unless the config gives the factor."""
+    head_dim unless the config gives the factor (at its top level or in its rope dict, which
+    transformers reads first)."""
     if r.cfg.get("rotary_dim") is None:
         return
     rotary, head = config_int(r.cfg, "rotary_dim", where="config (minimax_m2)"), r.positive_int("head_dim")
-    if r.cfg.get("partial_rotary_factor") is None:
+    in_rope_dict = rope_dict_of(r)[1].get("partial_rotary_factor") is not None
+    if r.cfg.get("partial_rotary_factor") is None and not in_rope_dict:
         r.cfg["partial_rotary_factor"] = rotary / head
         r.note(f"rotary_dim {rotary} of head_dim {head}: partial_rotary_factor {rotary / head:g}")
 
