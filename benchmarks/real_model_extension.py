@@ -86,6 +86,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
+import gc
 import importlib.util
 import json
 import math
@@ -714,12 +716,23 @@ def _status_kb(field: str) -> int | None:
     return None
 
 
+def _give_back_free_heap() -> None:
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 @contextmanager
 def peak_memory() -> Iterator[dict]:
     """Yield a dict whose ``"peak_mb"`` is set on exit to the peak resident memory (MB) the block
     added above the process's resident memory at its start (the model's weights not counted):
-    Linux's VmHWM, reset through /proc/self/clear_refs; None where /proc cannot tell."""
+    Linux's VmHWM, reset through /proc/self/clear_refs; None where /proc cannot tell. The heap
+    glibc keeps after a free is given back first (``malloc_trim``): else a second forward would
+    reuse it unseen and count almost nothing."""
     found: dict = {"peak_mb": None}
+    _give_back_free_heap()
     before = _status_kb("VmRSS")
     try:
         Path("/proc/self/clear_refs").write_text("5")
