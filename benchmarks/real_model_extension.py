@@ -515,14 +515,17 @@ def retrieval_prompt(tokenizer, task: str, length: int, depths: list[float],
 
 @torch.no_grad()
 def answer_logits(model, haystack: torch.Tensor, trials: list[Trial], window: int | None = None,
-                  prefill_chunk: int | None = None, prefix: tuple[int, ...] = ()) -> list[torch.Tensor]:
+                  prefill_chunk: int | None = None, prefix: tuple[int, ...] = (),
+                  given: list | None = None) -> list[torch.Tensor]:
     """Per trial, the logits (len(answer), vocab) float32 that predict its answer tokens after
     the haystack and its question: one forward over the haystack into transformers' KV cache,
     then each question and answer on a copy of it (the logits of one forward over haystack +
     question + answer; tests/test_real_model_retrieval.py). ``window`` W: truncation, the
     haystack cut to its last W - (longest question and answer) + 1 tokens, so that no answer
     token is predicted from more than W tokens, the first ones ``prefix`` (the prompt's
-    :func:`retrieval_header`: BOS and instruction; :func:`windowed`)."""
+    :func:`retrieval_header`: BOS and instruction; :func:`windowed`). ``given``: a list that
+    receives, per trial, the answer the model writes itself (:func:`greedy_answer`), on the same
+    cache."""
     longest = _longest(trials)
     if window is not None:
         haystack = windowed(haystack, window - longest + 1, prefix)
@@ -532,7 +535,29 @@ def answer_logits(model, haystack: torch.Tensor, trials: list[Trial], window: in
         ids = torch.tensor([trial.question + trial.answer], device=haystack.device)
         hidden = model.model(input_ids=ids, cache=copy.deepcopy(cache), use_cache=True).last_hidden_state
         logits.append(_head(model, hidden[0, len(trial.question) - 1:-1]))
+        if given is not None:
+            given.append(greedy_answer(model, cache, trial))
     return logits
+
+
+@torch.no_grad()
+def greedy_answer(model, cache, trial: Trial) -> list[int]:
+    """The len(trial.answer) tokens the model writes after the question, each its greedy choice
+    fed back (a copy of the haystack's ``cache``): which key a missed answer gives, another
+    needle's (a position read as another's) or none."""
+    cache = copy.deepcopy(cache)
+    ids, out = torch.tensor([trial.question], device=next(model.parameters()).device), []
+    for _ in trial.answer:
+        step = model.model(input_ids=ids, cache=cache, use_cache=True)
+        cache = step.cache
+        ids = _head(model, step.last_hidden_state[:, -1:]).argmax(-1)
+        out.append(int(ids[0, 0]))
+    return out
+
+
+def other_needle(given: list[int], trial: Trial, trials: list[Trial]) -> bool:
+    """The model wrote another trial's answer (another needle's key) for this one."""
+    return any(given == other.answer for other in trials if other is not trial and other.answer != trial.answer)
 
 
 def answer_score(trial: Trial, logits: torch.Tensor) -> dict:
@@ -849,14 +874,18 @@ def run(argv: list[str] | None = None) -> list[dict]:
                 rng = random.Random(f"{task}/{context}/{needles}/{i}")  # prompt i is the same for every method
                 haystack, trials = retrieval_prompt(tokenizer, task, context, list(needles), rng)
                 header = tuple(retrieval_header(tokenizer, task))
+                given: list[list[int]] = []
                 with peak_memory() as memory:
-                    logits = answer_logits(model, haystack.to(args.device), trials, window, prefill_chunk, header)
+                    logits = answer_logits(model, haystack.to(args.device), trials, window, prefill_chunk, header,
+                                           given)
                 scores = [answer_score(trial, row.cpu()) for trial, row in zip(trials, logits)]
                 _emit(out, {"kind": "retrieval", **common, "task": task, "needles": list(needles), "prompt": i,
                             "prompt_version": PROMPT_VERSION, "context": context, "method": label, **described,
                             "found": [score["found"] for score in scores],
                             "tokens_right": [score["tokens_right"] for score in scores],
                             "answer_nll": [score["answer_nll"] for score in scores],
+                            "given": [tokenizer.decode(ids) for ids in given],
+                            "other_needle": [other_needle(ids, t, trials) for ids, t in zip(given, trials)],
                             "seconds": round(time.perf_counter() - started, 1), **memory}, done, results)
             if model is not base:
                 del model

@@ -292,6 +292,36 @@ def test_summary_states_each_rows_cost(script):
     assert "| yarn | 1 | 1.5000 |  | +0.5000 |  | +0.5000 | 6 | 12 |" in table
 
 
+@pytest.mark.parametrize("method", [None, "self_extend"])
+def test_greedy_answer_is_what_full_forwards_write(script, method):
+    """The answer the model writes on a copy of the haystack's cache: each token the argmax of one
+    full forward over haystack + question + the tokens written so far (no cache)."""
+    haystack, trials = script.retrieval_prompt(ByteTokenizer(), "multikey", 3 * L0, [0.0, 0.5], random.Random(5),
+                                               preamble="")
+    model = _extended(_model(), method)
+    given: list = []
+    script.answer_logits(model, haystack, trials, given=given)
+    with torch.no_grad():
+        for trial, got in zip(trials, given):
+            ids = torch.cat([haystack, torch.tensor([trial.question])], dim=1)
+            want = []
+            for _ in trial.answer:
+                nxt = int(model(ids).logits[0, -1].argmax())
+                want.append(nxt)
+                ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+            assert got == want and len(got) == len(trial.answer)
+    # the check sees a wrong context: the answer written without the haystack differs
+    with torch.no_grad():
+        bare = script.greedy_answer(model, None, trials[0])
+    assert bare != given[0]
+
+
+def test_other_needle_names_an_answer_of_another_trial(script):
+    a, b = script.Trial(0.0, [1], [5, 6]), script.Trial(0.5, [2], [7, 8])
+    assert script.other_needle([7, 8], a, [a, b]) and not script.other_needle([5, 6], a, [a, b])
+    assert not script.other_needle([7, 9], a, [a, b]) and not script.other_needle([5, 6], a, [a])
+
+
 def test_answer_score_counts_right_tokens_and_the_answers_nll(script):
     trial = script.Trial(0.5, [1, 2], [7, 8, 9])
     logits = torch.full((3, 10), -30.0)
