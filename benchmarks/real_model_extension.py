@@ -39,8 +39,10 @@ L0 - chunk + 1 to L0 tokens, at least 7/8 of L0; 1 is exact).
 
 **Retrieval** (``--retrieval passkey,multikey,vartrack``, ``--retrieval-depths``,
 ``--retrieval-prompts K``; one JSON line per prompt, appended as it finishes, with found per
-needle): each prompt a haystack of passkey's filler (:mod:`posenc.lab.experiments.tasks`)
-with needles at the depths, then a question, the answer teacher-forced after it, found when
+needle): each prompt the task's instruction (:data:`PREAMBLES`: Landmark Attention's for passkey,
+RULER's for multikey and vartrack; after the BOS where the model has one), then a haystack of
+passkey's filler (:mod:`posenc.lab.experiments.tasks`) with needles at the depths (a fraction of
+the filler after the instruction), then a question, the answer teacher-forced after it, found when
 every answer token is the model's greedy choice; the haystack and the longest question and
 answer are C tokens. Prompt i is drawn from a seed of (task, C, depths, i): the same for every
 method, the same whatever K.
@@ -58,16 +60,21 @@ method, the same whatever K.
 The questions of one prompt are each asked after the haystack alone: one forward over the
 haystack into transformers' KV cache, then each question and answer on a copy of it (the
 logits of one forward over haystack + question + answer: tests/test_real_model_retrieval.py),
-so that a 12k-token prompt gives a trial per depth for the price of one forward. Depth 0 puts a
-needle at the start of the haystack, about C tokens before its answer; past the training window
-when (1 - depth) C > L0. Truncation: the haystack cut to its last L0 - (longest question and
-answer) + 1 tokens (no answer token predicted from more than L0), so a needle past the window
-is out of its reach.
+so that a 12k-token prompt gives a trial per depth for the price of one forward; on the same
+cache the model also writes its own answer (greedy, ``given``), and ``other_needle`` says
+whether that is another needle's key. Depth 0 puts a needle right after the instruction, about
+C tokens before its answer; past the training window when (1 - depth) C > L0. Truncation: the
+instruction, then the haystack's last L0 - (longest question and answer) + 1 - (instruction)
+tokens (no answer token predicted from more than L0), so a needle past the window is out of its
+reach. Lines carry ``prompt_version`` (:data:`PROMPT_VERSION`; lines without it are the first
+prompts, without an instruction, tabled apart). Every line records ``seconds`` and ``peak_mb``
+(:func:`peak_memory`: the forward's peak resident memory above the process's before it).
 
 **Summary** (``--summary FILE.md``, from every line of ``--out``): per model and context, each
 method's mean loss over texts, its spread (sd over texts), its paired difference to truncation
 (mean ± se over texts, and ± se over the 512-token blocks of every text), the per-text
-differences; the retrieval rates; ``--figure FILE.png``: a depth x length map per method and task.
+differences, each row's cost (mean seconds, largest peak MB); the retrieval rates and their
+cost; ``--figure FILE.png``: a depth x length map per method and task.
 
 Run from the repository root (a 12,288-token forward of SmolLM2 takes about a minute on 2 free
 cores; see docs/results.md "Context extension past L")::
