@@ -626,6 +626,18 @@ def answer_nlls(records: list[dict]) -> dict[tuple, float]:
     return {cell: statistics.mean(values) for cell, values in sums.items()}
 
 
+def other_needles(records: list[dict]) -> dict[tuple, int]:
+    """The cells of :func:`retrieval_rates` -> how many answers the model wrote were another
+    needle's key (over the lines that recorded it)."""
+    counts: dict[tuple, int] = {}
+    for r in records:
+        if r.get("kind") == "retrieval" and r.get("other_needle") is not None:
+            for depth, other in zip(r["needles"], r["other_needle"]):
+                cell = (r["model"], _task(r), r["context"], r["boundary"], r["method"], depth)
+                counts[cell] = counts.get(cell, 0) + bool(other)
+    return counts
+
+
 def _se(values: list[float]) -> float:
     return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
 
@@ -662,11 +674,12 @@ def summarize(records: list[dict]) -> str:
             out.append(f"| {method} | {len(mine)} | {statistics.mean(values):.4f} | {sd} | {text_cell} | {block_cell} | "
                        + " | ".join(cells) + f" | {_cost([by[(method, t)] for t in mine])} |")
         out.append("")
-    rates, nlls = retrieval_rates(records), answer_nlls(records)
+    rates, nlls, others = retrieval_rates(records), answer_nlls(records), other_needles(records)
     if rates:
         depths = sorted({key[-1] for key in rates})
         out += [("### Retrieval: found / prompts (every answer token the greedy choice); the answer's mean NLL "
-                 "(nats, summed over its tokens) in brackets"), "",
+                 "(nats, summed over its tokens) in brackets, and how many written answers were another needle's key"),
+                "",
                 "| model | task | C | L0 | method | " + " | ".join(f"depth {d:g}" for d in depths)
                 + " | s / prompt | peak MB |",
                 "|---|---|---|---|---|" + "---|" * len(depths) + "---|---|"]
@@ -676,7 +689,7 @@ def summarize(records: list[dict]) -> str:
                 lines.setdefault((r["model"], _task(r), r["context"], r["boundary"], r["method"]), []).append(r)
         for row in sorted({key[:-1] for key in rates}):
             out.append("| " + " | ".join(str(v) for v in row) + " | " + " | ".join(
-                _rate_cell(rates, nlls, row + (d,)) for d in depths) + f" | {_cost(lines[row])} |")
+                _rate_cell(rates, nlls, row + (d,), others) for d in depths) + f" | {_cost(lines[row])} |")
         out.append("")
     return "\n".join(out)
 
@@ -688,11 +701,12 @@ def _cost(records: list[dict]) -> str:
     return (f"{statistics.mean(seconds):.0f}" if seconds else "") + " | " + (f"{max(peaks):.0f}" if peaks else "")
 
 
-def _rate_cell(rates: dict, nlls: dict, cell: tuple) -> str:
+def _rate_cell(rates: dict, nlls: dict, cell: tuple, others: dict | None = None) -> str:
     if cell not in rates:
         return ""
     found, prompts = rates[cell]
-    return f"{found}/{prompts}" + (f" ({nlls[cell]:.2f})" if cell in nlls else "")
+    other = f", {others[cell]} other" if others and cell in others else ""
+    return f"{found}/{prompts}" + (f" ({nlls[cell]:.2f}{other})" if cell in nlls else f" ({other[2:]})" if other else "")
 
 
 def figure(records: list[dict], path: Path) -> None:

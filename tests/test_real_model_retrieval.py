@@ -320,6 +320,12 @@ def test_other_needle_names_an_answer_of_another_trial(script):
     a, b = script.Trial(0.0, [1], [5, 6]), script.Trial(0.5, [2], [7, 8])
     assert script.other_needle([7, 8], a, [a, b]) and not script.other_needle([5, 6], a, [a, b])
     assert not script.other_needle([7, 9], a, [a, b]) and not script.other_needle([5, 6], a, [a])
+    line = {"kind": "retrieval", "model": "m", "task": "multikey", "context": 9, "boundary": 4, "method": "x",
+            "needles": [0.0, 0.5], "found": [False, True], "answer_nll": [9.0, 0.5],
+            "prompt_version": script.PROMPT_VERSION}
+    table = script.summarize([dict(line, prompt=0, other_needle=[True, False]),
+                              dict(line, prompt=1, other_needle=[False, False]), dict(line, prompt=2)])
+    assert "| m | multikey | 9 | 4 | x | 0/3 (9.00, 1 other) | 3/3 (0.50, 0 other) |" in table
 
 
 def test_answer_score_counts_right_tokens_and_the_answers_nll(script):
