@@ -112,6 +112,17 @@ CASES = [
       for v in (0, NAN)],
     *[(f"xpos center={v!r}", (lambda v=v: posenc.create("xpos", head_dim=8, center=v)), ValueError, r"center must be an int \(a fixed centre\) or one of \('query', 'call'\)")
       for v in ("middle", True, 1.5)],
+    # -- fope ----------------------------------------------------------------------------------
+    ("fope head_dim odd", lambda: posenc.create("fope", head_dim=7), ValueError, r"head_dim must be"),
+    *[(f"fope num_inv_freq={v!r}", (lambda v=v: posenc.create("fope", head_dim=8, num_inv_freq=v)), ValueError,
+       r"num_inv_freq must be") for v in (0, 5, 1.5)],
+    ("fope max_position_embeddings too short", lambda: posenc.create("fope", head_dim=8, max_position_embeddings=6),
+     ValueError, r"no frequency of head_dim 8 completes a period"),
+    ("fope both limits", lambda: posenc.create("fope", head_dim=8, num_inv_freq=2, max_position_embeddings=64),
+     ValueError, r"give num_inv_freq or max_position_embeddings, not both"),
+    *[(f"fope sin_pad_value={v!r}", (lambda v=v: posenc.create("fope", head_dim=8, sin_pad_value=v)), ValueError,
+       r"sin_pad_value must be 1.0 \(as shipped\) or 0.0") for v in (0.5, True)],
+    ("fope learnable not bool", lambda: posenc.create("fope", head_dim=8, learnable=1), TypeError, r"learnable must be a bool"),
     # -- alibi / alibi_slopes ------------------------------------------------------------------
     *[(f"alibi num_heads={v!r}", (lambda v=v: posenc.create("alibi", num_heads=v)), ValueError, r"num_heads must be an integer >= 1")
       for v, _ in SIZES_BAD],

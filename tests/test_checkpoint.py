@@ -29,6 +29,8 @@ OPTIONS = {
     "irope": {"no_rope_layers": [0], "attention_chunk_size": 4, "floor_scale": 3, "attn_scale": 0.5,
               "rope_theta": 10000.0, "interleaved": False},
     "cope": {"npos_max": 9}, "fox": {},
+    "fope": {"rope_theta": 500.0, "max_position_embeddings": 32, "fope_init_factor": 0.5, "learnable": True,
+             "sin_pad_value": 0.0},
 }
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import posenc
 from posenc.encodings import (
-    ALiBi, CoPE, FIRE, FoX, IRoPE, Kerple, LearnedAbsolute, MRoPE, NoPE, ProportionalRoPE, RoPE, Shaw, Sinusoidal,
+    ALiBi, CoPE, FIRE, FoPE, FoX, IRoPE, Kerple, LearnedAbsolute, MRoPE, NoPE, ProportionalRoPE, RoPE, Shaw, Sinusoidal,
     T5RelativeBias, TransformerXL, XPos, AxialRoPE,
 )
 from posenc.encodings.base import MODEL_SIZES, Hook, PositionalEncoding
@@ -22,6 +22,7 @@ HOOKS = {
     "alibi": {"score_bias"}, "t5": {"score_bias"}, "kerple": {"score_bias"}, "fire": {"score_bias"},
     "shaw": {"content"}, "transformer_xl": {"content"}, "p_rope": {"rotate"}, "mrope": {"rotate"},
     "axial_rope": {"rotate"}, "irope": {"rotate", "mask"}, "cope": {"content"}, "fox": {"gate"},
+    "fope": {"rotate"},
 }
 
 #: Sizes all different from each other, so that a size passed to the wrong argument shows.
@@ -51,6 +52,7 @@ CONSTRUCTOR_CALLS = {
     "cope": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers:
         CoPE(head_dim, num_layers, npos_max=max_positions + 1),
     "fox": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: FoX(d_model, num_heads, num_layers),
+    "fope": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: FoPE(head_dim),
 }
 
 

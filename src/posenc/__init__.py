@@ -36,6 +36,7 @@ from posenc.encodings import (
     mrope_position_ids,
     CoPE,
     FoX,
+    FoPE,
     alibi_slopes,
     apply_rotary,
     available,
@@ -50,7 +51,7 @@ from posenc.encodings import (
 __all__ = [
     "__version__", "attention", "BACKENDS", "available", "create", "create_for_model", "REGISTRY",
     "Hook", "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
-    "XPos", "ProportionalRoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
+    "XPos", "ProportionalRoPE", "FoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids",
     "IRoPE",
     "CoPE", "FoX",

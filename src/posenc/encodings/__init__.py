@@ -17,6 +17,7 @@ from posenc.encodings.fox import FoX
 from posenc.encodings.shaw import Shaw
 from posenc.encodings.transformer_xl import TransformerXL
 from posenc.encodings.rope import ProportionalRoPE, RoPE, XPos, apply_rotary, rope_frequencies
+from posenc.encodings.rope.fope import FoPE, fope_frequencies
 from posenc.encodings.irope import IRoPE
 from posenc.encodings.rope.branched import BRANCHED_METHODS, BranchedRoPE, branched
 from posenc.errors import InvalidArgument
@@ -31,6 +32,7 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
         MRoPE, AxialRoPE,
         IRoPE,
         CoPE, FoX,
+        FoPE,
     )
 }
 
@@ -83,10 +85,10 @@ def create_for_model(
 __all__ = [
     "REGISTRY", "available", "create", "create_for_model", "encoding_class",
     "Hook", "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
-    "XPos", "ProportionalRoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
+    "XPos", "ProportionalRoPE", "FoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids",
     "IRoPE",
     "CoPE", "FoX",
     "BranchedRoPE", "branched", "BRANCHED_METHODS",
-    "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "apply_rotary",
+    "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "fope_frequencies", "apply_rotary",
 ]

@@ -87,8 +87,11 @@ def _embed_panels(enc: PositionalEncoding, d_model: int, num_positions: int):
 def _rotate_panels(enc: PositionalEncoding, head_dim: int, max_distance: int):
     distances = torch.arange(max_distance + 1)
     query_pos = torch.tensor([max_distance])
-    ones = torch.ones(1, 1, 1, head_dim)
-    q_rot, k_rot = enc.rotate(ones, ones.expand(1, 1, max_distance + 1, head_dim), query_pos, max_distance - distances)
+    # an encoding with tables per key/value head (FoPE) is drawn for its head 0
+    heads = getattr(enc, "num_key_value_heads", 1)
+    ones = torch.ones(1, heads, 1, head_dim)
+    q_rot, k_rot = enc.rotate(ones, ones.expand(1, heads, max_distance + 1, head_dim), query_pos,
+                              max_distance - distances)
     score = (q_rot @ k_rot.transpose(-2, -1))[0, 0, 0] / head_dim
     inv_freq = getattr(enc, "inv_freq", None)
 
