@@ -201,3 +201,17 @@ def test_head_counts_that_do_not_divide_are_refused():
         enc.rotate(torch.randn(1, 3, 2, 8), torch.randn(1, 2, 2, 8), torch.arange(2), torch.arange(2))
     with pytest.raises(InvalidArgument, match="head_dim"):
         enc.rotate(torch.randn(1, 2, 2, 6), torch.randn(1, 2, 2, 6), torch.arange(2), torch.arange(2))
+
+
+def test_the_lab_clips_at_its_training_length():
+    """posenc extrapolate builds FoPE with max_position_embeddings = L (the official code's
+    max_sequence_length), through the encodings' generic options_for_train_len."""
+    from posenc.lab.experiments.extrapolation_config import ExtrapolationConfig
+
+    assert FoPE.options_for_train_len(128) == {"max_position_embeddings": 128}
+    config = ExtrapolationConfig.from_preset("quick")
+    options = config.encoding_options("fope")
+    assert options == {"max_position_embeddings": config.train_len}
+    built = config.encoding("fope")
+    assert isinstance(built, FoPE) and built.num_inv_freq == fope_frequencies(
+        built.head_dim, max_position_embeddings=config.train_len).numel() < built.head_dim // 2

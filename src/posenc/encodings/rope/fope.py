@@ -133,6 +133,14 @@ class FoPE(PositionalEncoding):
             else:
                 self.register_buffer(name, coef)
 
+    @classmethod
+    def options_for_train_len(cls, train_len: int) -> dict[str, int]:
+        """``max_position_embeddings = train_len``: FoPE drops the frequencies that do not
+        complete a period within the training length (the official code's
+        ``max_sequence_length``), so a model trained on windows of L tokens clips at L."""
+        check_positive_int(train_len, "train_len")
+        return {"max_position_embeddings": train_len}
+
     @property
     def inv_freq(self) -> Tensor:
         """float32 (F,), radians per token: the kept frequencies (:func:`fope_frequencies`)."""
