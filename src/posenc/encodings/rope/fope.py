@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from posenc._validation import check_bool, check_even, check_number, check_positive_int
 from posenc.encodings.base import Hook, PositionalEncoding
+from posenc.encodings.rope.rotary import frequencies_on
 from posenc.encodings.rope.scaling import compute_rope_parameters
 from posenc.errors import InvalidArgument
 
@@ -151,20 +152,12 @@ class FoPE(PositionalEncoding):
         """F, the frequencies kept."""
         return self._inv_freq_f64.numel()
 
-    def _frequencies(self, device: torch.device) -> Tensor:
-        if torch.compiler.is_compiling():
-            return self._inv_freq_f64.to(device)
-        freq = self._freq_on.get(device)
-        if freq is None:
-            freq = self._freq_on[device] = self._inv_freq_f64.to(device)
-        return freq
-
     def tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """(cos, sin) of shape (H_coef, T, D), or (B, H_coef, T, D) for (B, T) positions, in
         ``dtype``: the angles and their cos and sin in float64, mixed by the coefficients in
         float64 (the coefficients' gradient flows through), padded and doubled as the class
         docstring says."""
-        angles = positions.to(torch.float64).unsqueeze(-1) * self._frequencies(positions.device)
+        angles = positions.to(torch.float64).unsqueeze(-1) * frequencies_on(self._inv_freq_f64, positions.device, self._freq_on)
         tables = []
         for trig, coef, pad in ((torch.cos, self.cos_coef, 1.0), (torch.sin, self.sin_coef, self.sin_pad_value)):
             mixed = torch.einsum("...tf,hfg->...htg", trig(angles), coef.to(torch.float64))

@@ -30,6 +30,17 @@ from posenc.encodings.rope.scaling import compute_rope_parameters, rope_type_rec
 from posenc.errors import InvalidArgument
 
 
+def frequencies_on(frequencies: Tensor, device: torch.device, cache: dict[torch.device, Tensor]) -> Tensor:
+    """``frequencies`` (float64, kept off the module's ``.to()``) on ``device``, copied there once
+    and kept in ``cache``; under ``torch.compile`` a plain ``.to()`` (no dict writes in the graph)."""
+    if torch.compiler.is_compiling():
+        return frequencies.to(device)
+    freq = cache.get(device)
+    if freq is None:
+        freq = cache[device] = frequencies.to(device)
+    return freq
+
+
 def rope_frequencies(
     head_dim: int,
     *,
@@ -227,12 +238,7 @@ class RoPE(PositionalEncoding):
 
     def _static_frequencies(self, device: torch.device) -> Tensor:
         """The length-independent float64 frequencies (r/2,) on ``device``."""
-        if torch.compiler.is_compiling():
-            return self._inv_freq_f64.to(device)
-        freq = self._freq_on.get(device)
-        if freq is None:
-            freq = self._freq_on[device] = self._inv_freq_f64.to(device)
-        return freq
+        return frequencies_on(self._inv_freq_f64, device, self._freq_on)
 
     def _lengths(self, positions: Tensor, seq_len: int | Tensor | None) -> Tensor | None:
         """The float64 length(s) a length-dependent type is evaluated at: ``positions + 1`` in
