@@ -53,7 +53,7 @@ def _random_coefficients(enc, generator):
 
 
 @pytest.mark.parametrize("heads, coef_heads, sep", [(4, 2, True), (4, 4, True), (4, 1, False)])
-@pytest.mark.parametrize("limits", [dict(max_position_embeddings=64), dict(num_inv_freq=5), {}])
+@pytest.mark.parametrize("limits", [{"max_position_embeddings": 64}, {"num_inv_freq": 5}, {}])
 @pytest.mark.parametrize("sin_pad", [1.0, 0.0])
 def test_rotate_equals_the_shipped_code_in_float64(heads, coef_heads, sep, limits, sin_pad):
     g = torch.Generator().manual_seed(0)
@@ -180,15 +180,15 @@ def test_rotate_compiles_fullgraph():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(head_dim=7), "head_dim"),
-    (dict(head_dim=8, num_key_value_heads=0), "num_key_value_heads"),
-    (dict(head_dim=8, rope_theta=1.0), "rope_theta"),
-    (dict(head_dim=8, num_inv_freq=5), "num_inv_freq"),
-    (dict(head_dim=8, num_inv_freq=2, max_position_embeddings=64), "not both"),
-    (dict(head_dim=8, max_position_embeddings=6), "no frequency"),
-    (dict(head_dim=8, max_position_embeddings=0), "max_position_embeddings"),
-    (dict(head_dim=8, fope_init_factor=-0.1), "fope_init_factor"),
-    (dict(head_dim=8, sin_pad_value=0.5), "sin_pad_value"),
+    ({"head_dim": 7}, "head_dim"),
+    ({"head_dim": 8, "num_key_value_heads": 0}, "num_key_value_heads"),
+    ({"head_dim": 8, "rope_theta": 1.0}, "rope_theta"),
+    ({"head_dim": 8, "num_inv_freq": 5}, "num_inv_freq"),
+    ({"head_dim": 8, "num_inv_freq": 2, "max_position_embeddings": 64}, "not both"),
+    ({"head_dim": 8, "max_position_embeddings": 6}, "no frequency"),
+    ({"head_dim": 8, "max_position_embeddings": 0}, "max_position_embeddings"),
+    ({"head_dim": 8, "fope_init_factor": -0.1}, "fope_init_factor"),
+    ({"head_dim": 8, "sin_pad_value": 0.5}, "sin_pad_value"),
 ])
 def test_bad_arguments_are_refused_by_name(kwargs, match):
     with pytest.raises(InvalidArgument, match=match):
