@@ -111,6 +111,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc.integrations.branch_attention import BRANCH_METHODS, CONFIG_KEY
+from posenc.lab.bench.timing import _reset_peak_rss, _rss_kib
 
 # --------------------------------------------------------------------------- models
 
@@ -752,16 +753,6 @@ def figure(records: list[dict], path: Path) -> None:
 # --------------------------------------------------------------------------- the run
 
 
-def _status_kb(field: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
 def _give_back_free_heap() -> None:
     gc.collect()
     try:
@@ -779,15 +770,10 @@ def peak_memory() -> Iterator[dict]:
     reuse it unseen and count almost nothing."""
     found: dict = {"peak_mb": None}
     _give_back_free_heap()
-    before = _status_kb("VmRSS")
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        before = None
+    before = _rss_kib("VmRSS") if _reset_peak_rss() else None
     yield found
-    peak = _status_kb("VmHWM")
-    if before is not None and peak is not None:
-        found["peak_mb"] = round((peak - before) / 1024, 1)
+    if before is not None:
+        found["peak_mb"] = round(((_rss_kib("VmHWM") or before) - before) / 1024, 1)
 
 
 def _emit(out: Path, record: dict, done: set, results: list) -> None:
