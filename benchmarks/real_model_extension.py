@@ -93,8 +93,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import ctypes
-import gc
 import importlib.util
 import json
 import math
@@ -111,7 +109,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc.integrations.branch_attention import BRANCH_METHODS, CONFIG_KEY
-from posenc.lab.bench.timing import _reset_peak_rss, _rss_kib
+from posenc.lab.bench.timing import _give_back_free_heap, _reset_peak_rss, _rss_kib
 
 # --------------------------------------------------------------------------- models
 
@@ -751,14 +749,6 @@ def figure(records: list[dict], path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- the run
-
-
-def _give_back_free_heap() -> None:
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 @contextmanager

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
 import torch
 
 import posenc
@@ -111,3 +113,20 @@ def test_rope_device_benchmark_harness_on_cpu(tmp_path):
     bench.write_table(tmp_path / "rope.md", "t", rows, bench.ROPE_DEVICE_COLUMNS, notes)
     assert "| 16 | forward | copy q, k" in (tmp_path / "rope.md").read_text()
     assert (tmp_path / "rope.json").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux /proc only")
+def test_cpu_peak_counts_a_call_that_reuses_freed_heap():
+    """After a warm-up call freed its memory, glibc keeps that heap: the measured call reuses it
+    without new pages, and a peak read without handing the heap back counts almost nothing."""
+    from posenc.lab.bench.timing import _Device
+
+    pins = []
+
+    def allocate():
+        small = [torch.ones(25_000) for _ in range(3000)]  # 300 MB of 100 KB tensors (glibc's heap)
+        pins.append(torch.ones(25_000))  # above them: the freed heap cannot shrink by itself
+        del small
+
+    allocate()  # the warm-up every measurement runs first
+    assert 280 < _Device("cpu").peak_mb(allocate) < 380

@@ -2,11 +2,14 @@
 
 :class:`_Device` is what every benchmark of the suite measures through: on CUDA, CUDA events
 (optionally with L2 flushed before each call) and the allocator's peak; on the CPU, the wall
-clock and the process's peak RSS (coarse: there only so that every code path runs in the tests).
+clock and the process's peak RSS above its resident memory before the call (glibc's free heap given
+back first; coarse: the CPU rows are there so that every code path runs in the tests).
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -75,6 +78,18 @@ def _reset_peak_rss() -> bool:
         return False
 
 
+def _give_back_free_heap() -> None:
+    """Collect garbage and hand glibc's free heap back to the OS (``malloc_trim``), so that a
+    peak read after it counts every page the next call touches: glibc keeps freed blocks (and,
+    after a large free, raises its mmap threshold so the next large tensors land in that heap
+    too), and a call that reuses them reads as using almost nothing. A no-op off glibc."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def _rss_kib(field: str) -> int | None:
     with open("/proc/self/status") as handle:
         for line in handle:
@@ -120,6 +135,7 @@ class _Device:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
             return torch.cuda.memory_allocated(self.device)
+        _give_back_free_heap()
         return (_rss_kib("VmRSS") or 0) * 1024 if _reset_peak_rss() else 0
 
     def peak_since(self, start: int) -> float:
