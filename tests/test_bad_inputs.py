@@ -123,6 +123,21 @@ CASES = [
     *[(f"fope sin_pad_value={v!r}", (lambda v=v: posenc.create("fope", head_dim=8, sin_pad_value=v)), ValueError,
        r"sin_pad_value must be 1.0 \(as shipped\) or 0.0") for v in (0.5, True)],
     ("fope learnable not bool", lambda: posenc.create("fope", head_dim=8, learnable=1), TypeError, r"learnable must be a bool"),
+    # -- liere / comrope -------------------------------------------------------------------------
+    *[(f"{n} block_size={v!r}", (lambda n=n, v=v: posenc.create(n, head_dim=8, block_size=v)), ValueError,
+       r"block_size must be") for n in ("liere", "comrope") for v in (0, 9, 2.0)],
+    *[(f"{n} num_axes={v!r}", (lambda n=n, v=v: posenc.create(n, head_dim=8, num_axes=v)), ValueError,
+       r"num_axes must be an integer >= 1") for n in ("liere", "comrope") for v in (0, -1)],
+    *[(f"{n} position_scale={v!r}", (lambda n=n, v=v: posenc.create(n, head_dim=8, position_scale=v)), ValueError,
+       r"position_scale must be a finite number > 0") for n in ("liere", "comrope") for v in (0, -1.0, INF)],
+    *[(f"liere init_range={v!r}", (lambda v=v: posenc.create("liere", head_dim=8, init_range=v)), ValueError,
+       r"init_range must be a finite number > 0") for v in (0, NAN)],
+    *[(f"comrope init_std={v!r}", (lambda v=v: posenc.create("comrope", head_dim=8, init_std=v)), ValueError,
+       r"init_std must be a finite number > 0") for v in (0, INF)],
+    ("comrope variant", lambda: posenc.create("comrope", head_dim=8, variant="cd"), ValueError,
+     r"variant must be one of \('ld', 'ap'\), got 'cd'"),
+    ("liere learnable not bool", lambda: posenc.create("liere", head_dim=8, learnable=0), TypeError,
+     r"learnable must be a bool"),
     # -- alibi / alibi_slopes ------------------------------------------------------------------
     *[(f"alibi num_heads={v!r}", (lambda v=v: posenc.create("alibi", num_heads=v)), ValueError, r"num_heads must be an integer >= 1")
       for v, _ in SIZES_BAD],

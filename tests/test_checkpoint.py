@@ -31,6 +31,9 @@ OPTIONS = {
     "cope": {"npos_max": 9}, "fox": {},
     "fope": {"rope_theta": 500.0, "max_position_embeddings": 32, "fope_init_factor": 0.5, "learnable": True,
              "sin_pad_value": 0.0},
+    "liere": {"num_key_value_heads": 2, "block_size": 4, "position_scale": 0.125, "init_range": 1.0},
+    "comrope": {"num_key_value_heads": 4, "block_size": 2, "num_axes": 2, "variant": "ap", "init_std": 0.5,
+                "learnable": False},
 }
 
 

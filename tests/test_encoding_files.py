@@ -16,7 +16,8 @@ ENCODINGS = Path(posenc.__file__).resolve().parent / "encodings"
 #: The RoPE wing groups its variants by what they share: RoPE and p-RoPE one rotation with other
 #: frequencies (rope/rotary.py), M-RoPE and axial RoPE one multi-axis angle table (rope/multiaxis.py).
 WING = {"rope": "rope/rotary.py", "p_rope": "rope/rotary.py", "xpos": "rope/xpos.py",
-        "mrope": "rope/multiaxis.py", "axial_rope": "rope/multiaxis.py", "fope": "rope/fope.py"}
+        "mrope": "rope/multiaxis.py", "axial_rope": "rope/multiaxis.py", "fope": "rope/fope.py",
+        "liere": "rope/liere.py", "comrope": "rope/comrope.py"}
 
 
 def _file_of(name: str) -> str:

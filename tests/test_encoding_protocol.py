@@ -8,7 +8,7 @@ import pytest
 
 import posenc
 from posenc.encodings import (
-    ALiBi, CoPE, FIRE, FoPE, FoX, IRoPE, Kerple, LearnedAbsolute, MRoPE, NoPE, ProportionalRoPE, RoPE, Shaw, Sinusoidal,
+    ALiBi, ComRoPE, CoPE, FIRE, FoPE, FoX, LieRE, IRoPE, Kerple, LearnedAbsolute, MRoPE, NoPE, ProportionalRoPE, RoPE, Shaw, Sinusoidal,
     T5RelativeBias, TransformerXL, XPos, AxialRoPE,
 )
 from posenc.encodings.base import MODEL_SIZES, Hook, PositionalEncoding
@@ -22,7 +22,7 @@ HOOKS = {
     "alibi": {"score_bias"}, "t5": {"score_bias"}, "kerple": {"score_bias"}, "fire": {"score_bias"},
     "shaw": {"content"}, "transformer_xl": {"content"}, "p_rope": {"rotate"}, "mrope": {"rotate"},
     "axial_rope": {"rotate"}, "irope": {"rotate", "mask"}, "cope": {"content"}, "fox": {"gate"},
-    "fope": {"rotate"},
+    "fope": {"rotate"}, "liere": {"rotate"}, "comrope": {"rotate"},
 }
 
 #: Sizes all different from each other, so that a size passed to the wrong argument shows.
@@ -53,6 +53,8 @@ CONSTRUCTOR_CALLS = {
         CoPE(head_dim, num_layers, npos_max=max_positions + 1),
     "fox": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: FoX(d_model, num_heads, num_layers),
     "fope": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: FoPE(head_dim),
+    "liere": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: LieRE(head_dim),
+    "comrope": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: ComRoPE(head_dim),
 }
 
 

@@ -18,6 +18,8 @@ from posenc.encodings.shaw import Shaw
 from posenc.encodings.transformer_xl import TransformerXL
 from posenc.encodings.rope import ProportionalRoPE, RoPE, XPos, apply_rotary, rope_frequencies
 from posenc.encodings.rope.fope import FoPE, fope_frequencies
+from posenc.encodings.rope.liere import LieRE
+from posenc.encodings.rope.comrope import COMROPE_VARIANTS, ComRoPE
 from posenc.encodings.irope import IRoPE
 from posenc.encodings.rope.branched import BRANCHED_METHODS, BranchedRoPE, branched
 from posenc.errors import InvalidArgument
@@ -33,6 +35,7 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
         IRoPE,
         CoPE, FoX,
         FoPE,
+        LieRE, ComRoPE,
     )
 }
 
@@ -85,7 +88,7 @@ def create_for_model(
 __all__ = [
     "REGISTRY", "available", "create", "create_for_model", "encoding_class",
     "Hook", "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
-    "XPos", "ProportionalRoPE", "FoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
+    "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "COMROPE_VARIANTS", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids",
     "IRoPE",
     "CoPE", "FoX",
