@@ -34,6 +34,9 @@ OPTIONS = {
     "liere": {"num_key_value_heads": 2, "block_size": 4, "position_scale": 0.125, "init_range": 1.0},
     "comrope": {"num_key_value_heads": 4, "block_size": 2, "num_axes": 2, "variant": "ap", "init_std": 0.5,
                 "learnable": False},
+    "vo_rope": {"rotary_dim": 4, "base": 500.0, "interleaved": False, "rotary_slice": "first",
+                "scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                            "attention_factor": 1.0}},
 }
 
 

@@ -39,6 +39,7 @@ from posenc.encodings import (
     FoPE,
     LieRE,
     ComRoPE,
+    VORoPE,
     alibi_slopes,
     apply_rotary,
     available,
@@ -53,7 +54,7 @@ from posenc.encodings import (
 __all__ = [
     "__version__", "attention", "BACKENDS", "available", "create", "create_for_model", "REGISTRY",
     "Hook", "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
-    "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
+    "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "VORoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids",
     "IRoPE",
     "CoPE", "FoX",

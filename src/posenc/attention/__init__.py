@@ -228,7 +228,9 @@ def attention(
     (+ content on v), the encoding contributing through its hooks (``rotate``, ``score_bias``,
     ``content``, ``gate``, and ``mask``: its positional mask, and'ed with the causal and user
     masks on every backend); ``cap`` the optional soft-cap, and the softmax optionally beside
-    per-head sink logits (``softcap=``, ``sinks=``).
+    per-head sink logits (``softcap=``, ``sinks=``). An encoding with ``rotates_values``
+    (``vo_rope``, DeepSeek-V4's) also rotates v at the keys' positions before any backend
+    runs and the output back at the queries' after it: out_i = R(-i) sum_j p_ij R(j) v_j.
 
     Args:
         q: (B, H, Tq, D). k, v: (B, H_kv, Tk, D) with H_kv dividing H: multi-head (H_kv = H),
@@ -402,8 +404,11 @@ def attention(
         if has_key is not None:
             out = out.masked_fill(~has_key, 0.0)
         return out if poisoned is None else out.masked_fill(poisoned.unsqueeze(-1), float("nan"))
+    rotates_values = Hook.ROTATE in hooks and encoding.rotates_values
     if Hook.ROTATE in hooks:
         q, k = encoding.rotate(q, k, q_positions, k_positions)
+    if rotates_values:
+        v = encoding.rotate_values(v, k_positions)
     if Hook.SCORE_BIAS in hooks:
         encoding.prepare_bias()
     gate_state = encoding.prepare_gates(gates) if Hook.GATE in hooks else None
@@ -411,6 +416,8 @@ def attention(
     out = backend_module.run(q, k, v, encoding=encoding, q_positions=q_positions, k_positions=k_positions,
                              causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, gate_state=gate_state,
                              softcap=softcap, sinks=sinks)
+    if rotates_values:
+        out = encoding.rotate_output(out, q_positions)
     if has_key is not None:
         out = out.masked_fill(~has_key, 0.0)
     return out if poisoned is None else out.masked_fill(poisoned.unsqueeze(-1), float("nan"))

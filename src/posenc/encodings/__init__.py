@@ -20,6 +20,7 @@ from posenc.encodings.rope import ProportionalRoPE, RoPE, XPos, apply_rotary, ro
 from posenc.encodings.rope.fope import FoPE, fope_frequencies
 from posenc.encodings.rope.liere import LieRE
 from posenc.encodings.rope.comrope import COMROPE_VARIANTS, ComRoPE
+from posenc.encodings.rope.vo_rope import VORoPE
 from posenc.encodings.irope import IRoPE
 from posenc.encodings.rope.branched import BRANCHED_METHODS, BranchedRoPE, branched
 from posenc.errors import InvalidArgument
@@ -36,6 +37,7 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
         CoPE, FoX,
         FoPE,
         LieRE, ComRoPE,
+        VORoPE,
     )
 }
 
@@ -88,7 +90,7 @@ def create_for_model(
 __all__ = [
     "REGISTRY", "available", "create", "create_for_model", "encoding_class",
     "Hook", "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
-    "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "COMROPE_VARIANTS", "Kerple", "FIRE", "Shaw", "TransformerXL",
+    "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "COMROPE_VARIANTS", "VORoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids",
     "IRoPE",
     "CoPE", "FoX",

@@ -9,7 +9,9 @@ encodings that read the hidden state:
 hook       contract                                       used by
 ========== ============================================== ===============================
 embed      x (B, T, d_model), positions -> x'             sinusoidal, learned
-rotate     q (B, H, Tq, D), k (B, H, Tk, D) -> q', k'     rope, xpos
+rotate     q (B, H, Tq, D), k (B, H, Tk, D) -> q', k'     rope, xpos; vo_rope also turns
+           (and, with ``rotates_values``, v at the keys'  v and the output
+           positions and the output back at the queries')
 score_bias b(h, i, j) added to the logits, fp32           alibi, t5, kerple, fire
 content    query-dependent terms on scores and values     shaw, transformer_xl, cope
 mask       allowed(q_pos, k_pos) -> bool, and'ed in       irope (chunked attention)
@@ -222,6 +224,12 @@ class PositionalEncoding(nn.Module):
     #: per branch merged by log-sum-exp. :func:`posenc.attention` then calls
     #: :meth:`attention_branches` instead of :meth:`rotate`.
     branched: ClassVar[bool] = False
+    #: For a ``rotate`` encoding: True when the values are rotated too, at their keys'
+    #: positions (:meth:`rotate_values`), and the attention's output rotated back at its
+    #: query's (:meth:`rotate_output`), so that each value contributes R(theta (j - i)) v_j:
+    #: a relative position in the value path (DeepSeek-V4, whose keys are its values).
+    #: :func:`posenc.attention` calls both around any backend.
+    rotates_values: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -396,6 +404,17 @@ class PositionalEncoding(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """q (B, H, Tq, D), k (B, H, Tk, D) -> (q', k'), same shapes and dtypes."""
         return q, k
+
+    def rotate_values(self, v: Tensor, k_positions: Tensor) -> Tensor:
+        """v (B, H_kv, Tk, Dv) at its keys' positions -> v', same shape and dtype; called by
+        :func:`posenc.attention` before the attention when :attr:`rotates_values`."""
+        return v
+
+    def rotate_output(self, out: Tensor, q_positions: Tensor) -> Tensor:
+        """The attention's output (B, H, Tq, Dv) at its queries' positions -> out', same shape
+        and dtype (the inverse of :meth:`rotate_values`' rotation at the query position);
+        called by :func:`posenc.attention` after the attention when :attr:`rotates_values`."""
+        return out
 
     def attention_branches(
         self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor
