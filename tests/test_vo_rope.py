@@ -169,3 +169,26 @@ def test_bad_inputs():
     enc = VORoPE(8)
     with pytest.raises(InvalidArgument, match="v must have head_dim=8, got 6"):
         posenc.attention(torch.randn(1, 1, 3, 8), torch.randn(1, 1, 3, 8), torch.randn(1, 1, 3, 6), enc)
+
+
+def test_on_a_transformers_llama_it_takes_posenc_attention_not_the_models_tables():
+    """use_encoding with vo_rope on a random Llama: the values are turned (its logits differ from
+    the same RoPE without them: not served as the model's cos/sin tables, which would drop the
+    value path silently), and generate() with the cache equals generate() without it."""
+    from test_integration_families import build
+
+    from posenc.integrations.transformers import use_encoding
+
+    head_dim = build("llama").config.head_dim
+    ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        plain = use_encoding(build("llama"), posenc.create("rope", head_dim=head_dim))(ids).logits
+        model = use_encoding(build("llama"), VORoPE(head_dim, rotary_slice="first", interleaved=False))
+        turned = model(ids).logits
+        assert (turned - plain).abs().max() > 1e-2
+        options = {"max_new_tokens": 5, "do_sample": False, "output_logits": True, "return_dict_in_generate": True,
+                   "pad_token_id": 0}
+        cached = model.generate(ids[:, :5], use_cache=True, **options)
+        uncached = model.generate(ids[:, :5], use_cache=False, **options)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < 1e-4

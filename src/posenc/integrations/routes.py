@@ -303,7 +303,8 @@ def _takes_tables(encoding: PositionalEncoding, family: Family, width: int) -> b
     # splits it between q and k, "rerotate" re-rotates the cached keys at the current length
     # (posenc's attention, keys cached unrotated); no transformers type to match here
     length_factor = getattr(encoding, "_attention_of_length", None) is not None
-    return ((plain_rope or multi_axis) and not length_factor
+    # values rotated and the output turned back (vo_rope) is no cos/sin table: posenc's attention
+    return ((plain_rope or multi_axis) and not length_factor and not encoding.rotates_values
             and encoding.hooks == frozenset({Hook.ROTATE}) and encoding.interleaved == family.interleaved
             and encoding.rotary_dim == width)
 
