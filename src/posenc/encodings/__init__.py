@@ -21,6 +21,7 @@ from posenc.encodings.rope.fope import FoPE, fope_frequencies
 from posenc.encodings.rope.liere import LieRE
 from posenc.encodings.rope.comrope import COMROPE_VARIANTS, ComRoPE
 from posenc.encodings.rope.vo_rope import VORoPE
+from posenc.encodings.rope.videorope import VideoRoPE, videorope_position_ids
 from posenc.encodings.irope import IRoPE
 from posenc.encodings.rope.branched import BRANCHED_METHODS, BranchedRoPE, branched
 from posenc.errors import InvalidArgument
@@ -32,7 +33,7 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
     for cls in (
         NoPE, Sinusoidal, LearnedAbsolute, RoPE, XPos, ALiBi, T5RelativeBias, Kerple, FIRE, Shaw, TransformerXL,
         ProportionalRoPE,
-        MRoPE, AxialRoPE,
+        MRoPE, AxialRoPE, VideoRoPE,
         IRoPE,
         CoPE, FoX,
         FoPE,
@@ -91,7 +92,7 @@ __all__ = [
     "REGISTRY", "available", "create", "create_for_model", "encoding_class",
     "Hook", "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
     "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "COMROPE_VARIANTS", "VORoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
-    "MRoPE", "AxialRoPE", "mrope_position_ids",
+    "MRoPE", "AxialRoPE", "mrope_position_ids", "VideoRoPE", "videorope_position_ids",
     "IRoPE",
     "CoPE", "FoX",
     "BranchedRoPE", "branched", "BRANCHED_METHODS",

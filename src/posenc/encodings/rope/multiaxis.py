@@ -279,7 +279,7 @@ class MRoPE(MultiAxisRoPE):
         check_bool(mrope_interleaved, "mrope_interleaved")
         check_bool(interleaved, "interleaved")
         num_pairs = rotary_dim // 2
-        section = default_mrope_section(num_pairs) if mrope_section is None else mrope_section
+        section = self._default_section(num_pairs) if mrope_section is None else mrope_section
         if isinstance(section, (str, bytes)) or not isinstance(section, Sequence) or len(section) != 3 or any(
                 not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in section):
             raise InvalidArgument(
@@ -291,13 +291,7 @@ class MRoPE(MultiAxisRoPE):
                 f"mrope_section must sum to rotary_dim/2 = {num_pairs} (the frequency pairs; head_dim/2 without "
                 f"partial rotary), got {section} (sum {sum(section)})"
             )
-        axis_of_pair = mrope_axis_of_pair(section, mrope_interleaved)
-        if mrope_interleaved and torch.bincount(axis_of_pair, minlength=3).tolist() != section:
-            raise InvalidArgument(
-                f"mrope_section {section} cannot be interleaved over {num_pairs} pairs (T H W T H W ...): height "
-                f"needs 3 * {section[1]} - 2 < {num_pairs} and width 3 * {section[2]} - 1 < {num_pairs}; "
-                f"got axes of {torch.bincount(axis_of_pair, minlength=3).tolist()} pairs"
-            )
+        axis_of_pair = self._pair_axes(section, mrope_interleaved)
         record = rope_type_record(scaling)
         if record.length_dependent:
             raise InvalidArgument(
@@ -310,6 +304,27 @@ class MRoPE(MultiAxisRoPE):
         self.mrope_section, self.mrope_interleaved = section, mrope_interleaved
         self._init_tables(head_dim, rotary_dim, 3, interleaved, axis_of_pair, inv_freq,
                           attention_factor=attention_factor)
+
+    #: The section when none is given, from the number of pairs.
+    _default_section = staticmethod(default_mrope_section)
+
+    @staticmethod
+    def _pair_axes(section: list[int], mrope_interleaved: bool) -> Tensor:
+        """The axis of each pair for a checked ``section`` (:func:`mrope_axis_of_pair`); a
+        subclass with another layout (VideoRoPE) overrides it.
+
+        Raises:
+            ValueError: an interleaved section whose height or width runs past the last pair.
+        """
+        axis_of_pair = mrope_axis_of_pair(section, mrope_interleaved)
+        num_pairs = sum(section)
+        if mrope_interleaved and torch.bincount(axis_of_pair, minlength=3).tolist() != section:
+            raise InvalidArgument(
+                f"mrope_section {section} cannot be interleaved over {num_pairs} pairs (T H W T H W ...): height "
+                f"needs 3 * {section[1]} - 2 < {num_pairs} and width 3 * {section[2]} - 1 < {num_pairs}; "
+                f"got axes of {torch.bincount(axis_of_pair, minlength=3).tolist()} pairs"
+            )
+        return axis_of_pair
 
     def _multi_axis_form(self, positions, length, batch):
         if positions.shape[0] != 3 or positions.shape[-1] != length:
