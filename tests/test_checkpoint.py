@@ -38,6 +38,7 @@ OPTIONS = {
                 "scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
                             "attention_factor": 1.0}},
     "videorope": {"mrope_section": [2, 1, 1], "base": 1e6, "interleaved": True},
+    "mhrope": {"mrope_section": [1, 1, 1], "rotary_dim": 4, "base": 500.0},
 }
 
 

@@ -22,6 +22,7 @@ from posenc.encodings.rope.liere import LieRE
 from posenc.encodings.rope.comrope import COMROPE_VARIANTS, ComRoPE
 from posenc.encodings.rope.vo_rope import VORoPE
 from posenc.encodings.rope.videorope import VideoRoPE, videorope_position_ids
+from posenc.encodings.rope.mhrope import MHRoPE
 from posenc.encodings.irope import IRoPE
 from posenc.encodings.rope.branched import BRANCHED_METHODS, BranchedRoPE, branched
 from posenc.errors import InvalidArgument
@@ -33,7 +34,7 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
     for cls in (
         NoPE, Sinusoidal, LearnedAbsolute, RoPE, XPos, ALiBi, T5RelativeBias, Kerple, FIRE, Shaw, TransformerXL,
         ProportionalRoPE,
-        MRoPE, AxialRoPE, VideoRoPE,
+        MRoPE, AxialRoPE, VideoRoPE, MHRoPE,
         IRoPE,
         CoPE, FoX,
         FoPE,
@@ -92,7 +93,7 @@ __all__ = [
     "REGISTRY", "available", "create", "create_for_model", "encoding_class",
     "Hook", "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
     "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "COMROPE_VARIANTS", "VORoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
-    "MRoPE", "AxialRoPE", "mrope_position_ids", "VideoRoPE", "videorope_position_ids",
+    "MRoPE", "AxialRoPE", "mrope_position_ids", "VideoRoPE", "videorope_position_ids", "MHRoPE",
     "IRoPE",
     "CoPE", "FoX",
     "BranchedRoPE", "branched", "BRANCHED_METHODS",

@@ -132,17 +132,19 @@ def _grid_panels(enc: PositionalEncoding, head_dim: int, radius: int):
     keys[-2, 0], keys[-1, 0] = rows.flatten(), cols.flatten()
     centre = torch.zeros(enc.position_axes, 1, 1, dtype=torch.long)
     centre[-2:] = radius
-    ones = torch.ones(1, 1, 1, head_dim)
+    # an encoding whose axes are per key/value head (MHRoPE) is drawn as the mean over its heads
+    heads = getattr(enc, "num_key_value_heads", 1)
+    ones = torch.ones(1, heads, 1, head_dim)
     with torch.no_grad():
-        q_rot, k_rot = enc.rotate(ones, ones.expand(1, 1, side * side, head_dim), centre, keys)
-        score = (q_rot @ k_rot.transpose(-2, -1))[0, 0, 0].reshape(side, side) / head_dim
+        q_rot, k_rot = enc.rotate(ones, ones.expand(1, heads, side * side, head_dim), centre, keys)
+        score = (q_rot @ k_rot.transpose(-2, -1))[0, :, 0].mean(0).reshape(side, side) / head_dim
 
     def heatmap(ax, fig):
         extent = (-radius - 0.5, radius + 0.5, radius + 0.5, -radius - 0.5)
         image = ax.imshow(score.numpy(), cmap="viridis", interpolation="nearest", extent=extent)
         ax.set_xlabel("width offset from the centre patch (patches)")
         ax.set_ylabel("height offset (patches)")
-        ax.set_title("q.k / D against the centre patch, q = k = 1")
+        ax.set_title("q.k / D against the centre patch, q = k = 1" + (" (mean over heads)" if heads > 1 else ""))
         fig.colorbar(image, ax=ax, label="score (1 at the centre)")
 
     return [heatmap]
