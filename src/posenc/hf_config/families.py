@@ -2069,7 +2069,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _refused("deepseek_v4", "DeepSeek-V4's attention layers (layer_types sliding_attention, compressed_sparse_attention, "
         "heavily_compressed_attention) merge a sliding-window branch with compressed key/value branches "
         "(compress_rates) rotated at compressed positions by a RoPE of their own (compress_rope_theta, the rope "
-        "dict's 'compress' entry); no posenc encoding models compressed-position attention"),
+        "dict's 'compress' entry); no posenc encoding models compressed-position attention (the layers' own "
+        "rotation, q, k and v rotated and the output turned back, is posenc.VORoPE: build it by hand)"),
     # Granite Docling: a Granite-like text model (Llama's RoPE) at model.text_model
     _family("granite_docling_text", defaults={"rope_theta": 10000.0}, source="transformers/models/granite_docling/"),
     _family("granite_docling", text_config="granite_docling_text", base="model.text_model", sizes_config="text_config"),
