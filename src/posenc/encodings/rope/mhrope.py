@@ -10,10 +10,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from posenc._validation import check_bool, check_even, check_number, check_positive_int
-from posenc.encodings.rope.multiaxis import MRoPE, default_mrope_section
+from posenc._validation import check_positive_int
+from posenc.encodings.rope.multiaxis import (
+    MRoPE,
+    _three_counts,
+    default_mrope_section,
+    mrope_rotary_dim,
+    static_rope_parameters,
+)
 from posenc.encodings.rope.rotary import cos_sin_table
-from posenc.encodings.rope.scaling import compute_rope_parameters, rope_type_record
 from posenc.errors import InvalidArgument
 from posenc.kernels.rotary_torch import apply_rotary
 
@@ -51,25 +56,13 @@ class MHRoPE(MRoPE):
                  rotary_dim: int | None = None, base: float = 10000.0, interleaved: bool = False,
                  scaling: dict | None = None) -> None:
         super(MRoPE, self).__init__()
-        check_even(head_dim, "head_dim")
+        rotary_dim = mrope_rotary_dim(head_dim, rotary_dim, base, interleaved)
         check_positive_int(num_key_value_heads, "num_key_value_heads")
-        rotary_dim = head_dim if rotary_dim is None else rotary_dim
-        check_even(rotary_dim, "rotary_dim")
-        if rotary_dim > head_dim:
-            raise InvalidArgument(f"rotary_dim must be <= head_dim={head_dim}, got {rotary_dim}")
-        check_number(base, "base (rope_theta)", gt=1)
-        check_bool(interleaved, "interleaved")
         section = default_mrope_section(num_key_value_heads) if mrope_section is None else mrope_section
-        if isinstance(section, (str, bytes)) or not isinstance(section, Sequence) or len(section) != 3 or any(
-                not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in section) \
-                or sum(section) > num_key_value_heads:
+        if not _three_counts(section) or sum(section) > num_key_value_heads:
             raise InvalidArgument(f"mrope_section must be 3 non-negative integers (temporal, height, width heads) "
                                   f"summing to at most num_key_value_heads={num_key_value_heads}, got {mrope_section!r}")
-        if rope_type_record(scaling).length_dependent:
-            raise InvalidArgument(f"scaling: rope_type {scaling.get('rope_type', scaling.get('type'))!r} depends on "
-                                  "the call's length, which multi-axis positions leave undefined")
-        inv_freq, attention_factor = compute_rope_parameters(rotary_dim, float(base), scaling, None,
-                                                             dtype=torch.float64)
+        inv_freq, attention_factor = static_rope_parameters(rotary_dim, base, scaling)
         self.base, self.scaling = float(base), dict(scaling) if scaling is not None else None
         self.mrope_section, self.mrope_interleaved = [int(s) for s in section], False
         self.num_key_value_heads = num_key_value_heads

@@ -177,6 +177,45 @@ class MultiAxisRoPE(PositionalEncoding):
 
 
 # -- M-RoPE ------------------------------------------------------------------------------------
+def mrope_rotary_dim(head_dim: int, rotary_dim: int | None, base: float, interleaved: bool) -> int:
+    """The rotary width of an M-RoPE (rotary_dim, default head_dim), checked with base and the
+    pair-layout flag: the arguments M-RoPE and its variants share.
+
+    Raises:
+        ValueError: head_dim or rotary_dim not positive even, rotary_dim > head_dim, base <= 1.
+        TypeError: interleaved not a bool.
+    """
+    check_even(head_dim, "head_dim")
+    rotary_dim = head_dim if rotary_dim is None else rotary_dim
+    check_even(rotary_dim, "rotary_dim")
+    if rotary_dim > head_dim:
+        raise InvalidArgument(f"rotary_dim must be <= head_dim={head_dim}, got {rotary_dim}")
+    check_number(base, "base (rope_theta)", gt=1)
+    check_bool(interleaved, "interleaved")
+    return rotary_dim
+
+
+def static_rope_parameters(rotary_dim: int, base: float, scaling: Mapping[str, Any] | None) -> tuple[Tensor, float]:
+    """(inv_freq float64 (r/2,), attention factor) of a static rope_type, as M-RoPE takes them.
+
+    Raises:
+        ValueError: a length-dependent type (dynamic, longrope: their frequencies follow the
+            call's length, which multi-axis positions leave undefined); scaling errors.
+    """
+    if rope_type_record(scaling).length_dependent:
+        raise InvalidArgument(
+            f"scaling: rope_type {scaling.get('rope_type', scaling.get('type'))!r} depends on the call's length, "
+            "which multi-axis positions leave undefined; M-RoPE takes the static rope_types"
+        )
+    return compute_rope_parameters(rotary_dim, float(base), scaling, None, dtype=torch.float64)
+
+
+def _three_counts(section: Any) -> bool:
+    """Whether ``section`` is 3 non-negative ints (an M-RoPE section of pairs or heads)."""
+    return not isinstance(section, (str, bytes)) and isinstance(section, Sequence) and len(section) == 3 and all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in section)
+
+
 def default_mrope_section(num_pairs: int) -> list[int]:
     """Qwen2-VL's proportions, [16, 24, 24] of 64 pairs: a quarter of the pairs temporal, the
     rest split between height and width (width takes the odd one)."""
@@ -270,18 +309,11 @@ class MRoPE(MultiAxisRoPE):
         scaling: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        check_even(head_dim, "head_dim")
-        rotary_dim = head_dim if rotary_dim is None else rotary_dim
-        check_even(rotary_dim, "rotary_dim")
-        if rotary_dim > head_dim:
-            raise InvalidArgument(f"rotary_dim must be <= head_dim={head_dim}, got {rotary_dim}")
-        check_number(base, "base (rope_theta)", gt=1)
+        rotary_dim = mrope_rotary_dim(head_dim, rotary_dim, base, interleaved)
         check_bool(mrope_interleaved, "mrope_interleaved")
-        check_bool(interleaved, "interleaved")
         num_pairs = rotary_dim // 2
         section = self._default_section(num_pairs) if mrope_section is None else mrope_section
-        if isinstance(section, (str, bytes)) or not isinstance(section, Sequence) or len(section) != 3 or any(
-                not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in section):
+        if not _three_counts(section):
             raise InvalidArgument(
                 f"mrope_section must be 3 non-negative integers (temporal, height, width pairs), got {mrope_section!r}"
             )
@@ -292,14 +324,7 @@ class MRoPE(MultiAxisRoPE):
                 f"partial rotary), got {section} (sum {sum(section)})"
             )
         axis_of_pair = self._pair_axes(section, mrope_interleaved)
-        record = rope_type_record(scaling)
-        if record.length_dependent:
-            raise InvalidArgument(
-                f"scaling: rope_type {scaling.get('rope_type', scaling.get('type'))!r} depends on the call's length, "
-                "which multi-axis positions leave undefined; M-RoPE takes the static rope_types"
-            )
-        inv_freq, attention_factor = compute_rope_parameters(rotary_dim, float(base), scaling, None,
-                                                             dtype=torch.float64)
+        inv_freq, attention_factor = static_rope_parameters(rotary_dim, base, scaling)
         self.base, self.scaling = float(base), dict(scaling) if scaling is not None else None
         self.mrope_section, self.mrope_interleaved = section, mrope_interleaved
         self._init_tables(head_dim, rotary_dim, 3, interleaved, axis_of_pair, inv_freq,
