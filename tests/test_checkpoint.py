@@ -39,6 +39,7 @@ OPTIONS = {
                             "attention_factor": 1.0}},
     "videorope": {"mrope_section": [2, 1, 1], "base": 1e6, "interleaved": True},
     "mhrope": {"mrope_section": [1, 1, 1], "rotary_dim": 4, "base": 500.0},
+    "grape": {"num_key_value_heads": 2, "base": 500.0, "learnable": False},
 }
 
 

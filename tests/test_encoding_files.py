@@ -18,7 +18,8 @@ ENCODINGS = Path(posenc.__file__).resolve().parent / "encodings"
 WING = {"rope": "rope/rotary.py", "p_rope": "rope/rotary.py", "xpos": "rope/xpos.py",
         "mrope": "rope/multiaxis.py", "axial_rope": "rope/multiaxis.py", "fope": "rope/fope.py",
         "liere": "rope/liere.py", "comrope": "rope/comrope.py", "vo_rope": "rope/vo_rope.py",
-        "videorope": "rope/videorope.py", "mhrope": "rope/mhrope.py"}
+        "videorope": "rope/videorope.py", "mhrope": "rope/mhrope.py",
+        "grape": "rope/grape.py"}
 
 
 def _file_of(name: str) -> str:

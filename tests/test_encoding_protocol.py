@@ -8,7 +8,7 @@ import pytest
 
 import posenc
 from posenc.encodings import (
-    ALiBi, ComRoPE, CoPE, FIRE, FoPE, FoX, LieRE, MHRoPE, IRoPE, Kerple, LearnedAbsolute, MRoPE, NoPE, ProportionalRoPE, RoPE, Shaw, Sinusoidal,
+    ALiBi, ComRoPE, CoPE, FIRE, FoPE, FoX, GRAPE, LieRE, MHRoPE, IRoPE, Kerple, LearnedAbsolute, MRoPE, NoPE, ProportionalRoPE, RoPE, Shaw, Sinusoidal,
     T5RelativeBias, TransformerXL, VideoRoPE, VORoPE, XPos, AxialRoPE,
 )
 from posenc.encodings.base import MODEL_SIZES, Hook, PositionalEncoding
@@ -22,7 +22,7 @@ HOOKS = {
     "alibi": {"score_bias"}, "t5": {"score_bias"}, "kerple": {"score_bias"}, "fire": {"score_bias"},
     "shaw": {"content"}, "transformer_xl": {"content"}, "p_rope": {"rotate"}, "mrope": {"rotate"},
     "axial_rope": {"rotate"}, "irope": {"rotate", "mask"}, "cope": {"content"}, "fox": {"gate"},
-    "fope": {"rotate"}, "liere": {"rotate"}, "comrope": {"rotate"}, "vo_rope": {"rotate"}, "videorope": {"rotate"}, "mhrope": {"rotate"},
+    "fope": {"rotate"}, "liere": {"rotate"}, "comrope": {"rotate"}, "vo_rope": {"rotate"}, "videorope": {"rotate"}, "mhrope": {"rotate"}, "grape": {"rotate"},
 }
 
 #: Sizes all different from each other, so that a size passed to the wrong argument shows.
@@ -58,6 +58,7 @@ CONSTRUCTOR_CALLS = {
     "vo_rope": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: VORoPE(head_dim),
     "videorope": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: VideoRoPE(head_dim),
     "mhrope": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: MHRoPE(head_dim, num_heads),
+    "grape": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: GRAPE(head_dim),
 }
 
 

@@ -180,7 +180,7 @@ def test_xpos_per_row_centres_for_batched_positions():
 #: bf16 they are another rotation, p 2^-9 |A| radians away near position p, which their
 #: docstrings say (keep them float32); their reference is their own rounded parameters in
 #: float64, so that what is checked is the arithmetic on positions, as for every encoding.
-LEARNED_ANGLES = ("liere", "comrope")
+LEARNED_ANGLES = ("liere", "comrope", "grape")
 
 
 @pytest.fixture(scope="module")

@@ -43,6 +43,7 @@ from posenc.encodings import (
     LieRE,
     ComRoPE,
     VORoPE,
+    GRAPE,
     alibi_slopes,
     apply_rotary,
     available,
@@ -57,7 +58,7 @@ from posenc.encodings import (
 __all__ = [
     "__version__", "attention", "BACKENDS", "available", "create", "create_for_model", "REGISTRY",
     "Hook", "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
-    "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "VORoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
+    "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "VORoPE", "GRAPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids", "VideoRoPE", "videorope_position_ids", "MHRoPE",
     "IRoPE",
     "CoPE", "FoX",

@@ -21,6 +21,7 @@ from posenc.encodings.rope.fope import FoPE, fope_frequencies
 from posenc.encodings.rope.liere import LieRE
 from posenc.encodings.rope.comrope import COMROPE_VARIANTS, ComRoPE
 from posenc.encodings.rope.vo_rope import VORoPE
+from posenc.encodings.rope.grape import GRAPE
 from posenc.encodings.rope.videorope import VideoRoPE, videorope_position_ids
 from posenc.encodings.rope.mhrope import MHRoPE
 from posenc.encodings.irope import IRoPE
@@ -39,7 +40,7 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
         CoPE, FoX,
         FoPE,
         LieRE, ComRoPE,
-        VORoPE,
+        VORoPE, GRAPE,
     )
 }
 
@@ -92,7 +93,7 @@ def create_for_model(
 __all__ = [
     "REGISTRY", "available", "create", "create_for_model", "encoding_class",
     "Hook", "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
-    "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "COMROPE_VARIANTS", "VORoPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
+    "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "COMROPE_VARIANTS", "VORoPE", "GRAPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids", "VideoRoPE", "videorope_position_ids", "MHRoPE",
     "IRoPE",
     "CoPE", "FoX",
