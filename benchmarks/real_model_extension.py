@@ -68,7 +68,9 @@ instruction, then the haystack's last L0 - (longest question and answer) + 1 - (
 tokens (no answer token predicted from more than L0), so a needle past the window is out of its
 reach. Lines carry ``prompt_version`` (:data:`PROMPT_VERSION`; lines without it are the first
 prompts, without an instruction, tabled apart). Every line records ``seconds`` and ``peak_mb``
-(:func:`peak_memory`: the forward's peak resident memory above the process's before it).
+(:func:`peak_memory`: the forward's peak resident memory above the process's before it) and
+``logit_rows`` (:data:`LOGIT_ROWS`, the targets whose logits are made at once; lines without it
+made a whole chunk's at once: Gemma 3's truncation lines then peaked at 21 GB, mostly logits).
 
 **Summary** (``--summary FILE.md``, from every line of ``--out``): per model and context, each
 method's mean loss over texts, its spread (sd over texts), its paired difference to truncation
@@ -272,13 +274,27 @@ def target_logits(model, ids: torch.Tensor, first: int, window: int | None = Non
         hidden = _hidden(model, ids, prefill_chunk)
         for start in range(first, ids.shape[1], chunk):
             stop = min(ids.shape[1], start + chunk)
-            yield start, stop, _head(model, hidden[0, start - 1:stop - 1])
+            yield from _logit_rows(model, hidden[0], start, stop, 0)
         return
     for start in range(first, ids.shape[1], chunk):
         stop = min(ids.shape[1], start + chunk)
         begin = max(0, stop - 1 - window)
         hidden = _hidden(model, windowed(ids[:, :stop - 1], window, prefix), prefill_chunk)
-        yield start, stop, _head(model, hidden[0, start - 1 - begin:])
+        yield from _logit_rows(model, hidden[0], start, stop, begin)
+
+
+#: Targets whose logits are made at once: Gemma 3's 262,144-token vocabulary makes 4,096 rows
+#: 4.3 GB in float32 and twice that again in the float64 cross-entropy (a 21 GB peak per
+#: truncation window before session 16); 256 rows keep it under 1 GB. The numbers are the same.
+LOGIT_ROWS = 256
+
+
+def _logit_rows(model, hidden: torch.Tensor, start: int, stop: int, begin: int):
+    """(a, b, logits) for the targets [start, stop) in slices of :data:`LOGIT_ROWS`, target t
+    from ``hidden[t - 1 - begin]`` (hidden (T, width) of a forward starting at token ``begin``)."""
+    for a in range(start, stop, LOGIT_ROWS):
+        b = min(stop, a + LOGIT_ROWS)
+        yield a, b, _head(model, hidden[a - 1 - begin:b - 1 - begin])
 
 
 def _head(model, hidden: torch.Tensor) -> torch.Tensor:
@@ -833,7 +849,8 @@ def run(argv: list[str] | None = None) -> list[dict]:
     base.to(args.device)
     prefix = tuple(bos_prefix(tokenizer))
     common = {"model": args.model, "boundary": boundary, "threads": args.threads, "device": args.device,
-              "torch": torch.__version__, "prefill_chunk": prefill_chunk, "bos": list(prefix)}
+              "torch": torch.__version__, "prefill_chunk": prefill_chunk, "bos": list(prefix),
+              "logit_rows": LOGIT_ROWS}
     for context in contexts:
         factor = context / boundary
         for label in chosen:
