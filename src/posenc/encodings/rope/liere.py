@@ -175,31 +175,33 @@ class LieRE(PositionalEncoding):
             ValueError: a last dimension other than head_dim; a head count that is not a
                 multiple of the generator heads; positions of another shape.
         """
-        q_rot = self._rotations_for(q, q_positions, "q")
-        k_rot = q_rot if k_positions is q_positions and q.shape[1] == k.shape[1] else self._rotations_for(
-            k, k_positions, "k")
+        self._check(q, q_positions, "q")
+        self._check(k, k_positions, "k")
+        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.float32)
+        q_rot = self.rotations(q_positions).to(dtype)
+        k_rot = q_rot if k_positions is q_positions else self.rotations(k_positions).to(dtype)
         return self._turn(q, q_rot), self._turn(k, k_rot)
 
-    def _rotations_for(self, x: Tensor, positions: Tensor, what: str) -> Tensor:
+    def _check(self, x: Tensor, positions: Tensor, what: str) -> None:
         if x.shape[-1] != self.head_dim:
             raise InvalidArgument(f"{what}: last dimension {x.shape[-1]} != head_dim {self.head_dim}")
-        heads, gen_heads = x.shape[1], self.num_key_value_heads
-        if heads % gen_heads:
-            raise InvalidArgument(f"{what}: {heads} heads is not a multiple of {self.name}'s {gen_heads} generator "
-                                  "heads (num_key_value_heads)")
+        if x.shape[1] % self.num_key_value_heads:
+            raise InvalidArgument(f"{what}: {x.shape[1]} heads is not a multiple of {self.name}'s "
+                                  f"{self.num_key_value_heads} generator heads (num_key_value_heads)")
         if not (fits_sequence_positions(positions, x.shape[2], x.shape[0])
                 or self._is_axis_first(positions, x.shape[2], x.shape[0])):
             raise InvalidArgument(f"{what}_positions: shape {tuple(positions.shape)} is not ({x.shape[2]},), "
                                   f"({x.shape[0]}, {x.shape[2]}) or ({self.num_axes}, {x.shape[0]}, {x.shape[2]})")
-        rotations = self.rotations(positions).to(torch.promote_types(x.dtype, torch.float32))
-        if heads > gen_heads:  # query head h reads generator head h // group
-            rotations = rotations.repeat_interleave(heads // gen_heads, dim=-5)
-        return rotations
 
     def _turn(self, x: Tensor, rotations: Tensor) -> Tensor:
+        """x (B, H, T, D) turned by rotations (..., H_gen, T, N, b, b): query head h by generator
+        head h // (H / H_gen), broadcast over the group (no copy of the rotations per head)."""
         wide = x.to(rotations.dtype)
-        blocks = wide[..., :self.rotary_dim].unflatten(-1, (self.num_blocks, self.block_size))
-        turned = (rotations @ blocks.unsqueeze(-1)).squeeze(-1).flatten(-2)
+        batch, heads, length = x.shape[:3]
+        gen_heads = self.num_key_value_heads
+        blocks = wide[..., :self.rotary_dim].reshape(batch, gen_heads, heads // gen_heads, length, self.num_blocks,
+                                                     self.block_size, 1)
+        turned = (rotations.unsqueeze(-5) @ blocks).reshape(batch, heads, length, self.rotary_dim)
         return torch.cat((turned, wide[..., self.rotary_dim:]), dim=-1).to(x.dtype)
 
     def extra_repr(self) -> str:
