@@ -1,5 +1,5 @@
 """ComRoPE (Yu et al. 2025, "ComRoPE: Scalable and Robust Rotary Position Embedding
-Parameterized by Trainable Commuting Angle Matrices", arXiv 2506.03737, sec. 4): LieRE's learned
+Parameterized by Trainable Commuting Angle Matrices", arXiv 2506.03737): LieRE's learned
 block rotations with the generators of the axes constrained to commute, so that
 R(p)^T R(p') = R(p' - p) for positions of any number of axes and the score is exactly
 relative in every axis (LieRE's is not once there are two).
@@ -19,7 +19,7 @@ COMROPE_VARIANTS = ("ld", "ap")
 
 
 class ComRoPE(LieRE):
-    """ComRoPE (arXiv 2506.03737, eq. 9-10), as its reference code computes it (Longin-Yu/ComRoPE
+    """ComRoPE (arXiv 2506.03737; the definitions of its README), as its reference code computes it (Longin-Yu/ComRoPE
     ``model.py`` @d6e0fbe, ``ComRoPELDAttention`` and ``ComRoPEAPAttention``); the rotation, its
     layout and the positions are :class:`~posenc.encodings.LieRE`'s (blocks of b x b, R acting
     on column vectors, queries and keys alike), only the generators A_a differ. With trainable

@@ -1,5 +1,5 @@
 """LieRE, Lie group relative position encodings (Ostmeier et al. 2024, "LieRE: Lie Rotational
-Positional Encodings", arXiv 2406.10322, sec. 3): RoPE's fixed 2 x 2 rotations replaced by
+Positional Encodings", arXiv 2406.10322): RoPE's fixed 2 x 2 rotations replaced by
 learned rotations R(p) = exp(sum_a p_a A_a), each A_a a skew-symmetric matrix (block-diagonal,
 blocks of b x b), so a query or key is turned in every direction of a b-dimensional block at
 once rather than in planes.
@@ -31,7 +31,7 @@ from posenc.errors import InvalidArgument
 
 
 class LieRE(PositionalEncoding):
-    """LieRE (arXiv 2406.10322, eq. 2-3), as its reference code computes it (StanfordMIMI/LieRE
+    """LieRE (arXiv 2406.10322), as its reference code computes it (StanfordMIMI/LieRE
     ``models/rope_vit.py`` @657fc51, ``LierePositionEncoder`` and
     ``FlexibleAttention.apply_transforms``).
 

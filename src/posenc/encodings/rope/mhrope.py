@@ -24,7 +24,7 @@ from posenc.kernels.rotary_torch import apply_rotary
 
 
 class MHRoPE(MRoPE):
-    """Multi-head RoPE (arXiv 2510.23095, sec. 3), as its reference code computes it
+    """Multi-head RoPE (arXiv 2510.23095), as its reference code computes it
     (JJJYmmm/Multimodal-RoPEs ``multimodal_ropes/freq_allocation/mhrope.py`` @8cd6d41 and
     ``test.py``'s ``apply_multihead_rotary_pos_emb`` @64f8a14): ``mrope_section`` counts *heads*:
     the first s_t key/value heads rotate by the temporal coordinate, the next s_h by the height,

@@ -1,5 +1,5 @@
 """VideoRoPE (Wei et al. 2025, "VideoRoPE: What Makes for Good Video Rotary Position
-Embedding?", arXiv 2502.05173, sec. 4): M-RoPE with the temporal axis on the *lowest*
+Embedding?", arXiv 2502.05173): M-RoPE with the temporal axis on the *lowest*
 frequencies (low-frequency temporal allocation, LTA), height and width alternating over the
 high ones, and video positions laid on the diagonal of text's (diagonal layout, DL) with an
 adjustable temporal step (ATS)."""
@@ -41,7 +41,7 @@ def _videorope_default_section(num_pairs: int) -> list[int]:
 
 
 class VideoRoPE(MRoPE):
-    """VideoRoPE's frequency allocation (arXiv 2502.05173, sec. 4.1-4.2; the official
+    """VideoRoPE's frequency allocation (arXiv 2502.05173: LTA, DL and ATS; the official
     Wiselnn570/VideoRoPE ``videorope-transformer/modeling_videorope.py`` @309f5c8): M-RoPE
     (:class:`~posenc.encodings.MRoPE`: pair i rotates by p[a(i)] theta_i, half-split pairs as
     Qwen2-VL) with a(i) from :func:`videorope_axis_of_pair`: height and width alternate over the
