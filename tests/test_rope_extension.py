@@ -223,7 +223,7 @@ def test_named_randomized_rows_are_the_only_randomized_ones(corpus_file, tmp_pat
 
 def test_full_preset_has_every_encoding_the_hybrid_plans_and_a_randomized_row():
     config = preset_config("full")
-    multi_axis = {"mrope", "axial_rope"}  # on 1-D text, RoPE in another frequency order
+    multi_axis = {"mrope", "axial_rope", "videorope", "mhrope"}  # on 1-D text, RoPE in another frequency order
     plans = ["rope/nope:4", "rope@sliding/nope:4"]  # SmolLM3's and Cohere2's (issue 21, item 6)
     assert config.rows == [*(n for n in posenc.available() if n not in multi_axis), *plans, "rope+rand"]
     assert config.randomized_positions == max(config.eval_lengths)
