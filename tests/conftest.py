@@ -30,12 +30,26 @@ def make_encoding(name: str, *, d_model: int = 32, num_heads: int = 4, max_posit
     return enc.double()
 
 
+def skip_if_causal_only(name: str, causal: bool) -> None:
+    """Skip a bidirectional case of an encoding defined for causal attention only (PaTH: its
+    refusal of ``causal=False`` is tested in its own file)."""
+    import posenc
+
+    if not causal and posenc.REGISTRY[name].causal_only:
+        pytest.skip(f"{name} is causal only: causal=False is refused")
+
+
 def attention_extras(enc, batch: int, heads: int, num_keys: int, *, dtype=torch.float64, generator=None) -> dict:
     """The keyword arguments ``posenc.attention`` needs beyond q, k and v for ``enc``: for an
     encoding with the ``gate`` hook (FoX), ``gates=`` of every key, here random log forget
-    gates in (-inf, 0) (mostly near log sigmoid(2) ~ -0.13, so that several keys matter)."""
+    gates in (-inf, 0) (mostly near log sigmoid(2) ~ -0.13, so that several keys matter); for
+    one whose gates carry features (PaTH: w then beta), random unit w and beta in (0, 2)."""
     if enc is None or "gate" not in enc.hooks:
         return {}
+    if enc.gate_features is not None:
+        w = torch.randn(batch, heads, num_keys, enc.gate_features - 1, dtype=dtype, generator=generator)
+        beta = 2 * torch.rand(batch, heads, num_keys, 1, dtype=dtype, generator=generator)
+        return {"gates": torch.cat((w / w.norm(dim=-1, keepdim=True), beta), dim=-1)}
     logits = torch.randn(batch, heads, num_keys, dtype=dtype, generator=generator) + 2.0
     return {"gates": torch.nn.functional.logsigmoid(logits)}
 

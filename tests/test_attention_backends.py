@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from conftest import slow_unless
+from conftest import skip_if_causal_only, slow_unless
 
 import posenc
 from posenc.attention import tiling
@@ -287,6 +287,9 @@ def test_gate_encodings_match_eager_values_and_gradients(name, backend, causal, 
     """A ``gate`` encoding (its bias from per-key values of the hidden state, ``gates=``) on
     every backend that serves it: the tiles of the blocked backend, the materialized bias of
     sdpa, against eager; gradients of q, k, v, the gates and the encoding's parameters."""
+    skip_if_causal_only(name, causal)
+    if backend != "auto" and attention_module._BACKENDS[backend].unsupported(make(name, causal), mask=None) is not None:
+        pytest.skip(f"{backend} refuses {name} (a content term: tests/test_path.py)")
     tq, tk, kind = case
     qp, kp = positions_for(kind, tq, tk)
     g = torch.Generator().manual_seed(5)

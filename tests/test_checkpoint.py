@@ -28,7 +28,7 @@ OPTIONS = {
     "axial_rope": {"axial_dims": [2, 4], "freqs_for": "pixel", "grid_size": [4, 8], "max_freq": 8.0, "interleaved": True},
     "irope": {"no_rope_layers": [0], "attention_chunk_size": 4, "floor_scale": 3, "attn_scale": 0.5,
               "rope_theta": 10000.0, "interleaved": False},
-    "cope": {"npos_max": 9}, "fox": {},
+    "cope": {"npos_max": 9}, "fox": {}, "path": {"w_rank": 8, "forget_gate": True},
     "fope": {"rope_theta": 500.0, "max_position_embeddings": 32, "fope_init_factor": 0.5, "learnable": True,
              "sin_pad_value": 0.0},
     "liere": {"num_key_value_heads": 2, "block_size": 4, "position_scale": 0.125, "init_range": 1.0},

@@ -8,7 +8,7 @@ import pytest
 
 import posenc
 from posenc.encodings import (
-    ALiBi, ComRoPE, CoPE, FIRE, FoPE, FoX, GRAPE, LieRE, MHRoPE, IRoPE, Kerple, LearnedAbsolute, MRoPE, NoPE, ProportionalRoPE, RoPE, Shaw, Sinusoidal,
+    ALiBi, ComRoPE, CoPE, FIRE, FoPE, FoX, GRAPE, PaTH, LieRE, MHRoPE, IRoPE, Kerple, LearnedAbsolute, MRoPE, NoPE, ProportionalRoPE, RoPE, Shaw, Sinusoidal,
     T5RelativeBias, TransformerXL, VideoRoPE, VORoPE, XPos, AxialRoPE,
 )
 from posenc.encodings.base import MODEL_SIZES, Hook, PositionalEncoding
@@ -21,7 +21,7 @@ HOOKS = {
     "nope": set(), "sinusoidal": {"embed"}, "learned": {"embed"}, "rope": {"rotate"}, "xpos": {"rotate"},
     "alibi": {"score_bias"}, "t5": {"score_bias"}, "kerple": {"score_bias"}, "fire": {"score_bias"},
     "shaw": {"content"}, "transformer_xl": {"content"}, "p_rope": {"rotate"}, "mrope": {"rotate"},
-    "axial_rope": {"rotate"}, "irope": {"rotate", "mask"}, "cope": {"content"}, "fox": {"gate"},
+    "axial_rope": {"rotate"}, "irope": {"rotate", "mask"}, "cope": {"content"}, "fox": {"gate"}, "path": {"gate", "content"},
     "fope": {"rotate"}, "liere": {"rotate"}, "comrope": {"rotate"}, "vo_rope": {"rotate"}, "videorope": {"rotate"}, "mhrope": {"rotate"}, "grape": {"rotate"},
 }
 
@@ -52,6 +52,8 @@ CONSTRUCTOR_CALLS = {
     "cope": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers:
         CoPE(head_dim, num_layers, npos_max=max_positions + 1),
     "fox": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: FoX(d_model, num_heads, num_layers),
+    "path": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: PaTH(
+        d_model, num_heads, head_dim, num_layers=num_layers, causal=causal),
     "fope": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: FoPE(head_dim),
     "liere": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: LieRE(head_dim),
     "comrope": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: ComRoPE(head_dim),
@@ -115,6 +117,12 @@ def test_no_module_outside_encodings_checks_a_hook_by_its_string():
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("name", posenc.available())
 def test_for_model_passes_each_constructor_the_sizes_it_declares(name, causal):
+    if not causal and posenc.REGISTRY[name].causal_only:  # PaTH: refused by both, at construction
+        for build in (lambda: posenc.create_for_model(name, **SIZES, causal=False),
+                      lambda: CONSTRUCTOR_CALLS[name](**SIZES, causal=False)):
+            with pytest.raises(InvalidArgument, match="causal"):
+                build()
+        return
     built = posenc.create_for_model(name, **SIZES, causal=causal)
     expected = CONSTRUCTOR_CALLS[name](**SIZES, causal=causal)
     assert type(built) is type(expected)

@@ -39,6 +39,7 @@ from posenc.encodings import (
     MHRoPE,
     CoPE,
     FoX,
+    PaTH,
     FoPE,
     LieRE,
     ComRoPE,
@@ -61,6 +62,6 @@ __all__ = [
     "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "VORoPE", "GRAPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids", "VideoRoPE", "videorope_position_ids", "MHRoPE",
     "IRoPE",
-    "CoPE", "FoX",
+    "CoPE", "FoX", "PaTH",
     "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "apply_rotary",
 ]

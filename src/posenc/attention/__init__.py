@@ -177,12 +177,17 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
 
 def _check_gates(gates: Tensor | None, encoding: PositionalEncoding | None, q: Tensor, num_keys: int,
                  causal: bool) -> None:
-    """``gates=`` is given exactly when the encoding has the ``gate`` hook, as (B, H, Tk) floats."""
+    """``gates=`` is given exactly when the encoding has the ``gate`` hook, as (B, H, Tk) floats
+    ((B, H, Tk, F) for an encoding with ``gate_features`` F)."""
     wants = encoding is not None and Hook.GATE in encoding.hooks
     batch, heads, num_queries = q.shape[0], q.shape[1], q.shape[2]
+    features = encoding.gate_features if wants else None
+    shape = (batch, heads, num_keys) if features is None else (batch, heads, num_keys, features)
 
     def expected() -> str:  # formatted only to raise: formatting a traced size would specialize it
-        return f"(B, H, Tk) = ({batch}, {heads}, {num_keys})"
+        if features is None:
+            return f"(B, H, Tk) = ({batch}, {heads}, {num_keys})"
+        return f"(B, H, Tk, F) = ({batch}, {heads}, {num_keys}, {features})"
 
     if gates is None:
         if wants:
@@ -197,8 +202,9 @@ def _check_gates(gates: Tensor | None, encoding: PositionalEncoding | None, q: T
     if not isinstance(gates, Tensor) or not gates.is_floating_point():
         kind = gates.dtype if isinstance(gates, Tensor) else type(gates).__name__
         raise InvalidType(f"gates must be a floating-point torch.Tensor {expected()}, got {kind}")
-    if gates.dim() != 3 or gates.shape[0] != batch or gates.shape[1] != heads or gates.shape[2] != num_keys:
-        raise InvalidArgument(f"gates must have shape {expected()}, one value per key and query head, got {tuple(gates.shape)}")
+    if gates.dim() != len(shape) or any(size != want for size, want in zip(gates.shape, shape)):
+        raise InvalidArgument(f"gates must have shape {expected()}, {type(encoding).__name__}.gate(x) of every key "
+                              f"per query head, got {tuple(gates.shape)}")
     if gates.device != q.device:
         raise InvalidArgument(f"gates must be on q's device {q.device}, got {gates.device}")
     if not causal and num_queries > num_keys:
@@ -362,6 +368,9 @@ def attention(
                                      encoding)
     k_positions = _default_positions(k_positions, num_keys, 0, q.device, "k_positions", batch, encoding)
     _check_gates(gates, encoding, q, num_keys, causal)
+    if not causal and encoding is not None and encoding.causal_only:
+        raise InvalidArgument(f"causal: {type(encoding).__name__} is defined for causal attention only; "
+                              "got causal=False")
     softcap = check_softcap(softcap) if not torch.compiler.is_compiling() else softcap
     sinks = check_sinks(sinks, num_heads, q.device)
     # (B, T) or, from a multi-axis encoding, (A, B, T): per-row positions (the sequence axis is last)

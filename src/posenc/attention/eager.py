@@ -59,7 +59,7 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     if bias is not None:
         additive = bias.to(wide) if additive is None else bias.to(wide) + additive
     if content:
-        scores = encoding.content_scores(q, k, q_positions, k_positions, mask=mask)
+        scores = encoding.content_scores(q, k, q_positions, k_positions, mask=mask, gate_state=gate_state)
         if scores is not None:
             scores = scores.to(wide)
             additive = scores * scale if additive is None else torch.add(additive, scores, alpha=scale)

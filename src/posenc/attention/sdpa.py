@@ -51,7 +51,7 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     extra = None
     if encoding is not None and Hook.CONTENT in encoding.hooks:
         visible = causal_mask(num_queries, num_keys, q.device) if mask is None and causal else mask
-        scores = encoding.content_scores(q, k, q_positions, k_positions, mask=visible)
+        scores = encoding.content_scores(q, k, q_positions, k_positions, mask=visible, gate_state=gate_state)
         if scores is not None:
             extra = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale  # float64 stays float64
     bias = dense_bias(encoding, q_positions, k_positions, num_heads=q.shape[1], batch=q.shape[0])

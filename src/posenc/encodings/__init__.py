@@ -14,6 +14,7 @@ from posenc.encodings.kerple import Kerple
 from posenc.encodings.fire import FIRE
 from posenc.encodings.cope import CoPE
 from posenc.encodings.fox import FoX
+from posenc.encodings.path import PaTH
 from posenc.encodings.shaw import Shaw
 from posenc.encodings.transformer_xl import TransformerXL
 from posenc.encodings.rope import ProportionalRoPE, RoPE, XPos, apply_rotary, rope_frequencies
@@ -37,7 +38,7 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
         ProportionalRoPE,
         MRoPE, AxialRoPE, VideoRoPE, MHRoPE,
         IRoPE,
-        CoPE, FoX,
+        CoPE, FoX, PaTH,
         FoPE,
         LieRE, ComRoPE,
         VORoPE, GRAPE,
@@ -96,7 +97,7 @@ __all__ = [
     "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "COMROPE_VARIANTS", "VORoPE", "GRAPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids", "VideoRoPE", "videorope_position_ids", "MHRoPE",
     "IRoPE",
-    "CoPE", "FoX",
+    "CoPE", "FoX", "PaTH",
     "BranchedRoPE", "branched", "BRANCHED_METHODS",
     "sinusoidal_table", "alibi_slopes", "t5_relative_position_bucket", "rope_frequencies", "fope_frequencies", "apply_rotary",
 ]

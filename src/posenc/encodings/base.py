@@ -230,6 +230,9 @@ class PositionalEncoding(nn.Module):
     #: a relative position in the value path (DeepSeek-V4, whose keys are its values).
     #: :func:`posenc.attention` calls both around any backend.
     rotates_values: ClassVar[bool] = False
+    #: True for an encoding defined for causal attention only (PaTH: its transforms run from
+    #: the key to the query): :func:`posenc.attention` refuses ``causal=False`` for it.
+    causal_only: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -533,14 +536,17 @@ class PositionalEncoding(nn.Module):
         return mask_mod
 
     def content_scores(
-        self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor, *, mask: Tensor | None = None
+        self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor, *, mask: Tensor | None = None,
+        gate_state: object = None,
     ) -> Tensor | None:
         """Query-dependent extra logits (B, H, Tq, Tk), added to q.k *before* the 1/sqrt(D) scale.
 
         ``mask``: which keys each query may attend, boolean, broadcastable to (B, H, Tq, Tk)
         (the causal mask and the user's ``mask=`` combined), or None when every key is
         visible. Only an encoding whose terms depend on the other visible keys reads it
-        (CoPE counts them); masked entries of the result are never used.
+        (CoPE counts them); masked entries of the result are never used. ``gate_state``: for
+        an encoding with the ``gate`` hook too, :meth:`prepare_gates` of every key's gates
+        (PaTH's w and beta), else None.
         """
         return None
 
@@ -567,12 +573,18 @@ class PositionalEncoding(nn.Module):
         """
         return None
 
+    @property
+    def gate_features(self) -> int | None:
+        """For a ``gate`` encoding: None when :meth:`gate` gives one value per token and head,
+        (B, H, T) (FoX), else the size F of its trailing axis, (B, H, T, F) (PaTH: w and beta)."""
+        return None
+
     def gate(self, x: Tensor) -> Tensor | None:
         """The ``gate`` hook: per-token values from the layer's input (its hidden state).
 
         x (B, T, d_model), the input of the attention layer (after its normalization) ->
         (B, H, T), one value per token and query head, float32 (float64 when x or the
-        parameters are float64). The model calls it on every attention call and keeps the
+        parameters are float64); (B, H, T, F) for an encoding with :attr:`gate_features` F. The model calls it on every attention call and keeps the
         result with the keys (the KV cache stores it like k and v); :func:`posenc.attention`
         receives every key's values as ``gates=`` (B, H, Tk). FoX returns log f_t here.
         Returns None for an encoding without the hook.

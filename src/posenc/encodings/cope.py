@@ -114,7 +114,7 @@ class CoPE(PositionalEncoding):
         # the reverse cumulative sum: every key j gets the gates of the keys j, j+1, ... (Tk - 1)
         return gates.flip(-1).cumsum(-1).flip(-1)
 
-    def content_scores(self, q, k, q_positions, k_positions, *, mask=None):
+    def content_scores(self, q, k, q_positions, k_positions, *, mask=None, gate_state=None):
         """z_ij: (B, H, Tq, Tk) before the 1/sqrt(D) scale, float32 (float64 when q or the
         parameters are float64). Positions are not read (see the module docstring)."""
         positions = self.contextual_positions(q, k, mask)

@@ -32,6 +32,32 @@ def _sum_dtype(gates: Tensor) -> torch.dtype:
     return torch.float32 if gates.device.type == "mps" else torch.float64
 
 
+def cumulative_log_gates(gates: Tensor) -> tuple[Tensor, Tensor | None]:
+    """c = cumsum(log f) over the keys (the last axis) of ``gates`` (B, H, Tk), as (hi, lo):
+    float32 hi = c rounded, lo = the rest (None for float64 gates, whose c is exact enough
+    alone), accumulated in float64 (float32 on MPS). Shared with PaTH-FoX (encodings/path.py)."""
+    total = torch.cumsum(gates.to(_sum_dtype(gates)), dim=-1)  # (B, H, Tk)
+    if gates.dtype == torch.float64 or total.dtype != torch.float64:
+        return total.to(gates.dtype), None
+    hi = total.float()
+    # hi is c rounded to float32; lo holds what the rounding dropped (no gradient flows
+    # through lo: d lo / d c = 1 - 1), so hi_i - hi_j + lo_i - lo_j is c_i - c_j to float32
+    return hi, (total - hi.double()).float()
+
+
+def log_gate_difference(state: tuple[Tensor, Tensor | None], q_index: Tensor, k_index: Tensor) -> Tensor:
+    """c_i - c_j = sum of log f over the keys j+1..i: (B, H, len(q_index), len(k_index)), from
+    :func:`cumulative_log_gates`'s (hi, lo) at key indices ``q_index`` (the queries' own
+    tokens) and ``k_index``."""
+    hi, lo = state
+    difference = hi[..., q_index].unsqueeze(-1) - hi[..., k_index].unsqueeze(-2)
+    if lo is not None:
+        # in place: no second tile; near the diagonal hi_i - hi_j is exact (Sterbenz), so
+        # adding the low parts back recovers the difference the float32 c would lose
+        difference = difference.add_(lo[..., q_index].unsqueeze(-1)).sub_(lo[..., k_index].unsqueeze(-2))
+    return difference
+
+
 class FoX(PositionalEncoding):
     """Forgetting Attention's forget gate (Lin et al. 2025, section 2, eqs. (3)-(6); reference
     code: zhixuan-lin/forgetting-transformer, ``ForgettingAttentionLayer`` with
@@ -106,24 +132,12 @@ class FoX(PositionalEncoding):
         return F.logsigmoid(logits.to(wide)).transpose(-2, -1)
 
     def prepare_gates(self, gates: Tensor) -> tuple[Tensor, Tensor | None]:
-        """c = cumsum(log f) over the keys, as (hi, lo): float32 hi = c rounded, lo = the rest
-        (None for float64 gates, whose c is exact enough alone)."""
-        total = torch.cumsum(gates.to(_sum_dtype(gates)), dim=-1)  # (B, H, Tk)
-        if gates.dtype == torch.float64 or total.dtype != torch.float64:
-            return total.to(gates.dtype), None
-        hi = total.float()
-        # hi is c rounded to float32; lo holds what the rounding dropped (no gradient flows
-        # through lo: d lo / d c = 1 - 1), so hi_i - hi_j + lo_i - lo_j is c_i - c_j to float32
-        return hi, (total - hi.double()).float()
+        """c = cumsum(log f) over the keys, as (hi, lo): :func:`cumulative_log_gates`."""
+        return cumulative_log_gates(gates)
 
     def gate_bias(self, state, q_index, k_index, *, causal):
         """D_ij = c_i - c_j (-|c_i - c_j| when not causal): (B, H, len(q_index), len(k_index))."""
-        hi, lo = state
-        bias = hi[..., q_index].unsqueeze(-1) - hi[..., k_index].unsqueeze(-2)
-        if lo is not None:
-            # in place: no second tile; near the diagonal hi_i - hi_j is exact (Sterbenz), so
-            # adding the low parts back recovers the difference the float32 c would lose
-            bias = bias.add_(lo[..., q_index].unsqueeze(-1)).sub_(lo[..., k_index].unsqueeze(-2))
+        bias = log_gate_difference(state, q_index, k_index)
         return bias if causal else -bias.abs()
 
     def extra_repr(self) -> str:

@@ -127,7 +127,7 @@ class Shaw(PositionalEncoding):
         if x.shape[-1] != self.head_dim:
             raise InvalidArgument(f"{argname} must have head_dim={self.head_dim}, got {x.shape[-1]}")
 
-    def content_scores(self, q, k, q_positions, k_positions, *, mask=None):
+    def content_scores(self, q, k, q_positions, k_positions, *, mask=None, gate_state=None):
         """q_i . w^K_{clip(j - i)}: (B, H, Tq, Tk) before the 1/sqrt(D) scale, float32 (float64
         when q or the parameters are float64)."""
         self._check_dim(q, "q")

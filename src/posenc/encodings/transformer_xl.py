@@ -143,7 +143,7 @@ class TransformerXL(PositionalEncoding):
         table = sinusoidal_encode(distances, self.d_model, self.base, layout="concat")
         return distances, table, "sinusoidal R_(i-j), [sin || cos] layout"
 
-    def content_scores(self, q, k, q_positions, k_positions, *, mask=None):
+    def content_scores(self, q, k, q_positions, k_positions, *, mask=None, gate_state=None):
         """(b) + (c) + (d): (B, H, Tq, Tk) before the 1/sqrt(D) scale, float32 (float64 when q
         or the parameters are float64). Under torch.compile the positions' layout is not
         inspected: every (i, j) pair gets its own R_{i-j} (O(H Tq Tk D) memory)."""

@@ -23,7 +23,9 @@ contexts (:func:`plot_rope_inspection`, ``posenc inspect``: the library's own fi
   (``contextual_positions``, cope): the positions p_ij it assigns when only some tokens
   count, against the token distance, and for random queries and keys;
 - ``gate`` (fox): the bias its gates give for random hidden states (one line per head
-  against distance, and the (i, j) bias of the first head);
+  against distance, and the (i, j) bias of the first head); gates that carry vectors
+  (``gate_features``, path): what is left of q.k for q = k after the transforms of the tokens
+  between, for random hidden states;
 - ``mask`` (irope's chunked attention): which keys each query may attend, with the causal
   mask, over a span that shows the mask's reach (three times how far back a query sees);
 - a layer schedule (``for_layer`` differs between layers, irope): the query scale
@@ -163,13 +165,15 @@ def _bias_panels(enc: PositionalEncoding, max_distance: int, grid: int):
 
 
 def _per_head_and_square(distances: Tensor, per_head: Tensor, square: Tensor, max_distance: int,
-                         lines_title: str, square_title: str, axis_word: str = ""):
-    """Two panels of a bias: per head against distance from the last query, and its (i, j) picture."""
+                         lines_title: str, square_title: str, axis_word: str = "",
+                         value: str = "bias added to the logit (nats)", value_short: str = "bias (nats)"):
+    """Two panels of a bias (or of another ``value``): per head against distance from the last
+    query, and its (i, j) picture."""
     def lines(ax, fig):
         for h, row in enumerate(per_head):
             ax.plot(distances.numpy(), row.numpy(), lw=1, label=f"head {h}")
         ax.set_xlabel(f"distance i - j (tokens), query at i = {max_distance}")
-        ax.set_ylabel("bias added to the logit (nats)")
+        ax.set_ylabel(value)
         ax.set_title(lines_title)
         ax.legend(fontsize=6, ncol=2)
 
@@ -178,7 +182,7 @@ def _per_head_and_square(distances: Tensor, per_head: Tensor, square: Tensor, ma
         ax.set_xlabel(f"key {axis_word}j (tokens)")
         ax.set_ylabel(f"query {axis_word}i (tokens)")
         ax.set_title(square_title)
-        fig.colorbar(image, ax=ax, label="bias (nats)")
+        fig.colorbar(image, ax=ax, label=value_short)
 
     return [lines, heatmap]
 
@@ -231,6 +235,30 @@ def _gate_panels(enc: PositionalEncoding, d_model: int, max_distance: int, grid:
     square[index[:grid].unsqueeze(-1) < index[:grid]] = float("nan")
     return _per_head_and_square(index, per_head, square, max_distance, "gate bias against distance, random hidden states",
                                 "gate bias (i, j), head 0 (j > i masked)")
+
+
+def _transport_panels(enc: PositionalEncoding, d_model: int, head_dim: int, max_distance: int, grid: int):
+    """For gates that carry vectors and act through the content term (PaTH: a transform of the
+    key by every token between it and the query): with q = k = one fixed vector u for every
+    token, (q . k + content) / (u . u) is how much of the key's alignment with the query is left
+    after the tokens between (1 at distance 0), for one random sequence of hidden states."""
+    length = max_distance + 1
+    x = torch.randn(1, length, d_model, generator=torch.Generator().manual_seed(0))
+    heads = enc.gate(x).shape[1]
+    u = torch.randn(head_dim, generator=torch.Generator().manual_seed(1))
+    u = (u / u.norm()).expand(1, heads, length, head_dim)
+    with torch.no_grad():
+        gates = enc.gate(x)
+        state = enc.prepare_gates(gates)
+        left = 1 + enc.content_scores(u, u, None, None, gate_state=state)[0]  # (H, T, T)
+    index = torch.arange(length)
+    per_head = left[:, -1].flip(-1)  # (H, distance), query at the last token
+    square = left[0, :grid, :grid].clone()
+    square[index[:grid].unsqueeze(-1) < index[:grid]] = float("nan")
+    return _per_head_and_square(index, per_head, square, max_distance,
+                                "q.k left after the tokens between, random hidden states",
+                                "q^T H_i...H_(j+1) k / q.k, head 0 (j > i masked)",
+                                value="q^T H_i...H_(j+1) k / q.k  (q = k)", value_short="fraction of q.k left")
 
 
 def _content_panels(enc: PositionalEncoding, max_distance: int, head_dim: int = 8, grid: int = 64):
@@ -376,8 +404,10 @@ def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
         panels += _bias_panels(enc, max_distance or 128, grid)
     if Hook.CONTENT in enc.hooks:
         panels += _content_panels(enc, max_distance or 64, sizes["head_dim"], grid)
-    if Hook.GATE in enc.hooks:
+    if Hook.GATE in enc.hooks and enc.gate_features is None:
         panels += _gate_panels(enc, sizes["d_model"], max_distance or 128, grid)
+    elif Hook.GATE in enc.hooks:
+        panels += _transport_panels(enc, sizes["d_model"], sizes["head_dim"], max_distance or 128, grid)
     if Hook.MASK in enc.hooks and enc.attention_mask(torch.tensor(0), torch.tensor(0)) is not None:
         panels += _mask_panels(enc)
     panels += _schedule_panels(enc, sizes["head_dim"])
