@@ -102,10 +102,11 @@ say "posenc $(git rev-parse --short HEAD 2>/dev/null) $(git status --porcelain 2
   $PY -c "import flash_attn; print('flash-attn', flash_attn.__version__)" 2>&1 | tail -1
 } | tee -a "$LOG" | sed 's/^/    /' >"$TABLES"
 
-# 1. The CUDA tests: Triton RoPE against float64, Flex score_mods against eager (values and
-#    gradients), FlashAttention-2's ALiBi where installed, KV-cache decoding.
+# 1. The CUDA tests: the fused attention with a learned bias inside (issue 38) first, then Triton
+#    RoPE against float64, Flex score_mods against eager (values and gradients),
+#    FlashAttention-2's ALiBi where installed, KV-cache decoding.
 step tests 140 $PY -m pytest -q -rs -p no:cacheprovider --junitxml="$WORK/tests.xml" ${TESTS_K:+-k "$TESTS_K"} \
-    tests/test_rotary_triton_cuda.py tests/test_flex_cuda.py tests/test_flash_attention_2.py tests/test_cuda_decoding.py
+    tests/test_bias_attention_triton_cuda.py tests/test_rotary_triton_cuda.py tests/test_flex_cuda.py tests/test_flash_attention_2.py tests/test_cuda_decoding.py
 { echo; echo "### tests $TEST_DEVICE_NOTE"; echo; grep -E "passed|failed|skipped|error" "$LOG" | tail -3 | sed 's/^/    /'; } >>"$TABLES"
 
 # 2. RoPE apply against a copy, Inductor, Hugging Face eager and Liger.
@@ -113,11 +114,13 @@ step rope 50 $POSENC bench rope --device "$DEVICE" $QUICK --out "$WORK/bench"
 append "$WORK"/bench/rope-*.md
 
 # 3. Attention per bias against bias-free SDPA, one length per process (a step cut short keeps
-#    the shorter lengths' table).
+#    the shorter lengths' table): the fused kernel ("triton"), FlexAttention and "blocked"
+#    (what "auto" picks for a learned bias's training on CUDA today).
 ATTENTION_LIMITS=(80 45 45)  # the first length pays FlexAttention's compiles
 for i in "${!LENGTHS[@]}"; do
     T=${LENGTHS[$i]}
-    step "attention T=$T" "${ATTENTION_LIMITS[$i]}" $POSENC bench attention --device "$DEVICE" $QUICK --lengths "$T" --out "$WORK/bench-T$T"
+    step "attention T=$T" "${ATTENTION_LIMITS[$i]}" $POSENC bench attention --device "$DEVICE" $QUICK --lengths "$T" \
+        --backends triton,flex,blocked --out "$WORK/bench-T$T"
     append "$WORK/bench-T$T"/attention-*.md
 done
 

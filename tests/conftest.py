@@ -1,10 +1,18 @@
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+
+# Without a GPU, Triton's kernels run only under its interpreter. Its standard library
+# (tl.zeros, tl.sum, ...) is decorated when triton is first imported, interpreted or not, so
+# the switch is set before any test imports triton (a fixture setting it later can re-decorate
+# posenc's kernels, not Triton's own functions).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # The tests' tensors are tiny: one thread is as fast, and cannot be starved by a busy machine
 # (two spinning OpenMP threads on a loaded 2-core box ran 10x slower).

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from posenc._validation import check_number, check_sequence_positions
-from posenc.attention import blocked, eager, flash_attention_2, flex, sdpa
+from posenc.attention import blocked, eager, flash_attention_2, flex, fused_triton, sdpa
 from posenc.attention.branches import BRANCH_BACKENDS, run_branches
 from posenc.attention.masks import (
     causal_mask,
@@ -58,9 +58,10 @@ from posenc.errors import InvalidArgument, InvalidType
 
 __all__ = ["BACKENDS", "attention", "causal_mask", "combine_masks"]
 
-BACKENDS = ("auto", "eager", "sdpa", "blocked", "flex", "flash_attention_2")
+BACKENDS = ("auto", "eager", "sdpa", "blocked", "flex", "flash_attention_2", "triton")
 
-_BACKENDS = {"eager": eager, "sdpa": sdpa, "blocked": blocked, "flex": flex, "flash_attention_2": flash_attention_2}
+_BACKENDS = {"eager": eager, "sdpa": sdpa, "blocked": blocked, "flex": flex, "flash_attention_2": flash_attention_2,
+             "triton": fused_triton}
 
 #: backend="auto" picks "blocked" for a score bias whose materialized form, B_bias * H * Tq * Tk
 #: float32 entries, would hold at least this many (16 MiB).
@@ -260,7 +261,10 @@ def attention(
             block mask of the causal mask and ``mask``, compiled once per process for every
             length; no content terms, no dropout, no q/k/v backward on the CPU),
             "flash_attention_2" (flash-attn's kernel with its native ALiBi; CUDA, fp16/bf16,
-            ALiBi or no bias, no ``mask``; needs ``pip install flash-attn``) or "auto", which
+            ALiBi or no bias, no ``mask``; needs ``pip install flash-attn``), "triton"
+            (posenc's fused kernel with the bias computed inside it, forward and backward:
+            no bias, ALiBi, Kerple, T5, FoX; CUDA, fp32/bf16/fp16, no ``mask`` yet; needs
+            Triton) or "auto", which
             picks by device, encoding hooks, bias size, dtype, mask and dropout: the table in
             docs/fast_attention.md, "The `auto` rule" (the one statement of the rule).
             A branched encoding (``encoding.branched``) runs on "eager", "sdpa", "blocked"

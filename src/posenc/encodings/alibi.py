@@ -12,6 +12,7 @@ from torch import Tensor
 from posenc._validation import check_bool, check_number, check_positive_int
 from posenc.encodings.score_bias import ScoreBias, _wide
 from posenc.errors import InvalidArgument
+from posenc.kernels.fused_bias import FusedBias
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
@@ -150,6 +151,14 @@ class ALiBi(ScoreBias):
         if self.slope_dtype is not None or not (causal or self.bidirectional):
             return None
         return self.slopes if self.scale == 1.0 else self.slopes * self.scale
+
+    def fused_bias(self, causal: bool = True, gate_state: object = None) -> FusedBias | None:
+        """``linear``: -m d (``bidirectional``: -m |d|) with m the slopes times ``scale``; None
+        with ``slope_dtype`` (rounded products of absolute positions)."""
+        if self.slope_dtype is not None:
+            return None
+        slopes = self.slopes if self.scale == 1.0 else self.slopes * self.scale
+        return FusedBias("linear", {"slopes": slopes}, symmetric=self.bidirectional)
 
     def extra_repr(self) -> str:
         text = f"num_heads={self.num_heads}, bidirectional={self.bidirectional}"

@@ -504,6 +504,16 @@ class PositionalEncoding(nn.Module):
         with a native linear bias serve the encoding (FlashAttention-2's ``alibi_slopes``)."""
         return None
 
+    def fused_bias(self, causal: bool = True, gate_state: object = None):
+        """The bias (score bias or gate bias) as a :class:`posenc.kernels.fused_bias.FusedBias`:
+        a form the fused attention kernel computes in registers from a few tensors per head
+        (ALiBi's slopes, Kerple's p and a, T5's buckets, FoX's cumulative gates), with gradients
+        to them; None (default) when the encoding's bias has no such form for this call.
+        ``gate_state``: :meth:`prepare_gates`'s result for a ``gate`` encoding. A statement
+        about the math, like :meth:`linear_bias_slopes`; tested against :meth:`bias` and
+        :meth:`gate_bias` (tests/test_bias_attention_triton.py)."""
+        return None
+
     def attention_mask(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
         """The ``mask`` hook as math: elementwise on broadcastable int64 tensors of query and key
         positions -> a bool tensor of their broadcast shape, True where the query may attend the

@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.encodings.base import Hook, PositionalEncoding, layer_of_copies
 from posenc._validation import check_positive_int
+from posenc.encodings.base import Hook, PositionalEncoding, layer_of_copies
 from posenc.errors import InvalidArgument
+from posenc.kernels.fused_bias import FusedBias
 
 
 def _sum_dtype(gates: Tensor) -> torch.dtype:
@@ -139,6 +140,14 @@ class FoX(PositionalEncoding):
         """D_ij = c_i - c_j (-|c_i - c_j| when not causal): (B, H, len(q_index), len(k_index))."""
         bias = log_gate_difference(state, q_index, k_index)
         return bias if causal else -bias.abs()
+
+    def fused_bias(self, causal: bool = True, gate_state: object = None) -> FusedBias | None:
+        """``gate``: c_i - c_j from :meth:`prepare_gates`'s (hi, lo); None when not causal (the
+        bidirectional -|c_i - c_j| has no fused form)."""
+        if not causal or gate_state is None:
+            return None
+        hi, lo = gate_state
+        return FusedBias("gate", {"hi": hi, "lo": lo})
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, num_heads={self.num_heads}, num_layers={self.num_layers}"

@@ -4,14 +4,13 @@ logarithmic and power variants. Conventions: :mod:`posenc.encodings.score_bias`.
 
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 
 from posenc._validation import check_positive_int
 from posenc.encodings.score_bias import ScoreBias, _wide
 from posenc.errors import InvalidArgument
-
+from posenc.kernels.fused_bias import FusedBias
 
 KERPLE_VARIANTS = ("log", "power")
 
@@ -82,6 +81,10 @@ class Kerple(ScoreBias):
         if self.variant == "log":
             return -self.bias_p[head] * torch.log1p(self.bias_a[head] * distance)
         return -self.bias_a[head] * distance.pow(self.bias_p[head])
+
+    def fused_bias(self, causal: bool = True, gate_state: object = None) -> FusedBias:
+        """``kerple_log`` or ``kerple_power`` with p = ``bias_p`` and a = ``bias_a``."""
+        return FusedBias(f"kerple_{self.variant}", {"p": self.bias_p, "a": self.bias_a})
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, variant={self.variant!r}, eps={self.eps}"

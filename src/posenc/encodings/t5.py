@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from posenc._validation import check_bool, check_positive_int
 from posenc.encodings.score_bias import ScoreBias, _wide
 from posenc.errors import InvalidArgument, InvalidType
+from posenc.kernels.fused_bias import FusedBias
 
 
 def t5_relative_position_bucket(
@@ -110,6 +111,15 @@ class T5RelativeBias(ScoreBias):
         bucket = self._bucket(k_positions - q_positions)
         weight = self.relative_attention_bias.weight
         return weight[bucket, head].to(_wide(weight))
+
+    def fused_bias(self, causal: bool = True, gate_state: object = None) -> FusedBias:
+        """``buckets``: the table and the bucket of every k_pos - q_pos in [-R, R], R =
+        ``max_distance`` (the buckets are constant beyond it, so clamping the distance is exact),
+        from :func:`t5_relative_position_bucket` itself."""
+        weight = self.relative_attention_bias.weight
+        radius = self.max_distance
+        bucket_map = self._bucket(torch.arange(-radius, radius + 1, device=weight.device))
+        return FusedBias("buckets", {"weight": weight, "bucket_map": bucket_map}, radius=radius)
 
     def _bucket(self, relative_position: Tensor) -> Tensor:
         return t5_relative_position_bucket(

@@ -1,0 +1,494 @@
+"""Attention with a learned position bias inside one fused kernel, forward and backward (Triton).
+
+FlashAttention-2's tiling (Dao 2023, "FlashAttention-2", Algorithms 1 and 2): a program holds
+one block of queries, walks the blocks of keys with the online softmax and never writes the
+(Tq, Tk) scores; the backward recomputes them from the saved log-sum-exp. The bias of each tile
+is computed in registers from its positions and a few numbers per head, so that no (Tq, Tk)
+tensor exists, forward or backward:
+
+=============== ================================================ ==========================
+form            bias b(h, i, j), d = q_pos - k_pos                parameters (grad)
+=============== ================================================ ==========================
+``linear``      -m_h d (``symmetric``: -m_h |d|)                  m (H,): ALiBi's slopes
+``kerple_log``  -p_h log(1 + a_h |d|)                             p, a (H,)
+``kerple_power``-a_h |d|^p_h                                      p, a (H,)
+``buckets``     W[bucket(clamp(-d, -R, R)), h]                    W (num_buckets, H): T5
+``gate``        c_i - c_j (key indices; c = hi + lo)              hi (B, H, Tk): FoX
+=============== ================================================ ==========================
+
+The bucket map (int32, 2R + 1 entries, bucket(k_pos - q_pos) for k_pos - q_pos in [-R, R]) is
+computed by the encoding's own torch function, so the kernel never re-derives T5's
+logarithmic buckets in float32; T5's buckets are constant beyond ``max_distance`` = R, so the
+clamp is exact.
+
+The backward runs two kernels, each owning what it writes, so no two programs add into one
+address: one per block of keys (and key/value head, looping over the query heads of its group)
+writes dK, dV and the gate's column sums; one per block of queries (and query head) writes dQ,
+the gate's row sums and its partial sums of the bias parameters' gradient (per head: 1 or 2
+numbers; per bucket for T5), which torch sums afterwards (a tiny reduction over the query
+blocks and the batch). This is what FlexAttention does not do: it adds a captured parameter's
+gradient from every score into the same few addresses with atomics (586x bias-free SDPA for
+T5's backward on an H100, docs/results.md "On a GPU").
+
+Conventions are posenc's: the bias is added after the 1/sqrt(D) scale (``scale``); causal means
+bottom-right (key j is visible to query row r iff j <= r + Tk - Tq); grouped-query heads (query
+head h reads key/value head h // (H / H_kv)); positions are explicit integers, (T,) shared or
+(B, T) per row. Scores, the softmax and every gradient are accumulated in float32; the
+probabilities are cast to v's dtype for the P V product, and dS to q's and k's for theirs, as
+FlashAttention does. Float32 inputs use IEEE float32 products (no TF32).
+
+Under Triton's interpreter (``TRITON_INTERPRET=1`` set before this module is imported) the
+kernels run on CPU tensors: tests/test_bias_attention_triton.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from posenc.errors import InvalidArgument
+from posenc.kernels.fused_bias import FORMS, FusedBias
+
+#: At most this many buckets (one partial sum each per program in the backward).
+MAX_BUCKETS = 128
+
+
+def _interpreted() -> bool:
+    return not isinstance(_forward_kernel, triton.runtime.JITFunction)
+
+
+@triton.jit
+def _bias_tile(KIND: tl.constexpr, SYMMETRIC: tl.constexpr, h, qp, kp, q_key, k_key,
+               pa_ptr, pb_ptr, map_ptr, radius, table_ptr, table_stride, hi_ptr, lo_ptr, HAS_LO: tl.constexpr):
+    """The bias of one tile (BM, BN), float32; and |d| (float32) for the parameter gradients."""
+    d = (qp[:, None] - kp[None, :]).to(tl.float32)
+    dist = tl.abs(d)
+    if KIND == 1:
+        m = tl.load(pa_ptr + h)
+        bias = -m * (dist if SYMMETRIC else d)
+    elif KIND == 2:
+        p = tl.load(pa_ptr + h)
+        a = tl.load(pb_ptr + h)
+        bias = -p * tl.log(1.0 + a * dist)
+    elif KIND == 3:
+        p = tl.load(pa_ptr + h)
+        a = tl.load(pb_ptr + h)
+        power = tl.where(dist > 0, tl.exp2(p * tl.log2(tl.maximum(dist, 1.0))), 0.0)
+        bias = -a * power
+    elif KIND == 4:
+        rel = tl.minimum(tl.maximum(kp[None, :] - qp[:, None], -radius), radius) + radius
+        bucket = tl.load(map_ptr + rel)
+        bias = tl.load(table_ptr + bucket * table_stride + h)
+    elif KIND == 5:
+        bias = tl.load(hi_ptr + q_key)[:, None] - tl.load(hi_ptr + k_key)[None, :]
+        if HAS_LO:
+            bias += tl.load(lo_ptr + q_key)[:, None] - tl.load(lo_ptr + k_key)[None, :]
+    else:
+        bias = tl.zeros_like(d)
+    return bias, dist
+
+
+@triton.jit
+def _dot(a, b, WIDEN: tl.constexpr):
+    """a @ b accumulated in float32. ``WIDEN``: the operands widened to float32 first (Triton's
+    interpreter multiplies bfloat16 operands wrongly; on a GPU they go to the tensor cores)."""
+    if WIDEN:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _visible(offs_m, offs_n, num_queries, num_keys, CAUSAL: tl.constexpr):
+    ok = (offs_m < num_queries)[:, None] & (offs_n < num_keys)[None, :]
+    if CAUSAL:
+        ok = ok & (offs_n[None, :] <= offs_m[:, None] + (num_keys - num_queries))
+    return ok
+
+
+@triton.jit
+def _forward_kernel(
+    Q, K, V, O, LSE, QP, KP, PA, PB, MAP, TABLE, HI, LO,
+    sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
+    sqpb, skpb, table_stride, gate_b, gate_h,
+    num_heads, groups, num_queries, num_keys, head_dim, scale, radius,
+    KIND: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_LO: tl.constexpr, CAUSAL: tl.constexpr, WIDEN: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    hk = h // groups
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, BD)
+    row_ok = offs_m < num_queries
+    d_ok = offs_d < head_dim
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    qp = tl.load(QP + b * sqpb + offs_m, mask=row_ok, other=0)
+    offset = num_keys - num_queries
+    q_key = tl.minimum(tl.maximum(offs_m + offset, 0), num_keys - 1)
+    gate = b * gate_b + h * gate_h
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, BD], tl.float32)
+    end = num_keys
+    if CAUSAL:
+        end = tl.minimum(num_keys, (pid_m + 1) * BM + offset)
+    for start_n in range(0, end, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        col_ok = offs_n < num_keys
+        k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
+                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
+                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        kp = tl.load(KP + b * skpb + offs_n, mask=col_ok, other=0)
+        k_key = tl.minimum(offs_n, num_keys - 1)
+        bias, _ = _bias_tile(KIND, SYMMETRIC, h, qp, kp, q_key, k_key, PA, PB, MAP, radius, TABLE, table_stride,
+                             HI + gate, LO + gate, HAS_LO)
+        s = _dot(q, tl.trans(k), WIDEN) * scale + bias
+        s = tl.where(_visible(offs_m, offs_n, num_queries, num_keys, CAUSAL), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, WIDEN)
+        m_i = m_new
+    has_key = l_i > 0
+    out = acc / tl.where(has_key, l_i, 1.0)[:, None]
+    lse = tl.where(has_key, m_i + tl.log(tl.where(has_key, l_i, 1.0)), float("-inf"))
+    tl.store(O + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod, out.to(O.dtype.element_ty),
+             mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + pid_bh * num_queries + offs_m, lse, mask=row_ok)
+
+
+@triton.jit
+def _probabilities(q, k, bias, lse, offs_m, offs_n, num_queries, num_keys, scale, CAUSAL: tl.constexpr,
+                   WIDEN: tl.constexpr):
+    s = _dot(q, tl.trans(k), WIDEN) * scale + bias
+    ok = _visible(offs_m, offs_n, num_queries, num_keys, CAUSAL) & (lse > float("-inf"))[:, None]
+    # masked entries exponentiate -inf: no overflow computed and then discarded
+    return tl.exp(tl.where(ok, s - lse[:, None], float("-inf")))
+
+
+@triton.jit
+def _key_block_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DCOL, QP, KP, PA, PB, MAP, TABLE, HI, LO,
+    sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdob, sdoh, sdom, sdod,
+    sdkb, sdkh, sdkn, sdkd, sdvb, sdvh, sdvn, sdvd,
+    sqpb, skpb, table_stride, gate_b, gate_h,
+    num_heads, num_kv_heads, groups, num_queries, num_keys, head_dim, scale, radius,
+    KIND: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_LO: tl.constexpr, CAUSAL: tl.constexpr, WIDEN: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+):
+    """dK and dV of one block of keys (and the gate's column sums), over every query head of
+    its key/value head and every query block that sees it."""
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_kv_heads
+    hk = pid_bh % num_kv_heads
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    col_ok = offs_n < num_keys
+    d_ok = offs_d < head_dim
+    k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
+                mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
+                mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    kp = tl.load(KP + b * skpb + offs_n, mask=col_ok, other=0)
+    k_key = tl.minimum(offs_n, num_keys - 1)
+    offset = num_keys - num_queries
+    dk = tl.zeros([BN, BD], tl.float32)
+    dv = tl.zeros([BN, BD], tl.float32)
+    start = 0
+    if CAUSAL:
+        start = tl.maximum(pid_n * BN - offset, 0) // BM * BM
+    for g in range(groups):
+        h = hk * groups + g
+        gate = b * gate_b + h * gate_h
+        dcol = tl.zeros([BN], tl.float32)
+        for start_m in range(start, num_queries, BM):
+            offs_m = start_m + tl.arange(0, BM)
+            row_ok = offs_m < num_queries
+            q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                        mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+            do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :] * sdod,
+                         mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+            lse = tl.load(LSE + (b * num_heads + h) * num_queries + offs_m, mask=row_ok, other=float("-inf"))
+            delta = tl.load(DELTA + (b * num_heads + h) * num_queries + offs_m, mask=row_ok, other=0.0)
+            qp = tl.load(QP + b * sqpb + offs_m, mask=row_ok, other=0)
+            q_key = tl.minimum(tl.maximum(offs_m + offset, 0), num_keys - 1)
+            bias, _ = _bias_tile(KIND, SYMMETRIC, h, qp, kp, q_key, k_key, PA, PB, MAP, radius, TABLE, table_stride,
+                                 HI + gate, LO + gate, HAS_LO)
+            p = _probabilities(q, k, bias, lse, offs_m, offs_n, num_queries, num_keys, scale, CAUSAL, WIDEN)
+            dv += _dot(tl.trans(p).to(do.dtype), do, WIDEN)
+            dp = _dot(do, tl.trans(v), WIDEN)
+            ds = p * (dp - delta[:, None])
+            dk += _dot(tl.trans(ds).to(q.dtype), q, WIDEN)
+            if KIND == 5:
+                dcol -= tl.sum(ds, 0)
+        if KIND == 5:
+            tl.store(DCOL + (b * num_heads + h) * num_keys + offs_n, dcol, mask=col_ok)
+    tl.store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd,
+             (dk * scale).to(DK.dtype.element_ty), mask=col_ok[:, None] & d_ok[None, :])
+    tl.store(DV + b * sdvb + hk * sdvh + offs_n[:, None] * sdvn + offs_d[None, :] * sdvd,
+             dv.to(DV.dtype.element_ty), mask=col_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _query_block_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, DROW, PARTIAL, QP, KP, PA, PB, MAP, TABLE, HI, LO,
+    sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdob, sdoh, sdom, sdod,
+    sdqb, sdqh, sdqm, sdqd,
+    sqpb, skpb, table_stride, gate_b, gate_h,
+    num_heads, groups, num_queries, num_keys, head_dim, scale, radius, num_entries,
+    KIND: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_LO: tl.constexpr, CAUSAL: tl.constexpr, WIDEN: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr,
+):
+    """dQ of one block of queries, the gate's row sums, and this program's partial sums of the
+    bias parameters' gradients: PARTIAL[(b, h), block, entry]."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    hk = h // groups
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, BD)
+    row_ok = offs_m < num_queries
+    d_ok = offs_d < head_dim
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :] * sdod,
+                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    lse = tl.load(LSE + pid_bh * num_queries + offs_m, mask=row_ok, other=float("-inf"))
+    delta = tl.load(DELTA + pid_bh * num_queries + offs_m, mask=row_ok, other=0.0)
+    qp = tl.load(QP + b * sqpb + offs_m, mask=row_ok, other=0)
+    offset = num_keys - num_queries
+    q_key = tl.minimum(tl.maximum(offs_m + offset, 0), num_keys - 1)
+    gate = b * gate_b + h * gate_h
+    dq = tl.zeros([BM, BD], tl.float32)
+    drow = tl.zeros([BM], tl.float32)
+    entries = tl.arange(0, BE)
+    partial = tl.zeros([BE], tl.float32)
+    end = num_keys
+    if CAUSAL:
+        end = tl.minimum(num_keys, (pid_m + 1) * BM + offset)
+    for start_n in range(0, end, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        col_ok = offs_n < num_keys
+        k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
+                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
+                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        kp = tl.load(KP + b * skpb + offs_n, mask=col_ok, other=0)
+        k_key = tl.minimum(offs_n, num_keys - 1)
+        bias, dist = _bias_tile(KIND, SYMMETRIC, h, qp, kp, q_key, k_key, PA, PB, MAP, radius, TABLE, table_stride,
+                                HI + gate, LO + gate, HAS_LO)
+        p = _probabilities(q, k, bias, lse, offs_m, offs_n, num_queries, num_keys, scale, CAUSAL, WIDEN)
+        dp = _dot(do, tl.trans(v), WIDEN)
+        ds = p * (dp - delta[:, None])
+        dq += _dot(ds.to(k.dtype), k, WIDEN)
+        if KIND == 1:
+            d = (qp[:, None] - kp[None, :]).to(tl.float32)
+            partial += tl.where(entries == 0, tl.sum(tl.sum(-ds * (dist if SYMMETRIC else d), 1), 0), 0.0)
+        elif KIND == 2:
+            p_h = tl.load(PA + h)
+            a_h = tl.load(PB + h)
+            g_p = tl.sum(tl.sum(-ds * tl.log(1.0 + a_h * dist), 1), 0)
+            g_a = tl.sum(tl.sum(-ds * p_h * dist / (1.0 + a_h * dist), 1), 0)
+            partial += tl.where(entries == 0, g_p, tl.where(entries == 1, g_a, 0.0))
+        elif KIND == 3:
+            p_h = tl.load(PA + h)
+            a_h = tl.load(PB + h)
+            log_dist = tl.log(tl.maximum(dist, 1.0))
+            power = tl.where(dist > 0, tl.exp2(p_h * tl.log2(tl.maximum(dist, 1.0))), 0.0)
+            g_p = tl.sum(tl.sum(-ds * a_h * power * log_dist, 1), 0)
+            g_a = tl.sum(tl.sum(-ds * power, 1), 0)
+            partial += tl.where(entries == 0, g_p, tl.where(entries == 1, g_a, 0.0))
+        elif KIND == 4:
+            rel = tl.minimum(tl.maximum(kp[None, :] - qp[:, None], -radius), radius) + radius
+            bucket = tl.load(MAP + rel)
+            for e in range(num_entries):
+                partial += tl.where(entries == e, tl.sum(tl.sum(tl.where(bucket == e, ds, 0.0), 1), 0), 0.0)
+        elif KIND == 5:
+            drow += tl.sum(ds, 1)
+    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd,
+             (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if KIND == 5:
+        tl.store(DROW + pid_bh * num_queries + offs_m, drow, mask=row_ok)
+    if KIND >= 1 and KIND <= 4:
+        tl.store(PARTIAL + (pid_bh * tl.num_programs(0) + pid_m) * BE + entries, partial, mask=entries < num_entries)
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << max(n - 1, 0).bit_length())
+
+
+def _blocks(head_dim: int) -> tuple[int, int]:
+    """(BM, BN): 16 under the interpreter (small tiles, fast tests); 64 on a GPU for D <= 64,
+    else 32 (registers). Not tuned on a GPU yet."""
+    if _interpreted():
+        return 16, 16
+    return (64, 64) if head_dim <= 64 else (32, 32)
+
+
+def _positions_2d(positions: Tensor, batch: int) -> tuple[Tensor, int]:
+    """(positions as int32 (B or 1, T), its batch stride: 0 when shared)."""
+    positions = positions.to(torch.int32)
+    if positions.dim() == 1:
+        return positions.unsqueeze(0).contiguous(), 0
+    return positions.contiguous(), positions.shape[-1]
+
+
+class _Launch:
+    """The shared arguments of the three kernels for one call."""
+
+    def __init__(self, q, k, v, bias: FusedBias | None, q_positions, k_positions, causal: bool, scale: float):
+        self.batch, self.heads, self.num_queries, self.head_dim = q.shape
+        self.kv_heads, self.num_keys = k.shape[1], k.shape[2]
+        self.groups = self.heads // self.kv_heads
+        self.causal, self.scale = causal, float(scale)
+        self.qp, self.sqpb = _positions_2d(q_positions, self.batch)
+        self.kp, self.skpb = _positions_2d(k_positions, self.batch)
+        self.bm, self.bn = _blocks(self.head_dim)
+        self.widen = q.dtype == torch.bfloat16 and _interpreted()
+        self.bd = _pow2(self.head_dim)
+        bias = bias or FusedBias("none")
+        self.form, self.kind, self.symmetric, self.radius = bias.form, FORMS[bias.form], bias.symmetric, bias.radius
+        empty = torch.zeros(1, dtype=torch.float32, device=q.device)
+        t = bias.tensors
+        self.pa = self._param(t.get("slopes", t.get("p")), empty)
+        self.pb = self._param(t.get("a"), empty)
+        self.table = self._param(t.get("weight"), empty)
+        self.table_stride = self.table.stride(0) if self.table.dim() == 2 else 0
+        self.map = t["bucket_map"].to(torch.int32).contiguous() if "bucket_map" in t else empty.to(torch.int32)
+        self.num_entries = {1: 1, 2: 2, 3: 2, 4: self.table.shape[0] if self.table.dim() == 2 else 0}.get(self.kind, 0)
+        if self.num_entries > MAX_BUCKETS:
+            raise InvalidArgument(f"bias: at most {MAX_BUCKETS} buckets in the fused kernel, got {self.num_entries}")
+        self.hi = self._param(t.get("hi"), empty)
+        self.has_lo = t.get("lo") is not None
+        self.lo = t["lo"].to(torch.float32).contiguous() if self.has_lo else empty
+        self.gate_b = self.hi.stride(0) if self.kind == 5 else 0
+        self.gate_h = self.hi.stride(1) if self.kind == 5 else 0
+
+    @staticmethod
+    def _param(x, empty):
+        return empty if x is None else x.detach().to(torch.float32).contiguous()
+
+    def common(self):
+        return (self.qp, self.kp, self.pa, self.pb, self.map, self.table, self.hi, self.lo)
+
+    def sizes(self):
+        return (self.sqpb, self.skpb, self.table_stride, self.gate_b, self.gate_h)
+
+    def constants(self):
+        return {"KIND": self.kind, "SYMMETRIC": self.symmetric, "HAS_LO": self.has_lo, "CAUSAL": self.causal,
+                "WIDEN": self.widen, "BM": self.bm, "BN": self.bn, "BD": self.bd}
+
+
+def _forward(q, k, v, launch: _Launch) -> tuple[Tensor, Tensor]:
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
+    lse = torch.empty(launch.batch * launch.heads, launch.num_queries, dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(launch.num_queries, launch.bm), launch.batch * launch.heads)
+    _forward_kernel[grid](
+        q, k, v, out, lse, *launch.common(),
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *launch.sizes(),
+        launch.heads, launch.groups, launch.num_queries, launch.num_keys, launch.head_dim, launch.scale, launch.radius,
+        **launch.constants(),
+    )
+    return out, lse
+
+
+def _backward(q, k, v, out, lse, grad_out, launch: _Launch):
+    grad_out = grad_out.contiguous()
+    delta = (grad_out.float() * out.float()).sum(-1).reshape(launch.batch * launch.heads, launch.num_queries)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    gated = launch.kind == 5
+    rows = (launch.batch, launch.heads)
+    dcol = torch.zeros(rows + (launch.num_keys,), dtype=torch.float32, device=q.device) if gated else lse
+    drow = torch.zeros(rows + (launch.num_queries,), dtype=torch.float32, device=q.device) if gated else lse
+    q_blocks = triton.cdiv(launch.num_queries, launch.bm)
+    entries = _pow2(launch.num_entries) if launch.num_entries else 16
+    partial = torch.zeros(launch.batch * launch.heads, q_blocks, entries, dtype=torch.float32, device=q.device)
+    common, sizes, constants = launch.common(), launch.sizes(), launch.constants()
+    _key_block_kernel[(triton.cdiv(launch.num_keys, launch.bn), launch.batch * launch.kv_heads)](
+        q, k, v, grad_out, lse, delta, dk, dv, dcol, *common,
+        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(), *sizes,
+        launch.heads, launch.kv_heads, launch.groups, launch.num_queries, launch.num_keys, launch.head_dim,
+        launch.scale, launch.radius, **constants,
+    )
+    _query_block_kernel[(q_blocks, launch.batch * launch.heads)](
+        q, k, v, grad_out, lse, delta, dq, drow, partial, *common,
+        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(), *sizes,
+        launch.heads, launch.groups, launch.num_queries, launch.num_keys, launch.head_dim, launch.scale,
+        launch.radius, max(launch.num_entries, 1), BE=entries, **constants,
+    )
+    per_head = partial.view(launch.batch, launch.heads, q_blocks, entries).sum(dim=(0, 2))  # (H, entries)
+    grads = {}
+    if launch.kind == 1:
+        grads["slopes"] = per_head[:, 0]
+    elif launch.kind in (2, 3):
+        grads["p"], grads["a"] = per_head[:, 0], per_head[:, 1]
+    elif launch.kind == 4:
+        grads["weight"] = per_head[:, : launch.num_entries].t()
+    elif gated:
+        offset = launch.num_keys - launch.num_queries
+        dcol[..., offset:] += drow  # the query row r is the key r + Tk - Tq
+        grads["hi"] = dcol
+    return dq, dk, dv, grads
+
+
+_NAMES = ("slopes", "p", "a", "weight", "bucket_map", "hi", "lo")
+
+
+class _BiasAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, q_positions, k_positions, meta, *tensors):
+        bias = FusedBias(meta[0], {n: t for n, t in zip(_NAMES, tensors) if t is not None}, meta[1], meta[2])
+        launch = _Launch(q, k, v, bias, q_positions, k_positions, meta[3], meta[4])
+        out, lse = _forward(q, k, v, launch)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.launch = launch
+        ctx.shapes = [(t.shape, t.dtype) if t is not None else None for t in tensors]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv, grads = _backward(q, k, v, out, lse, grad_out, ctx.launch)
+        extra = []
+        for name, shape in zip(_NAMES, ctx.shapes):
+            g = grads.get(name)
+            extra.append(None if g is None or shape is None else g.reshape(shape[0]).to(shape[1]))
+        return (dq, dk, dv, None, None, None, *extra)
+
+
+def bias_attention(q: Tensor, k: Tensor, v: Tensor, bias: FusedBias | None, *, q_positions: Tensor,
+                   k_positions: Tensor, causal: bool = True, scale: float | None = None) -> Tensor:
+    """softmax(scale q.k^T + b + causal mask) v in one fused kernel, with autograd to q, k, v and
+    the bias's tensors.
+
+    Args:
+        q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D), H_kv dividing H; float32, bfloat16 or float16,
+            on a CUDA device (or on the CPU under ``TRITON_INTERPRET=1``).
+        bias: a :class:`FusedBias` or None (no bias).
+        q_positions, k_positions: integer (Tq,) / (Tk,) or (B, Tq) / (B, Tk).
+        causal: bottom-right causal mask.
+        scale: default 1/sqrt(D).
+
+    Returns:
+        (B, H, Tq, D) in q's dtype.
+
+    Raises:
+        InvalidArgument: more than :data:`MAX_BUCKETS` buckets, an unknown form.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    bias = bias or FusedBias("none")
+    tensors = [bias.tensors.get(n) for n in _NAMES]
+    meta = (bias.form, bias.symmetric, bias.radius, causal, scale)
+    return _BiasAttention.apply(q, k, v, q_positions, k_positions, meta, *tensors)

@@ -1,0 +1,40 @@
+"""What an encoding hands the fused attention kernel (:mod:`posenc.kernels.bias_attention_triton`):
+the form of its bias and the few tensors it is computed from. Torch only: encodings import it
+without Triton.
+
+=================== ================================================ ======================
+form                bias b(h, i, j), d = q_pos - k_pos                tensors
+=================== ================================================ ======================
+``linear``          -m_h d (``symmetric``: -m_h |d|)                  slopes (H,): ALiBi
+``kerple_log``      -p_h log(1 + a_h |d|)                             p, a (H,)
+``kerple_power``    -a_h |d|^p_h                                      p, a (H,)
+``buckets``         W[bucket_map[clamp(-d, -R, R) + R], h]            weight (num_buckets, H),
+                                                                      bucket_map (2R + 1,) int
+``gate``            c_i - c_j (key indices; c = hi + lo)              hi, lo (B, H, Tk): FoX
+=================== ================================================ ======================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from posenc.errors import InvalidArgument
+
+#: The bias forms, by name: the kernels' ``KIND`` constant.
+FORMS = {"none": 0, "linear": 1, "kerple_log": 2, "kerple_power": 3, "buckets": 4, "gate": 5}
+
+
+@dataclass(frozen=True)
+class FusedBias:
+    """A bias the fused kernel computes in registers: ``form`` (a key of :data:`FORMS`) and its
+    tensors by the names of this module's table; ``radius`` is R of ``buckets``. Gradients flow
+    to every floating tensor but ``lo`` (FoX's low-order part, which carries none)."""
+
+    form: str
+    tensors: dict = field(default_factory=dict)
+    symmetric: bool = False
+    radius: int = 0
+
+    def __post_init__(self):
+        if self.form not in FORMS:
+            raise InvalidArgument(f"form must be one of {sorted(FORMS)}, got {self.form!r}")

@@ -1,0 +1,231 @@
+"""The fused attention kernel with the bias inside (posenc.kernels.bias_attention_triton, the
+"triton" backend) under Triton's interpreter, on CPU tensors.
+
+Every case runs the kernel and posenc's eager backend in float64 on the same inputs, and the
+eager backend in the kernel's dtype: the kernel's error against float64 (output, and the
+gradients of q, k, v and of every bias parameter) must stay within a few times the eager
+backend's own error in that dtype (the reference's noise, which grows with the length and the
+bias), plus a floor of a few ulps of the dtype. A wrong bias (a slope 1% off, a position off by
+one) fails the same check. Skipped without triton (``pip install posenc[gpu]``).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+
+import pytest
+import torch
+from conftest import slow_unless
+
+pytest.importorskip("triton")
+
+import posenc
+from posenc import kernels
+from posenc.errors import InvalidArgument
+
+H, D = 4, 16
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """The kernel module built for the interpreter; the environment restored afterwards."""
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    module = importlib.import_module("posenc.kernels.bias_attention_triton")
+    if not module._interpreted():  # imported earlier without the interpreter: decorate again
+        module = importlib.reload(module)
+    assert module._interpreted()
+    yield module
+    if before is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = before
+
+
+@pytest.fixture
+def on_cpu(kernel, monkeypatch):
+    """Let the "triton" backend take CPU tensors (the interpreter runs them)."""
+    monkeypatch.setattr(kernels, "KERNEL_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(kernels, "_bias_attention", kernel)
+    return kernel
+
+
+def _encoding(name: str, causal: bool, head_dim: int = D):
+    """The encoding with its learned numbers drawn large enough to matter; ALiBi's slopes made
+    trainable (a Parameter), as a user training them would."""
+    torch.manual_seed(1)
+    if name == "none":
+        return None
+    if name == "alibi":
+        enc = posenc.create("alibi", num_heads=H, bidirectional=not causal)
+        enc.slopes = torch.nn.Parameter(enc.slopes.clone() * 4)
+        return enc
+    if name in ("kerple_log", "kerple_power"):
+        return posenc.create("kerple", num_heads=H, variant=name.split("_")[1])
+    if name == "t5":
+        enc = posenc.create("t5", num_heads=H, bidirectional=not causal, max_distance=16, num_buckets=8)
+        with torch.no_grad():
+            enc.relative_attention_bias.weight.normal_()
+        return enc
+    if name == "fox":
+        enc = posenc.create("fox", d_model=32, num_heads=H)
+        with torch.no_grad():
+            enc.fgate_proj.weight.normal_(0, 0.3)
+            enc.fgate_proj.bias.fill_(1.0)
+        return enc
+    if name == "rope":
+        return posenc.create("rope", head_dim=head_dim)
+    raise AssertionError(name)
+
+
+def _positions(kind: str, tq: int, tk: int):
+    if kind == "default":
+        return None, None
+    if kind == "offset":  # a KV-cache step far along: positions start at 1000
+        return torch.arange(1000 + tk - tq, 1000 + tk), torch.arange(1000, 1000 + tk)
+    starts = torch.tensor([[0], [7]])  # per row (B, T): left padding of 7
+    return (starts + torch.arange(tk - tq, tk)).clamp(min=0), (starts + torch.arange(tk)).clamp(min=0)
+
+
+def _run(enc, backend: str, dtype, q0, k0, v0, x, *, causal, qp, kp, grad):
+    """Output and gradients (q, k, v, then every parameter of the encoding, then FoX's gates)."""
+    enc = copy.deepcopy(enc)
+    if enc is not None:
+        enc = enc.to(device=q0.device, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    q, k, v = (t.to(dtype).detach().requires_grad_() for t in (q0, k0, v0))
+    extras = {}
+    gates = None
+    if enc is not None and "gate" in enc.hooks:
+        gates = enc.gate(x.to(dtype if dtype == torch.float64 else torch.float32))
+        gates.retain_grad()
+        extras["gates"] = gates
+    out = posenc.attention(q, k, v, enc, causal=causal, q_positions=qp, k_positions=kp, backend=backend, **extras)
+    out.backward(grad.to(out.dtype))
+    params = [p.grad for p in enc.parameters()] if enc is not None else []
+    return [out, q.grad, k.grad, v.grad, *params, *([gates.grad] if gates is not None else [])]
+
+
+def _check(name, *, causal=True, groups=1, positions="default", dtype=torch.float32, tq=37, tk=37, wrong=None,
+           device="cpu", head_dim=D):
+    """None when the kernel is within the reference's noise of float64 on every tensor, else
+    what is not."""
+    enc = _encoding(name, causal, head_dim)
+    g = torch.Generator().manual_seed(2)
+    q0 = torch.randn(2, H, tq, head_dim, generator=g, dtype=torch.float64)
+    k0, v0 = (torch.randn(2, H // groups, tk, head_dim, generator=g, dtype=torch.float64) for _ in range(2))
+    x = torch.randn(2, tk, 32, generator=g, dtype=torch.float64)
+    # inputs rounded to the kernel's dtype first, so that every run sees the same numbers
+    q0, k0, v0 = (t.to(dtype).double().to(device) for t in (q0, k0, v0))
+    x = x.to(device)
+    grad = torch.randn(2, H, tq, head_dim, generator=g, dtype=torch.float64).to(dtype).double().to(device)
+    qp, kp = (None if p is None else p.to(device) for p in _positions(positions, tq, tk))
+    args = dict(causal=causal, qp=qp, kp=kp, grad=grad)
+    exact = _run(enc, "eager", torch.float64, q0, k0, v0, x, **args)
+    reference = _run(enc, "eager", dtype, q0, k0, v0, x, **args)
+    kernel_enc = enc if wrong is None else wrong(copy.deepcopy(enc))
+    fused = _run(kernel_enc, "triton", dtype, q0, k0, v0, x, **args)
+    assert len(fused) == len(exact)
+    ulp = torch.finfo(dtype).eps
+    for i, (got, ref, want) in enumerate(zip(fused, reference, exact, strict=True)):
+        noise = (ref.double() - want).abs().max().item()
+        error = (got.double() - want).abs().max().item()
+        allowed = 4 * noise + 8 * ulp * want.abs().max().item()
+        if error > allowed:
+            return f"tensor {i}: error {error:.2e} > allowed {allowed:.2e} (eager's own {noise:.2e})"
+    return None
+
+
+CASES = [
+    # (encoding, causal, groups, positions, dtype), the default run one or two per form
+    ("none", True, 1, "default", torch.float32),
+    ("rope", True, 2, "offset", torch.float32),
+    ("alibi", True, 1, "default", torch.float32),
+    ("alibi", False, 2, "rows", torch.float32),
+    ("kerple_log", True, 2, "offset", torch.float32),
+    ("kerple_power", True, 1, "rows", torch.float32),
+    ("t5", True, 1, "default", torch.float32),
+    ("t5", False, 2, "offset", torch.float32),
+    ("fox", True, 2, "default", torch.float32),
+    ("alibi", True, 2, "default", torch.bfloat16),
+    ("t5", True, 1, "offset", torch.float16),
+]
+SLOW_CASES = [
+    (name, causal, groups, positions, dtype)
+    for name in ("none", "alibi", "kerple_log", "kerple_power", "t5", "fox")
+    for causal in (True, False) if not (name == "fox" and not causal)
+    for groups in (1, 4) for positions in ("default", "offset", "rows")
+    for dtype in (torch.float32, torch.bfloat16)
+]
+
+
+@pytest.mark.parametrize("case", [slow_unless(True, c, id=f"{c[0]}-{'causal' if c[1] else 'bidir'}-g{c[2]}-{c[3]}-{str(c[4])[6:]}")
+                                  for c in CASES]
+                         + [slow_unless(False, c, id=f"all-{c[0]}-{'causal' if c[1] else 'bidir'}-g{c[2]}-{c[3]}-{str(c[4])[6:]}")
+                            for c in SLOW_CASES])
+def test_matches_float64_within_the_references_noise(on_cpu, case):
+    name, causal, groups, positions, dtype = case
+    tq = 5 if positions == "offset" else 37
+    assert _check(name, causal=causal, groups=groups, positions=positions, dtype=dtype, tq=tq) is None
+
+
+def _scaled_slopes(enc):
+    with torch.no_grad():
+        enc.slopes.mul_(1.01)
+    return enc
+
+
+def _shifted_kerple(enc):
+    with torch.no_grad():
+        enc.bias_a.mul_(1.02)
+    return enc
+
+
+def _other_bucket_table(enc):
+    with torch.no_grad():
+        enc.relative_attention_bias.weight[3] += 0.05
+    return enc
+
+
+@pytest.mark.parametrize("name,wrong", [("alibi", _scaled_slopes), ("kerple_log", _shifted_kerple), ("t5", _other_bucket_table)])
+def test_the_check_sees_a_slightly_wrong_bias(on_cpu, name, wrong):
+    assert _check(name, wrong=wrong) is not None
+
+
+def test_a_key_one_position_off_is_seen(on_cpu, kernel):
+    """The kernel reads the positions it is given: one key moved by one changes the output."""
+    enc = _encoding("alibi", True)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, H, 20, D, generator=g) for _ in range(3))
+    pos = torch.arange(20)
+    moved = pos.clone()
+    moved[3] += 1
+    a = posenc.attention(q, k, v, enc, backend="triton", k_positions=pos)
+    b = posenc.attention(q, k, v, enc, backend="triton", k_positions=moved)
+    assert (a - b).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda q: posenc.attention(q, q, q, posenc.create("fire", num_heads=H), backend="triton"), "fused form"),
+    (lambda q: posenc.attention(q, q, q, None, backend="triton", mask=torch.ones(7, 7, dtype=torch.bool)), "mask="),
+    (lambda q: posenc.attention(q.double(), q.double(), q.double(), None, backend="triton"), "float32, bfloat16 or float16"),
+    (lambda q: posenc.attention(q, q, q, posenc.create("shaw", head_dim=D), backend="triton"), "content terms"),
+    (lambda q: posenc.attention(q, q, q, None, backend="triton", dropout_p=0.1), "dropout"),
+])
+def test_what_it_does_not_serve_is_refused_by_name(on_cpu, call, match):
+    with pytest.raises(InvalidArgument, match=match):
+        call(torch.randn(1, H, 7, D))
+
+
+def test_bidirectional_fox_is_refused(on_cpu):
+    fox = posenc.create("fox", d_model=32, num_heads=H)
+    q = torch.randn(1, H, 7, D)
+    with pytest.raises(InvalidArgument, match="no fused form for this call"):
+        posenc.attention(q, q, q, fox, backend="triton", causal=False, gates=fox.gate(torch.randn(1, 7, 32)))
+
+
+def test_cpu_tensors_are_refused_outside_the_interpreter_rule(kernel):
+    q = torch.randn(1, H, 7, D)
+    with pytest.raises(InvalidArgument, match="runs on CUDA tensors"):
+        posenc.attention(q, q, q, None, backend="triton")
