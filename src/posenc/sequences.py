@@ -186,6 +186,8 @@ def document_mask_mod(q_document_ids: Tensor, k_document_ids: Tensor | None = No
     def mask_mod(b, h, q_idx, kv_idx):
         return value_at(q_document_ids, b, q_idx) == value_at(k_document_ids, b, kv_idx)
 
+    # the ids themselves, for a kernel that compares them per tile (the "triton" backend)
+    mask_mod.document_ids = (q_document_ids, k_document_ids)
     return mask_mod
 
 

@@ -263,7 +263,8 @@ def attention(
             "flash_attention_2" (flash-attn's kernel with its native ALiBi; CUDA, fp16/bf16,
             ALiBi or no bias, no ``mask``; needs ``pip install flash-attn``), "triton"
             (posenc's fused kernel with the bias computed inside it, forward and backward:
-            no bias, ALiBi, Kerple, T5, FoX; CUDA, fp32/bf16/fp16, no ``mask`` yet; needs
+            no bias, ALiBi, Kerple, T5, FoX; CUDA, fp32/bf16/fp16, ``mask`` only a document
+            mask_mod; needs
             Triton) or "auto", which
             picks by device, encoding hooks, bias size, dtype, mask and dropout: the table in
             docs/fast_attention.md, "The `auto` rule" (the one statement of the rule).
@@ -383,7 +384,8 @@ def attention(
                                                 q.device, gates, causal=causal, dtype=q.dtype, mask=mask,
                                                 dropout_p=dropout_p, default_positions=default_positions,
                                                 softcap=softcap, sinks=sinks)]
-    if is_mask_mod(mask) and backend_module is not flex:
+    if is_mask_mod(mask) and backend_module is not flex and not (backend_module is fused_triton
+                                                                and fused_triton.takes_mask_mod(mask)):
         mask = mask_from_mod(mask, batch, num_heads, num_queries, num_keys, q.device)  # the backends without mask_mods
     if mask is not None and not is_mask_mod(mask):
         mask = check_mask(mask, batch, num_heads, num_queries, num_keys).to(q.device)

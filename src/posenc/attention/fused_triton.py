@@ -5,9 +5,10 @@ per program without atomics (:mod:`posenc.kernels.bias_attention_triton`).
 Serves: encodings without a bias (their ``rotate`` hook already applied: NoPE, RoPE, ...) and
 those whose bias has a fused form (:meth:`~posenc.PositionalEncoding.fused_bias`: ALiBi, with
 trainable slopes too; Kerple, both variants; T5's buckets; FoX's gates, causal), causal or not,
-grouped-query heads, explicit positions (T,) or (B, T) (a KV cache), float32 / bfloat16 /
+grouped-query heads, explicit positions (T,) or (B, T) (a KV cache), the document mask of packed
+rows (``mask=posenc.masks.document_mask_mod(ids)``, compared per tile), float32 / bfloat16 /
 float16 CUDA tensors (CPU tensors under ``TRITON_INTERPRET=1`` when the tests allow it through
-``posenc.kernels.KERNEL_DEVICES``). Not yet: ``mask=`` (document masks of packed rows), FIRE,
+``posenc.kernels.KERNEL_DEVICES``). Not yet: any other ``mask=``, FIRE,
 content terms, dropout, ``softcap``, ``sinks``; each refused by name.
 
 "auto" does not pick it yet: the kernel has run only under Triton's interpreter so far, and
@@ -41,8 +42,9 @@ def unsupported(encoding: PositionalEncoding | None, *, mask=None, dropout_p: fl
     if hooks & {Hook.SCORE_BIAS, Hook.GATE} and type(encoding).fused_bias is PositionalEncoding.fused_bias:
         return (f"backend='triton' computes only biases with a fused form (fused_bias), not {type(encoding).__name__}'s; "
                 "use backend='blocked', 'flex' or 'auto'")
-    if mask is not None:
-        return "backend='triton' does not take mask= yet; use backend='flex', 'blocked' or 'auto'"
+    if mask is not None and not takes_mask_mod(mask):
+        return ("backend='triton' takes no mask= but a document mask_mod (posenc.masks.document_mask_mod); "
+                "use backend='flex', 'blocked' or 'auto'")
     if dropout_p:
         return "backend='triton' has no attention dropout; use backend='blocked', 'sdpa' or 'auto'"
     if softcap is not None:
@@ -50,6 +52,12 @@ def unsupported(encoding: PositionalEncoding | None, *, mask=None, dropout_p: fl
     if sinks is not None:
         return "backend='triton' does not take sinks; use backend='blocked', 'flex' or 'auto'"
     return None
+
+
+def takes_mask_mod(mask) -> bool:
+    """Whether ``mask`` is a mask_mod the kernel evaluates itself: a document mask
+    (:func:`posenc.masks.document_mask_mod`, which carries its ids), compared per tile."""
+    return callable(mask) and not isinstance(mask, Tensor) and hasattr(mask, "document_ids")
 
 
 def _positions(positions: Tensor, length: int, device) -> Tensor:
@@ -77,4 +85,5 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
                                   f"(causal={causal}); use backend='blocked' or 'auto'")
     return kernels.bias_attention_kernels().bias_attention(
         q, k, v, bias, q_positions=_positions(q_positions, q.shape[2], q.device),
-        k_positions=_positions(k_positions, k.shape[2], q.device), causal=causal, scale=scale)
+        k_positions=_positions(k_positions, k.shape[2], q.device), causal=causal, scale=scale,
+        document_ids=mask.document_ids if mask is not None else None)

@@ -32,7 +32,8 @@ T5's backward on an H100, docs/results.md "On a GPU").
 
 Conventions are posenc's: the bias is added after the 1/sqrt(D) scale (``scale``); causal means
 bottom-right (key j is visible to query row r iff j <= r + Tk - Tq); grouped-query heads (query
-head h reads key/value head h // (H / H_kv)); positions are explicit integers, (T,) shared or
+head h reads key/value head h // (H / H_kv)); document masks of packed rows by document ids;
+positions are explicit integers, (T,) shared or
 (B, T) per row. Scores, the softmax and every gradient are accumulated in float32; the
 probabilities are cast to v's dtype for the P V product, and dS to q's and k's for theirs, as
 FlashAttention does. Float32 inputs use IEEE float32 products (no TF32).
@@ -102,20 +103,23 @@ def _dot(a, b, WIDEN: tl.constexpr):
 
 
 @triton.jit
-def _visible(offs_m, offs_n, num_queries, num_keys, CAUSAL: tl.constexpr):
+def _visible(offs_m, offs_n, num_queries, num_keys, qs, ks, CAUSAL: tl.constexpr, HAS_SEG: tl.constexpr):
     ok = (offs_m < num_queries)[:, None] & (offs_n < num_keys)[None, :]
     if CAUSAL:
         ok = ok & (offs_n[None, :] <= offs_m[:, None] + (num_keys - num_queries))
+    if HAS_SEG:
+        ok = ok & (qs[:, None] == ks[None, :])
     return ok
 
 
 @triton.jit
 def _forward_kernel(
-    Q, K, V, O, LSE, QP, KP, PA, PB, MAP, TABLE, HI, LO,
+    Q, K, V, O, LSE, QP, KP, QS, KS, PA, PB, MAP, TABLE, HI, LO,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
-    sqpb, skpb, table_stride, gate_b, gate_h,
+    sqpb, skpb, sqsb, sksb, table_stride, gate_b, gate_h,
     num_heads, groups, num_queries, num_keys, head_dim, scale, radius,
-    KIND: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_LO: tl.constexpr, CAUSAL: tl.constexpr, WIDEN: tl.constexpr,
+    KIND: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_LO: tl.constexpr, CAUSAL: tl.constexpr, HAS_SEG: tl.constexpr,
+    WIDEN: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -130,6 +134,7 @@ def _forward_kernel(
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     qp = tl.load(QP + b * sqpb + offs_m, mask=row_ok, other=0)
+    qs = tl.load(QS + b * sqsb + offs_m, mask=row_ok & HAS_SEG, other=0)
     offset = num_keys - num_queries
     q_key = tl.minimum(tl.maximum(offs_m + offset, 0), num_keys - 1)
     gate = b * gate_b + h * gate_h
@@ -147,11 +152,12 @@ def _forward_kernel(
         v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
                     mask=col_ok[:, None] & d_ok[None, :], other=0.0)
         kp = tl.load(KP + b * skpb + offs_n, mask=col_ok, other=0)
+        ks = tl.load(KS + b * sksb + offs_n, mask=col_ok & HAS_SEG, other=0)
         k_key = tl.minimum(offs_n, num_keys - 1)
         bias, _ = _bias_tile(KIND, SYMMETRIC, h, qp, kp, q_key, k_key, PA, PB, MAP, radius, TABLE, table_stride,
                              HI + gate, LO + gate, HAS_LO)
         s = _dot(q, tl.trans(k), WIDEN) * scale + bias
-        s = tl.where(_visible(offs_m, offs_n, num_queries, num_keys, CAUSAL), s, float("-inf"))
+        s = tl.where(_visible(offs_m, offs_n, num_queries, num_keys, qs, ks, CAUSAL, HAS_SEG), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp(s - m_safe[:, None])
@@ -168,22 +174,23 @@ def _forward_kernel(
 
 
 @triton.jit
-def _probabilities(q, k, bias, lse, offs_m, offs_n, num_queries, num_keys, scale, CAUSAL: tl.constexpr,
-                   WIDEN: tl.constexpr):
+def _probabilities(q, k, bias, lse, offs_m, offs_n, num_queries, num_keys, qs, ks, scale, CAUSAL: tl.constexpr,
+                   HAS_SEG: tl.constexpr, WIDEN: tl.constexpr):
     s = _dot(q, tl.trans(k), WIDEN) * scale + bias
-    ok = _visible(offs_m, offs_n, num_queries, num_keys, CAUSAL) & (lse > float("-inf"))[:, None]
+    ok = _visible(offs_m, offs_n, num_queries, num_keys, qs, ks, CAUSAL, HAS_SEG) & (lse > float("-inf"))[:, None]
     # masked entries exponentiate -inf: no overflow computed and then discarded
     return tl.exp(tl.where(ok, s - lse[:, None], float("-inf")))
 
 
 @triton.jit
 def _key_block_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, DCOL, QP, KP, PA, PB, MAP, TABLE, HI, LO,
+    Q, K, V, DO, LSE, DELTA, DK, DV, DCOL, QP, KP, QS, KS, PA, PB, MAP, TABLE, HI, LO,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdob, sdoh, sdom, sdod,
     sdkb, sdkh, sdkn, sdkd, sdvb, sdvh, sdvn, sdvd,
-    sqpb, skpb, table_stride, gate_b, gate_h,
+    sqpb, skpb, sqsb, sksb, table_stride, gate_b, gate_h,
     num_heads, num_kv_heads, groups, num_queries, num_keys, head_dim, scale, radius,
-    KIND: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_LO: tl.constexpr, CAUSAL: tl.constexpr, WIDEN: tl.constexpr,
+    KIND: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_LO: tl.constexpr, CAUSAL: tl.constexpr, HAS_SEG: tl.constexpr,
+    WIDEN: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):
     """dK and dV of one block of keys (and the gate's column sums), over every query head of
@@ -201,6 +208,7 @@ def _key_block_kernel(
     v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
                 mask=col_ok[:, None] & d_ok[None, :], other=0.0)
     kp = tl.load(KP + b * skpb + offs_n, mask=col_ok, other=0)
+    ks = tl.load(KS + b * sksb + offs_n, mask=col_ok & HAS_SEG, other=0)
     k_key = tl.minimum(offs_n, num_keys - 1)
     offset = num_keys - num_queries
     dk = tl.zeros([BN, BD], tl.float32)
@@ -222,10 +230,12 @@ def _key_block_kernel(
             lse = tl.load(LSE + (b * num_heads + h) * num_queries + offs_m, mask=row_ok, other=float("-inf"))
             delta = tl.load(DELTA + (b * num_heads + h) * num_queries + offs_m, mask=row_ok, other=0.0)
             qp = tl.load(QP + b * sqpb + offs_m, mask=row_ok, other=0)
+            qs = tl.load(QS + b * sqsb + offs_m, mask=row_ok & HAS_SEG, other=0)
             q_key = tl.minimum(tl.maximum(offs_m + offset, 0), num_keys - 1)
             bias, _ = _bias_tile(KIND, SYMMETRIC, h, qp, kp, q_key, k_key, PA, PB, MAP, radius, TABLE, table_stride,
                                  HI + gate, LO + gate, HAS_LO)
-            p = _probabilities(q, k, bias, lse, offs_m, offs_n, num_queries, num_keys, scale, CAUSAL, WIDEN)
+            p = _probabilities(q, k, bias, lse, offs_m, offs_n, num_queries, num_keys, qs, ks, scale, CAUSAL, HAS_SEG,
+                          WIDEN)
             dv += _dot(tl.trans(p).to(do.dtype), do, WIDEN)
             dp = _dot(do, tl.trans(v), WIDEN)
             ds = p * (dp - delta[:, None])
@@ -242,12 +252,13 @@ def _key_block_kernel(
 
 @triton.jit
 def _query_block_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, DROW, PARTIAL, QP, KP, PA, PB, MAP, TABLE, HI, LO,
+    Q, K, V, DO, LSE, DELTA, DQ, DROW, PARTIAL, QP, KP, QS, KS, PA, PB, MAP, TABLE, HI, LO,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdob, sdoh, sdom, sdod,
     sdqb, sdqh, sdqm, sdqd,
-    sqpb, skpb, table_stride, gate_b, gate_h,
+    sqpb, skpb, sqsb, sksb, table_stride, gate_b, gate_h,
     num_heads, groups, num_queries, num_keys, head_dim, scale, radius, num_entries,
-    KIND: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_LO: tl.constexpr, CAUSAL: tl.constexpr, WIDEN: tl.constexpr,
+    KIND: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_LO: tl.constexpr, CAUSAL: tl.constexpr, HAS_SEG: tl.constexpr,
+    WIDEN: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr,
 ):
     """dQ of one block of queries, the gate's row sums, and this program's partial sums of the
@@ -268,6 +279,7 @@ def _query_block_kernel(
     lse = tl.load(LSE + pid_bh * num_queries + offs_m, mask=row_ok, other=float("-inf"))
     delta = tl.load(DELTA + pid_bh * num_queries + offs_m, mask=row_ok, other=0.0)
     qp = tl.load(QP + b * sqpb + offs_m, mask=row_ok, other=0)
+    qs = tl.load(QS + b * sqsb + offs_m, mask=row_ok & HAS_SEG, other=0)
     offset = num_keys - num_queries
     q_key = tl.minimum(tl.maximum(offs_m + offset, 0), num_keys - 1)
     gate = b * gate_b + h * gate_h
@@ -286,10 +298,12 @@ def _query_block_kernel(
         v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
                     mask=col_ok[:, None] & d_ok[None, :], other=0.0)
         kp = tl.load(KP + b * skpb + offs_n, mask=col_ok, other=0)
+        ks = tl.load(KS + b * sksb + offs_n, mask=col_ok & HAS_SEG, other=0)
         k_key = tl.minimum(offs_n, num_keys - 1)
         bias, dist = _bias_tile(KIND, SYMMETRIC, h, qp, kp, q_key, k_key, PA, PB, MAP, radius, TABLE, table_stride,
                                 HI + gate, LO + gate, HAS_LO)
-        p = _probabilities(q, k, bias, lse, offs_m, offs_n, num_queries, num_keys, scale, CAUSAL, WIDEN)
+        p = _probabilities(q, k, bias, lse, offs_m, offs_n, num_queries, num_keys, qs, ks, scale, CAUSAL, HAS_SEG,
+                          WIDEN)
         dp = _dot(do, tl.trans(v), WIDEN)
         ds = p * (dp - delta[:, None])
         dq += _dot(ds.to(k.dtype), k, WIDEN)
@@ -348,13 +362,20 @@ def _positions_2d(positions: Tensor, batch: int) -> tuple[Tensor, int]:
 class _Launch:
     """The shared arguments of the three kernels for one call."""
 
-    def __init__(self, q, k, v, bias: FusedBias | None, q_positions, k_positions, causal: bool, scale: float):
+    def __init__(self, q, k, v, bias: FusedBias | None, q_positions, k_positions, causal: bool, scale: float,
+                 document_ids: tuple[Tensor, Tensor] | None = None):
         self.batch, self.heads, self.num_queries, self.head_dim = q.shape
         self.kv_heads, self.num_keys = k.shape[1], k.shape[2]
         self.groups = self.heads // self.kv_heads
         self.causal, self.scale = causal, float(scale)
         self.qp, self.sqpb = _positions_2d(q_positions, self.batch)
         self.kp, self.skpb = _positions_2d(k_positions, self.batch)
+        self.has_seg = document_ids is not None
+        if self.has_seg:
+            self.qs, self.sqsb = _positions_2d(document_ids[0].to(q.device), self.batch)
+            self.ks, self.sksb = _positions_2d(document_ids[1].to(q.device), self.batch)
+        else:
+            self.qs, self.sqsb, self.ks, self.sksb = self.qp, 0, self.kp, 0
         self.bm, self.bn = _blocks(self.head_dim)
         self.widen = q.dtype == torch.bfloat16 and _interpreted()
         self.bd = _pow2(self.head_dim)
@@ -381,14 +402,14 @@ class _Launch:
         return empty if x is None else x.detach().to(torch.float32).contiguous()
 
     def common(self):
-        return (self.qp, self.kp, self.pa, self.pb, self.map, self.table, self.hi, self.lo)
+        return (self.qp, self.kp, self.qs, self.ks, self.pa, self.pb, self.map, self.table, self.hi, self.lo)
 
     def sizes(self):
-        return (self.sqpb, self.skpb, self.table_stride, self.gate_b, self.gate_h)
+        return (self.sqpb, self.skpb, self.sqsb, self.sksb, self.table_stride, self.gate_b, self.gate_h)
 
     def constants(self):
         return {"KIND": self.kind, "SYMMETRIC": self.symmetric, "HAS_LO": self.has_lo, "CAUSAL": self.causal,
-                "WIDEN": self.widen, "BM": self.bm, "BN": self.bn, "BD": self.bd}
+                "HAS_SEG": self.has_seg, "WIDEN": self.widen, "BM": self.bm, "BN": self.bn, "BD": self.bd}
 
 
 def _forward(q, k, v, launch: _Launch) -> tuple[Tensor, Tensor]:
@@ -448,9 +469,9 @@ _NAMES = ("slopes", "p", "a", "weight", "bucket_map", "hi", "lo")
 
 class _BiasAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, q_positions, k_positions, meta, *tensors):
+    def forward(ctx, q, k, v, q_positions, k_positions, document_ids, meta, *tensors):
         bias = FusedBias(meta[0], {n: t for n, t in zip(_NAMES, tensors) if t is not None}, meta[1], meta[2])
-        launch = _Launch(q, k, v, bias, q_positions, k_positions, meta[3], meta[4])
+        launch = _Launch(q, k, v, bias, q_positions, k_positions, meta[3], meta[4], document_ids)
         out, lse = _forward(q, k, v, launch)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.launch = launch
@@ -465,13 +486,14 @@ class _BiasAttention(torch.autograd.Function):
         for name, shape in zip(_NAMES, ctx.shapes):
             g = grads.get(name)
             extra.append(None if g is None or shape is None else g.reshape(shape[0]).to(shape[1]))
-        return (dq, dk, dv, None, None, None, *extra)
+        return (dq, dk, dv, None, None, None, None, *extra)
 
 
 def bias_attention(q: Tensor, k: Tensor, v: Tensor, bias: FusedBias | None, *, q_positions: Tensor,
-                   k_positions: Tensor, causal: bool = True, scale: float | None = None) -> Tensor:
-    """softmax(scale q.k^T + b + causal mask) v in one fused kernel, with autograd to q, k, v and
-    the bias's tensors.
+                   k_positions: Tensor, causal: bool = True, scale: float | None = None,
+                   document_ids: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """softmax(scale q.k^T + b + causal mask + document mask) v in one fused kernel, with
+    autograd to q, k, v and the bias's tensors.
 
     Args:
         q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D), H_kv dividing H; float32, bfloat16 or float16,
@@ -480,6 +502,9 @@ def bias_attention(q: Tensor, k: Tensor, v: Tensor, bias: FusedBias | None, *, q
         q_positions, k_positions: integer (Tq,) / (Tk,) or (B, Tq) / (B, Tk).
         causal: bottom-right causal mask.
         scale: default 1/sqrt(D).
+        document_ids: (query ids, key ids), integer (T,) or (B, T) each: query i sees key j
+            only when their ids are equal (packed rows, :func:`posenc.masks.document_mask_mod`);
+            a query that sees no key gets zeros. None: no document mask.
 
     Returns:
         (B, H, Tq, D) in q's dtype.
@@ -491,4 +516,4 @@ def bias_attention(q: Tensor, k: Tensor, v: Tensor, bias: FusedBias | None, *, q
     bias = bias or FusedBias("none")
     tensors = [bias.tensors.get(n) for n in _NAMES]
     meta = (bias.form, bias.symmetric, bias.radius, causal, scale)
-    return _BiasAttention.apply(q, k, v, q_positions, k_positions, meta, *tensors)
+    return _BiasAttention.apply(q, k, v, q_positions, k_positions, document_ids, meta, *tensors)
