@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 
 from test_bias_attention_triton import _check  # noqa: E402
 
-FORMS = ("none", "rope", "alibi", "kerple_log", "kerple_power", "t5", "fox")
+FORMS = ("none", "rope", "alibi", "kerple_log", "kerple_power", "t5", "fox", "fire")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)

@@ -4,11 +4,11 @@ per program without atomics (:mod:`posenc.kernels.bias_attention_triton`).
 
 Serves: encodings without a bias (their ``rotate`` hook already applied: NoPE, RoPE, ...) and
 those whose bias has a fused form (:meth:`~posenc.PositionalEncoding.fused_bias`: ALiBi, with
-trainable slopes too; Kerple, both variants; T5's buckets; FoX's gates, causal), causal or not,
+trainable slopes too; Kerple, both variants; T5's buckets; FIRE's MLP; FoX's gates, causal), causal or not,
 grouped-query heads, explicit positions (T,) or (B, T) (a KV cache), the document mask of packed
 rows (``mask=posenc.masks.document_mask_mod(ids)``, compared per tile), float32 / bfloat16 /
 float16 CUDA tensors (CPU tensors under ``TRITON_INTERPRET=1`` when the tests allow it through
-``posenc.kernels.KERNEL_DEVICES``). Not yet: any other ``mask=``, FIRE,
+``posenc.kernels.KERNEL_DEVICES``). Not yet: any other ``mask=``,
 content terms, dropout, ``softcap``, ``sinks``; each refused by name.
 
 "auto" does not pick it yet: the kernel has run only under Triton's interpreter so far, and

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from posenc._validation import check_number, check_positive_int
 from posenc.encodings.score_bias import ScoreBias, _wide
+from posenc.kernels.fused_bias import FusedBias
 from posenc.mask_rules import position_at
 
 #: Entries of a FIRE tile whose features are made at once (:func:`_hinge_product`): the
@@ -72,6 +73,13 @@ class FIRE(ScoreBias):
         self.c = nn.Parameter(torch.tensor(float(init_c)))
         self.L_multiplier = nn.Parameter(torch.tensor(1.0))
         self.register_buffer("init_L", torch.tensor(float(init_L)))
+
+    def fused_bias(self, causal: bool = True, gate_state: object = None) -> FusedBias:
+        """``fire``: the MLP's weights, c and the threshold L (gradients flow back to
+        ``L_multiplier`` through :attr:`threshold`)."""
+        first, last = self.mlp[0], self.mlp[2]
+        return FusedBias("fire", {"w1": first.weight[:, 0], "b1": first.bias, "w2": last.weight, "b2": last.bias,
+                                  "c": self.c.reshape(1), "threshold": self.threshold.reshape(1)}, eps=self.eps)
 
     @property
     def threshold(self) -> Tensor:

@@ -63,8 +63,18 @@ def _interpreted() -> bool:
 
 
 @triton.jit
+def _fire_input(qp, d, c, threshold, eps):
+    """FIRE's x = psi(d) / (psi(max(i, L)) + eps), psi(z) = log(|c z| + 1); and its numerator
+    and denominator, for the gradients."""
+    numerator = tl.log(tl.abs(c * d) + 1.0)
+    denominator = tl.log(tl.abs(c * tl.maximum(qp.to(tl.float32), threshold)) + 1.0) + eps
+    return numerator / denominator[:, None], numerator, denominator
+
+
+@triton.jit
 def _bias_tile(KIND: tl.constexpr, SYMMETRIC: tl.constexpr, h, qp, kp, q_key, k_key,
-               pa_ptr, pb_ptr, map_ptr, radius, table_ptr, table_stride, hi_ptr, lo_ptr, HAS_LO: tl.constexpr):
+               pa_ptr, pb_ptr, map_ptr, radius, table_ptr, table_stride, hi_ptr, lo_ptr, HAS_LO: tl.constexpr,
+               units, num_heads, eps):
     """The bias of one tile (BM, BN), float32; and |d| (float32) for the parameter gradients."""
     d = (qp[:, None] - kp[None, :]).to(tl.float32)
     dist = tl.abs(d)
@@ -88,9 +98,55 @@ def _bias_tile(KIND: tl.constexpr, SYMMETRIC: tl.constexpr, h, qp, kp, q_key, k_
         bias = tl.load(hi_ptr + q_key)[:, None] - tl.load(hi_ptr + k_key)[None, :]
         if HAS_LO:
             bias += tl.load(lo_ptr + q_key)[:, None] - tl.load(lo_ptr + k_key)[None, :]
+    elif KIND == 6:
+        # packed: w1 (U), b1 (U), b2 (H), c, L; w2 (H, U) in the table
+        c = tl.load(pa_ptr + 2 * units + num_heads)
+        threshold = tl.load(pa_ptr + 2 * units + num_heads + 1)
+        x, _, _ = _fire_input(qp, d, c, threshold, eps)
+        bias = d * 0.0 + tl.load(pa_ptr + 2 * units + h)
+        for u in range(units):
+            hidden = tl.maximum(tl.load(pa_ptr + u) * x + tl.load(pa_ptr + units + u), 0.0)
+            bias += tl.load(table_ptr + h * table_stride + u) * hidden
     else:
         bias = tl.zeros_like(d)
     return bias, dist
+
+
+@triton.jit
+def _fire_partials(ds, qp, d, h, pa_ptr, table_ptr, table_stride, units, num_heads, eps, entries):
+    """This tile's sums of dS times the derivative of FIRE's bias by each parameter, at the
+    entries [w1 (U), b1 (U), w2[h] (U), b2[h], c, L] of the program's partial vector."""
+    c = tl.load(pa_ptr + 2 * units + num_heads)
+    threshold = tl.load(pa_ptr + 2 * units + num_heads + 1)
+    x, numerator, denominator = _fire_input(qp, d, c, threshold, eps)
+    partial = tl.where(entries == 3 * units, tl.sum(tl.sum(ds, 1), 0), 0.0)
+    grad_x = ds * 0.0
+    for u in range(units):
+        w1 = tl.load(pa_ptr + u)
+        w2 = tl.load(table_ptr + h * table_stride + u)
+        pre = w1 * x + tl.load(pa_ptr + units + u)
+        on = pre > 0
+        grad_pre = tl.where(on, ds * w2, 0.0)
+        grad_x += grad_pre * w1
+        partial += tl.where(entries == u, tl.sum(tl.sum(grad_pre * x, 1), 0), 0.0)
+        partial += tl.where(entries == units + u, tl.sum(tl.sum(grad_pre, 1), 0), 0.0)
+        partial += tl.where(entries == 2 * units + u, tl.sum(tl.sum(tl.where(on, ds * pre, 0.0), 1), 0), 0.0)
+    # x = N / D: dN/dc = sign(c d) d / (|c d| + 1); dD/dc = sign(c m) m / (|c m| + 1), m = max(i, L);
+    # dD/dL = sign(c m) c / (|c m| + 1) where L > i (half at a tie, as torch.maximum)
+    m = tl.maximum(qp.to(tl.float32), threshold)
+    cd = c * d
+    cm = c * m
+    sign_cd = tl.where(cd > 0, 1.0, tl.where(cd < 0, -1.0, 0.0))
+    sign_cm = tl.where(cm > 0, 1.0, tl.where(cm < 0, -1.0, 0.0))
+    dn_dc = sign_cd * d / (tl.abs(cd) + 1.0)
+    dd_dc = sign_cm * m / (tl.abs(cm) + 1.0)
+    takes_l = tl.where(threshold > qp.to(tl.float32), 1.0, tl.where(threshold == qp.to(tl.float32), 0.5, 0.0))
+    dd_dl = sign_cm * c / (tl.abs(cm) + 1.0) * takes_l
+    dx_dc = dn_dc / denominator[:, None] - numerator * (dd_dc / (denominator * denominator))[:, None]
+    dx_dl = -numerator * (dd_dl / (denominator * denominator))[:, None]
+    partial += tl.where(entries == 3 * units + 1, tl.sum(tl.sum(grad_x * dx_dc, 1), 0), 0.0)
+    partial += tl.where(entries == 3 * units + 2, tl.sum(tl.sum(grad_x * dx_dl, 1), 0), 0.0)
+    return partial
 
 
 @triton.jit
@@ -117,7 +173,7 @@ def _forward_kernel(
     Q, K, V, O, LSE, QP, KP, QS, KS, PA, PB, MAP, TABLE, HI, LO,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
     sqpb, skpb, sqsb, sksb, table_stride, gate_b, gate_h,
-    num_heads, groups, num_queries, num_keys, head_dim, scale, radius,
+    num_heads, groups, num_queries, num_keys, head_dim, scale, radius, units, eps,
     KIND: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_LO: tl.constexpr, CAUSAL: tl.constexpr, HAS_SEG: tl.constexpr,
     WIDEN: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
@@ -155,7 +211,7 @@ def _forward_kernel(
         ks = tl.load(KS + b * sksb + offs_n, mask=col_ok & HAS_SEG, other=0)
         k_key = tl.minimum(offs_n, num_keys - 1)
         bias, _ = _bias_tile(KIND, SYMMETRIC, h, qp, kp, q_key, k_key, PA, PB, MAP, radius, TABLE, table_stride,
-                             HI + gate, LO + gate, HAS_LO)
+                             HI + gate, LO + gate, HAS_LO, units, num_heads, eps)
         s = _dot(q, tl.trans(k), WIDEN) * scale + bias
         s = tl.where(_visible(offs_m, offs_n, num_queries, num_keys, qs, ks, CAUSAL, HAS_SEG), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -188,7 +244,7 @@ def _key_block_kernel(
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdob, sdoh, sdom, sdod,
     sdkb, sdkh, sdkn, sdkd, sdvb, sdvh, sdvn, sdvd,
     sqpb, skpb, sqsb, sksb, table_stride, gate_b, gate_h,
-    num_heads, num_kv_heads, groups, num_queries, num_keys, head_dim, scale, radius,
+    num_heads, num_kv_heads, groups, num_queries, num_keys, head_dim, scale, radius, units, eps,
     KIND: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_LO: tl.constexpr, CAUSAL: tl.constexpr, HAS_SEG: tl.constexpr,
     WIDEN: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
@@ -233,7 +289,7 @@ def _key_block_kernel(
             qs = tl.load(QS + b * sqsb + offs_m, mask=row_ok & HAS_SEG, other=0)
             q_key = tl.minimum(tl.maximum(offs_m + offset, 0), num_keys - 1)
             bias, _ = _bias_tile(KIND, SYMMETRIC, h, qp, kp, q_key, k_key, PA, PB, MAP, radius, TABLE, table_stride,
-                                 HI + gate, LO + gate, HAS_LO)
+                                 HI + gate, LO + gate, HAS_LO, units, num_heads, eps)
             p = _probabilities(q, k, bias, lse, offs_m, offs_n, num_queries, num_keys, qs, ks, scale, CAUSAL, HAS_SEG,
                           WIDEN)
             dv += _dot(tl.trans(p).to(do.dtype), do, WIDEN)
@@ -256,7 +312,7 @@ def _query_block_kernel(
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdob, sdoh, sdom, sdod,
     sdqb, sdqh, sdqm, sdqd,
     sqpb, skpb, sqsb, sksb, table_stride, gate_b, gate_h,
-    num_heads, groups, num_queries, num_keys, head_dim, scale, radius, num_entries,
+    num_heads, groups, num_queries, num_keys, head_dim, scale, radius, units, eps, num_entries,
     KIND: tl.constexpr, SYMMETRIC: tl.constexpr, HAS_LO: tl.constexpr, CAUSAL: tl.constexpr, HAS_SEG: tl.constexpr,
     WIDEN: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr,
@@ -301,7 +357,7 @@ def _query_block_kernel(
         ks = tl.load(KS + b * sksb + offs_n, mask=col_ok & HAS_SEG, other=0)
         k_key = tl.minimum(offs_n, num_keys - 1)
         bias, dist = _bias_tile(KIND, SYMMETRIC, h, qp, kp, q_key, k_key, PA, PB, MAP, radius, TABLE, table_stride,
-                                HI + gate, LO + gate, HAS_LO)
+                                HI + gate, LO + gate, HAS_LO, units, num_heads, eps)
         p = _probabilities(q, k, bias, lse, offs_m, offs_n, num_queries, num_keys, qs, ks, scale, CAUSAL, HAS_SEG,
                           WIDEN)
         dp = _dot(do, tl.trans(v), WIDEN)
@@ -331,11 +387,13 @@ def _query_block_kernel(
                 partial += tl.where(entries == e, tl.sum(tl.sum(tl.where(bucket == e, ds, 0.0), 1), 0), 0.0)
         elif KIND == 5:
             drow += tl.sum(ds, 1)
+        elif KIND == 6:
+            partial += _fire_partials(ds, qp, (qp[:, None] - kp[None, :]).to(tl.float32), h, PA, TABLE, table_stride, units, num_heads, eps, entries)
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd,
              (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     if KIND == 5:
         tl.store(DROW + pid_bh * num_queries + offs_m, drow, mask=row_ok)
-    if KIND >= 1 and KIND <= 4:
+    if KIND >= 1 and KIND <= 4 or KIND == 6:
         tl.store(PARTIAL + (pid_bh * tl.num_programs(0) + pid_m) * BE + entries, partial, mask=entries < num_entries)
 
 
@@ -385,12 +443,21 @@ class _Launch:
         t = bias.tensors
         self.pa = self._param(t.get("slopes", t.get("p")), empty)
         self.pb = self._param(t.get("a"), empty)
-        self.table = self._param(t.get("weight"), empty)
+        self.table = self._param(t.get("weight", t.get("w2")), empty)
         self.table_stride = self.table.stride(0) if self.table.dim() == 2 else 0
         self.map = t["bucket_map"].to(torch.int32).contiguous() if "bucket_map" in t else empty.to(torch.int32)
         self.num_entries = {1: 1, 2: 2, 3: 2, 4: self.table.shape[0] if self.table.dim() == 2 else 0}.get(self.kind, 0)
         if self.num_entries > MAX_BUCKETS:
             raise InvalidArgument(f"bias: at most {MAX_BUCKETS} buckets in the fused kernel, got {self.num_entries}")
+        self.units, self.eps = 0, float(bias.eps)
+        if self.kind == 6:  # FIRE: w1, b1, b2, c, L packed; w2 the table
+            self.units = t["w1"].numel()
+            self.pa = torch.cat([t[n].detach().reshape(-1).to(torch.float32) for n in ("w1", "b1", "b2", "c", "threshold")])
+            self.table_stride = self.units
+            self.num_entries = 3 * self.units + 3
+            if self.num_entries > MAX_BUCKETS:
+                raise InvalidArgument(f"bias: FIRE's MLP may have at most {(MAX_BUCKETS - 3) // 3} hidden units in the "
+                                      f"fused kernel, got {self.units}")
         self.hi = self._param(t.get("hi"), empty)
         self.has_lo = t.get("lo") is not None
         self.lo = t["lo"].to(torch.float32).contiguous() if self.has_lo else empty
@@ -420,7 +487,7 @@ def _forward(q, k, v, launch: _Launch) -> tuple[Tensor, Tensor]:
         q, k, v, out, lse, *launch.common(),
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *launch.sizes(),
         launch.heads, launch.groups, launch.num_queries, launch.num_keys, launch.head_dim, launch.scale, launch.radius,
-        **launch.constants(),
+        launch.units, launch.eps, **launch.constants(),
     )
     return out, lse
 
@@ -441,13 +508,13 @@ def _backward(q, k, v, out, lse, grad_out, launch: _Launch):
         q, k, v, grad_out, lse, delta, dk, dv, dcol, *common,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(), *sizes,
         launch.heads, launch.kv_heads, launch.groups, launch.num_queries, launch.num_keys, launch.head_dim,
-        launch.scale, launch.radius, **constants,
+        launch.scale, launch.radius, launch.units, launch.eps, **constants,
     )
     _query_block_kernel[(q_blocks, launch.batch * launch.heads)](
         q, k, v, grad_out, lse, delta, dq, drow, partial, *common,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(), *sizes,
         launch.heads, launch.groups, launch.num_queries, launch.num_keys, launch.head_dim, launch.scale,
-        launch.radius, max(launch.num_entries, 1), BE=entries, **constants,
+        launch.radius, launch.units, launch.eps, max(launch.num_entries, 1), BE=entries, **constants,
     )
     per_head = partial.view(launch.batch, launch.heads, q_blocks, entries).sum(dim=(0, 2))  # (H, entries)
     grads = {}
@@ -457,6 +524,11 @@ def _backward(q, k, v, out, lse, grad_out, launch: _Launch):
         grads["p"], grads["a"] = per_head[:, 0], per_head[:, 1]
     elif launch.kind == 4:
         grads["weight"] = per_head[:, : launch.num_entries].t()
+    elif launch.kind == 6:
+        units = launch.units
+        grads["w1"], grads["b1"] = per_head[:, :units].sum(0), per_head[:, units:2 * units].sum(0)
+        grads["w2"], grads["b2"] = per_head[:, 2 * units:3 * units], per_head[:, 3 * units]
+        grads["c"], grads["threshold"] = per_head[:, 3 * units + 1].sum(0), per_head[:, 3 * units + 2].sum(0)
     elif gated:
         offset = launch.num_keys - launch.num_queries
         dcol[..., offset:] += drow  # the query row r is the key r + Tk - Tq
@@ -464,13 +536,13 @@ def _backward(q, k, v, out, lse, grad_out, launch: _Launch):
     return dq, dk, dv, grads
 
 
-_NAMES = ("slopes", "p", "a", "weight", "bucket_map", "hi", "lo")
+_NAMES = ("slopes", "p", "a", "weight", "bucket_map", "hi", "lo", "w1", "b1", "w2", "b2", "c", "threshold")
 
 
 class _BiasAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, q_positions, k_positions, document_ids, meta, *tensors):
-        bias = FusedBias(meta[0], {n: t for n, t in zip(_NAMES, tensors) if t is not None}, meta[1], meta[2])
+        bias = FusedBias(meta[0], {n: t for n, t in zip(_NAMES, tensors) if t is not None}, meta[1], meta[2], meta[5])
         launch = _Launch(q, k, v, bias, q_positions, k_positions, meta[3], meta[4], document_ids)
         out, lse = _forward(q, k, v, launch)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -515,5 +587,5 @@ def bias_attention(q: Tensor, k: Tensor, v: Tensor, bias: FusedBias | None, *, q
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     bias = bias or FusedBias("none")
     tensors = [bias.tensors.get(n) for n in _NAMES]
-    meta = (bias.form, bias.symmetric, bias.radius, causal, scale)
+    meta = (bias.form, bias.symmetric, bias.radius, causal, scale, bias.eps)
     return _BiasAttention.apply(q, k, v, q_positions, k_positions, document_ids, meta, *tensors)

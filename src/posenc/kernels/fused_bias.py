@@ -11,6 +11,9 @@ form                bias b(h, i, j), d = q_pos - k_pos                tensors
 ``buckets``         W[bucket_map[clamp(-d, -R, R) + R], h]            weight (num_buckets, H),
                                                                       bucket_map (2R + 1,) int
 ``gate``            c_i - c_j (key indices; c = hi + lo)              hi, lo (B, H, Tk): FoX
+``fire``            f(x)_h, x = psi(d) / (psi(max(i, L)) + eps),       w1, b1 (U,), w2 (H, U),
+                    psi(z) = log(|c z| + 1), f = w2 relu(w1 x + b1)    b2 (H,), c, threshold L
+                    + b2, i the query position                         (1,): FIRE
 =================== ================================================ ======================
 """
 
@@ -21,19 +24,20 @@ from dataclasses import dataclass, field
 from posenc.errors import InvalidArgument
 
 #: The bias forms, by name: the kernels' ``KIND`` constant.
-FORMS = {"none": 0, "linear": 1, "kerple_log": 2, "kerple_power": 3, "buckets": 4, "gate": 5}
+FORMS = {"none": 0, "linear": 1, "kerple_log": 2, "kerple_power": 3, "buckets": 4, "gate": 5, "fire": 6}
 
 
 @dataclass(frozen=True)
 class FusedBias:
     """A bias the fused kernel computes in registers: ``form`` (a key of :data:`FORMS`) and its
-    tensors by the names of this module's table; ``radius`` is R of ``buckets``. Gradients flow
+    tensors by the names of this module's table; ``radius`` is R of ``buckets``, ``eps`` FIRE's. Gradients flow
     to every floating tensor but ``lo`` (FoX's low-order part, which carries none)."""
 
     form: str
     tensors: dict = field(default_factory=dict)
     symmetric: bool = False
     radius: int = 0
+    eps: float = 0.0
 
     def __post_init__(self):
         if self.form not in FORMS:
