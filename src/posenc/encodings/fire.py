@@ -49,7 +49,9 @@ class FIRE(ScoreBias):
     autograd O((K + 2) H Tq Tk) time, K <= width the bends the tile's inputs cross, and
     :meth:`bias_into` writes a tile into the attention layer's buffer; on the CPU, after
     ``posenc.kernels.build_cpu_fire()``, :meth:`fused_attention` gives the attention layer's
-    whole forward with the bias computed inside the attention (no tile).
+    whole forward with the bias computed inside the attention (no tile); on CUDA,
+    ``backend="triton"`` computes it inside the fused kernel, forward and backward
+    (:meth:`fused_bias`).
 
     Raises:
         ValueError: num_heads or mlp_width not an int >= 1, init_L not a finite number > 0,
