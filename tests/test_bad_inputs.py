@@ -303,7 +303,7 @@ CASES = [
     ("attention dtype mismatch", lambda: posenc.attention(qkv()[0].double(), *qkv()[1:]), ValueError, r"q, k and v must share one dtype"),
     ("attention causal Tq > Tk", lambda: posenc.attention(*qkv(tq=4, tk=3)), ValueError, r"causal attention needs Tq <= Tk"),
     ("attention causal not bool", attn(causal="yes"), TypeError, r"causal must be a bool"),
-    ("attention backend", attn(backend="flash"), ValueError, r"backend must be one of \('auto', 'eager', 'sdpa', 'blocked', 'flex', 'flash_attention_2'\)"),
+    ("attention backend", attn(backend="flash"), ValueError, r"backend must be one of \('auto', 'eager', 'sdpa', 'blocked', 'flex', 'flash_attention_2', 'triton'\)"),
     ("attention encoding type", attn(encoding="rope"), TypeError, r"encoding must be a posenc.PositionalEncoding"),
     ("attention float positions", attn(q_positions=torch.zeros(3)), TypeError, r"q_positions must have an integer dtype"),
     ("attention bool positions", attn(k_positions=torch.ones(3, dtype=torch.bool)), TypeError, r"k_positions must have an integer dtype"),

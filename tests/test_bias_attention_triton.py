@@ -1,4 +1,4 @@
-"""The fused attention kernel with the bias inside (posenc.kernels.bias_attention_triton, the
+"""The fused attention kernel with the bias inside (posenc.attention.bias_attention_triton, the
 "triton" backend) under Triton's interpreter, on CPU tensors.
 
 Every case runs the kernel and posenc's eager backend in float64 on the same inputs, and the
@@ -22,7 +22,7 @@ from conftest import slow_unless
 pytest.importorskip("triton")
 
 import posenc
-from posenc import kernels
+from posenc.attention import fused_triton
 from posenc.errors import InvalidArgument
 
 H, D = 4, 16
@@ -33,7 +33,7 @@ def kernel():
     """The kernel module built for the interpreter; the environment restored afterwards."""
     before = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
-    module = importlib.import_module("posenc.kernels.bias_attention_triton")
+    module = importlib.import_module("posenc.attention.bias_attention_triton")
     if not module._interpreted():  # imported earlier without the interpreter: decorate again
         module = importlib.reload(module)
     assert module._interpreted()
@@ -47,8 +47,8 @@ def kernel():
 @pytest.fixture
 def on_cpu(kernel, monkeypatch):
     """Let the "triton" backend take CPU tensors (the interpreter runs them)."""
-    monkeypatch.setattr(kernels, "KERNEL_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(kernels, "_bias_attention", kernel)
+    monkeypatch.setattr(fused_triton, "DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(fused_triton, "_module", kernel)
     return kernel
 
 
@@ -278,3 +278,9 @@ def test_packed_rows_with_a_document_mask(on_cpu, name):
     # the second document's first query sees only itself: its output is its own value
     out = results["triton", torch.float32][0]
     assert torch.allclose(out[0, :, 9], v0[0, :, 9].float(), atol=1e-6)
+
+
+def test_the_kernel_knows_every_form_an_encoding_can_state(kernel):
+    from posenc.kernels.fused_bias import FORMS
+
+    assert set(kernel.KINDS) == set(FORMS)

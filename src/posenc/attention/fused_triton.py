@@ -1,6 +1,7 @@
 """posenc's own fused attention kernel as a backend ("triton"): FlashAttention-2's tiling with a
 learned bias computed inside it, forward and backward, the bias parameters' gradients reduced
-per program without atomics (:mod:`posenc.kernels.bias_attention_triton`).
+per program without atomics (:mod:`posenc.attention.bias_attention_triton`: the attention
+layer's own kernel, as blocked.py holds its backward).
 
 Serves: encodings without a bias (their ``rotate`` hook already applied: NoPE, RoPE, ...) and
 those whose bias has a fused form (:meth:`~posenc.PositionalEncoding.fused_bias`: ALiBi, with
@@ -8,7 +9,7 @@ trainable slopes too; Kerple, both variants; T5's buckets; FIRE's MLP; FoX's gat
 grouped-query heads, explicit positions (T,) or (B, T) (a KV cache), the document mask of packed
 rows (``mask=posenc.masks.document_mask_mod(ids)``, compared per tile), float32 / bfloat16 /
 float16 CUDA tensors (CPU tensors under ``TRITON_INTERPRET=1`` when the tests allow it through
-``posenc.kernels.KERNEL_DEVICES``). Not yet: any other ``mask=``,
+:data:`DEVICES`). Not yet: any other ``mask=``,
 content terms, dropout, ``softcap``, ``sinks``; each refused by name.
 
 "auto" does not pick it yet: the kernel has run only under Triton's interpreter so far, and
@@ -18,21 +19,46 @@ docs/fast_attention.md says which backend serves a learned bias's training until
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from types import ModuleType
+
 import torch
 from torch import Tensor
 
-from posenc import kernels
 from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.errors import InvalidArgument
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+#: The device types whose tensors the kernel takes: CUDA in normal use; the tests add "cpu"
+#: together with ``TRITON_INTERPRET=1`` (Triton's interpreter runs kernels on CPU tensors).
+DEVICES: tuple[str, ...] = ("cuda",)
+
+_module: ModuleType | None = None
+_module_failed = False
+
+
+def kernels() -> ModuleType | None:
+    """:mod:`posenc.attention.bias_attention_triton`, or None where Triton does not import;
+    imported on first use (``import posenc`` never imports Triton)."""
+    global _module, _module_failed
+    if _module is None and not _module_failed:
+        if importlib.util.find_spec("triton") is None:
+            _module_failed = True
+        else:
+            try:
+                _module = importlib.import_module("posenc.attention.bias_attention_triton")
+            except ImportError:
+                _module_failed = True
+    return _module
 
 
 def unsupported(encoding: PositionalEncoding | None, *, mask=None, dropout_p: float = 0.0,
                 softcap: float | None = None, sinks=None) -> str | None:
     """Triton importable; no content terms or positional mask; a bias only with a fused form;
     no mask=, dropout, softcap or sinks."""
-    if kernels.bias_attention_kernels() is None:
+    if kernels() is None:
         return "backend='triton' needs Triton (pip install posenc[gpu]); use backend='blocked', 'flex' or 'auto'"
     hooks = encoding.hooks if encoding is not None else frozenset()
     if Hook.CONTENT in hooks:
@@ -72,7 +98,7 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     reason = unsupported(encoding, mask=mask, dropout_p=dropout_p, softcap=softcap, sinks=sinks)
     if reason is not None:
         raise InvalidArgument(reason)
-    if q.device.type not in kernels.KERNEL_DEVICES:
+    if q.device.type not in DEVICES:
         raise InvalidArgument(f"backend='triton' runs on CUDA tensors, got {q.device.type}; use backend='auto'")
     if q.dtype not in _DTYPES:
         raise InvalidArgument(f"backend='triton' takes float32, bfloat16 or float16, got {q.dtype}; use backend='eager' or 'auto'")
@@ -83,7 +109,7 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         if bias is None:
             raise InvalidArgument(f"backend='triton': {type(encoding).__name__}'s bias has no fused form for this call "
                                   f"(causal={causal}); use backend='blocked' or 'auto'")
-    return kernels.bias_attention_kernels().bias_attention(
+    return kernels().bias_attention(
         q, k, v, bias, q_positions=_positions(q_positions, q.shape[2], q.device),
         k_positions=_positions(k_positions, k.shape[2], q.device), causal=causal, scale=scale,
         document_ids=mask.document_ids if mask is not None else None)

@@ -87,25 +87,6 @@ def rotary_kernels() -> ModuleType | None:
     return _rotary
 
 
-_bias_attention: ModuleType | None = None
-_bias_attention_failed = False
-
-
-def bias_attention_kernels() -> ModuleType | None:
-    """The :mod:`posenc.kernels.bias_attention_triton` module (the fused attention with a
-    learned bias inside), or None where Triton does not import; imported on first use."""
-    global _bias_attention, _bias_attention_failed
-    if _bias_attention is None and not _bias_attention_failed:
-        if importlib.util.find_spec("triton") is None:
-            _bias_attention_failed = True
-        else:
-            try:
-                _bias_attention = importlib.import_module(".bias_attention_triton", __name__)
-            except ImportError:
-                _bias_attention_failed = True
-    return _bias_attention
-
-
 def use_triton(*tensors: Tensor) -> bool:
     """True when the Triton kernels should run on these tensors: the switch is on, every
     tensor's device type is in :data:`KERNEL_DEVICES`, the call is not being traced by
@@ -165,6 +146,5 @@ def use_cpu_kernel(*tensors: Tensor) -> bool:
     return CPU_KERNEL_AUTOBUILD and module.build()
 
 
-__all__ = ["CPU_KERNEL_AUTOBUILD", "CPU_KERNEL_ENABLED", "KERNEL_DEVICES", "TRITON_ENABLED", "bias_attention_kernels",
-           "build_cpu_fire", "build_cpu_relpos", "build_cpu_rotary",
+__all__ = ["CPU_KERNEL_AUTOBUILD", "CPU_KERNEL_ENABLED", "KERNEL_DEVICES", "TRITON_ENABLED", "build_cpu_fire", "build_cpu_relpos", "build_cpu_rotary",
            "cpu_rotary_kernel", "rotary_kernels", "use_cpu_kernel", "use_triton"]

@@ -1,4 +1,4 @@
-"""What an encoding hands the fused attention kernel (:mod:`posenc.kernels.bias_attention_triton`):
+"""What an encoding hands the fused attention kernel (:mod:`posenc.attention.bias_attention_triton`):
 the form of its bias and the few tensors it is computed from. Torch only: encodings import it
 without Triton.
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from posenc.errors import InvalidArgument
 
-#: The bias forms, by name: the kernels' ``KIND`` constant.
+#: The bias forms, by name (the kernel numbers them itself: its ``KINDS``).
 FORMS = {"none": 0, "linear": 1, "kerple_log": 2, "kerple_power": 3, "buckets": 4, "gate": 5, "fire": 6}
 
 

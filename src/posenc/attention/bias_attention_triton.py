@@ -45,6 +45,7 @@ kernels run on CPU tensors: tests/test_bias_attention_triton.py.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -52,7 +53,10 @@ import triton.language as tl
 from torch import Tensor
 
 from posenc.errors import InvalidArgument
-from posenc.kernels.fused_bias import FORMS, FusedBias
+
+#: The forms of :class:`posenc.kernels.fused_bias.FusedBias` by name, as the kernels' ``KIND``
+#: constant (tests/test_bias_attention_triton.py checks that the two name the same forms).
+KINDS = {"none": 0, "linear": 1, "kerple_log": 2, "kerple_power": 3, "buckets": 4, "gate": 5, "fire": 6}
 
 #: At most this many buckets (one partial sum each per program in the backward).
 MAX_BUCKETS = 128
@@ -417,10 +421,20 @@ def _positions_2d(positions: Tensor, batch: int) -> tuple[Tensor, int]:
     return positions.contiguous(), positions.shape[-1]
 
 
+class _Form(NamedTuple):
+    """The fields of a FusedBias the kernels read (the attention layer does not import kernels/)."""
+
+    form: str
+    tensors: dict
+    symmetric: bool
+    radius: int
+    eps: float
+
+
 class _Launch:
     """The shared arguments of the three kernels for one call."""
 
-    def __init__(self, q, k, v, bias: FusedBias | None, q_positions, k_positions, causal: bool, scale: float,
+    def __init__(self, q, k, v, bias, q_positions, k_positions, causal: bool, scale: float,
                  document_ids: tuple[Tensor, Tensor] | None = None):
         self.batch, self.heads, self.num_queries, self.head_dim = q.shape
         self.kv_heads, self.num_keys = k.shape[1], k.shape[2]
@@ -437,10 +451,14 @@ class _Launch:
         self.bm, self.bn = _blocks(self.head_dim)
         self.widen = q.dtype == torch.bfloat16 and _interpreted()
         self.bd = _pow2(self.head_dim)
-        bias = bias or FusedBias("none")
-        self.form, self.kind, self.symmetric, self.radius = bias.form, FORMS[bias.form], bias.symmetric, bias.radius
+        if bias is not None and bias.form not in KINDS:
+            raise InvalidArgument(f"bias: form must be one of {sorted(KINDS)}, got {bias.form!r}")
+        self.form = "none" if bias is None else bias.form
+        self.kind = KINDS[self.form]
+        self.symmetric = bias is not None and bias.symmetric
+        self.radius = 0 if bias is None else bias.radius
         empty = torch.zeros(1, dtype=torch.float32, device=q.device)
-        t = bias.tensors
+        t = {} if bias is None else bias.tensors
         self.pa = self._param(t.get("slopes", t.get("p")), empty)
         self.pb = self._param(t.get("a"), empty)
         self.table = self._param(t.get("weight", t.get("w2")), empty)
@@ -449,7 +467,7 @@ class _Launch:
         self.num_entries = {1: 1, 2: 2, 3: 2, 4: self.table.shape[0] if self.table.dim() == 2 else 0}.get(self.kind, 0)
         if self.num_entries > MAX_BUCKETS:
             raise InvalidArgument(f"bias: at most {MAX_BUCKETS} buckets in the fused kernel, got {self.num_entries}")
-        self.units, self.eps = 0, float(bias.eps)
+        self.units, self.eps = 0, 0.0 if bias is None else float(bias.eps)
         if self.kind == 6:  # FIRE: w1, b1, b2, c, L packed; w2 the table
             self.units = t["w1"].numel()
             self.pa = torch.cat([t[n].detach().reshape(-1).to(torch.float32) for n in ("w1", "b1", "b2", "c", "threshold")])
@@ -542,7 +560,7 @@ _NAMES = ("slopes", "p", "a", "weight", "bucket_map", "hi", "lo", "w1", "b1", "w
 class _BiasAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, q_positions, k_positions, document_ids, meta, *tensors):
-        bias = FusedBias(meta[0], {n: t for n, t in zip(_NAMES, tensors) if t is not None}, meta[1], meta[2], meta[5])
+        bias = _Form(meta[0], {n: t for n, t in zip(_NAMES, tensors) if t is not None}, meta[1], meta[2], meta[5])
         launch = _Launch(q, k, v, bias, q_positions, k_positions, meta[3], meta[4], document_ids)
         out, lse = _forward(q, k, v, launch)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -561,7 +579,7 @@ class _BiasAttention(torch.autograd.Function):
         return (dq, dk, dv, None, None, None, None, *extra)
 
 
-def bias_attention(q: Tensor, k: Tensor, v: Tensor, bias: FusedBias | None, *, q_positions: Tensor,
+def bias_attention(q: Tensor, k: Tensor, v: Tensor, bias, *, q_positions: Tensor,
                    k_positions: Tensor, causal: bool = True, scale: float | None = None,
                    document_ids: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """softmax(scale q.k^T + b + causal mask + document mask) v in one fused kernel, with
@@ -570,7 +588,8 @@ def bias_attention(q: Tensor, k: Tensor, v: Tensor, bias: FusedBias | None, *, q
     Args:
         q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D), H_kv dividing H; float32, bfloat16 or float16,
             on a CUDA device (or on the CPU under ``TRITON_INTERPRET=1``).
-        bias: a :class:`FusedBias` or None (no bias).
+        bias: a :class:`posenc.kernels.fused_bias.FusedBias` (an encoding's ``fused_bias``; read
+            by its fields: form, tensors, symmetric, radius, eps) or None (no bias).
         q_positions, k_positions: integer (Tq,) / (Tk,) or (B, Tq) / (B, Tk).
         causal: bottom-right causal mask.
         scale: default 1/sqrt(D).
@@ -582,10 +601,11 @@ def bias_attention(q: Tensor, k: Tensor, v: Tensor, bias: FusedBias | None, *, q
         (B, H, Tq, D) in q's dtype.
 
     Raises:
-        InvalidArgument: more than :data:`MAX_BUCKETS` buckets, an unknown form.
+        InvalidArgument: more than :data:`MAX_BUCKETS` buckets (or FIRE units past it), an
+            unknown form.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    bias = bias or FusedBias("none")
+    bias = bias if bias is not None else _Form("none", {}, False, 0, 0.0)
     tensors = [bias.tensors.get(n) for n in _NAMES]
     meta = (bias.form, bias.symmetric, bias.radius, causal, scale, bias.eps)
     return _BiasAttention.apply(q, k, v, q_positions, k_positions, document_ids, meta, *tensors)
