@@ -263,9 +263,8 @@ def attention(
             "flash_attention_2" (flash-attn's kernel with its native ALiBi; CUDA, fp16/bf16,
             ALiBi or no bias, no ``mask``; needs ``pip install flash-attn``), "triton"
             (posenc's fused kernel with the bias computed inside it, forward and backward:
-            no bias, ALiBi, Kerple, T5, FIRE, FoX; CUDA, fp32/bf16/fp16, ``mask`` only a document
-            mask_mod; needs
-            Triton) or "auto", which
+            no bias, ALiBi, Kerple, T5, FIRE, FoX; CUDA, fp32/bf16/fp16, ``mask`` only a
+            document mask_mod; needs Triton) or "auto", which
             picks by device, encoding hooks, bias size, dtype, mask and dropout: the table in
             docs/fast_attention.md, "The `auto` rule" (the one statement of the rule).
             A branched encoding (``encoding.branched``) runs on "eager", "sdpa", "blocked"

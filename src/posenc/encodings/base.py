@@ -507,7 +507,7 @@ class PositionalEncoding(nn.Module):
     def fused_bias(self, causal: bool = True, gate_state: object = None):
         """The bias (score bias or gate bias) as a :class:`posenc.kernels.fused_bias.FusedBias`:
         a form the fused attention kernel computes in registers from a few tensors per head
-        (ALiBi's slopes, Kerple's p and a, T5's buckets, FoX's cumulative gates), with gradients
+        (ALiBi's slopes, Kerple's p and a, T5's buckets, FIRE's MLP, FoX's cumulative gates), with gradients
         to them; None (default) when the encoding's bias has no such form for this call.
         ``gate_state``: :meth:`prepare_gates`'s result for a ``gate`` encoding. A statement
         about the math, like :meth:`linear_bias_slopes`; tested against :meth:`bias` and
