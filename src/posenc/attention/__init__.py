@@ -321,6 +321,7 @@ def attention(
 
     Raises:
         ValueError: wrong ranks or mismatched shapes, dtypes or devices; causal with Tq > Tk;
+            causal=False for an encoding defined for causal attention only (``causal_only``: PaTH);
             a score-bias encoding (one bias per head) built for another head count than q's
             (the message names both);
             ``gates`` missing for a ``gate`` encoding, given to another, or mis-shaped;
