@@ -6,15 +6,9 @@ one block of queries, walks the blocks of keys with the online softmax and never
 is computed in registers from its positions and a few numbers per head, so that no (Tq, Tk)
 tensor exists, forward or backward:
 
-=============== ================================================ ==========================
-form            bias b(h, i, j), d = q_pos - k_pos                parameters (grad)
-=============== ================================================ ==========================
-``linear``      -m_h d (``symmetric``: -m_h |d|)                  m (H,): ALiBi's slopes
-``kerple_log``  -p_h log(1 + a_h |d|)                             p, a (H,)
-``kerple_power``-a_h |d|^p_h                                      p, a (H,)
-``buckets``     W[bucket(clamp(-d, -R, R)), h]                    W (num_buckets, H): T5
-``gate``        c_i - c_j (key indices; c = hi + lo)              hi (B, H, Tk): FoX
-=============== ================================================ ==========================
+the forms of :mod:`posenc.kernels.fused_bias` (its table: ALiBi's ``linear``, Kerple's
+``kerple_log`` / ``kerple_power``, T5's ``buckets``, FoX's ``gate``, FIRE's ``log_distance_mlp``),
+each a few tensors with gradients.
 
 The bucket map (int32, 2R + 1 entries, bucket(k_pos - q_pos) for k_pos - q_pos in [-R, R]) is
 computed by the encoding's own torch function, so the kernel never re-derives T5's
@@ -56,7 +50,7 @@ from posenc.errors import InvalidArgument
 
 #: The forms of :class:`posenc.kernels.fused_bias.FusedBias` by name, as the kernels' ``KIND``
 #: constant (tests/test_bias_attention_triton.py checks that the two name the same forms).
-KINDS = {"none": 0, "linear": 1, "kerple_log": 2, "kerple_power": 3, "buckets": 4, "gate": 5, "fire": 6}
+KINDS = {"none": 0, "linear": 1, "kerple_log": 2, "kerple_power": 3, "buckets": 4, "gate": 5, "log_distance_mlp": 6}
 
 #: At most this many buckets (one partial sum each per program in the backward).
 MAX_BUCKETS = 128

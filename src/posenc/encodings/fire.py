@@ -77,10 +77,10 @@ class FIRE(ScoreBias):
         self.register_buffer("init_L", torch.tensor(float(init_L)))
 
     def fused_bias(self, causal: bool = True, gate_state: object = None) -> FusedBias:
-        """``fire``: the MLP's weights, c and the threshold L (gradients flow back to
+        """``log_distance_mlp``: the MLP's weights, c and the threshold L (gradients flow back to
         ``L_multiplier`` through :attr:`threshold`)."""
         first, last = self.mlp[0], self.mlp[2]
-        return FusedBias("fire", {"w1": first.weight[:, 0], "b1": first.bias, "w2": last.weight, "b2": last.bias,
+        return FusedBias("log_distance_mlp", {"w1": first.weight[:, 0], "b1": first.bias, "w2": last.weight, "b2": last.bias,
                                   "c": self.c.reshape(1), "threshold": self.threshold.reshape(1)}, eps=self.eps)
 
     @property

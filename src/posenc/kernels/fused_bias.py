@@ -2,19 +2,19 @@
 the form of its bias and the few tensors it is computed from. Torch only: encodings import it
 without Triton.
 
-=================== ================================================ ======================
-form                bias b(h, i, j), d = q_pos - k_pos                tensors
-=================== ================================================ ======================
-``linear``          -m_h d (``symmetric``: -m_h |d|)                  slopes (H,): ALiBi
-``kerple_log``      -p_h log(1 + a_h |d|)                             p, a (H,)
-``kerple_power``    -a_h |d|^p_h                                      p, a (H,)
-``buckets``         W[bucket_map[clamp(-d, -R, R) + R], h]            weight (num_buckets, H),
-                                                                      bucket_map (2R + 1,) int
-``gate``            c_i - c_j (key indices; c = hi + lo)              hi, lo (B, H, Tk): FoX
-``fire``            f(x)_h, x = psi(d) / (psi(max(i, L)) + eps),       w1, b1 (U,), w2 (H, U),
-                    psi(z) = log(|c z| + 1), f = w2 relu(w1 x + b1)    b2 (H,), c, threshold L
-                    + b2, i the query position                         (1,): FIRE
-=================== ================================================ ======================
+====================== ================================================ ==========================
+form                   bias b(h, i, j), d = q_pos - k_pos                tensors
+====================== ================================================ ==========================
+``linear``             -m_h d (``symmetric``: -m_h |d|)                  slopes (H,): ALiBi
+``kerple_log``         -p_h log(1 + a_h |d|)                             p, a (H,)
+``kerple_power``       -a_h |d|^p_h                                      p, a (H,)
+``buckets``            W[bucket_map[clamp(-d, -R, R) + R], h]            weight (num_buckets, H),
+                                                                         bucket_map (2R + 1,) int
+``gate``               c_i - c_j (key indices; c = hi + lo)              hi, lo (B, H, Tk): FoX
+``log_distance_mlp``   f(x)_h, x = psi(d) / (psi(max(i, L)) + eps),      w1, b1 (U,), w2 (H, U),
+                       psi(z) = log(|c z| + 1), f = w2 relu(w1 x + b1)   b2 (H,), c, threshold L
+                       + b2, i the query position                        (1,): FIRE
+====================== ================================================ ==========================
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from posenc.errors import InvalidArgument
 
 #: The bias forms, by name (the kernel numbers them itself: its ``KINDS``).
-FORMS = {"none": 0, "linear": 1, "kerple_log": 2, "kerple_power": 3, "buckets": 4, "gate": 5, "fire": 6}
+FORMS = {"none": 0, "linear": 1, "kerple_log": 2, "kerple_power": 3, "buckets": 4, "gate": 5, "log_distance_mlp": 6}
 
 
 @dataclass(frozen=True)
