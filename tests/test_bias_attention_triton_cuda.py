@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from test_bias_attention_triton import _check  # noqa: E402
+from test_bias_attention_triton import _check
 
 FORMS = ("none", "rope", "alibi", "kerple_log", "kerple_power", "t5", "fox", "fire")
 

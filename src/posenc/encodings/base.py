@@ -66,13 +66,16 @@ import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import Enum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor, nn
 
 from posenc._validation import check_sequence_positions
 from posenc.errors import InvalidArgument
 from posenc.mask_rules import MaskMod, ScoreMod, position_at
+
+if TYPE_CHECKING:
+    from posenc.kernels.fused_bias import FusedBias
 
 
 class Hook(str, Enum):
@@ -504,7 +507,7 @@ class PositionalEncoding(nn.Module):
         with a native linear bias serve the encoding (FlashAttention-2's ``alibi_slopes``)."""
         return None
 
-    def fused_bias(self, causal: bool = True, gate_state: object = None):
+    def fused_bias(self, causal: bool = True, gate_state: object = None) -> FusedBias | None:
         """The bias (score bias or gate bias) as a :class:`posenc.kernels.fused_bias.FusedBias`:
         a form the fused attention kernel computes in registers from a few tensors per head
         (ALiBi's slopes, Kerple's p and a, T5's buckets, FIRE's MLP, FoX's cumulative gates), with gradients
