@@ -1,3 +1,4 @@
+import importlib
 import importlib.util
 import os
 import sys
@@ -36,6 +37,23 @@ def make_encoding(name: str, *, d_model: int = 32, num_heads: int = 4, max_posit
         for p in enc.parameters():
             p.normal_(0, 0.5)
     return enc.double()
+
+
+def interpreted_module(name: str):
+    """A generator for a module-scoped fixture: the Triton kernel module ``name`` decorated for
+    Triton's interpreter (re-imported if it was imported without it), and the environment
+    variable TRITON_INTERPRET restored afterwards."""
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    module = importlib.import_module(name)
+    if not module._interpreted():  # imported earlier without the interpreter: decorate again
+        module = importlib.reload(module)
+    assert module._interpreted()
+    yield module
+    if before is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = before
 
 
 def skip_if_causal_only(name: str, causal: bool) -> None:

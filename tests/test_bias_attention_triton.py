@@ -12,12 +12,10 @@ one) fails the same check. Skipped without triton (``pip install posenc[gpu]``).
 from __future__ import annotations
 
 import copy
-import importlib
-import os
 
 import pytest
 import torch
-from conftest import slow_unless
+from conftest import interpreted_module, slow_unless
 
 pytest.importorskip("triton")
 
@@ -31,17 +29,7 @@ H, D = 4, 16
 @pytest.fixture(scope="module")
 def kernel():
     """The kernel module built for the interpreter; the environment restored afterwards."""
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    module = importlib.import_module("posenc.attention.bias_attention_triton")
-    if not module._interpreted():  # imported earlier without the interpreter: decorate again
-        module = importlib.reload(module)
-    assert module._interpreted()
-    yield module
-    if before is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = before
+    yield from interpreted_module("posenc.attention.bias_attention_triton")
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ and restores the environment afterwards. Skipped without triton (``pip install p
 from __future__ import annotations
 
 import importlib
-import os
 
 import pytest
 import torch
+from conftest import interpreted_module
 
 pytest.importorskip("triton")
 
@@ -34,17 +34,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 @pytest.fixture(scope="module")
 def rt():
     """The kernel module built for the interpreter; the environment restored afterwards."""
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    module = importlib.import_module("posenc.kernels.rotary_triton")
-    if not module._interpreted():  # imported earlier without the interpreter: decorate again
-        module = importlib.reload(module)
-    assert module._interpreted()
-    yield module
-    if before is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = before
+    yield from interpreted_module("posenc.kernels.rotary_triton")
 
 
 @pytest.fixture

@@ -148,6 +148,22 @@ def _fire_partials(ds, qp, d, h, pa_ptr, table_ptr, table_stride, units, num_hea
 
 
 @triton.jit
+def _load_keys(K, V, KP, KS, b, hk, offs_n, offs_d, skb, skh, skn, skd, svb, svh, svn, svd, skpb, sksb, num_keys,
+               head_dim, HAS_SEG: tl.constexpr):
+    """One block of keys: k, v (BN, BD), their positions, document ids and key indices (clamped
+    into range: rows past the end are masked, their loads stay in bounds)."""
+    col_ok = offs_n < num_keys
+    d_ok = offs_d < head_dim
+    k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
+                mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
+                mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    kp = tl.load(KP + b * skpb + offs_n, mask=col_ok, other=0)
+    ks = tl.load(KS + b * sksb + offs_n, mask=col_ok & HAS_SEG, other=0)
+    return k, v, kp, ks, tl.minimum(offs_n, num_keys - 1)
+
+
+@triton.jit
 def _dot(a, b, WIDEN: tl.constexpr):
     """a @ b accumulated in float32. ``WIDEN``: the operands widened to float32 first (Triton's
     interpreter multiplies bfloat16 operands wrongly; on a GPU they go to the tensor cores)."""
@@ -200,14 +216,8 @@ def _forward_kernel(
         end = tl.minimum(num_keys, (pid_m + 1) * BM + offset)
     for start_n in range(0, end, BN):
         offs_n = start_n + tl.arange(0, BN)
-        col_ok = offs_n < num_keys
-        k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
-                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        kp = tl.load(KP + b * skpb + offs_n, mask=col_ok, other=0)
-        ks = tl.load(KS + b * sksb + offs_n, mask=col_ok & HAS_SEG, other=0)
-        k_key = tl.minimum(offs_n, num_keys - 1)
+        k, v, kp, ks, k_key = _load_keys(K, V, KP, KS, b, hk, offs_n, offs_d, skb, skh, skn, skd, svb, svh, svn, svd,
+                                         skpb, sksb, num_keys, head_dim, HAS_SEG)
         bias, _ = _bias_tile(KIND, SYMMETRIC, h, qp, kp, q_key, k_key, PA, PB, MAP, radius, TABLE, table_stride,
                              HI + gate, LO + gate, HAS_LO, units, num_heads, eps)
         s = _dot(q, tl.trans(k), WIDEN) * scale + bias
@@ -257,13 +267,8 @@ def _key_block_kernel(
     offs_d = tl.arange(0, BD)
     col_ok = offs_n < num_keys
     d_ok = offs_d < head_dim
-    k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-                mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-    v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
-                mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-    kp = tl.load(KP + b * skpb + offs_n, mask=col_ok, other=0)
-    ks = tl.load(KS + b * sksb + offs_n, mask=col_ok & HAS_SEG, other=0)
-    k_key = tl.minimum(offs_n, num_keys - 1)
+    k, v, kp, ks, k_key = _load_keys(K, V, KP, KS, b, hk, offs_n, offs_d, skb, skh, skn, skd, svb, svh, svn, svd,
+                                     skpb, sksb, num_keys, head_dim, HAS_SEG)
     offset = num_keys - num_queries
     dk = tl.zeros([BN, BD], tl.float32)
     dv = tl.zeros([BN, BD], tl.float32)
@@ -346,14 +351,8 @@ def _query_block_kernel(
         end = tl.minimum(num_keys, (pid_m + 1) * BM + offset)
     for start_n in range(0, end, BN):
         offs_n = start_n + tl.arange(0, BN)
-        col_ok = offs_n < num_keys
-        k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
-                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        kp = tl.load(KP + b * skpb + offs_n, mask=col_ok, other=0)
-        ks = tl.load(KS + b * sksb + offs_n, mask=col_ok & HAS_SEG, other=0)
-        k_key = tl.minimum(offs_n, num_keys - 1)
+        k, v, kp, ks, k_key = _load_keys(K, V, KP, KS, b, hk, offs_n, offs_d, skb, skh, skn, skd, svb, svh, svn, svd,
+                                         skpb, sksb, num_keys, head_dim, HAS_SEG)
         bias, dist = _bias_tile(KIND, SYMMETRIC, h, qp, kp, q_key, k_key, PA, PB, MAP, radius, TABLE, table_stride,
                                 HI + gate, LO + gate, HAS_LO, units, num_heads, eps)
         p = _probabilities(q, k, bias, lse, offs_m, offs_n, num_queries, num_keys, qs, ks, scale, CAUSAL, HAS_SEG,
