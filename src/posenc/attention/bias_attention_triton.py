@@ -148,6 +148,32 @@ def _fire_partials(ds, qp, d, h, pa_ptr, table_ptr, table_stride, units, num_hea
 
 
 @triton.jit
+def _load_queries(Q, QP, QS, b, h, offs_m, offs_d, sqb, sqh, sqm, sqd, sqpb, sqsb, num_queries, num_keys,
+                  head_dim, HAS_SEG: tl.constexpr):
+    """One block of queries of head h: q (BM, BD), their positions, document ids and own key
+    indices (query row r is key r + Tk - Tq, clamped into range for the rows past the end)."""
+    row_ok = offs_m < num_queries
+    d_ok = offs_d < head_dim
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    qp = tl.load(QP + b * sqpb + offs_m, mask=row_ok, other=0)
+    qs = tl.load(QS + b * sqsb + offs_m, mask=row_ok & HAS_SEG, other=0)
+    return q, qp, qs, tl.minimum(tl.maximum(offs_m + (num_keys - num_queries), 0), num_keys - 1)
+
+
+@triton.jit
+def _load_row_grads(DO, LSE, DELTA, b, h, row, offs_m, offs_d, sdob, sdoh, sdom, sdod, num_queries, head_dim):
+    """The backward's per-row inputs of one query block: dO (BM, BD), the log-sum-exp and
+    delta = rowsum(dO * O) (``row``: the (batch, head) row of LSE and DELTA)."""
+    row_ok = offs_m < num_queries
+    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :] * sdod,
+                 mask=(row_ok[:, None]) & (offs_d < head_dim)[None, :], other=0.0)
+    lse = tl.load(LSE + row * num_queries + offs_m, mask=row_ok, other=float("-inf"))
+    delta = tl.load(DELTA + row * num_queries + offs_m, mask=row_ok, other=0.0)
+    return do, lse, delta
+
+
+@triton.jit
 def _load_keys(K, V, KP, KS, b, hk, offs_n, offs_d, skb, skh, skn, skd, svb, svh, svn, svd, skpb, sksb, num_keys,
                head_dim, HAS_SEG: tl.constexpr):
     """One block of keys: k, v (BN, BD), their positions, document ids and key indices (clamped
@@ -201,12 +227,9 @@ def _forward_kernel(
     offs_d = tl.arange(0, BD)
     row_ok = offs_m < num_queries
     d_ok = offs_d < head_dim
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    qp = tl.load(QP + b * sqpb + offs_m, mask=row_ok, other=0)
-    qs = tl.load(QS + b * sqsb + offs_m, mask=row_ok & HAS_SEG, other=0)
+    q, qp, qs, q_key = _load_queries(Q, QP, QS, b, h, offs_m, offs_d, sqb, sqh, sqm, sqd, sqpb, sqsb, num_queries,
+                                     num_keys, head_dim, HAS_SEG)
     offset = num_keys - num_queries
-    q_key = tl.minimum(tl.maximum(offs_m + offset, 0), num_keys - 1)
     gate = b * gate_b + h * gate_h
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
@@ -281,16 +304,10 @@ def _key_block_kernel(
         dcol = tl.zeros([BN], tl.float32)
         for start_m in range(start, num_queries, BM):
             offs_m = start_m + tl.arange(0, BM)
-            row_ok = offs_m < num_queries
-            q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                        mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-            do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :] * sdod,
-                         mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-            lse = tl.load(LSE + (b * num_heads + h) * num_queries + offs_m, mask=row_ok, other=float("-inf"))
-            delta = tl.load(DELTA + (b * num_heads + h) * num_queries + offs_m, mask=row_ok, other=0.0)
-            qp = tl.load(QP + b * sqpb + offs_m, mask=row_ok, other=0)
-            qs = tl.load(QS + b * sqsb + offs_m, mask=row_ok & HAS_SEG, other=0)
-            q_key = tl.minimum(tl.maximum(offs_m + offset, 0), num_keys - 1)
+            q, qp, qs, q_key = _load_queries(Q, QP, QS, b, h, offs_m, offs_d, sqb, sqh, sqm, sqd, sqpb, sqsb,
+                                             num_queries, num_keys, head_dim, HAS_SEG)
+            do, lse, delta = _load_row_grads(DO, LSE, DELTA, b, h, b * num_heads + h, offs_m, offs_d, sdob, sdoh,
+                                             sdom, sdod, num_queries, head_dim)
             bias, _ = _bias_tile(KIND, SYMMETRIC, h, qp, kp, q_key, k_key, PA, PB, MAP, radius, TABLE, table_stride,
                                  HI + gate, LO + gate, HAS_LO, units, num_heads, eps)
             p = _probabilities(q, k, bias, lse, offs_m, offs_n, num_queries, num_keys, qs, ks, scale, CAUSAL, HAS_SEG,
@@ -331,16 +348,11 @@ def _query_block_kernel(
     offs_d = tl.arange(0, BD)
     row_ok = offs_m < num_queries
     d_ok = offs_d < head_dim
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :] * sdod,
-                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    lse = tl.load(LSE + pid_bh * num_queries + offs_m, mask=row_ok, other=float("-inf"))
-    delta = tl.load(DELTA + pid_bh * num_queries + offs_m, mask=row_ok, other=0.0)
-    qp = tl.load(QP + b * sqpb + offs_m, mask=row_ok, other=0)
-    qs = tl.load(QS + b * sqsb + offs_m, mask=row_ok & HAS_SEG, other=0)
+    q, qp, qs, q_key = _load_queries(Q, QP, QS, b, h, offs_m, offs_d, sqb, sqh, sqm, sqd, sqpb, sqsb, num_queries,
+                                     num_keys, head_dim, HAS_SEG)
+    do, lse, delta = _load_row_grads(DO, LSE, DELTA, b, h, pid_bh, offs_m, offs_d, sdob, sdoh, sdom, sdod,
+                                     num_queries, head_dim)
     offset = num_keys - num_queries
-    q_key = tl.minimum(tl.maximum(offs_m + offset, 0), num_keys - 1)
     gate = b * gate_b + h * gate_h
     dq = tl.zeros([BM, BD], tl.float32)
     drow = tl.zeros([BM], tl.float32)
