@@ -95,9 +95,7 @@ def _positions(positions: Tensor, length: int, device) -> Tensor:
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
         k_positions: Tensor, causal: bool, mask, scale: float, dropout_p: float = 0.0, gate_state: object = None,
         softcap: float | None = None, sinks: Tensor | None = None) -> Tensor:
-    reason = unsupported(encoding, mask=mask, dropout_p=dropout_p, softcap=softcap, sinks=sinks)
-    if reason is not None:
-        raise InvalidArgument(reason)
+    # posenc.attention has asked unsupported() already; what it cannot know is the device and dtype
     if q.device.type not in DEVICES:
         raise InvalidArgument(f"backend='triton' runs on CUDA tensors, got {q.device.type}; use backend='auto'")
     if q.dtype not in _DTYPES:

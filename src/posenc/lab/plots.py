@@ -244,11 +244,10 @@ def _transport_panels(enc: PositionalEncoding, d_model: int, head_dim: int, max_
     after the tokens between (1 at distance 0), for one random sequence of hidden states."""
     length = max_distance + 1
     x = torch.randn(1, length, d_model, generator=torch.Generator().manual_seed(0))
-    heads = enc.gate(x).shape[1]
     u = torch.randn(head_dim, generator=torch.Generator().manual_seed(1))
-    u = (u / u.norm()).expand(1, heads, length, head_dim)
     with torch.no_grad():
         gates = enc.gate(x)
+        u = (u / u.norm()).expand(1, gates.shape[1], length, head_dim)
         state = enc.prepare_gates(gates)
         left = 1 + enc.content_scores(u, u, None, None, gate_state=state)[0]  # (H, T, T)
     index = torch.arange(length)
