@@ -87,28 +87,38 @@ def fire64(q, k, v, psi, den, bends, slopes, intercepts, scale, causal):
 
 
 def relpos_inputs(seed=0, requires_grad=True):
-    """Shaw's tables (E and F shared by the heads) and Transformer-XL's biases a and u at once."""
+    """Shaw's tables (E and F shared by the heads), Transformer-XL's biases a and u, a score bias
+    table B (T5's, Kerple's) and FoX's gate parts hi and lo at once (lo carries no gradient)."""
     g = torch.Generator().manual_seed(seed)
 
-    def make(*shape):
-        return torch.randn(*shape, generator=g).requires_grad_(requires_grad)
+    def make(*shape, grad=requires_grad):
+        return torch.randn(*shape, generator=g).requires_grad_(grad)
 
     q, k, v = make(1, 2, 6, 8), make(1, 2, 7, 8), make(1, 2, 7, 8)
-    return q, k, v, make(5, 8), make(2, 8), make(2, 8), make(5, 8)
+    lo = make(1, 2, 7, grad=False) * 1e-6
+    return q, k, v, make(5, 8), make(2, 8), make(2, 8), make(5, 8), make(2, 5), -make(1, 2, 7).abs().cumsum(-1), lo
 
 
-def relpos64(q, k, v, key_table, query_bias, key_bias, value_table, offset, causal, scale):
-    """softmax(scale (q_i.k_j + (q_i + a).E[r] + u.k_j) + mask) (v_j + F[r]) in float64,
-    r = clamp(j - i + offset, 0, R - 1) (Shaw et al. 2018, eqs. 3-5; Dai et al. 2019, A^rel)."""
-    q, k, v, e, a, u, f = (t.double() for t in (q, k, v, key_table, query_bias, key_bias, value_table))
+def relpos64(q, k, v, key_table, query_bias, key_bias, value_table, bias_table, gate_hi, gate_lo, offset, causal,
+             scale):
+    """softmax(scale (q_i.k_j + (q_i + a).E[r] + u.k_j) + B[h, r] + c_i' - c_j + mask) (v_j + F[r])
+    in float64, r = clamp(j - i + offset, 0, R - 1), c = hi + lo, i' = i + Tk - Tq (Shaw et al.
+    2018, eqs. 3-5; Dai et al. 2019, A^rel; a T5-style bias table; Lin et al. 2025, eq. 6)."""
+    q, k, v, e, a, u, f, bias, hi, lo = (t.double() for t in (q, k, v, key_table, query_bias, key_bias, value_table,
+                                                              bias_table, gate_hi, gate_lo))
     tq, tk = q.shape[2], k.shape[2]
     r = (torch.arange(tk) - torch.arange(tq).unsqueeze(-1) + offset).clamp(0, e.shape[0] - 1)  # (Tq, Tk)
     logits = q @ k.transpose(-2, -1) + ((q + a[:, None]).unsqueeze(-2) * e[r]).sum(-1) + (k * u[:, None]).sum(-1)[:, :, None]
-    logits = scale * logits
+    c = hi + lo
+    logits = scale * logits + bias[:, r] + c[..., tk - tq:, None] - c[..., None, :]
     if causal:
         logits = logits.masked_fill(torch.arange(tk) > torch.arange(tq).unsqueeze(-1) + tk - tq, float("-inf"))
     p = torch.softmax(logits, -1)
     return p @ v + (p.unsqueeze(-1) * f[r]).sum(-2)
+
+
+def differentiable(tensors):
+    return [t for t in tensors if t.requires_grad]
 
 
 RELPOS_OPTIONS = (2, True, 0.3)  # offset, causal, scale
@@ -128,7 +138,9 @@ def test_opcheck_fire():
 
 def test_opcheck_relpos_forward_and_backward():
     opcheck(torch.ops.posenc.relpos_attention_cpu.default, (*relpos_inputs(), *RELPOS_OPTIONS))
-    opcheck(torch.ops.posenc.relpos_attention_cpu.default, (*relpos_inputs()[:4], None, None, None, *RELPOS_OPTIONS))
+    opcheck(torch.ops.posenc.relpos_attention_cpu.default, (*relpos_inputs()[:4], *[None] * 6, *RELPOS_OPTIONS))
+    opcheck(torch.ops.posenc.relpos_attention_cpu.default, (*relpos_inputs()[:3], *[None] * 4, *relpos_inputs()[7:],
+                                                            *RELPOS_OPTIONS))
     q, k, v, *tables = relpos_inputs(requires_grad=False)
     out, lse = torch.ops.posenc.relpos_attention_cpu(q, k, v, *tables, *RELPOS_OPTIONS)
     opcheck(torch.ops.posenc.relpos_attention_cpu_backward.default,
@@ -186,12 +198,12 @@ def test_compile_traces_relpos_forward_and_backward_without_a_graph_break():
     fn = torch.compile(lambda *a: torch.ops.posenc.relpos_attention_cpu(*a)[0].square().sum(), fullgraph=True,
                        backend=recorder)
     loss = fn(*inputs, *RELPOS_OPTIONS)
-    grads = torch.autograd.grad(loss, inputs)
+    grads = torch.autograd.grad(loss, differentiable(inputs))
     assert any("posenc.relpos_attention_cpu" in t for t in recorder.targets)
-    leaves = [t.detach().double().requires_grad_() for t in inputs]
+    leaves = [t.detach().double().requires_grad_(t.requires_grad) for t in inputs]
     ref = relpos64(*leaves, *RELPOS_OPTIONS).square().sum()
     torch.testing.assert_close(loss.double(), ref, rtol=2e-5, atol=2e-5)
-    for got, want in zip(grads, torch.autograd.grad(ref, leaves)):
+    for got, want in zip(grads, torch.autograd.grad(ref, differentiable(leaves))):
         torch.testing.assert_close(got.double(), want, rtol=2e-4, atol=2e-5)
 
 
@@ -213,11 +225,11 @@ def test_inductor_compiles_a_call_of_each_operator():
     inputs = relpos_inputs(seed=3)
     loss = torch.compile(lambda *a: torch.ops.posenc.relpos_attention_cpu(*a)[0].square().sum(),
                          fullgraph=True)(*inputs, *RELPOS_OPTIONS)
-    grads = torch.autograd.grad(loss, inputs)
-    leaves = [t.detach().double().requires_grad_() for t in inputs]
+    grads = torch.autograd.grad(loss, differentiable(inputs))
+    leaves = [t.detach().double().requires_grad_(t.requires_grad) for t in inputs]
     ref = relpos64(*leaves, *RELPOS_OPTIONS).square().sum()
     torch.testing.assert_close(loss.double(), ref, rtol=2e-5, atol=2e-5)
-    for got, want in zip(grads, torch.autograd.grad(ref, leaves)):
+    for got, want in zip(grads, torch.autograd.grad(ref, differentiable(leaves))):
         torch.testing.assert_close(got.double(), want, rtol=2e-4, atol=2e-5)
 
 
@@ -255,7 +267,7 @@ def test_profiler_names_the_fire_operator():
 
 
 def test_profiler_names_the_relpos_operators_forward_and_backward():
-    q, k, v, e, a, u, f = relpos_inputs()
+    q, k, v, e, a, u, f, *_ = relpos_inputs()
 
     def step():
         out = relpos_cpu.attention(q, k, v, key_table=e, query_bias=a, key_bias=u, value_table=f, offset=2,
@@ -279,13 +291,17 @@ def test_operator_names_the_argument_it_cannot_take():
         torch.ops.posenc.fire_attention_cpu(*(t[..., :16] for t in inputs[:3]), *inputs[3:], *FIRE_OPTIONS)
     with pytest.raises(InvalidArgument, match="den must have Tq = 10 entries"):
         torch.ops.posenc.fire_attention_cpu(*inputs[:4], inputs[4][:9], *inputs[5:], *FIRE_OPTIONS)
-    q, k, v, e, a, u, f = relpos_inputs(requires_grad=False)
-    with pytest.raises(InvalidArgument, match="value_table \\(R, 8\\) with the key table's R"):
-        torch.ops.posenc.relpos_attention_cpu(q, k, v, e, a, u, f[:4], *RELPOS_OPTIONS)
+    q, k, v, e, a, u, f, bias, hi, lo = relpos_inputs(requires_grad=False)
+    with pytest.raises(InvalidArgument, match="value_table \\(R, 8\\), bias_table \\(2, R\\) with one R"):
+        torch.ops.posenc.relpos_attention_cpu(q, k, v, e, a, u, f[:4], bias, hi, lo, *RELPOS_OPTIONS)
+    with pytest.raises(InvalidArgument, match="with one R"):
+        torch.ops.posenc.relpos_attention_cpu(q, k, v, e, a, u, f, bias[:, :4], hi, lo, *RELPOS_OPTIONS)
+    with pytest.raises(InvalidArgument, match="gate_hi and gate_lo both \\(1, 2, 7\\) or both None"):
+        torch.ops.posenc.relpos_attention_cpu(q, k, v, e, a, u, f, bias, hi, None, *RELPOS_OPTIONS)
     with pytest.raises(InvalidArgument, match="k, v \\(B, H, Tk, D\\)"):
-        torch.ops.posenc.relpos_attention_cpu(q, k, v[:, :1], e, a, u, f, *RELPOS_OPTIONS)
+        torch.ops.posenc.relpos_attention_cpu(q, k, v[:, :1], e, a, u, f, bias, hi, lo, *RELPOS_OPTIONS)
     with pytest.raises(InvalidArgument, match="one dtype"):
-        torch.ops.posenc.relpos_attention_cpu(q, k, v, e.double(), a, u, f, *RELPOS_OPTIONS)
+        torch.ops.posenc.relpos_attention_cpu(q, k, v, e.double(), a, u, f, bias, hi, lo, *RELPOS_OPTIONS)
 
 
 @pytest.mark.parametrize("name", list(BUILDS))

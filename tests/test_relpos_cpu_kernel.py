@@ -42,13 +42,16 @@ def kernel_calls(monkeypatch):
     return calls
 
 
-def formula64(q, k, v, key_table, query_bias, key_bias, value_table, offset, causal, scale):
-    """softmax(scale (q_i.k_j + (q_i + a).E[r] + u.k_j) + mask) @ (v_j + F[r]) in float64, with an
-    explicit loop over the (i, j) pairs for r = clamp(j - i + offset, 0, R - 1)."""
+def formula64(q, k, v, key_table, query_bias, key_bias, value_table, bias_table, gate_hi, gate_lo, offset, causal,
+              scale):
+    """softmax(scale (q_i.k_j + (q_i + a).E[r] + u.k_j) + B[h, r] + c_i' - c_j + mask) @ (v_j + F[r])
+    in float64, with an explicit loop over the (i, j) pairs for r = clamp(j - i + offset, 0, R - 1),
+    c = hi + lo, i' = i + Tk - Tq (the query's own key)."""
     q, k, v = q.double(), k.double(), v.double()
     batch, heads, num_queries, _ = q.shape
     num_keys = k.shape[2]
-    width = (key_table if key_table is not None else value_table).shape[-2]
+    width = next((t.shape[-2] for t in (key_table, value_table) if t is not None), None)
+    width = width or (bias_table.shape[-1] if bias_table is not None else 1)
     logits = torch.zeros(batch, heads, num_queries, num_keys, dtype=torch.float64)
     extra = [[None] * num_keys for _ in range(num_queries)]
     for i in range(num_queries):
@@ -63,6 +66,12 @@ def formula64(q, k, v, key_table, query_bias, key_bias, value_table, offset, cau
             if key_bias is not None:
                 z = z + (k[:, :, j] * key_bias.double()).sum(-1)
             logits[:, :, i, j] = z * scale
+            if bias_table is not None:
+                logits[:, :, i, j] += bias_table.double()[:, r]
+            own = i + num_keys - num_queries
+            if gate_hi is not None and 0 <= own < num_keys:
+                c = gate_hi.double() + gate_lo.double()
+                logits[:, :, i, j] += c[:, :, own] - c[:, :, j]
             extra[i][j] = value_table.double()[r] if value_table is not None else None
     if causal:
         hidden = torch.arange(num_keys)[None, :] > torch.arange(num_queries)[:, None] + num_keys - num_queries
@@ -79,8 +88,8 @@ def formula64(q, k, v, key_table, query_bias, key_bias, value_table, offset, cau
 def inputs(kind, batch, heads, num_queries, num_keys, dim, width, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
 
-    def make(*shape):
-        return torch.randn(*shape, generator=g, dtype=dtype).requires_grad_()
+    def make(*shape, grad=True):
+        return torch.randn(*shape, generator=g, dtype=dtype).requires_grad_(grad)
 
     q, k, v = make(batch, heads, num_queries, dim), make(batch, heads, num_keys, dim), make(batch, heads, num_keys, dim)
     tables = {}
@@ -90,7 +99,16 @@ def inputs(kind, batch, heads, num_queries, num_keys, dim, width, dtype, seed=0)
         tables.update(query_bias=make(heads, dim), key_bias=make(heads, dim))
     if kind == "txl":
         tables["key_table"] = make(heads, width, dim)
+    if kind in ("bias", "all"):
+        tables["bias_table"] = make(heads, width)
+    if kind in ("gate", "all"):
+        # FoX's cumulative log gates (decreasing) and a low part of their rounding's size
+        tables["gate_hi"] = (-make(batch, heads, num_keys, grad=False).abs().cumsum(-1)).requires_grad_()
+        tables["gate_lo"] = make(batch, heads, num_keys, grad=False) * 1e-7
     return q, k, v, tables
+
+
+NAMES = ("key_table", "query_bias", "key_bias", "value_table", "bias_table", "gate_hi", "gate_lo")
 
 
 CASES = [
@@ -102,6 +120,10 @@ CASES = [
     ("txl", 1, 2, 6, 9, 32, 14, 5, False),      # Tq + Tk - 1 distances
     ("all", 2, 2, 17, 17, 16, 9, 4, True),      # every table at once
     ("shaw", 1, 2, 6, 3, 16, 5, 2, True),       # Tq > Tk: the first rows see no key
+    ("bias", 2, 3, 20, 20, 16, 13, 6, True),    # T5: a bias per head and clipped distance
+    ("bias", 1, 2, 5, 9, 8, 13, 8, False),      # every distance (Tq + Tk - 1), bidirectional
+    ("gate", 2, 2, 19, 19, 16, 1, 0, True),     # FoX
+    ("gate", 1, 3, 4, 11, 16, 1, 0, True),      # FoX after a cache: the query's own key is i + 7
 ]
 
 
@@ -112,19 +134,18 @@ def test_outputs_and_gradients_match_the_float64_formula(dtype, kind, batch, hea
     q, k, v, tables = inputs(kind, batch, heads, nq, nk, dim, width, dtype)
     scale = 0.3
     out = relpos_cpu.attention(q, k, v, **tables, offset=offset, causal=causal, scale=scale)
-    names = ("key_table", "query_bias", "key_bias", "value_table")
-    ref = formula64(q, k, v, *(tables.get(n) for n in names), offset, causal, scale)
+    ref = formula64(q, k, v, *(tables.get(n) for n in NAMES), offset, causal, scale)
     tol = {"atol": 1e-10, "rtol": 1e-10} if dtype == torch.float64 else {"atol": 2e-5, "rtol": 2e-5}
     torch.testing.assert_close(out.double(), ref, **tol)
     grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
-    leaves = [q, k, v, *tables.values()]
+    leaves = [q, k, v, *(t for t in tables.values() if t.requires_grad)]
     got = torch.autograd.grad(out, leaves, grad.to(dtype))
     want = torch.autograd.grad(ref, leaves, grad)
     for g_kernel, g_ref in zip(got, want):
         torch.testing.assert_close(g_kernel.double(), g_ref.double(), **tol)
 
 
-@pytest.mark.parametrize("kind", ["shaw", "txl", "all"])
+@pytest.mark.parametrize("kind", ["shaw", "txl", "bias", "gate", "all"])
 def test_gradcheck(kind):
     q, k, v, tables = inputs(kind, 2, 2, 5, 6, 4, 6, torch.float64, seed=3)
     names = list(tables)
@@ -133,6 +154,22 @@ def test_gradcheck(kind):
         return relpos_cpu.attention(q, k, v, **dict(zip(names, values)), offset=3, causal=True, scale=0.5)
 
     assert torch.autograd.gradcheck(fn, (q, k, v, *tables.values()))
+
+
+@pytest.mark.parametrize("wrong", ["bias rows reversed", "gate sign"])
+def test_the_formula_check_fails_on_a_wrong_term(wrong):
+    """The comparison above can fail: a bias table read the other way round, or the gate's sign
+    flipped, are far off. (The query's own gate c_i' is constant along its row: the softmax
+    cancels it, and only the float64 gradients above check it.)"""
+    kind = "bias" if wrong.startswith("bias") else "gate"
+    q, k, v, tables = inputs(kind, 1, 2, 4, 11, 16, 13, torch.float64)
+    out = relpos_cpu.attention(q, k, v, **tables, offset=8, causal=True, scale=0.3)
+    args = [tables.get(n) for n in NAMES]
+    if wrong == "bias rows reversed":
+        args[4] = args[4].flip(-1)
+    else:
+        args[5], args[6] = -args[5], -args[6]
+    assert (out - formula64(q, k, v, *args, 8, True, 0.3)).abs().max() > 1e-2
 
 
 def strided_qkv(batch, heads, length, dim, seed):
@@ -229,7 +266,7 @@ def test_several_threads_give_the_one_thread_result():
     q, k, v, tables = inputs("all", 16, 4, 64, 64, 16, 33, torch.float32, seed=6)
     assert 16 * 4 * 64 * 64 >= relpos_cpu._PARALLEL_MIN_ENTRIES
     grad = torch.randn(16, 4, 64, 16, generator=torch.Generator().manual_seed(7))
-    leaves = [q, k, v, *tables.values()]
+    leaves = [q, k, v, *(t for t in tables.values() if t.requires_grad)]
     results = []
     threads = torch.get_num_threads()
     for n in (1, 3):

@@ -13,6 +13,14 @@
 // head), a and u (D,) per head (Transformer-XL's r_r_bias and r_w_bias; Shaw: none), F (R, D)
 // the value table shared by the heads (Shaw's w^V; Transformer-XL: none). The backward returns
 // dq, dk, dv and adds the gradients of E, a, u and F into one buffer per thread.
+//
+// Two terms added after the scale (the score biases of T5, Kerple, ALiBi and FoX, whose
+// training would otherwise keep every tile of the bias's autograd):
+//   scale * z_ij + B[r(i, j)] + (hi_i' - hi_j + lo_i') - lo_j,      i' = i + Tk - Tq (the query's own key)
+// B (H, R): a scalar per head and table row (a bias as a function of the clipped distance);
+// hi, lo (B, H, Tk): FoX's cumulative log forget gates in two float parts (the difference of
+// the high parts is exact near the diagonal, and the low parts restore what one float would
+// lose). Their gradients: B's per table row, hi's per key (lo carries none).
 // Compiled at first use by posenc.kernels.relpos_cpu (torch.utils.cpp_extension, -O3
 // -march=native) and called through ctypes: this file includes no torch header.
 
@@ -191,13 +199,16 @@ struct Tables {
     const T* query_bias;   // a: (H, D)
     const T* key_bias;     // u: (H, D)
     const T* value;        // F: (R, D)
+    const T* bias;         // B: (H, R), added after the scale
+    const T* gate_hi;      // hi, lo: (B, H, Tk)
+    const T* gate_lo;
 };
 
 // Their gradients, added into one buffer: E's (its shape), then a's and u's (H, D) where present,
 // then F's (R, D).
 template <class T>
 struct TableGrads {
-    T *key, *query_bias, *key_bias, *value;
+    T *key, *query_bias, *key_bias, *value, *bias, *gate;
 };
 
 // Where row i's keys fall in rel's columns: j < lo read column 0, lo <= j < hi column j + off,
@@ -360,15 +371,65 @@ struct Kernel {
         last = clip(g.n - 1 + g.off, R);
     }
 
+    // The terms added after the scale for one (b, h): B's row of the head, the gates' parts
+    // (copied with zeros past Tk, so that whole chunks load) and query i's own.
+    struct After {
+        const T* bias;
+        const T* hi;
+        const T* lo;
+        T hi_q, lo_q;
+    };
+
+    inline After after_terms(const Tables<T>& tab, int64_t h, const T* hi, const T* lo, int64_t i) const {
+        After a{tab.bias != nullptr ? tab.bias + h * R : nullptr, nullptr, nullptr, T(0), T(0)};
+        if (tab.gate_hi != nullptr) {
+            const int64_t own = i + Tk - Tq;
+            a.hi = hi;
+            a.lo = lo;
+            a.hi_q = own >= 0 && own < Tk ? hi[own] : T(0);
+            a.lo_q = own >= 0 && own < Tk ? lo[own] : T(0);
+        }
+        return a;
+    }
+
     // s holds q_i . k_j on entry (rows_times_columns).
-    inline void logits(T* s, const T* rel_row, const T* colp, const Segments& g, int64_t np) const {
+    inline void logits(T* s, const T* rel_row, const T* colp, const Segments& g, int64_t np, const After& a) const {
         const VT<T> lane = iota<T>();
         for (int64_t c = 0; c < np; c += W) {
             VT<T> acc = load(s + c);
             if (rel_row != nullptr) acc += gather(rel_row, c, g);
             if (colp != nullptr) acc += load(colp + c);
-            store(s + c, lane < static_cast<T>(g.n - c) ? acc * scale : splat(-std::numeric_limits<T>::infinity()));
+            acc *= scale;
+            if (a.bias != nullptr) acc += gather(a.bias, c, g);
+            // eager's order: (hi_i' - hi_j) + lo_i' - lo_j
+            if (a.hi != nullptr) acc += ((splat(a.hi_q) - load(a.hi + c)) + a.lo_q) - load(a.lo + c);
+            store(s + c, lane < static_cast<T>(g.n - c) ? acc : splat(-std::numeric_limits<T>::infinity()));
         }
+    }
+
+    // One slice's gate parts into padded buffers (zeros past Tk), or nulls without gates.
+    inline void gate_rows(const Tables<T>& tab, int64_t gi, T* hi, T* lo, int64_t Tkp, const T*& hip,
+                          const T*& lop) const {
+        hip = lop = nullptr;
+        if (tab.gate_hi == nullptr) return;
+        std::memset(hi, 0, sizeof(T) * Tkp);
+        std::memset(lo, 0, sizeof(T) * Tkp);
+        std::memcpy(hi, tab.gate_hi + gi * Tk, sizeof(T) * Tk);
+        std::memcpy(lo, tab.gate_lo + gi * Tk, sizeof(T) * Tk);
+        hip = hi;
+        lop = lo;
+    }
+
+    // tb[r(i, j)] += x[j] over row i's keys (x zero past them): the middle segment a chunk at a
+    // time, the clipped keys into the end rows.
+    inline void add_by_column(T* tb, const T* x, const Segments& g) const {
+        int64_t t = g.lo;
+        for (; t + W <= g.hi; t += W) store(tb + t + g.off, load(tb + t + g.off) + load(x + t));
+        for (; t < g.hi; ++t) tb[t + g.off] += x[t];
+        T first, last;
+        end_sums(x, g, first, last);
+        tb[0] += first;
+        tb[R - 1] += last;
     }
 
     // The chunk-aligned key columns [0, padded(n)) that query rows i0 .. i1 need (n grows with i).
@@ -489,11 +550,14 @@ struct Kernel {
         const int64_t d_n = dim(), Tkp = padded(Tk > 0 ? Tk : 1), Rp = padded(R);
         const bool rel = tab.key != nullptr;
         std::vector<T> kt_buf(d_n * Tkp), S_buf(Tq * Tkp), c_buf(Tkp), O_buf(Tq * d_n), REL_buf(rel ? Tq * Rp : 0),
-            X_buf(rel ? Tq * d_n : 0), m_buf(Tq > 0 ? Tq : 1), l_buf(Tq > 0 ? Tq : 1), Q_buf(Tq * d_n), V_buf(Tk * d_n);
+            X_buf(rel ? Tq * d_n : 0), m_buf(Tq > 0 ? Tq : 1), l_buf(Tq > 0 ? Tq : 1), Q_buf(Tq * d_n), V_buf(Tk * d_n),
+            hi_buf(tab.gate_hi != nullptr ? Tkp : 0), lo_buf(tab.gate_hi != nullptr ? Tkp : 0);
         const std::vector<T> et_all = transposed_tables(tab, H, Rp);
         T* kt = kt_buf.data();
         for (int64_t gi = g_begin; gi < g_end; ++gi) {
             const int64_t b = gi / H, h = gi % H;
+            const T *hi, *lo;
+            gate_rows(tab, gi, hi_buf.data(), lo_buf.data(), Tkp, hi, lo);
             const T* qb = copy_rows(Q_buf.data(), q + b * st->q[0] + h * st->q[1], st->q[2], Tq);
             const T* vb = copy_rows(V_buf.data(), v + b * st->v[0] + h * st->v[1], st->v[2], Tk);
             const T* et = tab.key != nullptr ? et_all.data() + (tab.key_per_head ? h * d_n * Rp : 0) : nullptr;
@@ -519,7 +583,7 @@ struct Kernel {
                     m_buf[i] = -std::numeric_limits<T>::infinity();
                     continue;
                 }
-                logits(s, rel ? REL_buf.data() + i * Rp : nullptr, colp, g, np);
+                logits(s, rel ? REL_buf.data() + i * Rp : nullptr, colp, g, np, after_terms(tab, h, hi, lo, i));
                 VT<T> mv = load(s);
                 for (int64_t c = W; c < np; c += W) {
                     const VT<T> xv = load(s + c);
@@ -574,13 +638,16 @@ struct Kernel {
                   T* dq, T* dk, T* dv, const TableGrads<T>& grads, int64_t H, int64_t g_begin, int64_t g_end) const {
         const Rows<T, DC> rows{D};
         const int64_t d_n = dim(), Tkp = padded(Tk > 0 ? Tk : 1), Rp = padded(R);
-        const bool rel = tab.key != nullptr, val = tab.value != nullptr;
+        const bool rel = tab.key != nullptr, val = tab.value != nullptr, gated = tab.gate_hi != nullptr;
+        const bool after = gated || tab.bias != nullptr;  // a term after the scale: its gradient is d loss / d (scale z)
         // P and S: a row per query (W entries of slack at the end, read by by_column); DR and PB:
         // a row of Rw = padded(R) + W per query (by_column's slack)
         const int64_t Rw = Rp + W;
         std::vector<T> kt_buf(d_n * Tkp), vt_buf(d_n * Tkp), P_buf(Tq * Tkp + W), S_buf(Tq * Tkp + W), dc_buf(Tkp),
             c_buf(Tkp), REL_buf(rel ? Tq * Rp : 0), GV_buf(val ? Tq * Rp : 0), dx_buf(d_n), X_buf(rel ? Tq * d_n : 0),
-            DR_buf(rel ? Tq * Rw : 0), PB_buf(val ? Tq * Rw : 0), ft_buf(val ? d_n * Rp : 0, T(0));
+            DR_buf(rel ? Tq * Rw : 0), PB_buf(val ? Tq * Rw : 0), ft_buf(val ? d_n * Rp : 0, T(0)),
+            hi_buf(gated ? Tkp : 0), lo_buf(gated ? Tkp : 0), gc_buf(gated ? Tkp : 0), GR_buf(after ? Tkp : 0),
+            rs_buf(gated ? (Tq > 0 ? Tq : 1) : 0);
         const std::vector<T> et_all = transposed_tables(tab, H, Rp);
         T* kt = kt_buf.data();
         T* vt = vt_buf.data();
@@ -605,6 +672,10 @@ struct Kernel {
             const T* ob = out + b * st->out[0] + h * st->out[1];
             const T* dob = copy_rows(G_buf.data(), dout + b * st->dout[0] + h * st->dout[1], st->dout[2], Tq);
             const T* lb = lse + gi * Tq;
+            const T *hi, *lo;
+            gate_rows(tab, gi, hi_buf.data(), lo_buf.data(), Tkp, hi, lo);
+            if (gated) std::memset(gc_buf.data(), 0, sizeof(T) * Tkp);
+            T* gb = tab.bias != nullptr ? grads.bias + h * R : nullptr;
             const int64_t eh = tab.key_per_head ? h : 0;
             const T* et = rel ? et_all.data() + eh * d_n * Rp : nullptr;
             const T* E = rel ? tab.key + eh * R * d_n : nullptr;
@@ -635,13 +706,14 @@ struct Kernel {
                 T* ds = S + i * Tkp;
                 const int64_t np = padded(block_keys(i));
                 std::memset(dqo, 0, sizeof(T) * d_n);
+                if (gated) rs_buf[i] = T(0);
                 if (g.n == 0) {
                     for (int64_t c = 0; c < np; c += W) store(ds + c, VT<T>{});
                     continue;
                 }
                 int64_t first_col, last_col;
                 columns(g, first_col, last_col);
-                logits(p, rel ? REL_buf.data() + i * Rp : nullptr, colp, g, np);
+                logits(p, rel ? REL_buf.data() + i * Rp : nullptr, colp, g, np, after_terms(tab, h, hi, lo, i));
                 const T li = lb[i];
                 for (int64_t c = 0; c < np; c += W) store(p + c, exp_nonpositive(load(p + c) - li));
                 // delta_i = sum_j p_ij dp_ij = dO_i . O_i
@@ -650,10 +722,23 @@ struct Kernel {
                 for (int64_t c = 0; c < np; c += W) {
                     VT<T> acc = load(ds + c);  // dO_i . v_j
                     if (val) acc += gather(gv, c, g);
-                    // d loss / d z_ij; 0 on the padding (p = 0)
-                    const VT<T> dsv = load(p + c) * (acc - delta) * scale;
+                    // d loss / d (scale z_ij), then d loss / d z_ij; 0 on the padding (p = 0)
+                    const VT<T> dav = load(p + c) * (acc - delta);
+                    const VT<T> dsv = dav * scale;
+                    if (after) store(GR_buf.data() + c, dav);
                     store(ds + c, dsv);
                     store(dc + c, load(dc + c) + dsv);
+                }
+                if (gb != nullptr) add_by_column(gb, GR_buf.data(), g);
+                if (gated) {
+                    // hi_j's gradient: minus its column's sum; plus the row's sum at the query's own key
+                    VT<T> rs{};
+                    for (int64_t c = 0; c < np; c += W) {
+                        const VT<T> x = load(GR_buf.data() + c);
+                        store(gc_buf.data() + c, load(gc_buf.data() + c) + x);
+                        rs += x;
+                    }
+                    rs_buf[i] = hsum<T>(rs);
                 }
                 if (np + W <= Tkp) {
                     // a chunk of zeros past the block's keys: the four-key blocks down the columns read it
@@ -709,6 +794,12 @@ struct Kernel {
                 }
                 if (t1 < t0) t1 = t0;
             };
+            if (gated) {
+                T* dg = grads.gate + gi * Tk;
+                for (int64_t j = 0; j < Tk; ++j) dg[j] -= gc_buf[j];
+                for (int64_t i = 0; i < Tq; ++i)
+                    if (i + Tk - Tq >= 0 && i + Tk - Tq < Tk) dg[i + Tk - Tq] += rs_buf[i];
+            }
             if (rel) rows.add_products(grads.key + eh * R * d_n, d_n, DR, 1, Rw, X, d_n, R, reaching);
             if (val) rows.add_products(grads.value, d_n, PB, 1, Rw, dob, dos, R, reaching);
         }
@@ -743,17 +834,19 @@ extern "C" {
 // dtype 0: float32, 1: float64. q (B, H, Tq, D), k and v (B, H, Tk, D), rows contiguous, strides
 // (b, h, t) in `strides` (the Strides struct: q, k, v, out, dout, dq, dk, dv, 24 int64 in
 // elements). key_table E (R, D), or (H, R, D) when key_per_head; query_bias a and key_bias u
-// (H, D); value_table F (R, D): contiguous, each may be null. out (B, H, Tq, D) and lse
+// (H, D); value_table F (R, D); bias_table B (H, R); gate_hi and gate_lo (B, H, Tk) (both or
+// neither): contiguous, each may be null. out (B, H, Tq, D) and lse
 // (B H Tq,) are written. Handles the (b, h) slices g in [g_begin, g_end), g = b H + h.
 // Returns 0, or -1 for an unknown dtype.
 int posenc_relpos_forward(int dtype, int64_t H, int64_t Tq, int64_t Tk, int64_t D, int64_t R, int64_t offset,
                           int causal, double scale, const void* q, const void* k, const void* v, const void* key_table,
                           int key_per_head, const void* query_bias, const void* key_bias, const void* value_table,
-                          void* out, void* lse, const int64_t* strides, int64_t g_begin, int64_t g_end) {
+                          const void* bias_table, const void* gate_hi, const void* gate_lo, void* out, void* lse, const int64_t* strides, int64_t g_begin, int64_t g_end) {
     const Strides* st = reinterpret_cast<const Strides*>(strides);
 #define POSENC_TABLES(T)                                                                                        \
     Tables<T> tab{static_cast<const T*>(key_table), key_per_head != 0, static_cast<const T*>(query_bias),     \
-                  static_cast<const T*>(key_bias), static_cast<const T*>(value_table)}
+                  static_cast<const T*>(key_bias), static_cast<const T*>(value_table),                  \
+                  static_cast<const T*>(bias_table), static_cast<const T*>(gate_hi), static_cast<const T*>(gate_lo)}
     if (dtype == 0) {
         using T = float;
         POSENC_TABLES(T);
@@ -773,22 +866,25 @@ int posenc_relpos_forward(int dtype, int64_t H, int64_t Tq, int64_t Tk, int64_t 
 
 // The backward of posenc_relpos_forward: dq, dk, dv (shapes of q, k, v) written; the tables'
 // gradients added into `grads` (the caller zeroes it; one buffer per thread), laid out as the
-// present tables one after the other: E's (its shape), a's (H, D), u's (H, D), F's (R, D).
+// present tables one after the other: E's (its shape), a's (H, D), u's (H, D), F's (R, D), B's
+// (H, R), hi's (B, H, Tk) (each (b, h) slice adds into its own row only).
 // out and lse: the forward's; dout: the gradient of out.
 int posenc_relpos_backward(int dtype, int64_t H, int64_t Tq, int64_t Tk, int64_t D, int64_t R, int64_t offset,
                            int causal, double scale, const void* q, const void* k, const void* v, const void* key_table,
                            int key_per_head, const void* query_bias, const void* key_bias, const void* value_table,
-                           const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
+                           const void* bias_table, const void* gate_hi, const void* gate_lo, const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
                            void* grads, const int64_t* strides, int64_t g_begin, int64_t g_end) {
     const Strides* st = reinterpret_cast<const Strides*>(strides);
 #define POSENC_GRADS(T)                                                                                         \
-    TableGrads<T> tg{nullptr, nullptr, nullptr, nullptr};                                                      \
+    TableGrads<T> tg{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};                                    \
     {                                                                                                            \
         T* next = static_cast<T*>(grads);                                                                        \
         if (key_table != nullptr) { tg.key = next; next += (key_per_head ? H : 1) * R * D; }                     \
         if (query_bias != nullptr) { tg.query_bias = next; next += H * D; }                                      \
         if (key_bias != nullptr) { tg.key_bias = next; next += H * D; }                                          \
-        if (value_table != nullptr) { tg.value = next; }                                                         \
+        if (value_table != nullptr) { tg.value = next; next += R * D; }                                         \
+        if (bias_table != nullptr) { tg.bias = next; next += H * R; }                                            \
+        if (gate_hi != nullptr) { tg.gate = next; }                                                              \
     }
 #define POSENC_BACKWARD_ARGS(T)                                                                                 \
     static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), tab,                          \

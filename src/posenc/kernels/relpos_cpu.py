@@ -75,7 +75,7 @@ def is_built() -> bool:
 def _declare(lib: ctypes.CDLL) -> None:
     i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     head = [c_int, i64, i64, i64, i64, i64, i64, c_int, ctypes.c_double]
-    tables = [ptr, ptr, ptr, ptr, c_int, ptr, ptr, ptr]  # q, k, v, E, E per head, a, u, F
+    tables = [ptr, ptr, ptr, ptr, c_int, ptr, ptr, ptr, ptr, ptr, ptr]  # q, k, v, E, E per head, a, u, F, B, hi, lo
     lib.posenc_relpos_forward.argtypes = head + tables + [ptr, ptr, ptr, i64, i64]
     lib.posenc_relpos_forward.restype = c_int
     lib.posenc_relpos_backward.argtypes = head + tables + [ptr] * 7 + [ptr, i64, i64]
@@ -176,28 +176,37 @@ def _require_lib(name: str) -> ctypes.CDLL:
     return _lib
 
 
+def _width(tables: list[Tensor | None]) -> int:
+    """R, the table rows: E's (R, D) or (H, R, D), else F's (R, D), else B's (H, R); 1 without a table."""
+    key_table, _, _, value_table, bias_table = tables[:5]
+    if key_table is not None:
+        return key_table.shape[-2]
+    if value_table is not None:
+        return value_table.shape[0]
+    return bias_table.shape[-1] if bias_table is not None else 1
+
+
 def _common(q: Tensor, k: Tensor, v: Tensor, tables: list[Tensor | None], offset: int, causal: bool,
             scale: float) -> tuple:
     """The arguments both entry points start with: sizes, switches and the inputs' pointers."""
     _, heads, num_queries, dim = q.shape
-    width = tables[0].shape[-2] if tables[0] is not None else (tables[3].shape[0] if tables[3] is not None else 1)
-    head = (_DTYPE_CODES[q.dtype], heads, num_queries, k.shape[2], dim, width, offset, int(causal), scale)
+    head = (_DTYPE_CODES[q.dtype], heads, num_queries, k.shape[2], dim, _width(tables), offset, int(causal), scale)
     return (head + (_ptr(q), _ptr(k), _ptr(v), _ptr(tables[0]), int(tables[0] is not None and tables[0].dim() == 3))
             + tuple(_ptr(t) for t in tables[1:]))
 
 
-def _inputs(q, k, v, key_table, query_bias, key_bias, value_table):
+def _inputs(q, k, v, *tables):
     """q, k, v with their last dimension contiguous and the tables contiguous (the kernel's layout)."""
     q, k, v = _last_contiguous(q), _last_contiguous(k), _last_contiguous(v)
-    tables = [t.contiguous() if t is not None else None for t in (key_table, query_bias, key_bias, value_table)]
-    return q, k, v, tables
+    return q, k, v, [t.contiguous() if t is not None else None for t in tables]
 
 
 def _check(name: str, q: Tensor, k: Tensor, v: Tensor, tables: list[Tensor | None], *per_query: Tensor) -> None:
     """Raise unless the shapes and dtypes are the ones the kernel trusts (the operators are public:
     a wrong shape must not reach the C++): q (B, H, Tq, D), k and v (B, H, Tk, D), E (R, D) or
-    (H, R, D), a and u (H, D), F (R, D), ``per_query`` tensors of q's shape (out, grad_out),
-    all CPU tensors of one dtype, float32 or float64."""
+    (H, R, D), a and u (H, D), F (R, D), B (H, R), hi and lo (B, H, Tk) (both or neither),
+    ``per_query`` tensors of q's shape (out, grad_out), all CPU tensors of one dtype, float32 or
+    float64."""
     tensors = [q, k, v, *per_query, *(t for t in tables if t is not None)]
     if q.dtype not in _DTYPE_CODES or any(t.dtype != q.dtype or t.device.type != "cpu" for t in tensors):
         raise InvalidArgument(f"posenc::{name}: q, k, v and the tables must be CPU tensors of one dtype, float32 or "
@@ -207,23 +216,30 @@ def _check(name: str, q: Tensor, k: Tensor, v: Tensor, tables: list[Tensor | Non
         raise InvalidArgument(f"posenc::{name}: q must be (B, H, Tq, D) and k, v (B, H, Tk, D), got "
                               f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     heads, dim = q.shape[1], q.shape[3]
-    key_table, query_bias, key_bias, value_table = tables
+    key_table, query_bias, key_bias, value_table, bias_table, gate_hi, gate_lo = tables
     widths = {t.shape[-2] for t in (key_table, value_table) if t is not None}
+    widths |= {bias_table.shape[-1]} if bias_table is not None else set()
+    gates = (q.shape[0], heads, k.shape[2])
     shapes_ok = (len(widths) <= 1 and all(t is None or t.shape == (heads, dim) for t in (query_bias, key_bias))
                  and (key_table is None or key_table.shape[-1:] == (dim,) and key_table.dim() in (2, 3)
                       and (key_table.dim() == 2 or key_table.shape[0] == heads))
-                 and (value_table is None or value_table.dim() == 2 and value_table.shape[-1] == dim))
+                 and (value_table is None or value_table.dim() == 2 and value_table.shape[-1] == dim)
+                 and (bias_table is None or bias_table.dim() == 2 and bias_table.shape[0] == heads)
+                 and (gate_hi is None) == (gate_lo is None)
+                 and all(t is None or t.shape == gates for t in (gate_hi, gate_lo)))
     if not shapes_ok:
         got = ", ".join(str(tuple(t.shape)) if t is not None else "None" for t in tables)
         raise InvalidArgument(f"posenc::{name}: key_table must be (R, {dim}) or ({heads}, R, {dim}), query_bias and "
-                              f"key_bias ({heads}, {dim}), value_table (R, {dim}) with the key table's R; got {got}")
+                              f"key_bias ({heads}, {dim}), value_table (R, {dim}), bias_table ({heads}, R) with one R, "
+                              f"gate_hi and gate_lo both {gates} or both None; got {got}")
 
 
-def _forward(q, k, v, key_table, query_bias, key_bias, value_table, offset, causal, scale):
+def _forward(q, k, v, *tables_and_options):
     """``posenc::relpos_attention_cpu`` on CPU tensors: (out, lse)."""
     lib = _require_lib("relpos_attention_cpu")
-    _check("relpos_attention_cpu", q, k, v, [key_table, query_bias, key_bias, value_table])
-    q, k, v, tables = _inputs(q, k, v, key_table, query_bias, key_bias, value_table)
+    tables, (offset, causal, scale) = list(tables_and_options[:7]), tables_and_options[7:]
+    _check("relpos_attention_cpu", q, k, v, tables)
+    q, k, v, tables = _inputs(q, k, v, *tables)
     batch, heads, num_queries = q.shape[:3]
     out = _dense_like(q)  # q's layout: for the LM's (B, T, H, D) projection, the reshape after is free
     lse = q.new_empty(batch, heads, num_queries)
@@ -235,20 +251,22 @@ def _forward(q, k, v, key_table, query_bias, key_bias, value_table, offset, caus
     return out, lse
 
 
-def _forward_fake(q, k, v, key_table, query_bias, key_bias, value_table, offset, causal, scale):
+def _forward_fake(q, k, v, *tables_and_options):
     q = _last_contiguous(q)  # the layout _forward's out follows
     return _dense_like(q), q.new_empty(q.shape[:3])
 
 
-def _backward(grad_out, q, k, v, out, lse, key_table, query_bias, key_bias, value_table, offset, causal, scale):
-    """``posenc::relpos_attention_cpu_backward`` on CPU tensors: dq, dk, dv and the four tables'
-    gradients flattened one after the other into one vector (the present tables only)."""
+def _backward(grad_out, q, k, v, out, lse, *tables_and_options):
+    """``posenc::relpos_attention_cpu_backward`` on CPU tensors: dq, dk, dv and the tables'
+    gradients flattened one after the other into one vector (the present tables only; the
+    gates' one, hi's: lo carries none)."""
     lib = _require_lib("relpos_attention_cpu_backward")
-    _check("relpos_attention_cpu_backward", q, k, v, [key_table, query_bias, key_bias, value_table], out, grad_out)
+    tables, (offset, causal, scale) = list(tables_and_options[:7]), tables_and_options[7:]
+    _check("relpos_attention_cpu_backward", q, k, v, tables, out, grad_out)
     if lse.shape != q.shape[:3] or lse.dtype != q.dtype:
         raise InvalidArgument(f"posenc::relpos_attention_cpu_backward: lse must be (B, H, Tq) = {tuple(q.shape[:3])} "
                               f"of q's dtype, got {tuple(lse.shape)} {lse.dtype}")
-    q, k, v, tables = _inputs(q, k, v, key_table, query_bias, key_bias, value_table)
+    q, k, v, tables = _inputs(q, k, v, *tables)
     grad_out = _last_contiguous(grad_out)
     dq, dk, dv = _dense_like(q), _dense_like(k), _dense_like(v)
     batch, heads, num_queries = q.shape[:3]
@@ -262,19 +280,20 @@ def _backward(grad_out, q, k, v, out, lse, key_table, query_bias, key_bias, valu
     return dq, dk, dv, grads.sum(0) if threads > 1 else grads[0]
 
 
-def _backward_fake(grad_out, q, k, v, out, lse, key_table, query_bias, key_bias, value_table, offset, causal, scale):
-    q, k, v, tables = _inputs(q, k, v, key_table, query_bias, key_bias, value_table)  # the layouts _backward's follow
+def _backward_fake(grad_out, q, k, v, out, lse, *tables_and_options):
+    q, k, v, tables = _inputs(q, k, v, *tables_and_options[:7])  # the layouts _backward's follow
     return _dense_like(q), _dense_like(k), _dense_like(v), q.new_empty(max(_table_entries(tables), 1))
 
 
 def _table_entries(tables) -> int:
-    return sum(t.numel() for t in tables if t is not None)
+    """The gradient vector's length: every present table's entries, lo (the last) excepted."""
+    return sum(t.numel() for t in tables[:-1] if t is not None)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, key_table, query_bias, key_bias, value_table, offset, causal, scale = inputs
-    ctx.save_for_backward(q, k, v, output[0], output[1], key_table, query_bias, key_bias, value_table)
-    ctx.options = (offset, causal, scale)
+    q, k, v, *tables = inputs[:10]
+    ctx.save_for_backward(q, k, v, output[0], output[1], *tables)
+    ctx.options = tuple(inputs[10:])
 
 
 @once_differentiable
@@ -284,14 +303,15 @@ def _autograd_backward(ctx, grad_out, grad_lse):
     dq, dk, dv, flat = torch.ops.posenc.relpos_attention_cpu_backward(grad_out, q, k, v, out, lse, *tables,
                                                                       *ctx.options)
     table_grads, start = [], 0
-    for t in tables:
+    for t in tables[:-1]:
         n = t.numel() if t is not None else 0
         table_grads.append(flat[start:start + n].view(t.shape) if t is not None else None)
         start += n
-    return (dq, dk, dv, *table_grads, None, None, None)
+    return (dq, dk, dv, *table_grads, None, None, None, None)
 
 
-_TABLES = "Tensor? key_table, Tensor? query_bias, Tensor? key_bias, Tensor? value_table"
+_TABLES = ("Tensor? key_table, Tensor? query_bias, Tensor? key_bias, Tensor? value_table, Tensor? bias_table, "
+           "Tensor? gate_hi, Tensor? gate_lo")
 _OPTIONS = "int offset, bool causal, float scale"
 OP = _build.define_op(f"relpos_attention_cpu(Tensor q, Tensor k, Tensor v, {_TABLES}, {_OPTIONS}) -> (Tensor, Tensor)",
                       _forward, _forward_fake)
@@ -302,21 +322,26 @@ _build.register_autograd(OP, _autograd_backward, _setup_context)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, key_table: Tensor | None = None, query_bias: Tensor | None = None,
-              key_bias: Tensor | None = None, value_table: Tensor | None = None, offset: int, causal: bool,
+              key_bias: Tensor | None = None, value_table: Tensor | None = None, bias_table: Tensor | None = None,
+              gate_hi: Tensor | None = None, gate_lo: Tensor | None = None, offset: int, causal: bool,
               scale: float) -> Tensor:
-    """softmax(scale (q_i.k_j + (q_i + a).E[r] + u.k_j)) @ (v_j + F[r]) with autograd, r = r(i, j) =
-    clamp(j - i + offset, 0, R - 1) (the formula: the module docstring).
+    """softmax(scale (q_i.k_j + (q_i + a).E[r] + u.k_j) + B[h, r] + (c_i' - c_j)) @ (v_j + F[r]) with
+    autograd, r = r(i, j) = clamp(j - i + offset, 0, R - 1), c = hi + lo (the formula: the module
+    docstring).
 
     q (B, H, Tq, D); k, v (B, H, Tk, D); key_table E (R, D) shared by the heads or (H, R, D);
-    query_bias a and key_bias u (H, D); value_table F (R, D); each table may be None (no term).
-    All of one dtype, float32 or float64, on the CPU (:func:`usable` says so); the last
-    dimensions of q, k, v contiguous or copied. ``causal``: query i sees the keys
-    j <= i + Tk - Tq (queries at the end of the keys); a row without keys gets zeros. Returns
-    (B, H, Tq, D) in that dtype, its memory in the order of q's (a transposed view of
-    (B, Tq, H, D) for the LM's q). The caller checks shapes (the kernel trusts them:
-    E and F of the same R) and that the kernel is built. The work is the operator
-    ``torch.ops.posenc.relpos_attention_cpu``; its gradient, once differentiable (a second
-    derivative raises ``RuntimeError``), ``torch.ops.posenc.relpos_attention_cpu_backward``.
+    query_bias a and key_bias u (H, D); value_table F (R, D); bias_table B (H, R) (a score bias
+    per head and table row: T5's, Kerple's, ALiBi's as a function of the distance); gate_hi and
+    gate_lo (B, H, Tk) (FoX's cumulative log gates in two parts; the query's own key
+    i' = i + Tk - Tq; lo gets no gradient); each may be None (no term). All of one dtype,
+    float32 or float64, on the CPU (:func:`usable` says so); the last dimensions of q, k, v
+    contiguous or copied. ``causal``: query i sees the keys j <= i + Tk - Tq (queries at the
+    end of the keys); a row without keys gets zeros. Returns (B, H, Tq, D) in that dtype, its
+    memory in the order of q's (a transposed view of (B, Tq, H, D) for the LM's q). The caller
+    checks shapes (the kernel trusts them: the tables of one R) and that the kernel is built.
+    The work is the operator ``torch.ops.posenc.relpos_attention_cpu``; its gradient, once
+    differentiable (a second derivative raises ``RuntimeError``),
+    ``torch.ops.posenc.relpos_attention_cpu_backward``.
     """
-    return torch.ops.posenc.relpos_attention_cpu(q, k, v, key_table, query_bias, key_bias, value_table, int(offset),
-                                                 bool(causal), float(scale))[0]
+    return torch.ops.posenc.relpos_attention_cpu(q, k, v, key_table, query_bias, key_bias, value_table, bias_table,
+                                                 gate_hi, gate_lo, int(offset), bool(causal), float(scale))[0]
