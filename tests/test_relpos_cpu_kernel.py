@@ -145,6 +145,57 @@ def test_outputs_and_gradients_match_the_float64_formula(dtype, kind, batch, hea
         torch.testing.assert_close(g_kernel.double(), g_ref.double(), **tol)
 
 
+def dense64(q, k, v, key_table, query_bias, key_bias, value_table, bias_table, gate_hi, gate_lo, offset, causal, scale):
+    """:func:`formula64` with whole-tensor operations (for lengths its loop is too slow at); every
+    table present, E (R, D) or (H, R, D)."""
+    q, k, v, e, a, u, f, bias, hi, lo = (t.double() for t in (q, k, v, key_table, query_bias, key_bias, value_table,
+                                                              bias_table, gate_hi, gate_lo))
+    tq, tk = q.shape[2], k.shape[2]
+    r = (torch.arange(tk) - torch.arange(tq).unsqueeze(-1) + offset).clamp(0, e.shape[-2] - 1)  # (Tq, Tk)
+    rows = e[r] if e.dim() == 2 else e[:, r]  # (Tq, Tk, D) or (H, Tq, Tk, D)
+    logits = q @ k.transpose(-2, -1) + ((q + a[:, None]).unsqueeze(-2) * rows).sum(-1) + (k * u[:, None]).sum(-1)[:, :, None]
+    c = hi + lo
+    own = (torch.arange(tq) + tk - tq).clamp(0, tk - 1)
+    logits = scale * logits + bias[:, r] + c[..., own, None] - c[..., None, :]
+    if causal:
+        logits = logits.masked_fill(torch.arange(tk) > torch.arange(tq).unsqueeze(-1) + tk - tq, float("-inf"))
+    p = torch.softmax(logits, -1).nan_to_num()
+    return p @ v + (p.unsqueeze(-1) * f[r]).sum(-2)
+
+
+def test_the_dense_formula_is_the_loop_formula():
+    q, k, v, tables = inputs("all", 2, 2, 9, 11, 8, 7, torch.float64, seed=4)
+    args = [tables[n] for n in NAMES]
+    torch.testing.assert_close(dense64(q, k, v, *args, 5, True, 0.3), formula64(q, k, v, *args, 5, True, 0.3),
+                               atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("nq, nk, width, offset, causal", [(300, 300, 41, 20, True), (260, 400, 60, 150, True),
+                                                          (131, 140, 300, 130, False)])
+def test_several_blocks_of_query_rows(dtype, nq, nk, width, offset, causal):
+    """More query rows than one block of the kernel (128): the blocks' shares of dk, dv and the
+    tables' gradients add up; a cache before the queries; a block past the last row's keys."""
+    q, k, v, tables = inputs("all", 1, 2, nq, nk, 16, width, dtype, seed=5)
+    assert nq > relpos_cpu_block()
+    out = relpos_cpu.attention(q, k, v, **tables, offset=offset, causal=causal, scale=0.25)
+    ref = dense64(q, k, v, *(tables[n] for n in NAMES), offset, causal, 0.25)
+    tol = {"atol": 1e-10, "rtol": 1e-10} if dtype == torch.float64 else {"atol": 3e-5, "rtol": 3e-5}
+    torch.testing.assert_close(out.double(), ref, **tol)
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    leaves = [q, k, v, *(t for t in tables.values() if t.requires_grad)]
+    for got, want in zip(torch.autograd.grad(out, leaves, grad.to(dtype)), torch.autograd.grad(ref, leaves, grad)):
+        size = max(float(want.abs().max()), 1.0)
+        torch.testing.assert_close(got.double(), want.double(), atol=tol["atol"] * size, rtol=tol["rtol"])
+
+
+def relpos_cpu_block() -> int:
+    """The kernel's block of query rows (``Kernel::BLOCK`` in relpos_cpu.cpp)."""
+    import re
+
+    return int(re.search(r"BLOCK = (\d+);", relpos_cpu.SOURCE.read_text()).group(1))
+
+
 @pytest.mark.parametrize("kind", ["shaw", "txl", "bias", "gate", "all"])
 def test_gradcheck(kind):
     q, k, v, tables = inputs(kind, 2, 2, 5, 6, 4, 6, torch.float64, seed=3)

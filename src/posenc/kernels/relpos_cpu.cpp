@@ -462,14 +462,23 @@ struct Kernel {
         if (hi < lo) hi = lo;
     }
 
-    // Per (b, h): X = q + a (rows of D) and REL = X E^T over the columns each row reaches.
-    inline void relative_rows(T* X, T* REL, int64_t Rp, const T* qb, int64_t qs, const T* qa, const T* et) const {
+    // Per (b, h) and block of query rows [i0, i0 + nb): X = q + a (rows of D) and REL = X E^T over
+    // the columns each row reaches (row i of the block at X + (i - i0) D, REL + (i - i0) Rp).
+    inline void relative_rows(T* X, T* REL, int64_t Rp, const T* qb, int64_t qs, const T* qa, const T* et, int64_t i0,
+                              int64_t nb) const {
         const int64_t d_n = dim();
-        for (int64_t i = 0; i < Tq; ++i)
-            for (int64_t d = 0; d < d_n; ++d) X[i * d_n + d] = qa != nullptr ? qb[i * qs + d] + qa[d] : qb[i * qs + d];
-        rows_times_columns(REL, Rp, X, d_n, et, Rp, d_n, Tq,
-                           [this](int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) { table_span(i0, i1, lo, hi); });
+        for (int64_t i = 0; i < nb; ++i)
+            for (int64_t d = 0; d < d_n; ++d)
+                X[i * d_n + d] = qa != nullptr ? qb[(i0 + i) * qs + d] + qa[d] : qb[(i0 + i) * qs + d];
+        rows_times_columns(REL, Rp, X, d_n, et, Rp, d_n, nb, [this, i0](int64_t a, int64_t c, int64_t& lo, int64_t& hi) {
+            table_span(i0 + a, i0 + c, lo, hi);
+        });
     }
+
+    // The query rows of one block (a multiple of four, so that the blocks of four rows that
+    // key_span and block_keys describe never straddle two): the score buffers hold this many
+    // rows, O(block Tk) memory per thread instead of O(Tq Tk).
+    static constexpr int64_t BLOCK = 128;
 
     // The sums of x[j] over the keys clipped to column 0 (j < lo) and to column R - 1 (j >= hi),
     // x padded with zeros to whole chunks.
@@ -547,10 +556,10 @@ struct Kernel {
     void forward(const T* q, const T* k, const T* v, const Tables<T>& tab, T* out, T* lse, int64_t H, int64_t g_begin,
                  int64_t g_end) const {
         const Rows<T, DC> rows{D};
-        const int64_t d_n = dim(), Tkp = padded(Tk > 0 ? Tk : 1), Rp = padded(R);
+        const int64_t d_n = dim(), Tkp = padded(Tk > 0 ? Tk : 1), Rp = padded(R), NB = Tq < BLOCK ? Tq : BLOCK;
         const bool rel = tab.key != nullptr;
-        std::vector<T> kt_buf(d_n * Tkp), S_buf(Tq * Tkp), c_buf(Tkp), O_buf(Tq * d_n), REL_buf(rel ? Tq * Rp : 0),
-            X_buf(rel ? Tq * d_n : 0), m_buf(Tq > 0 ? Tq : 1), l_buf(Tq > 0 ? Tq : 1), Q_buf(Tq * d_n), V_buf(Tk * d_n),
+        std::vector<T> kt_buf(d_n * Tkp), S_buf(NB * Tkp), c_buf(Tkp), O_buf(NB * d_n), REL_buf(rel ? NB * Rp : 0),
+            X_buf(rel ? NB * d_n : 0), m_buf(NB > 0 ? NB : 1), l_buf(NB > 0 ? NB : 1), Q_buf(Tq * d_n), V_buf(Tk * d_n),
             hi_buf(tab.gate_hi != nullptr ? Tkp : 0), lo_buf(tab.gate_hi != nullptr ? Tkp : 0);
         const std::vector<T> et_all = transposed_tables(tab, H, Rp);
         T* kt = kt_buf.data();
@@ -570,88 +579,104 @@ struct Kernel {
                 key_bias_terms(c_buf.data(), tab.key_bias + h * d_n, kt, Tkp);
                 colp = c_buf.data();
             }
-            // q.k and the relative terms of every row, four rows at a time
-            rows_times_columns(S_buf.data(), Tkp, qb, d_n, kt, Tkp, d_n, Tq,
-                               [this](int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) { key_span(i0, i1, lo, hi); });
-            if (rel) relative_rows(X_buf.data(), REL_buf.data(), Rp, qb, d_n, qa, et);
-            for (int64_t i = 0; i < Tq; ++i) {
-                const Segments g = segments(i, Tq, Tk, R, offset, causal);
-                const int64_t np = padded(block_keys(i));
-                T* s = S_buf.data() + i * Tkp;
-                if (g.n == 0) {
-                    for (int64_t c = 0; c < np; c += W) store(s + c, VT<T>{});
-                    m_buf[i] = -std::numeric_limits<T>::infinity();
-                    continue;
-                }
-                logits(s, rel ? REL_buf.data() + i * Rp : nullptr, colp, g, np, after_terms(tab, h, hi, lo, i));
-                VT<T> mv = load(s);
-                for (int64_t c = W; c < np; c += W) {
-                    const VT<T> xv = load(s + c);
-                    mv = xv > mv ? xv : mv;
-                }
-                const T m = hmax<T>(mv);
-                VT<T> lv{};
-                for (int64_t c = 0; c < np; c += W) {
-                    const VT<T> e = exp_nonpositive(load(s + c) - m);
-                    store(s + c, e);
-                    lv += e;
-                }
-                m_buf[i] = m;
-                l_buf[i] = hsum<T>(lv);
-            }
-            // o_i = sum_j p_ij v_j, four rows at a time; then the value table and 1 / l
-            std::memset(O_buf.data(), 0, sizeof(T) * Tq * d_n);
-            rows.add_products(O_buf.data(), d_n, S_buf.data(), Tkp, 1, vb, d_n, Tq,
-                              [this](int64_t i0, int64_t, int64_t& t0, int64_t& t1) { t0 = 0; t1 = block_keys(i0); });
-            for (int64_t i = 0; i < Tq; ++i) {
-                const Segments g = segments(i, Tq, Tk, R, offset, causal);
-                T* oi = ob + i * st->out[2];
-                if (g.n == 0) {
-                    for (int64_t d = 0; d < d_n; ++d) oi[d] = 0;
-                    lb[i] = -std::numeric_limits<T>::infinity();
-                    continue;
-                }
-                const T* s = S_buf.data() + i * Tkp;
-                T* o = O_buf.data() + i * d_n;
-                const T m = m_buf[i], l = l_buf[i];
-                if (tab.value != nullptr) {
-                    const T* F = tab.value;
-                    T first, last;
-                    end_sums(s, g, first, last);
-                    rows.axpy(o, first, F);
-                    rows.axpy(o, last, F + (R - 1) * d_n);
-                    const T* mid = F + (g.lo + g.off) * d_n;
-                    rows.add_weighted_rows(o, s + g.lo, g.hi - g.lo, [=](int64_t j) { return mid + j * d_n; });
-                }
-                const T inv = T(1) / l;
-                for (int64_t d = 0; d < d_n; ++d) oi[d] = o[d] * inv;
-                lb[i] = m + std::log(l);
+            for (int64_t i0 = 0; i0 < Tq; i0 += BLOCK) {
+                const int64_t nb = Tq - i0 < BLOCK ? Tq - i0 : BLOCK;
+                forward_block(rows, qb, vb, kt, et, qa, colp, tab, h, hi, lo, i0, nb, S_buf.data(), REL_buf.data(),
+                              X_buf.data(), O_buf.data(), m_buf.data(), l_buf.data(), ob, lb);
             }
         }
     }
 
-    // Per (b, h): a pass over the query rows recomputes p and computes d z (kept, (Tq, Tkp)
-    // each), dq and the relative terms' per-column sums; then a pass over the keys sums dv_j and
-    // dk_j down the columns of p and d z, and one over the table rows sums their gradients: every
-    // gradient is summed in registers and stored once (no read-modify-write per (i, j)).
+    // The forward of query rows [i0, i0 + nb) of one (b, h): their scores, softmax and outputs.
+    void forward_block(const Rows<T, DC>& rows, const T* qb, const T* vb, const T* kt, const T* et, const T* qa,
+                       const T* colp, const Tables<T>& tab, int64_t h, const T* hi, const T* lo, int64_t i0, int64_t nb,
+                       T* S, T* REL, T* X, T* O, T* m_buf, T* l_buf, T* ob, T* lb) const {
+        const int64_t d_n = dim(), Tkp = padded(Tk > 0 ? Tk : 1), Rp = padded(R);
+        const bool rel = tab.key != nullptr;
+        // q.k and the relative terms of the block's rows, four rows at a time
+        rows_times_columns(S, Tkp, qb + i0 * d_n, d_n, kt, Tkp, d_n, nb,
+                           [this, i0](int64_t a, int64_t c, int64_t& lo_, int64_t& hi_) { key_span(i0 + a, i0 + c, lo_, hi_); });
+        if (rel) relative_rows(X, REL, Rp, qb, d_n, qa, et, i0, nb);
+        for (int64_t t = 0; t < nb; ++t) {
+            const int64_t i = i0 + t;
+            const Segments g = segments(i, Tq, Tk, R, offset, causal);
+            const int64_t np = padded(block_keys(i));
+            T* s = S + t * Tkp;
+            if (g.n == 0) {
+                for (int64_t c = 0; c < np; c += W) store(s + c, VT<T>{});
+                m_buf[t] = -std::numeric_limits<T>::infinity();
+                continue;
+            }
+            logits(s, rel ? REL + t * Rp : nullptr, colp, g, np, after_terms(tab, h, hi, lo, i));
+            VT<T> mv = load(s);
+            for (int64_t c = W; c < np; c += W) {
+                const VT<T> xv = load(s + c);
+                mv = xv > mv ? xv : mv;
+            }
+            const T m = hmax<T>(mv);
+            VT<T> lv{};
+            for (int64_t c = 0; c < np; c += W) {
+                const VT<T> e = exp_nonpositive(load(s + c) - m);
+                store(s + c, e);
+                lv += e;
+            }
+            m_buf[t] = m;
+            l_buf[t] = hsum<T>(lv);
+        }
+        // o_i = sum_j p_ij v_j, four rows at a time; then the value table and 1 / l
+        std::memset(O, 0, sizeof(T) * nb * d_n);
+        rows.add_products(O, d_n, S, Tkp, 1, vb, d_n, nb,
+                          [this, i0](int64_t a, int64_t, int64_t& t0, int64_t& t1) { t0 = 0; t1 = block_keys(i0 + a); });
+        for (int64_t t = 0; t < nb; ++t) {
+            const int64_t i = i0 + t;
+            const Segments g = segments(i, Tq, Tk, R, offset, causal);
+            T* oi = ob + i * st->out[2];
+            if (g.n == 0) {
+                for (int64_t d = 0; d < d_n; ++d) oi[d] = 0;
+                lb[i] = -std::numeric_limits<T>::infinity();
+                continue;
+            }
+            const T* s = S + t * Tkp;
+            T* o = O + t * d_n;
+            const T m = m_buf[t], l = l_buf[t];
+            if (tab.value != nullptr) {
+                const T* F = tab.value;
+                T first, last;
+                end_sums(s, g, first, last);
+                rows.axpy(o, first, F);
+                rows.axpy(o, last, F + (R - 1) * d_n);
+                const T* mid = F + (g.lo + g.off) * d_n;
+                rows.add_weighted_rows(o, s + g.lo, g.hi - g.lo, [=](int64_t j) { return mid + j * d_n; });
+            }
+            const T inv = T(1) / l;
+            for (int64_t d = 0; d < d_n; ++d) oi[d] = o[d] * inv;
+            lb[i] = m + std::log(l);
+        }
+    }
+
+    // Per (b, h) and block of query rows: a pass over the block's rows recomputes p and computes
+    // d z (kept, (block, Tkp) each), dq and the relative terms' per-column sums; then a pass over
+    // the keys adds the block's share of dv_j and dk_j down the columns of p and d z, and one over
+    // the table rows adds its share of their gradients (each share summed in registers and added
+    // once per block: no read-modify-write per (i, j)).
     void backward(const T* q, const T* k, const T* v, const Tables<T>& tab, const T* out, const T* lse, const T* dout,
                   T* dq, T* dk, T* dv, const TableGrads<T>& grads, int64_t H, int64_t g_begin, int64_t g_end) const {
         const Rows<T, DC> rows{D};
-        const int64_t d_n = dim(), Tkp = padded(Tk > 0 ? Tk : 1), Rp = padded(R);
+        const int64_t d_n = dim(), Tkp = padded(Tk > 0 ? Tk : 1), Rp = padded(R), NB = Tq < BLOCK ? Tq : BLOCK;
         const bool rel = tab.key != nullptr, val = tab.value != nullptr, gated = tab.gate_hi != nullptr;
         const bool after = gated || tab.bias != nullptr;  // a term after the scale: its gradient is d loss / d (scale z)
-        // P and S: a row per query (W entries of slack at the end, read by by_column); DR and PB:
-        // a row of Rw = padded(R) + W per query (by_column's slack)
+        // P and S: a row per query of the block (W entries of slack at the end, read by
+        // by_column); DR and PB: a row of Rw = padded(R) + W per query (by_column's slack)
         const int64_t Rw = Rp + W;
-        std::vector<T> kt_buf(d_n * Tkp), vt_buf(d_n * Tkp), P_buf(Tq * Tkp + W), S_buf(Tq * Tkp + W), dc_buf(Tkp),
-            c_buf(Tkp), REL_buf(rel ? Tq * Rp : 0), GV_buf(val ? Tq * Rp : 0), dx_buf(d_n), X_buf(rel ? Tq * d_n : 0),
-            DR_buf(rel ? Tq * Rw : 0), PB_buf(val ? Tq * Rw : 0), ft_buf(val ? d_n * Rp : 0, T(0)),
+        std::vector<T> kt_buf(d_n * Tkp), vt_buf(d_n * Tkp), P_buf(NB * Tkp + W), S_buf(NB * Tkp + W), dc_buf(Tkp),
+            c_buf(Tkp), REL_buf(rel ? NB * Rp : 0), GV_buf(val ? NB * Rp : 0), dx_buf(d_n), X_buf(rel ? NB * d_n : 0),
+            DR_buf(rel ? NB * Rw : 0), PB_buf(val ? NB * Rw : 0), ft_buf(val ? d_n * Rp : 0, T(0)),
             hi_buf(gated ? Tkp : 0), lo_buf(gated ? Tkp : 0), gc_buf(gated ? Tkp : 0), GR_buf(after ? Tkp : 0),
             rs_buf(gated ? (Tq > 0 ? Tq : 1) : 0);
         const std::vector<T> et_all = transposed_tables(tab, H, Rp);
         T* kt = kt_buf.data();
         T* vt = vt_buf.data();
-        T* P = P_buf.data();    // p_ij, row i at P + i Tkp
+        T* P = P_buf.data();    // p_ij, row i at P + (i - i0) Tkp
         T* S = S_buf.data();    // d loss / d z_ij
         T* dc = dc_buf.data();  // sum_i d z_ij
         T* X = X_buf.data();    // q_i + a
@@ -681,6 +706,8 @@ struct Kernel {
             const T* E = rel ? tab.key + eh * R * d_n : nullptr;
             const T* qa = tab.query_bias != nullptr ? tab.query_bias + h * d_n : nullptr;
             T* dqb = dq + b * st->dq[0] + h * st->dq[1];
+            T* dkb = dk + b * st->dk[0] + h * st->dk[1];
+            T* dvb = dv + b * st->dv[0] + h * st->dv[1];
             transpose_keys(kt, kb, ks, Tkp);
             transpose_keys(vt, v + b * st->v[0] + h * st->v[1], st->v[2], Tkp);
             const T* colp = nullptr;
@@ -689,119 +716,133 @@ struct Kernel {
                 colp = c_buf.data();
             }
             std::memset(dc, 0, sizeof(T) * Tkp);
-            // q.k, dO.v, the relative terms and dO.F of every row, four rows at a time
-            auto keys = [this](int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) { key_span(i0, i1, lo, hi); };
-            rows_times_columns(P, Tkp, qb, qs, kt, Tkp, d_n, Tq, keys);
-            rows_times_columns(S, Tkp, dob, dos, vt, Tkp, d_n, Tq, keys);
-            if (rel) relative_rows(X, REL_buf.data(), Rp, qb, qs, qa, et);
-            if (val) {
-                rows_times_columns(GV_buf.data(), Rp, dob, dos, ft, Rp, d_n, Tq,
-                                   [this](int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) { table_span(i0, i1, lo, hi); });
-            }
-            for (int64_t i = 0; i < Tq; ++i) {
-                const Segments g = segments(i, Tq, Tk, R, offset, causal);
-                const T* doi = dob + i * dos;
-                T* dqo = dqb + i * st->dq[2];
-                T* p = P + i * Tkp;
-                T* ds = S + i * Tkp;
-                const int64_t np = padded(block_keys(i));
-                std::memset(dqo, 0, sizeof(T) * d_n);
-                if (gated) rs_buf[i] = T(0);
-                if (g.n == 0) {
-                    for (int64_t c = 0; c < np; c += W) store(ds + c, VT<T>{});
-                    continue;
-                }
-                int64_t first_col, last_col;
-                columns(g, first_col, last_col);
-                logits(p, rel ? REL_buf.data() + i * Rp : nullptr, colp, g, np, after_terms(tab, h, hi, lo, i));
-                const T li = lb[i];
-                for (int64_t c = 0; c < np; c += W) store(p + c, exp_nonpositive(load(p + c) - li));
-                // delta_i = sum_j p_ij dp_ij = dO_i . O_i
-                const T delta = rows.dot(doi, ob + i * st->out[2]);
-                const T* gv = val ? GV_buf.data() + i * Rp : nullptr;  // dO_i . F[r]
-                for (int64_t c = 0; c < np; c += W) {
-                    VT<T> acc = load(ds + c);  // dO_i . v_j
-                    if (val) acc += gather(gv, c, g);
-                    // d loss / d (scale z_ij), then d loss / d z_ij; 0 on the padding (p = 0)
-                    const VT<T> dav = load(p + c) * (acc - delta);
-                    const VT<T> dsv = dav * scale;
-                    if (after) store(GR_buf.data() + c, dav);
-                    store(ds + c, dsv);
-                    store(dc + c, load(dc + c) + dsv);
-                }
-                if (gb != nullptr) add_by_column(gb, GR_buf.data(), g);
-                if (gated) {
-                    // hi_j's gradient: minus its column's sum; plus the row's sum at the query's own key
-                    VT<T> rs{};
-                    for (int64_t c = 0; c < np; c += W) {
-                        const VT<T> x = load(GR_buf.data() + c);
-                        store(gc_buf.data() + c, load(gc_buf.data() + c) + x);
-                        rs += x;
-                    }
-                    rs_buf[i] = hsum<T>(rs);
-                }
-                if (np + W <= Tkp) {
-                    // a chunk of zeros past the block's keys: the four-key blocks down the columns read it
-                    store(p + np, VT<T>{});
-                    store(ds + np, VT<T>{});
-                }
-                if (val) by_column(PB + i * Rw, p, g);
-                if (rel) {
-                    // dq_i += sum_r drel_r E[r] (and the same into da)
-                    T* drel = DR + i * Rw;
-                    by_column(drel, ds, g);
-                    std::memset(dx_buf.data(), 0, sizeof(T) * d_n);
-                    const T* Ef = E + first_col * d_n;
-                    rows.add_weighted_rows(dx_buf.data(), drel + first_col, last_col - first_col + 1,
-                                           [=](int64_t r) { return Ef + r * d_n; });
-                    rows.axpy(dqo, T(1), dx_buf.data());
-                    if (grads.query_bias != nullptr) rows.axpy(grads.query_bias + h * d_n, T(1), dx_buf.data());
-                }
-            }
-            // dq_i += sum_j d z_ij k_j, four rows at a time
-            rows.add_products(dqb, st->dq[2], S, Tkp, 1, kb, ks, Tq,
-                              [this](int64_t i0, int64_t, int64_t& t0, int64_t& t1) { t0 = 0; t1 = block_keys(i0); });
-            // down the columns, four keys at a time: query i sees key j from row i0(j) on (causal),
-            // every row else (the rows of a block before its last key's i0 hold p = d z = 0 there)
-            T* dkb = dk + b * st->dk[0] + h * st->dk[1];
-            T* dvb = dv + b * st->dv[0] + h * st->dv[1];
             for (int64_t j = 0; j < Tk; ++j) {
                 std::memset(dvb + j * st->dv[2], 0, sizeof(T) * d_n);
                 std::memset(dkb + j * st->dk[2], 0, sizeof(T) * d_n);
             }
-            auto seen_by = [this](int64_t j0, int64_t, int64_t& t0, int64_t& t1) {
-                t0 = causal && j0 - (Tk - Tq) > 0 ? j0 - (Tk - Tq) : 0;
-                t1 = Tq;
-            };
-            rows.add_products(dvb, st->dv[2], P, 1, Tkp, dob, dos, Tk, seen_by);
-            rows.add_products(dkb, st->dk[2], S, 1, Tkp, qb, qs, Tk, seen_by);
+            for (int64_t i0 = 0; i0 < Tq; i0 += BLOCK) {
+                const int64_t nb = Tq - i0 < BLOCK ? Tq - i0 : BLOCK;
+                // q.k, dO.v, the relative terms and dO.F of the block's rows, four rows at a time
+                auto keys = [this, i0](int64_t a, int64_t c, int64_t& lo_, int64_t& hi_) { key_span(i0 + a, i0 + c, lo_, hi_); };
+                rows_times_columns(P, Tkp, qb + i0 * qs, qs, kt, Tkp, d_n, nb, keys);
+                rows_times_columns(S, Tkp, dob + i0 * dos, dos, vt, Tkp, d_n, nb, keys);
+                if (rel) relative_rows(X, REL_buf.data(), Rp, qb, qs, qa, et, i0, nb);
+                if (val) {
+                    rows_times_columns(GV_buf.data(), Rp, dob + i0 * dos, dos, ft, Rp, d_n, nb,
+                                       [this, i0](int64_t a, int64_t c, int64_t& lo_, int64_t& hi_) {
+                                           table_span(i0 + a, i0 + c, lo_, hi_);
+                                       });
+                }
+                for (int64_t t = 0; t < nb; ++t) {
+                    const int64_t i = i0 + t;
+                    const Segments g = segments(i, Tq, Tk, R, offset, causal);
+                    const T* doi = dob + i * dos;
+                    T* dqo = dqb + i * st->dq[2];
+                    T* p = P + t * Tkp;
+                    T* ds = S + t * Tkp;
+                    const int64_t np = padded(block_keys(i));
+                    std::memset(dqo, 0, sizeof(T) * d_n);
+                    if (gated) rs_buf[i] = T(0);
+                    if (g.n == 0) {
+                        for (int64_t c = 0; c < np; c += W) {
+                            store(p + c, VT<T>{});
+                            store(ds + c, VT<T>{});
+                        }
+                        if (val) by_column(PB + t * Rw, p, g);
+                        if (rel) by_column(DR + t * Rw, ds, g);
+                        continue;
+                    }
+                    int64_t first_col, last_col;
+                    columns(g, first_col, last_col);
+                    logits(p, rel ? REL_buf.data() + t * Rp : nullptr, colp, g, np, after_terms(tab, h, hi, lo, i));
+                    const T li = lb[i];
+                    for (int64_t c = 0; c < np; c += W) store(p + c, exp_nonpositive(load(p + c) - li));
+                    // delta_i = sum_j p_ij dp_ij = dO_i . O_i
+                    const T delta = rows.dot(doi, ob + i * st->out[2]);
+                    const T* gv = val ? GV_buf.data() + t * Rp : nullptr;  // dO_i . F[r]
+                    for (int64_t c = 0; c < np; c += W) {
+                        VT<T> acc = load(ds + c);  // dO_i . v_j
+                        if (val) acc += gather(gv, c, g);
+                        // d loss / d (scale z_ij), then d loss / d z_ij; 0 on the padding (p = 0)
+                        const VT<T> dav = load(p + c) * (acc - delta);
+                        const VT<T> dsv = dav * scale;
+                        if (after) store(GR_buf.data() + c, dav);
+                        store(ds + c, dsv);
+                        store(dc + c, load(dc + c) + dsv);
+                    }
+                    if (gb != nullptr) add_by_column(gb, GR_buf.data(), g);
+                    if (gated) {
+                        // hi_j's gradient: minus its column's sum; plus the row's sum at the query's own key
+                        VT<T> rsum{};
+                        for (int64_t c = 0; c < np; c += W) {
+                            const VT<T> x = load(GR_buf.data() + c);
+                            store(gc_buf.data() + c, load(gc_buf.data() + c) + x);
+                            rsum += x;
+                        }
+                        rs_buf[i] = hsum<T>(rsum);
+                    }
+                    if (np + W <= Tkp) {
+                        // a chunk of zeros past the block's keys: the four-key blocks down the columns read it
+                        store(p + np, VT<T>{});
+                        store(ds + np, VT<T>{});
+                    }
+                    if (val) by_column(PB + t * Rw, p, g);
+                    if (rel) {
+                        // dq_i += sum_r drel_r E[r] (and the same into da)
+                        T* drel = DR + t * Rw;
+                        by_column(drel, ds, g);
+                        std::memset(dx_buf.data(), 0, sizeof(T) * d_n);
+                        const T* Ef = E + first_col * d_n;
+                        rows.add_weighted_rows(dx_buf.data(), drel + first_col, last_col - first_col + 1,
+                                               [=](int64_t r) { return Ef + r * d_n; });
+                        rows.axpy(dqo, T(1), dx_buf.data());
+                        if (grads.query_bias != nullptr) rows.axpy(grads.query_bias + h * d_n, T(1), dx_buf.data());
+                    }
+                }
+                // dq_i += sum_j d z_ij k_j, four rows at a time
+                rows.add_products(dqb + i0 * st->dq[2], st->dq[2], S, Tkp, 1, kb, ks, nb,
+                                  [this, i0](int64_t a, int64_t, int64_t& t0, int64_t& t1) { t0 = 0; t1 = block_keys(i0 + a); });
+                // down the columns, four keys at a time: query i sees key j from row i0(j) on (causal),
+                // every row else (the rows of a group before its last key's i0 hold p = d z = 0 there);
+                // the keys that no row of the block sees are skipped
+                const int64_t last = i0 + nb - 1;
+                const int64_t seen = causal ? (block_keys(last) < Tk ? block_keys(last) : Tk) : Tk;
+                auto seen_by = [this, i0, nb](int64_t j0, int64_t, int64_t& t0, int64_t& t1) {
+                    const int64_t first = causal && j0 - (Tk - Tq) > i0 ? j0 - (Tk - Tq) - i0 : 0;
+                    t0 = first < nb ? first : nb;
+                    t1 = nb;
+                };
+                rows.add_products(dvb, st->dv[2], P, 1, Tkp, dob + i0 * dos, dos, seen, seen_by);
+                rows.add_products(dkb, st->dk[2], S, 1, Tkp, qb + i0 * qs, qs, seen, seen_by);
+                // the table rows, four at a time: dE[r] += sum_i drel_ir (q_i + a), dF[r] += sum_i pb_ir dO_i
+                // over the block's rows i that reach one of the four (the others' entries are 0)
+                auto reaching = [this, i0, nb](int64_t r0, int64_t r1, int64_t& t0, int64_t& t1) {
+                    t0 = Tq;
+                    t1 = 0;
+                    for (int64_t r = r0; r <= r1; ++r) {
+                        int64_t ilo, ihi;
+                        rows_reaching(r, ilo, ihi);
+                        if (ihi < ilo) continue;
+                        t0 = ilo < t0 ? ilo : t0;
+                        t1 = ihi + 1 > t1 ? ihi + 1 : t1;
+                    }
+                    t0 = t0 - i0 < 0 ? 0 : (t0 - i0 > nb ? nb : t0 - i0);
+                    t1 = t1 - i0 < t0 ? t0 : (t1 - i0 > nb ? nb : t1 - i0);
+                };
+                if (rel) rows.add_products(grads.key + eh * R * d_n, d_n, DR, 1, Rw, X, d_n, R, reaching);
+                if (val) rows.add_products(grads.value, d_n, PB, 1, Rw, dob + i0 * dos, dos, R, reaching);
+            }
             const T* u = tab.key_bias != nullptr ? tab.key_bias + h * d_n : nullptr;
             if (u != nullptr) {
                 for (int64_t j = 0; j < Tk; ++j) rows.axpy(dkb + j * st->dk[2], dc[j], u);  // col_j = u . k_j
+                rows.add_weighted_rows(grads.key_bias + h * d_n, dc, Tk, [=](int64_t j) { return kb + j * ks; });
             }
-            if (u != nullptr) rows.add_weighted_rows(grads.key_bias + h * d_n, dc, Tk, [=](int64_t j) { return kb + j * ks; });
-            // the table rows, four at a time: dE[r] += sum_i drel_ir (q_i + a), dF[r] += sum_i pb_ir dO_i
-            // over the rows i that reach one of the four (the others' entries are 0)
-            auto reaching = [this](int64_t r0, int64_t r1, int64_t& t0, int64_t& t1) {
-                t0 = Tq;
-                t1 = 0;
-                for (int64_t r = r0; r <= r1; ++r) {
-                    int64_t ilo, ihi;
-                    rows_reaching(r, ilo, ihi);
-                    if (ihi < ilo) continue;
-                    t0 = ilo < t0 ? ilo : t0;
-                    t1 = ihi + 1 > t1 ? ihi + 1 : t1;
-                }
-                if (t1 < t0) t1 = t0;
-            };
             if (gated) {
                 T* dg = grads.gate + gi * Tk;
                 for (int64_t j = 0; j < Tk; ++j) dg[j] -= gc_buf[j];
                 for (int64_t i = 0; i < Tq; ++i)
                     if (i + Tk - Tq >= 0 && i + Tk - Tq < Tk) dg[i + Tk - Tq] += rs_buf[i];
             }
-            if (rel) rows.add_products(grads.key + eh * R * d_n, d_n, DR, 1, Rw, X, d_n, R, reaching);
-            if (val) rows.add_products(grads.value, d_n, PB, 1, Rw, dob, dos, R, reaching);
         }
     }
 };
