@@ -60,15 +60,16 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
     call = _Call(biased, encoding, gate_state, q_positions, k_positions, causal, mask, scale, softcap)
     # Dropout would need each block's random mask again in the backward, and torch.compile
     # traces the SDPA blocks as they are: both keep autograd's O(H T^2) saved probabilities.
+    if softcap is None and sinks is None:
+        fused = _fused(call, q, k, v, dropout_p)
+        if fused is not None:
+            return fused
     if torch.is_grad_enabled() and not dropout_p and not torch.compiler.is_compiling():
         bias_inputs = _bias_inputs(call)
         if bias_inputs or any(t is not None and t.requires_grad for t in (q, k, v, sinks)):
             return BlockedAttention.apply(q, k, v, sinks, call, *bias_inputs)
     if softcap is not None or sinks is not None:
         return _explicit(call, q, k, v, sinks, dropout_p)
-    fused = _fused(call, q, k, v, dropout_p)
-    if fused is not None:
-        return fused
     out = torch.empty_like(q)
     for block in _blocks(call, q, grad=torch.is_grad_enabled()):
         rows = q[:, :, block.start:block.stop]
@@ -102,14 +103,15 @@ def _explicit(call: _Call, q: Tensor, k: Tensor, v: Tensor, sinks: Tensor | None
 
 
 def _fused(call: _Call, q: Tensor, k: Tensor, v: Tensor, dropout_p: float) -> Tensor | None:
-    """The whole forward from the encoding's own fused attention (``fused_attention``, an
-    optional capability: FIRE's CPU kernel computes its bias inside the attention, no tile
-    written), or None where the encoding has none or declines the call: then the blocks run."""
-    fused = getattr(call.encoding, "fused_attention", None)
-    if fused is None or dropout_p or call.gate_state is not None or torch.compiler.is_compiling():
+    """The whole attention from the encoding's own fused attention (``fused_attention``, an
+    optional capability: a CPU kernel computes the bias inside the attention, no tile written;
+    with autograd where the encoding's kernel has a backward: T5, ALiBi, Kerple, FoX), or None
+    where the encoding has none or declines the call: then the blocks run."""
+    fused = getattr(call.gated, "fused_attention", None)
+    if fused is None or dropout_p or torch.compiler.is_compiling():
         return None
     return fused(q, k, v, q_positions=call.q_positions, k_positions=call.k_positions, causal=call.causal,
-                 mask=call.mask, scale=call.scale)
+                 mask=call.mask, scale=call.scale, gate_state=call.gate_state)
 
 
 def _bias_inputs(call: _Call) -> tuple[Tensor, ...]:

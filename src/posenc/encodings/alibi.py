@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from posenc._validation import check_bool, check_number, check_positive_int
+from posenc.encodings.base import bias_kernel_attention
 from posenc.encodings.score_bias import ScoreBias, _wide
 from posenc.errors import InvalidArgument
 from posenc.kernels.fused_bias import FusedBias
@@ -159,6 +160,10 @@ class ALiBi(ScoreBias):
             return None
         slopes = self.slopes if self.scale == 1.0 else self.slopes * self.scale
         return FusedBias("linear", {"slopes": slopes}, symmetric=self.bidirectional)
+
+    #: The fused CPU kernel's whole attention with this bias, with autograd (float32, consecutive
+    #: positions, the kernel built or ``POSENC_CPU_KERNEL`` letting it build; None elsewhere).
+    fused_attention = bias_kernel_attention
 
     def extra_repr(self) -> str:
         text = f"num_heads={self.num_heads}, bidirectional={self.bidirectional}"

@@ -68,6 +68,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from posenc._validation import check_sequence_positions
@@ -662,3 +663,42 @@ def arange_start(positions: Tensor) -> int | None:
     if positions.numel() > 1 and not bool((positions.diff() == 1).all()):
         return None
     return int(positions[0])
+
+
+def bias_kernel_attention(
+    self: PositionalEncoding, q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor, k_positions: Tensor,
+    causal: bool, mask: Tensor | None, scale: float, gate_state: object = None,
+) -> Tensor | None:
+    """``fused_attention`` for an encoding whose bias has a :meth:`PositionalEncoding.fused_bias`
+    form the fused CPU kernel takes (T5's buckets, ALiBi's and Kerple's functions of the
+    distance, FoX's gates; :func:`posenc.kernels.relpos_cpu.bias_arguments`): the whole attention,
+    softmax(scale q.k^T + b + causal mask) v, in the kernel's one pass per (batch, head) and
+    its one backward, **with autograd** to q, k, v and the bias's parameters (or the gates), in
+    O(T) memory where the blocked backend's recomputing backward runs the bias's autograd per
+    tile. Assigned as a method (``fused_attention = bias_kernel_attention``).
+
+    q (B, H, Tq, D), k and v (B, H_kv, Tk, D) (H_kv < H: repeated per group, O(T) more memory),
+    float32 CPU tensors, positions 1-D runs of consecutive integers. Returns (B, H, Tq, D)
+    float32, or None where the kernel does not serve the call and the caller runs its own path:
+    the kernel switched off or not built (:func:`posenc.kernels.relpos_cpu.serves`), under
+    ``torch.compile``, a ``mask``, other positions, dtypes or devices, no fused form (FoX
+    bidirectional, ALiBi with ``slope_dtype``). Its backward has no derivative of its own."""
+    from posenc.kernels import relpos_cpu
+
+    if mask is not None or torch.compiler.is_compiling() or not relpos_cpu.serves(q, k, v):
+        return None
+    bias = self.fused_bias(causal, gate_state)
+    q_start, k_start = arange_start(q_positions), arange_start(k_positions)
+    if bias is None or q_start is None or k_start is None or q.shape[1] % k.shape[1]:
+        return None
+    args = relpos_cpu.bias_arguments(bias, q_start=q_start, k_start=k_start, num_queries=q.shape[2],
+                                     num_keys=k.shape[2])
+    if args is None or any(isinstance(t, Tensor) and (t.dtype != q.dtype or t.device != q.device)
+                           for t in args.values()):
+        return None
+    if "bias_table" in args and args["bias_table"].shape[0] != q.shape[1]:
+        return None
+    if k.shape[1] != q.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return relpos_cpu.attention(q, k, v, **args, causal=causal, scale=scale)

@@ -230,7 +230,7 @@ class FIRE(ScoreBias):
         return self._piecewise_bias(x, head.view(-1), out)
 
     def fused_attention(self, q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor, k_positions: Tensor,
-                        causal: bool, mask: Tensor | None, scale: float) -> Tensor | None:
+                        causal: bool, mask: Tensor | None, scale: float, gate_state: object = None) -> Tensor | None:
         """softmax(scale q.k^T + b + causal mask) v with this bias computed inside the attention
         by the fused CPU kernel (:mod:`posenc.kernels.fire_cpu`): no bias tile written or read.
         For an attention layer's forward without autograd; returns None where it does not

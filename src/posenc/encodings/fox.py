@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc._validation import check_positive_int
-from posenc.encodings.base import Hook, PositionalEncoding, layer_of_copies
+from posenc.encodings.base import Hook, PositionalEncoding, bias_kernel_attention, layer_of_copies
 from posenc.errors import InvalidArgument
 from posenc.kernels.fused_bias import FusedBias
 
@@ -148,6 +148,10 @@ class FoX(PositionalEncoding):
             return None
         hi, lo = gate_state
         return FusedBias("gate", {"hi": hi, "lo": lo})
+
+    #: The fused CPU kernel's whole attention with this bias, with autograd (float32, consecutive
+    #: positions, the kernel built or ``POSENC_CPU_KERNEL`` letting it build; None elsewhere).
+    fused_attention = bias_kernel_attention
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, num_heads={self.num_heads}, num_layers={self.num_layers}"

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from posenc._validation import check_positive_int
+from posenc.encodings.base import bias_kernel_attention
 from posenc.encodings.score_bias import ScoreBias, _wide
 from posenc.errors import InvalidArgument
 from posenc.kernels.fused_bias import FusedBias
@@ -85,6 +86,10 @@ class Kerple(ScoreBias):
     def fused_bias(self, causal: bool = True, gate_state: object = None) -> FusedBias:
         """``kerple_log`` or ``kerple_power`` with p = ``bias_p`` and a = ``bias_a``."""
         return FusedBias(f"kerple_{self.variant}", {"p": self.bias_p, "a": self.bias_a})
+
+    #: The fused CPU kernel's whole attention with this bias, with autograd (float32, consecutive
+    #: positions, the kernel built or ``POSENC_CPU_KERNEL`` letting it build; None elsewhere).
+    fused_attention = bias_kernel_attention
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, variant={self.variant!r}, eps={self.eps}"

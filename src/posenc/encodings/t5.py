@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc._validation import check_bool, check_positive_int
+from posenc.encodings.base import bias_kernel_attention
 from posenc.encodings.score_bias import ScoreBias, _wide
 from posenc.errors import InvalidArgument, InvalidType
 from posenc.kernels.fused_bias import FusedBias
@@ -120,6 +121,10 @@ class T5RelativeBias(ScoreBias):
         radius = self.max_distance
         bucket_map = self._bucket(torch.arange(-radius, radius + 1, device=weight.device))
         return FusedBias("buckets", {"weight": weight, "bucket_map": bucket_map}, radius=radius)
+
+    #: The fused CPU kernel's whole attention with this bias, with autograd (float32, consecutive
+    #: positions, the kernel built or ``POSENC_CPU_KERNEL`` letting it build; None elsewhere).
+    fused_attention = bias_kernel_attention
 
     def _bucket(self, relative_position: Tensor) -> Tensor:
         return t5_relative_position_bucket(

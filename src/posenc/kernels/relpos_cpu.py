@@ -43,6 +43,7 @@ from posenc import kernels
 from posenc.errors import InvalidArgument
 from posenc.kernels import _build
 from posenc.kernels._build import KernelUnavailable
+from posenc.kernels.fused_bias import FusedBias
 
 #: The C++ source, shipped beside this module (package data).
 SOURCE = _build.source("relpos_cpu")
@@ -345,3 +346,41 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, key_table: Tensor | None = Non
     """
     return torch.ops.posenc.relpos_attention_cpu(q, k, v, key_table, query_bias, key_bias, value_table, bias_table,
                                                  gate_hi, gate_lo, int(offset), bool(causal), float(scale))[0]
+
+
+def bias_arguments(bias: FusedBias, *, q_start: int, k_start: int, num_queries: int, num_keys: int) -> dict | None:
+    """The kernel's arguments for a score bias stated as a :class:`~posenc.kernels.fused_bias.FusedBias`
+    on consecutive positions (query i at ``q_start + i``, key j at ``k_start + j``): ``bias_table``
+    and ``offset``, or ``gate_hi`` and ``gate_lo``; None for a form the kernel has no term for
+    (FIRE's ``log_distance_mlp`` depends on the query's position too).
+
+    - ``buckets`` (T5): B[h, r] = W[bucket_map[r], h] over the 2R + 1 clipped distances
+      k_pos - q_pos in [-R, R], r = clamp(j - i + k_start - q_start + R, 0, 2R): the kernel's clip
+      is the buckets' own (constant beyond R).
+    - ``linear``, ``kerple_log``, ``kerple_power`` (ALiBi, Kerple): the bias of every distance
+      d = q_pos - k_pos the call has, Tq + Tk - 1 of them, r = j - i + Tq - 1 (no clipping), by
+      the formulas of :mod:`posenc.kernels.fused_bias` (those of the encodings' ``bias``).
+    - ``gate`` (FoX): its (hi, lo), lo zeros where absent.
+
+    Torch operations on the encoding's parameters: autograd carries the table's gradient (the
+    kernel's, per row) back to them. The table is (H, R), float32 for float32 parameters."""
+    tensors = bias.tensors
+    if bias.form == "gate":
+        hi, lo = tensors["hi"], tensors["lo"]
+        return {"gate_hi": hi, "gate_lo": lo if lo is not None else torch.zeros_like(hi), "offset": 0}
+    if bias.form == "buckets":
+        table = tensors["weight"][tensors["bucket_map"]].transpose(0, 1)  # (H, 2R + 1)
+        return {"bias_table": table, "offset": k_start - q_start + bias.radius}
+    if bias.form not in ("linear", "kerple_log", "kerple_power"):
+        return None
+    first = next(iter(tensors.values()))
+    row = torch.arange(num_queries + num_keys - 1, device=first.device)
+    d = (q_start - k_start + num_queries - 1 - row).to(first.dtype)
+    dist = d.abs()
+    if bias.form == "linear":
+        table = -tensors["slopes"][:, None] * (dist if bias.symmetric else d)
+    elif bias.form == "kerple_log":
+        table = -tensors["p"][:, None] * torch.log1p(tensors["a"][:, None] * dist)
+    else:
+        table = -tensors["a"][:, None] * dist.pow(tensors["p"][:, None])
+    return {"bias_table": table, "offset": num_queries - 1}
