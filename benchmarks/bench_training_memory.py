@@ -1,6 +1,8 @@
-"""Training memory at long lengths (issue 22): peak memory and time of one causal attention
-forward + backward with a trainable bias on the ``blocked`` backend, beside SDPA without a
-bias (torch's flash kernel), in the same run.
+"""Training memory at long lengths (issues 22 and 38): peak memory and time of one causal
+attention forward + backward with a trainable bias or relative encoding (T5, Kerple, FIRE, FoX,
+Shaw, Transformer-XL) on the backend ``auto`` picks (or ``--backend``), beside SDPA without a
+bias (torch's flash kernel), in the same run; the fused CPU kernels on or off
+(``--cpu-kernel``, the environment variable ``POSENC_CPU_KERNEL`` of each row's process).
 
 Run from the repository root: ``python benchmarks/bench_training_memory.py`` (``--help``).
 Each row runs in a fresh subprocess, so that its peak resident memory (``ru_maxrss``, or
@@ -28,7 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_ENCODINGS = ("t5", "kerple", "fire", "fox")
+DEFAULT_ENCODINGS = ("t5", "kerple", "fire", "fox", "shaw", "transformer_xl")
 
 
 def worker(config: dict) -> dict:
@@ -75,6 +77,10 @@ def worker(config: dict) -> dict:
 
 def run_worker(config: dict, timeout: float) -> dict:
     env = dict(os.environ)
+    if config.get("cpu_kernel") in ("0", "1"):
+        env["POSENC_CPU_KERNEL"] = config["cpu_kernel"]
+    elif config.get("cpu_kernel") == "default":
+        env.pop("POSENC_CPU_KERNEL", None)
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     try:
         proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(config)], check=False, capture_output=True,
@@ -104,7 +110,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", default="4096,8192,16384")
     parser.add_argument("--encodings", default=",".join(DEFAULT_ENCODINGS))
-    parser.add_argument("--backend", default="blocked")
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--cpu-kernel", default="default", choices=("default", "0", "1"),
+                        help="POSENC_CPU_KERNEL for the rows' processes: 1 on, 0 off, default: unset")
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1, help="timed calls per row (the median is reported)")
@@ -125,8 +133,10 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(baseline)
         print(table(rows[-1:]).splitlines()[-1], flush=True)
         for name in args.encodings.split(","):
-            result = {"length": length, "encoding": name, "backend": args.backend,
-                      **run_worker({**base, "encoding": name, "backend": args.backend}, args.timeout)}
+            label = args.backend + {"1": ", kernels on", "0": ", kernels off"}.get(args.cpu_kernel, "")
+            result = {"length": length, "encoding": name, "backend": label,
+                      **run_worker({**base, "encoding": name, "backend": args.backend,
+                                    "cpu_kernel": args.cpu_kernel}, args.timeout)}
             if "error" not in result and "error" not in baseline:
                 result["peak_ratio"] = result["peak_mib"] / baseline["peak_mib"]
                 result["growth_ratio"] = result["growth_mib"] / max(baseline["growth_mib"], 1e-9)

@@ -14,6 +14,7 @@ import torch
 from conftest import skip_if_causal_only, slow_unless
 
 import posenc
+from posenc import kernels
 from posenc.attention import tiling
 
 attention_module = importlib.import_module("posenc.attention")  # the module, not the function
@@ -178,6 +179,7 @@ def test_blocked_memory_is_linear_in_length(monkeypatch):
 
 def test_blocked_backend_runs_the_tiles(monkeypatch):
     """The blocked backend hands SDPA exactly the tiling's masks: O(H T) values each."""
+    monkeypatch.setattr(kernels, "CPU_KERNEL_ENABLED", False)  # the blocks themselves, not the fused CPU kernel
     seen = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 

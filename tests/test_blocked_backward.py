@@ -20,6 +20,7 @@ import torch
 from conftest import slow_unless
 
 import posenc
+from posenc import kernels
 from posenc.attention import tiling
 
 H, D = 2, 4
@@ -242,6 +243,7 @@ def test_the_saved_tensor_count_can_fail(monkeypatch):
 
 def test_no_grad_calls_keep_the_sdpa_blocks(monkeypatch):
     """Inference is unchanged: one SDPA call per block, no autograd function."""
+    monkeypatch.setattr(kernels, "CPU_KERNEL_ENABLED", False)  # the blocks themselves, not the fused CPU kernel
     calls = []
     blocked = __import__("posenc.attention.blocked", fromlist=["F"])
     real = blocked.F.scaled_dot_product_attention

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import posenc
+from posenc import kernels
 from posenc.attention import tiling
 from posenc.lab.model import KVCache, LMConfig, TransformerLM
 from loop_reference import dot, softmax_average
@@ -154,6 +155,7 @@ def test_long_sequences_keep_c_i_minus_c_j_exact():
 
 def test_blocked_backend_keeps_one_row_block_of_gate_bias_at_a_time(monkeypatch):
     """Memory O(T): every gate tile the blocked backend asks for is a few query rows wide."""
+    monkeypatch.setattr(kernels, "CPU_KERNEL_ENABLED", False)  # the blocks themselves, not the fused CPU kernel
     monkeypatch.setattr(tiling, "BLOCKED_TILE_ELEMENTS", 64 * 256)
     enc = posenc.create("fox", d_model=8, num_heads=2)
     shapes = []

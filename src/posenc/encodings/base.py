@@ -674,8 +674,8 @@ def bias_kernel_attention(
     distance, FoX's gates; :func:`posenc.kernels.relpos_cpu.bias_arguments`): the whole attention,
     softmax(scale q.k^T + b + causal mask) v, in the kernel's one pass per (batch, head) and
     its one backward, **with autograd** to q, k, v and the bias's parameters (or the gates), in
-    O(T) memory where the blocked backend's recomputing backward runs the bias's autograd per
-    tile. Assigned as a method (``fused_attention = bias_kernel_attention``).
+    O(T) memory and without the bias's autograd per tile. Assigned as a method
+    (``fused_attention = bias_kernel_attention``).
 
     q (B, H, Tq, D), k and v (B, H_kv, Tk, D) (H_kv < H: repeated per group, O(T) more memory),
     float32 CPU tensors, positions 1-D runs of consecutive integers. Returns (B, H, Tq, D)

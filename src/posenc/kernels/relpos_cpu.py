@@ -371,16 +371,19 @@ def bias_arguments(bias: FusedBias, *, q_start: int, k_start: int, num_queries: 
     if bias.form == "buckets":
         table = tensors["weight"][tensors["bucket_map"]].transpose(0, 1)  # (H, 2R + 1)
         return {"bias_table": table, "offset": k_start - q_start + bias.radius}
-    if bias.form not in ("linear", "kerple_log", "kerple_power"):
+    distance_form = _DISTANCE_FORMS.get(bias.form)
+    if distance_form is None:
         return None
     first = next(iter(tensors.values()))
     row = torch.arange(num_queries + num_keys - 1, device=first.device)
     d = (q_start - k_start + num_queries - 1 - row).to(first.dtype)
-    dist = d.abs()
-    if bias.form == "linear":
-        table = -tensors["slopes"][:, None] * (dist if bias.symmetric else d)
-    elif bias.form == "kerple_log":
-        table = -tensors["p"][:, None] * torch.log1p(tensors["a"][:, None] * dist)
-    else:
-        table = -tensors["a"][:, None] * dist.pow(tensors["p"][:, None])
-    return {"bias_table": table, "offset": num_queries - 1}
+    return {"bias_table": distance_form(tensors, d, bias.symmetric), "offset": num_queries - 1}
+
+
+#: The forms that are functions of d = q_pos - k_pos alone, as (tensors, d, symmetric) -> (H, len(d)):
+#: the formulas of :mod:`posenc.kernels.fused_bias` (those of ALiBi's and Kerple's ``bias``).
+_DISTANCE_FORMS = {
+    "linear": lambda t, d, symmetric: -t["slopes"][:, None] * (d.abs() if symmetric else d),
+    "kerple_log": lambda t, d, symmetric: -t["p"][:, None] * torch.log1p(t["a"][:, None] * d.abs()),
+    "kerple_power": lambda t, d, symmetric: -t["a"][:, None] * d.abs().pow(t["p"][:, None]),
+}

@@ -24,11 +24,11 @@ def _attention_worker(config: dict) -> dict:
     import resource
 
     torch.set_num_threads(config["threads"])
-    if "cpu_kernel" in config:  # an encoding with a fused CPU kernel (FIRE): its row with it and without
+    if "cpu_kernel" in config:  # an encoding with a fused CPU attention (FIRE, T5, ...): its row with it and without
         from posenc import kernels
 
         kernels.CPU_KERNEL_ENABLED = bool(config["cpu_kernel"])
-        if config["cpu_kernel"] and not kernels.build_cpu_fire():
+        if config["cpu_kernel"] and not (kernels.build_cpu_fire() and kernels.build_cpu_relpos()):
             raise RuntimeError("the fused CPU kernel does not build here (no C++ compiler or ninja)")
     heads, length, head_dim = config["heads"], config["length"], config["head_dim"]
     g = torch.Generator().manual_seed(0)
@@ -116,7 +116,8 @@ def attention_benchmark(
                     rows.append({"length": length, "encoding": name, "backend": label, **result})
     if any(hasattr(REGISTRY.get(name), "fused_attention") for name in encodings):
         notes.append("'blocked + fused CPU kernel': the encoding's bias computed inside the attention "
-                     "(posenc.kernels.build_cpu_fire()); plain 'blocked' rows have the kernel switched off")
+                     "(FIRE: posenc.kernels.fire_cpu; T5, ALiBi, Kerple, FoX: posenc.kernels.relpos_cpu); "
+                     "plain 'blocked' rows have the kernels switched off")
     return rows, notes
 
 
