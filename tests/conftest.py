@@ -100,3 +100,37 @@ def load_benchmark(name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def relpos_built():
+    """The fused CPU relative-position kernel built for one module only (the modules after it keep
+    the state they would have had); the module skips where no compiler builds it."""
+    import warnings
+
+    from posenc import kernels
+    from posenc.kernels import relpos_cpu
+
+    before = relpos_cpu._lib
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if not kernels.build_cpu_relpos():
+            pytest.skip("the fused CPU kernel does not build here (no C++ compiler or ninja)")
+    yield
+    relpos_cpu._lib = before
+
+
+@pytest.fixture
+def relpos_kernel_calls(monkeypatch):
+    """The calls that reached ``relpos_cpu.attention``: the names of each one's tensor arguments."""
+    from posenc.kernels import relpos_cpu
+
+    calls = []
+    original = relpos_cpu.attention
+
+    def counting(*args, **kwargs):
+        calls.append(sorted(k for k, v in kwargs.items() if isinstance(v, torch.Tensor)))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(relpos_cpu, "attention", counting)
+    return calls

@@ -8,8 +8,6 @@ Built once per module; skips where no compiler builds it."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -18,28 +16,12 @@ from posenc import kernels
 from posenc.kernels import relpos_cpu
 
 
-@pytest.fixture(scope="module", autouse=True)
-def built():
-    before = relpos_cpu._lib
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        if not kernels.build_cpu_relpos():
-            pytest.skip("the fused CPU kernel does not build here (no C++ compiler or ninja)")
-    yield
-    relpos_cpu._lib = before
+pytestmark = pytest.mark.usefixtures("relpos_built")
 
 
 @pytest.fixture
-def kernel_calls(monkeypatch):
-    calls = []
-    original = relpos_cpu.attention
-
-    def counting(*args, **kwargs):
-        calls.append(sorted(k for k, v in kwargs.items() if isinstance(v, torch.Tensor)))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(relpos_cpu, "attention", counting)
-    return calls
+def kernel_calls(relpos_kernel_calls):
+    return relpos_kernel_calls
 
 
 ENCODINGS = {

@@ -6,8 +6,6 @@ builds it."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -16,30 +14,12 @@ from posenc import kernels
 from posenc.kernels import relpos_cpu
 
 
-@pytest.fixture(scope="module", autouse=True)
-def built():
-    """The kernel for this module only: the modules after it keep the state they would have had."""
-    before = relpos_cpu._lib
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        if not kernels.build_cpu_relpos():
-            pytest.skip("the fused CPU kernel does not build here (no C++ compiler or ninja)")
-    yield
-    relpos_cpu._lib = before
+pytestmark = pytest.mark.usefixtures("relpos_built")
 
 
 @pytest.fixture
-def kernel_calls(monkeypatch):
-    """The calls that reached the kernel."""
-    calls = []
-    original = relpos_cpu.attention
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(relpos_cpu, "attention", counting)
-    return calls
+def kernel_calls(relpos_kernel_calls):
+    return relpos_kernel_calls
 
 
 def formula64(q, k, v, key_table, query_bias, key_bias, value_table, bias_table, gate_hi, gate_lo, offset, causal,
