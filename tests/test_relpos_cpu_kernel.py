@@ -13,7 +13,6 @@ import posenc
 from posenc import kernels
 from posenc.kernels import relpos_cpu
 
-
 pytestmark = pytest.mark.usefixtures("relpos_built")
 
 

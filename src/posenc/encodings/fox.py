@@ -23,7 +23,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc._validation import check_positive_int
-from posenc.encodings.base import Hook, PositionalEncoding, bias_kernel_attention, layer_of_copies
+from posenc.encodings.base import (
+    Hook,
+    PositionalEncoding,
+    bias_kernel_attention,
+    layer_of_copies,
+)
 from posenc.errors import InvalidArgument
 from posenc.kernels.fused_bias import FusedBias
 
