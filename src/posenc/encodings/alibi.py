@@ -162,7 +162,7 @@ class ALiBi(ScoreBias):
         return FusedBias("linear", {"slopes": slopes}, symmetric=self.bidirectional)
 
     #: The fused CPU kernel's whole attention with this bias, with autograd (float32, consecutive
-    #: positions, the kernel built or ``POSENC_CPU_KERNEL`` letting it build; None elsewhere).
+    #: positions, the kernel built (at the first call by default); None elsewhere).
     fused_attention = bias_kernel_attention
 
     def extra_repr(self) -> str:

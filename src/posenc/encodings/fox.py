@@ -155,7 +155,7 @@ class FoX(PositionalEncoding):
         return FusedBias("gate", {"hi": hi, "lo": lo})
 
     #: The fused CPU kernel's whole attention with this bias, with autograd (float32, consecutive
-    #: positions, the kernel built or ``POSENC_CPU_KERNEL`` letting it build; None elsewhere).
+    #: positions, the kernel built (at the first call by default); None elsewhere).
     fused_attention = bias_kernel_attention
 
     def extra_repr(self) -> str:

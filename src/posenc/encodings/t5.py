@@ -123,7 +123,7 @@ class T5RelativeBias(ScoreBias):
         return FusedBias("buckets", {"weight": weight, "bucket_map": bucket_map}, radius=radius)
 
     #: The fused CPU kernel's whole attention with this bias, with autograd (float32, consecutive
-    #: positions, the kernel built or ``POSENC_CPU_KERNEL`` letting it build; None elsewhere).
+    #: positions, the kernel built (at the first call by default); None elsewhere).
     fused_attention = bias_kernel_attention
 
     def _bucket(self, relative_position: Tensor) -> Tensor:

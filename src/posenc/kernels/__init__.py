@@ -13,25 +13,29 @@ The switch: :data:`TRITON_ENABLED`, read from the environment variable ``POSENC_
     import posenc.kernels
     posenc.kernels.TRITON_ENABLED = False   # every call takes the plain torch path
 
-The fused CPU kernel (:mod:`posenc.kernels.rotary_cpu`, RoPE's rotation in one pass over
-memory, bit-identical to the torch path) is compiled from C++ on request, because the
-first build runs g++ (seconds; later processes load it from torch's extension cache). The C++
-kernels (this one, :mod:`~posenc.kernels.fire_cpu`, :mod:`~posenc.kernels.relpos_cpu`) share
+The fused CPU kernels (:mod:`posenc.kernels.rotary_cpu`, RoPE's rotation in one pass over
+memory, bit-identical to the torch path; :mod:`~posenc.kernels.fire_cpu`, FIRE's attention
+forward; :mod:`~posenc.kernels.relpos_cpu`, the attention of Shaw, Transformer-XL, T5, ALiBi,
+Kerple and FoX, forward and backward) are compiled from C++ at their first use, **by default**
+(issue 38: the defaults are the measured numbers): the first build on a machine runs g++ and
+ninja (seconds per kernel), later processes load it from torch's extension cache. They share
 one build, lock and load helper (:mod:`posenc.kernels._build`) and run as ``torch.ops.posenc.*``
 operators (``rotary_cpu``, ``fire_attention_cpu``, ``relpos_attention_cpu`` and its backward),
-which the profiler names and ``torch.compile`` traces. The rule,
-asked by the torch path before each uncompiled CPU rotation (:func:`use_cpu_kernel`):
+which the profiler names and ``torch.compile`` traces. The rule, asked before each uncompiled
+CPU call (:func:`use_cpu_kernel` for RoPE, ``usable`` in each kernel's module):
 
-- ``posenc.kernels.build_cpu_rotary()`` builds (or loads) it; from then on every CPU call of
-  ``apply_rotary`` (``out=``, allocating, in place, and the backward of the allocating call)
-  takes it where it covers the call (float32, bfloat16, float16; last dimension contiguous)
-  and the torch path elsewhere.
-- The environment variable ``POSENC_CPU_KERNEL``, read at import: ``1`` builds it at the first
-  CPU call instead (automatic); ``0`` never uses it (nor builds it on a call); unset: only after
-  ``build_cpu_rotary()``. :data:`CPU_KERNEL_ENABLED` (``False`` = off) is settable at run time.
+- The environment variable ``POSENC_CPU_KERNEL``, read at import: unset or ``1``, a kernel is
+  built (or loaded) at its first CPU call and used wherever it covers the call (RoPE: float32,
+  bfloat16, float16, last dimension contiguous; ``apply_rotary``'s ``out=``, allocating and in
+  place calls and the backward of the allocating one), the torch path elsewhere; ``0`` never
+  uses them (nor builds them on a call). :data:`CPU_KERNEL_ENABLED` (``False`` = off) and
+  :data:`CPU_KERNEL_AUTOBUILD` are settable at run time.
+- ``posenc.kernels.build_cpu_rotary()`` (``build_cpu_fire``, ``build_cpu_relpos``) builds or
+  loads one now, e.g. before timing, or with ``CPU_KERNEL_AUTOBUILD = False``.
 - Under ``torch.compile`` the torch formula is traced as before (the compiler fuses it; the
   operator ``torch.ops.posenc.rotary_cpu`` traces too, for code that calls it itself).
-- A machine without a compiler: one ``RuntimeWarning`` at the build, then the torch path.
+- A machine without a compiler (or ninja, which the package requires): one ``RuntimeWarning``
+  per kernel at its first call, then the torch path.
 
 Layer: imported by ``encodings/`` (docs/design.md); imports only torch, ``triton`` and
 ``_validation``.
@@ -62,8 +66,8 @@ def _env_switch(name: str) -> str:
 #: Whether posenc may use its fused CPU kernel once built (``POSENC_CPU_KERNEL=0`` turns it off).
 CPU_KERNEL_ENABLED: bool = _env_switch("POSENC_CPU_KERNEL") not in ("0", "false", "off", "no")
 
-#: Whether the first uncompiled CPU rotation builds the CPU kernel (``POSENC_CPU_KERNEL=1``).
-CPU_KERNEL_AUTOBUILD: bool = _env_switch("POSENC_CPU_KERNEL") in ("1", "true", "on", "yes")
+#: Whether a kernel's first uncompiled CPU call builds it (default; ``POSENC_CPU_KERNEL=0`` does not).
+CPU_KERNEL_AUTOBUILD: bool = CPU_KERNEL_ENABLED
 
 _rotary: ModuleType | None = None
 _rotary_failed = False

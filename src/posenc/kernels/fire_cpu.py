@@ -97,8 +97,8 @@ def unload() -> None:
 
 def use_kernel(*tensors: Tensor) -> bool:
     """The rule of :func:`posenc.kernels.use_cpu_kernel`, for this kernel: the switch on, every
-    tensor on the CPU, not under ``torch.compile``, the kernel built (or built now when
-    ``POSENC_CPU_KERNEL=1``)."""
+    tensor on the CPU, not under ``torch.compile``, the kernel built (or built now: the default,
+    ``posenc.kernels.CPU_KERNEL_AUTOBUILD``)."""
     from posenc import kernels
 
     if not kernels.CPU_KERNEL_ENABLED or torch.compiler.is_compiling():

@@ -26,9 +26,9 @@ called through ``ctypes`` (several torch threads: the (b, h) slices split across
 pool). The calls are two operators, ``torch.ops.posenc.relpos_attention_cpu`` (-> out and the
 log-sum-exp per row) and ``torch.ops.posenc.relpos_attention_cpu_backward``, the first with the
 second as its registered autograd formula (once differentiable), so the profiler names them and
-``torch.compile`` traces them. The same switch: :func:`posenc.kernels.build_cpu_relpos`, or
-``POSENC_CPU_KERNEL=1`` (build at the first call), ``POSENC_CPU_KERNEL=0`` /
-``posenc.kernels.CPU_KERNEL_ENABLED = False`` (never used). Under ``torch.compile`` the
+``torch.compile`` traces them. The same switch: built at the first call by default (or now by
+:func:`posenc.kernels.build_cpu_relpos`), never used with ``POSENC_CPU_KERNEL=0`` /
+``posenc.kernels.CPU_KERNEL_ENABLED = False``. Under ``torch.compile`` the
 encodings keep their torch path (:func:`usable` says no).
 
 Layer: kernels (imports torch and the kernels package only).
@@ -106,8 +106,8 @@ def build(verbose: bool = False) -> bool:
 def usable(*tensors: Tensor) -> bool:
     """Whether the kernel should serve a call on these tensors: the switch
     ``posenc.kernels.CPU_KERNEL_ENABLED`` is on, not under ``torch.compile``, every tensor on the
-    CPU, all float32 or all float64, and the kernel is built (or ``POSENC_CPU_KERNEL=1`` builds
-    it now). Reads no tensor values."""
+    CPU, all float32 or all float64, and the kernel is built (or built now: the default,
+    ``posenc.kernels.CPU_KERNEL_AUTOBUILD``). Reads no tensor values."""
     if not kernels.CPU_KERNEL_ENABLED or torch.compiler.is_compiling():
         return False
     dtype = tensors[0].dtype

@@ -181,8 +181,8 @@ def apply_rotary(
     Triton launch, the same arithmetic (:func:`posenc.kernels.rotary_triton.rotate_with_tables`;
     ``posenc.kernels.TRITON_ENABLED = False`` or ``POSENC_TRITON=0`` turns it off).
 
-    On the CPU, after ``posenc.kernels.build_cpu_rotary()`` (or with ``POSENC_CPU_KERNEL=1``
-    in the environment: built at the first call), the rotation of float32, bf16 and fp16 (either
+    On the CPU (by default: the kernel built at the first call, or by
+    ``posenc.kernels.build_cpu_rotary()``), the rotation of float32, bf16 and fp16 (either
     layout) is one fused C++ pass (:mod:`posenc.kernels.rotary_cpu`), bit-identical to the torch
     path and about the cost of a copy (docs/results.md, "CPU RoPE hot path"); the backward of
     the allocating call uses it too. ``POSENC_CPU_KERNEL=0`` or
