@@ -245,10 +245,10 @@ class FIRE(ScoreBias):
         j <= i + Tk - Tq (bottom-right, as the attention layer's tiles). Returns (B, H, Tq, D) float32."""
         from posenc.kernels import fire_cpu
 
+        if torch.is_grad_enabled() and (self._needs_grad() or any(t.requires_grad for t in (q, k, v))):
+            return None  # before use_kernel: a training call must not build a kernel it cannot use
         if (mask is not None or torch.compiler.is_compiling() or _wide(self.c) != torch.float32
                 or not fire_cpu.use_kernel(q, k, v, q_positions, k_positions)):
-            return None
-        if torch.is_grad_enabled() and (self._needs_grad() or any(t.requires_grad for t in (q, k, v))):
             return None
         if not (_ascending_run(q_positions) and _ascending_run(k_positions)) or q.shape[1] > self.num_heads:
             return None
