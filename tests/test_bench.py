@@ -26,10 +26,17 @@ def test_bench_rope_quick(capsys):
 
 
 def test_rope_rows_are_ratios_to_the_copy():
-    rows, _ = bench.rope_benchmark((1, 2, 16, 8), dtypes=("float32",), repeats=1, threads=None)
+    rows, _ = bench.rope_benchmark((1, 2, 16, 8), dtypes=("float32",), repeats=1, threads=None, compile_peers=False)
     by_method = {row["method"]: row for row in rows}
     assert by_method["copy (clone: new tensors)"]["vs_clone"] == 1.0
     assert by_method["copy_ (into preallocated)"]["vs_copy_"] == 1.0
+
+
+@pytest.mark.slow  # Inductor's compile: about 20 s of the default run's budget
+def test_rope_compiled_peer_row_is_a_ratio_to_the_copy():
+    rows, _ = bench.rope_benchmark((1, 2, 16, 8), dtypes=("float32",), repeats=1, threads=None, peers=False)
+    row = {row["method"]: row for row in rows}["torch.compile(posenc apply_rotary)"]
+    assert row["ms"] > 0 and row["vs_clone"] > 0
 
 
 # -- on a device (the GPU tables' code path, run here on the CPU at tiny sizes) -----------------
