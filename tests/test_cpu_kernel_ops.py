@@ -366,3 +366,12 @@ def test_the_build_name_follows_the_source_and_the_flags():
     assert name.startswith("posenc_rotary_cpu_")
     assert name != _build.extension_name("rotary_cpu", rotary_cpu.CFLAGS + ("-DX",))
     assert name != _build.extension_name("fire_cpu", rotary_cpu.CFLAGS)
+
+
+def test_each_environment_keeps_its_own_build(monkeypatch):
+    """Another torch install (another environment) gets another build folder: one folder shared
+    by two environments is compiled again by each in turn (torch's build file names the
+    environment's include paths)."""
+    name = _build.extension_name("rotary_cpu", rotary_cpu.CFLAGS)
+    monkeypatch.setattr(torch, "__file__", "/another/env/site-packages/torch/__init__.py")
+    assert _build.extension_name("rotary_cpu", rotary_cpu.CFLAGS) != name

@@ -5,8 +5,9 @@ Build: a ``.cpp`` shipped beside this file (package data) is compiled by
 ``torch.utils.cpp_extension.load`` (g++ and ninja; the sources include no torch header, so a
 build takes seconds) into a folder of torch's extension cache (``TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``), ``posenc_cpu/<name>``, whose name is a digest of the source, the
-flags, the torch version and the CPU's model and instruction-set flags: a binary built for one
-CPU or source is never loaded for another, and a cached one is loaded without compiling.
+flags, the torch version and install folder, and the CPU's model and instruction-set flags: a
+binary built for one CPU or source is never loaded for another, a cached one is loaded without
+compiling, and each Python environment keeps its own build.
 Processes building at once (pytest workers, torchrun ranks) queue on an ``fcntl`` lock of
 ``<name>.lock`` beside the folder; the operating system releases it when its holder dies, so a
 build killed midway blocks nobody (torch's own ``lock`` file, which a killed build leaves
@@ -70,10 +71,13 @@ def cpu_fingerprint() -> str:
 
 
 def extension_name(stem: str, cflags: Sequence[str]) -> str:
-    """``posenc_<stem>_<digest>``: the source, the flags, torch's version and the CPU in one digest."""
+    """``posenc_<stem>_<digest>``: the source, the flags, torch's version and install folder and the
+    CPU in one digest. The install folder: torch's build file names the environment's include
+    paths, so two environments sharing one folder would each compile again over the other's
+    build (about 13 s for the relative-position kernel) on every switch between them."""
     digest = hashlib.sha256()
     for part in (source(stem).read_bytes(), " ".join(cflags).encode(), torch.__version__.encode(),
-                 cpu_fingerprint().encode()):
+                 str(Path(torch.__file__).resolve().parent).encode(), cpu_fingerprint().encode()):
         digest.update(part)
         digest.update(b"\0")
     return f"posenc_{stem}_{digest.hexdigest()[:16]}"
