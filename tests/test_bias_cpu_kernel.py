@@ -1,5 +1,5 @@
-"""Training T5, ALiBi, Kerple and FoX on the CPU through the fused relative-position kernel
-(posenc.kernels.relpos_cpu, its score-bias table and gate terms; issue 38 item 5): the
+"""Training T5, ALiBi, Kerple, FoX and FIRE on the CPU through the fused relative-position kernel
+(posenc.kernels.relpos_cpu, its score-bias table, gate and piecewise terms; issue 38 item 5): the
 ``blocked`` backend asks the encoding's ``fused_attention`` (``bias_kernel_attention``), which
 hands the call to the kernel with autograd. Outputs and the gradients of q, k, v and of every
 bias parameter (FoX: of its gate projection, through the gates) against the same encoding's
@@ -32,6 +32,7 @@ ENCODINGS = {
     "kerple-power": {"num_heads": 4, "variant": "power"},
     "alibi": {"num_heads": 4},
     "fox": {"d_model": 32, "num_heads": 4},
+    "fire": {"num_heads": 4, "init_L": 64.0},  # L inside the cases' positions: den varies by row
 }
 
 
@@ -78,7 +79,7 @@ def test_blocked_training_through_the_kernel_matches_the_hooks(name, batch, head
     x, q, k, v = inputs(batch, heads, kv_heads, nq, nk, 16, torch.float32)
     out = run(enc, x, q, k, v, backend="blocked", causal=causal, **positions)
     assert len(kernel_calls) == 1, "the kernel did not serve the call"
-    assert kernel_calls[0] in (["bias_table"], ["gate_hi", "gate_lo"])
+    assert kernel_calls[0] in (["bias_table"], ["gate_hi", "gate_lo"], ["bends", "intercepts", "slopes", "x_den", "x_table"])
     leaves = [x, q, k, v, *enc.parameters()]
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
     got = [out.detach(), *torch.autograd.grad(out, leaves, grad, allow_unused=True)]
@@ -107,7 +108,7 @@ def test_blocked_training_through_the_kernel_matches_the_hooks(name, batch, head
         assert error <= 8 * noise + 2 * EPS32 * size, f"{label}: {error:.3g} against the hooks' {noise:.3g}"
 
 
-@pytest.mark.parametrize("name", ["t5", "kerple-power", "fox"])
+@pytest.mark.parametrize("name", ["t5", "kerple-power", "fox", "fire"])
 def test_the_comparison_fails_on_a_wrong_bias(name, kernel_calls):
     """The check above can fail: the same call with every parameter 10% larger (FoX: its gate
     projection's) is far outside the float32 noise."""
@@ -126,11 +127,12 @@ def test_the_comparison_fails_on_a_wrong_bias(name, kernel_calls):
     assert float((out - ref).abs().max()) > 1e-3
 
 
-@pytest.mark.parametrize("case", ["mask", "packed positions", "float64", "switched off", "fire"])
-def test_calls_the_kernel_does_not_cover_take_the_blocks(case, kernel_calls):
+@pytest.mark.parametrize("case", ["mask", "packed positions", "float64", "switched off"])
+@pytest.mark.parametrize("name", ["t5", "fire"])
+def test_calls_the_kernel_does_not_cover_take_the_blocks(case, name, kernel_calls):
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(2, 4, 12, 8, generator=g).requires_grad_() for _ in range(3))
-    enc = posenc.create("fire", num_heads=4) if case == "fire" else make("t5")
+    enc = make(name)
     kwargs = {"backend": "blocked", "causal": True}
     if case == "mask":
         kwargs["mask"] = torch.rand(2, 1, 12, 12, generator=g) > 0.3

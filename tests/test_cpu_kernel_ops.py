@@ -88,7 +88,8 @@ def fire64(q, k, v, psi, den, bends, slopes, intercepts, scale, causal):
 
 def relpos_inputs(seed=0, requires_grad=True):
     """Shaw's tables (E and F shared by the heads), Transformer-XL's biases a and u, a score bias
-    table B (T5's, Kerple's) and FoX's gate parts hi and lo at once (lo carries no gradient)."""
+    table B (T5's, Kerple's), FoX's gate parts hi and lo (lo carries no gradient) and the
+    piecewise-linear term's N, den, bends (no gradient), slopes and intercepts, all at once."""
     g = torch.Generator().manual_seed(seed)
 
     def make(*shape, grad=requires_grad):
@@ -96,14 +97,19 @@ def relpos_inputs(seed=0, requires_grad=True):
 
     q, k, v = make(1, 2, 6, 8), make(1, 2, 7, 8), make(1, 2, 7, 8)
     lo = make(1, 2, 7, grad=False) * 1e-6
-    return q, k, v, make(5, 8), make(2, 8), make(2, 8), make(5, 8), make(2, 5), -make(1, 2, 7).abs().cumsum(-1), lo
+    x_table = (torch.rand(5, generator=g) * 2).requires_grad_(requires_grad)
+    x_den = (1 + torch.rand(6, generator=g)).requires_grad_(requires_grad)
+    bends = torch.tensor([0.4, 1.1])
+    return (q, k, v, make(5, 8), make(2, 8), make(2, 8), make(5, 8), make(2, 5), -make(1, 2, 7).abs().cumsum(-1), lo,
+            x_table, x_den, bends, make(2, 3), make(2, 3))
 
 
-def relpos64(q, k, v, key_table, query_bias, key_bias, value_table, bias_table, gate_hi, gate_lo, offset, causal,
-             scale):
-    """softmax(scale (q_i.k_j + (q_i + a).E[r] + u.k_j) + B[h, r] + c_i' - c_j + mask) (v_j + F[r])
-    in float64, r = clamp(j - i + offset, 0, R - 1), c = hi + lo, i' = i + Tk - Tq (Shaw et al.
-    2018, eqs. 3-5; Dai et al. 2019, A^rel; a T5-style bias table; Lin et al. 2025, eq. 6)."""
+def relpos64(q, k, v, key_table, query_bias, key_bias, value_table, bias_table, gate_hi, gate_lo, x_table, x_den,
+             bends, slopes, intercepts, offset, causal, scale):
+    """softmax(scale (q_i.k_j + (q_i + a).E[r] + u.k_j) + B[h, r] + c_i' - c_j + f_h(N[r] / den_i) + mask)
+    (v_j + F[r]) in float64, r = clamp(j - i + offset, 0, R - 1), c = hi + lo, i' = i + Tk - Tq,
+    f_h(x) = slopes[h, s] x + intercepts[h, s], s = #{bends <= x} (Shaw et al. 2018, eqs. 3-5; Dai
+    et al. 2019, A^rel; a T5-style bias table; Lin et al. 2025, eq. 6; FIRE's MLP as its pieces)."""
     q, k, v, e, a, u, f, bias, hi, lo = (t.double() for t in (q, k, v, key_table, query_bias, key_bias, value_table,
                                                               bias_table, gate_hi, gate_lo))
     tq, tk = q.shape[2], k.shape[2]
@@ -111,6 +117,9 @@ def relpos64(q, k, v, key_table, query_bias, key_bias, value_table, bias_table, 
     logits = q @ k.transpose(-2, -1) + ((q + a[:, None]).unsqueeze(-2) * e[r]).sum(-1) + (k * u[:, None]).sum(-1)[:, :, None]
     c = hi + lo
     logits = scale * logits + bias[:, r] + c[..., tk - tq:, None] - c[..., None, :]
+    x = x_table.double()[r] / x_den.double()[:, None]
+    segment = torch.searchsorted(bends.double(), x, right=True)
+    logits = logits + slopes.double()[:, segment] * x + intercepts.double()[:, segment]
     if causal:
         logits = logits.masked_fill(torch.arange(tk) > torch.arange(tq).unsqueeze(-1) + tk - tq, float("-inf"))
     p = torch.softmax(logits, -1)
@@ -138,7 +147,7 @@ def test_opcheck_fire():
 
 def test_opcheck_relpos_forward_and_backward():
     opcheck(torch.ops.posenc.relpos_attention_cpu.default, (*relpos_inputs(), *RELPOS_OPTIONS))
-    opcheck(torch.ops.posenc.relpos_attention_cpu.default, (*relpos_inputs()[:4], *[None] * 6, *RELPOS_OPTIONS))
+    opcheck(torch.ops.posenc.relpos_attention_cpu.default, (*relpos_inputs()[:4], *[None] * 11, *RELPOS_OPTIONS))
     opcheck(torch.ops.posenc.relpos_attention_cpu.default, (*relpos_inputs()[:3], *[None] * 4, *relpos_inputs()[7:],
                                                             *RELPOS_OPTIONS))
     q, k, v, *tables = relpos_inputs(requires_grad=False)
@@ -291,17 +300,25 @@ def test_operator_names_the_argument_it_cannot_take():
         torch.ops.posenc.fire_attention_cpu(*(t[..., :16] for t in inputs[:3]), *inputs[3:], *FIRE_OPTIONS)
     with pytest.raises(InvalidArgument, match="den must have Tq = 10 entries"):
         torch.ops.posenc.fire_attention_cpu(*inputs[:4], inputs[4][:9], *inputs[5:], *FIRE_OPTIONS)
-    q, k, v, e, a, u, f, bias, hi, lo = relpos_inputs(requires_grad=False)
+    q, k, v, e, a, u, f, bias, hi, lo, *piecewise = relpos_inputs(requires_grad=False)
     with pytest.raises(InvalidArgument, match="value_table \\(R, 8\\), bias_table \\(2, R\\) with one R"):
-        torch.ops.posenc.relpos_attention_cpu(q, k, v, e, a, u, f[:4], bias, hi, lo, *RELPOS_OPTIONS)
+        torch.ops.posenc.relpos_attention_cpu(q, k, v, e, a, u, f[:4], bias, hi, lo, *piecewise, *RELPOS_OPTIONS)
     with pytest.raises(InvalidArgument, match="with one R"):
-        torch.ops.posenc.relpos_attention_cpu(q, k, v, e, a, u, f, bias[:, :4], hi, lo, *RELPOS_OPTIONS)
+        torch.ops.posenc.relpos_attention_cpu(q, k, v, e, a, u, f, bias[:, :4], hi, lo, *piecewise, *RELPOS_OPTIONS)
     with pytest.raises(InvalidArgument, match="gate_hi and gate_lo both \\(1, 2, 7\\) or both None"):
-        torch.ops.posenc.relpos_attention_cpu(q, k, v, e, a, u, f, bias, hi, None, *RELPOS_OPTIONS)
+        torch.ops.posenc.relpos_attention_cpu(q, k, v, e, a, u, f, bias, hi, None, *piecewise, *RELPOS_OPTIONS)
     with pytest.raises(InvalidArgument, match="k, v \\(B, H, Tk, D\\)"):
-        torch.ops.posenc.relpos_attention_cpu(q, k, v[:, :1], e, a, u, f, bias, hi, lo, *RELPOS_OPTIONS)
+        torch.ops.posenc.relpos_attention_cpu(q, k, v[:, :1], e, a, u, f, bias, hi, lo, *piecewise, *RELPOS_OPTIONS)
+    with pytest.raises(InvalidArgument, match="x_table must be \\(R,\\) with the other tables' R, x_den \\(6,\\)"):
+        torch.ops.posenc.relpos_attention_cpu(q, k, v, e, a, u, f, bias, hi, lo, piecewise[0], piecewise[1][:5],
+                                              *piecewise[2:], *RELPOS_OPTIONS)
+    with pytest.raises(InvalidArgument, match="all five or none"):
+        torch.ops.posenc.relpos_attention_cpu(q, k, v, e, a, u, f, bias, hi, lo, *piecewise[:4], None, *RELPOS_OPTIONS)
+    with pytest.raises(InvalidArgument, match="bends \\(S - 1,\\)"):
+        torch.ops.posenc.relpos_attention_cpu(q, k, v, e, a, u, f, bias, hi, lo, *piecewise[:2], piecewise[2][:1],
+                                              *piecewise[3:], *RELPOS_OPTIONS)
     with pytest.raises(InvalidArgument, match="one dtype"):
-        torch.ops.posenc.relpos_attention_cpu(q, k, v, e.double(), a, u, f, bias, hi, lo, *RELPOS_OPTIONS)
+        torch.ops.posenc.relpos_attention_cpu(q, k, v, e.double(), a, u, f, bias, hi, lo, *piecewise, *RELPOS_OPTIONS)
 
 
 @pytest.mark.parametrize("name", list(BUILDS))

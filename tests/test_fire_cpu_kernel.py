@@ -215,12 +215,25 @@ def test_declines_what_it_does_not_cover():
         assert declines(fire(8), *qkv(1, 9, 40, 40, 64), p, p)  # more query heads than the encoding's
         zero = fire(4, init_c=0.0, eps=0.0)  # 0 / 0: the network's own path decides
         assert declines(zero, q, k, v, p, p)
-    assert declines(enc, q, k, v, p, p)  # grad mode on and FIRE's parameters require grad
-    with torch.no_grad():
-        q.requires_grad_()
-    assert declines(enc.requires_grad_(False), q, k, v, p, p)  # q requires grad
     with torch.no_grad():
         assert not declines(enc, q, k, v, p, p)
+
+
+def test_training_goes_to_the_relative_position_kernel(relpos_built, relpos_kernel_calls, monkeypatch):
+    """With something to differentiate (FIRE's parameters, or q), the forward-only kernel is not
+    asked; the relative-position kernel's piecewise term serves the call, with autograd."""
+    forward_only = []
+    monkeypatch.setattr(fire_cpu, "attention", lambda *args, **kwargs: forward_only.append(args))
+    enc = fire(4)
+    q, k, v = qkv(1, 4, 40, 40, 64)
+    p = torch.arange(40)
+    out = fused(enc, q, k, v, p, p, True, None)  # FIRE's parameters require grad
+    assert out is not None and out.requires_grad
+    with torch.no_grad():
+        q.requires_grad_()
+    out = fused(enc.requires_grad_(False), q, k, v, p, p, True, None)  # q requires grad
+    assert out is not None and out.requires_grad
+    assert not forward_only and len(relpos_kernel_calls) == 2
 
 
 def test_switch_off_declines():

@@ -21,16 +21,17 @@ def kernel_calls(relpos_kernel_calls):
     return relpos_kernel_calls
 
 
-def formula64(q, k, v, key_table, query_bias, key_bias, value_table, bias_table, gate_hi, gate_lo, offset, causal,
-              scale):
-    """softmax(scale (q_i.k_j + (q_i + a).E[r] + u.k_j) + B[h, r] + c_i' - c_j + mask) @ (v_j + F[r])
-    in float64, with an explicit loop over the (i, j) pairs for r = clamp(j - i + offset, 0, R - 1),
-    c = hi + lo, i' = i + Tk - Tq (the query's own key)."""
+def formula64(q, k, v, key_table, query_bias, key_bias, value_table, bias_table, gate_hi, gate_lo, x_table, x_den,
+              bends, slopes, intercepts, offset, causal, scale):
+    """softmax(scale (q_i.k_j + (q_i + a).E[r] + u.k_j) + B[h, r] + c_i' - c_j + f_h(N[r] / den_i) + mask)
+    @ (v_j + F[r]) in float64, with an explicit loop over the (i, j) pairs for r = clamp(j - i +
+    offset, 0, R - 1), c = hi + lo, i' = i + Tk - Tq (the query's own key), f_h(x) = slopes[h, s] x +
+    intercepts[h, s] with s the number of bends <= x (counted one by one)."""
     q, k, v = q.double(), k.double(), v.double()
     batch, heads, num_queries, _ = q.shape
     num_keys = k.shape[2]
     width = next((t.shape[-2] for t in (key_table, value_table) if t is not None), None)
-    width = width or (bias_table.shape[-1] if bias_table is not None else 1)
+    width = width or next((t.shape[-1] for t in (bias_table, x_table) if t is not None), 1)
     logits = torch.zeros(batch, heads, num_queries, num_keys, dtype=torch.float64)
     extra = [[None] * num_keys for _ in range(num_queries)]
     for i in range(num_queries):
@@ -51,6 +52,10 @@ def formula64(q, k, v, key_table, query_bias, key_bias, value_table, bias_table,
             if gate_hi is not None and 0 <= own < num_keys:
                 c = gate_hi.double() + gate_lo.double()
                 logits[:, :, i, j] += c[:, :, own] - c[:, :, j]
+            if x_table is not None:
+                x = x_table.double()[r] / x_den.double()[i]
+                segment = sum(1 for b in bends.tolist() if b <= float(x.detach()))
+                logits[:, :, i, j] += slopes.double()[:, segment] * x + intercepts.double()[:, segment]
             extra[i][j] = value_table.double()[r] if value_table is not None else None
     if causal:
         hidden = torch.arange(num_keys)[None, :] > torch.arange(num_queries)[:, None] + num_keys - num_queries
@@ -80,6 +85,12 @@ def inputs(kind, batch, heads, num_queries, num_keys, dim, width, dtype, seed=0)
         tables["key_table"] = make(heads, width, dim)
     if kind in ("bias", "all"):
         tables["bias_table"] = make(heads, width)
+    if kind in ("piecewise", "all"):
+        # FIRE's normalized distance: N >= 0 per table row, den > 0 per query, bends inside N / den's range
+        tables["x_table"] = (2 * torch.rand(width, generator=g, dtype=dtype)).requires_grad_()
+        tables["x_den"] = (1 + torch.rand(num_queries, generator=g, dtype=dtype)).requires_grad_()
+        tables["bends"] = torch.sort(2 * torch.rand(3, generator=g, dtype=dtype)).values
+        tables.update(slopes=make(heads, 4), intercepts=make(heads, 4))
     if kind in ("gate", "all"):
         # FoX's cumulative log gates (decreasing) and a low part of their rounding's size
         tables["gate_hi"] = (-make(batch, heads, num_keys, grad=False).abs().cumsum(-1)).requires_grad_()
@@ -87,7 +98,7 @@ def inputs(kind, batch, heads, num_queries, num_keys, dim, width, dtype, seed=0)
     return q, k, v, tables
 
 
-NAMES = ("key_table", "query_bias", "key_bias", "value_table", "bias_table", "gate_hi", "gate_lo")
+NAMES = relpos_cpu.TABLE_NAMES
 
 
 CASES = [
@@ -103,6 +114,8 @@ CASES = [
     ("bias", 1, 2, 5, 9, 8, 13, 8, False),      # every distance (Tq + Tk - 1), bidirectional
     ("gate", 2, 2, 19, 19, 16, 1, 0, True),     # FoX
     ("gate", 1, 3, 4, 11, 16, 1, 0, True),      # FoX after a cache: the query's own key is i + 7
+    ("piecewise", 2, 3, 20, 20, 16, 39, 19, True),  # FIRE: every distance, a normalizer per query
+    ("piecewise", 1, 2, 7, 12, 8, 9, 4, False),     # clipped both ways, bidirectional
 ]
 
 
@@ -124,7 +137,8 @@ def test_outputs_and_gradients_match_the_float64_formula(dtype, kind, batch, hea
         torch.testing.assert_close(g_kernel.double(), g_ref.double(), **tol)
 
 
-def dense64(q, k, v, key_table, query_bias, key_bias, value_table, bias_table, gate_hi, gate_lo, offset, causal, scale):
+def dense64(q, k, v, key_table, query_bias, key_bias, value_table, bias_table, gate_hi, gate_lo, x_table, x_den, bends,
+            slopes, intercepts, offset, causal, scale):
     """:func:`formula64` with whole-tensor operations (for lengths its loop is too slow at); every
     table present, E (R, D) or (H, R, D)."""
     q, k, v, e, a, u, f, bias, hi, lo = (t.double() for t in (q, k, v, key_table, query_bias, key_bias, value_table,
@@ -136,6 +150,9 @@ def dense64(q, k, v, key_table, query_bias, key_bias, value_table, bias_table, g
     c = hi + lo
     own = (torch.arange(tq) + tk - tq).clamp(0, tk - 1)
     logits = scale * logits + bias[:, r] + c[..., own, None] - c[..., None, :]
+    x = x_table.double()[r] / x_den.double()[:, None]
+    segment = torch.searchsorted(bends.double(), x, right=True)
+    logits = logits + slopes.double()[:, segment] * x + intercepts.double()[:, segment]
     if causal:
         logits = logits.masked_fill(torch.arange(tk) > torch.arange(tq).unsqueeze(-1) + tk - tq, float("-inf"))
     p = torch.softmax(logits, -1).nan_to_num()
@@ -175,7 +192,7 @@ def relpos_cpu_block() -> int:
     return int(re.search(r"BLOCK = (\d+);", relpos_cpu.SOURCE.read_text()).group(1))
 
 
-@pytest.mark.parametrize("kind", ["shaw", "txl", "bias", "gate", "all"])
+@pytest.mark.parametrize("kind", ["shaw", "txl", "bias", "gate", "piecewise", "all"])
 def test_gradcheck(kind):
     q, k, v, tables = inputs(kind, 2, 2, 5, 6, 4, 6, torch.float64, seed=3)
     names = list(tables)
@@ -186,19 +203,24 @@ def test_gradcheck(kind):
     assert torch.autograd.gradcheck(fn, (q, k, v, *tables.values()))
 
 
-@pytest.mark.parametrize("wrong", ["bias rows reversed", "gate sign"])
+@pytest.mark.parametrize("wrong", ["bias rows reversed", "gate sign", "pieces one segment off", "den rows reversed"])
 def test_the_formula_check_fails_on_a_wrong_term(wrong):
-    """The comparison above can fail: a bias table read the other way round, or the gate's sign
-    flipped, are far off. (The query's own gate c_i' is constant along its row: the softmax
-    cancels it, and only the float64 gradients above check it.)"""
-    kind = "bias" if wrong.startswith("bias") else "gate"
+    """The comparison above can fail: a bias table read the other way round, the gate's sign
+    flipped, each segment given its neighbour's slope and intercept, or the normalizers of the
+    queries reversed, are far off. (The query's own gate c_i' is constant along its row: the
+    softmax cancels it, and only the float64 gradients above check it.)"""
+    kind = wrong.split()[0] if wrong.startswith(("bias", "gate")) else "piecewise"
     q, k, v, tables = inputs(kind, 1, 2, 4, 11, 16, 13, torch.float64)
     out = relpos_cpu.attention(q, k, v, **tables, offset=8, causal=True, scale=0.3)
     args = [tables.get(n) for n in NAMES]
     if wrong == "bias rows reversed":
         args[4] = args[4].flip(-1)
-    else:
+    elif wrong == "gate sign":
         args[5], args[6] = -args[5], -args[6]
+    elif wrong == "pieces one segment off":
+        args[10], args[11] = args[10].roll(1, -1), args[11].roll(1, -1)
+    else:
+        args[8] = args[8].flip(0)
     assert (out - formula64(q, k, v, *args, 8, True, 0.3)).abs().max() > 1e-2
 
 

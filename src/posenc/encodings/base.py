@@ -696,7 +696,8 @@ def bias_kernel_attention(
     if args is None or any(isinstance(t, Tensor) and (t.dtype != q.dtype or t.device != q.device)
                            for t in args.values()):
         return None
-    if "bias_table" in args and args["bias_table"].shape[0] != q.shape[1]:
+    per_head = args.get("bias_table", args.get("slopes"))
+    if per_head is not None and per_head.shape[0] != q.shape[1]:
         return None
     if k.shape[1] != q.shape[1]:
         group = q.shape[1] // k.shape[1]

@@ -12,8 +12,9 @@ import torch
 from torch import Tensor, nn
 
 from posenc._validation import check_number, check_positive_int
+from posenc.encodings.base import bias_kernel_attention
 from posenc.encodings.score_bias import ScoreBias, _wide
-from posenc.kernels.fused_bias import FusedBias
+from posenc.kernels.fused_bias import FusedBias, relu_pieces
 from posenc.mask_rules import position_at
 
 #: Entries of a FIRE tile whose features are made at once (:func:`_hinge_product`): the
@@ -118,12 +119,7 @@ class FIRE(ScoreBias):
             first, second = self.mlp[0], self.mlp[2]
             w1, b1 = first.weight[:, 0].double(), first.bias.double()
             w2, b2 = second.weight.double(), second.bias.double()
-            bends = torch.sort(-b1[w1 != 0] / w1[w1 != 0]).values
-            if bends.numel():  # a point inside each segment decides which units are on there
-                inside = torch.cat((bends[:1] - 1, (bends[:-1] + bends[1:]) / 2, bends[-1:] + 1))
-            else:
-                inside = torch.zeros(1, dtype=torch.float64, device=w1.device)
-            on = (inside.unsqueeze(-1) * w1 + b1 > 0).double()  # (S, width)
+            bends, on = relu_pieces(w1, b1)  # (S - 1,), (S, width)
             slopes = (on * w1) @ w2.t()  # (S, H)
             intercepts = (on * b1) @ w2.t() + b2
         return bends, slopes.t(), intercepts.t()
@@ -246,7 +242,10 @@ class FIRE(ScoreBias):
         from posenc.kernels import fire_cpu
 
         if torch.is_grad_enabled() and (self._needs_grad() or any(t.requires_grad for t in (q, k, v))):
-            return None  # before use_kernel: a training call must not build a kernel it cannot use
+            # training: the relative-position kernel's piecewise term, with its backward (checked
+            # before fire_cpu.use_kernel: a training call must not build a kernel it cannot use)
+            return bias_kernel_attention(self, q, k, v, q_positions=q_positions, k_positions=k_positions,
+                                         causal=causal, mask=mask, scale=scale)
         if (mask is not None or torch.compiler.is_compiling() or _wide(self.c) != torch.float32
                 or not fire_cpu.use_kernel(q, k, v, q_positions, k_positions)):
             return None

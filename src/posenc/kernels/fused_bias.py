@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+from torch import Tensor
+
 from posenc.errors import InvalidArgument
 
 #: The bias forms, by name (the kernel numbers them itself: its ``KINDS``).
@@ -42,3 +45,20 @@ class FusedBias:
     def __post_init__(self):
         if self.form not in FORMS:
             raise InvalidArgument(f"form must be one of {sorted(FORMS)}, got {self.form!r}")
+
+
+def relu_pieces(w1: Tensor, b1: Tensor) -> tuple[Tensor, Tensor]:
+    """The pieces of a one-input ReLU layer relu(w1 x + b1) (FIRE's MLP): unit u bends at
+    x = -b1_u / w1_u, so between consecutive sorted bends the same units are on.
+
+    w1, b1 (U,). Returns ``(bends (S - 1,), on (S, U))`` float64, without autograd: the sorted
+    bends of the units with w1_u != 0, and per segment s (x with s bends <= x) 1.0 for the units
+    on there, read at a point inside it (so a unit is off at its own bend, as relu'(0) = 0)."""
+    with torch.no_grad():
+        w1, b1 = w1.detach().double(), b1.detach().double()
+        bends = torch.sort(-b1[w1 != 0] / w1[w1 != 0]).values
+        if bends.numel():
+            inside = torch.cat((bends[:1] - 1, (bends[:-1] + bends[1:]) / 2, bends[-1:] + 1))
+        else:
+            inside = torch.zeros(1, dtype=torch.float64, device=w1.device)
+        return bends, (inside.unsqueeze(-1) * w1 + b1 > 0).double()

@@ -21,9 +21,18 @@
 // hi, lo (B, H, Tk): FoX's cumulative log forget gates in two float parts (the difference of
 // the high parts is exact near the diagonal, and the low parts restore what one float would
 // lose). Their gradients: B's per table row, hi's per key (lo carries none).
+//
+// And a third (FIRE's, Li et al. 2024, whose bias depends on the query's position as well as the
+// distance): a piecewise-linear function of a normalized distance,
+//   f_h(x_ij),   x_ij = N[r(i, j)] / den_i,   f_h(x) = slope[h, s] x + intercept[h, s],  s = #{bends <= x}
+// N (R,) per table row, den (Tq,) per query row, bends (S - 1,) sorted and shared by the heads,
+// slope and intercept (H, S). Each chunk of keys finds the segments its x spans (mostly one,
+// the previous chunk's: x is monotone along a causal row). Gradients: slope's and intercept's
+// per segment (the sums of d s and d s x), N's per table row, den's per query row.
 // Compiled at first use by posenc.kernels.relpos_cpu (torch.utils.cpp_extension, -O3
 // -march=native) and called through ctypes: this file includes no torch header.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -89,6 +98,8 @@ inline VT<T> iota() {
 }
 template <class T>
 inline T hmax(VT<T> v) { return reduce<T, 64, true>(v); }
+template <class T>
+inline T hmin(VT<T> v) { return -reduce<T, 64, true>(-v); }
 
 // acc + sum_d x[d] m[d * ld .. d * ld + W): W columns of a (D, ld) matrix weighted by the row x,
 // in four independent chains (one chain of D fused multiply-adds waits on each one's latency).
@@ -202,13 +213,19 @@ struct Tables {
     const T* bias;         // B: (H, R), added after the scale
     const T* gate_hi;      // hi, lo: (B, H, Tk)
     const T* gate_lo;
+    const T* x_table;      // N: (R,), the piecewise term's numerators
+    const T* x_den;        // den: (Tq,)
+    const T* bends;        // (S - 1,) sorted
+    const T* slopes;       // (H, S)
+    const T* intercepts;   // (H, S)
+    int64_t pieces;        // S
 };
 
 // Their gradients, added into one buffer: E's (its shape), then a's and u's (H, D) where present,
 // then F's (R, D).
 template <class T>
 struct TableGrads {
-    T *key, *query_bias, *key_bias, *value, *bias, *gate;
+    T *key, *query_bias, *key_bias, *value, *bias, *gate, *x_table, *x_den, *slopes, *intercepts;
 };
 
 // Where row i's keys fall in rel's columns: j < lo read column 0, lo <= j < hi column j + off,
@@ -373,15 +390,23 @@ struct Kernel {
 
     // The terms added after the scale for one (b, h): B's row of the head, the gates' parts
     // (copied with zeros past Tk, so that whole chunks load) and query i's own.
+    // And the piecewise term's: N, 1 / den_i, the bends and the head's slopes and intercepts.
     struct After {
         const T* bias;
         const T* hi;
         const T* lo;
         T hi_q, lo_q;
+        const T* xt;
+        T rinv;
+        const T* bends;
+        int64_t nb;
+        const T* slope;
+        const T* icpt;
     };
 
     inline After after_terms(const Tables<T>& tab, int64_t h, const T* hi, const T* lo, int64_t i) const {
-        After a{tab.bias != nullptr ? tab.bias + h * R : nullptr, nullptr, nullptr, T(0), T(0)};
+        After a{tab.bias != nullptr ? tab.bias + h * R : nullptr, nullptr, nullptr, T(0), T(0),
+                nullptr, T(0), nullptr, 0, nullptr, nullptr};
         if (tab.gate_hi != nullptr) {
             const int64_t own = i + Tk - Tq;
             a.hi = hi;
@@ -389,12 +414,42 @@ struct Kernel {
             a.hi_q = own >= 0 && own < Tk ? hi[own] : T(0);
             a.lo_q = own >= 0 && own < Tk ? lo[own] : T(0);
         }
+        if (tab.x_table != nullptr) {
+            a.xt = tab.x_table;
+            a.rinv = T(1) / tab.x_den[i];
+            a.bends = tab.bends;
+            a.nb = tab.pieces - 1;
+            a.slope = tab.slopes + h * tab.pieces;
+            a.icpt = tab.intercepts + h * tab.pieces;
+        }
         return a;
+    }
+
+    // The segments [slo, shi] a chunk's x spans; cur: the last chunk's, tried first (x moves
+    // little from one chunk to the next, and a segment is mostly many chunks wide).
+    static inline void chunk_segments(const After& a, VT<T> x, int64_t& cur, int64_t& slo, int64_t& shi) {
+        const T lo = hmin<T>(x), hi = hmax<T>(x);
+        const T* b = a.bends;
+        if ((cur == 0 || b[cur - 1] <= lo) && (cur == a.nb || hi < b[cur])) {
+            slo = shi = cur;
+            return;
+        }
+        slo = std::upper_bound(b, b + a.nb, lo) - b;
+        shi = std::upper_bound(b, b + a.nb, hi) - b;
+        cur = slo;
+    }
+
+    // f_h(x) lane by lane over the segments [slo, shi] (x < bends[s] puts a lane in segment s or below).
+    static inline VT<T> piece_values(const After& a, VT<T> x, int64_t slo, int64_t shi) {
+        VT<T> f = x * a.slope[shi] + a.icpt[shi];
+        for (int64_t s = shi - 1; s >= slo; --s) f = x < a.bends[s] ? x * a.slope[s] + a.icpt[s] : f;
+        return f;
     }
 
     // s holds q_i . k_j on entry (rows_times_columns).
     inline void logits(T* s, const T* rel_row, const T* colp, const Segments& g, int64_t np, const After& a) const {
         const VT<T> lane = iota<T>();
+        int64_t cur = 0;  // the piecewise term's segment of the last chunk
         for (int64_t c = 0; c < np; c += W) {
             VT<T> acc = load(s + c);
             if (rel_row != nullptr) acc += gather(rel_row, c, g);
@@ -403,8 +458,87 @@ struct Kernel {
             if (a.bias != nullptr) acc += gather(a.bias, c, g);
             // eager's order: (hi_i' - hi_j) + lo_i' - lo_j
             if (a.hi != nullptr) acc += ((splat(a.hi_q) - load(a.hi + c)) + a.lo_q) - load(a.lo + c);
+            if (a.xt != nullptr) {
+                const VT<T> x = gather(a.xt, c, g) * a.rinv;
+                int64_t slo, shi;
+                chunk_segments(a, x, cur, slo, shi);
+                acc += piece_values(a, x, slo, shi);
+            }
             store(s + c, lane < static_cast<T>(g.n - c) ? acc : splat(-std::numeric_limits<T>::infinity()));
         }
+    }
+
+    // dst[t] += x[t] for t in [lo, hi), into float64 sums.
+    static inline void add_wide(double* dst, const T* x, int64_t lo, int64_t hi) {
+        int64_t t = lo;
+        if constexpr (sizeof(T) == 4) {
+            typedef float F8 __attribute__((vector_size(32)));
+            for (; t + W <= hi; t += W) {
+                F8 a, b;
+                std::memcpy(&a, x + t, sizeof a);
+                std::memcpy(&b, x + t + 8, sizeof b);
+                store(dst + t, load(dst + t) + __builtin_convertvector(a, VT<double>));
+                store(dst + t + 8, load(dst + t + 8) + __builtin_convertvector(b, VT<double>));
+            }
+        }
+        for (; t < hi; ++t) dst[t] += x[t];
+    }
+
+    // The piecewise term's gradients from one row's d loss / d s_ij (ga, zero past the row's keys),
+    // e_ij = ga_ij f_h'(x_ij): the segment sums of ga into gi and of ga x into gs (the head's
+    // intercepts' and slopes' gradients), e / den_i by table row into gx, and
+    // -sum_j e x / den_i (d x / d den = -x / den) into gden. ex: a row of scratch (Tkp). The sums
+    // over rows in float64: c's gradient is the difference of the x_table's and x_den's shares,
+    // each several times larger than it, and a float32 sum row after row lost ten times the
+    // hooks' error there.
+    inline void piecewise_grads(const After& a, const T* ga, const Segments& g, int64_t np, T* ex, double* gx,
+                                double* gs, double* gi, double& gden) const {
+        VT<T> run_g{}, run_m{}, ax{};
+        int64_t run = -1, cur = 0;
+        for (int64_t c = 0; c < np; c += W) {
+            const VT<T> d = load(ga + c);
+            const VT<T> x = gather(a.xt, c, g) * a.rinv;
+            int64_t slo, shi;
+            chunk_segments(a, x, cur, slo, shi);
+            VT<T> fp = splat(a.slope[shi]);
+            if (slo == shi) {
+                // the common chunk, one segment: its sums run on in registers until the segment changes
+                if (slo != run) {
+                    if (run >= 0) {
+                        gi[run] += hsum<T>(run_g);
+                        gs[run] += hsum<T>(run_m);
+                    }
+                    run_g = run_m = VT<T>{};
+                    run = slo;
+                }
+                run_g += d;
+                run_m += d * x;
+            } else {
+                for (int64_t s = shi; s >= slo; --s) {
+                    using Mask = decltype(x < x);
+                    Mask in = ~Mask{};  // every lane, then those below bends[s] and from bends[s - 1] on
+                    if (s < shi) in = in & (x < a.bends[s]);
+                    if (s > slo) in = in & (x >= a.bends[s - 1]);
+                    gi[s] += hsum<T>(in ? d : VT<T>{});
+                    gs[s] += hsum<T>(in ? d * x : VT<T>{});
+                    if (s < shi) fp = x < a.bends[s] ? splat(a.slope[s]) : fp;
+                }
+            }
+            const VT<T> e = d * fp;
+            store(ex + c, e * a.rinv);
+            ax += e * x;
+        }
+        if (run >= 0) {
+            gi[run] += hsum<T>(run_g);
+            gs[run] += hsum<T>(run_m);
+        }
+        // by table row: the middle segment's keys one column each, the clipped ones into the ends
+        add_wide(gx + g.off, ex, g.lo, g.hi);
+        T first, last;
+        end_sums(ex, g, first, last);
+        gx[0] += first;
+        gx[R - 1] += last;
+        gden -= static_cast<double>(a.rinv) * hsum<T>(ax);
     }
 
     // One slice's gate parts into padded buffers (zeros past Tk), or nulls without gates.
@@ -664,7 +798,8 @@ struct Kernel {
         const Rows<T, DC> rows{D};
         const int64_t d_n = dim(), Tkp = padded(Tk > 0 ? Tk : 1), Rp = padded(R), NB = Tq < BLOCK ? Tq : BLOCK;
         const bool rel = tab.key != nullptr, val = tab.value != nullptr, gated = tab.gate_hi != nullptr;
-        const bool after = gated || tab.bias != nullptr;  // a term after the scale: its gradient is d loss / d (scale z)
+        const bool pw = tab.x_table != nullptr;
+        const bool after = gated || pw || tab.bias != nullptr;  // a term after the scale: its gradient is d loss / d (scale z)
         // P and S: a row per query of the block (W entries of slack at the end, read by
         // by_column); DR and PB: a row of Rw = padded(R) + W per query (by_column's slack)
         const int64_t Rw = Rp + W;
@@ -672,7 +807,11 @@ struct Kernel {
             c_buf(Tkp), REL_buf(rel ? NB * Rp : 0), GV_buf(val ? NB * Rp : 0), dx_buf(d_n), X_buf(rel ? NB * d_n : 0),
             DR_buf(rel ? NB * Rw : 0), PB_buf(val ? NB * Rw : 0), ft_buf(val ? d_n * Rp : 0, T(0)),
             hi_buf(gated ? Tkp : 0), lo_buf(gated ? Tkp : 0), gc_buf(gated ? Tkp : 0), GR_buf(after ? Tkp : 0),
-            rs_buf(gated ? (Tq > 0 ? Tq : 1) : 0);
+            rs_buf(gated ? (Tq > 0 ? Tq : 1) : 0), EX_buf(pw ? Tkp : 0);
+        // the piecewise term's gradients, summed in float64 over this call's slices: N's, den's,
+        // then the slopes' and intercepts' (H, S)
+        const int64_t NS = tab.pieces;
+        std::vector<double> pw_grads(pw ? R + Tq + 2 * H * NS : 0, 0.0);
         const std::vector<T> et_all = transposed_tables(tab, H, Rp);
         T* kt = kt_buf.data();
         T* vt = vt_buf.data();
@@ -771,6 +910,12 @@ struct Kernel {
                         store(dc + c, load(dc + c) + dsv);
                     }
                     if (gb != nullptr) add_by_column(gb, GR_buf.data(), g);
+                    if (pw) {
+                        const After a = after_terms(tab, h, hi, lo, i);
+                        double* gw = pw_grads.data();
+                        piecewise_grads(a, GR_buf.data(), g, np, EX_buf.data(), gw, gw + R + Tq + h * NS,
+                                        gw + R + Tq + H * NS + h * NS, gw[R + i]);
+                    }
                     if (gated) {
                         // hi_j's gradient: minus its column's sum; plus the row's sum at the query's own key
                         VT<T> rsum{};
@@ -844,6 +989,13 @@ struct Kernel {
                     if (i + Tk - Tq >= 0 && i + Tk - Tq < Tk) dg[i + Tk - Tq] += rs_buf[i];
             }
         }
+        if (pw) {
+            T* dst[4] = {grads.x_table, grads.x_den, grads.slopes, grads.intercepts};
+            const int64_t n[4] = {R, Tq, H * NS, H * NS};
+            const double* src = pw_grads.data();
+            for (int part = 0; part < 4; src += n[part], ++part)
+                for (int64_t e = 0; e < n[part]; ++e) dst[part][e] += static_cast<T>(src[e]);
+        }
     }
 };
 
@@ -877,17 +1029,22 @@ extern "C" {
 // elements). key_table E (R, D), or (H, R, D) when key_per_head; query_bias a and key_bias u
 // (H, D); value_table F (R, D); bias_table B (H, R); gate_hi and gate_lo (B, H, Tk) (both or
 // neither): contiguous, each may be null. out (B, H, Tq, D) and lse
-// (B H Tq,) are written. Handles the (b, h) slices g in [g_begin, g_end), g = b H + h.
+// (B H Tq,) are written. The piecewise term: x_table N (R,), x_den (Tq,), bends (pieces - 1,), slopes
+// and intercepts (H, pieces), all present or x_table null. Handles the (b, h) slices g in [g_begin, g_end), g = b H + h.
 // Returns 0, or -1 for an unknown dtype.
 int posenc_relpos_forward(int dtype, int64_t H, int64_t Tq, int64_t Tk, int64_t D, int64_t R, int64_t offset,
                           int causal, double scale, const void* q, const void* k, const void* v, const void* key_table,
                           int key_per_head, const void* query_bias, const void* key_bias, const void* value_table,
-                          const void* bias_table, const void* gate_hi, const void* gate_lo, void* out, void* lse, const int64_t* strides, int64_t g_begin, int64_t g_end) {
+                          const void* bias_table, const void* gate_hi, const void* gate_lo, const void* x_table,
+                          const void* x_den, const void* bends, const void* slopes, const void* intercepts,
+                          int64_t pieces, void* out, void* lse, const int64_t* strides, int64_t g_begin, int64_t g_end) {
     const Strides* st = reinterpret_cast<const Strides*>(strides);
 #define POSENC_TABLES(T)                                                                                        \
     Tables<T> tab{static_cast<const T*>(key_table), key_per_head != 0, static_cast<const T*>(query_bias),     \
                   static_cast<const T*>(key_bias), static_cast<const T*>(value_table),                  \
-                  static_cast<const T*>(bias_table), static_cast<const T*>(gate_hi), static_cast<const T*>(gate_lo)}
+                  static_cast<const T*>(bias_table), static_cast<const T*>(gate_hi), static_cast<const T*>(gate_lo),       \
+                  static_cast<const T*>(x_table), static_cast<const T*>(x_den), static_cast<const T*>(bends),           \
+                  static_cast<const T*>(slopes), static_cast<const T*>(intercepts), pieces}
     if (dtype == 0) {
         using T = float;
         POSENC_TABLES(T);
@@ -908,16 +1065,19 @@ int posenc_relpos_forward(int dtype, int64_t H, int64_t Tq, int64_t Tk, int64_t 
 // The backward of posenc_relpos_forward: dq, dk, dv (shapes of q, k, v) written; the tables'
 // gradients added into `grads` (the caller zeroes it; one buffer per thread), laid out as the
 // present tables one after the other: E's (its shape), a's (H, D), u's (H, D), F's (R, D), B's
-// (H, R), hi's (B, H, Tk) (each (b, h) slice adds into its own row only).
+// (H, R), the piecewise term's (N's (R,), den's (Tq,), slopes' and intercepts' (H, S); the bends
+// have none), hi's (B, H, Tk) last (each (b, h) slice adds into its own row only).
 // out and lse: the forward's; dout: the gradient of out.
 int posenc_relpos_backward(int dtype, int64_t H, int64_t Tq, int64_t Tk, int64_t D, int64_t R, int64_t offset,
                            int causal, double scale, const void* q, const void* k, const void* v, const void* key_table,
                            int key_per_head, const void* query_bias, const void* key_bias, const void* value_table,
-                           const void* bias_table, const void* gate_hi, const void* gate_lo, const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
+                           const void* bias_table, const void* gate_hi, const void* gate_lo, const void* x_table,
+                           const void* x_den, const void* bends, const void* slopes, const void* intercepts,
+                           int64_t pieces, const void* out, const void* lse, const void* dout, void* dq, void* dk, void* dv,
                            void* grads, const int64_t* strides, int64_t g_begin, int64_t g_end) {
     const Strides* st = reinterpret_cast<const Strides*>(strides);
 #define POSENC_GRADS(T)                                                                                         \
-    TableGrads<T> tg{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};                                    \
+    TableGrads<T> tg{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr}; \
     {                                                                                                            \
         T* next = static_cast<T*>(grads);                                                                        \
         if (key_table != nullptr) { tg.key = next; next += (key_per_head ? H : 1) * R * D; }                     \
@@ -925,6 +1085,12 @@ int posenc_relpos_backward(int dtype, int64_t H, int64_t Tq, int64_t Tk, int64_t
         if (key_bias != nullptr) { tg.key_bias = next; next += H * D; }                                          \
         if (value_table != nullptr) { tg.value = next; next += R * D; }                                         \
         if (bias_table != nullptr) { tg.bias = next; next += H * R; }                                            \
+        if (x_table != nullptr) {                                                                                \
+            tg.x_table = next; next += R;                                                                        \
+            tg.x_den = next; next += Tq;                                                                         \
+            tg.slopes = next; next += H * pieces;                                                                \
+            tg.intercepts = next; next += H * pieces;                                                            \
+        }                                                                                                        \
         if (gate_hi != nullptr) { tg.gate = next; }                                                              \
     }
 #define POSENC_BACKWARD_ARGS(T)                                                                                 \

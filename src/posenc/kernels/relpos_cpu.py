@@ -47,7 +47,7 @@ from posenc import kernels
 from posenc.errors import InvalidArgument
 from posenc.kernels import _build
 from posenc.kernels._build import KernelUnavailable
-from posenc.kernels.fused_bias import FusedBias
+from posenc.kernels.fused_bias import FusedBias, relu_pieces
 
 #: The C++ source, shipped beside this module (package data).
 SOURCE = _build.source("relpos_cpu")
@@ -80,7 +80,8 @@ def is_built() -> bool:
 def _declare(lib: ctypes.CDLL) -> None:
     i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     head = [c_int, i64, i64, i64, i64, i64, i64, c_int, ctypes.c_double]
-    tables = [ptr, ptr, ptr, ptr, c_int, ptr, ptr, ptr, ptr, ptr, ptr]  # q, k, v, E, E per head, a, u, F, B, hi, lo
+    # q, k, v, E, E per head, a, u, F, B, hi, lo, N, den, bends, slopes, intercepts, S
+    tables = [ptr, ptr, ptr, ptr, c_int, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64]
     lib.posenc_relpos_forward.argtypes = head + tables + [ptr, ptr, ptr, i64, i64]
     lib.posenc_relpos_forward.restype = c_int
     lib.posenc_relpos_backward.argtypes = head + tables + [ptr] * 7 + [ptr, i64, i64]
@@ -182,13 +183,17 @@ def _require_lib(name: str) -> ctypes.CDLL:
 
 
 def _width(tables: list[Tensor | None]) -> int:
-    """R, the table rows: E's (R, D) or (H, R, D), else F's (R, D), else B's (H, R); 1 without a table."""
+    """R, the table rows: E's (R, D) or (H, R, D), else F's (R, D), else B's (H, R), else N's (R,);
+    1 without a table."""
     key_table, _, _, value_table, bias_table = tables[:5]
+    x_table = tables[7]
     if key_table is not None:
         return key_table.shape[-2]
     if value_table is not None:
         return value_table.shape[0]
-    return bias_table.shape[-1] if bias_table is not None else 1
+    if bias_table is not None:
+        return bias_table.shape[-1]
+    return x_table.shape[0] if x_table is not None else 1
 
 
 def _common(q: Tensor, k: Tensor, v: Tensor, tables: list[Tensor | None], offset: int, causal: bool,
@@ -196,8 +201,9 @@ def _common(q: Tensor, k: Tensor, v: Tensor, tables: list[Tensor | None], offset
     """The arguments both entry points start with: sizes, switches and the inputs' pointers."""
     _, heads, num_queries, dim = q.shape
     head = (_DTYPE_CODES[q.dtype], heads, num_queries, k.shape[2], dim, _width(tables), offset, int(causal), scale)
+    pieces = tables[10].shape[-1] if tables[10] is not None else 0
     return (head + (_ptr(q), _ptr(k), _ptr(v), _ptr(tables[0]), int(tables[0] is not None and tables[0].dim() == 3))
-            + tuple(_ptr(t) for t in tables[1:]))
+            + tuple(_ptr(t) for t in tables[1:]) + (pieces,))
 
 
 def _inputs(q, k, v, *tables):
@@ -221,9 +227,10 @@ def _check(name: str, q: Tensor, k: Tensor, v: Tensor, tables: list[Tensor | Non
         raise InvalidArgument(f"posenc::{name}: q must be (B, H, Tq, D) and k, v (B, H, Tk, D), got "
                               f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     heads, dim = q.shape[1], q.shape[3]
-    key_table, query_bias, key_bias, value_table, bias_table, gate_hi, gate_lo = tables
+    key_table, query_bias, key_bias, value_table, bias_table, gate_hi, gate_lo = tables[:7]
     widths = {t.shape[-2] for t in (key_table, value_table) if t is not None}
     widths |= {bias_table.shape[-1]} if bias_table is not None else set()
+    widths |= {tables[7].shape[0]} if tables[7] is not None and tables[7].dim() == 1 else set()
     gates = (q.shape[0], heads, k.shape[2])
     shapes_ok = (len(widths) <= 1 and all(t is None or t.shape == (heads, dim) for t in (query_bias, key_bias))
                  and (key_table is None or key_table.shape[-1:] == (dim,) and key_table.dim() in (2, 3)
@@ -237,12 +244,28 @@ def _check(name: str, q: Tensor, k: Tensor, v: Tensor, tables: list[Tensor | Non
         raise InvalidArgument(f"posenc::{name}: key_table must be (R, {dim}) or ({heads}, R, {dim}), query_bias and "
                               f"key_bias ({heads}, {dim}), value_table (R, {dim}), bias_table ({heads}, R) with one R, "
                               f"gate_hi and gate_lo both {gates} or both None; got {got}")
+    _check_piecewise(name, heads, q.shape[2], widths, tables[7:])
+
+
+def _check_piecewise(name: str, heads: int, num_queries: int, widths: set, piecewise: list[Tensor | None]) -> None:
+    """The piecewise term's five tensors: all absent, or x_table (R,) of the other tables' R, x_den
+    (Tq,), bends (S - 1,), slopes and intercepts (H, S)."""
+    x_table, x_den, bends, slopes, intercepts = piecewise
+    if all(t is None for t in piecewise):
+        return
+    pieces = slopes.shape[-1] if slopes is not None and slopes.dim() == 2 else -1
+    if (any(t is None for t in piecewise) or x_table.dim() != 1 or len(widths) != 1 or x_den.shape != (num_queries,)
+            or pieces < 1 or bends.shape != (pieces - 1,) or slopes.shape != (heads, pieces)
+            or intercepts.shape != (heads, pieces)):
+        got = ", ".join(str(tuple(t.shape)) if t is not None else "None" for t in piecewise)
+        raise InvalidArgument(f"posenc::{name}: x_table must be (R,) with the other tables' R, x_den ({num_queries},), "
+                              f"bends (S - 1,), slopes and intercepts ({heads}, S), all five or none; got {got}")
 
 
 def _forward(q, k, v, *tables_and_options):
     """``posenc::relpos_attention_cpu`` on CPU tensors: (out, lse)."""
     lib = _require_lib("relpos_attention_cpu")
-    tables, (offset, causal, scale) = list(tables_and_options[:7]), tables_and_options[7:]
+    tables, (offset, causal, scale) = list(tables_and_options[:_NUM_TABLES]), tables_and_options[_NUM_TABLES:]
     _check("relpos_attention_cpu", q, k, v, tables)
     q, k, v, tables = _inputs(q, k, v, *tables)
     batch, heads, num_queries = q.shape[:3]
@@ -266,7 +289,7 @@ def _backward(grad_out, q, k, v, out, lse, *tables_and_options):
     gradients flattened one after the other into one vector (the present tables only; the
     gates' one, hi's: lo carries none)."""
     lib = _require_lib("relpos_attention_cpu_backward")
-    tables, (offset, causal, scale) = list(tables_and_options[:7]), tables_and_options[7:]
+    tables, (offset, causal, scale) = list(tables_and_options[:_NUM_TABLES]), tables_and_options[_NUM_TABLES:]
     _check("relpos_attention_cpu_backward", q, k, v, tables, out, grad_out)
     if lse.shape != q.shape[:3] or lse.dtype != q.dtype:
         raise InvalidArgument(f"posenc::relpos_attention_cpu_backward: lse must be (B, H, Tq) = {tuple(q.shape[:3])} "
@@ -286,19 +309,29 @@ def _backward(grad_out, q, k, v, out, lse, *tables_and_options):
 
 
 def _backward_fake(grad_out, q, k, v, out, lse, *tables_and_options):
-    q, k, v, tables = _inputs(q, k, v, *tables_and_options[:7])  # the layouts _backward's follow
+    q, k, v, tables = _inputs(q, k, v, *tables_and_options[:_NUM_TABLES])  # the layouts _backward's follow
     return _dense_like(q), _dense_like(k), _dense_like(v), q.new_empty(max(_table_entries(tables), 1))
 
 
+#: The operators' optional tables, in their order.
+TABLE_NAMES = ("key_table", "query_bias", "key_bias", "value_table", "bias_table", "gate_hi", "gate_lo", "x_table",
+               "x_den", "bends", "slopes", "intercepts")
+_NUM_TABLES = len(TABLE_NAMES)
+#: The order of the tables' gradients in the backward's flat vector (the kernel's layout: hi's,
+#: (B, H, Tk), last; lo and the bends carry none).
+_GRAD_ORDER = tuple(TABLE_NAMES.index(n) for n in ("key_table", "query_bias", "key_bias", "value_table", "bias_table",
+                                                   "x_table", "x_den", "slopes", "intercepts", "gate_hi"))
+
+
 def _table_entries(tables) -> int:
-    """The gradient vector's length: every present table's entries, lo (the last) excepted."""
-    return sum(t.numel() for t in tables[:-1] if t is not None)
+    """The gradient vector's length: every present table's entries, lo's and the bends' excepted."""
+    return sum(tables[i].numel() for i in _GRAD_ORDER if tables[i] is not None)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, *tables = inputs[:10]
+    q, k, v, *tables = inputs[:3 + _NUM_TABLES]
     ctx.save_for_backward(q, k, v, output[0], output[1], *tables)
-    ctx.options = tuple(inputs[10:])
+    ctx.options = tuple(inputs[3 + _NUM_TABLES:])
 
 
 @once_differentiable
@@ -307,16 +340,16 @@ def _autograd_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, *tables = ctx.saved_tensors
     dq, dk, dv, flat = torch.ops.posenc.relpos_attention_cpu_backward(grad_out, q, k, v, out, lse, *tables,
                                                                       *ctx.options)
-    table_grads, start = [], 0
-    for t in tables[:-1]:
-        n = t.numel() if t is not None else 0
-        table_grads.append(flat[start:start + n].view(t.shape) if t is not None else None)
-        start += n
-    return (dq, dk, dv, *table_grads, None, None, None, None)
+    table_grads, start = [None] * _NUM_TABLES, 0
+    for index in _GRAD_ORDER:
+        t = tables[index]
+        if t is not None:
+            table_grads[index] = flat[start:start + t.numel()].view(t.shape)
+            start += t.numel()
+    return (dq, dk, dv, *table_grads, None, None, None)
 
 
-_TABLES = ("Tensor? key_table, Tensor? query_bias, Tensor? key_bias, Tensor? value_table, Tensor? bias_table, "
-           "Tensor? gate_hi, Tensor? gate_lo")
+_TABLES = ", ".join(f"Tensor? {name}" for name in TABLE_NAMES)
 _OPTIONS = "int offset, bool causal, float scale"
 OP = _build.define_op(f"relpos_attention_cpu(Tensor q, Tensor k, Tensor v, {_TABLES}, {_OPTIONS}) -> (Tensor, Tensor)",
                       _forward, _forward_fake)
@@ -328,17 +361,21 @@ _build.register_autograd(OP, _autograd_backward, _setup_context)
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, key_table: Tensor | None = None, query_bias: Tensor | None = None,
               key_bias: Tensor | None = None, value_table: Tensor | None = None, bias_table: Tensor | None = None,
-              gate_hi: Tensor | None = None, gate_lo: Tensor | None = None, offset: int, causal: bool,
-              scale: float) -> Tensor:
-    """softmax(scale (q_i.k_j + (q_i + a).E[r] + u.k_j) + B[h, r] + (c_i' - c_j)) @ (v_j + F[r]) with
-    autograd, r = r(i, j) = clamp(j - i + offset, 0, R - 1), c = hi + lo (the formula: the module
-    docstring).
+              gate_hi: Tensor | None = None, gate_lo: Tensor | None = None, x_table: Tensor | None = None,
+              x_den: Tensor | None = None, bends: Tensor | None = None, slopes: Tensor | None = None,
+              intercepts: Tensor | None = None, offset: int, causal: bool, scale: float) -> Tensor:
+    """softmax(scale (q_i.k_j + (q_i + a).E[r] + u.k_j) + B[h, r] + (c_i' - c_j) + f_h(N[r] / den_i))
+    @ (v_j + F[r]) with autograd, r = r(i, j) = clamp(j - i + offset, 0, R - 1), c = hi + lo (the
+    formula: the module docstring).
 
     q (B, H, Tq, D); k, v (B, H, Tk, D); key_table E (R, D) shared by the heads or (H, R, D);
     query_bias a and key_bias u (H, D); value_table F (R, D); bias_table B (H, R) (a score bias
     per head and table row: T5's, Kerple's, ALiBi's as a function of the distance); gate_hi and
     gate_lo (B, H, Tk) (FoX's cumulative log gates in two parts; the query's own key
-    i' = i + Tk - Tq; lo gets no gradient); each may be None (no term). All of one dtype,
+    i' = i + Tk - Tq; lo gets no gradient); the piecewise-linear term (FIRE's): x_table N (R,),
+    x_den (Tq,) > 0, bends (S - 1,) sorted ascending, slopes and intercepts (H, S), f_h(x) =
+    slopes[h, s] x + intercepts[h, s] with s the number of bends <= x (the bends get no
+    gradient; all five or none); each may be None (no term). All of one dtype,
     float32 or float64, on the CPU (:func:`usable` says so); the last dimensions of q, k, v
     contiguous or copied. ``causal``: query i sees the keys j <= i + Tk - Tq (queries at the
     end of the keys); a row without keys gets zeros. Returns (B, H, Tq, D) in that dtype, its
@@ -349,14 +386,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, key_table: Tensor | None = Non
     ``torch.ops.posenc.relpos_attention_cpu_backward``.
     """
     return torch.ops.posenc.relpos_attention_cpu(q, k, v, key_table, query_bias, key_bias, value_table, bias_table,
-                                                 gate_hi, gate_lo, int(offset), bool(causal), float(scale))[0]
+                                                 gate_hi, gate_lo, x_table, x_den, bends, slopes, intercepts,
+                                                 int(offset), bool(causal), float(scale))[0]
 
 
 def bias_arguments(bias: FusedBias, *, q_start: int, k_start: int, num_queries: int, num_keys: int) -> dict | None:
     """The kernel's arguments for a score bias stated as a :class:`~posenc.kernels.fused_bias.FusedBias`
     on consecutive positions (query i at ``q_start + i``, key j at ``k_start + j``): ``bias_table``
-    and ``offset``, or ``gate_hi`` and ``gate_lo``; None for a form the kernel has no term for
-    (FIRE's ``log_distance_mlp`` depends on the query's position too).
+    and ``offset``, or ``gate_hi`` and ``gate_lo``, or the piecewise term's five tensors; None for a
+    form the kernel has no term for.
 
     - ``buckets`` (T5): B[h, r] = W[bucket_map[r], h] over the 2R + 1 clipped distances
       k_pos - q_pos in [-R, R], r = clamp(j - i + k_start - q_start + R, 0, 2R): the kernel's clip
@@ -365,6 +403,14 @@ def bias_arguments(bias: FusedBias, *, q_start: int, k_start: int, num_queries: 
       d = q_pos - k_pos the call has, Tq + Tk - 1 of them, r = j - i + Tq - 1 (no clipping), by
       the formulas of :mod:`posenc.kernels.fused_bias` (those of the encodings' ``bias``).
     - ``gate`` (FoX): its (hi, lo), lo zeros where absent.
+    - ``log_distance_mlp`` (FIRE): x = psi(d) / (psi(max(i, L)) + eps) with psi(z) = log(|c z| + 1)
+      over the call's Tq + Tk - 1 distances (x_table) and query positions i (x_den), and the MLP
+      f = w2 relu(w1 x + b1) + b2 as the piecewise-linear function it is: the bends -b1_u / w1_u
+      sorted, and per segment the units on there (read at a point inside it, in float64, without
+      autograd), slopes (on * w1) @ w2^T and intercepts (on * b1) @ w2^T + b2 made by torch
+      operations, so that autograd carries the kernel's per-segment gradients to w1, b1, w2 and
+      b2 (relu' = 0 exactly at a bend, as torch's, up to which side of the bend a rounded x
+      falls). None where a psi or a normalizer is not finite or den <= 0 (c = eps = 0).
 
     Torch operations on the encoding's parameters: autograd carries the table's gradient (the
     kernel's, per row) back to them. The table is (H, R), float32 for float32 parameters."""
@@ -375,13 +421,33 @@ def bias_arguments(bias: FusedBias, *, q_start: int, k_start: int, num_queries: 
     if bias.form == "buckets":
         table = tensors["weight"][tensors["bucket_map"]].transpose(0, 1)  # (H, 2R + 1)
         return {"bias_table": table, "offset": k_start - q_start + bias.radius}
-    distance_form = _DISTANCE_FORMS.get(bias.form)
-    if distance_form is None:
-        return None
     first = next(iter(tensors.values()))
     row = torch.arange(num_queries + num_keys - 1, device=first.device)
     d = (q_start - k_start + num_queries - 1 - row).to(first.dtype)
+    if bias.form == "log_distance_mlp":
+        return _piecewise_arguments(tensors, d, q_start, num_queries, bias.eps)
+    distance_form = _DISTANCE_FORMS.get(bias.form)
+    if distance_form is None:
+        return None
     return {"bias_table": distance_form(tensors, d, bias.symmetric), "offset": num_queries - 1}
+
+
+def _piecewise_arguments(tensors: dict, d: Tensor, q_start: int, num_queries: int, eps: float) -> dict | None:
+    """FIRE's ``log_distance_mlp`` as the kernel's piecewise term (:func:`bias_arguments`)."""
+    c, threshold = tensors["c"], tensors["threshold"]
+    w1, b1, w2, b2 = tensors["w1"], tensors["b1"], tensors["w2"], tensors["b2"]
+    x_table = torch.log((c * d).abs() + 1.0)
+    i = torch.arange(q_start, q_start + num_queries, device=d.device).to(d.dtype)
+    x_den = torch.log((c * torch.maximum(i, threshold)).abs() + 1.0) + eps
+    with torch.no_grad():
+        if not (bool(torch.isfinite(x_table).all()) and bool(torch.isfinite(x_den).all()) and bool((x_den > 0).all())):
+            return None
+    bends, on = relu_pieces(w1, b1)
+    on = on.to(w1.dtype)  # (S, U)
+    slopes = (on * w1) @ w2.t()  # (S, H)
+    intercepts = (on * b1) @ w2.t() + b2
+    return {"x_table": x_table, "x_den": x_den, "bends": bends.to(w1.dtype), "slopes": slopes.t(),
+            "intercepts": intercepts.t(), "offset": num_queries - 1}
 
 
 #: The forms that are functions of d = q_pos - k_pos alone, as (tensors, d, symmetric) -> (H, len(d)):
