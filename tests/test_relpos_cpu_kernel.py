@@ -333,3 +333,35 @@ def test_several_threads_give_the_one_thread_result():
     for g3, g1 in zip(grads3, grads1):
         # the tables' gradients: the slices' sums added in another order (float32 rounding)
         torch.testing.assert_close(g3, g1, atol=1e-6 * float(g1.abs().max()), rtol=1e-5)
+
+
+@pytest.mark.parametrize("rising", [True, False])
+def test_an_x_on_a_bend_takes_the_slope_where_its_unit_is_off(rising):
+    """relu'(0) = 0, as torch's: an x equal to a bend (as rounded) is on the side where the bend's
+    unit is off, below a rising unit's bend (w1 > 0), above a falling one's. Every other table
+    row's x sits exactly on the bend; its gradient (through f' there) against the float64
+    formula with that rule."""
+    from posenc.kernels.relpos_cpu import _kernel_bends
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 8, generator=g) for _ in range(3))
+    x_table = torch.rand(11, generator=g)
+    x_table[::2] = 0.5
+    x_table.requires_grad_()
+    bends = _kernel_bends(torch.tensor([0.5], dtype=torch.float64), torch.tensor([rising]), torch.float32)
+    slopes, intercepts = torch.tensor([[1.0, -2.0], [0.5, 3.0]]), torch.tensor([[0.0, 1.5], [0.0, -1.25]])
+    out = relpos_cpu.attention(q, k, v, x_table=x_table, x_den=torch.ones(6), bends=bends, slopes=slopes,
+                               intercepts=intercepts, offset=5, causal=True, scale=0.3)
+    grad = torch.randn(out.shape, generator=g)
+    got = torch.autograd.grad(out, x_table, grad)[0]
+
+    x64 = x_table.detach().double().requires_grad_()
+    x = x64[(torch.arange(6) - torch.arange(6).unsqueeze(-1) + 5).clamp(0, 10)]
+    upper = x > 0.5 if rising else x >= 0.5  # the unit is off at the bend
+    bias = torch.where(upper, slopes[:, 1, None, None].double() * x + intercepts[:, 1, None, None].double(),
+                       slopes[:, 0, None, None].double() * x + intercepts[:, 0, None, None].double())
+    logits = 0.3 * q.double() @ k.double().transpose(-2, -1) + bias
+    logits = logits.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
+    want = torch.autograd.grad(torch.softmax(logits, -1) @ v.double(), x64, grad.double())[0]
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    assert want[:6:2].abs().min() > 1e-2  # the rows on the bend a causal call reaches carry a gradient

@@ -119,7 +119,7 @@ class FIRE(ScoreBias):
             first, second = self.mlp[0], self.mlp[2]
             w1, b1 = first.weight[:, 0].double(), first.bias.double()
             w2, b2 = second.weight.double(), second.bias.double()
-            bends, on = relu_pieces(w1, b1)  # (S - 1,), (S, width)
+            bends, on, _ = relu_pieces(w1, b1)  # (S - 1,), (S, width)
             slopes = (on * w1) @ w2.t()  # (S, H)
             intercepts = (on * b1) @ w2.t() + b2
         return bends, slopes.t(), intercepts.t()

@@ -47,18 +47,20 @@ class FusedBias:
             raise InvalidArgument(f"form must be one of {sorted(FORMS)}, got {self.form!r}")
 
 
-def relu_pieces(w1: Tensor, b1: Tensor) -> tuple[Tensor, Tensor]:
+def relu_pieces(w1: Tensor, b1: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The pieces of a one-input ReLU layer relu(w1 x + b1) (FIRE's MLP): unit u bends at
     x = -b1_u / w1_u, so between consecutive sorted bends the same units are on.
 
-    w1, b1 (U,). Returns ``(bends (S - 1,), on (S, U))`` float64, without autograd: the sorted
-    bends of the units with w1_u != 0, and per segment s (x with s bends <= x) 1.0 for the units
-    on there, read at a point inside it (so a unit is off at its own bend, as relu'(0) = 0)."""
+    w1, b1 (U,). Returns ``(bends (S - 1,), on (S, U), rising (S - 1,))``, without autograd: the
+    sorted bends (float64) of the units with w1_u != 0; per segment s (x with s bends <= x) 1.0
+    for the units on there, read at a point inside it (float64); and per bend whether its unit
+    turns on there going up (w1_u > 0). At a bend itself the unit is off (relu'(0) = 0): the
+    segment below a rising unit's bend, above a falling one's."""
     with torch.no_grad():
         w1, b1 = w1.detach().double(), b1.detach().double()
-        bends = torch.sort(-b1[w1 != 0] / w1[w1 != 0]).values
+        bends, order = torch.sort(-b1[w1 != 0] / w1[w1 != 0])
         if bends.numel():
             inside = torch.cat((bends[:1] - 1, (bends[:-1] + bends[1:]) / 2, bends[-1:] + 1))
         else:
             inside = torch.zeros(1, dtype=torch.float64, device=w1.device)
-        return bends, (inside.unsqueeze(-1) * w1 + b1 > 0).double()
+        return bends, (inside.unsqueeze(-1) * w1 + b1 > 0).double(), w1[w1 != 0][order] > 0

@@ -122,14 +122,30 @@ inline VT<T> add_row_times_columns(VT<T> acc, const T* x, const T* m, int64_t ld
 // sharing each column load (and two chunks at a time where the span allows: six loads for eight
 // fused multiply-adds instead of two loads for one). span(i0, i1, lo, hi) gives the chunk-aligned
 // columns [lo, hi) that rows i0 .. i1 need (a row may get more: the caller never reads them).
+//
+// The columns go in chunks of CHUNK, every row's share of one chunk before the next: the chunk's
+// D x CHUNK entries of Bt (64 KiB at D = 64) stay in L2 while all the rows read them, where a
+// sweep of each block of four rows over all columns streamed the whole Bt (megabytes at a long
+// Tk) from memory once per four rows.
+constexpr int64_t CHUNK = 256;
+
 template <class T, class Span>
 void rows_times_columns(T* C, int64_t ldc, const T* A, int64_t lda, const T* Bt, int64_t ldb, int64_t D,
                         int64_t rows, Span span) {
     constexpr int64_t W = lanes<T>();
+    static_assert(CHUNK % (2 * W) == 0, "chunks of whole pairs of vectors");
+    std::vector<int64_t> los((rows + 3) / 4), his((rows + 3) / 4);
+    int64_t top = 0;
+    for (int64_t i0 = 0; i0 < rows; i0 += 4) {
+        span(i0, (rows - i0 < 4 ? rows : i0 + 4) - 1, los[i0 / 4], his[i0 / 4]);
+        top = his[i0 / 4] > top ? his[i0 / 4] : top;
+    }
+    for (int64_t c0 = 0; c0 < top; c0 += CHUNK)
     for (int64_t i0 = 0; i0 < rows; i0 += 4) {
         const int64_t nr = rows - i0 < 4 ? rows - i0 : 4;
-        int64_t lo, hi;
-        span(i0, i0 + nr - 1, lo, hi);
+        const int64_t lo = los[i0 / 4] > c0 ? los[i0 / 4] : c0;
+        const int64_t hi = his[i0 / 4] < c0 + CHUNK ? his[i0 / 4] : c0 + CHUNK;
+        if (lo >= hi) continue;
         if (nr < 4) {
             for (int64_t i = i0; i < i0 + nr; ++i)
                 for (int64_t c = lo; c < hi; c += W) store(C + i * ldc + c, add_row_times_columns(VT<T>{}, A + i * lda, Bt + c, ldb, D));
@@ -303,13 +319,23 @@ struct Rows {
     // C[i] += sum_{t0 <= t < t1} A[i ai + t at] B[t] for the rows i < rows, four at a time sharing
     // each load of B[t] ([t0, t1) = range(i0, i1) for the block; A must hold zeros where a row of
     // the block has no term). ai, at: A's strides (A or its transpose).
+    // The terms t go in chunks of CHUNK, every row's share of one chunk before the next (B's
+    // chunk stays in L2: see rows_times_columns).
     template <class Range>
     inline void add_products(T* C, int64_t ldc, const T* A, int64_t ai, int64_t at, const T* B, int64_t ldb,
                              int64_t rows, Range range) const {
+        std::vector<int64_t> los((rows + 3) / 4), his((rows + 3) / 4);
+        int64_t top = 0;
+        for (int64_t i0 = 0; i0 < rows; i0 += 4) {
+            range(i0, (rows - i0 < 4 ? rows : i0 + 4) - 1, los[i0 / 4], his[i0 / 4]);
+            top = his[i0 / 4] > top ? his[i0 / 4] : top;
+        }
+        for (int64_t c0 = 0; c0 < top; c0 += CHUNK)
         for (int64_t i0 = 0; i0 < rows; i0 += 4) {
             const int64_t nr = rows - i0 < 4 ? rows - i0 : 4;
-            int64_t t0, t1;
-            range(i0, i0 + nr - 1, t0, t1);
+            const int64_t t0 = los[i0 / 4] > c0 ? los[i0 / 4] : c0;
+            const int64_t t1 = his[i0 / 4] < c0 + CHUNK ? his[i0 / 4] : c0 + CHUNK;
+            if (t0 >= t1) continue;
             if constexpr (vec) {
                 if (nr == 4) {
                     constexpr int64_t ND = DC / lanes<T>(), L = lanes<T>();
@@ -397,7 +423,7 @@ struct Kernel {
         const T* lo;
         T hi_q, lo_q;
         const T* xt;
-        T rinv;
+        T den, rinv;
         const T* bends;
         int64_t nb;
         const T* slope;
@@ -406,7 +432,7 @@ struct Kernel {
 
     inline After after_terms(const Tables<T>& tab, int64_t h, const T* hi, const T* lo, int64_t i) const {
         After a{tab.bias != nullptr ? tab.bias + h * R : nullptr, nullptr, nullptr, T(0), T(0),
-                nullptr, T(0), nullptr, 0, nullptr, nullptr};
+                nullptr, T(0), T(0), nullptr, 0, nullptr, nullptr};
         if (tab.gate_hi != nullptr) {
             const int64_t own = i + Tk - Tq;
             a.hi = hi;
@@ -416,7 +442,8 @@ struct Kernel {
         }
         if (tab.x_table != nullptr) {
             a.xt = tab.x_table;
-            a.rinv = T(1) / tab.x_den[i];
+            a.den = tab.x_den[i];
+            a.rinv = T(1) / a.den;
             a.bends = tab.bends;
             a.nb = tab.pieces - 1;
             a.slope = tab.slopes + h * tab.pieces;
@@ -424,6 +451,11 @@ struct Kernel {
         }
         return a;
     }
+
+    // x = N[r] / den_i for the W keys from c: divided, not multiplied by 1 / den_i, so that x is
+    // the correctly rounded quotient the torch path computes: which side of a bend an x near it
+    // falls on (the slope its gradient takes) is then the torch path's.
+    inline VT<T> normalized(const After& a, int64_t c, const Segments& g) const { return gather(a.xt, c, g) / a.den; }
 
     // The segments [slo, shi] a chunk's x spans; cur: the last chunk's, tried first (x moves
     // little from one chunk to the next, and a segment is mostly many chunks wide).
@@ -459,7 +491,7 @@ struct Kernel {
             // eager's order: (hi_i' - hi_j) + lo_i' - lo_j
             if (a.hi != nullptr) acc += ((splat(a.hi_q) - load(a.hi + c)) + a.lo_q) - load(a.lo + c);
             if (a.xt != nullptr) {
-                const VT<T> x = gather(a.xt, c, g) * a.rinv;
+                const VT<T> x = normalized(a, c, g);
                 int64_t slo, shi;
                 chunk_segments(a, x, cur, slo, shi);
                 acc += piece_values(a, x, slo, shi);
@@ -497,7 +529,7 @@ struct Kernel {
         int64_t run = -1, cur = 0;
         for (int64_t c = 0; c < np; c += W) {
             const VT<T> d = load(ga + c);
-            const VT<T> x = gather(a.xt, c, g) * a.rinv;
+            const VT<T> x = normalized(a, c, g);
             int64_t slo, shi;
             chunk_segments(a, x, cur, slo, shi);
             VT<T> fp = splat(a.slope[shi]);
@@ -594,6 +626,21 @@ struct Kernel {
             hi = padded(last + 1) > hi ? padded(last + 1) : hi;
         }
         if (hi < lo) hi = lo;
+    }
+
+    // The table rows that query rows i0 .. i1 reach, [t0, t1) (no padding: E has R rows).
+    inline void table_rows(int64_t i0, int64_t i1, int64_t& t0, int64_t& t1) const {
+        t0 = R;
+        t1 = 0;
+        for (int64_t i = i0; i <= i1; ++i) {
+            const Segments g = segments(i, Tq, Tk, R, offset, causal);
+            if (g.n == 0) continue;
+            int64_t first, last;
+            columns(g, first, last);
+            t0 = first < t0 ? first : t0;
+            t1 = last + 1 > t1 ? last + 1 : t1;
+        }
+        if (t1 < t0) t1 = t0;
     }
 
     // Per (b, h) and block of query rows [i0, i0 + nb): X = q + a (rows of D) and REL = X E^T over
@@ -804,8 +851,8 @@ struct Kernel {
         // by_column); DR and PB: a row of Rw = padded(R) + W per query (by_column's slack)
         const int64_t Rw = Rp + W;
         std::vector<T> kt_buf(d_n * Tkp), vt_buf(d_n * Tkp), P_buf(NB * Tkp + W), S_buf(NB * Tkp + W), dc_buf(Tkp),
-            c_buf(Tkp), REL_buf(rel ? NB * Rp : 0), GV_buf(val ? NB * Rp : 0), dx_buf(d_n), X_buf(rel ? NB * d_n : 0),
-            DR_buf(rel ? NB * Rw : 0), PB_buf(val ? NB * Rw : 0), ft_buf(val ? d_n * Rp : 0, T(0)),
+            c_buf(Tkp), REL_buf(rel ? NB * Rp : 0), GV_buf(val ? NB * Rp : 0), X_buf(rel ? NB * d_n : 0),
+            DR_buf(rel ? NB * Rw : 0), DX_buf(rel ? NB * d_n : 0), PB_buf(val ? NB * Rw : 0), ft_buf(val ? d_n * Rp : 0, T(0)),
             hi_buf(gated ? Tkp : 0), lo_buf(gated ? Tkp : 0), gc_buf(gated ? Tkp : 0), GR_buf(after ? Tkp : 0),
             rs_buf(gated ? (Tq > 0 ? Tq : 1) : 0), EX_buf(pw ? Tkp : 0);
         // the piecewise term's gradients, summed in float64 over this call's slices: N's, den's,
@@ -820,6 +867,7 @@ struct Kernel {
         T* dc = dc_buf.data();  // sum_i d z_ij
         T* X = X_buf.data();    // q_i + a
         T* DR = DR_buf.data();  // d rel: d z summed per table row
+        T* DX = DX_buf.data();  // d rel E: the relative term's share of dq, a row per query
         T* PB = PB_buf.data();  // p summed per table row
         T* ft = ft_buf.data();  // the value table transposed (D, Rp), zeros past R
         if (val) {
@@ -891,8 +939,6 @@ struct Kernel {
                         if (rel) by_column(DR + t * Rw, ds, g);
                         continue;
                     }
-                    int64_t first_col, last_col;
-                    columns(g, first_col, last_col);
                     logits(p, rel ? REL_buf.data() + t * Rp : nullptr, colp, g, np, after_terms(tab, h, hi, lo, i));
                     const T li = lb[i];
                     for (int64_t c = 0; c < np; c += W) store(p + c, exp_nonpositive(load(p + c) - li));
@@ -932,16 +978,18 @@ struct Kernel {
                         store(ds + np, VT<T>{});
                     }
                     if (val) by_column(PB + t * Rw, p, g);
-                    if (rel) {
-                        // dq_i += sum_r drel_r E[r] (and the same into da)
-                        T* drel = DR + t * Rw;
-                        by_column(drel, ds, g);
-                        std::memset(dx_buf.data(), 0, sizeof(T) * d_n);
-                        const T* Ef = E + first_col * d_n;
-                        rows.add_weighted_rows(dx_buf.data(), drel + first_col, last_col - first_col + 1,
-                                               [=](int64_t r) { return Ef + r * d_n; });
-                        rows.axpy(dqo, T(1), dx_buf.data());
-                        if (grads.query_bias != nullptr) rows.axpy(grads.query_bias + h * d_n, T(1), dx_buf.data());
+                    if (rel) by_column(DR + t * Rw, ds, g);  // d rel_ir (zeros outside the row's columns)
+                }
+                if (rel) {
+                    // dq_i += sum_r drel_ir E[r] (and the same into da), four rows at a time sharing
+                    // each E[r] (one row at a time streamed the whole table from memory per row)
+                    std::memset(DX, 0, sizeof(T) * nb * d_n);
+                    rows.add_products(DX, d_n, DR, Rw, 1, E, d_n, nb, [this, i0](int64_t a, int64_t c, int64_t& t0, int64_t& t1) {
+                        table_rows(i0 + a, i0 + c, t0, t1);
+                    });
+                    for (int64_t t = 0; t < nb; ++t) {
+                        rows.axpy(dqb + (i0 + t) * st->dq[2], T(1), DX + t * d_n);
+                        if (grads.query_bias != nullptr) rows.axpy(grads.query_bias + h * d_n, T(1), DX + t * d_n);
                     }
                 }
                 // dq_i += sum_j d z_ij k_j, four rows at a time

@@ -37,6 +37,7 @@ Layer: kernels (imports torch and the kernels package only).
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 
 import torch
@@ -442,12 +443,22 @@ def _piecewise_arguments(tensors: dict, d: Tensor, q_start: int, num_queries: in
     with torch.no_grad():
         if not (bool(torch.isfinite(x_table).all()) and bool(torch.isfinite(x_den).all()) and bool((x_den > 0).all())):
             return None
-    bends, on = relu_pieces(w1, b1)
+    bends, on, rising = relu_pieces(w1, b1)
     on = on.to(w1.dtype)  # (S, U)
     slopes = (on * w1) @ w2.t()  # (S, H)
     intercepts = (on * b1) @ w2.t() + b2
-    return {"x_table": x_table, "x_den": x_den, "bends": bends.to(w1.dtype), "slopes": slopes.t(),
+    return {"x_table": x_table, "x_den": x_den, "bends": _kernel_bends(bends, rising, w1.dtype), "slopes": slopes.t(),
             "intercepts": intercepts.t(), "offset": num_queries - 1}
+
+
+def _kernel_bends(bends: Tensor, rising: Tensor, dtype: torch.dtype) -> Tensor:
+    """The bends in the kernel's dtype, where x < bends[s] puts x in segment s or below: a rising
+    unit's bend one ulp up, so that an x equal to it (as rounded) falls below it, where the unit
+    is off, as torch's relu'(0) = 0 has it (seen: one of 8.4 million entries at T = 4096 hit a
+    bend exactly, and took the other slope); kept non-decreasing."""
+    rounded = bends.to(dtype)
+    nudged = torch.where(rising, torch.nextafter(rounded, torch.full_like(rounded, math.inf)), rounded)
+    return torch.cummax(nudged, 0).values if nudged.numel() else nudged
 
 
 #: The forms that are functions of d = q_pos - k_pos alone, as (tensors, d, symmetric) -> (H, len(d)):
