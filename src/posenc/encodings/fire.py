@@ -48,9 +48,10 @@ class FIRE(ScoreBias):
     ``L_multiplier``; buffer ``init_L``. Cost: the MLP runs on every (i, j) pair, O(width Tq Tk)
     memory and time (per batch row with (B, T) positions), versus O(H Tq Tk) for ALiBi; outside
     autograd O((K + 2) H Tq Tk) time, K <= width the bends the tile's inputs cross, and
-    :meth:`bias_into` writes a tile into the attention layer's buffer; on the CPU, after
-    ``posenc.kernels.build_cpu_fire()``, :meth:`fused_attention` gives the attention layer's
-    whole forward with the bias computed inside the attention (no tile); on CUDA,
+    :meth:`bias_into` writes a tile into the attention layer's buffer; on the CPU
+    :meth:`fused_attention` gives the attention layer's whole forward with the bias computed
+    inside the attention (no tile), and for training the forward and backward of the
+    relative-position kernel's piecewise term (O(T) memory); on CUDA,
     ``backend="triton"`` computes it inside the fused kernel, forward and backward
     (:meth:`fused_bias`).
 
@@ -228,11 +229,13 @@ class FIRE(ScoreBias):
     def fused_attention(self, q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor, k_positions: Tensor,
                         causal: bool, mask: Tensor | None, scale: float, gate_state: object = None) -> Tensor | None:
         """softmax(scale q.k^T + b + causal mask) v with this bias computed inside the attention
-        by the fused CPU kernel (:mod:`posenc.kernels.fire_cpu`): no bias tile written or read.
-        For an attention layer's forward without autograd; returns None where it does not
-        apply, and the caller runs its own path: the kernel off or not built (the rule of
-        :func:`posenc.kernels.use_cpu_kernel`, under the same switch), not float32 CPU tensors,
-        a float64 encoding, anything to differentiate, torch.compile, a ``mask``, key-value
+        by a fused CPU kernel: no bias tile written or read. With something to differentiate
+        (FIRE's parameters, q, k or v under grad mode) the relative-position kernel's piecewise
+        term with its backward (:func:`posenc.encodings.base.bias_kernel_attention`, which says
+        what it declines); else the forward-only kernel (:mod:`posenc.kernels.fire_cpu`). Returns
+        None where they do not apply, and the caller runs its own path: the kernel off or not
+        built (the rule of :func:`posenc.kernels.use_cpu_kernel`, under the same switch), not
+        float32 CPU tensors, a float64 encoding, torch.compile, a ``mask``, key-value
         heads fewer than query heads, positions other than one 1-D consecutive ascending run
         each, causal with Tq > Tk, a head size the kernel lacks, a normalizer that is not
         finite and > 0 (c = eps = 0).

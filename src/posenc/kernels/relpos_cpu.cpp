@@ -237,8 +237,8 @@ struct Tables {
     int64_t pieces;        // S
 };
 
-// Their gradients, added into one buffer: E's (its shape), then a's and u's (H, D) where present,
-// then F's (R, D).
+// Their gradients, added into one buffer in the layout posenc_relpos_backward states (E's, a's,
+// u's, F's, B's, the piecewise term's, hi's).
 template <class T>
 struct TableGrads {
     T *key, *query_bias, *key_bias, *value, *bias, *gate, *x_table, *x_den, *slopes, *intercepts;
@@ -416,7 +416,7 @@ struct Kernel {
 
     // The terms added after the scale for one (b, h): B's row of the head, the gates' parts
     // (copied with zeros past Tk, so that whole chunks load) and query i's own.
-    // And the piecewise term's: N, 1 / den_i, the bends and the head's slopes and intercepts.
+    // And the piecewise term's: N, den_i and 1 / den_i, the bends and the head's slopes and intercepts.
     struct After {
         const T* bias;
         const T* hi;

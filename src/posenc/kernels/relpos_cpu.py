@@ -7,18 +7,20 @@ dozen passes over (B, H, Tq, Tk) tensors (timings: docs/results.md, "CPU attenti
 Per (b, h), z_ij the logit before the scale (the formula of ``relpos_cpu.cpp``):
 
     z_ij = q_i . k_j + (q_i + a) . E[r(i, j)] + u . k_j,     r(i, j) = clamp(j - i + offset, 0, R - 1),
-    s_ij = scale z_ij + B[h, r(i, j)] + (hi_i' - hi_j + lo_i') - lo_j,   i' = i + Tk - Tq,
+    s_ij = scale z_ij + B[h, r(i, j)] + (hi_i' - hi_j + lo_i') - lo_j + f_h(N[r(i, j)] / den_i),   i' = i + Tk - Tq,
     p_ij = softmax_j(s_ij) over the visible keys (causal: j <= i + Tk - Tq),
     o_i  = sum_j p_ij (v_j + F[r(i, j)]).
 
 Shaw: E = w^K, F = w^V (R = 2k + 1, shared by the heads), no a or u. Transformer-XL: E = W R_d
 per head over the call's distances, a = r_r_bias, u = r_w_bias, no F. The score biases (issue
 38): B (H, R) a bias per head and table row (T5, ALiBi, Kerple: :func:`bias_arguments`), hi and
-lo (B, H, Tk) FoX's cumulative log forget gates in two float parts. The gradients of q, k, v and
-of the tables (lo excepted) come from one backward pass that recomputes the probabilities from
-the saved log-sum-exp (FlashAttention's scheme); both passes take the query rows in blocks of
-128, so their buffers are O(128 Tk) per thread. float32 (exp by a polynomial within about 1 ulp)
-and float64 (for gradcheck).
+lo (B, H, Tk) FoX's cumulative log forget gates in two float parts, and f_h piecewise linear
+(slopes and intercepts (H, S) between the sorted bends (S - 1,), shared by the heads) of
+N (R,) / den (Tq,): FIRE's MLP of its normalized distance. The gradients of q, k, v and of the
+tables (lo and the bends excepted) come from one backward pass that recomputes the probabilities
+from the saved log-sum-exp (FlashAttention's scheme); both passes take the query rows in blocks
+of 128, so their buffers are O(128 Tk) per thread, and their products in chunks of 256 keys or
+table rows. float32 (exp by a polynomial within about 1 ulp) and float64 (for gradcheck).
 
 Built as the fused RoPE kernel is, through the kernels' one helper (:mod:`posenc.kernels._build`:
 no torch header, seconds; a cache folder per source, flags and CPU; a lock across processes),
