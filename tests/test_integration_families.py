@@ -25,6 +25,7 @@ transformers = pytest.importorskip("transformers")
 
 import posenc  # noqa: E402
 from posenc.encodings.irope import AttentionTemperature  # noqa: E402
+from posenc.encodings.rope.query_scaled import QueryScaledRoPE  # noqa: E402
 from posenc.errors import InvalidArgument  # noqa: E402
 from posenc.hf_config.plan import LayerPlan, PositionPlan  # noqa: E402
 from posenc.integrations.transformers import extend_context, use_encoding  # noqa: E402
@@ -76,8 +77,8 @@ PIXTRAL = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_at
 OLMO3_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "attention_factor": 1.2,
               "beta_fast": 32.0, "beta_slow": 1.0}
 
-MINISTRAL3_YARN = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 16,
-                   "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.0}
+MINISTRAL3_YARN = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 8,
+                   "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}
 
 GEMMA3_TYPES = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]
 
@@ -292,11 +293,13 @@ FAMILIES = {
                        layer_types=["sliding_attention", "full_attention"],
                        rope_parameters={"rope_type": "default", "rope_theta": 1e8}),
                   by_type(lambda t: rope(1e8)), "sdpa"),
-    # Ministral 3 with llama_4_scaling_beta 0 (its query temperature 1): YaRN, every layer
+    # Ministral 3 as released: YaRN on every layer, the queries past original_max_position_embeddings
+    # (8 here: tokens() has 20) scaled by 1 + 0.1 log(1 + floor(p / 8)), which the model applies itself
     "ministral3": (T.Ministral3Config, T.Ministral3ForCausalLM,
                    dict(SMALL, num_hidden_layers=2, head_dim=16, rope_parameters=MINISTRAL3_YARN), uniform(
-                       lambda: rope(1e6, scaling={k: v for k, v in MINISTRAL3_YARN.items()
-                                                  if k not in ("rope_theta", "llama_4_scaling_beta")}), 2), "sdpa"),
+                       lambda: QueryScaledRoPE(16, base=1e6, llama_4_scaling_beta=0.1, original_max_position_embeddings=8,
+                                               scaling={k: v for k, v in MINISTRAL3_YARN.items()
+                                                        if k not in ("rope_theta", "llama_4_scaling_beta")}), 2), "sdpa"),
     # DeepSeek-V2's MLA: complex-pair RoPE on the qk_rope_head_dim part of each head
     "deepseek_v2": (T.DeepseekV2Config, T.DeepseekV2ForCausalLM,
                     dict(SMALL, num_hidden_layers=2, num_key_value_heads=4, n_routed_experts=2, num_experts_per_tok=1,
@@ -653,7 +656,7 @@ MEASURED = {
     "hunyuan_v1_dense": (3.58e-07, 4.17e-07), "hunyuan_v1_moe": (2.98e-07, 3.87e-07),
     "starcoder2": (4.17e-07, 3.58e-07), "phimoe": (4.77e-07, 4.17e-07), "exaone4": (4.77e-07, 5.59e-07),
     "dots1": (4.17e-07, 4.17e-07), "vaultgemma": (4.71e-06, 0.0), "minimax_m2": (2.38e-07, 4.77e-07),
-    "ministral": (3.58e-07, 5.96e-07), "ministral3": (2.42e-07, 4.17e-07),
+    "ministral": (3.58e-07, 5.96e-07), "ministral3": (2.98e-07, 2.98e-07),
     "deepseek_v2": (2.98e-07, 2.98e-07), "qwen3_vl": (2.98e-07, 3.28e-07),
     "qwen3_5_text": (1.91e-06, 1.91e-06),
     "lfm2": (3.87e-07, 4.17e-07), "bamba": (4.47e-07, 3.58e-07), "granitemoehybrid": (3.58e-07, 5.96e-07),
@@ -773,6 +776,7 @@ REPRESENTATIVE = {
     "olmo3": "YaRN on the full_attention layers only (a v4 rope_scaling)",
     "smollm3": "NoPE layers (no_rope_layers flags)",
     "llama4_text": "NoPE layers with the model's attention temperature; interleaved pairs",
+    "ministral3": "RoPE layers whose queries the model scales itself (llama_4_scaling_beta)",
     "cohere": "interleaved pairs",
     "gptj": "partial interleaved rotary, built per layer",
     "phi3": "partial rotary (partial_rotary_factor)",
@@ -1121,11 +1125,38 @@ def test_llama4_native_temperature_is_kept_for_its_own_plan_and_replaced_otherwi
     that (no double scaling: the read plan reproduces the model above); another encoding on
     those layers replaces it (the model's own scaling off), and a later use_encoding restores it."""
     model = build("llama4_text")
+    x = tokens()
+    with torch.no_grad():
+        expected = model(x).logits
     nope_layer = model.model.layers[3].self_attn
     use_encoding(model, "nope", layers=[3])
     assert nope_layer.attn_temperature_tuning is False
     use_encoding(model, own_plan(model))
     assert nope_layer.attn_temperature_tuning is True
+    with torch.no_grad():  # the model's own temperature alone (the plan's read while it was off: not twice)
+        assert (model(x).logits - expected).abs().max() <= 1e-5
+
+
+def test_ministral3_native_query_scale_is_kept_for_its_own_plan_and_turned_off_otherwise():
+    """Ministral 3 scales its queries itself, reading llama_4_scaling_beta from its config at each
+    call: its own plan keeps that (the read plan reproduces the model above); a plain RoPE turns it
+    off on its layers (the logits of the same model with beta 0), and the model's config, which
+    save_pretrained writes, keeps beta 0.1; its own plan again gives the model back."""
+    model = build("ministral3")
+    x = tokens()
+    with torch.no_grad():
+        scaled = model(x).logits
+        plain = build("ministral3", rope_parameters={**MINISTRAL3_YARN, "llama_4_scaling_beta": 0.0})(x).logits
+    assert (scaled - plain).abs().max() > 1e-3  # the scale matters at these positions
+    unscaled = posenc.RoPE(16, base=1e6, scaling={k: v for k, v in MINISTRAL3_YARN.items()
+                                                 if k not in ("rope_theta", "llama_4_scaling_beta")})
+    use_encoding(model, PositionPlan.uniform(unscaled, 2))
+    assert model.config.rope_parameters["llama_4_scaling_beta"] == 0.1
+    with torch.no_grad():
+        assert (model(x).logits - plain).abs().max() <= 1e-5
+    use_encoding(model, own_plan(model))
+    with torch.no_grad():
+        assert (model(x).logits - scaled).abs().max() <= 1e-5
 
 
 #: extend_context refusals of the test configs, each for its reason (the model and config unchanged).

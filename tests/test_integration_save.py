@@ -245,3 +245,17 @@ def test_a_folder_without_a_plan_loads_as_transformers_loads_it(tmp_path):
     model.save_pretrained(tmp_path)
     loaded = from_pretrained(tmp_path)
     assert not hasattr(loaded.model, "posenc_plan") and not hasattr(loaded.config, "posenc_plan")
+
+
+def test_a_plan_of_ministral3s_query_scaled_rope_round_trips():
+    from posenc.encodings.rope.query_scaled import QueryScaledRoPE
+
+    rope = QueryScaledRoPE(16, base=1e6, llama_4_scaling_beta=0.1, original_max_position_embeddings=8,
+                           scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8})
+    back = PositionPlan.from_dict(json.loads(json.dumps(PositionPlan.uniform(rope, 2).to_dict())))
+    assert all(type(layer.encoding) is QueryScaledRoPE for layer in back)
+    assert back[0].encoding.config() == rope.config()
+    q, k = torch.randn(2, 1, 2, 20, 16).unbind(0)
+    positions = torch.arange(20)
+    for a, b in zip(back[0].encoding.rotate(q, k, positions, positions), rope.rotate(q, k, positions, positions)):
+        assert torch.equal(a, b)

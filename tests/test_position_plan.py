@@ -18,6 +18,7 @@ import torch
 
 from posenc.encodings.irope import AttentionTemperature
 from posenc.encodings.rope.multiaxis import MRoPE
+from posenc.encodings.rope.query_scaled import QueryScaledRoPE, llama_4_attn_scale
 from posenc.encodings.rope.rotary import RoPE
 from posenc.errors import InvalidArgument, MissingKey
 from posenc.hf_config import position_plan
@@ -133,6 +134,10 @@ CASES = [
     ("ministral3-beta0", "ministral3", dict(SMALL, head_dim=16, rope_parameters={
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32.0,
         "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.0, "max_position_embeddings": 256})),
+    ("ministral3-scaled", "ministral3", dict(SMALL, head_dim=16, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
+        "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1})),
+    ("ministral3-default-rope", "ministral3", dict(SMALL, head_dim=16)),  # the class's own: yarn x16, beta 0.1
     ("deepseek_v2", "deepseek_v2", dict(SMALL, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16,
                                         q_lora_rank=None, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
                                         topk_group=1, rope_scaling={"type": "yarn", "factor": 4.0, "mscale": 0.707,
@@ -175,6 +180,11 @@ CASES = [
     ("mistral3-ministral3", "mistral3", dict(text_config=dict(SMALL, model_type="ministral3", head_dim=16, rope_parameters={
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64,
         "llama_4_scaling_beta": 0.0}))),
+    # Ministral 3 as released (llama_4_scaling_beta 0.1): its queries scaled past original_max_position_embeddings
+    ("mistral3-ministral3-scaled", "mistral3", dict(text_config=dict(SMALL, model_type="ministral3", head_dim=16,
+                                                                      rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 8,
+        "llama_4_scaling_beta": 0.1}))),
     ("mllama_text_model", "mllama_text_model", dict(SMALL, num_hidden_layers=5, cross_attention_layers=[1, 3],
                                                     rope_theta=500000.0, rope_scaling=LLAMA3)),
     ("mllama-nested", "mllama", dict(text_config=dict(SMALL, model_type="mllama_text_model", num_hidden_layers=4,
@@ -581,6 +591,27 @@ MEASURED: dict[str, float] = {}
 
 
 @pytest.mark.parametrize("case, model_type, config", CASES, ids=[c[0] for c in CASES])
+def check_query_scale(hf, encoding, positions):
+    """Ministral 3's query scale (transformers ``get_llama_4_attn_scale``): read where its beta is
+    not 0, with the factor transformers computes at these positions; plain RoPE elsewhere."""
+    params = getattr(hf, "rope_parameters", None) or {}
+    beta = params.get("llama_4_scaling_beta") if hf.model_type == "ministral3" else None
+    if not beta:
+        assert not isinstance(encoding, QueryScaledRoPE)
+        return
+    from transformers.models.ministral3.modeling_ministral3 import get_llama_4_attn_scale
+
+    original = params["original_max_position_embeddings"]
+    assert isinstance(encoding, QueryScaledRoPE)
+    assert (encoding.llama_4_scaling_beta, encoding.original_max_position_embeddings) == (beta, original)
+    want = get_llama_4_attn_scale(positions[None], beta, original).flatten()
+    got = llama_4_attn_scale(positions, beta=encoding.llama_4_scaling_beta,
+                             original_max_position_embeddings=encoding.original_max_position_embeddings)
+    torch.testing.assert_close(got.float(), want, atol=1e-7, rtol=0)
+    if positions.max() >= original:  # past original_max_position_embeddings the factor is not 1: the check can fail
+        assert want.max() > 1
+
+
 def test_plan_matches_transformers(case, model_type, config):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -606,6 +637,7 @@ def test_plan_matches_transformers(case, model_type, config):
                 assert layer.encoding is None
             continue
         assert isinstance(layer.encoding, (RoPE, MRoPE))
+        check_query_scale(hf, layer.encoding, positions)
         if hf.model_type in LAYER_THETAS:  # the layer's own table, as GraniteSWAModel builds it
             rotary = rotary_cls(copy.deepcopy(hf))
             rotary.config.rope_parameters = {**hf.rope_parameters, "rope_theta": hf.layer_rope_theta[index]}
@@ -790,14 +822,13 @@ def test_mrope_type_accepted_and_written_back():
     # an interleaved section whose width axis runs past the last pair (transformers' slice drops it)
     (dict(model_type="qwen3_vl", text_config=dict(SMALL, head_dim=16, rope_scaling={
         "rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True})), "mrope_section"),
-    # Ministral 3 / Devstral 2's query temperature (llama_4_scaling_beta 0.1 as released, and the class's default)
+    # Ministral 3's query scale: a negative beta (the factor would shrink), a beta without the
+    # length it steps by (transformers divides by None)
     (dict(SMALL, model_type="ministral3", head_dim=16, rope_parameters={
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64,
-        "llama_4_scaling_beta": 0.1}), "llama_4_scaling_beta"),
-    (dict(SMALL, model_type="ministral3", head_dim=16), "llama_4_scaling_beta"),
-    (dict(model_type="mistral3", text_config=dict(SMALL, model_type="ministral3", head_dim=16, rope_parameters={
-        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64,
-        "llama_4_scaling_beta": 0.1})), "llama_4_scaling_beta"),
+        "llama_4_scaling_beta": -0.1}), r"llama_4_scaling_beta'\] = -0.1: must be >= 0"),
+    (dict(SMALL, model_type="ministral3", head_dim=16, rope_parameters={
+        "rope_type": "default", "rope_theta": 1e6, "llama_4_scaling_beta": 0.1}), "needs 'original_max_position_embeddings'"),
     (dict(model_type="mistral3", text_config=dict(SMALL, model_type="llama")), "text_config"),
     (dict(SMALL, model_type="hunyuan_v1_dense", head_dim=16, partial_rotary_factor=0.5,
           rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0}), "partial_rotary_factor"),

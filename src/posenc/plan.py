@@ -291,11 +291,13 @@ PLAN_FORMAT = 1
 def _encoding_classes() -> dict[str, type[PositionalEncoding]]:
     """Registry name -> class: posenc's registry, plus the per-layer encodings of the
     registered layer schedules (iRoPE's ``attention_temperature`` and ``chunked_rope``, which
-    ``IRoPE.for_layer`` returns and Llama 4's plan holds)."""
+    ``IRoPE.for_layer`` returns and Llama 4's plan holds), and the plans' own layer encodings
+    (Ministral 3's ``query_scaled_rope``)."""
     from posenc.encodings import REGISTRY
     from posenc.encodings.irope import AttentionTemperature, ChunkedRoPE
+    from posenc.encodings.rope.query_scaled import QueryScaledRoPE
 
-    return {**REGISTRY, AttentionTemperature.name: AttentionTemperature, ChunkedRoPE.name: ChunkedRoPE}
+    return {**REGISTRY, **{cls.name: cls for cls in (AttentionTemperature, ChunkedRoPE, QueryScaledRoPE)}}
 
 
 def is_plain_data(value: Any) -> bool:

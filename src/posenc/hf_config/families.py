@@ -43,6 +43,7 @@ from typing import Any
 from posenc.encodings.base import PositionalEncoding
 from posenc.encodings.irope import AttentionTemperature
 from posenc.encodings.rope.multiaxis import MRoPE
+from posenc.encodings.rope.query_scaled import QueryScaledRoPE
 from posenc.encodings.rope.rotary import RoPE
 from posenc.errors import InvalidArgument, InvalidType, MissingKey
 from posenc.hf_config import llama4
@@ -688,9 +689,9 @@ MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.
 def ministral3_prepare(r: Reading) -> None:
     """Ministral 3 / Mistral 3 text (``Ministral3Attention.forward``): after RoPE, the queries are
     multiplied by 1 + beta * log(1 + floor(position / original_max_position_embeddings)), beta the
-    rope dict's ``llama_4_scaling_beta`` (default 0.1). No posenc encoding computes that on a RoPE
-    layer (Llama 4's temperature is on its NoPE layers, with floor((position + 1) / floor_scale)),
-    so a nonzero beta is refused; with beta 0 the factor is 1 and the RoPE is read exactly."""
+    rope dict's ``llama_4_scaling_beta`` (default 0.1), read as
+    :class:`~posenc.encodings.rope.query_scaled.QueryScaledRoPE` (:func:`ministral3_rope`); with
+    beta 0 the factor is 1 and the layers are plain RoPE."""
     key, params = rope_dict_of(r)
     if key is None:
         key, params = "rope_parameters", {**MINISTRAL3_ROPE, "max_position_embeddings": r.cfg.get("max_position_embeddings")}
@@ -698,13 +699,32 @@ def ministral3_prepare(r: Reading) -> None:
     if beta is None:
         raise MissingKey(f"config[{key!r}] (ministral3): needs 'llama_4_scaling_beta' (transformers' Ministral3Attention "
                          "multiplies the queries by a factor of it)")
-    if check_real(beta, f"config[{key!r}]['llama_4_scaling_beta']") != 0:
-        raise InvalidArgument(f"config[{key!r}]['llama_4_scaling_beta'] = {beta!r}: transformers' Ministral 3 multiplies "
-                              "the queries of every RoPE layer by 1 + beta * log(1 + floor(position / "
-                              "original_max_position_embeddings)); no posenc encoding computes that query temperature on "
-                              "a RoPE layer, so posenc does not read it (0 would be plain RoPE)")
-    r.note(f"{key} llama_4_scaling_beta 0: Ministral 3's query temperature is 1")
+    if check_real(beta, f"config[{key!r}]['llama_4_scaling_beta']") < 0:
+        raise InvalidArgument(f"config[{key!r}]['llama_4_scaling_beta'] = {beta!r}: must be >= 0 (the queries' factor "
+                              "1 + beta * log(1 + floor(position / original_max_position_embeddings)) would shrink "
+                              "with the position)")
+    if beta == 0:
+        r.note(f"{key} llama_4_scaling_beta 0: Ministral 3's query scale is 1")
+    else:
+        if params.get("original_max_position_embeddings") is None:
+            raise MissingKey(f"config[{key!r}] (ministral3): llama_4_scaling_beta = {beta!r} needs "
+                             "'original_max_position_embeddings' (the positions per step of the queries' scale; "
+                             "transformers divides by it)")
+        length = config_int(params, "original_max_position_embeddings", where=f"config[{key!r}]")
+        r.llama_4_scaling = {"llama_4_scaling_beta": float(beta), "original_max_position_embeddings": length}
+        r.note(f"{key} llama_4_scaling_beta {beta}: queries scaled by 1 + {beta} log(1 + floor(p / {length})) "
+               "on every layer")
     r.cfg[key] = {k: v for k, v in params.items() if k not in ("llama_4_scaling_beta", "max_position_embeddings")}
+
+
+def ministral3_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
+    """Ministral 3's layers: the family's RoPE, its queries scaled by Llama 4's factor when the
+    rope dict's llama_4_scaling_beta is not 0 (:func:`ministral3_prepare`)."""
+    rope = r.rope(layer_type)
+    scaling = getattr(r, "llama_4_scaling", None)
+    if scaling is None:
+        return rope
+    return r.cached(("query_scaled", layer_type), lambda: QueryScaledRoPE(**rope.config(), **scaling))
 
 
 def deepseek_v2_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
@@ -825,7 +845,7 @@ MISTRAL3_TEXT_TYPES = ("mistral", "ministral3")
 def plan_mistral3(config: Mapping[str, Any]) -> PositionPlan:
     """Mistral 3 (``Mistral3Config``): the plan of its ``text_config``, read as the family its own
     ``model_type`` names (default "mistral"), since the two decoders differ (Ministral 3's
-    llama_4_scaling_beta query temperature, refused unless 0)."""
+    llama_4_scaling_beta query scale)."""
     text = config.get("text_config")
     if text is not None and not isinstance(text, Mapping) and hasattr(text, "to_dict"):
         text = text.to_dict()
@@ -1197,7 +1217,8 @@ def mistral4_prepare(r: Reading) -> None:
     """Mistral 4 (``Mistral4Attention.forward``): DeepSeek-V3's MLA (RoPE on qk_rope_head_dim,
     interleaved with rope_interleave), whose queries are then multiplied by Llama 4's scale
     1 + beta * log(1 + floor(position / original_max_position_embeddings)) with the rope dict's
-    ``llama_4_scaling_beta`` (default 0.1): refused by name unless beta is 0 (as Ministral 3)."""
+    ``llama_4_scaling_beta`` (default 0.1): refused by name unless beta is 0 (the whole query is
+    scaled, its unrotated part too, where posenc's MLA plan covers the rotated part only)."""
     key, params = rope_dict_of(r)
     if key is None:
         key, params = "rope_parameters", MISTRAL4_ROPE
@@ -1207,9 +1228,10 @@ def mistral4_prepare(r: Reading) -> None:
                          "multiplies the queries by a factor of it)")
     if check_real(beta, f"config[{key!r}]['llama_4_scaling_beta']") != 0:
         raise InvalidArgument(f"config[{key!r}]['llama_4_scaling_beta'] = {beta!r}: transformers' Mistral 4 multiplies "
-                              "the queries of every layer by 1 + beta * log(1 + floor(position / "
-                              "original_max_position_embeddings)); no posenc encoding computes that query temperature on "
-                              "a RoPE layer, so posenc does not read it (0 would be plain RoPE)")
+                              "the whole MLA query (its unrotated qk_nope_head_dim part too) of every layer by 1 + beta * "
+                              "log(1 + floor(position / original_max_position_embeddings)); posenc's MLA plan is a RoPE on "
+                              "the qk_rope_head_dim part of each head, which cannot scale the rest, so posenc does not read "
+                              "it (0 would be plain RoPE; Ministral 3's dense heads are read: QueryScaledRoPE)")
     # the rotated part is qk_rope_head_dim (deepseek_rope): the share of the whole head is not read again
     r.cfg[key] = {k: v for k, v in params.items()
                   if k not in ("llama_4_scaling_beta", "max_position_embeddings", "partial_rotary_factor")}
@@ -1511,6 +1533,10 @@ class Family:
             with per-layer-type RoPE (Gemma 3: the global layers); empty: the caller names them.
         temperature: the names (switch, floor_scale, attn_scale) of Llama 4's attention
             temperature, the same on the config and on the attention module; None: no such scaling.
+        query_scale: the rope dict key of the beta of Llama 4's query scale 1 + beta log(1 +
+            floor(p / original_max_position_embeddings)) that the attention module applies itself
+            on every layer, reading it from its config at each call (Ministral 3:
+            ``"llama_4_scaling_beta"``); None: no such scaling.
         interleaved_key: the config attribute that decides the pair layout where the family
             lets the config choose (DeepSeek-V3's ``rope_interleave``); None: ``layout``.
         interleaved_tables: the table format's name when that attribute chooses interleaved pairs.
@@ -1550,6 +1576,7 @@ class Family:
     softcap: str | None = "attn_logit_softcapping"
     scaled_layer_types: tuple[str, ...] = ()
     temperature: tuple[str, str, str] | None = None
+    query_scale: str | None = None
     interleaved_key: str | None = None
     interleaved_tables: str | None = None
     head_dim: str = "head_dim"
@@ -1731,7 +1758,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("minimax_m2", defaults={"rope_theta": 5_000_000.0, "head_dim": 128}, prepare=minimax_m2_prepare),
     _family("ministral", defaults={"rope_theta": 10000.0, "sliding_window": 4096}, layer_types=ministral_layer_types),
     _family("ministral3", defaults={"head_dim": 128, "sliding_window": None}, span=span_all_sliding,
-            prepare=ministral3_prepare),
+            encoding=ministral3_rope, prepare=ministral3_prepare, query_scale="llama_4_scaling_beta"),
     _family("deepseek_v2", layout="interleaved", defaults={"rope_theta": 10000.0, "qk_rope_head_dim": 64},
             encoding=deepseek_v2_rope, prepare=deepseek_check, tables="complex_pairs", head_dim="qk_head_dim"),
     # Qwen3-VL: interleaved M-RoPE in the text tower (no sliding window)
@@ -1766,7 +1793,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _family("falcon_h1", defaults={"rope_theta": 10000.0},
             layer_types=lambda r: ["hybrid"] * r.positive_int("num_hidden_layers"), span=hybrid_span),
     # Mistral 3: a Pixtral vision tower and a Mistral or Ministral 3 decoder, read as its text_config names it
-    _family("mistral3", reader=plan_mistral3, base="model.language_model", sizes_config="text_config"),
+    _family("mistral3", reader=plan_mistral3, base="model.language_model", sizes_config="text_config",
+            query_scale="llama_4_scaling_beta"),
     # Llama 3.2 Vision: Llama's RoPE on the self-attention layers, none on the cross-attention layers
     _family("mllama_text_model", defaults={"rope_theta": 500_000.0}, layer_types=mllama_layer_types, span=hybrid_span,
             encoding=attention_layers_rope, base="model", source="transformers/models/mllama/"),

@@ -88,6 +88,11 @@ class FamilyModules:
             the layers whose ``use_rope`` is false. A plan layer with the same
             :class:`~posenc.encodings.irope.AttentionTemperature` then keeps the model's own
             attention; any other encoding turns the model's own scaling off on that layer.
+        query_scale: the rope dict key of Llama 4's query scale that the attention module
+            applies on every layer from its config (Ministral 3's ``llama_4_scaling_beta``). A
+            plan layer with the same :class:`~posenc.encodings.rope.query_scaled.QueryScaledRoPE`
+            keeps the model's own scaling (its RoPE on the usual route); any other encoding
+            turns it off on that layer (the module then reads a config view with beta 0).
     """
 
     base: str | None
@@ -100,6 +105,7 @@ class FamilyModules:
     softcap: str | None
     scaled_layer_types: tuple[str, ...]
     temperature: tuple[str, str, str] | None
+    query_scale: str | None
     interleaved_key: str | None
     interleaved_tables: TableFormat | None
     head_dim: str
@@ -119,6 +125,7 @@ class FamilyModules:
         return cls(base=family.base, layers=family.layers, attention=family.attention, rotary=family.rotary,
                    interleaved=interleaved, tables=tables, sinks=family.sinks, softcap=family.softcap,
                    scaled_layer_types=family.scaled_layer_types, temperature=family.temperature,
+                   query_scale=family.query_scale,
                    interleaved_key=family.interleaved_key, interleaved_tables=other, head_dim=family.head_dim,
                    text_config=family.sizes_config, no_scaling=family.no_scaling,
                    rotary_positions=family.rotary_positions)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ from torch import nn
 from posenc.encodings import Hook, PositionalEncoding, RoPE, create_for_model
 from posenc.encodings.irope import AttentionTemperature
 from posenc.encodings.rope.multiaxis import MultiAxisRoPE
+from posenc.encodings.rope.query_scaled import QueryScaledRoPE
 from posenc.errors import InvalidArgument, InvalidType
 from posenc.hf_config.families import NO_ATTENTION_TYPES
 from posenc.integrations import branch_attention as branches
@@ -47,6 +48,7 @@ class LayerRoute:
     width: int
     posenc_route: bool
     native_temperature_off: bool = False
+    native_query_scale_off: bool = False
 
 
 def use_encoding(
@@ -178,21 +180,27 @@ def prepare_layers(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int
                                       f"it cannot take {type(encoding).__name__}")
             continue
         width = probe.width(index)
-        native = _native_temperature(module, family)
+        native = _native_temperature(module, family, base)
         if native is not None and _is_temperature(encoding, native):
             # the model scales its queries itself: identity tables, the model's own attention
             decisions.append(LayerRoute(index, dataclasses.replace(layer_plan, encoding=None), module, width,
                                     posenc_route=False))
             continue
+        scale = _native_query_scale(module, family, base)
+        if scale is not None and _is_query_scale(encoding, scale):
+            # the model scales its queries itself: the plan's RoPE alone, on its usual route
+            layer_plan = dataclasses.replace(layer_plan, encoding=_unscaled(encoding))
+            encoding, scale = layer_plan.encoding, None
         if encoding is None or not encoding.hooks:  # NoPE: the identity tables, the model's own attention
             decisions.append(LayerRoute(index, layer_plan, module, width, posenc_route=False,
-                                    native_temperature_off=native is not None))
+                                    native_temperature_off=native is not None,
+                                    native_query_scale_off=scale is not None))
             continue
         tables = _takes_tables(encoding, family, width)
         # the tables cover the rotary width (checked above); posenc's attention sees whole heads
         _check_encoding(encoding, sizes, None if tables else getattr(module, family.head_dim, head_dim), where)
         decisions.append(LayerRoute(index, layer_plan, module, width, posenc_route=not tables,
-                                native_temperature_off=native is not None))
+                                native_temperature_off=native is not None, native_query_scale_off=scale is not None))
     needs_posenc = any(d.posenc_route for d in decisions)
     original_attn = base.__dict__.get("_posenc_original_attn", config._attn_implementation)
     if needs_posenc:
@@ -228,6 +236,10 @@ def prepare_layers(model: nn.Module, plan_or_encoding: Any, layers: Sequence[int
                 switch = family.temperature[0]
                 switched_off.append((decision.attention, switch, getattr(decision.attention, switch)))
                 setattr(decision.attention, switch, False)
+            if decision.native_query_scale_off:
+                module = decision.attention
+                switched_off.append((module, "config", module.config))
+                module.config = _QueryScaleOff(module.config, family.query_scale)
             hook = tables_hook(decision, family, memo)
             handles.append(decoder_layers[decision.index].register_forward_pre_hook(hook, with_kwargs=True))
         base.__dict__["_posenc_switched_off"] = switched_off
@@ -422,13 +434,24 @@ def _refuse_static_cache(cache: Any, module: nn.Module, index: int) -> None:
         )
 
 
-def _native_temperature(module: nn.Module, family: Family) -> tuple[int, float] | None:
+def _original(base: nn.Module, module: nn.Module, name: str) -> Any:
+    """The attribute as the model has it without posenc: an earlier :func:`use_encoding` may have
+    switched it (its value until restore is in ``_posenc_switched_off``). Read before this call
+    restores the model, so that a refused call leaves it as it was."""
+    for owner, attribute, value in base.__dict__.get("_posenc_switched_off", []):
+        if owner is module and attribute == name:
+            return value
+    return getattr(module, name, None)
+
+
+def _native_temperature(module: nn.Module, family: Family, base: nn.Module) -> tuple[int, float] | None:
     """(floor_scale, attn_scale) where this attention module scales its queries by the
-    attention temperature itself (Llama 4's NoPE layers), else None."""
+    attention temperature itself (Llama 4's NoPE layers), else None: the model's own switch,
+    not one an earlier call turned off (its restore would scale the queries twice)."""
     if family.temperature is None:
         return None
     switch, floor_scale, attn_scale = family.temperature
-    if not getattr(module, switch, False) or getattr(module, "use_rope", True):
+    if not _original(base, module, switch) or getattr(module, "use_rope", True):
         return None
     return int(getattr(module, floor_scale)), float(getattr(module, attn_scale))
 
@@ -436,6 +459,52 @@ def _native_temperature(module: nn.Module, family: Family) -> tuple[int, float] 
 def _is_temperature(encoding: PositionalEncoding | None, native: tuple[int, float]) -> bool:
     """The plan asks for exactly the temperature the model applies itself."""
     return isinstance(encoding, AttentionTemperature) and (encoding.floor_scale, encoding.attn_scale) == native
+
+
+def _native_query_scale(module: nn.Module, family: Family, base: nn.Module) -> tuple[float, int] | None:
+    """(beta, original_max_position_embeddings) where this attention module multiplies its
+    queries by Llama 4's scale at every call, reading beta from its own config's rope dict
+    (Ministral 3; not the view an earlier call gave it), else None (no such family, or beta 0
+    or absent)."""
+    if family.query_scale is None:
+        return None
+    params = getattr(_original(base, module, "config"), "rope_parameters", None)
+    if not isinstance(params, Mapping) or not params.get(family.query_scale):
+        return None
+    return float(params[family.query_scale]), params.get("original_max_position_embeddings")
+
+
+def _is_query_scale(encoding: PositionalEncoding | None, native: tuple[float, int]) -> bool:
+    """The plan asks for exactly the query scale the model applies itself."""
+    return isinstance(encoding, QueryScaledRoPE) and (
+        encoding.llama_4_scaling_beta, encoding.original_max_position_embeddings) == native
+
+
+def _unscaled(encoding: QueryScaledRoPE) -> RoPE:
+    """The RoPE of a QueryScaledRoPE, without its query scale."""
+    options = {k: v for k, v in encoding.config().items()
+               if k not in ("llama_4_scaling_beta", "original_max_position_embeddings")}
+    return RoPE(**options)
+
+
+class _QueryScaleOff:
+    """A view of an attention module's config whose rope dict has the query scale's beta at 0
+    (the module's own scaling off on that layer; every other attribute read from the config
+    itself, so later changes to it, ``_attn_implementation`` among them, are seen)."""
+
+    def __init__(self, config: Any, key: str) -> None:
+        object.__setattr__(self, "_posenc_config", config)
+        object.__setattr__(self, "_posenc_key", key)
+
+    @property
+    def rope_parameters(self) -> dict:
+        return {**self._posenc_config.rope_parameters, self._posenc_key: 0.0}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._posenc_config, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._posenc_config, name, value)
 
 
 def restore(model: nn.Module, base: nn.Module, family: Family) -> None:
