@@ -40,7 +40,9 @@ EXPECTED = {
     "llama-3.1-8b": None,
     "llama-3.2-1b": None,
     "llava-1.5-7b": "'num_hidden_layers'",
-    "ministral-3-3b-2512": "'llama_4_scaling_beta'",
+    # model_type "ministral3" over a Mistral 3 wrapper's keys (text_config): transformers reads it as a
+    # Ministral3Config of its class defaults (34 layers of 4096); posenc names the key it lacks
+    "ministral-3-3b-2512": "'num_hidden_layers'",
     "mistral-7b-v0.1": None,
     "mistral-7b-v0.3": None,
     "mixtral-8x7b-v0.1": None,
