@@ -134,3 +134,41 @@ def relpos_kernel_calls(monkeypatch):
 
     monkeypatch.setattr(relpos_cpu, "attention", counting)
     return calls
+
+
+def missing_docs_packages() -> list[str]:
+    """The docs extra's packages that are not installed (the site's tests skip naming them)."""
+    import importlib.util
+
+    wanted = {"mkdocs": "mkdocs", "material": "mkdocs-material", "mkdocstrings_handlers.python": "mkdocstrings-python"}
+    missing = []
+    for module, package in wanted.items():
+        try:
+            found = importlib.util.find_spec(module)
+        except ModuleNotFoundError:
+            found = None
+        if found is None:
+            missing.append(package)
+    return missing
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory):
+    """The documentation site built strictly (``mkdocs build --strict``), once a session, for
+    tests/test_docs_site.py and tests/test_docs_browser.py (defined here, not imported into each
+    module: a fixture imported into a module is a fixture of its own there, built again)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    missing = missing_docs_packages()
+    if missing:
+        pytest.skip(f"the docs extra is not installed (pip install -e '.[docs]'): missing {', '.join(missing)}")
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path_factory.mktemp("site")
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+                         check=False, cwd=root, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(root / "src")})
+    assert run.returncode == 0, f"mkdocs build --strict failed:\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
+    return out

@@ -18,7 +18,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_docs_site import _missing_docs_packages, site  # noqa: F401  (the fixture: one strict build a session)
+from conftest import missing_docs_packages
+
+# the site fixture is conftest's: one strict build a session, shared with tests/test_docs_site.py
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Where Debian and Ubuntu put Chromium; CHROMIUM overrides.
@@ -35,7 +37,7 @@ def _browser() -> str | None:
 
 @pytest.fixture(scope="module")
 def served_site(request):
-    missing = _missing_docs_packages()
+    missing = missing_docs_packages()
     if missing:
         pytest.skip(f"the docs extra is not installed: missing {', '.join(missing)}")
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")

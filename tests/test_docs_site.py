@@ -7,32 +7,10 @@ with the reason when the `docs` extra (mkdocs-material, mkdocstrings-python) is 
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import urlsplit
-
-import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _missing_docs_packages() -> list[str]:
-    import importlib.util
-
-    wanted = {"mkdocs": "mkdocs", "material": "mkdocs-material", "mkdocstrings_handlers.python": "mkdocstrings-python"}
-    missing = []
-    for module, package in wanted.items():
-        try:
-            found = importlib.util.find_spec(module)
-        except ModuleNotFoundError:
-            found = None
-        if found is None:
-            missing.append(package)
-    return missing
 
 
 class _Refs(HTMLParser):
@@ -48,20 +26,6 @@ class _Refs(HTMLParser):
             self.refs.append((tag, attrs["src"]))
         if tag == "link" and attrs.get("href"):
             self.refs.append((tag, attrs["href"]))
-
-
-@pytest.fixture(scope="session")
-def site(tmp_path_factory) -> Path:
-    """The strictly built site, built once a session (tests/test_docs_browser.py serves it too)."""
-    missing = _missing_docs_packages()
-    if missing:
-        pytest.skip(f"the docs extra is not installed (pip install -e '.[docs]'): missing {', '.join(missing)}")
-    out = tmp_path_factory.mktemp("site")
-    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-                         check=False, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT / "src")})
-    assert run.returncode == 0, f"mkdocs build --strict failed:\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
-    return out
 
 
 def test_pages_of_the_nav_are_built(site: Path):
