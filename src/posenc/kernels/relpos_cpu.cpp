@@ -129,27 +129,36 @@ inline VT<T> add_row_times_columns(VT<T> acc, const T* x, const T* m, int64_t ld
 // Tk) from memory once per four rows.
 constexpr int64_t CHUNK = 256;
 
-template <class T, class Span>
-void rows_times_columns(T* C, int64_t ldc, const T* A, int64_t lda, const T* Bt, int64_t ldb, int64_t D,
-                        int64_t rows, Span span) {
-    constexpr int64_t W = lanes<T>();
-    static_assert(CHUNK % (2 * W) == 0, "chunks of whole pairs of vectors");
+// The schedule of both products: for each chunk of CHUNK columns, for each block of four rows
+// (nr of them: fewer at the end), body(i0, nr, lo, hi) over the block's columns span(i0, i1)
+// within the chunk, where there are any.
+template <class Span, class Body>
+inline void by_chunks(int64_t rows, Span span, Body body) {
     std::vector<int64_t> los((rows + 3) / 4), his((rows + 3) / 4);
     int64_t top = 0;
     for (int64_t i0 = 0; i0 < rows; i0 += 4) {
         span(i0, (rows - i0 < 4 ? rows : i0 + 4) - 1, los[i0 / 4], his[i0 / 4]);
         top = his[i0 / 4] > top ? his[i0 / 4] : top;
     }
-    for (int64_t c0 = 0; c0 < top; c0 += CHUNK)
-    for (int64_t i0 = 0; i0 < rows; i0 += 4) {
-        const int64_t nr = rows - i0 < 4 ? rows - i0 : 4;
-        const int64_t lo = los[i0 / 4] > c0 ? los[i0 / 4] : c0;
-        const int64_t hi = his[i0 / 4] < c0 + CHUNK ? his[i0 / 4] : c0 + CHUNK;
-        if (lo >= hi) continue;
+    for (int64_t c0 = 0; c0 < top; c0 += CHUNK) {
+        for (int64_t i0 = 0; i0 < rows; i0 += 4) {
+            const int64_t lo = los[i0 / 4] > c0 ? los[i0 / 4] : c0;
+            const int64_t hi = his[i0 / 4] < c0 + CHUNK ? his[i0 / 4] : c0 + CHUNK;
+            if (lo < hi) body(i0, rows - i0 < 4 ? rows - i0 : 4, lo, hi);
+        }
+    }
+}
+
+template <class T, class Span>
+void rows_times_columns(T* C, int64_t ldc, const T* A, int64_t lda, const T* Bt, int64_t ldb, int64_t D,
+                        int64_t rows, Span span) {
+    constexpr int64_t W = lanes<T>();
+    static_assert(CHUNK % (2 * W) == 0, "chunks of whole pairs of vectors");
+    by_chunks(rows, span, [=](int64_t i0, int64_t nr, int64_t lo, int64_t hi) {
         if (nr < 4) {
             for (int64_t i = i0; i < i0 + nr; ++i)
                 for (int64_t c = lo; c < hi; c += W) store(C + i * ldc + c, add_row_times_columns(VT<T>{}, A + i * lda, Bt + c, ldb, D));
-            continue;
+            return;
         }
         const T* a0 = A + i0 * lda;
         const T* a1 = a0 + lda;
@@ -185,7 +194,7 @@ void rows_times_columns(T* C, int64_t ldc, const T* A, int64_t lda, const T* Bt,
             store(c0 + 2 * ldc + c, x2);
             store(c0 + 3 * ldc + c, x3);
         }
-    }
+    });
 }
 
 // exp(x) for x <= 0, 16 floats at once (Cephes' expf: Cody-Waite reduction, degree-6
@@ -324,18 +333,7 @@ struct Rows {
     template <class Range>
     inline void add_products(T* C, int64_t ldc, const T* A, int64_t ai, int64_t at, const T* B, int64_t ldb,
                              int64_t rows, Range range) const {
-        std::vector<int64_t> los((rows + 3) / 4), his((rows + 3) / 4);
-        int64_t top = 0;
-        for (int64_t i0 = 0; i0 < rows; i0 += 4) {
-            range(i0, (rows - i0 < 4 ? rows : i0 + 4) - 1, los[i0 / 4], his[i0 / 4]);
-            top = his[i0 / 4] > top ? his[i0 / 4] : top;
-        }
-        for (int64_t c0 = 0; c0 < top; c0 += CHUNK)
-        for (int64_t i0 = 0; i0 < rows; i0 += 4) {
-            const int64_t nr = rows - i0 < 4 ? rows - i0 : 4;
-            const int64_t t0 = los[i0 / 4] > c0 ? los[i0 / 4] : c0;
-            const int64_t t1 = his[i0 / 4] < c0 + CHUNK ? his[i0 / 4] : c0 + CHUNK;
-            if (t0 >= t1) continue;
+        by_chunks(rows, range, [=](int64_t i0, int64_t nr, int64_t t0, int64_t t1) {
             if constexpr (vec) {
                 if (nr == 4) {
                     constexpr int64_t ND = DC / lanes<T>(), L = lanes<T>();
@@ -364,7 +362,7 @@ struct Rows {
                         store(c0 + 2 * ldc + u * L, a2[u]);
                         store(c0 + 3 * ldc + u * L, a3[u]);
                     }
-                    continue;
+                    return;
                 }
             }
             for (int64_t i = i0; i < i0 + nr; ++i) {
@@ -372,7 +370,7 @@ struct Rows {
                 const T* b0 = B + t0 * ldb;
                 add_weighted_rows(C + i * ldc, w, at, t1 - t0, [=](int64_t t) { return b0 + t * ldb; });
             }
-        }
+        });
     }
     inline T dot(const T* x, const T* y) const {
         if constexpr (vec) {
@@ -613,21 +611,6 @@ struct Kernel {
         return segments(last, Tq, Tk, R, offset, causal).n;
     }
 
-    // The chunk-aligned table columns rows i0 .. i1 reach (columns() of each row with a key).
-    inline void table_span(int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) const {
-        lo = padded(R);
-        hi = 0;
-        for (int64_t i = i0; i <= i1; ++i) {
-            const Segments g = segments(i, Tq, Tk, R, offset, causal);
-            if (g.n == 0) continue;
-            int64_t first, last;
-            columns(g, first, last);
-            lo = first / W * W < lo ? first / W * W : lo;
-            hi = padded(last + 1) > hi ? padded(last + 1) : hi;
-        }
-        if (hi < lo) hi = lo;
-    }
-
     // The table rows that query rows i0 .. i1 reach, [t0, t1) (no padding: E has R rows).
     inline void table_rows(int64_t i0, int64_t i1, int64_t& t0, int64_t& t1) const {
         t0 = R;
@@ -641,6 +624,19 @@ struct Kernel {
             t1 = last + 1 > t1 ? last + 1 : t1;
         }
         if (t1 < t0) t1 = t0;
+    }
+
+    // The same chunk-aligned: the table columns [lo, hi) of the products (empty at padded(R)
+    // where no row has a key).
+    inline void table_span(int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) const {
+        int64_t t0, t1;
+        table_rows(i0, i1, t0, t1);
+        if (t1 == t0) {
+            lo = hi = padded(R);
+            return;
+        }
+        lo = t0 / W * W;
+        hi = padded(t1);
     }
 
     // Per (b, h) and block of query rows [i0, i0 + nb): X = q + a (rows of D) and REL = X E^T over
