@@ -25,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 
 import posenc  # noqa: E402
 from posenc.encodings.irope import AttentionTemperature  # noqa: E402
-from posenc.encodings.rope.query_scaled import QueryScaledRoPE  # noqa: E402
+from posenc.encodings.rope.query_scaled import QueryScaledRoPE
 from posenc.errors import InvalidArgument  # noqa: E402
 from posenc.hf_config.plan import LayerPlan, PositionPlan  # noqa: E402
 from posenc.integrations.transformers import extend_context, use_encoding  # noqa: E402

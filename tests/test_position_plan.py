@@ -585,9 +585,9 @@ def check_layer(model_type, hf, mod, rotary, layer, positions):
     params = getattr(hf, "rope_parameters", None) or {}
     if hf.model_type == "ministral3" and params.get("llama_4_scaling_beta"):
         # Ministral3Attention.forward: the rotated queries times the scale, in the queries' dtype
-        from transformers.models.ministral3.modeling_ministral3 import get_llama_4_attn_scale
+        from transformers.models.ministral3 import modeling_ministral3 as ministral3
 
-        q_hf = q_hf * get_llama_4_attn_scale(positions[None], params["llama_4_scaling_beta"],
+        q_hf = q_hf * ministral3.get_llama_4_attn_scale(positions[None], params["llama_4_scaling_beta"],
                                              params["original_max_position_embeddings"]).to(q_hf.dtype)
     s_hf, s_pe = scores(q_hf, k_hf), scores(q_pe, k_pe)
     assert float((s_hf - s_pe).abs().max()) <= TOL * float(s_hf.abs().max()), float((s_hf - s_pe).abs().max())
@@ -605,12 +605,12 @@ def check_query_scale(hf, encoding, positions):
     if not beta:
         assert not isinstance(encoding, QueryScaledRoPE)
         return
-    from transformers.models.ministral3.modeling_ministral3 import get_llama_4_attn_scale
+    from transformers.models.ministral3 import modeling_ministral3 as ministral3
 
     original = params["original_max_position_embeddings"]
     assert isinstance(encoding, QueryScaledRoPE)
     assert (encoding.llama_4_scaling_beta, encoding.original_max_position_embeddings) == (beta, original)
-    want = get_llama_4_attn_scale(positions[None], beta, original).flatten()
+    want = ministral3.get_llama_4_attn_scale(positions[None], beta, original).flatten()
     got = llama_4_attn_scale(positions, beta=encoding.llama_4_scaling_beta,
                              original_max_position_embeddings=encoding.original_max_position_embeddings)
     torch.testing.assert_close(got.float(), want, atol=1e-7, rtol=0)

@@ -10,8 +10,7 @@ import torch
 import posenc
 from posenc.encodings.rope.query_scaled import QueryScaledRoPE, llama_4_attn_scale
 
-transformers = pytest.importorskip("transformers")
-from transformers.models.ministral3.modeling_ministral3 import get_llama_4_attn_scale  # noqa: E402
+get_llama_4_attn_scale = pytest.importorskip("transformers.models.ministral3.modeling_ministral3").get_llama_4_attn_scale
 
 
 @pytest.mark.parametrize("positions", [torch.arange(40), torch.stack([torch.arange(40), torch.arange(40) + 13])])
@@ -19,8 +18,8 @@ from transformers.models.ministral3.modeling_ministral3 import get_llama_4_attn_
 def test_rotate_is_ropes_times_transformers_scale(positions, rotary_dim):
     g = torch.Generator().manual_seed(0)
     q, k = (torch.randn(2, 3, 40, 16, generator=g) for _ in range(2))
-    options = dict(base=1e6, rotary_dim=rotary_dim, scaling={"rope_type": "yarn", "factor": 4.0,
-                                                             "original_max_position_embeddings": 8})
+    options = {"base": 1e6, "rotary_dim": rotary_dim,
+               "scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}}
     scaled = QueryScaledRoPE(16, llama_4_scaling_beta=0.1, original_max_position_embeddings=8, **options)
     q_scaled, k_scaled = scaled.rotate(q, k, positions, positions)
     q_rope, k_rope = posenc.RoPE(16, **options).rotate(q, k, positions, positions)
