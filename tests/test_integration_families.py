@@ -1154,6 +1154,8 @@ def test_ministral3_native_query_scale_is_kept_for_its_own_plan_and_turned_off_o
     assert model.config.rope_parameters["llama_4_scaling_beta"] == 0.1
     with torch.no_grad():
         assert (model(x).logits - plain).abs().max() <= 1e-5
+        # the layers' config view survives a deepcopy (a bare copy probes it for __setstate__)
+        assert (copy.deepcopy(model)(x).logits - plain).abs().max() <= 1e-5
     use_encoding(model, own_plan(model))
     with torch.no_grad():
         assert (model(x).logits - scaled).abs().max() <= 1e-5

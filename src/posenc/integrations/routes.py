@@ -501,6 +501,8 @@ class _QueryScaleOff:
         return {**self._posenc_config.rope_parameters, self._posenc_key: 0.0}
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith(("__", "_posenc_")):  # copy and pickle probe a bare instance: no recursion
+            raise AttributeError(name)
         return getattr(self._posenc_config, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
