@@ -599,7 +599,8 @@ FAMILIES = {
                  dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8,
                       layer_types=["sliding_attention", "full_attention"],
                       rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
-                 lambda config: PositionPlan((LayerPlan(rope(5e5), "sliding", 8), LayerPlan(rope(5e5)))), "sdpa"),
+                 # its full layers apply no rotary where there is a window ("global NoPE", as EXAONE 4)
+                 lambda config: PositionPlan((LayerPlan(rope(5e5), "sliding", 8), LayerPlan(None))), "sdpa"),
     "laguna": (T.LagunaConfig, T.LagunaForCausalLM,
                dict(SMALL, num_hidden_layers=2, head_dim=16, sliding_window=8, num_experts=2, num_experts_per_tok=1,
                     moe_intermediate_size=32, layer_types=["sliding_attention", "full_attention"]),

@@ -504,7 +504,7 @@ def hf_uses_rope(model_type, hf, index):
         return hf.layer_types[index] == "sliding_attention"
     if model_type == "minimax":  # softmax attention; the lightning layers have no positions
         return hf.layer_types[index] == "full_attention"
-    if model_type in ("exaone4", "exaone_moe"):  # "global NoPE" (Exaone4Attention.forward)
+    if model_type in ("exaone4", "exaone_moe", "kolibri1"):  # "global NoPE" (Exaone4Attention, Kolibri1Attention)
         return hf.sliding_window is None or hf.layer_types[index] == "sliding_attention"
     if model_type in ("afmoe", "flint"):  # AfmoeAttention, FlintAttention: RoPE on the local layers only
         return hf.layer_types[index] == "sliding_attention"

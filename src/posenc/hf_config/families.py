@@ -637,8 +637,9 @@ def exaone4_span(r: Reading, index: int, layer_type: str | None) -> tuple[str, i
 
 
 def exaone4_rope(r: Reading, index: int, layer_type: str | None) -> PositionalEncoding | None:
-    """EXAONE 4 (``Exaone4Attention.forward``): RoPE on the sliding layers, the full layers NoPE
-    ("global NoPE"), unless there is no sliding_window: then RoPE everywhere."""
+    """EXAONE 4 (``Exaone4Attention.forward``) and Kolibri 1 (``Kolibri1Attention.forward``, the
+    same test): RoPE on the sliding layers, the full layers NoPE ("global NoPE"), unless there is
+    no sliding_window: then RoPE everywhere."""
     if r.cfg.get("sliding_window") is not None and layer_type != "sliding_attention":
         return None
     return r.rope(None)
@@ -2194,8 +2195,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             layer_types=rule_layer_types(lambda i, n: "full_attention" if i == 0 or not (i + 1) % 6
                                          else "sliding_attention"), encoding=typed_rope,
             scaled_layer_types=("full_attention",)),
+    # Kolibri 1: "global NoPE" as EXAONE 4 (its full layers apply no rotary when there is a window)
     _family("kolibri1", defaults={"rope_theta": 10000.0, "sliding_window": 513, "head_dim": 128},
-            layer_types=rule_layer_types(lambda i, n: "full_attention" if (i + 1) % 5 == 0 else "sliding_attention")),
+            layer_types=rule_layer_types(lambda i, n: "full_attention" if (i + 1) % 5 == 0 else "sliding_attention"),
+            encoding=exaone4_rope),
     # LFM3: short convolutions, sliding layers (theta 1e4) and full layers (proportional, a half of the head)
     _family("lfm3", defaults={"sliding_window": 256, "head_dim": 128}, prepare=default_rope_dict(LFM3_ROPE), span=hybrid_span, encoding=typed_rope,
             layer_types=rule_layer_types(lambda i, n: "full_attention" if i % 4 == 2 else
