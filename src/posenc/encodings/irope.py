@@ -49,6 +49,7 @@ from torch import Tensor
 from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.encodings.nope import NoPE
 from posenc._validation import check_bool, check_number, check_positive_int
+from posenc.encodings.rope.query_scaled import llama_4_attn_scale, scale_queries
 from posenc.encodings.rope.rotary import RoPE
 from posenc.errors import InvalidArgument
 from posenc.mask_rules import same_chunk
@@ -62,8 +63,8 @@ def attention_temperature(positions: Tensor, *, floor_scale: int = 8192, attn_sc
     (transformers ``Llama4TextAttention.forward``; Meta's ``llama4/model.py``). The floor is an
     integer division, exact for every int64 position; 1 for p < floor_scale - 1.
     """
-    steps = torch.div(positions.to(torch.long) + 1, floor_scale, rounding_mode="floor")
-    return torch.log1p(steps.to(torch.float64)) * attn_scale + 1.0
+    # Ministral 3's scale read at p + 1 (the same float operations: 1 + attn_scale * log1p(steps))
+    return llama_4_attn_scale(positions.to(torch.long) + 1, beta=attn_scale, original_max_position_embeddings=floor_scale)
 
 
 class AttentionTemperature(PositionalEncoding):
@@ -90,10 +91,8 @@ class AttentionTemperature(PositionalEncoding):
     def rotate(self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor) -> tuple[Tensor, Tensor]:
         """q (B, H, Tq, D) times tau(q_positions) ((Tq,) or (B, Tq)), in float32 (float64 for
         float64 q) and cast back to q's dtype, as transformers does; k returned as is."""
-        wide = torch.promote_types(q.dtype, torch.float32)
-        tau = attention_temperature(q_positions, floor_scale=self.floor_scale, attn_scale=self.attn_scale).to(wide)
-        tau = tau.unsqueeze(-1) if tau.dim() == 1 else tau[:, None, :, None]  # (Tq, 1) or (B, 1, Tq, 1)
-        return (q.to(wide) * tau).to(q.dtype), k
+        tau = attention_temperature(q_positions, floor_scale=self.floor_scale, attn_scale=self.attn_scale)
+        return scale_queries(q, tau), k
 
     def extra_repr(self) -> str:
         return f"floor_scale={self.floor_scale}, attn_scale={self.attn_scale}"

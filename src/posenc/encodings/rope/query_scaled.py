@@ -33,6 +33,15 @@ def llama_4_attn_scale(positions: Tensor, *, beta: float, original_max_position_
     return 1.0 + beta * torch.log1p(steps.to(torch.float64))
 
 
+def scale_queries(q: Tensor, tau: Tensor) -> Tensor:
+    """q (B, H, Tq, D) times tau ((Tq,) or (B, Tq), one factor per query) in float32 (float64
+    for float64 q), cast back to q's dtype, as transformers scales its queries."""
+    wide = torch.promote_types(q.dtype, torch.float32)
+    tau = tau.to(wide)
+    tau = tau.unsqueeze(-1) if tau.dim() == 1 else tau[:, None, :, None]  # (Tq, 1) or (B, 1, Tq, 1)
+    return (q.to(wide) * tau).to(q.dtype)
+
+
 class QueryScaledRoPE(RoPE):
     """:class:`RoPE` whose rotated queries are multiplied by :func:`llama_4_attn_scale` at their
     positions (keys as RoPE leaves them): Ministral 3's attention (module docstring).
@@ -66,11 +75,9 @@ class QueryScaledRoPE(RoPE):
     def rotate(self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor) -> tuple[Tensor, Tensor]:
         """:meth:`RoPE.rotate`, then q (B, H, Tq, D) times tau(q_positions) ((Tq,) or (B, Tq))."""
         q, k = super().rotate(q, k, q_positions, k_positions)
-        wide = torch.promote_types(q.dtype, torch.float32)
         tau = llama_4_attn_scale(q_positions, beta=self.llama_4_scaling_beta,
-                                 original_max_position_embeddings=self.original_max_position_embeddings).to(wide)
-        tau = tau.unsqueeze(-1) if tau.dim() == 1 else tau[:, None, :, None]  # (Tq, 1) or (B, 1, Tq, 1)
-        return (q.to(wide) * tau).to(q.dtype), k
+                                 original_max_position_embeddings=self.original_max_position_embeddings)
+        return scale_queries(q, tau), k
 
     def to_hf_dict(self) -> dict[str, Any]:
         """:meth:`RoPE.to_hf_dict` with ``llama_4_scaling_beta`` (and
