@@ -54,6 +54,36 @@ def ref_inv_freq(d, b, sc, seq_len=None):
         else:
             af = 0.1 * math.log(s) + 1 if s > 1 else 1.0
         return out, af
+    if t in ("yarn_log", "telechat3_yarn"):
+        # vLLM's grok1_scaling_rope.py (yarn_log) and telechat3_scaling_rope.py, line by line in float64
+        s, L0 = sc["factor"], sc["original_max_position_embeddings"]
+        bf, bs = sc.get("beta_fast", 32), sc.get("beta_slow", 1)
+
+        def correction_dim(r):
+            return d * math.log(L0 / (r * 2 * math.pi)) / (2 * math.log(b))
+
+        lo, hi = correction_dim(bf), correction_dim(bs)
+        if t == "yarn_log" or sc.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, d - 1)
+        if lo == hi:
+            hi += 0.001
+        out = []
+        for i in range(d // 2):
+            extrapolation, interpolation = theta[i], 1.0 / (s * (b ** (2 * i / d)))
+            ramp = min(max((i - lo) / (hi - lo), 0.0), 1.0)
+            if t == "telechat3_yarn":
+                out.append(interpolation * ramp + extrapolation * (1 - ramp))
+                continue
+            mask = (1 - ramp) * sc.get("extrapolation_factor", 1.0)
+            out.append(math.exp(math.log(extrapolation) * mask + math.log(interpolation) * (1.0 - mask)))
+        if t == "yarn_log":
+            return out, 1.0  # the reference's cos / sin are not multiplied by its mscale
+        return out, (0.07 * math.log(s) + 1.0 if s > 1 else 1.0)
+    if t == "theta_scale":
+        s, L0 = sc["factor"], sc["original_max_position_embeddings"]
+        new_base = b ** (math.log(L0 * s / (2 * math.pi)) / math.log(L0 / (2 * math.pi)))
+        return [1.0 / new_base ** (2 * i / d) for i in range(d // 2)], 1.0
     if t == "llama3":
         s, lo, hi, L0 = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"], sc["original_max_position_embeddings"]
         out = []
@@ -106,4 +136,7 @@ SAMPLES = {
                  "original_max_position_embeddings": L0, "factor": 8.0},
     "proportional": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 2.0},
     "freq_factors": {"rope_type": "freq_factors", "freq_factors": [1.0, 1.5, 4.0, 8.0], "attention_factor": 1.25},
+    "yarn_log": {"rope_type": "yarn_log", "factor": 4.0, "original_max_position_embeddings": L0},
+    "theta_scale": {"rope_type": "theta_scale", "factor": 4.0, "original_max_position_embeddings": L0},
+    "telechat3_yarn": {"rope_type": "telechat3_yarn", "factor": 4.0, "original_max_position_embeddings": L0},
 }

@@ -384,6 +384,8 @@ CASES = [
     ("from_hf_config no head_dim", lambda: posenc.rope.from_hf_config({"rope_theta": 10000.0}), KeyError, r"head_dim"),
     ("from_hf_config bad theta", lambda: posenc.rope.from_hf_config({"head_dim": 8, "rope_theta": 0.5}), ValueError, r"rope_theta"),
     ("from_hf_config bad scaling", lambda: posenc.rope.from_hf_config({"head_dim": 8, "rope_scaling": {"rope_type": "yarn2", "factor": 2.0}}), ValueError, r"unknown rope_type 'yarn2'"),
+    ("from_hf_config Grok's top-level rope_type", lambda: posenc.rope.from_hf_config({"head_dim": 8, "rope_type": "yarn_log", "scaling_factor": 4.0, "original_max_position_embeddings": 64}), ValueError, r"Grok's spelling.*construct RoPE"),
+    ("theta_scale context <= 2 pi", lambda: posenc.create("rope", head_dim=8, scaling={"rope_type": "theta_scale", "factor": 2.0, "original_max_position_embeddings": 6}), ValueError, r"must be > 2 pi"),
 ]
 
 

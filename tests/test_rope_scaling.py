@@ -51,6 +51,18 @@ CASES = [
     (128, 500000.0, {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
                      "original_max_position_embeddings": 8192}, None),
 ]
+# Grok's yarn_log and theta_scale, TeleChat3's YaRN (vLLM; not in transformers)
+CASES += [
+    (128, 208533496.0, {"rope_type": "yarn_log", "factor": 16.0, "original_max_position_embeddings": 8192}, None),
+    (64, 208533496.0, {"rope_type": "yarn_log", "factor": 16.0, "original_max_position_embeddings": 8192}, None),
+    (128, 10000.0, {"rope_type": "yarn_log", "factor": 8.0, "original_max_position_embeddings": 4096,
+                    "beta_fast": 16, "beta_slow": 2, "extrapolation_factor": 0.5}, None),
+    (128, 208533496.0, {"rope_type": "theta_scale", "factor": 16.0, "original_max_position_embeddings": 8192}, None),
+    (64, 10000.0, {"rope_type": "theta_scale", "factor": 4.0, "original_max_position_embeddings": 64}, None),
+    (128, 1e6, {"rope_type": "telechat3_yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, None),
+    (128, 1e6, {"rope_type": "telechat3_yarn", "factor": 8.0, "original_max_position_embeddings": 32768,
+                "beta_fast": 64, "beta_slow": 2, "truncate": False}, 100000),
+]
 _LR = {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
        "long_factor": [2.0 + i for i in range(8)], "original_max_position_embeddings": 64}
 CASES += [

@@ -162,6 +162,45 @@ def _refuse_without_rope(config: Mapping[str, Any]) -> None:
         )
 
 
+#: Grok's top-level rope_type values (vLLM / SGLang ``grok.py``, ``get_rope_scaling``) -> posenc's.
+_GROK_ROPE_TYPES = {"original": "default", "yarn": None, "yarn_linear": None, "yarn_log": "yarn_log", "theta_scale": "theta_scale"}
+
+
+def _refuse_grok_spelling(config: Mapping[str, Any]) -> None:
+    """Refuse Grok's spelling of its RoPE, which no Hugging Face config uses and
+    :func:`read_hf_config` would otherwise read as plain RoPE: a top-level ``rope_type`` with
+    ``scaling_factor`` / ``original_max_position_embeddings`` beside it (vLLM's and SGLang's
+    ``grok.py`` read it), or ``rope_rotate_half_dims`` (the rotary part half the head). The
+    message spells the posenc scaling of the same frequencies where there is one.
+
+    Raises:
+        InvalidArgument: naming the key and what to construct instead.
+    """
+    if config.get("rope_rotate_half_dims"):
+        raise InvalidArgument(
+            "config['rope_rotate_half_dims'] = true (Grok: RoPE on the first half of each head) is not read by "
+            "posenc's config reader; construct RoPE(head_dim, rotary_dim=head_dim // 2, ...) instead"
+        )
+    method = config.get("rope_type")
+    if method is None or method == "original":
+        return
+    spelled = _GROK_ROPE_TYPES.get(method) if isinstance(method, str) else None
+    if spelled is None:
+        raise InvalidArgument(
+            f"config['rope_type'] = {method!r} at the top level (Grok's spelling) is not read by posenc; "
+            f"the top-level values with a posenc rope_type are {sorted(k for k, v in _GROK_ROPE_TYPES.items() if v)} "
+            "(Grok's 'yarn' is YaRN with attention factor 1: write a rope_scaling dict with rope_type 'yarn' and "
+            "'attention_factor': 1.0)"
+        )
+    keys = {"factor": config.get("scaling_factor"),
+            "original_max_position_embeddings": config.get("original_max_position_embeddings"),
+            **{k: config[k] for k in ("beta_fast", "beta_slow", "extrapolation_factor") if k in config and spelled == "yarn_log"}}
+    raise InvalidArgument(
+        f"config['rope_type'] = {method!r} at the top level (Grok's spelling) is not read by posenc's config reader; "
+        f"construct RoPE(head_dim, base=rope_theta, scaling={ {'rope_type': spelled, **keys} })"
+    )
+
+
 def head_dim_of(config: Mapping[str, Any]) -> int:
     """The per-head width D of a config dict: ``head_dim``, else ``hidden_size //
     num_attention_heads`` (the configs that predate ``head_dim``: Llama 2, Qwen2, ...).
@@ -225,6 +264,7 @@ def read_hf_config(config: Mapping[str, Any], *, layer_type: str | None = None) 
     transformers does); ``mrope_section`` is kept in the layout and written back.
     """
     config_mapping(config)
+    _refuse_grok_spelling(config)
     _refuse_without_rope(config)
     config, note = rope_dict_spellings(config)
     if note is not None:

@@ -515,6 +515,103 @@ def _freq_factors(dim: int, base: float, scaling: Mapping[str, Any], seq_len: in
     return default_inv_freq_f64(dim, base) / factors, attention_factor
 
 
+# -- the YaRN variants of released models that transformers does not carry ----------------------------
+def _yarn_ramp_truncated(dim: int, base: float, scaling: Mapping[str, Any], context_length: int) -> Tensor:
+    """YaRN's ramp with the bounds always rounded (floor / ceil), as vLLM's and SGLang's
+    ``yarn_find_correction_range`` compute it: no ``truncate`` key."""
+    return _yarn_ramp(dim, base, {k: scaling[k] for k in ("beta_fast", "beta_slow") if k in scaling}, context_length)
+
+
+def _yarn_log(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """Grok's ``yarn_log``: YaRN's two frequency sets blended in log space (a geometric mean),
+    with no attention factor.
+
+    m_i = (1 - ramp_i) * e, with YaRN's ramp (bounds always rounded; e = ``extrapolation_factor``,
+    default 1); inv_i = exp(m_i ln theta_i + (1 - m_i) ln(theta_i / s)) = theta_i * s^-(1 - m_i):
+    fast pairs (m = 1) keep theta, slow pairs (m = 0) get theta / s, and in the ramp the
+    exponent, not the frequency, moves linearly (YaRN's ``yarn`` blends the frequencies
+    themselves). attention_factor = 1: the reference computes YaRN's mscale and leaves it unused
+    (its cos / sin are not multiplied by it).
+
+    Source: vLLM ``vllm/model_executor/layers/rotary_embedding/grok1_scaling_rope.py``
+    (``Grok1ScalingRotaryEmbedding._compute_inv_freq``, ``extra_method == "yarn_log"``; commit
+    e443db5afd899bae8a673ccb3ee2bc21c38969d9), and SGLang's ``models/grok.py`` (the same code);
+    selected by a Grok config's top-level ``rope_type``, with ``scaling_factor``,
+    ``original_max_position_embeddings``, ``beta_fast`` / ``beta_slow`` and
+    ``extrapolation_factor`` beside it. Not a transformers rope_type.
+    """
+    keys = frozenset({"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "extrapolation_factor"})
+    _check_keys(scaling, "yarn_log", keys)
+    factor = _factor(scaling, "yarn_log")
+    context_length = _context_length(scaling, "yarn_log")
+    extrapolation = _number(scaling.get("extrapolation_factor", 1.0), "extrapolation_factor", minimum=0.0)
+    keep = (1.0 - _yarn_ramp_truncated(dim, base, scaling, context_length)) * extrapolation
+    theta = default_inv_freq_f64(dim, base)
+    return torch.exp(keep * torch.log(theta) + (1.0 - keep) * torch.log(theta / factor)), 1.0
+
+
+def theta_scale_base(base: float, factor: float, context_length: int) -> float:
+    """Grok's ``theta_scale`` base: b' = b^(ln(s L0 / 2 pi) / ln(L0 / 2 pi)).
+
+    The power is the one that stretches the pair whose wavelength is L0 (2 pi b^(2i/d) = L0)
+    to wavelength s L0: that pair, one turn over the trained context, makes one turn over the
+    extended one; pairs faster than it are stretched less, slower ones more. Needs L0 > 2 pi
+    (ln(L0 / 2 pi) is the denominator).
+    """
+    return float(base) ** (math.log(context_length * factor / (2 * math.pi)) / math.log(context_length / (2 * math.pi)))
+
+
+def _theta_scale(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """Grok's ``theta_scale``: plain RoPE on the base :func:`theta_scale_base` (every pair
+    interpolated by one rule, no ramp), attention_factor = 1.
+
+    Source: vLLM ``grok1_scaling_rope.py`` (``extra_method == "theta_scale"``; commit
+    e443db5afd899bae8a673ccb3ee2bc21c38969d9), which computes b' in float64 (Python floats) and
+    the powers in float32; posenc computes all in float64 and rounds once. Not a transformers
+    rope_type.
+    """
+    _check_keys(scaling, "theta_scale", frozenset({"factor", "original_max_position_embeddings"}))
+    factor = _factor(scaling, "theta_scale")
+    context_length = _context_length(scaling, "theta_scale")
+    if context_length <= 2 * math.pi:
+        raise InvalidArgument(
+            f"scaling['original_max_position_embeddings'] must be > 2 pi (= 6.28) for rope_type 'theta_scale' "
+            f"(its base exponent divides by ln(L0 / 2 pi)), got {context_length}"
+        )
+    return default_inv_freq_f64(dim, theta_scale_base(base, factor, context_length)), 1.0
+
+
+def telechat3_mscale(factor: float) -> float:
+    """TeleChat3's YaRN attention factor: 0.07 ln s + 1 for s > 1, else 1 (YaRN's own is 0.1 ln s + 1)."""
+    return 1.0 if factor <= 1 else 0.07 * math.log(factor) + 1.0
+
+
+def _telechat3_yarn(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int | None) -> tuple[Tensor, float]:
+    """TeleChat3's YaRN: YaRN's frequencies (:func:`_yarn`: ramp, ``truncate``) with the attention
+    factor :func:`telechat3_mscale` (0.07 ln s + 1) in place of YaRN's 0.1 ln s + 1.
+
+    Source: vLLM ``vllm/model_executor/layers/rotary_embedding/telechat3_scaling_rope.py``
+    (``TeleChat3RoPEScaledRotaryEmbedding``: ``YaRNScalingRotaryEmbedding`` with ``get_mscale``
+    rewritten; commit d5a17e05172e358f2d4d6f18e67cb13f8d7c6988). Not a transformers rope_type
+    (TeleChat3 ships remote code); the same as ``{"rope_type": "yarn", "attention_factor":
+    0.07 ln s + 1}``, which is how it is written for transformers.
+    """
+    keys = frozenset({"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate"})
+    _check_keys(scaling, "telechat3_yarn", keys)
+    factor = _factor(scaling, "telechat3_yarn")
+    context_length = _context_length(scaling, "telechat3_yarn")
+    ramp = _yarn_ramp(dim, base, scaling, context_length)
+    theta = default_inv_freq_f64(dim, base)
+    return theta / factor * ramp + theta * (1.0 - ramp), telechat3_mscale(factor)
+
+
+def _telechat3_as_yarn(scaling: Mapping[str, Any], base: float, dim: int) -> tuple[float, Mapping[str, Any]]:
+    """TeleChat3's YaRN in Hugging Face's terms: ``yarn`` with its attention factor written out."""
+    yarn = {k: v for k, v in scaling.items() if k not in ("type",)}
+    yarn.update(rope_type="yarn", attention_factor=telechat3_mscale(_factor(scaling, "telechat3_yarn")))
+    return base, yarn
+
+
 def _longrope_factor_missing(scaling: Mapping[str, Any]) -> bool:
     """No ``factor``: Hugging Face derives it, when the default attention factor needs it."""
     return scaling.get("factor") is None and scaling.get("attention_factor") is None
@@ -543,6 +640,10 @@ ROPE_TYPES: dict[str, RopeType] = {
     "proportional": RopeType(_proportional, partial_rotary_selects_frequencies=True),
     # posenc's: a GGUF's per-pair factors (Llama 3.1's rope_freqs), fixed; not an extension method
     "freq_factors": RopeType(_freq_factors),
+    # the YaRN variants of Grok and TeleChat3 (vLLM, SGLang); fixed as the models ship them
+    "yarn_log": RopeType(_yarn_log, needs_context=True),
+    "theta_scale": RopeType(_theta_scale, needs_context=True),
+    "telechat3_yarn": RopeType(_telechat3_yarn, needs_context=True, hf_equivalent=_telechat3_as_yarn),
     # not an extension method: it needs searched per-pair factors, not just a factor and L0
     "longrope": RopeType(
         _longrope, of_length=_longrope_of_length, needs_context=True, hf_top_level_context=True, hf_factor_from_context=_longrope_factor_missing,
