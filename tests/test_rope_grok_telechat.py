@@ -16,13 +16,18 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import posenc
-from posenc.encodings.rope.scaling import ROPE_TYPES, compute_rope_parameters, telechat3_mscale, theta_scale_base
-from posenc.errors import InvalidArgument
 from rope_reference import ref_default
 
-GROK = dict(base=208533496.0, factor=16.0, context=8192)
+import posenc
+from posenc.encodings.rope.scaling import (
+    ROPE_TYPES,
+    compute_rope_parameters,
+    telechat3_mscale,
+    theta_scale_base,
+)
+from posenc.errors import InvalidArgument
+
+GROK = {"base": 208533496.0, "factor": 16.0, "context": 8192}
 
 
 def _vllm_grok_inv_freq_f32(rotary_dim, base, factor, context, method, beta_fast=32, beta_slow=1, extrapolation=1.0):
