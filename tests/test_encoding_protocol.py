@@ -8,7 +8,7 @@ import pytest
 
 import posenc
 from posenc.encodings import (
-    ALiBi, ComRoPE, CoPE, FIRE, FoPE, FoX, GRAPE, PaTH, LieRE, MHRoPE, IRoPE, Kerple, LearnedAbsolute, MRoPE, NoPE, ProportionalRoPE, RoPE, Shaw, Sinusoidal,
+    ALiBi, ComRoPE, ContextualGRAPE, CoPE, FIRE, FoPE, FoX, GRAPE, GRAPEAdditive, PaTH, LieRE, MHRoPE, IRoPE, Kerple, LearnedAbsolute, MRoPE, NoPE, ProportionalRoPE, RoPE, Shaw, Sinusoidal,
     T5RelativeBias, TransformerXL, VideoRoPE, VORoPE, XPos, AxialRoPE,
 )
 from posenc.encodings.base import MODEL_SIZES, Hook, PositionalEncoding
@@ -23,6 +23,7 @@ HOOKS = {
     "shaw": {"content"}, "transformer_xl": {"content"}, "p_rope": {"rotate"}, "mrope": {"rotate"},
     "axial_rope": {"rotate"}, "irope": {"rotate", "mask"}, "cope": {"content"}, "fox": {"gate"}, "path": {"gate", "content"},
     "fope": {"rotate"}, "liere": {"rotate"}, "comrope": {"rotate"}, "vo_rope": {"rotate"}, "videorope": {"rotate"}, "mhrope": {"rotate"}, "grape": {"rotate"},
+    "grape_additive": {"gate", "content"}, "grape_contextual": {"gate", "content"},
 }
 
 #: Sizes all different from each other, so that a size passed to the wrong argument shows.
@@ -61,6 +62,10 @@ CONSTRUCTOR_CALLS = {
     "videorope": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: VideoRoPE(head_dim),
     "mhrope": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: MHRoPE(head_dim, num_heads),
     "grape": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: GRAPE(head_dim),
+    "grape_additive": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: GRAPEAdditive(
+        d_model, num_heads, head_dim, num_layers=num_layers, causal=causal),
+    "grape_contextual": lambda d_model, num_heads, head_dim, max_positions, causal, num_layers: ContextualGRAPE(
+        d_model, num_heads, head_dim, num_layers=num_layers, causal=causal),
 }
 
 

@@ -45,6 +45,8 @@ from posenc.encodings import (
     ComRoPE,
     VORoPE,
     GRAPE,
+    GRAPEAdditive,
+    ContextualGRAPE,
     alibi_slopes,
     apply_rotary,
     available,
@@ -59,7 +61,7 @@ from posenc.encodings import (
 __all__ = [
     "__version__", "attention", "BACKENDS", "available", "create", "create_for_model", "REGISTRY",
     "Hook", "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
-    "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "VORoPE", "GRAPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
+    "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "VORoPE", "GRAPE", "GRAPEAdditive", "ContextualGRAPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids", "VideoRoPE", "videorope_position_ids", "MHRoPE",
     "IRoPE",
     "CoPE", "FoX", "PaTH",

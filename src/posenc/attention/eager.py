@@ -21,7 +21,8 @@ def unsupported(encoding: PositionalEncoding | None, *, mask: Tensor | None, dro
 def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None, q_positions: Tensor,
         k_positions: Tensor, causal: bool, mask: Tensor | None, scale: float, dropout_p: float = 0.0,
         gate_state: object = None, softcap: float | None = None, sinks: Tensor | None = None) -> Tensor:
-    """logits = scale * (q.k^T + content) + bias + gate bias + mask (0 or -inf), soft-capped
+    """logits = scale * (q.k^T + content) + bias + gate bias + mask (0 or -inf) (the content term
+    after the scale for an encoding with ``content_scaled = False``), soft-capped
     (``softcap``: the masked -inf entries stay -inf) and softmaxed beside the sinks (``sinks``:
     the probabilities times sigmoid(L - s_h)), :mod:`posenc.attention.softcap_sinks`. The terms that are not
     q.k^T are summed first into one additive tensor, which goes into ``baddbmm`` with q.k^T: at
@@ -62,7 +63,8 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         scores = encoding.content_scores(q, k, q_positions, k_positions, mask=mask, gate_state=gate_state)
         if scores is not None:
             scores = scores.to(wide)
-            additive = scores * scale if additive is None else torch.add(additive, scores, alpha=scale)
+            factor = scale if encoding.content_scaled else 1.0
+            additive = scores * factor if additive is None else torch.add(additive, scores, alpha=factor)
     if additive is None:
         logits = torch.bmm(q3 * scale, k3t)
     elif groups == 1 and additive.shape[:-2].numel() == 1:  # one (Tq, Tk) term for every row and head

@@ -53,7 +53,9 @@ def run(q: Tensor, k: Tensor, v: Tensor, *, encoding: PositionalEncoding | None,
         visible = causal_mask(num_queries, num_keys, q.device) if mask is None and causal else mask
         scores = encoding.content_scores(q, k, q_positions, k_positions, mask=visible, gate_state=gate_state)
         if scores is not None:
-            extra = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale  # float64 stays float64
+            extra = scores.to(torch.promote_types(scores.dtype, torch.float32))  # float64 stays float64
+            if encoding.content_scaled:
+                extra = extra * scale
     bias = dense_bias(encoding, q_positions, k_positions, num_heads=q.shape[1], batch=q.shape[0])
     gate_bias = dense_gate_bias(encoding, gate_state, num_queries, num_keys, causal=causal, device=q.device)
     if gate_bias is not None:

@@ -15,6 +15,8 @@ from posenc.encodings.fire import FIRE
 from posenc.encodings.cope import CoPE
 from posenc.encodings.fox import FoX
 from posenc.encodings.path import PaTH
+from posenc.encodings.grape_additive import GRAPEAdditive
+from posenc.encodings.grape_contextual import ContextualGRAPE
 from posenc.encodings.shaw import Shaw
 from posenc.encodings.transformer_xl import TransformerXL
 from posenc.encodings.rope import ProportionalRoPE, RoPE, XPos, apply_rotary, rope_frequencies
@@ -42,6 +44,7 @@ REGISTRY: dict[str, type[PositionalEncoding]] = {
         FoPE,
         LieRE, ComRoPE,
         VORoPE, GRAPE,
+        GRAPEAdditive, ContextualGRAPE,
     )
 }
 
@@ -94,7 +97,7 @@ def create_for_model(
 __all__ = [
     "REGISTRY", "available", "create", "create_for_model", "encoding_class",
     "Hook", "PositionalEncoding", "NoPE", "Sinusoidal", "LearnedAbsolute", "RoPE", "ALiBi", "T5RelativeBias", "ScoreBias",
-    "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "COMROPE_VARIANTS", "VORoPE", "GRAPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
+    "XPos", "ProportionalRoPE", "FoPE", "LieRE", "ComRoPE", "COMROPE_VARIANTS", "VORoPE", "GRAPE", "GRAPEAdditive", "ContextualGRAPE", "Kerple", "FIRE", "Shaw", "TransformerXL",
     "MRoPE", "AxialRoPE", "mrope_position_ids", "VideoRoPE", "videorope_position_ids", "MHRoPE",
     "IRoPE",
     "CoPE", "FoX", "PaTH",

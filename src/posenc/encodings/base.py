@@ -217,6 +217,11 @@ class PositionalEncoding(nn.Module):
     #: only :meth:`content_scores` is used (Transformer-XL), which backends without access to
     #: the probabilities can still serve.
     content_on_values: ClassVar[bool] = True
+    #: For a ``content`` encoding: whether :meth:`content_scores` is a term of q.k, multiplied by
+    #: the attention's scale with it (True: Shaw, Transformer-XL, CoPE, PaTH), or a bias added
+    #: after the scale like a score bias (False: additive GRAPE's path integral, whose bias
+    #: reads the hidden state and the positions together).
+    content_scaled: ClassVar[bool] = True
     #: For a ``score_bias`` encoding: True when b(h, i, j) depends on the distance j - i only
     #: (ALiBi, T5, Kerple; not FIRE, whose normalizer reads the absolute query position).
     #: A statement about the math that the attention layer may rely on: it then evaluates
@@ -553,7 +558,8 @@ class PositionalEncoding(nn.Module):
         self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor, *, mask: Tensor | None = None,
         gate_state: object = None,
     ) -> Tensor | None:
-        """Query-dependent extra logits (B, H, Tq, Tk), added to q.k *before* the 1/sqrt(D) scale.
+        """Query-dependent extra logits (B, H, Tq, Tk), added to q.k *before* the 1/sqrt(D) scale
+        (after it, unscaled, for an encoding with ``content_scaled = False``).
 
         ``mask``: which keys each query may attend, boolean, broadcastable to (B, H, Tq, Tk)
         (the causal mask and the user's ``mask=`` combined), or None when every key is

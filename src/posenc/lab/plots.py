@@ -238,8 +238,9 @@ def _gate_panels(enc: PositionalEncoding, d_model: int, max_distance: int, grid:
 
 
 def _transport_panels(enc: PositionalEncoding, d_model: int, head_dim: int, max_distance: int, grid: int):
-    """For gates that carry vectors and act through the content term (PaTH: a transform of the
-    key by every token between it and the query): with q = k = one fixed vector u for every
+    """For gates that act through a content term on q.k (PaTH: a transform of the key by every
+    token between it and the query; contextual GRAPE: a turn by the phase the tokens between
+    wrote): with q = k = one fixed vector u for every
     token, (q . k + content) / (u . u) is how much of the key's alignment with the query is left
     after the tokens between (1 at distance 0), for one random sequence of hidden states."""
     length = max_distance + 1
@@ -249,15 +250,34 @@ def _transport_panels(enc: PositionalEncoding, d_model: int, head_dim: int, max_
         gates = enc.gate(x)
         u = (u / u.norm()).expand(1, gates.shape[1], length, head_dim)
         state = enc.prepare_gates(gates)
-        left = 1 + enc.content_scores(u, u, None, None, gate_state=state)[0]  # (H, T, T)
-    index = torch.arange(length)
+        index = torch.arange(length)
+        left = 1 + enc.content_scores(u, u, index, index, gate_state=state)[0]  # (H, T, T)
     per_head = left[:, -1].flip(-1)  # (H, distance), query at the last token
     square = left[0, :grid, :grid].clone()
     square[index[:grid].unsqueeze(-1) < index[:grid]] = float("nan")
     return _per_head_and_square(index, per_head, square, max_distance,
                                 "q.k left after the tokens between, random hidden states",
-                                "q^T H_i...H_(j+1) k / q.k, head 0 (j > i masked)",
-                                value="q^T H_i...H_(j+1) k / q.k  (q = k)", value_short="fraction of q.k left")
+                                "(q.k + content) / q.k, head 0 (j > i masked)",
+                                value="(q.k + content) / q.k  (q = k)", value_short="fraction of q.k left")
+
+
+def _gated_bias_panels(enc: PositionalEncoding, d_model: int, head_dim: int, max_distance: int, grid: int):
+    """For gates whose content term is a bias after the scale (``content_scaled = False``:
+    additive GRAPE's path integral): that bias for one random sequence of hidden states (unit
+    normal, as after a LayerNorm) at positions 0.., per head for the last query and its (i, j)
+    picture."""
+    length = max_distance + 1
+    x = torch.randn(1, length, d_model, generator=torch.Generator().manual_seed(0))
+    index = torch.arange(length)
+    with torch.no_grad():
+        gates = enc.gate(x)
+        q = torch.zeros(1, gates.shape[1], length, head_dim)  # not read by a bias of the gates and positions
+        bias = enc.content_scores(q, q, index, index, gate_state=enc.prepare_gates(gates))[0]  # (H, T, T)
+    per_head = bias[:, -1].flip(-1)
+    square = bias[0, :grid, :grid].clone()
+    square[index[:grid].unsqueeze(-1) < index[:grid]] = float("nan")
+    return _per_head_and_square(index, per_head, square, max_distance, "bias against distance, random hidden states",
+                                "bias (i, j), head 0 (j > i masked)")
 
 
 def _content_panels(enc: PositionalEncoding, max_distance: int, head_dim: int = 8, grid: int = 64):
@@ -403,8 +423,10 @@ def plot_encoding(name: str, out: str | Path, **encoding_kwargs) -> Path:
         panels += _bias_panels(enc, max_distance or 128, grid)
     if Hook.CONTENT in enc.hooks:
         panels += _content_panels(enc, max_distance or 64, sizes["head_dim"], grid)
-    if Hook.GATE in enc.hooks and enc.gate_features is None:
+    if Hook.GATE in enc.hooks and Hook.CONTENT not in enc.hooks:
         panels += _gate_panels(enc, sizes["d_model"], max_distance or 128, grid)
+    elif Hook.GATE in enc.hooks and not enc.content_scaled:
+        panels += _gated_bias_panels(enc, sizes["d_model"], sizes["head_dim"], max_distance or 128, grid)
     elif Hook.GATE in enc.hooks:
         panels += _transport_panels(enc, sizes["d_model"], sizes["head_dim"], max_distance or 128, grid)
     if Hook.MASK in enc.hooks and enc.attention_mask(torch.tensor(0), torch.tensor(0)) is not None:
