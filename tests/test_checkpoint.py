@@ -28,7 +28,7 @@ OPTIONS = {
     "axial_rope": {"axial_dims": [2, 4], "freqs_for": "pixel", "grid_size": [4, 8], "max_freq": 8.0, "interleaved": True},
     "irope": {"no_rope_layers": [0], "attention_chunk_size": 4, "floor_scale": 3, "attn_scale": 0.5,
               "rope_theta": 10000.0, "interleaved": False},
-    "cope": {"npos_max": 9}, "fox": {}, "path": {"w_rank": 8, "forget_gate": True},
+    "cope": {"npos_max": 9}, "fox": {}, "path": {"w_rank": 8, "forget_gate": True, "w_shortconv": True},
     "grape_additive": {"p_head_dim": 6, "base": 2.0},
     "grape_contextual": {"base": 500.0, "per_head_phase": True, "share_across_heads": False, "init_omega": 0.01,
                          "learnable": False},

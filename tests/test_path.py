@@ -234,3 +234,51 @@ def test_path_fox_is_the_reference_with_its_gate_inside_the_scale():
     for t in (0, 5, 9):
         step = posenc.attention(q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1], enc, gates=gates[:, :, :t + 1])
         assert (step - out[:, :, t:t + 1]).abs().max() < 1e-12
+
+
+def _shortconv_inputs(kv_heads=2, length=12, seed=4):
+    gen = torch.Generator().manual_seed(seed)
+    enc = posenc.PaTH(32, 4, D, num_kv_heads=kv_heads, w_shortconv=True).double()
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.5)
+    x = torch.randn(2, length, 32, generator=gen, dtype=torch.float64)
+    q = torch.randn(2, 4, length, D, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(2, kv_heads, length, D, generator=gen, dtype=torch.float64) for _ in range(2))
+    return enc, x, q, k, v
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_short_convolution_is_the_reference_layers(kv_heads):
+    """fla's ``PaTHAttention`` with ``use_w_shortconv`` (its default), training path: w_proj, then
+    ``ShortConvolution(kv_dim, 3)`` (nn.Conv1d depthwise, padding 2, the first T outputs, SiLU),
+    then l2_norm, then the transforms; here the explicit products on that w."""
+    enc, x, q, k, v = _shortconv_inputs(kv_heads)
+    out = posenc.attention(q, k, v, enc, gates=enc.gate(x))
+    conv = torch.nn.functional.conv1d(enc.w_proj(x).transpose(1, 2), enc.w_conv1d.weight, padding=2,
+                                      groups=enc.w_conv1d.weight.shape[0])[..., :12]
+    w = torch.nn.functional.silu(conv).transpose(1, 2).reshape(2, 12, kv_heads, D)
+    w = (w / torch.sqrt(w.square().sum(-1, keepdim=True) + 1e-6)).transpose(1, 2)
+    beta = (2 * torch.sigmoid(x @ enc.bt_proj.weight.T + enc.bt_proj.bias)).transpose(1, 2)
+    assert (out - _explicit(q, k, v, w, beta)).abs().max() < 1e-12
+    # without the convolution it is another model: the check sees it
+    plain = posenc.PaTH(32, 4, D, num_kv_heads=kv_heads).double()
+    plain.load_state_dict({n: t for n, t in enc.state_dict().items() if "conv" not in n})
+    assert (posenc.attention(q, k, v, plain, gates=plain.gate(x)) - out).abs().max() > 1e-3
+
+
+def test_short_convolution_decodes_token_by_token_and_trains():
+    enc, x, q, k, v = _shortconv_inputs(length=9)
+    gates = enc.gate(x)
+    full = posenc.attention(q, k, v, enc, gates=gates)
+    for t in range(9):
+        step = posenc.attention(q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1], enc, gates=gates[:, :, :t + 1])
+        assert (step - full[:, :, t:t + 1]).abs().max() < 1e-12
+    full.square().sum().backward()
+    assert enc.w_conv1d.weight.grad is not None and enc.w_conv1d.weight.grad.abs().max() > 0
+    small, *_ = _shortconv_inputs(length=5)
+    g = small.gate(x[:1, :5]).detach().requires_grad_()
+    qs, ks, vs = (t[:1, :, :5].clone().requires_grad_() for t in (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v, g: posenc.attention(q, k, v, small, gates=g), (qs, ks, vs, g))
+    with pytest.raises(InvalidArgument, match="w_shortconv"):
+        posenc.PaTH(32, 4, D, w_shortconv=1)

@@ -38,6 +38,11 @@ from posenc.errors import InvalidArgument
 L2_NORM_EPS = 1e-6
 
 
+def _l2_norm(w: Tensor) -> Tensor:
+    """fla's ``l2_norm`` over the last axis."""
+    return w * torch.rsqrt(w.square().sum(-1, keepdim=True) + L2_NORM_EPS)
+
+
 class PaTH(PositionalEncoding):
     """PaTH attention's position encoding (Yang et al. 2025, eq. (2) and section 3.2;
     reference: fla-org/flash-linear-attention ``fla/layers/path_attn.py`` (``PaTHAttention``)
@@ -74,9 +79,15 @@ class PaTH(PositionalEncoding):
     the reference (its kernel adds the gate cumsums to q.k and then multiplies by the scale;
     :class:`~posenc.encodings.FoX` adds its D_ij after the scale, as FoX's reference does).
 
-    Not here: the reference layer's causal short convolution on w before the norm
-    (``use_w_shortconv``, kernel 3, SiLU): the gate hook maps each token alone, and a decoding
-    step would need the previous tokens' projections.
+    The reference layer's causal short convolution on w before the norm (``w_shortconv=True``,
+    its ``use_w_shortconv``, on by default there, off by default here for the checkpoints made
+    before it): a depthwise ``Conv1d(H_kv D, H_kv D, 3, groups=H_kv D, bias=False)`` over the
+    tokens, then SiLU (fla's ``ShortConvolution``), w_t = l2_norm(silu(sum_s c_s w_raw_{t-2+s}))
+    with zeros before the first token. :meth:`gate` then keeps the raw projection of each token
+    and :meth:`prepare_gates` convolves every key's, so a KV cache needs no convolution state
+    (the reference keeps the last inputs): exact while the cache holds every key. The two
+    tokens after a left padding read the pads' projections (the reference unpads first): give
+    the pads zero gates.
 
     Args:
         d_model: the width of x.
@@ -87,6 +98,8 @@ class PaTH(PositionalEncoding):
         w_rank: the inner width of the low-rank ``w_proj`` (32, the reference's); None: a
             full-rank projection.
         forget_gate: PaTH-FoX: also a forget gate per query head (default False).
+        w_shortconv: the reference's short convolution on w (default False; the reference's
+            default is True).
         num_layers: the number of attention layers, each with its own projections
             (:meth:`for_layer`); 1 (default): one shared by every layer.
         causal: must be True (the model's size; :meth:`for_model` passes it).
@@ -98,7 +111,7 @@ class PaTH(PositionalEncoding):
 
     Raises:
         ValueError: a size not an integer >= 1, num_kv_heads not dividing num_heads, w_rank
-            not None or >= 1, forget_gate not a bool, causal False (construction); x without
+            not None or >= 1, forget_gate or w_shortconv not a bool, causal False (construction); x without
             shape (B, T, d_model) (:meth:`gate`); gates without :attr:`gate_features` features
             (:meth:`prepare_gates`).
     """
@@ -111,7 +124,7 @@ class PaTH(PositionalEncoding):
 
     def __init__(self, d_model: int, num_heads: int, head_dim: int, num_kv_heads: int | None = None,
                  w_rank: int | None = 32, forget_gate: bool = False, num_layers: int = 1,
-                 causal: bool = True) -> None:
+                 causal: bool = True, w_shortconv: bool = False) -> None:
         super().__init__()
         for argname, value in (("d_model", d_model), ("num_heads", num_heads), ("head_dim", head_dim),
                                ("num_layers", num_layers)):
@@ -122,8 +135,9 @@ class PaTH(PositionalEncoding):
             raise InvalidArgument(f"num_kv_heads must divide num_heads={num_heads}, got {kv_heads}")
         if w_rank is not None:
             check_positive_int(w_rank, "w_rank")
-        if not isinstance(forget_gate, bool):
-            raise InvalidArgument(f"forget_gate must be a bool, got {forget_gate!r}")
+        for argname, flag in (("forget_gate", forget_gate), ("w_shortconv", w_shortconv)):
+            if not isinstance(flag, bool):
+                raise InvalidArgument(f"{argname} must be a bool, got {flag!r}")
         if causal is not True:
             raise InvalidArgument(f"causal: PaTH's transforms run from the key to the query (causal attention only), got {causal!r}")
         self.d_model, self.num_heads, self.head_dim, self.num_layers = d_model, num_heads, head_dim, num_layers
@@ -135,8 +149,11 @@ class PaTH(PositionalEncoding):
             self.w_proj = nn.Sequential(nn.Linear(d_model, w_rank, bias=False), nn.Linear(w_rank, width, bias=False))
         self.bt_proj = nn.Linear(d_model, kv_heads, bias=True)
         self.g_proj = nn.Linear(d_model, num_heads, bias=True) if forget_gate else None
+        self.w_shortconv = w_shortconv
+        self.w_conv1d = nn.Conv1d(width, width, 3, groups=width, padding=2, bias=False) if w_shortconv else None
         self.deeper_layers = nn.ModuleList(
-            PaTH(d_model, num_heads, head_dim, num_kv_heads, w_rank, forget_gate) for _ in range(num_layers - 1)
+            PaTH(d_model, num_heads, head_dim, num_kv_heads, w_rank, forget_gate, w_shortconv=w_shortconv)
+            for _ in range(num_layers - 1)
         )
 
     @property
@@ -151,7 +168,8 @@ class PaTH(PositionalEncoding):
 
     def gate(self, x: Tensor) -> Tensor:
         """w and beta of every token: x (B, T, d_model) -> (B, H, T, F), w in [..., :D]
-        (unit norm), beta in [..., D] and, with ``forget_gate``, log f in [..., D + 1] (F =
+        (unit norm; with ``w_shortconv`` the raw projection, which :meth:`prepare_gates`
+        convolves and normalizes), beta in [..., D] and, with ``forget_gate``, log f in [..., D + 1] (F =
         :attr:`gate_features`), float32 (float64 for float64 x and parameters), as the
         reference (``l2_norm(w, output_dtype=float32)``, ``bt_proj(x).float().sigmoid() * 2``,
         ``logsigmoid(g_proj(x).float())``); per query head (each key/value head's w and beta
@@ -164,7 +182,8 @@ class PaTH(PositionalEncoding):
         x = x.to(torch.promote_types(x.dtype, weight.dtype))
         wide = torch.promote_types(x.dtype, torch.float32)
         w = self.w_proj(x).to(wide).view(batch, length, self.num_kv_heads, self.head_dim)
-        w = w * torch.rsqrt(w.square().sum(-1, keepdim=True) + L2_NORM_EPS)
+        if self.w_conv1d is None:  # with the convolution, prepare_gates normalizes after it
+            w = _l2_norm(w)
         beta = 2 * torch.sigmoid(self.bt_proj(x).to(wide))  # (B, T, H_kv)
         values = torch.cat((w, beta.unsqueeze(-1)), dim=-1).transpose(1, 2)  # (B, H_kv, T, D + 1)
         groups = self.num_heads // self.num_kv_heads
@@ -182,7 +201,19 @@ class PaTH(PositionalEncoding):
                                   f"{', log f' if self.forget_gate else ''}), got {tuple(gates.shape)}")
         dim = self.head_dim
         forget = cumulative_log_gates(gates[..., dim + 1]) if self.forget_gate else None
-        return gates[..., :dim], gates[..., dim], forget
+        w = gates[..., :dim] if self.w_conv1d is None else _l2_norm(self._short_convolution(gates[..., :dim]))
+        return w, gates[..., dim], forget
+
+    def _short_convolution(self, w_raw: Tensor) -> Tensor:
+        """silu of the causal depthwise convolution of every key's raw w: (B, H, Tk, D), the
+        taps of the query heads' key/value head, zeros before the first key."""
+        groups = self.num_heads // self.num_kv_heads
+        taps = self.w_conv1d.weight.to(w_raw.dtype).view(self.num_kv_heads, self.head_dim, 3)
+        taps = taps.repeat_interleave(groups, dim=0)[:, None]  # (H, 1, D, 3): per query head
+        padded = F.pad(w_raw, (0, 0, 2, 0))  # two zero tokens before the first
+        length = w_raw.shape[-2]
+        mixed = sum(padded[..., s:s + length, :] * taps[..., s] for s in range(3))
+        return F.silu(mixed)
 
     def gate_bias(self, state, q_index, k_index, *, causal):
         """None: PaTH's term depends on q and k, so it is a content term (:meth:`content_scores`)."""
@@ -215,4 +246,5 @@ class PaTH(PositionalEncoding):
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
                 f"num_kv_heads={self.num_kv_heads}, w_rank={self.w_rank}, forget_gate={self.forget_gate}, "
+                f"w_shortconv={self.w_shortconv}, "
                 f"num_layers={self.num_layers}")
