@@ -52,7 +52,9 @@ class UsageError(typer.BadParameter):
 def _split_list(value: str | None, argname: str, cast=str) -> tuple | None:
     if value is None:
         return None
-    items = [v.strip() for v in value.split(",") if v.strip()]
+    from posenc.lab.experiments.frame import split_rows
+
+    items = split_rows(value)  # a row's options, path[a=1,b=2], keep their commas
     if not items:
         raise UsageError(f"{argname}: give a comma-separated list, got {value!r}")
     try:
@@ -64,7 +66,8 @@ def _split_list(value: str | None, argname: str, cast=str) -> tuple | None:
 # --- the options every sweep command (extrapolate, lengthgen) takes ---------------------------
 
 Encodings = Annotated[Optional[str], typer.Option(help=(
-    "Comma-separated rows (default: the preset's): encoding names (posenc list), or position plans "
+    "Comma-separated rows (default: the preset's): encoding names (posenc list), with constructor options "
+    "NAME[key=value,...] (path[forget_gate=true]: PaTH-FoX; quote the row for the shell), or position plans "
     "BASE/PART:N/PART:N...: BASE on every layer, each PART on every N-th layer (layers N-1, 2N-1, ...; a later part "
     "wins), a part being ENCODING or ENCODING@full|@sliding|@chunked (sliding window / chunks of L/4 tokens, L the training "
     "length; or @sliding=W, @chunked=C) and nope a layer without positions. rope/nope:4: NoPE every 4th layer "

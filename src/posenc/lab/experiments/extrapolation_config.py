@@ -374,7 +374,7 @@ class ExtrapolationConfig(RunConfig):
         if spec.plan is not None:
             return self.row_model(spec, self.model, self.train_len,
                                   lambda part: encoding_class(part).options_for_train_len(self.train_len))
-        options = self.encoding_options(spec)
+        options = {**self.encoding_options(spec), **dict(spec.options)}
         return create_for_model(spec.encoding, **self.model.encoding_sizes(), **options) if options else spec.encoding
 
     def train_config(self, seed: int) -> TrainConfig:

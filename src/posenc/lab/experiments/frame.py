@@ -5,7 +5,8 @@ What the experiments share lives here, once:
 
 - :class:`Row`: a row's name parsed (``"rope"``, or ``"rope+rand"``: RoPE trained with
   randomized positions, Ruoss et al. 2023; or a position plan, :class:`PlanSpelling`:
-  ``"rope/nope:4"``, NoPE every 4th layer over RoPE);
+  ``"rope/nope:4"``, NoPE every 4th layer over RoPE; or an encoding with constructor options,
+  ``"path[forget_gate=true]"``: PaTH-FoX, :data:`OPTION_SPELLING`);
 - :class:`RunConfig`: the fields every experiment has (``encodings``, ``model``, ``train``,
   ``seeds``, ``device``, ``randomized_positions``), their checks, the rows they make, the
   presets and flat options (:meth:`RunConfig.from_preset`), ``to_dict`` for results.json and the
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from posenc._validation import check_device, check_positive_int
 from posenc._version import __version__
 from posenc.encodings import create_for_model, encoding_class
-from posenc.encodings.base import Hook
+from posenc.encodings.base import Hook, PositionalEncoding
 from posenc.errors import InvalidArgument, InvalidType
 from posenc.lab.checkpoint import atomic_write_bytes
 from posenc.plan import LayerPlan, PositionPlan
@@ -211,6 +212,68 @@ def _parse_layer(text: str, row: str) -> LayerSpelling:
     return LayerSpelling(name, span, int(window))
 
 
+#: How a row's encoding options are spelled, for help texts and error messages.
+OPTION_SPELLING = (
+    "an encoding's options are spelled NAME[key=value,key=value] (values true, false, none, numbers or words; "
+    "e.g. path[forget_gate=true] for PaTH-FoX): the encoding built with those constructor arguments"
+)
+
+
+def _option_value(text: str) -> Any:
+    """A spelled option value: true / false / none, an int, a float, else the word itself."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _spell_value(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "none"}[value]
+    return str(value)
+
+
+def _parse_options(text: str, row: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """``NAME[key=value,...]`` -> (NAME, ((key, value), ...)) in the spelled order; a text
+    without brackets -> (text, ())."""
+    if "[" not in text and "]" not in text:
+        return text, ()
+    name, bracket, body = text.partition("[")
+    if not bracket or not body.endswith("]") or "[" in body or not name:
+        raise InvalidArgument(f"encodings: row {row!r}: {OPTION_SPELLING}")
+    if not body[:-1].strip():
+        raise InvalidArgument(f"encodings: row {row!r}: empty options; {OPTION_SPELLING}")
+    options = []
+    for item in body[:-1].split(","):
+        key, equals, value = item.strip().partition("=")
+        key, value = key.strip(), value.strip()
+        if not equals or not key.isidentifier() or not value or key in dict(options):
+            raise InvalidArgument(f"encodings: row {row!r}: option {item.strip()!r} is not key=value (each key once); "
+                                  f"{OPTION_SPELLING}")
+        options.append((key, _option_value(value)))
+    return name, tuple(options)
+
+
+def split_rows(value: str) -> list[str]:
+    """A comma-separated list of rows, the commas inside an option list (``path[a=1,b=2]``)
+    not splitting."""
+    rows, depth, start = [], 0, 0
+    for index, char in enumerate(value):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            rows.append(value[start:index])
+            start = index + 1
+    rows.append(value[start:])
+    return [row.strip() for row in rows if row.strip()]
+
+
 class Row(str):
     """A row of an experiment's table, parsed once from its spelling (:meth:`parse`, where a
     config is built from the command line or from a results file) and passed inward as this
@@ -222,7 +285,9 @@ class Row(str):
     ``"abacus"``, fed the task's structured positions (``<encoding>+coupled``,
     ``<encoding>+abacus``); or, ``extension`` a method, another row's trained model run with that
     context extension, no training (``posenc lengthgen``'s ``rope+yarn``:
-    :mod:`posenc.lab.experiments.lengthgen_extension`).
+    :mod:`posenc.lab.experiments.lengthgen_extension`). An encoding row may carry constructor
+    ``options`` (``path[forget_gate=true]``, :data:`OPTION_SPELLING`): the encoding is built
+    with them (and with what it takes from the model's sizes).
 
     The row *is* its spelling: a ``str`` equal to it (``Row("rope", randomized=True) ==
     "rope+rand"``), so it is the key, the stored and the printed form everywhere (results.json,
@@ -236,21 +301,29 @@ class Row(str):
     plan: PlanSpelling | None
     task_positions: str | None
     extension: str | None
+    options: tuple[tuple[str, Any], ...]
 
     def __new__(cls, encoding: str, randomized: bool = False, plan: PlanSpelling | None = None,
-                task_positions: str | None = None, extension: str | None = None) -> Self:
+                task_positions: str | None = None, extension: str | None = None,
+                options: tuple[tuple[str, Any], ...] = ()) -> Self:
+        options = tuple((str(key), value) for key, value in options)
+        named = encoding
+        if options:
+            named = f"{encoding}[{','.join(f'{key}={_spell_value(value)}' for key, value in options)}]"
         if extension is not None:
-            spelling = f"{encoding}+{extension}"
+            spelling = f"{named}+{extension}"
         elif task_positions is not None:
-            spelling = f"{encoding}+{task_positions}"
+            spelling = f"{named}+{task_positions}"
         else:
-            spelling = encoding + RANDOMIZED_SUFFIX if randomized else encoding
+            spelling = named + RANDOMIZED_SUFFIX if randomized else named
         encoding = str(encoding)  # a plain str: it reaches the model and its checkpoint
         row = super().__new__(cls, spelling)
         if plan is None and extension is None and ("/" in encoding or "@" in encoding):
             plan = PlanSpelling.parse(encoding, spelling)
+        if options and plan is not None:
+            raise InvalidArgument(f"encodings: row {spelling!r}: options are read on a one-encoding row, not in a plan")
         parts = {"encoding": encoding, "randomized": randomized, "plan": plan, "task_positions": task_positions,
-                 "extension": extension}
+                 "extension": extension, "options": options}
         for key, value in parts.items():
             object.__setattr__(row, key, value)
         return row
@@ -260,7 +333,7 @@ class Row(str):
 
     def __reduce__(self):
         # pickled (to a worker process) as its parts, not re-parsed from the spelling
-        return (Row, (self.encoding, self.randomized, self.plan, self.task_positions, self.extension))
+        return (Row, (self.encoding, self.randomized, self.plan, self.task_positions, self.extension, self.options))
 
     @classmethod
     def parse(cls, name: str, randomized_rows: bool = True,
@@ -292,8 +365,9 @@ class Row(str):
         if suffix is not None and _split_suffix(encoding)[1] is not None:
             raise InvalidArgument(f"encodings: row {name!r}: one position suffix per row "
                                   f"({', '.join(POSITION_SUFFIXES)}), got two")
+        encoding, options = _parse_options(encoding, name)
         plan = PlanSpelling.parse(encoding, name) if ("/" in encoding or "@" in encoding) else None
-        return cls(encoding, suffix == RANDOMIZED_SUFFIX, plan, TASK_POSITION_SUFFIXES.get(suffix))
+        return cls(encoding, suffix == RANDOMIZED_SUFFIX, plan, TASK_POSITION_SUFFIXES.get(suffix), options=options)
 
     @classmethod
     def of(cls, name: str, randomized_rows: bool = True) -> Row:
@@ -471,6 +545,25 @@ class RunConfig:
             row.plan.check(self.model.num_layers, row.name)
         else:
             encoding_class(row.encoding)  # unknown names raise, listing the available ones
+        if row.options:
+            self._check_options(row)
+
+    def _check_options(self, row: Row) -> None:
+        """Build the row's encoding once with its options, so that a misspelt or bad option
+        stops the command before any training (the message names the row)."""
+        cls = encoding_class(row.encoding)
+        sizes = self.model.encoding_sizes()
+        taken = set(cls.model_sizes)
+        for key, _ in row.options:
+            if key in taken:
+                raise InvalidArgument(f"encodings: row {row.name!r}: {key!r} is the model's size (set by the model), "
+                                      "not an option of the row")
+        try:
+            create_for_model(row.encoding, **sizes, **dict(row.options))
+        except TypeError as err:
+            raise InvalidArgument(f"encodings: row {row.name!r}: {err}") from None
+        except InvalidArgument as err:
+            raise InvalidArgument(f"encodings: row {row.name!r}: {err}") from None
 
     def row(self, name: str) -> Row:
         """Row ``name`` of this config: the Row itself when given one (the config's rows are),
@@ -545,14 +638,19 @@ class RunConfig:
         return plain_strings(only_when_set({"posenc_version": __version__, **fields}, self.ADDED_LATER))
 
     def row_model(self, encoding: str | Row, model: LMConfig, train_len: int,
-                  options: Callable[[str], dict] | None = None) -> str | PositionPlan:
-        """What the LM of a row is built from: its encoding's name, or a plan row's
+                  options: Callable[[str], dict] | None = None) -> str | PositionalEncoding | PositionPlan:
+        """What the LM of a row is built from: its encoding's name (the encoding built with
+        the row's options when it has some), or a plan row's
         :class:`PositionPlan` for ``model`` at training length ``train_len``
         (``options(name)``: the options each encoding is built with). ``encoding``: the row
         (a :class:`Row`, its suffix not read), or an encoding's spelling
         (:meth:`row_training`'s first item)."""
         spec = Row.of(encoding, randomized_rows=False)
-        return spec.encoding if spec.plan is None else spec.plan.build(model.encoding_sizes(), train_len, options)
+        if spec.plan is not None:
+            return spec.plan.build(model.encoding_sizes(), train_len, options)
+        if spec.options:
+            return create_for_model(spec.encoding, **model.encoding_sizes(), **dict(spec.options))
+        return spec.encoding
 
     # --- what a run needs of the machine ---------------------------------------------------
 

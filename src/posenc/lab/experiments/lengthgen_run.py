@@ -232,8 +232,8 @@ def train_and_evaluate(
     model_config, scheme = config.model_config(task_name, row), config.position_scheme(task_name, row)
     # a plan row's windows scale with the task's longest training sequence (its L)
     encoding = config.row_model(row, model_config, config.train_sequence_length(task_name))
-    if scheme is not None and isinstance(encoding, str) and (options := scheme.encoding_options(encoding)):
-        encoding = create_for_model(encoding, **model_config.encoding_sizes(), **options)
+    if scheme is not None and row.plan is None and (options := scheme.encoding_options(row.encoding)):
+        encoding = create_for_model(row.encoding, **model_config.encoding_sizes(), **dict(row.options), **options)
     model = TransformerLM(model_config, encoding).to(config.device)
     name = row_name(task_name, row)
     training = train_run(model, task_batches(task, config.task_train_size(task_name), scheme), train, store, name,
