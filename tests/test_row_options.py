@@ -68,7 +68,10 @@ def test_extrapolate_and_lengthgen_run_a_row_with_options(tmp_path, capsys):
     code = main(["extrapolate", "--encodings", f"rope,{row}", "--seeds", "0", "--d-model", "16", "--layers", "1",
                  "--heads", "2", "--batch-size", "4", "--train-len", "16", "--steps", "3", "--eval-factors", "1,2",
                  "--eval-tokens", "64", "--corpus", str(corpus), "--out", str(tmp_path / "x")])
-    assert code == 0, capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert f"runs rope, {row} x seeds" in captured.out and f"{row} seed 0" in captured.out  # not eaten as markup
+    assert f"\n{row} " in captured.out or f"│ {row}" in captured.out  # the table's row label
     results = json.loads((tmp_path / "x" / "results.json").read_text())
     assert list(results["results"]) == ["rope", row] and results["results"][row]["eval"]
     code = main(["lengthgen", "--tasks", "copy", "--encodings", row, "--steps", "2", "--batch-size", "4",

@@ -27,6 +27,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.markup import escape
 from rich.table import Table
 
 from posenc.errors import InvalidArgument, PosencError
@@ -201,8 +202,8 @@ class RichReporter:
     def run_started(self, row, seed, steps, resumed_step):
         self.resumed_step = resumed_step
         note = f" (resumed at {resumed_step})" if resumed_step else ""
-        self._replace(f"train {row} seed {seed}{note}", steps, resumed_step)
-        self.run_name, self.steps = f"{row} seed {seed}", steps
+        self._replace(f"train {escape(row)} seed {seed}{note}", steps, resumed_step)
+        self.run_name, self.steps = f"{escape(row)} seed {seed}", steps
         self.started, self.first_step, self.last_line = time.monotonic(), resumed_step, time.monotonic()
 
     def loss_text(self, loss: float) -> str:
@@ -224,7 +225,7 @@ class RichReporter:
         return f"train {self.run_name}: step {done}/{self.steps}, {self.loss_text(loss)}, {rate:.1f} steps/s{left}"
 
     def eval_started(self, row, seed, total_windows):
-        self._replace(f"eval  {row} seed {seed}", total_windows)
+        self._replace(f"eval  {escape(row)} seed {seed}", total_windows)
 
     def eval_advanced(self, windows):
         self.progress.advance(self.task, windows)
@@ -235,12 +236,12 @@ class RichReporter:
             self.task = None
         if "diverged" in record:
             state = "stored earlier" if skipped else "stopped"
-            self.progress.console.print(f"[bold]{row}[/] seed {seed} [red]diverged[/] ({state}): {record['diverged']}")
+            self.progress.console.print(f"[bold]{escape(row)}[/] seed {seed} [red]diverged[/] ({state}): {record['diverged']}")
             return
         state = "already done" if skipped else self.time_spent(record)
         if not skipped and getattr(self, "resumed_step", 0):
             state += f", resumed at step {self.resumed_step}"
-        self.progress.console.print(f"[bold]{row}[/] seed {seed} ({state}) {self.scores(record)}")
+        self.progress.console.print(f"[bold]{escape(row)}[/] seed {seed} ({state}) {self.scores(record)}")
 
     def time_spent(self, record: dict) -> str:
         return f"{record['train_seconds']:.0f}s train"
@@ -346,7 +347,7 @@ def extrapolate(
     console.print(f"[bold]corpus[/] {data.describe()}")
     model, train = config.model, config.train
     console.print(
-        f"[bold]runs[/] {', '.join(config.encodings)} x seeds {list(config.seeds)}; L={config.train_len}, "
+        f"[bold]runs[/] {escape(', '.join(config.encodings))} x seeds {list(config.seeds)}; L={config.train_len}, "
         f"eval {config.eval_lengths}; d_model {model.d_model}, {model.num_layers} layers, {model.num_heads} heads; "
         f"{train.steps} steps x batch {train.batch_size}, lr {train.lr}"
         + ("; bf16 autocast" if train.autocast else "") + ("; compiled" if train.compile else "")
@@ -479,7 +480,7 @@ def lengthgen(
         workers = min(len(os.sched_getaffinity(0)), runs) if local else 1
     _check_machine(config, out, concurrent=min(workers, runs), hint=LENGTHGEN_SIZES)
     console.print(
-        f"[bold]runs[/] {', '.join(config.tasks)} x {', '.join(config.rows)} x seeds {list(config.seeds)} "
+        f"[bold]runs[/] {', '.join(config.tasks)} x {escape(', '.join(config.rows))} x seeds {list(config.seeds)} "
         f"({runs} runs, {workers} at a time"
         + (f"; {extended} of them extension rows, the rope model run with a method, no training"
            if (extended := len(config.extension_jobs()) * len(config.seeds)) else "") + "); "
@@ -691,7 +692,6 @@ def audit(
     console.print(f"[bold]{report.model_type}[/]: {report.num_layers} layers in the config; audited on {report.audit_layers} "
                   f"({report.sizes}, std-0.2 random weights, float32), {report.length} tokens, {report.method}",
                   highlight=False)
-    from rich.markup import escape
 
     table = Table(caption="max |diff|: attention outputs, the model's own vs posenc's\n"
                           "tolerance: max(1e-5 x max(1, |output|), 2 x the model's own float32 noise)\n"
@@ -722,7 +722,6 @@ def _audit_gguf(path: str, against: str | None) -> None:
     """``posenc audit FILE.gguf``: the file's plan and notes, then one table per comparison (the
     config.json's plan, transformers' GGUF loader's), each difference with its GGUF key, and the
     sentences naming what was dropped or changed; exit 1 on a difference."""
-    from rich.markup import escape
 
     from posenc.integrations.gguf_audit import audit_gguf
     from posenc.plan import layer_ranges

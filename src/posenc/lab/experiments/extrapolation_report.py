@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from posenc.hf_config.rope_figure import pyplot, save_figure
@@ -81,7 +82,7 @@ def passkey_table(summary: dict) -> Table:
         table.add_column(f"{n} ({_times_l(n, train_len)})", justify="right")
     for encoding, res in summary["results"].items():
         if "passkey" in res:
-            table.add_row(encoding, *(" ".join(f"{a:.2f}" for a in res["passkey"].get(str(n), {}).values()) or "n/a"
+            table.add_row(escape(encoding), *(" ".join(f"{a:.2f}" for a in res["passkey"].get(str(n), {}).values()) or "n/a"
                                       for n in lengths))
     return table
 

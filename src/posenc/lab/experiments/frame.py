@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from rich.markup import escape
+
 from posenc._validation import check_device, check_positive_int
 from posenc._version import __version__
 from posenc.encodings import create_for_model, encoding_class
@@ -698,7 +700,8 @@ def diverged_label(name: str, res: dict) -> str:
     """A results row's name in a console table (rich markup), with the seeds that diverged
     (their scores are left out of the row's means)."""
     diverged = res.get("diverged") or {}
-    return f"{name} [red](diverged: seed {', '.join(diverged)})[/]" if diverged else name
+    # escaped: a row's options, path[forget_gate=true], are not markup
+    return f"{escape(name)} [red](diverged: seed {', '.join(diverged)})[/]" if diverged else escape(name)
 
 
 def spread(values: Sequence[float]) -> float:

@@ -24,6 +24,7 @@ import math
 import statistics
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from posenc.errors import InvalidArgument
@@ -275,7 +276,7 @@ def lengthgen_ranking_table(summary: dict) -> Table:
     first = mrr[factors[0]] if factors else {}
     for row in sorted(rows, key=lambda r: -first.get(r, {}).get("mrr", 0.0)):
         cells = [f"{mrr[f][row]['mrr']:.2f} ({mrr[f][row]['tasks']})" if row in mrr[f] else "n/a" for f in factors]
-        table.add_row(row, f"{learned[row]}/{ran[row]}", *cells)
+        table.add_row(escape(row), f"{learned[row]}/{ran[row]}", *cells)
     return table
 
 
