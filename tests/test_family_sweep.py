@@ -13,6 +13,7 @@ noise (|eager - sdpa|, and its float32 angles': every inv_freq x (1 +- 2^-23)).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,27 @@ def test_a_wrong_plan_fails_the_sweep(monkeypatch):
     monkeypatch.setattr(family_sweep, "_plan", wrong)
     found = sweep_family("llama")
     assert found.verdict == "failed" and "logits differ" in found.reason, found
+
+
+def test_a_rope_plan_on_a_layer_the_model_leaves_unrotated_fails_the_sweep(monkeypatch):
+    """Kolibri 1's full-attention layers are NoPE (EXAONE 4's global NoPE, session 19's fix). A
+    plan that puts its sliding layers' RoPE there gives the model's own logits (on the table
+    route the layer ignores the tables it is handed), so only the layer structure can see it."""
+    from posenc.plan import PositionPlan
+
+    read = family_sweep._plan
+
+    def rope_everywhere(config):
+        plan = read(config)
+        rotated = next(layer for layer in plan if layer.encoding is not None)
+        layers = tuple(layer if layer.encoding is not None else dataclasses.replace(layer, encoding=rotated.encoding)
+                       for layer in plan)
+        return PositionPlan(layers)
+
+    monkeypatch.setattr(family_sweep, "_plan", rope_everywhere)
+    found = sweep_family("kolibri1")
+    assert found.verdict == "failed" and "layer 4: the model's layer uses no rotary tables" in found.reason, found
+    assert found.max_diff <= found.tolerance  # the logits alone agree: only the structure sees it
 
 
 @pytest.mark.parametrize("model_type, wrong", [

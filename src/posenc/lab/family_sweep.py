@@ -24,7 +24,10 @@ and transformers 5.24's hybrid cache asks an attention layer for the sequence le
 transformers' message; otherwise the shrinking is at fault, a **failure**.
 A built family is **read exactly** when both hold:
 
-(a) ``use_encoding(model, position_plan(model.config))`` (or ``apply_plan`` for the adapter
+(a) the plan says what the model's layers do (each attention layer's mask, and whether it
+    rotates with the tables it is handed, measured as ``posenc audit`` measures them: equal
+    logits cannot see a RoPE plan on a layer the model leaves unrotated), and
+    ``use_encoding(model, position_plan(model.config))`` (or ``apply_plan`` for the adapter
     families) gives the model's own logits within :func:`tolerance` (the model's own float32
     noise: twice the larger of |eager - sdpa| on the same weights and :func:`_angle_noise`,
     at least 1e-5 relative to the logits' scale, as ``posenc audit`` judges; on
@@ -311,6 +314,25 @@ def _logits(model, tokens):
         return model(**_inputs(model, tokens)).logits.detach().clone()
 
 
+def _structure_disagreement(model, plan, tokens) -> str:
+    """What the tiny model's layers do with positions that the plan says otherwise, measured
+    as ``posenc audit`` measures it (:func:`posenc.integrations.audit._layer_structure`: the mask
+    each attention layer gets, and whether it rotates at all with the tables it is handed);
+    "" when they agree. Equal logits cannot see a RoPE plan on a layer the model leaves
+    unrotated: on the table route that layer ignores the tables posenc hands it."""
+    from posenc.integrations.audit import _disagreement, _layer_structure
+
+    structure = _layer_structure(model, _inputs(model, tokens))
+    found = []
+    for stack, stack_plan in (("encoder", plan.encoder), ("decoder", plan)):
+        if stack_plan is None:
+            continue
+        for index, layer in enumerate(stack_plan):
+            if text := _disagreement(layer, structure.get((stack, index)), index):
+                found.append(f"{stack} {text}" if stack == "encoder" else text)
+    return "; ".join(dict.fromkeys(found))
+
+
 def _generate(model, tokens):
     import torch
 
@@ -572,12 +594,15 @@ def sweep_family(family: Family | str, *, seed: int = 0) -> Verdict:
     try:
         noise = max(_noise(cfg, model, tokens, own), _angle_noise(model, tokens, own))
         limit = tolerance(own.abs().max().item(), noise)
+        structure = _structure_disagreement(model, plan, tokens)
         _apply(model, plan)
         diff = (_logits(model, tokens) - own).abs().max().item()
         same_tokens = torch.equal(_generate(model, tokens), own_tokens)
     except Exception as err:  # noqa: BLE001 - an internal error is a failure, reported
         return verdict("failed", f"use_encoding: {_message(err)}", plan=plan_text)
     found = {"plan": plan_text, "max_diff": diff, "tolerance": limit}
+    if structure:
+        return verdict("failed", f"the model's layers disagree with the plan: {structure}", **found)
     if diff > limit or not same_tokens:
         why = f"logits differ by {diff:.2e} (tolerance {limit:.2e})" if diff > limit else "generate() tokens differ"
         return verdict("failed", why, **found)
