@@ -412,6 +412,36 @@ def test_d_dynamic_yarn_is_refused_by_plain_transformers_and_loaded_by_posenc(fa
     assert (extended - logits(build(family, max_position_embeddings=16), x)).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("method", ["theta_scale", "telechat3_yarn"])
+def test_d_grok_and_telechat3_scalings_save_as_transformers_types(method, tmp_path):
+    """theta_scale is plain RoPE on another base and TeleChat3's YaRN is yarn with its attention
+    factor written out: extend_context writes them so (the records' hf_equivalent), and a plain
+    transformers from_pretrained runs the extended model."""
+    x = tokens(length=40)
+    model = extend_context(build("llama", max_position_embeddings=16), method, 4.0)
+    extended = logits(model, x)
+    model.save_pretrained(tmp_path)
+    again = FAMILIES["llama"][1].from_pretrained(tmp_path).eval()
+    assert again.config.rope_parameters["rope_type"] == {"theta_scale": "default", "telechat3_yarn": "yarn"}[method]
+    assert (logits(again, x) - extended).abs().max().item() <= tolerance("llama", x)
+    assert (extended - logits(build("llama", max_position_embeddings=16), x)).abs().max() > 1e-3
+
+
+def test_d_yarn_log_is_refused_by_plain_transformers_and_loaded_by_posenc(tmp_path):
+    """Grok's yarn_log has no transformers spelling: as dynamic_yarn, posenc's from_pretrained
+    rebuilds it from the saved config, a plain transformers one refuses it loudly."""
+    x = tokens(length=40)
+    model = extend_context(build("llama", max_position_embeddings=16), "yarn_log", 4.0)
+    extended = logits(model, x)
+    model.save_pretrained(tmp_path)
+    with pytest.raises(KeyError, match="yarn_log"):
+        FAMILIES["llama"][1].from_pretrained(tmp_path)
+    again = from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    assert again.config.rope_parameters["rope_type"] == "yarn_log"
+    torch.testing.assert_close(logits(again, x), extended, atol=1e-5, rtol=0)
+    assert (extended - logits(build("llama", max_position_embeddings=16), x)).abs().max() > 1e-3
+
+
 def test_dynamic_ntk_frozen_takes_the_tables_and_caches_exactly():
     """dynamic_cache="frozen" for transformers' dynamic NTK: per-position tables (what
     transformers computes decoding token by token), the model's own attention, exact cache."""

@@ -167,10 +167,10 @@ def test_extension_preset_runs_every_method_on_the_recall_and_order_tasks():
     config = preset_config("extension")
     assert config.tasks == EXTENSION_TASKS == ("passkey", "flipflop", "copy", "reverse")
     assert config.encodings == EXTENSION_ROWS and config.seeds == (0, 1, 2) and config.eval_instances == 100
-    assert set(METHODS) == {*EXTENSION_METHODS, *BRANCH_METHODS} and len(METHODS) == 14
+    assert set(METHODS) == {*EXTENSION_METHODS, *BRANCH_METHODS} and len(METHODS) == 17
     assert {extension_method(r) for r in config.encodings} - {None} == set(METHODS)
     assert {r for r in config.encodings if extension_method(r) is None} == {"rope", "nope", "alibi"}
-    assert len(config.trained_jobs()) * 3 == 36 and len(config.extension_jobs()) * 3 == 168
+    assert len(config.trained_jobs()) * 3 == 36 and len(config.extension_jobs()) * 3 == 204
     assert row_name("copy", "rope+yarn") == "copy-rope+yarn"
 
 

@@ -65,7 +65,7 @@ def test_extension_frequencies_match_each_papers_formula(d, s, l0):
 
 
 def test_extension_scaling_bad_input():
-    with pytest.raises(ValueError, match=r"method must be one of \['linear', 'ntk', 'dynamic', 'yarn', 'dynamic_yarn', 'llama3'\]"):
+    with pytest.raises(ValueError, match=r"method must be one of \['linear', 'ntk', 'dynamic', 'yarn', 'dynamic_yarn', 'llama3', 'yarn_log', 'theta_scale', 'telechat3_yarn'\]"):
         extension_scaling("longrope", 2, 64)
     with pytest.raises(ValueError, match="factor must be a finite number >= 1"):
         extension_scaling("yarn", 0.5, 64)

@@ -78,7 +78,8 @@ def test_derived_views_follow_the_table():
     assert all(ROPE_INIT_FUNCTIONS[name] is record.inv_freq for name, record in ROPE_TYPES.items())
     assert set(LENGTH_DEPENDENT) == {name for name, record in ROPE_TYPES.items() if record.length_dependent}
     assert LENGTH_DEPENDENT == {"dynamic", "dynamic_yarn", "longrope"} and "linear" not in LENGTH_DEPENDENT
-    assert EXTENSION_METHODS == extension_methods() == ("linear", "ntk", "dynamic", "yarn", "dynamic_yarn", "llama3")
+    assert EXTENSION_METHODS == extension_methods() == ("linear", "ntk", "dynamic", "yarn", "dynamic_yarn", "llama3",
+                                                        "yarn_log", "theta_scale", "telechat3_yarn")
     with pytest.raises(TypeError):
         ROPE_INIT_FUNCTIONS["x"] = rope_scaling._default
 

@@ -87,7 +87,7 @@ def from_pretrained(path: Any, **kwargs: Any) -> nn.Module:
 
 
 #: rope_types of posenc's that transformers' rotary modules do not know (its ROPE_INIT_FUNCTIONS).
-_POSENC_ONLY_ROPE_TYPES = ("dynamic_yarn",)
+_POSENC_ONLY_ROPE_TYPES = ("dynamic_yarn", "yarn_log")
 
 
 def _posenc_only_rope(config: Any) -> list[tuple[Any, str, Any]]:

@@ -75,7 +75,8 @@ Encodings = Annotated[Optional[str], typer.Option(help=(
     "over RoPE (SmolLM3); rope@sliding/nope:4: RoPE on sliding-window layers, NoPE with full attention on every "
     "4th (Cohere2). A row may end in +rand (randomized positions) where the command takes it, and in lengthgen in "
     "+coupled or +abacus (position coupling, Abacus: ids that follow the task's structure, on addition, copy and "
-    "reverse). lengthgen also takes rope+<method> (linear, ntk, dynamic, yarn, dynamic_yarn, llama3, self_extend, "
+    "reverse). lengthgen also takes rope+<method> (linear, ntk, dynamic, yarn, dynamic_yarn, llama3, yarn_log, theta_scale, "
+    "telechat3_yarn, self_extend, "
     "rerope, leaky_rerope, dca, string, lm_infinite, streaming_llm): the task's trained rope model run with that "
     "context extension, no training."))]
 LearningRate = Annotated[Optional[float], typer.Option(help="Peak learning rate.")]
@@ -280,7 +281,8 @@ def extrapolate(
     device: Device = "cpu",
     rope_scaling: Optional[str] = typer.Option(
         None, help="Also evaluate the trained rope model with these RoPE scalings at inference, factor = length / L: "
-        "a comma-separated list of linear, ntk, dynamic, yarn, dynamic_yarn, llama3 (rows rope+<method>; see "
+        "a comma-separated list of linear, ntk, dynamic, yarn, dynamic_yarn, llama3, yarn_log, theta_scale, telechat3_yarn "
+        "(rows rope+<method>; see "
         "--extension-factor), and the training-free maps self_extend, rerope, leaky_rerope, dca, string, lm_infinite, "
         "streaming_llm (their windows the references' scaled to L; no fine-tune rows).",
     ),

@@ -581,6 +581,14 @@ def _theta_scale(dim: int, base: float, scaling: Mapping[str, Any], seq_len: int
     return default_inv_freq_f64(dim, theta_scale_base(base, factor, context_length)), 1.0
 
 
+def _theta_scale_as_plain_rope(scaling: Mapping[str, Any], base: float, dim: int) -> tuple[float, None]:
+    """Grok's theta_scale in Hugging Face's terms, which have no such type: plain RoPE,
+    rope_theta = :func:`theta_scale_base`."""
+    _theta_scale(dim, base, scaling, None)  # its checks (L0 > 2 pi)
+    factor, context_length = _factor(scaling, "theta_scale"), _context_length(scaling, "theta_scale")
+    return theta_scale_base(base, factor, context_length), None
+
+
 def telechat3_mscale(factor: float) -> float:
     """TeleChat3's YaRN attention factor: 0.07 ln s + 1 for s > 1, else 1 (YaRN's own is 0.1 ln s + 1)."""
     return 1.0 if factor <= 1 else 0.07 * math.log(factor) + 1.0
@@ -640,10 +648,10 @@ ROPE_TYPES: dict[str, RopeType] = {
     "proportional": RopeType(_proportional, partial_rotary_selects_frequencies=True),
     # posenc's: a GGUF's per-pair factors (Llama 3.1's rope_freqs), fixed; not an extension method
     "freq_factors": RopeType(_freq_factors),
-    # the YaRN variants of Grok and TeleChat3 (vLLM, SGLang); fixed as the models ship them
-    "yarn_log": RopeType(_yarn_log, needs_context=True),
-    "theta_scale": RopeType(_theta_scale, needs_context=True),
-    "telechat3_yarn": RopeType(_telechat3_yarn, needs_context=True, hf_equivalent=_telechat3_as_yarn),
+    # the YaRN variants of Grok and TeleChat3 (vLLM, SGLang): context extensions from a factor and L0
+    "yarn_log": RopeType(_yarn_log, needs_context=True, extension={}),
+    "theta_scale": RopeType(_theta_scale, needs_context=True, extension={}, hf_equivalent=_theta_scale_as_plain_rope),
+    "telechat3_yarn": RopeType(_telechat3_yarn, needs_context=True, extension={}, hf_equivalent=_telechat3_as_yarn),
     # not an extension method: it needs searched per-pair factors, not just a factor and L0
     "longrope": RopeType(
         _longrope, of_length=_longrope_of_length, needs_context=True, hf_top_level_context=True, hf_factor_from_context=_longrope_factor_missing,
