@@ -490,11 +490,20 @@ def audit(config: Mapping[str, Any] | str | os.PathLike, *, length: int | None =
         for index, layer in enumerate(stack_plan):
             groups.setdefault(_row_text(layer), []).append(index)
         for text, indices in groups.items():
-            diff = max((own[(stack, i)] - ours[(stack, i)]).abs().max().item() for i in indices)
+            # a layer the model does not run on this input (Mllama's cross-attention layers
+            # without an image) has no output on either side: the row says so
+            ran = [i for i in indices if (stack, i) in own]
+            one_sided = [i for i in indices if ((stack, i) in own) != ((stack, i) in ours)]
+            if not ran and not one_sided:
+                rows.append(AuditRow(stack, tuple(indices), f"{text} (not run by the model on this input)", 0.0))
+                continue
+            diff = max(((own[(stack, i)] - ours[(stack, i)]).abs().max().item() for i in ran if (stack, i) in ours),
+                       default=0.0)
             disagreement = "; ".join(dict.fromkeys(
-                found for i in indices if (found := _disagreement(stack_plan[i], structure.get((stack, i)), i))))
-            rows.append(AuditRow(stack, tuple(indices), text, diff, max(noise.get((stack, i), 0.0) for i in indices),
-                                 max(own[(stack, i)].abs().max().item() for i in indices), disagreement))
+                [found for i in indices if (found := _disagreement(stack_plan[i], structure.get((stack, i)), i))]
+                + [f"layer {i}: its attention runs in one of the two models only" for i in one_sided]))
+            rows.append(AuditRow(stack, tuple(indices), text, diff, max(noise.get((stack, i), 0.0) for i in ran),
+                                 max(own[(stack, i)].abs().max().item() for i in ran), disagreement))
     sizes = _sizes(model.config, cfg)
     return AuditReport(str(config.get("model_type")), full_plan, len(full_plan), len(plan), sizes, length,
                        tuple(rows), method)
@@ -539,9 +548,23 @@ def _causal_lm_builds(model_type: str) -> bool:
     return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
+def _small_tower(tower: Mapping[str, Any]) -> dict:
+    """A vision tower's config with :data:`_VISION_SMALL`'s sizes where it has those keys, and
+    in its own sub-configs (DeepSeek-OCR-2's SAM encoder and its 32-layer, 4096-wide encoder:
+    28 GB in float32 at their defaults, built for a tower the text-only input never runs)."""
+    small = {k: v for k, v in dict(tower).items() if k not in _DROPPED}
+    # a size in the type the config has it (a strict config class refuses mlp_ratio 1 for 1.0)
+    small.update({k: float(v) if isinstance(small[k], float) else v for k, v in _VISION_SMALL.items() if k in small})
+    if isinstance(small.get("layer_types"), list) and isinstance(small.get("num_hidden_layers"), int):
+        small["layer_types"] = small["layer_types"][: small["num_hidden_layers"]]
+    for key, value in small.items():
+        if isinstance(value, Mapping) and "model_type" in value:
+            small[key] = _small_tower(value)
+    return small
+
+
 def _wrapper_config(config: Mapping[str, Any], text: dict) -> dict:
-    vision = {k: v for k, v in dict(config["vision_config"]).items() if k not in _DROPPED}
-    vision.update({k: v for k, v in _VISION_SMALL.items() if k in vision})
+    vision = _small_tower(config["vision_config"])
     hidden = next(text[k] for k in _HIDDEN_KEYS if isinstance(text.get(k), int))
     # the merger's output enters the text model: its width (out_hidden_size where the tower has one)
     if "out_hidden_size" in vision:
