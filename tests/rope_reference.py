@@ -9,6 +9,22 @@ def ref_default(d, b):
     return [b ** (-(2 * i) / d) for i in range(d // 2)]
 
 
+def _yarn_bounds(d, b, sc, truncate):
+    """YaRN's ramp bounds (low, high) over the pairs: the correction dimensions of beta_fast and
+    beta_slow (YaRN eq. 17 solved for the dimension), rounded out when ``truncate``, clamped to
+    [0, d - 1], high nudged by 0.001 when they meet (every reference's guard)."""
+    L0 = sc["original_max_position_embeddings"]
+
+    def dim_of(r):
+        return d * math.log(L0 / (r * 2 * math.pi)) / (2 * math.log(b))
+
+    lo, hi = dim_of(sc.get("beta_fast") or 32), dim_of(sc.get("beta_slow") or 1)
+    if truncate:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, d - 1)
+    return lo, (hi + 0.001 if lo == hi else hi)
+
+
 def ref_inv_freq(d, b, sc, seq_len=None):
     """(inv_freq list, attention_factor), each rope_type's formula from its paper / HF doc."""
     t = sc.get("rope_type", sc.get("type"))
@@ -31,18 +47,8 @@ def ref_inv_freq(d, b, sc, seq_len=None):
         return ref_inv_freq(d, b, {"rope_type": "yarn", "factor": seq_len / L0, "original_max_position_embeddings": L0,
                                    **{k: sc[k] for k in keys if k in sc}})
     if t == "yarn":
-        s, L0 = sc["factor"], sc["original_max_position_embeddings"]
-        bf, bs = sc.get("beta_fast") or 32, sc.get("beta_slow") or 1
-
-        def dim_of(r):
-            return d * math.log(L0 / (r * 2 * math.pi)) / (2 * math.log(b))
-
-        lo, hi = dim_of(bf), dim_of(bs)
-        if sc.get("truncate", True):
-            lo, hi = math.floor(lo), math.ceil(hi)
-        lo, hi = max(lo, 0), min(hi, d - 1)
-        if lo == hi:
-            hi += 0.001
+        s = sc["factor"]
+        lo, hi = _yarn_bounds(d, b, sc, sc.get("truncate", True))
         out = []
         for i in range(d // 2):
             ramp = min(max((i - lo) / (hi - lo), 0.0), 1.0)
@@ -56,18 +62,8 @@ def ref_inv_freq(d, b, sc, seq_len=None):
         return out, af
     if t in ("yarn_log", "telechat3_yarn"):
         # vLLM's grok1_scaling_rope.py (yarn_log) and telechat3_scaling_rope.py, line by line in float64
-        s, L0 = sc["factor"], sc["original_max_position_embeddings"]
-        bf, bs = sc.get("beta_fast", 32), sc.get("beta_slow", 1)
-
-        def correction_dim(r):
-            return d * math.log(L0 / (r * 2 * math.pi)) / (2 * math.log(b))
-
-        lo, hi = correction_dim(bf), correction_dim(bs)
-        if t == "yarn_log" or sc.get("truncate", True):
-            lo, hi = math.floor(lo), math.ceil(hi)
-        lo, hi = max(lo, 0), min(hi, d - 1)
-        if lo == hi:
-            hi += 0.001
+        s = sc["factor"]
+        lo, hi = _yarn_bounds(d, b, sc, t == "yarn_log" or sc.get("truncate", True))
         out = []
         for i in range(d // 2):
             extrapolation, interpolation = theta[i], 1.0 / (s * (b ** (2 * i / d)))

@@ -640,6 +640,21 @@ class PositionalEncoding(nn.Module):
         return f"name={self.name!r}"
 
 
+def gate_input(x: Tensor, d_model: int, weight: Tensor) -> tuple[Tensor, torch.dtype]:
+    """The ``gate`` hook's input checked and widened: x (B, T, d_model) in the wider of its dtype
+    and the gate projection's ``weight`` (bfloat16 activations, float32 weights: float32), and
+    the dtype the gate's values are computed in (float32, or float64 for float64 x and weights).
+
+    Raises:
+        InvalidArgument: x is not a tensor of shape (B, T, d_model).
+    """
+    if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != d_model:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise InvalidArgument(f"x must have shape (B, T, d_model={d_model}), got {shape}")
+    x = x.to(torch.promote_types(x.dtype, weight.dtype))
+    return x, torch.promote_types(x.dtype, torch.float32)
+
+
 def layer_of_copies(first: PositionalEncoding, deeper: Sequence[PositionalEncoding], layer: int) -> PositionalEncoding:
     """:meth:`PositionalEncoding.for_layer` of an encoding with its own parameters per layer:
     layer 0 is ``first``, layer l > 0 is ``deeper[l - 1]``; with no deeper copies every layer

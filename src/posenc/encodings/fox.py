@@ -27,9 +27,9 @@ from posenc.encodings.base import (
     Hook,
     PositionalEncoding,
     bias_kernel_attention,
+    gate_input,
     layer_of_copies,
 )
-from posenc.errors import InvalidArgument
 from posenc.kernels.fused_bias import FusedBias
 
 
@@ -129,13 +129,8 @@ class FoX(PositionalEncoding):
         parameters), as the reference (``logsigmoid(fgate_proj(x).float())``). x of a narrower
         dtype than the parameters (bfloat16 activations, float32 weights) is widened to theirs,
         as the other encodings compute in the wider dtype."""
-        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
-            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise InvalidArgument(f"x must have shape (B, T, d_model={self.d_model}), got {shape}")
-        weight = self.fgate_proj.weight
-        logits = self.fgate_proj(x.to(torch.promote_types(x.dtype, weight.dtype)))  # (B, T, H)
-        wide = torch.promote_types(logits.dtype, torch.float32)
-        return F.logsigmoid(logits.to(wide)).transpose(-2, -1)
+        x, wide = gate_input(x, self.d_model, self.fgate_proj.weight)
+        return F.logsigmoid(self.fgate_proj(x).to(wide)).transpose(-2, -1)  # (B, H, T)
 
     def prepare_gates(self, gates: Tensor) -> tuple[Tensor, Tensor | None]:
         """c = cumsum(log f) over the keys, as (hi, lo): :func:`cumulative_log_gates`."""

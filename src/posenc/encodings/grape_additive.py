@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from posenc._validation import check_number, check_positive_int
 from posenc.encodings.alibi import alibi_slopes
-from posenc.encodings.base import Hook, PositionalEncoding, layer_of_copies
+from posenc.encodings.base import Hook, PositionalEncoding, gate_input, layer_of_copies
 from posenc.errors import InvalidArgument
 
 
@@ -118,13 +118,8 @@ class GRAPEAdditive(PositionalEncoding):
     def gate(self, x: Tensor) -> Tensor:
         """p of every token: x (B, T, d_model) -> (B, H, T, P), float32 (float64 for float64 x
         and parameters)."""
-        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
-            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise InvalidArgument(f"x must have shape (B, T, d_model={self.d_model}), got {shape}")
+        x, wide = gate_input(x, self.d_model, self.c_p.weight)
         batch, length, _ = x.shape
-        weight = self.c_p.weight
-        x = x.to(torch.promote_types(x.dtype, weight.dtype))
-        wide = torch.promote_types(x.dtype, torch.float32)
         p = self.c_p(x).to(wide).view(batch, length, self.num_heads, self.p_head_dim)
         return p.transpose(1, 2)
 

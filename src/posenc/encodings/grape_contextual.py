@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc._validation import check_bool, check_even, check_number, check_positive_int
-from posenc.encodings.base import Hook, PositionalEncoding, layer_of_copies
+from posenc.encodings.base import Hook, PositionalEncoding, gate_input, layer_of_copies
 from posenc.errors import InvalidArgument
 from posenc.kernels.rotary_torch import apply_rotary
 
@@ -121,12 +121,8 @@ class ContextualGRAPE(PositionalEncoding):
     def gate(self, x: Tensor) -> Tensor:
         """omega of every token: x (B, T, d_model) -> (B, H, T), >= 0, float32 (float64 for
         float64 x and parameters); the scalar phase's omega repeated for every head."""
-        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
-            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise InvalidArgument(f"x must have shape (B, T, d_model={self.d_model}), got {shape}")
-        weight = self.omega_proj.weight
-        x = x.to(torch.promote_types(x.dtype, weight.dtype))
-        omega = F.softplus(self.omega_proj(x).to(torch.promote_types(x.dtype, torch.float32)))  # (B, T, 1 or H)
+        x, wide = gate_input(x, self.d_model, self.omega_proj.weight)
+        omega = F.softplus(self.omega_proj(x).to(wide))  # (B, T, 1 or H)
         return omega.transpose(1, 2).expand(-1, self.num_heads, -1)
 
     def prepare_gates(self, gates: Tensor) -> Tensor:

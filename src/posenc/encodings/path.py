@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc._validation import check_positive_int
-from posenc.encodings.base import Hook, PositionalEncoding, layer_of_copies
+from posenc.encodings.base import Hook, PositionalEncoding, gate_input, layer_of_copies
 from posenc.encodings.fox import cumulative_log_gates, log_gate_difference
 from posenc.errors import InvalidArgument
 
@@ -174,13 +174,8 @@ class PaTH(PositionalEncoding):
         reference (``l2_norm(w, output_dtype=float32)``, ``bt_proj(x).float().sigmoid() * 2``,
         ``logsigmoid(g_proj(x).float())``); per query head (each key/value head's w and beta
         repeated for the query heads reading it)."""
-        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
-            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise InvalidArgument(f"x must have shape (B, T, d_model={self.d_model}), got {shape}")
+        x, wide = gate_input(x, self.d_model, self.bt_proj.weight)
         batch, length, _ = x.shape
-        weight = self.bt_proj.weight
-        x = x.to(torch.promote_types(x.dtype, weight.dtype))
-        wide = torch.promote_types(x.dtype, torch.float32)
         w = self.w_proj(x).to(wide).view(batch, length, self.num_kv_heads, self.head_dim)
         if self.w_conv1d is None:  # with the convolution, prepare_gates normalizes after it
             w = _l2_norm(w)
