@@ -15,7 +15,8 @@ from the file::
        #             "embedding": int | None,                  # index into encodings
        #             "layers": [{"encoding": int | None,       # None: NoPE
        #                         "span": "full" | "sliding" | "chunked", "window": int | None,
-       #                         "layer_type": str | None}, ...]}}
+       #                         "layer_type": str | None,
+       #                         "sinks": true}, ...]}}            # only for a layer with attention sinks
      "model": state_dict,
      # a training checkpoint (posenc.lab.train) adds:
      "fingerprint": {...}, "step": int, "losses": [float], "optimizer": state_dict,
@@ -158,7 +159,7 @@ def plan_spec(plan: PositionPlan, **sizes: Any) -> dict:
     its encoding (None for NoPE), its span, window and layer type.
 
     Raises:
-        ValueError: an encoding that :func:`encoding_spec` cannot name; a layer with sinks.
+        ValueError: an encoding that :func:`encoding_spec` cannot name.
     """
     encodings: list[dict] = []
     index: dict[int, int] = {}
@@ -174,10 +175,11 @@ def plan_spec(plan: PositionPlan, **sizes: Any) -> dict:
     embedding = number(plan.embedding)
     layers = []
     for layer in plan:
-        if layer.sinks:
-            raise InvalidArgument("cannot save a plan with attention sinks: the lab's LM has none")
-        layers.append({"encoding": number(layer.encoding), "span": layer.span, "window": layer.window,
-                       "layer_type": layer.layer_type})
+        entry = {"encoding": number(layer.encoding), "span": layer.span, "window": layer.window,
+                 "layer_type": layer.layer_type}
+        if layer.sinks:  # only when set: a spec written before sinks reads (and fingerprints) the same
+            entry["sinks"] = True
+        layers.append(entry)
     return {"plan": {"encodings": encodings, "embedding": embedding, "layers": layers}}
 
 
@@ -200,7 +202,8 @@ def build_plan(spec: Mapping[str, Any], **sizes: Any) -> PositionPlan:
             return encodings[number]
 
         layers = tuple(LayerPlan(encoding_at(layer["encoding"]), span=layer["span"], window=layer["window"],
-                                 layer_type=layer.get("layer_type")) for layer in plan["layers"])
+                                 layer_type=layer.get("layer_type"), sinks=layer.get("sinks", False) is True)
+                       for layer in plan["layers"])
         return PositionPlan(layers, embedding=encoding_at(plan.get("embedding")))
     except (KeyError, TypeError) as err:
         raise InvalidArgument(f"checkpoint: a malformed position plan ({type(err).__name__}: {err})") from err

@@ -101,12 +101,15 @@ class LMConfig:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config: LMConfig) -> None:
+    def __init__(self, config: LMConfig, sinks: bool = False) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.backend = config.num_heads, config.kv_heads, config.backend
         self.head_dim = config.head_dim
         self.qkv = nn.Linear(config.d_model, (config.num_heads + 2 * config.kv_heads) * config.head_dim, bias=False)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        # gpt-oss's learned attention sinks: a logit per head in the softmax's denominator,
+        # started at 0 (one extra key of logit 0 that no value follows)
+        self.sinks = nn.Parameter(torch.zeros(config.num_heads)) if sinks else None
 
     def forward(
         self, x: Tensor, q_positions: Tensor | None, k_positions: Tensor | None, encoding: PositionalEncoding | None,
@@ -129,7 +132,7 @@ class CausalSelfAttention(nn.Module):
             per_key = tuple(torch.cat((old, new), dim=2) for old, new in zip(past, per_key))
         out = attention(
             q, per_key[0], per_key[1], encoding, causal=True, q_positions=q_positions, k_positions=k_positions,
-            mask=mask, backend=self.backend, gates=per_key[2] if len(per_key) > 2 else None,
+            mask=mask, backend=self.backend, gates=per_key[2] if len(per_key) > 2 else None, sinks=self.sinks,
         )
         return self.proj(out.transpose(1, 2).reshape(batch, length, width)), per_key
 
@@ -145,10 +148,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: LMConfig) -> None:
+    def __init__(self, config: LMConfig, sinks: bool = False) -> None:
         super().__init__()
         self.ln_attn = nn.LayerNorm(config.d_model)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, sinks)
         self.ln_mlp = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config)
 
@@ -188,8 +191,10 @@ class TransformerLM(nn.Module):
     Raises:
         TypeError: config not an LMConfig, or encoding neither an encoding, a name nor a plan.
         ValueError: an unknown encoding name (the message lists the available ones); a plan
-            whose length is not ``config.num_layers``, a layer with attention sinks or a logit
-            soft-cap (this LM has neither), an ``embed`` encoding on a layer (it belongs in ``plan.embedding``).
+            whose length is not ``config.num_layers``, a layer with a logit soft-cap (this LM has
+            none), an ``embed`` encoding on a layer (it belongs in ``plan.embedding``). A plan
+            layer with ``sinks`` gets gpt-oss's learned attention sinks (a logit per head, started
+            at 0, ``blocks[i].attn.sinks``).
     """
 
     def __init__(self, config: LMConfig, encoding: PositionalEncoding | str | PositionPlan | Sequence) -> None:
@@ -212,7 +217,8 @@ class TransformerLM(nn.Module):
                                   f"a PositionPlan or a list, one entry per layer), got {type(encoding).__name__}")
             self.encoding = encoding
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.blocks = nn.ModuleList(Block(config, sinks=self.plan is not None and self.plan[index].sinks)
+                                    for index in range(config.num_layers))
         self.ln_final = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self._init_weights()
@@ -470,8 +476,6 @@ def _as_plan(plan: PositionPlan | Sequence, config: LMConfig) -> PositionPlan:
     if len(plan) != config.num_layers:
         raise InvalidArgument(f"plan: {len(plan)} layers for a model of num_layers={config.num_layers}: give one per layer")
     for index, layer in enumerate(plan):
-        if layer.sinks:
-            raise InvalidArgument(f"plan: layer {index} has attention sinks, which this LM does not have")
         if layer.softcap is not None:  # not applied, not checkpointed: refused rather than dropped
             raise InvalidArgument(f"plan: layer {index} has a logit soft-cap ({layer.softcap}), which this LM does not "
                                   "apply")

@@ -60,6 +60,9 @@ RANDOMIZED_SUFFIX = "+rand"
 TASK_POSITION_SUFFIXES = {"+coupled": "coupled", "+abacus": "abacus"}
 #: Every suffix a row name may end in; one per row.
 POSITION_SUFFIXES = (RANDOMIZED_SUFFIX, *TASK_POSITION_SUFFIXES)
+#: A plan part with gpt-oss's learned attention sinks (``rope+sinks``, ``rope@sliding+sinks``):
+#: a logit per head in the layer's softmax denominator (:class:`~posenc.lab.model.TransformerLM`).
+SINKS_SUFFIX = "+sinks"
 
 #: The six encodings of both experiments' default runs.
 CORE_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")
@@ -80,8 +83,9 @@ PLAN_SPELLING = (
     "a plan row is BASE[/PART:N]...: BASE (ENCODING[@SPAN]) on every layer, then each PART (ENCODING[@SPAN]) "
     "on every N-th layer, counting from 1 (layers N-1, 2N-1, ...; a later part wins); SPAN is full (the default), "
     "sliding (a window of L/4 keys) or chunked (chunks of L/4 positions), or sliding=W / chunked=C; nope is a layer "
-    "without positions. E.g. rope/nope:4 (NoPE every 4th layer over RoPE, SmolLM3) or rope@sliding/nope:4 (RoPE on "
-    "sliding-window layers, NoPE with full attention on every 4th, Cohere2)"
+    "without positions; a part ending in +sinks has gpt-oss's learned attention sinks. E.g. rope/nope:4 (NoPE every "
+    "4th layer over RoPE, SmolLM3), rope@sliding/nope:4 (RoPE on sliding-window layers, NoPE with full attention on "
+    "every 4th, Cohere2) or rope@sliding+sinks/rope+sinks:2 (gpt-oss: sliding and full layers in turn, sinks on all)"
 )
 
 #: The hybrid plans of current long-context models that the full presets add (4-layer models):
@@ -115,6 +119,7 @@ class LayerSpelling:
     encoding: str
     span: str = "full"
     window: int | None = None
+    sinks: bool = False
 
 
 @dataclass(frozen=True)
@@ -190,7 +195,7 @@ class PlanSpelling:
         for index in range(sizes["num_layers"]):
             part = self.layer(index)
             window = None if part.span == "full" else part.window or default_window(train_len)
-            layers.append(LayerPlan(built[part.encoding], span=part.span, window=window))
+            layers.append(LayerPlan(built[part.encoding], span=part.span, window=window, sinks=part.sinks))
         return PositionPlan(tuple(layers))
 
 
@@ -199,6 +204,8 @@ def _spelling_error(row: str, problem: str) -> InvalidArgument:
 
 
 def _parse_layer(text: str, row: str) -> LayerSpelling:
+    if text.endswith(SINKS_SUFFIX):
+        return dataclasses.replace(_parse_layer(text[: -len(SINKS_SUFFIX)], row), sinks=True)
     name, at, span = text.partition("@")
     if not name or not all(c.isalnum() or c == "_" for c in name):
         raise _spelling_error(row, f"{text!r} does not start with an encoding name")
@@ -320,7 +327,7 @@ class Row(str):
             spelling = named + RANDOMIZED_SUFFIX if randomized else named
         encoding = str(encoding)  # a plain str: it reaches the model and its checkpoint
         row = super().__new__(cls, spelling)
-        if plan is None and extension is None and ("/" in encoding or "@" in encoding):
+        if plan is None and extension is None and _spells_a_plan(encoding):
             plan = PlanSpelling.parse(encoding, spelling)
         if options and plan is not None:
             raise InvalidArgument(f"encodings: row {spelling!r}: options are read on a one-encoding row, not in a plan")
@@ -355,7 +362,7 @@ class Row(str):
         if isinstance(name, Row) and extensions is None and randomized_rows:
             return name
         base, plus, method = name.partition("+")
-        if extensions and plus and base in extensions:
+        if extensions and plus and base in extensions and "+" + method.partition("+")[0] != SINKS_SUFFIX:
             if method in extensions[base]:
                 return cls(base, extension=method)
             if "+" + method not in POSITION_SUFFIXES:
@@ -368,7 +375,7 @@ class Row(str):
             raise InvalidArgument(f"encodings: row {name!r}: one position suffix per row "
                                   f"({', '.join(POSITION_SUFFIXES)}), got two")
         encoding, options = _parse_options(encoding, name)
-        plan = PlanSpelling.parse(encoding, name) if ("/" in encoding or "@" in encoding) else None
+        plan = PlanSpelling.parse(encoding, name) if _spells_a_plan(encoding) else None
         return cls(encoding, suffix == RANDOMIZED_SUFFIX, plan, TASK_POSITION_SUFFIXES.get(suffix), options=options)
 
     @classmethod
@@ -386,6 +393,12 @@ class Row(str):
     def positions(self) -> str | None:
         """The row's position scheme: ``"rand"``, ``"coupled"``, ``"abacus"`` or None (0, 1, 2, ...)."""
         return "rand" if self.randomized else self.task_positions
+
+
+def _spells_a_plan(encoding: str) -> bool:
+    """Whether a row's encoding part is a plan's spelling (:data:`PLAN_SPELLING`): layers
+    (``/``), a span (``@``) or sinks (``+sinks``)."""
+    return "/" in encoding or "@" in encoding or SINKS_SUFFIX in encoding
 
 
 def _split_suffix(name: str) -> tuple[str, str | None]:
