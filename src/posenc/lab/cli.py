@@ -19,6 +19,7 @@ from typing import Annotated, Optional, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -27,7 +28,6 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.markup import escape
 from rich.table import Table
 
 from posenc.errors import InvalidArgument, PosencError
