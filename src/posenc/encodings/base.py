@@ -655,6 +655,13 @@ def gate_input(x: Tensor, d_model: int, weight: Tensor) -> tuple[Tensor, torch.d
     return x, torch.promote_types(x.dtype, torch.float32)
 
 
+def sum_dtype(values: Tensor) -> torch.dtype:
+    """The dtype of a running sum over the keys of per-token values (FoX's log forget gates,
+    contextual GRAPE's phases, additive GRAPE's path terms): float64, whose sums of thousands
+    of terms stay exact to float32; float32 on MPS, which has no float64."""
+    return torch.float32 if values.device.type == "mps" else torch.float64
+
+
 def layer_of_copies(first: PositionalEncoding, deeper: Sequence[PositionalEncoding], layer: int) -> PositionalEncoding:
     """:meth:`PositionalEncoding.for_layer` of an encoding with its own parameters per layer:
     layer 0 is ``first``, layer l > 0 is ``deeper[l - 1]``; with no deeper copies every layer

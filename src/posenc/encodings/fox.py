@@ -29,20 +29,16 @@ from posenc.encodings.base import (
     bias_kernel_attention,
     gate_input,
     layer_of_copies,
+    sum_dtype,
 )
 from posenc.kernels.fused_bias import FusedBias
-
-
-def _sum_dtype(gates: Tensor) -> torch.dtype:
-    """float64 for the cumulative sum (MPS has none: float32 there)."""
-    return torch.float32 if gates.device.type == "mps" else torch.float64
 
 
 def cumulative_log_gates(gates: Tensor) -> tuple[Tensor, Tensor | None]:
     """c = cumsum(log f) over the keys (the last axis) of ``gates`` (B, H, Tk), as (hi, lo):
     float32 hi = c rounded, lo = the rest (None for float64 gates, whose c is exact enough
     alone), accumulated in float64 (float32 on MPS). Shared with PaTH-FoX (encodings/path.py)."""
-    total = torch.cumsum(gates.to(_sum_dtype(gates)), dim=-1)  # (B, H, Tk)
+    total = torch.cumsum(gates.to(sum_dtype(gates)), dim=-1)  # (B, H, Tk)
     if gates.dtype == torch.float64 or total.dtype != torch.float64:
         return total.to(gates.dtype), None
     hi = total.float()

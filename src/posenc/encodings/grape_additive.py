@@ -22,13 +22,14 @@ from torch import Tensor, nn
 
 from posenc._validation import check_number, check_positive_int
 from posenc.encodings.alibi import alibi_slopes
-from posenc.encodings.base import Hook, PositionalEncoding, gate_input, layer_of_copies
+from posenc.encodings.base import (
+    Hook,
+    PositionalEncoding,
+    gate_input,
+    layer_of_copies,
+    sum_dtype,
+)
 from posenc.errors import InvalidArgument
-
-
-def _sum_dtype(values: Tensor) -> torch.dtype:
-    """float64 for the sums along the path (MPS has none: float32 there)."""
-    return torch.float32 if values.device.type == "mps" else torch.float64
 
 
 class GRAPEAdditive(PositionalEncoding):
@@ -157,7 +158,7 @@ class GRAPEAdditive(PositionalEncoding):
         edges = edges * self.slopes.to(device=p.device, dtype=p.dtype)[:, None, None]
         # the tokens l <= i the query has passed (query row r is key r + Tk - Tq)
         passed = torch.ones(num_queries, num_keys, dtype=torch.bool, device=p.device).tril(num_keys - num_queries)
-        edges = edges.masked_fill(~passed, 0.0).to(_sum_dtype(p))
+        edges = edges.masked_fill(~passed, 0.0).to(sum_dtype(p))
         along = edges.cumsum(-1)
         return (along[..., -1:] - along).to(p.dtype)
 

@@ -18,14 +18,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc._validation import check_bool, check_even, check_number, check_positive_int
-from posenc.encodings.base import Hook, PositionalEncoding, gate_input, layer_of_copies
+from posenc.encodings.base import (
+    Hook,
+    PositionalEncoding,
+    gate_input,
+    layer_of_copies,
+    sum_dtype,
+)
 from posenc.errors import InvalidArgument
 from posenc.kernels.rotary_torch import apply_rotary
-
-
-def _sum_dtype(values: Tensor) -> torch.dtype:
-    """float64 for the phase sums (MPS has none: float32 there)."""
-    return torch.float32 if values.device.type == "mps" else torch.float64
 
 
 class ContextualGRAPE(PositionalEncoding):
@@ -130,7 +131,7 @@ class ContextualGRAPE(PositionalEncoding):
         (float32 on MPS)."""
         if gates.dim() != 3:
             raise InvalidArgument(f"gates must have shape (B, H, Tk) (ContextualGRAPE.gate(x): omega), got {tuple(gates.shape)}")
-        omega = gates.to(_sum_dtype(gates))
+        omega = gates.to(sum_dtype(gates))
         return omega.cumsum(-1) - omega
 
     def gate_bias(self, state, q_index, k_index, *, causal):

@@ -575,9 +575,7 @@ class RunConfig:
                                       "not an option of the row")
         try:
             create_for_model(row.encoding, **sizes, **dict(row.options))
-        except TypeError as err:
-            raise InvalidArgument(f"encodings: row {row.name!r}: {err}") from None
-        except InvalidArgument as err:
+        except (TypeError, InvalidArgument) as err:  # a misspelt keyword, or a bad value
             raise InvalidArgument(f"encodings: row {row.name!r}: {err}") from None
 
     def row(self, name: str) -> Row:
